@@ -1,0 +1,1 @@
+"""snapana: offline analyzer for GPU memory incidents in PyTorch jobs."""

@@ -1,0 +1,5 @@
+"""`python -m snapana`."""
+
+from snapana.cli import main
+
+main()

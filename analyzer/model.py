@@ -1,0 +1,143 @@
+"""The normalized capture every source produces and every later stage reads.
+
+Tables are polars DataFrames; frames and stacks are interned because real snapshots share a
+few hundred distinct frames across millions of references. Bytes are always Python/polars ints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+Frame = tuple[str, str, int]  # (filename, function name, line)
+
+#: Stack id 0 is always the empty stack (no frames recorded).
+EMPTY_STACK = 0
+
+SEGMENT_SCHEMA = {
+    "device": pl.Int64,
+    "address": pl.Int64,
+    "total_size": pl.Int64,
+    "stream": pl.Int64,
+    "pool": pl.Utf8,
+    "segment_type": pl.Utf8,
+    "is_expandable": pl.Boolean,
+}
+
+BLOCK_SCHEMA = {
+    "device": pl.Int64,
+    "address": pl.Int64,
+    "size": pl.Int64,
+    "requested_size": pl.Int64,
+    "state": pl.Utf8,
+    "stack_id": pl.Int64,
+    "segment_address": pl.Int64,
+}
+
+EVENT_SCHEMA = {
+    "device": pl.Int64,
+    "idx": pl.Int64,
+    "action": pl.Utf8,
+    "addr": pl.Int64,
+    "size": pl.Int64,
+    "stream": pl.Int64,
+    "time_us": pl.Int64,
+    "stack_id": pl.Int64,
+    "device_free": pl.Int64,
+}
+
+#: Block states that hold memory. `active_awaiting_free` is the docstring's spelling.
+ACTIVE_STATES = ("active_allocated", "active_pending_free")
+
+
+def pool_key(pool_id: Any) -> str:
+    """Render a `segment_pool_id` tuple as a stable string key: '0,0' is the default pool."""
+    if isinstance(pool_id, (tuple, list)) and len(pool_id) == 2:
+        return f"{int(pool_id[0])},{int(pool_id[1])}"
+    return "0,0"
+
+
+class StackTable:
+    """Interns frames and stacks: each distinct frame and each distinct stack is stored once."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self._frame_ids: dict[Frame, int] = {}
+        self.stacks: list[tuple[int, ...]] = [()]
+        self._stack_ids: dict[tuple[int, ...], int] = {(): EMPTY_STACK}
+
+    def frame_id(self, frame: Frame) -> int:
+        fid = self._frame_ids.get(frame)
+        if fid is None:
+            fid = len(self.frames)
+            self.frames.append(frame)
+            self._frame_ids[frame] = fid
+        return fid
+
+    def stack_id(self, frame_ids: tuple[int, ...]) -> int:
+        sid = self._stack_ids.get(frame_ids)
+        if sid is None:
+            sid = len(self.stacks)
+            self.stacks.append(frame_ids)
+            self._stack_ids[frame_ids] = sid
+        return sid
+
+    def stack(self, stack_id: int) -> tuple[Frame, ...]:
+        """The frames of a stack, innermost first."""
+        return tuple(self.frames[f] for f in self.stacks[stack_id])
+
+    def frames_df(self) -> pl.DataFrame:
+        return pl.DataFrame(
+            {
+                "frame_id": list(range(len(self.frames))),
+                "filename": [f[0] for f in self.frames],
+                "name": [f[1] for f in self.frames],
+                "line": [f[2] for f in self.frames],
+                "is_python": [is_python_frame(f) for f in self.frames],
+            },
+            schema={"frame_id": pl.Int64, "filename": pl.Utf8, "name": pl.Utf8,
+                    "line": pl.Int64, "is_python": pl.Boolean},
+        )
+
+    def stacks_df(self) -> pl.DataFrame:
+        return pl.DataFrame(
+            {"stack_id": list(range(len(self.stacks))),
+             "frame_ids": [list(s) for s in self.stacks]},
+            schema={"stack_id": pl.Int64, "frame_ids": pl.List(pl.Int64)},
+        )
+
+
+def is_python_frame(frame: Frame) -> bool:
+    """C++ frames (stacks='all') have names like 'at::native::...' and no '.py' file."""
+    return frame[0].endswith(".py") or frame[0].endswith(".pyx")
+
+
+@dataclass
+class Capture:
+    """One input file, normalized. Sources fill it; nothing downstream reads the file again."""
+
+    source: str
+    path: str
+    stacks: StackTable
+    segments: pl.DataFrame
+    blocks: pl.DataFrame
+    events: pl.DataFrame
+    devices: list[int]
+    allocator_settings: dict[str, Any] | None = None
+    annotations: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    has_trace: bool = False
+    has_time: bool = False
+    capacity_bytes: dict[int, int] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def device_events(self, device: int) -> pl.DataFrame:
+        return self.events.filter(pl.col("device") == device).sort("idx")
+
+    def device_segments(self, device: int) -> pl.DataFrame:
+        return self.segments.filter(pl.col("device") == device)
+
+    def device_blocks(self, device: int) -> pl.DataFrame:
+        return self.blocks.filter(pl.col("device") == device)

@@ -1,0 +1,62 @@
+"""One self-contained HTML file: data embedded once, plotly.js inlined (gzip + base64, inflated
+in the browser), no URL to any network resource, so it opens offline from a ticket."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+from plotly.offline import get_plotlyjs
+from snapana.diagnosis import DeviceReport
+from snapana.render import figures
+from snapana.render.text import headline_rows, moment_text
+from snapana.units import fmt_bytes
+
+_TEMPLATES = Path(__file__).parent / "templates"
+
+
+@lru_cache(maxsize=1)
+def plotly_js_gzip_b64() -> str:
+    """plotly.min.js compressed once per process; mtime=0 keeps reports byte-stable."""
+    raw = get_plotlyjs().encode()
+    return base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["bytes"] = fmt_bytes
+    env.filters["short"] = _short_frame
+    return env
+
+
+def _short_frame(frame: tuple[str, str, int]) -> str:
+    return f"{frame[0]}:{frame[2]} {frame[1]}"
+
+
+def _figure_json(fig) -> str:
+    # Escape '</' so the JSON cannot close its <script> element.
+    return fig.to_json().replace("</", "<\\/")
+
+
+def render(reports: list[DeviceReport], title: str) -> str:
+    devices = []
+    for r in reports:
+        figs = {name: _figure_json(make(r)) for name, make in figures.FIGURES.items()}
+        devices.append({"r": r, "figs": figs, "headline": headline_rows(r),
+                        "moment": moment_text(r)})
+    return _env().get_template("report.html.j2").render(
+        title=title,
+        devices=devices,
+        plotly_b64=plotly_js_gzip_b64(),
+        fmt_bytes=fmt_bytes,
+        json=json,
+    )

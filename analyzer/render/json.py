@@ -1,0 +1,49 @@
+"""Machine-readable summary: plain ints for bytes, one entry per device."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from snapana.diagnosis import DeviceReport
+from snapana.model import Frame
+
+
+def _frames(stack: tuple[Frame, ...]) -> list[dict[str, Any]]:
+    return [{"filename": f[0], "name": f[1], "line": f[2]} for f in stack]
+
+
+def device_dict(r: DeviceReport) -> dict[str, Any]:
+    oom = None
+    if r.oom is not None:
+        oom = {k: v for k, v in r.oom.items() if k != "stack"}
+        oom["stack"] = _frames(r.oom["stack"])
+    return {
+        "file": r.path,
+        "source": r.source,
+        "device": r.device,
+        "moment": {"kind": r.moment.kind, "event_index": r.moment.idx,
+                   "time_us": r.moment.time_us},
+        "reserved_bytes": r.reserved_bytes,
+        "allocated_bytes": r.allocated_bytes,
+        "pending_free_bytes": r.pending_free_bytes,
+        "cached_unallocated_bytes": r.cached_unallocated_bytes,
+        "largest_free_block_bytes": r.largest_free_block_bytes,
+        "pools": [vars(p) for p in r.pools],
+        "peak_allocated_bytes": r.peak_allocated_bytes,
+        "peak": {"event_index": r.peak.idx, "time_us": r.peak.time_us},
+        "oom": oom,
+        "groups": [
+            {"name": g.name, "bytes": g.bytes, "blocks": g.blocks, "label": g.label,
+             "sites": g.sites}
+            for g in r.groups
+        ],
+        "by_pool_stream": r.by_pool_stream,
+        "events": r.n_events,
+        "before_recording_bytes": r.before_recording_bytes,
+        "warnings": r.warnings,
+    }
+
+
+def render(reports: list[DeviceReport]) -> str:
+    return json.dumps({"devices": [device_dict(r) for r in reports]}, indent=2) + "\n"

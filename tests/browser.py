@@ -1,0 +1,54 @@
+"""Open a report in real headless Chromium and collect what a person's browser would see."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+def chromium_path() -> str:
+    """Debian's chromium (installed by .ci/run). In CI its absence is a failure, not a skip."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    if os.environ.get("CI"):
+        pytest.fail("chromium is not installed: .ci/run must apt-get install chromium")
+    pytest.skip("chromium not installed (apt-get install chromium)")
+
+
+@dataclass
+class PageVisit:
+    console_errors: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    plots: int = 0
+    figure_divs: int = 0
+    text: str = ""
+
+
+def open_report(path: Path, timeout_ms: int = 30000) -> PageVisit:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("playwright missing: install the dev extra")
+        pytest.skip("playwright not installed")
+    visit = PageVisit()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(),
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.on("console", lambda m: m.type == "error" and visit.console_errors.append(m.text))
+        page.on("pageerror", lambda e: visit.console_errors.append(str(e)))
+        page.on("request", lambda r: visit.requests.append(r.url))
+        page.goto(path.resolve().as_uri())
+        page.wait_for_function("document.body.dataset.rendered === 'yes'", timeout=timeout_ms)
+        visit.plots = page.locator(".js-plotly-plot").count()
+        visit.figure_divs = page.locator("div[data-figure]").count()
+        visit.text = page.inner_text("body")
+        browser.close()
+    return visit

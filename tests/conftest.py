@@ -1,0 +1,51 @@
+"""Shared test helpers: the real corpus (skipped when absent) and an independent raw loader."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT.parent / "shared" / "corpus"
+SNAPSHOTS = CORPUS / "torch_snapshots"
+SAMPLES = ROOT / "sample_snapshots"
+
+
+def corpus_files(folder: str, pattern: str = "*") -> list[Path]:
+    base = CORPUS / folder
+    return sorted(base.glob(pattern)) if base.is_dir() else []
+
+
+def corpus_params(folder: str, pattern: str = "*") -> list:
+    """Parametrize over corpus files; a single skipped param when the corpus is absent."""
+    files = corpus_files(folder, pattern)
+    if not files:
+        return [pytest.param(None, marks=pytest.mark.skip(reason="../shared/corpus absent"))]
+    return [pytest.param(f, id=f.name) for f in files]
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module, name):  # pragma: no cover - corpus is pure data
+        raise AssertionError(f"test loader refused {module}.{name}")
+
+
+def raw_load(path: Path):
+    """Decode a snapshot independently of snapana, for recomputing expected numbers."""
+    import gzip
+
+    with path.open("rb") as fh:
+        head = fh.read(2)
+        fh.seek(0)
+        src = gzip.GzipFile(fileobj=fh) if head == b"\x1f\x8b" else fh
+        return _NoGlobals(src).load()
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "snapana", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=600)

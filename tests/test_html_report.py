@@ -1,0 +1,83 @@
+"""The HTML report is self-contained and renders in a real browser with no network."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+
+from .browser import open_report
+from .conftest import corpus_files, run_cli
+
+MiB = 2**20
+FR = [{"filename": "/job/model.py", "line": 54, "name": "forward"},
+      {"filename": "/job/train.py", "line": 9, "name": "<module>"}]
+
+
+def _oom_snapshot(path):
+    blocks = [{"address": 0x1000_0000, "size": 16 * MiB, "requested_size": 16 * MiB,
+               "state": "active_allocated", "frames": FR},
+              {"address": 0x1000_0000 + 16 * MiB, "size": 4 * MiB, "requested_size": 0,
+               "state": "inactive", "frames": []}]
+    seg = {"device": 0, "address": 0x1000_0000, "total_size": 20 * MiB, "stream": 0,
+           "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+           "allocated_size": 16 * MiB, "active_size": 16 * MiB, "requested_size": 16 * MiB,
+           "frames": [], "blocks": blocks}
+    trace = [{"action": "segment_alloc", "addr": 0x1000_0000, "size": 20 * MiB, "stream": 0,
+              "time_us": 10, "frames": FR},
+             {"action": "alloc", "addr": 0x1000_0000, "size": 16 * MiB, "stream": 0,
+              "time_us": 11, "frames": FR},
+             {"action": "oom", "addr": 0, "size": 40 * MiB, "stream": 0, "device_free": MiB,
+              "time_us": 12, "frames": FR}]
+    path.write_bytes(pickle.dumps({"segments": [seg], "device_traces": [trace],
+                                   "allocator_settings": {},
+                                   "external_annotations": [
+                                       {"stage": "START", "name": "fwd", "device": 0,
+                                        "time_us": 10},
+                                       {"stage": "END", "name": "fwd", "device": 0,
+                                        "time_us": 12}]}, protocol=4))
+
+
+def _inputs(tmp_path):
+    made = tmp_path / "oom.pickle"
+    _oom_snapshot(made)
+    files = [made]
+    corpus = corpus_files("torch_snapshots", "*.pickle")
+    files += [f for f in corpus if f.name in ("gpt-medium-ctx1024-train.pickle",
+                                              "cnn-cpp-frames.pickle")]
+    return files
+
+
+URL_REF = re.compile(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", re.I)
+CSS_URL = re.compile(r"""url\(\s*["']?\s*(https?:)?//|@import""", re.I)
+
+
+def test_report_renders_offline_in_chromium(tmp_path):
+    for snap in _inputs(tmp_path):
+        out = tmp_path / (snap.stem + ".html")
+        result = run_cli("report", str(snap), "-o", str(out))
+        assert result.returncode == 0, result.stderr
+        html = out.read_text()
+        assert not URL_REF.search(html), "report references a network resource"
+        assert not CSS_URL.search(html)
+        assert html.count('id="plotly-gz"') == 1  # plotly.js inlined once
+        visit = open_report(out)
+        assert visit.console_errors == []
+        assert visit.requests == [out.resolve().as_uri()]  # the file itself, nothing else
+        assert visit.figure_divs >= 2 and visit.plots == visit.figure_divs
+        if snap.name == "oom.pickle":
+            assert "40.00 MiB" in visit.text  # the failed request
+            assert "1.00 MiB" in visit.text  # device free
+            assert "model.py:54 forward" in visit.text  # the allocation site
+
+
+@pytest.mark.parametrize("device", ["0"])
+def test_device_option(tmp_path, device):
+    snap = tmp_path / "oom.pickle"
+    _oom_snapshot(snap)
+    ok = run_cli("report", str(snap), "--device", device, "-o", str(tmp_path / "a.html"))
+    assert ok.returncode == 0
+    bad = run_cli("report", str(snap), "--device", "7", "-o", str(tmp_path / "b.html"))
+    assert bad.returncode == 2 and "no device 7" in bad.stderr
+    assert not (tmp_path / "b.html").exists()
