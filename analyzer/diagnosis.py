@@ -11,11 +11,14 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from snapana.attribution.sites import sites_for
+from snapana.attribution import chunk_groups, family_label, load_rules
+from snapana.attribution.assign import Attributor
+from snapana.attribution.engine import RuleSet
 from snapana.model import Capture, Frame
 from snapana.replay import DeviceReplay, Moment, replay
 
 TIMELINE_POINTS = 2000
+CHUNK_MIN_BYTES = 16 << 20  # repeated blocks smaller than this are not worth calling chunks
 SEGMENT_MAP_LIMIT = 60  # segments drawn per pool in the segment map
 
 
@@ -30,13 +33,14 @@ class PoolFree:
 
 @dataclass
 class Group:
-    """Bytes held by one family (or one site before attribution), with its sites."""
+    """Bytes held by one tensor family, with its sites and any chunk loops in it."""
 
     name: str
     bytes: int
     blocks: int
     label: str = ""
     sites: list[dict[str, Any]] = field(default_factory=list)
+    chunks: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -91,26 +95,25 @@ class DeviceReport:
         return sum(g.blocks for g in self.groups)
 
 
-def analyse(capture: Capture, device: int | None = None) -> list[DeviceReport]:
+def analyse(capture: Capture, device: int | None = None, rules: RuleSet | None = None
+            ) -> list[DeviceReport]:
     """One DeviceReport per device of the capture (or just the one asked for)."""
     devices = capture.devices if device is None else [device]
     if device is not None and device not in capture.devices:
         from snapana.errors import InputError
 
         raise InputError(f"{capture.path}: no device {device} (devices: {capture.devices})")
-    return [device_report(capture, replay(capture, d)) for d in devices]
+    rules = rules or load_rules()
+    return [device_report(capture, replay(capture, d), Attributor(capture, d, rules))
+            for d in devices]
 
 
-def device_report(capture: Capture, dr: DeviceReplay) -> DeviceReport:
+def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor) -> DeviceReport:
     moment = dr.moment_of_interest()
     live = dr.blocks_at(moment)
-    allocated_blocks = live.filter(pl.col("state") == "active_allocated")
-    sites = sites_for(capture.stacks, allocated_blocks["stack_id"].to_list())
-    held = allocated_blocks.with_columns(
-        pl.col("stack_id").replace_strict(sites, return_dtype=pl.Utf8).alias("site")
-    )
+    held = attributor.attribute(live.filter(pl.col("state") == "active_allocated"))
     reserved = dr.reserved_at(moment)
-    allocated = int(allocated_blocks["size"].sum())
+    allocated = int(held["size"].sum())
     pending = int(live.filter(pl.col("state") == "active_pending_free")["size"].sum())
     free = dr.free_blocks_at(moment)
     pools = _pools(dr.segments_at(moment), free)
@@ -172,21 +175,32 @@ def _pools(segments: pl.DataFrame, free: pl.DataFrame) -> list[PoolFree]:
 
 
 def _groups(held: pl.DataFrame) -> list[Group]:
-    key = "family" if "family" in held.columns else "site"
+    """Families first, then their sites; chunk loops (one site, many equal blocks) named."""
     agg = (
-        held.group_by(key)
+        held.group_by("family")
         .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"))
-        .sort(["bytes", key], descending=[True, False])
+        .sort(["bytes", "family"], descending=[True, False])
     )
     groups = []
     for name, nbytes, blocks in agg.iter_rows():
+        mine = held.filter(pl.col("family") == name)
         sub = (
-            held.filter(pl.col(key) == name)
-            .group_by("site")
-            .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"))
+            mine.group_by("site")
+            .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"),
+                 pl.col("label").mode().first().alias("label"),
+                 pl.col("rule_id").mode().first().alias("rule_id"))
             .sort(["bytes", "site"], descending=[True, False])
         )
-        groups.append(Group(str(name), int(nbytes), int(blocks), sites=sub.to_dicts()))
+        chunks = [
+            {"site": g.site_key, "count": g.count, "chunk_size": g.chunk_size,
+             "total": g.total, "uniform": g.uniform}
+            for g in chunk_groups(
+                mine.select("site", "family", "size", "alloc_idx").iter_rows(), min_count=2
+            )
+            if g.chunk_size >= CHUNK_MIN_BYTES
+        ]
+        groups.append(Group(str(name), int(nbytes), int(blocks), label=family_label(name),
+                            sites=sub.to_dicts(), chunks=chunks))
     return groups
 
 
@@ -206,13 +220,14 @@ def _top_sites(capture: Capture, held: pl.DataFrame, limit: int = 15) -> list[Si
             pl.col("size").sum().alias("bytes"),
             pl.len().alias("blocks"),
             pl.col("stack_id").sort_by("size", descending=True).first().alias("stack_id"),
+            pl.col("family").mode().first().alias("family"),
         )
         .sort(["bytes", "site"], descending=[True, False])
         .head(limit)
     )
     return [
-        Site(site, int(b), int(n), capture.stacks.stack(int(sid)))
-        for site, b, n, sid in agg.iter_rows()
+        Site(site, int(b), int(n), capture.stacks.stack(int(sid)), family)
+        for site, b, n, sid, family in agg.iter_rows()
     ]
 
 
@@ -281,7 +296,7 @@ def _annotation_bands(capture: Capture, device: int) -> list[dict[str, Any]]:
 def _segment_map(dr: DeviceReplay, moment: Moment, held: pl.DataFrame) -> list[dict[str, Any]]:
     """Largest segments per pool with their blocks, to show fragmentation."""
     segs = dr.segments_at(moment).sort("total_size", descending=True)
-    label_col = "family" if "family" in held.columns else "site"
+    label_col = "family"
     live = dr.blocks_at(moment).join(
         held.select("address", label_col), on="address", how="left"
     )

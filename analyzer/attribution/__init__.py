@@ -1,0 +1,143 @@
+"""Attribution: give every memory block exactly one tensor family, and say why.
+
+The engine is pure Python over plain data. It is meant to run once per distinct
+(stack, context) — decisions are memoised — not once per block; the caller (the model
+wiring) maps the result back onto its block table.
+
+Public API
+----------
+``Frame = tuple[str, str, int]``
+    ``(filename, function name, line)``. A ``Stack`` is ``tuple[Frame, ...]``, innermost
+    first, as the snapshot stores it. C++ frames (``??``, ``''``, ``RegisterCUDA_0.cpp``;
+    names like ``at::native::...``) may be interleaved with Python frames (``*.py``).
+``BlockContext`` (frozen dataclass)
+    ``pool_id, stream, state, size, has_alloc_event, annotations, phase_hint``; see
+    :class:`~snapana.attribution.stack.BlockContext`.
+``load_rules(extra_files=()) -> RuleSet``
+    All built-in packs (``packs/*.toml``) plus user rule files. Bad files raise
+    :class:`RuleError` (a ``ValueError``) with one line: ``<file>: rule `<id>`: <problem>``.
+``RuleSet.classify(stack, ctx) -> Decision``
+    ``Decision(family, label, rule_id, matched_frames, reason, phase, ties, near_misses)``.
+    Memoised by (stack, context key).
+``RuleSet.explain(stack, ctx) -> Explanation``
+    The decision plus every nearly-matching rule (some conditions held, some failed, and
+    which), for family and phase rules.
+``RuleSet.with_sites(stacks) -> RuleSet``
+    A copy that knows which lines each function allocates from across the snapshot;
+    needed by ``line_rank`` rules (Megatron param vs grad buffer).
+``infer_phase(stack, ctx, rules=None) -> str``
+    One of ``init, forward, backward, optimizer, rollout, logprobs, weight_update, unknown``.
+``chunk_groups(blocks) -> list[ChunkGroup]``
+    Groups ``(site_key, family, size, alloc_order)`` blocks of one site repeated in a loop:
+    count, chunk size, total (the implied full tensor). Numbers only.
+``families() / family_ids() / family_label(id)``
+    The stable family table (``packs/families.toml``).
+
+Rule file schema (TOML)
+-----------------------
+A file is a *pack*::
+
+    [pack]                       # optional
+    name = "slime"               # default: file stem; rule ids are prefixed with it
+    description = "..."
+    default_priority = 100       # built-in framework packs 100, pytorch 50, user files 150
+
+    [[rule]]                     # a family rule
+    id = "slime.logprob_softmax" # "<pack>." is added when missing; unique across packs
+    family = "saved_logprob_softmax"   # one of family_ids()
+    label = "saved log_prob_softmax (per chunk)"
+    priority = 110               # higher wins; equal-priority matches are reported as ties
+    description = "..."          # optional, for people
+    reason = "..."               # optional; replaces the generated reason text
+    # conditions (all optional, all must hold; at least one is required):
+    frames = [                   # caller -> callee order (outermost first)
+      { file = "slime/utils/ppo_utils.py", function = "calculate_log_probs_and_entropy" },
+      { file = "slime/utils/ppo_utils.py", function = "vocab_parallel_softmax" },
+    ]
+    not_frames = [ {...} ]       # none of these frames may be on the stack
+    pool = "default" | "mempool" | "graph" | "private"   # or a list
+    stream = "default" | "nondefault"
+    state = "active_allocated" | "active_pending_free" | "inactive"   # or a list
+    phase = "forward"            # or a list; the inferred phase (family rules only)
+    annotation = '^Optimizer\\.step#'   # regex searched in each open annotation name
+    min_size = "512MiB"          # bytes or a size string; max_size likewise (inclusive)
+    no_python_frames = true      # true: only C++ frames (or none); false: some Python
+    no_frames = true             # true: empty stack; false: non-empty
+    has_alloc_event = false      # false: predates recording; true: an alloc event exists
+
+    [[phase_rule]]               # same conditions (except `phase`), decides the phase
+    id = "phases.optimizer_wrapper"
+    phase = "optimizer"
+    priority = 90
+    frames = [{ file = "torch/optim/optimizer.py", function = "wrapper" }]
+
+Frame pattern fields:
+
+- ``file``: path suffix on whole components, on a path normalised to ``/`` with ``..``
+  resolved (``torch/optim/optimizer.py`` matches ``.../site-packages/torch/optim/optimizer.py``).
+- ``file_re``: regex searched in the normalised path (anchor it: ``'(^|/)vllm/v1/worker/'``).
+- ``function``: exact function name(s) — a string or a list. Never a substring match, so a
+  driver named ``run_forward_backward_step`` is not a ``forward`` frame.
+- ``function_re``: regex that must match the *whole* function name.
+- ``symbol_re``: regex searched in a C++ frame's symbol (``torch::autograd::Engine::thread_main``);
+  C++-only, cannot be combined with the four fields above.
+- ``where = "innermost"`` / ``within = N``: the frame must be among the first N Python
+  frames (N=1 for ``innermost``); C++ frames are not counted, so interleaved C++ frames do
+  not break innermost matching.
+- ``max_gap = N``: at most N Python frames between this frame and the previous (caller)
+  pattern's frame (``forward`` directly under ``_call_impl``, allowing hook wrappers).
+- ``line_lt`` / ``line_ge``: line bounds, for one known version.
+- ``line_rank = k`` (``min_sites = m``): the frame's line is the k-th (0-based; negative
+  counts from the end) of the distinct lines seen for that (file, function) across the
+  snapshot (needs :meth:`RuleSet.with_sites`), with at least m such lines; requires
+  ``where = "innermost"`` (only allocating lines are ranked). This survives
+  version changes that move line numbers but keep the order of allocations.
+
+Precedence is by ``priority`` only (then load order: built-in packs sorted by file name,
+then user files in the order given), never by which file a rule is in. A block that no rule
+matches is ``unknown`` with the reason in its label ("no rule matched (innermost user frame:
+file:line name)"); the built-in pytorch pack explains empty stacks ("no frames: allocated
+before recording began", "... on the autograd thread during backward").
+"""
+
+from __future__ import annotations
+
+from .chunks import AttributedBlock, ChunkGroup, chunk_groups
+from .engine import (
+    Decision,
+    Explanation,
+    NearMiss,
+    RuleSet,
+    SiteIndex,
+    builtin_pack_names,
+    infer_phase,
+    load_rules,
+)
+from .families import Family, families, family_ids, family_label, get_family
+from .rules import PHASES, RuleError, parse_size
+from .stack import BlockContext, Frame, Stack
+
+__all__ = [
+    "PHASES",
+    "AttributedBlock",
+    "BlockContext",
+    "ChunkGroup",
+    "Decision",
+    "Explanation",
+    "Family",
+    "Frame",
+    "NearMiss",
+    "RuleError",
+    "RuleSet",
+    "SiteIndex",
+    "Stack",
+    "builtin_pack_names",
+    "chunk_groups",
+    "families",
+    "family_ids",
+    "family_label",
+    "get_family",
+    "infer_phase",
+    "load_rules",
+    "parse_size",
+]

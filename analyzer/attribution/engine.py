@@ -1,0 +1,618 @@
+"""The rules engine: one family (and a phase) per (stack, context), with an explanation.
+
+Matching is first-match by priority (highest first; load order breaks ties, and every other
+rule of the winning priority that also matched is reported in ``Decision.ties``). File order
+never decides precedence between packs. Decisions are memoised by (stack, context key): the
+key keeps only what a rule can tell apart — pool kind, default stream or not, state, whether
+an alloc event exists, open annotations, phase hint and the size *band* between the size
+thresholds rules use — so all blocks of one allocation site share one decision.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from .families import FAMILIES_FILE, UNKNOWN, family_label
+from .rules import (
+    PHASES,
+    FramePattern,
+    Rule,
+    RuleError,
+    check_unique,
+    parse_pack,
+    read_pack_file,
+)
+from .stack import (
+    BlockContext,
+    NormStack,
+    Stack,
+    cpp_symbol,
+    normalize_stack,
+    normalize_state,
+    short_path,
+)
+
+__all__ = [
+    "Decision",
+    "Explanation",
+    "NearMiss",
+    "RuleSet",
+    "SiteIndex",
+    "builtin_pack_names",
+    "infer_phase",
+    "load_rules",
+]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The family a block belongs to and why.
+
+    ``matched_frames`` are indices into the stack (innermost first) of the frames the rule
+    matched; ``ties`` are other rules of the same priority that matched too (a pack author
+    should make one more specific); ``near_misses`` are rules of at least the winner's
+    priority whose site conditions held but that failed on another condition
+    (``"rule_id: failed condition"``), which is what a user needs to fix a rule.
+    """
+
+    family: str
+    label: str
+    rule_id: str | None
+    matched_frames: tuple[int, ...]
+    reason: str
+    phase: str
+    ties: tuple[str, ...] = ()
+    near_misses: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NearMiss:
+    """A rule where some conditions held and some failed."""
+
+    rule_id: str
+    outcome: str
+    """The family (family rules) or phase (phase rules) the rule would have given."""
+    priority: int
+    held: tuple[str, ...]
+    failed: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.rule_id}: failed {'; '.join(self.failed)}"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """:meth:`RuleSet.explain`'s answer: the decision plus every nearly-matching rule."""
+
+    decision: Decision
+    phase_rule_id: str | None
+    """The phase rule that set ``decision.phase`` (None: phase hint or nothing matched)."""
+    near_misses: tuple[NearMiss, ...]
+    phase_near_misses: tuple[NearMiss, ...]
+
+    def __str__(self) -> str:
+        lines = [
+            f"family: {self.decision.family} ({self.decision.label})",
+            f"phase: {self.decision.phase}"
+            + (f" (rule `{self.phase_rule_id}`)" if self.phase_rule_id else ""),
+            f"reason: {self.decision.reason}",
+        ]
+        if self.decision.ties:
+            lines.append("ties: " + ", ".join(self.decision.ties))
+        for nm in self.near_misses:
+            lines.append(
+                f"near miss `{nm.rule_id}` -> {nm.outcome} (priority {nm.priority}): "
+                f"held {', '.join(nm.held) or '-'}; failed {', '.join(nm.failed)}"
+            )
+        return "\n".join(lines)
+
+
+class SiteIndex:
+    """Distinct source lines seen per (file, function) across a snapshot's stacks.
+
+    ``line_rank`` rules need it: line numbers move between framework versions, but the
+    *order* of two allocations inside one function does not (Megatron's buffer
+    ``__init__`` allocates ``param_data`` before ``grad_data``), so a rule says "the earlier
+    of the lines seen for this function" instead of naming a line number.
+
+    Only *allocating* lines are recorded — lines where the function is the innermost Python
+    frame — so a line that merely calls a helper does not shift the ranks.
+    """
+
+    def __init__(self, lines: dict[tuple[str, str], tuple[int, ...]]) -> None:
+        self._lines = lines
+
+    @classmethod
+    def from_stacks(cls, stacks: Iterable[Stack]) -> SiteIndex:
+        acc: dict[tuple[str, str], set[int]] = {}
+        for stack in stacks:
+            ns = _norm(stack)
+            if ns.python:
+                f = ns.frames[ns.python[0]]
+                acc.setdefault((f.path, f.name), set()).add(f.line)
+        return cls({k: tuple(sorted(v)) for k, v in acc.items()})
+
+    def lines(self, path: str, name: str) -> tuple[int, ...]:
+        return self._lines.get((path, name), ())
+
+
+@lru_cache(maxsize=65536)
+def _norm(stack: Stack) -> NormStack:
+    return normalize_stack(stack)
+
+
+_STDLIB_RE = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)")
+
+
+def _is_library_frame(path: str) -> bool:
+    return (
+        path.startswith("torch/")
+        or "/torch/" in path
+        or path.startswith("<")
+        or _STDLIB_RE.search(path) is not None
+    )
+
+
+def innermost_user_frame(ns: NormStack) -> str | None:
+    """``file:line name`` of the innermost Python frame outside torch and the standard
+    library (falling back to the innermost Python frame); None without Python frames."""
+    if not ns.python:
+        return None
+    pick = next((i for i in ns.python if not _is_library_frame(ns.frames[i].path)), ns.python[0])
+    f = ns.frames[pick]
+    return f"{short_path(f.path)}:{f.line} {f.name}"
+
+
+_Check = tuple[str, bool, bool]  # (description, held, identifying)
+
+
+def _tf(value: bool) -> str:
+    return "true" if value else "false"
+
+
+class RuleSet:
+    """Compiled rules and phase rules, with memoised :meth:`classify`.
+
+    Build it with :func:`load_rules`. :meth:`with_sites` returns a copy that knows the
+    snapshot's lines per function (needed by ``line_rank`` rules). Not thread-safe: the memo
+    and a per-stack candidate cache are plain dicts; use one RuleSet per thread.
+    """
+
+    def __init__(
+        self, rules: Sequence[Rule], sites: SiteIndex | None = None, packs: Sequence[str] = ()
+    ) -> None:
+        key = lambda r: (-r.priority, r.order)  # noqa: E731 - tiny sort key
+        self.rules: tuple[Rule, ...] = tuple(
+            sorted((r for r in rules if r.kind == "family"), key=key)
+        )
+        self.phase_rules: tuple[Rule, ...] = tuple(
+            sorted((r for r in rules if r.kind == "phase"), key=key)
+        )
+        self.packs: tuple[str, ...] = tuple(packs)
+        self.sites = sites
+        thresholds: set[int] = set()
+        for r in (*self.rules, *self.phase_rules):
+            if r.min_size is not None:
+                thresholds.add(r.min_size)
+            if r.max_size is not None:
+                thresholds.add(r.max_size + 1)
+        self._size_thresholds = tuple(sorted(thresholds))
+        self._memo: dict[tuple[Stack, tuple[object, ...]], Decision] = {}
+        self._phase_memo: dict[tuple[Stack, tuple[object, ...]], tuple[str, str | None]] = {}
+        # (stack being matched, id(pattern) -> candidates); patterns live as long as self
+        self._cand_cache: list = [None, {}]
+
+    # -- construction helpers ---------------------------------------------------------
+
+    def with_sites(self, stacks: Iterable[Stack]) -> RuleSet:
+        """A copy of this rule set that resolves ``line_rank`` against ``stacks``."""
+        return RuleSet((*self.rules, *self.phase_rules), SiteIndex.from_stacks(stacks), self.packs)
+
+    def rule(self, rule_id: str) -> Rule:
+        for r in (*self.rules, *self.phase_rules):
+            if r.id == rule_id:
+                return r
+        raise KeyError(rule_id)
+
+    def clear_cache(self) -> None:
+        self._memo.clear()
+        self._phase_memo.clear()
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._memo)
+
+    # -- public API -------------------------------------------------------------------
+
+    def context_key(self, ctx: BlockContext) -> tuple[object, ...]:
+        """What of ``ctx`` can change a decision; the memo key besides the stack."""
+        return (
+            ctx.pool_kind,
+            ctx.stream == 0,
+            normalize_state(ctx.state),
+            ctx.has_alloc_event,
+            ctx.annotations,
+            ctx.phase_hint,
+            bisect_right(self._size_thresholds, ctx.size),
+        )
+
+    def infer_phase(self, stack: Stack, ctx: BlockContext) -> str:
+        """The phase of the allocation (one of :data:`PHASES`)."""
+        return self._phase(stack, _norm(stack), ctx)[0]
+
+    def classify(self, stack: Stack, ctx: BlockContext) -> Decision:
+        """Exactly one family for (``stack``, ``ctx``); memoised."""
+        key = (stack, self.context_key(ctx))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._classify(stack, ctx)
+            self._memo[key] = hit
+        return hit
+
+    def explain(self, stack: Stack, ctx: BlockContext) -> Explanation:
+        """The decision plus every rule that nearly matched and which condition failed."""
+        ns = _norm(stack)
+        decision = self.classify(stack, ctx)
+        phase, phase_rule = self._phase(stack, ns, ctx)
+        near = tuple(
+            nm
+            for r in self.rules
+            if r.id != decision.rule_id
+            for nm in [self._near_miss(r, ns, ctx, phase)]
+            if nm is not None
+        )
+        phase_near = tuple(
+            nm
+            for r in self.phase_rules
+            if r.id != phase_rule
+            for nm in [self._near_miss(r, ns, ctx, phase)]
+            if nm is not None
+        )
+        return Explanation(decision, phase_rule, near, phase_near)
+
+    # -- internals --------------------------------------------------------------------
+
+    def _phase(self, stack: Stack, ns: NormStack, ctx: BlockContext) -> tuple[str, str | None]:
+        if ctx.phase_hint in PHASES and ctx.phase_hint != "unknown":
+            return ctx.phase_hint, None
+        key = (stack, self.context_key(ctx))
+        hit = self._phase_memo.get(key)
+        if hit is None:
+            hit = ("unknown", None)
+            for r in self.phase_rules:
+                if self._matches(r, ns, ctx, "unknown") is not None:
+                    hit = (r.phase_out or "unknown", r.id)
+                    break
+            self._phase_memo[key] = hit
+        return hit
+
+    def _classify(self, stack: Stack, ctx: BlockContext) -> Decision:
+        ns = _norm(stack)
+        phase, _ = self._phase(stack, ns, ctx)
+        winner: Rule | None = None
+        matched: tuple[int, ...] = ()
+        ties: list[str] = []
+        near: list[str] = []
+        for r in self.rules:
+            if winner is not None and r.priority < winner.priority:
+                break
+            m = self._matches(r, ns, ctx, phase)
+            if m is None:
+                nm = self._near_miss(r, ns, ctx, phase)
+                if nm is not None:
+                    near.append(str(nm))
+                continue
+            if winner is None:
+                winner, matched = r, m
+            else:
+                ties.append(r.id)
+        if winner is None:
+            return self._no_match(ns, ctx, phase, tuple(near))
+        return Decision(
+            family=winner.family or UNKNOWN,
+            label=winner.label,
+            rule_id=winner.id,
+            matched_frames=tuple(sorted(matched)),
+            reason=self._reason(winner, ns, ctx, matched),
+            phase=phase,
+            ties=tuple(ties),
+            near_misses=tuple(near),
+        )
+
+    def _no_match(
+        self, ns: NormStack, ctx: BlockContext, phase: str, near: tuple[str, ...]
+    ) -> Decision:
+        user = innermost_user_frame(ns)
+        if user is not None:
+            why = f"no rule matched (innermost user frame: {user})"
+        elif ns.frames:
+            why = (
+                "no rule matched (no Python frames; innermost C++ frame: "
+                f"{cpp_symbol(ns.frames[0].name)})"
+            )
+        elif ctx.has_alloc_event is None:
+            why = "no frames: no allocation history was recorded, so its origin is unknown"
+        else:
+            why = "no rule matched (no frames)"
+        return Decision(
+            family=UNKNOWN,
+            label=f"{family_label(UNKNOWN)}: {why}",
+            rule_id=None,
+            matched_frames=(),
+            reason=why,
+            phase=phase,
+            near_misses=near,
+        )
+
+    # matching -------------------------------------------------------------------------
+
+    def _ctx_checks(
+        self, r: Rule, ns: NormStack, ctx: BlockContext, phase: str, full: bool
+    ) -> list[_Check] | None:
+        """Context conditions, cheapest first. With ``full=False`` returns None on the first
+        failure (the fast path); with ``full=True`` returns every check for explanations."""
+        checks: list[_Check] = []
+
+        def add(desc: str, ok: bool, ident: bool = False) -> bool:
+            checks.append((desc, ok, ident))
+            return ok or full
+
+        if r.no_frames is not None:
+            ok = ns.empty == r.no_frames
+            if not add(f"no_frames = {_tf(r.no_frames)} (block: {len(ns.frames)} frames)", ok):
+                return None
+        if r.no_python_frames is not None:
+            ok = (not ns.has_python) == r.no_python_frames
+            desc = f"no_python_frames = {_tf(r.no_python_frames)} (block: {len(ns.python)} Python)"
+            if not add(desc, ok):
+                return None
+        if r.has_alloc_event is not None:
+            ok = ctx.has_alloc_event is r.has_alloc_event
+            have = "no trace" if ctx.has_alloc_event is None else _tf(ctx.has_alloc_event)
+            if not add(f"has_alloc_event = {_tf(r.has_alloc_event)} (block: {have})", ok):
+                return None
+        if r.pools is not None:
+            kind = ctx.pool_kind
+            ok = kind in r.pools or ("private" in r.pools and kind != "default")
+            if not add(f"pool is {'/'.join(sorted(r.pools))} (block: {kind} {ctx.pool_id})", ok):
+                return None
+        if r.stream is not None:
+            ok = (ctx.stream == 0) == (r.stream == "default")
+            if not add(f"{r.stream} stream (block: stream {ctx.stream})", ok):
+                return None
+        if r.states is not None:
+            ok = normalize_state(ctx.state) in r.states
+            if not add(f"state {'/'.join(sorted(r.states))} (block: {ctx.state})", ok):
+                return None
+        if r.min_size is not None:
+            if not add(f"size >= {r.min_size} (block: {ctx.size})", ctx.size >= r.min_size):
+                return None
+        if r.max_size is not None:
+            if not add(f"size <= {r.max_size} (block: {ctx.size})", ctx.size <= r.max_size):
+                return None
+        if r.phases is not None:
+            if not add(f"phase {'/'.join(sorted(r.phases))} (block: {phase})", phase in r.phases):
+                return None
+        if r.annotation is not None:
+            ok = any(r.annotation.search(a) for a in ctx.annotations)
+            if not add(f"annotation /{r.annotation.pattern}/ open", ok, True):
+                return None
+        return checks
+
+    def _candidates(self, p: FramePattern, ns: NormStack) -> tuple[list[int], str | None]:
+        """Candidates for ``p`` including the line-rank filter; the second item says why
+        candidates were dropped by the rank filter (for explanations). Cached for the stack
+        being classified: matching and near-miss reporting ask for the same patterns."""
+        cache = self._cand_cache
+        if cache[0] is not ns:
+            cache[0] = ns
+            cache[1].clear()
+        hit = cache[1].get(id(p))
+        if hit is None:
+            hit = cache[1][id(p)] = self._candidates_uncached(p, ns)
+        return hit
+
+    def _candidates_uncached(self, p: FramePattern, ns: NormStack) -> tuple[list[int], str | None]:
+        cands = p.candidates(ns)
+        if p.line_rank is None or not cands:
+            return cands, None
+        if self.sites is None:
+            return [], "line_rank needs the snapshot's sites (RuleSet.with_sites)"
+        out = []
+        why = None
+        for i in cands:
+            f = ns.frames[i]
+            lines = self.sites.lines(f.path, f.name) or (f.line,)
+            rank = p.line_rank if p.line_rank >= 0 else len(lines) + p.line_rank
+            if len(lines) < p.min_sites:
+                why = f"only {len(lines)} line(s) seen in `{f.name}`, rule needs {p.min_sites}"
+            elif 0 <= rank < len(lines) and lines[rank] == f.line:
+                out.append(i)
+            else:
+                why = f"line {f.line} is rank {lines.index(f.line)} of {len(lines)} in `{f.name}`"
+        return out, why
+
+    def _sequence(
+        self, pats: tuple[FramePattern, ...], cands: list[list[int]], ns: NormStack
+    ) -> tuple[int, ...] | None:
+        """Indices for patterns listed caller -> callee: each caller strictly outside
+        (a larger index than) its callee, within ``max_gap`` Python frames when set."""
+        m = len(pats)
+
+        def gap_ok(callee_i: int, caller_i: int, p: FramePattern) -> bool:
+            if p.max_gap is None:
+                return True
+            a, b = ns.frames[callee_i], ns.frames[caller_i]
+            if not (a.is_python and b.is_python):
+                return True
+            return b.py_rank - a.py_rank - 1 <= p.max_gap
+
+        def search(k: int, inner: int) -> list[int] | None:
+            # place pattern k (an outer one) given that pattern k+1 sits at ``inner``
+            if k < 0:
+                return []
+            for c in cands[k]:
+                if c <= inner:
+                    continue
+                if not gap_ok(inner, c, pats[k + 1]):
+                    # candidates ascend, the gap only grows
+                    if ns.frames[c].is_python and ns.frames[inner].is_python:
+                        break
+                    continue
+                rest = search(k - 1, c)
+                if rest is not None:
+                    return [c, *rest]
+            return None
+
+        for c in cands[m - 1]:
+            rest = search(m - 2, c)
+            if rest is not None:
+                return (c, *rest)
+        return None
+
+    def _matches(
+        self, r: Rule, ns: NormStack, ctx: BlockContext, phase: str
+    ) -> tuple[int, ...] | None:
+        """Matched frame indices if every condition of ``r`` holds, else None (fast path)."""
+        if self._ctx_checks(r, ns, ctx, phase, full=False) is None:
+            return None
+        for p in r.not_frames:
+            if self._candidates(p, ns)[0]:
+                return None
+        if not r.frames:
+            return ()
+        cands = []
+        for p in r.frames:
+            c = self._candidates(p, ns)[0]
+            if not c:
+                return None
+            cands.append(c)
+        return self._sequence(r.frames, cands, ns)
+
+    def _near_miss(self, r: Rule, ns: NormStack, ctx: BlockContext, phase: str) -> NearMiss | None:
+        if r.identifying and not (
+            any(self._candidates(p, ns)[0] for p in r.frames)
+            or (r.annotation is not None and any(r.annotation.search(a) for a in ctx.annotations))
+        ):
+            return None  # cheap exit before any text is built: nothing of the site is here
+        checks = self._ctx_checks(r, ns, ctx, phase, full=True) or []
+        for p in r.not_frames:
+            present = bool(self._candidates(p, ns)[0])
+            checks.append((f"no {p.text}", not present, False))
+        cands = []
+        for p in r.frames:
+            c, why = self._candidates(p, ns)
+            cands.append(c)
+            desc = f"frame {p.text}" + (f" [{why}]" if why and not c else "")
+            checks.append((desc, bool(c), True))
+        if len(r.frames) > 1 and all(cands):
+            ok = self._sequence(r.frames, cands, ns) is not None
+            checks.append(("frames in caller -> callee order (and within max_gap)", ok, False))
+        held = tuple(d for d, ok, _ in checks if ok)
+        failed = tuple(d for d, ok, _ in checks if not ok)
+        if not failed:
+            return None
+        ident_held = any(ok for _, ok, ident in checks if ident)
+        if r.identifying:
+            if not ident_held:
+                return None
+        elif len(failed) != 1 or not held:
+            return None
+        return NearMiss(r.id, r.family or r.phase_out or "", r.priority, held, failed)
+
+    def _reason(self, r: Rule, ns: NormStack, ctx: BlockContext, matched: tuple[int, ...]) -> str:
+        parts: list[str] = []
+        if matched:
+            # the innermost matched frame always belongs to the rule's last (callee) pattern
+            ordered = sorted(matched)
+            inner = ns.frames[ordered[0]]
+            pat = r.frames[-1]
+            if inner.is_python:
+                where = pat.file or short_path(inner.path)
+                desc = f"frame `{inner.name}` in `{where}`"
+            else:
+                desc = f"C++ frame `{cpp_symbol(inner.name)}`"
+            callers = [ns.frames[i] for i in ordered[1:]]
+            if callers:
+                desc += " under " + " under ".join(
+                    f"`{f.name}`" if f.is_python else f"`{cpp_symbol(f.name)}`" for f in callers
+                )
+            parts.append(desc)
+        if r.annotation is not None:
+            ann = next((a for a in ctx.annotations if r.annotation.search(a)), None)
+            if ann:
+                parts.append(f"inside annotation `{ann}`")
+        if r.pools is not None:
+            parts.append(f"in a {ctx.pool_kind} pool")
+        if r.stream == "nondefault":
+            parts.append("on a non-default stream")
+        if r.no_python_frames:
+            parts.append("no Python frames")
+        text = ", ".join(parts)
+        if r.reason_text:
+            text = r.reason_text + (f" ({text})" if text else "")
+        return f"matched rule `{r.id}`: {text or r.label}"
+
+
+# --------------------------------------------------------------------------------------
+# loading
+
+
+def _builtin_files() -> list[tuple[str, str]]:
+    root = resources.files(__package__) / "packs"
+    out = []
+    for entry in root.iterdir():
+        name = entry.name
+        if name.endswith(".toml") and name != FAMILIES_FILE:
+            out.append((name, entry.read_text(encoding="utf-8")))
+    return sorted(out)
+
+
+@lru_cache(maxsize=1)
+def _builtin_rules() -> tuple[tuple[str, ...], tuple[Rule, ...]]:
+    packs: list[str] = []
+    rules: list[Rule] = []
+    for name, text in _builtin_files():
+        pack, rs = parse_pack(text, f"packs/{name}", order_start=len(rules))
+        packs.append(pack)
+        rules.extend(rs)
+    return tuple(packs), tuple(rules)
+
+
+def builtin_pack_names() -> tuple[str, ...]:
+    """Names of the built-in packs, in load order."""
+    return _builtin_rules()[0]
+
+
+def load_rules(extra_files: Sequence[Path | str] = ()) -> RuleSet:
+    """Every built-in pack plus ``extra_files`` (user packs), compiled into a new
+    :class:`RuleSet` (with its own empty memo). Raises :class:`RuleError` on a bad file."""
+    packs, builtin = _builtin_rules()
+    rules = list(builtin)
+    names = list(packs)
+    for path in extra_files:
+        pack, rs = read_pack_file(Path(path), user=True, order_start=len(rules))
+        names.append(pack)
+        rules.extend(rs)
+    check_unique(rules)
+    return RuleSet(rules, packs=names)
+
+
+@lru_cache(maxsize=1)
+def _default_ruleset() -> RuleSet:
+    return load_rules()
+
+
+def infer_phase(stack: Stack, ctx: BlockContext, rules: RuleSet | None = None) -> str:
+    """Phase of an allocation from its stack and context, driven by the ``[[phase_rule]]``
+    entries of the packs (``packs/phases.toml`` and the framework packs)."""
+    return (rules or _default_ruleset()).infer_phase(stack, ctx)
+
+
+__all__ += ["RuleError"]

@@ -1,0 +1,545 @@
+"""Rule files: schema, validation and compilation to fast matchers.
+
+Rules are data (TOML). Each file is a *pack*; the built-in packs live in ``packs/`` (one
+per framework) and users add their own files. The schema is documented in
+``analyzer/attribution/__init__.py``; this module enforces it: an unknown field, an unknown
+family or phase, a bad regular expression or a malformed value is a :class:`RuleError` whose
+message is one line naming the file, the rule and the problem — a rule file is user input
+and must never produce a traceback.
+
+Everything that can be computed ahead of matching is: regexes are compiled, literal
+function names are kept as sets (so a pattern finds its candidate frames by dictionary
+lookup), sizes are parsed to integers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .families import family_ids
+from .stack import BLOCK_STATES, NormStack, normalize_state, path_has_suffix
+
+try:  # Python 3.11+
+    import tomllib
+except ImportError:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
+    import tomli as tomllib  # type: ignore[no-redef]
+
+PHASES = (
+    "init",
+    "forward",
+    "backward",
+    "optimizer",
+    "rollout",
+    "logprobs",
+    "weight_update",
+    "unknown",
+)
+"""Phases :func:`infer_phase` can return."""
+
+POOL_KINDS = ("default", "mempool", "graph", "private")
+"""``private`` means any non-default pool (``mempool`` or ``graph``)."""
+
+STREAM_KINDS = ("default", "nondefault")
+
+#: Priority a rule gets when neither it nor its pack sets one. Framework packs sit above the
+#: generic PyTorch pack (which sets a lower ``default_priority``); user files default higher
+#: still so that a user rule overrides a built-in without having to know its number.
+DEFAULT_PRIORITY = 100
+USER_DEFAULT_PRIORITY = 150
+
+
+class RuleError(ValueError):
+    """A rule file is invalid. The message is one line: file, rule id, problem."""
+
+
+# --------------------------------------------------------------------------------------
+# compiled forms
+
+
+@dataclass(frozen=True)
+class FramePattern:
+    """One frame a rule looks for.
+
+    Python-frame patterns use ``file`` (path suffix on whole components), ``file_re``
+    (regex searched in the normalised path), ``function`` (exact names) and ``function_re``
+    (regex that must match the *whole* name — never a substring, so a driver called
+    ``run_forward_backward_step`` is not a ``forward`` frame). C++-frame patterns use
+    ``symbol_re`` (regex searched in the demangled symbol, e.g.
+    ``torch::autograd::Engine::thread_main``).
+    """
+
+    file: str | None = None
+    file_re: re.Pattern[str] | None = None
+    functions: frozenset[str] | None = None
+    function_re: re.Pattern[str] | None = None
+    symbol_re: re.Pattern[str] | None = None
+    line_lt: int | None = None
+    line_ge: int | None = None
+    line_rank: int | None = None
+    min_sites: int = 1
+    within: int | None = None
+    """When set: the frame must be among the first ``within`` Python frames (C++ frames are
+    not counted). ``where = "innermost"`` sets it to 1 unless given."""
+    max_gap: int | None = None
+    """At most this many Python frames between this frame and the previous pattern's
+    (its caller's) frame."""
+    text: str = ""
+    """Human description, used in reasons and near-miss reports."""
+    memo: dict[object, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """(path, name) or C++ symbol -> whether the line-independent checks hold. Paths and
+    symbols repeat across a snapshot's stacks, so each regex runs once per distinct one."""
+
+    @property
+    def is_cpp(self) -> bool:
+        return self.symbol_re is not None
+
+    def _static_ok(self, path: str, name: str) -> bool:
+        if self.function_re is not None and not self.function_re.fullmatch(name):
+            return False
+        if self.file is not None and not path_has_suffix(path, self.file):
+            return False
+        return self.file_re is None or self.file_re.search(path) is not None
+
+    def candidates(self, ns: NormStack) -> list[int]:
+        """Indices (ascending = innermost first) of frames matching everything but the
+        line rank and the sequence constraints."""
+        frames = ns.frames
+        memo = self.memo
+        out: list[int] = []
+        if self.symbol_re is not None:
+            rx = self.symbol_re
+            for i in ns.cpp:
+                name = frames[i].name
+                ok = memo.get(name)
+                if ok is None:
+                    ok = memo[name] = rx.search(name) is not None
+                if ok:
+                    out.append(i)
+            return out
+        if self.functions is not None:
+            idx: list[int] = []
+            for name in self.functions:
+                idx.extend(ns.by_name.get(name, ()))
+            if len(self.functions) > 1:
+                idx.sort()
+        else:
+            # path-only pattern: test each distinct (path, name) once, keep its frames
+            idx = []
+            for key, where in ns.by_key.items():
+                ok = memo.get(key)
+                if ok is None:
+                    ok = memo[key] = self._static_ok(*key)
+                if ok:
+                    idx.extend(where)
+            idx.sort()
+        for i in idx:
+            f = frames[i]
+            if self.within is not None and f.py_rank >= self.within:
+                continue
+            key = (f.path, f.name)
+            ok = memo.get(key)
+            if ok is None:
+                ok = memo[key] = self._static_ok(f.path, f.name)
+            if not ok:
+                continue
+            if self.line_lt is not None and not f.line < self.line_lt:
+                continue
+            if self.line_ge is not None and not f.line >= self.line_ge:
+                continue
+            out.append(i)
+        return out
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A compiled rule (``kind == "family"``) or phase rule (``kind == "phase"``)."""
+
+    id: str
+    kind: str
+    family: str | None
+    label: str
+    phase_out: str | None
+    priority: int
+    order: int
+    source: str
+    description: str
+    reason_text: str | None
+    frames: tuple[FramePattern, ...]
+    not_frames: tuple[FramePattern, ...]
+    pools: frozenset[str] | None
+    stream: str | None
+    states: frozenset[str] | None
+    phases: frozenset[str] | None
+    annotation: re.Pattern[str] | None
+    min_size: int | None
+    max_size: int | None
+    no_python_frames: bool | None
+    no_frames: bool | None
+    has_alloc_event: bool | None
+
+    @property
+    def uses_line_rank(self) -> bool:
+        return any(p.line_rank is not None for p in self.frames)
+
+    @property
+    def identifying(self) -> int:
+        """How many conditions identify a site (frames, symbols, annotation): a rule with
+        none of them is a pure context rule and only a near miss when one condition fails."""
+        return len(self.frames) + (self.annotation is not None)
+
+
+# --------------------------------------------------------------------------------------
+# parsing
+
+_PACK_KEYS = {"name", "description", "default_priority", "versions", "notes"}
+_TOP_KEYS = {"pack", "rule", "phase_rule"}
+_COND_KEYS = {
+    "frames",
+    "not_frames",
+    "pool",
+    "stream",
+    "state",
+    "phase",
+    "annotation",
+    "min_size",
+    "max_size",
+    "no_python_frames",
+    "no_frames",
+    "has_alloc_event",
+}
+_RULE_KEYS = {"id", "family", "label", "priority", "description", "reason"} | _COND_KEYS
+# phase rules cannot test the phase they decide
+_PHASE_RULE_KEYS = {"id", "phase", "priority", "description", "reason", "label"} | (
+    _COND_KEYS - {"phase"}
+)
+_FRAME_KEYS = {
+    "file",
+    "file_re",
+    "function",
+    "function_re",
+    "symbol_re",
+    "line_lt",
+    "line_ge",
+    "line_rank",
+    "min_sites",
+    "where",
+    "within",
+    "max_gap",
+}
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+
+
+class _Ctx:
+    """Carries file and rule id so every error message names both."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.rule = "<pack>"
+
+    def fail(self, problem: str) -> RuleError:
+        one_line = " ".join(str(problem).split())
+        return RuleError(f"{self.source}: rule `{self.rule}`: {one_line}")
+
+
+def _as_list(value: Any, ctx: _Ctx, key: str, kind: type = str) -> list[Any]:
+    items = value if isinstance(value, list) else [value]
+    for v in items:
+        if not isinstance(v, kind):
+            raise ctx.fail(f"`{key}` must be a {kind.__name__} or a list of them, got {v!r}")
+    if not items:
+        raise ctx.fail(f"`{key}` is an empty list")
+    return items
+
+
+def _int(value: Any, ctx: _Ctx, key: str, minimum: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ctx.fail(f"`{key}` must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ctx.fail(f"`{key}` must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(value: Any, ctx: _Ctx, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ctx.fail(f"`{key}` must be true or false, got {value!r}")
+    return value
+
+
+def _regex(value: Any, ctx: _Ctx, key: str) -> re.Pattern[str]:
+    if not isinstance(value, str):
+        raise ctx.fail(f"`{key}` must be a string (a regular expression), got {value!r}")
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise ctx.fail(f"invalid regex in `{key}` {value!r}: {exc}") from None
+
+
+def parse_size(value: Any, ctx: _Ctx | None = None, key: str = "size") -> int:
+    """Bytes from an int or a string such as ``"512MiB"``, ``"1.5 GiB"`` or ``"4096"``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            unit = (m.group(2) or "B").lower()
+            return int(float(m.group(1)) * _UNITS[unit])
+    msg = f'`{key}` must be a byte count or a size like "512MiB", got {value!r}'
+    if ctx is None:
+        raise ValueError(msg)
+    raise ctx.fail(msg)
+
+
+def _unknown_keys(table: Mapping[str, Any], allowed: set[str], ctx: _Ctx, what: str) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise ctx.fail(
+            f"unknown field{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))} in {what}"
+            f" (allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+def _frame_pattern(raw: Any, ctx: _Ctx, key: str) -> FramePattern:
+    if not isinstance(raw, Mapping):
+        raise ctx.fail(f"each entry of `{key}` must be a table, got {raw!r}")
+    _unknown_keys(raw, _FRAME_KEYS, ctx, f"a `{key}` entry")
+    if not {"file", "file_re", "function", "function_re", "symbol_re"} & set(raw):
+        raise ctx.fail(
+            f"a `{key}` entry needs at least one of file, file_re, function, function_re, symbol_re"
+        )
+    file = raw.get("file")
+    if file is not None:
+        if not isinstance(file, str) or not file:
+            raise ctx.fail(f"`file` must be a non-empty path suffix, got {file!r}")
+        file = file.replace("\\", "/").lstrip("/")
+    functions = None
+    if "function" in raw:
+        functions = frozenset(_as_list(raw["function"], ctx, "function"))
+    symbol_re = _regex(raw["symbol_re"], ctx, "symbol_re") if "symbol_re" in raw else None
+    if symbol_re is not None and {"file", "file_re", "function", "function_re"} & set(raw):
+        raise ctx.fail("`symbol_re` matches C++ frames and cannot be combined with file/function")
+    where = raw.get("where", "anywhere")
+    if where not in ("anywhere", "innermost"):
+        raise ctx.fail(f'`where` must be "anywhere" or "innermost", got {where!r}')
+    within = _int(raw["within"], ctx, "within", 1) if "within" in raw else None
+    if where == "innermost" and within is None:
+        within = 1
+    if within is not None and symbol_re is not None:
+        raise ctx.fail("`where`/`within` count Python frames and do not apply to `symbol_re`")
+    line_rank = _int(raw["line_rank"], ctx, "line_rank") if "line_rank" in raw else None
+    min_sites = _int(raw.get("min_sites", 1), ctx, "min_sites", 1)
+    if "min_sites" in raw and line_rank is None:
+        raise ctx.fail("`min_sites` only makes sense with `line_rank`")
+    if line_rank is not None and within != 1:
+        raise ctx.fail(
+            '`line_rank` ranks the lines a function allocates from: it needs where = "innermost"'
+        )
+    pat = FramePattern(
+        file=file,
+        file_re=_regex(raw["file_re"], ctx, "file_re") if "file_re" in raw else None,
+        functions=functions,
+        function_re=(
+            _regex(raw["function_re"], ctx, "function_re") if "function_re" in raw else None
+        ),
+        symbol_re=symbol_re,
+        line_lt=_int(raw["line_lt"], ctx, "line_lt") if "line_lt" in raw else None,
+        line_ge=_int(raw["line_ge"], ctx, "line_ge") if "line_ge" in raw else None,
+        line_rank=line_rank,
+        min_sites=min_sites,
+        within=within,
+        max_gap=_int(raw["max_gap"], ctx, "max_gap", 0) if "max_gap" in raw else None,
+    )
+    return _with_text(pat, raw)
+
+
+def _with_text(pat: FramePattern, raw: Mapping[str, Any]) -> FramePattern:
+    if pat.symbol_re is not None:
+        text = f"C++ frame /{pat.symbol_re.pattern}/"
+    else:
+        if pat.functions is not None:
+            fn = "|".join(sorted(pat.functions))
+        elif pat.function_re is not None:
+            fn = f"/{pat.function_re.pattern}/"
+        else:
+            fn = "*"
+        where = raw.get("file") or (f"/{raw['file_re']}/" if "file_re" in raw else None)
+        text = f"`{fn}`" + (f" in `{where}`" if where else "")
+        if pat.within is not None:
+            text += f" (within innermost {pat.within} Python frame{'s' if pat.within > 1 else ''})"
+        if pat.line_rank is not None:
+            text += f" (line rank {pat.line_rank})"
+    object.__setattr__(pat, "text", text)
+    return pat
+
+
+def _conditions(raw: Mapping[str, Any], ctx: _Ctx, allow_phase: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    frames = raw.get("frames", [])
+    if not isinstance(frames, list):
+        raise ctx.fail("`frames` must be an array of tables ([[rule.frames]] or frames = [{...}])")
+    out["frames"] = tuple(_frame_pattern(f, ctx, "frames") for f in frames)
+    not_frames = raw.get("not_frames", [])
+    if not isinstance(not_frames, list):
+        raise ctx.fail("`not_frames` must be an array of tables")
+    out["not_frames"] = tuple(_frame_pattern(f, ctx, "not_frames") for f in not_frames)
+    pools = None
+    if "pool" in raw:
+        pools = frozenset(_as_list(raw["pool"], ctx, "pool"))
+        bad = pools - set(POOL_KINDS)
+        if bad:
+            raise ctx.fail(f"unknown pool kind {sorted(bad)[0]!r} (use one of {POOL_KINDS})")
+    out["pools"] = pools
+    stream = raw.get("stream")
+    if stream is not None and stream not in STREAM_KINDS:
+        raise ctx.fail(f"`stream` must be one of {STREAM_KINDS}, got {stream!r}")
+    out["stream"] = stream
+    states = None
+    if "state" in raw:
+        states = frozenset(normalize_state(s) for s in _as_list(raw["state"], ctx, "state"))
+        bad = states - set(BLOCK_STATES)
+        if bad:
+            raise ctx.fail(f"unknown block state {sorted(bad)[0]!r} (use one of {BLOCK_STATES})")
+    out["states"] = states
+    phases = None
+    if "phase" in raw and allow_phase:
+        phases = frozenset(_as_list(raw["phase"], ctx, "phase"))
+        bad = phases - set(PHASES)
+        if bad:
+            raise ctx.fail(f"unknown phase {sorted(bad)[0]!r} (use one of {PHASES})")
+    out["phases"] = phases
+    out["annotation"] = (
+        _regex(raw["annotation"], ctx, "annotation") if "annotation" in raw else None
+    )
+    out["min_size"] = parse_size(raw["min_size"], ctx, "min_size") if "min_size" in raw else None
+    out["max_size"] = parse_size(raw["max_size"], ctx, "max_size") if "max_size" in raw else None
+    for key in ("no_python_frames", "no_frames", "has_alloc_event"):
+        out[key] = _bool(raw[key], ctx, key) if key in raw else None
+    return out
+
+
+def _qualify(rule_id: Any, pack: str, ctx: _Ctx) -> str:
+    if not isinstance(rule_id, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", rule_id):
+        raise ctx.fail(f'`id` must be a dotted name like "{pack}.my_rule", got {rule_id!r}')
+    return rule_id if rule_id.startswith(pack + ".") else f"{pack}.{rule_id}"
+
+
+def parse_pack(
+    text: str, source: str, *, user: bool = False, order_start: int = 0
+) -> tuple[str, list[Rule]]:
+    """Parse one pack's TOML text into compiled rules (family rules and phase rules).
+
+    ``source`` names the file in error messages. Returns ``(pack_name, rules)``.
+    """
+    ctx = _Ctx(source)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RuleError(f"{source}: TOML syntax error: {' '.join(str(exc).split())}") from None
+    _unknown_keys(data, _TOP_KEYS, ctx, "the file (top level)")
+    pack_raw = data.get("pack", {})
+    if not isinstance(pack_raw, Mapping):
+        raise ctx.fail("`pack` must be a table")
+    _unknown_keys(pack_raw, _PACK_KEYS, ctx, "[pack]")
+    name = pack_raw.get("name", Path(source).stem)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
+        raise ctx.fail(f"pack `name` must be a simple identifier, got {name!r}")
+    default_priority = _int(
+        pack_raw.get("default_priority", USER_DEFAULT_PRIORITY if user else DEFAULT_PRIORITY),
+        ctx,
+        "default_priority",
+    )
+    known_families = set(family_ids())
+    rules: list[Rule] = []
+    for kind, table_key in (("family", "rule"), ("phase", "phase_rule")):
+        entries = data.get(table_key, [])
+        if not isinstance(entries, list):
+            raise ctx.fail(f"`{table_key}` must be an array of tables ([[{table_key}]])")
+        for n, raw in enumerate(entries):
+            ctx.rule = f"{table_key}[{n}]"
+            if not isinstance(raw, Mapping):
+                raise ctx.fail(f"[[{table_key}]] entries must be tables")
+            if "id" in raw and isinstance(raw["id"], str):
+                ctx.rule = raw["id"]
+            if "id" not in raw:
+                raise ctx.fail("missing required field `id`")
+            rule_id = _qualify(raw["id"], name, ctx)
+            ctx.rule = rule_id
+            if kind == "family":
+                _unknown_keys(raw, _RULE_KEYS, ctx, "[[rule]]")
+                for req in ("family", "label"):
+                    if req not in raw:
+                        raise ctx.fail(f"missing required field `{req}`")
+                family = raw["family"]
+                if family not in known_families:
+                    raise ctx.fail(
+                        f"unknown family {family!r} (known: {', '.join(sorted(known_families))})"
+                    )
+                phase_out = None
+            else:
+                _unknown_keys(raw, _PHASE_RULE_KEYS, ctx, "[[phase_rule]]")
+                if "phase" not in raw:
+                    raise ctx.fail("missing required field `phase`")
+                phase_out = raw["phase"]
+                if phase_out not in PHASES:
+                    raise ctx.fail(f"unknown phase {phase_out!r} (use one of {PHASES})")
+                family = None
+            label = raw.get("label", phase_out or "")
+            for key in ("label", "description", "reason"):
+                if key in raw and not isinstance(raw[key], str):
+                    raise ctx.fail(f"`{key}` must be a string")
+            priority = _int(raw.get("priority", default_priority), ctx, "priority")
+            cond = _conditions(raw, ctx, allow_phase=(kind == "family"))
+            if kind == "family" and not any(cond[k] is not None and cond[k] != () for k in cond):
+                raise ctx.fail("a rule needs at least one condition (frames, pool, state, ...)")
+            rules.append(
+                Rule(
+                    id=rule_id,
+                    kind=kind,
+                    family=family,
+                    label=label,
+                    phase_out=phase_out,
+                    priority=priority,
+                    order=order_start + len(rules),
+                    source=source,
+                    description=raw.get("description", ""),
+                    reason_text=raw.get("reason"),
+                    **cond,
+                )
+            )
+    return name, rules
+
+
+def read_pack_file(path: Path, *, user: bool, order_start: int) -> tuple[str, list[Rule]]:
+    """Read and parse one pack file; unreadable files are a :class:`RuleError` too."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RuleError(f"{path}: cannot read rule file: {exc}") from None
+    return parse_pack(text, str(path), user=user, order_start=order_start)
+
+
+def check_unique(rules: Sequence[Rule]) -> None:
+    """Rule ids are unique across all loaded packs; explanations rely on it."""
+    seen: dict[str, str] = {}
+    for r in rules:
+        key = f"{r.kind}:{r.id}"
+        if key in seen:
+            raise RuleError(
+                f"{r.source}: rule `{r.id}`: duplicate rule id (already defined in {seen[key]})"
+            )
+        seen[key] = r.source

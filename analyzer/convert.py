@@ -1,0 +1,62 @@
+"""`snapana convert`: turn a capture only one tool release can read into a Parquet any can.
+
+memray's reader accepts only the capture format its own release writes, so a `.bin` from a
+ticket may be unreadable next to today's memray. Run under the release that reads it (the
+error message says which), `convert_memray` writes what snapana needs in a file that no
+longer depends on memray:
+
+- one Parquet file, one row per allocation site alive at the high-water mark, columns
+  `size`, `n_allocations`, `allocator`, `tid`, `thread_name` and `frames` (a list of
+  `{filename, name, line}`, innermost first);
+- the file's key-value metadata `snapana.memray` holds JSON: memray's own metadata
+  (`peak_memory`, `total_allocations`, command line, pid, allocator, times), the parsed
+  header (format version, Python version), the memray release that converted it, the
+  layout version, and the RSS/heap series over time (`snapshots`).
+
+`snapana.sources.memray_capture.load` reads it back into the same Capture as the `.bin`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from snapana.errors import InputError
+from snapana.output import OutputError
+from snapana.sources import memray_capture
+
+
+def convert_memray(path: Path | str, out_parquet: Path | str) -> Path:
+    """Write the high-water mark of a memray capture as Parquet (atomically); return it."""
+    path, out = Path(path), Path(out_parquet)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    reader, header = memray_capture.open_reader(path)
+    try:
+        records = memray_capture.records_frame(reader)
+        meta = memray_capture.reader_metadata(reader, header)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise InputError(f"{path}: memray could not read the records: {exc}") from None
+    finally:
+        close = getattr(reader, "close", None)
+        if close is not None:
+            close()
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise OutputError(f"{out}: folder {folder} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot write: {exc.strerror or exc}") from None
+    os.close(fd)
+    try:
+        records.write_parquet(
+            tmp, metadata={memray_capture.PARQUET_META_KEY: json.dumps(meta)}
+        )
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out

@@ -1,0 +1,645 @@
+"""Read torch.profiler chrome traces (`profile_memory=True`) into the common model.
+
+The profiler writes one `[memory]` instant event per allocation and free (frees carry negative
+`Bytes`), and `[OutOfMemory]` when the allocator gives up. It writes no stacks for them, so a
+memory event gets the stack of the `cpu_op` / `python_function` / `user_annotation` events
+that enclose it in time on the same thread. The file is streamed: traces of long runs reach
+gigabytes, and only the memory events and the intervals of those three kinds are kept.
+
+Two layouts exist. Modern traces give `Addr`, `Total Allocated` and `Total Reserved`; 2021-era
+traces give only `Bytes`, so frees are paired with an earlier allocation of the same size and
+the timeline starts at zero when profiling started.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from snapana.errors import InputError
+from snapana.model import (
+    BLOCK_SCHEMA,
+    EMPTY_STACK,
+    EVENT_SCHEMA,
+    SEGMENT_SCHEMA,
+    Capture,
+    Frame,
+    StackTable,
+)
+
+Progress = Callable[[int, int], None]
+
+CPU_DEVICE = -1
+_CHUNK = 1 << 20
+#: Address range for blocks the trace gives no address for (2021 layout, pre-existing memory).
+_SYNTH_BASE = 0x7E00_0000_0000_0000
+_MEMORY = "[memory]"
+_OOM = "[OutOfMemory]"
+#: Interval categories that become frames, with their nesting rank when two share start and
+#: end (a Python function calls an annotation which calls an op, never the other way round).
+#: "Operator" is the 2021 spelling of "cpu_op".
+_FRAME_CATS = {"python_function": 0, "user_annotation": 1, "cpu_op": 2, "Operator": 2}
+_PY_NAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$")
+#: c10::DeviceType values the profiler writes in `Device Type`.
+_DEVICE_TYPES = {0: "CPU", 1: "CUDA", 6: "HIP", 12: "XPU", 13: "MPS", 20: "PrivateUse1"}
+
+
+# ----- streaming JSON ------------------------------------------------------------------------
+
+class _JsonStream:
+    """Pulls one JSON value at a time from a text stream, so a trace is never held whole.
+
+    `raw_decode` works on a window of the text; a value cut by the window's end fails to
+    decode (objects, arrays and strings need their closing character) or ends exactly at the
+    window's end (numbers), and both cases read more and retry.
+    """
+
+    def __init__(self, text: io.TextIOBase, path: Path, on_read: Callable[[], None]) -> None:
+        self._text = text
+        self._path = path
+        self._on_read = on_read
+        self._buf = ""
+        self._pos = 0
+        self._eof = False
+        self._dec = json.JSONDecoder()
+        self.consumed = 0  # characters before the window, for error offsets
+
+    def _fill(self, want: int = _CHUNK) -> bool:
+        if self._eof:
+            return False
+        chunk = self._text.read(max(want, _CHUNK))
+        self._on_read()
+        if not chunk:
+            self._eof = True
+            return False
+        self.consumed += self._pos
+        self._buf = self._buf[self._pos:] + chunk
+        self._pos = 0
+        return True
+
+    def peek(self) -> str:
+        """The next non-blank character without consuming it ('' at the end)."""
+        while True:
+            buf, pos = self._buf, self._pos
+            n = len(buf)
+            while pos < n and buf[pos] in " \t\r\n":
+                pos += 1
+            self._pos = pos
+            if pos < n:
+                return buf[pos]
+            if not self._fill():
+                return ""
+
+    def take(self, expected: str) -> None:
+        ch = self.peek()
+        if ch != expected:
+            raise self.error(f"expected '{expected}', found {ch!r}" if ch else "ends early")
+        self._pos += 1
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                obj, end = self._dec.raw_decode(self._buf, self._pos)
+            except json.JSONDecodeError as exc:
+                if self._fill(len(self._buf)):
+                    continue
+                raise self.error(exc.msg) from None
+            if end == len(self._buf) and self._fill():
+                continue  # a number may go on in the next chunk
+            self._pos = end
+            return obj
+
+    def error(self, what: str) -> InputError:
+        at = self.consumed + self._pos
+        if self._eof:
+            return InputError(f"{self._path}: truncated or malformed JSON ({what} at character "
+                              f"{at}); was the trace copied completely?")
+        return InputError(f"{self._path}: malformed JSON ({what} at character {at})")
+
+
+def open_text(path: Path, progress: Progress | None = None
+              ) -> tuple[io.TextIOBase, Callable[[], None], Callable[[], None]]:
+    """Open plain or gzip JSON as text; returns the stream, a progress tick and a closer."""
+    try:
+        raw = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    total = path.stat().st_size
+    head = raw.read(2)
+    raw.seek(0)
+    binary: Any = gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
+    text = io.TextIOWrapper(binary, encoding="utf-8")
+
+    def tick() -> None:
+        if progress is not None:
+            progress(raw.tell(), total)
+
+    def close() -> None:
+        text.close()
+        raw.close()
+
+    return text, tick, close
+
+
+def stream_json(path: Path, progress: Progress | None,
+                on_item: Callable[[Any], None]) -> tuple[str, dict[str, Any]]:
+    """Walk the top level of a JSON file, handing each element of the big array to `on_item`.
+
+    For an object, the array is its `traceEvents` value and the other keys are returned; for
+    an array, its elements are the items. Returns ('object' | 'array', other keys).
+    """
+    text, tick, close = open_text(path, progress)
+    try:
+        s = _JsonStream(text, path, tick)
+        first = s.peek()
+        meta: dict[str, Any] = {}
+        if first == "{":
+            s.take("{")
+            if s.peek() == "}":
+                return "object", meta
+            while True:
+                key = s.value()
+                if not isinstance(key, str):
+                    raise s.error("object key is not a string")
+                s.take(":")
+                if key == "traceEvents" and s.peek() == "[":
+                    meta[key] = _stream_array(s, on_item)
+                else:
+                    meta[key] = s.value()
+                ch = s.peek()
+                if ch == ",":
+                    s.take(",")
+                    continue
+                s.take("}")
+                return "object", meta
+        if first == "[":
+            meta["items"] = _stream_array(s, on_item)
+            return "array", meta
+        raise InputError(f"{path}: not JSON (starts with {first!r})" if first
+                         else f"{path}: empty file")
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{path}: corrupt or truncated gzip/JSON file: {exc}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text, so not a JSON trace") from None
+    finally:
+        close()
+
+
+def _stream_array(s: _JsonStream, on_item: Callable[[Any], None]) -> int:
+    s.take("[")
+    n = 0
+    if s.peek() == "]":
+        s.take("]")
+        return 0
+    while True:
+        on_item(s.value())
+        n += 1
+        ch = s.peek()
+        if ch == ",":
+            s.take(",")
+            continue
+        s.take("]")
+        return n
+
+
+# ----- collecting events ---------------------------------------------------------------------
+
+_Interval = tuple[float, float, int, str, str | None]
+
+
+def thread_key(ev: dict[str, Any]) -> tuple[str, str]:
+    """(pid, tid) as strings: 2021 traces write an op's tid as "123" and a memory event's as 123."""
+    return (str(ev.get("pid")), str(ev.get("tid")))
+
+
+@dataclass
+class _MemEvent:
+    order: int
+    ts: float
+    thread: tuple[str, str]
+    name: str
+    args: dict[str, Any]
+    stack_id: int = EMPTY_STACK
+
+
+@dataclass
+class _Collector:
+    """Keeps what the model needs from each trace event as it streams past."""
+
+    memory: list[_MemEvent] = field(default_factory=list)
+    #: thread -> [(start, end, rank, name, "Call stack" of 2021-layout ops)]
+    intervals: dict[tuple[str, str], list[_Interval]] = field(default_factory=dict)
+    n_events: int = 0
+    n_bad: int = 0
+
+    def __call__(self, ev: Any) -> None:
+        self.n_events += 1
+        if not isinstance(ev, dict):
+            self.n_bad += 1
+            return
+        ph = ev.get("ph")
+        if ph == "X":
+            rank = _FRAME_CATS.get(ev.get("cat", ""))
+            if rank is None:
+                return
+            ts, dur = ev.get("ts"), ev.get("dur", 0)
+            if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+                return
+            args = ev.get("args")
+            call = args.get("Call stack") if isinstance(args, dict) else None
+            self.intervals.setdefault(thread_key(ev), []).append(
+                (ts, ts + dur, rank, str(ev.get("name")), call if isinstance(call, str) else None)
+            )
+        elif ph in ("i", "I"):
+            name = ev.get("name")
+            if name == _MEMORY or name == _OOM:
+                ts, args = ev.get("ts"), ev.get("args")
+                if not isinstance(ts, (int, float)) or not isinstance(args, dict):
+                    self.n_bad += 1
+                    return
+                self.memory.append(_MemEvent(len(self.memory), ts, thread_key(ev), name, args))
+
+
+def looks_like_trace(meta: dict[str, Any], kind: str, collector: _Collector) -> bool:
+    """A chrome trace: an object with `traceEvents`, or an array of event objects."""
+    if kind == "object":
+        return "traceEvents" in meta
+    return collector.n_events > 0 and collector.n_bad < collector.n_events
+
+
+# ----- stacks by time containment ------------------------------------------------------------
+
+_OBJ_ADDR = re.compile(r" at 0x[0-9a-fA-F]+>$")
+
+
+def op_frame(rank: int, name: str) -> Frame:
+    """The frame an enclosing profiler event stands for."""
+    if rank == 0:
+        # '<built-in method matmul of Tensor object at 0x7f..>': drop the object address so
+        # one call site is one frame.
+        name = _OBJ_ADDR.sub(">", name)
+        m = _PY_NAME.match(name)
+        if m:
+            return (m["file"], m["func"], int(m["line"]))
+        return ("<python>", name, 0)
+    if rank == 1:
+        return ("<annotation>", name, 0)
+    return ("<op>", name, 0)
+
+
+def call_stack_frames(text: str) -> list[Frame]:
+    """Frames of a 2021-layout "Call stack" arg: `file.py(12): func;...`, innermost first."""
+    frames = []
+    for part in text.split(";"):
+        part = part.strip()
+        if part:
+            m = _PY_NAME.match(part)
+            frames.append((m["file"], m["func"], int(m["line"])) if m else ("<python>", part, 0))
+    return frames
+
+
+def assign_stacks(intervals: list[_Interval], events: list[_MemEvent], table: StackTable) -> None:
+    """Give each memory event the enclosing intervals of its thread, innermost first.
+
+    One sweep over intervals sorted by start (outer first on ties) with a stack of open ones:
+    O((intervals + events) log) rather than a scan per event. Intervals that overlap without
+    nesting (clock granularity) are handled by checking each open interval's end, and the
+    stack id is reused while nothing was pushed or popped and no open interval has ended.
+    2021-layout ops carry the Python stack as a "Call stack" arg; the innermost one found is
+    appended after the op frames.
+    """
+    intervals.sort(key=lambda iv: (iv[0], -iv[1], iv[2]))
+    frame_ids: dict[tuple[int, str], int] = {}
+    call_ids: dict[str, tuple[int, ...]] = {}
+    open_: list[tuple[float, int, str, str | None]] = []  # (end, rank, name, call stack)
+    j, n = 0, len(intervals)
+    cached: int | None = None
+    valid_until = float("inf")
+    for ev in sorted(events, key=lambda e: (e.ts, e.order)):
+        t = ev.ts
+        while j < n and intervals[j][0] <= t:
+            start, end, rank, name, call = intervals[j]
+            j += 1
+            while open_ and open_[-1][0] < start:
+                open_.pop()
+            open_.append((end, rank, name, call))
+            cached = None
+        while open_ and open_[-1][0] < t:
+            open_.pop()
+            cached = None
+        if cached is None or t > valid_until:
+            ids: list[int] = []
+            valid_until = float("inf")
+            caller: str | None = None
+            for end, rank, name, call in reversed(open_):
+                if end < t:
+                    continue
+                valid_until = min(valid_until, end)
+                fid = frame_ids.get((rank, name))
+                if fid is None:
+                    fid = frame_ids[(rank, name)] = table.frame_id(op_frame(rank, name))
+                ids.append(fid)
+                caller = caller or call
+            if caller:
+                py = call_ids.get(caller)
+                if py is None:
+                    py = call_ids[caller] = tuple(
+                        table.frame_id(f) for f in call_stack_frames(caller))
+                ids.extend(py)
+            cached = table.stack_id(tuple(ids))
+        ev.stack_id = cached
+
+
+# ----- the model -----------------------------------------------------------------------------
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            return None
+    return None
+
+
+def device_key(args: dict[str, Any]) -> tuple[int, int]:
+    """(Device Type, Device Id) as the profiler wrote them (CPU has id -1)."""
+    return (_int(args.get("Device Type")) or 0, _int(args.get("Device Id")) or 0)
+
+
+def _device_names(keys: list[tuple[int, int]], props: Any, warnings: list[str]
+                  ) -> tuple[dict[tuple[int, int], int], dict[int, str], dict[int, int]]:
+    """Map each (type, id) to a model device: CPU -> -1, accelerator n -> n."""
+    by_id = {}
+    if isinstance(props, list):
+        by_id = {_int(p.get("id")): p for p in props if isinstance(p, dict)}
+    mapping: dict[tuple[int, int], int] = {}
+    names: dict[int, str] = {}
+    capacity: dict[int, int] = {}
+    for dtype, did in sorted(keys):
+        if dtype == 0:
+            dev, name = CPU_DEVICE, "CPU"
+        else:
+            dev = did
+            kind = _DEVICE_TYPES.get(dtype, f"device type {dtype}")
+            name = f"{kind.lower()}:{did}"
+            prop = by_id.get(did)
+            if dtype == 1 and prop is not None:
+                name = f"{name} ({prop.get('name', '?')})"
+                cap = _int(prop.get("totalGlobalMem"))
+                if cap:
+                    capacity[dev] = cap
+            if dev in names:
+                dev = dtype * 1000 + did
+                warnings.append(f"two device kinds share id {did}; {name} is shown as device "
+                                f"{dev}")
+        mapping[(dtype, did)] = dev
+        names[dev] = name
+    return mapping, names, capacity
+
+
+@dataclass
+class _DeviceBuild:
+    """Events, live blocks and totals of one device, built in time order."""
+
+    device: int
+    cols: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in EVENT_SCHEMA})
+    total_alloc: list[int | None] = field(default_factory=list)
+    total_reserved: list[int | None] = field(default_factory=list)
+    live: dict[int, tuple[int, int]] = field(default_factory=dict)  # addr -> (size, stack)
+    by_size: dict[int, list[int]] = field(default_factory=dict)  # size -> live synth addrs
+    pre_freed: int = 0
+    unmatched_frees: int = 0
+    reused_addrs: int = 0
+    synthesized: int = 0
+
+    def add(self, action: str, addr: int, size: int, ev: _MemEvent,
+            device_free: int | None = None) -> None:
+        c = self.cols
+        c["device"].append(self.device)
+        c["idx"].append(len(c["idx"]))
+        c["action"].append(action)
+        c["addr"].append(addr)
+        c["size"].append(size)
+        c["stream"].append(0)
+        c["time_us"].append(int(ev.ts))
+        c["stack_id"].append(ev.stack_id)
+        c["device_free"].append(device_free)
+        self.total_alloc.append(_int(ev.args.get("Total Allocated")))
+        self.total_reserved.append(_int(ev.args.get("Total Reserved")))
+
+
+def _next_synth(counter: list[int]) -> int:
+    counter[0] += 1
+    return _SYNTH_BASE + counter[0]
+
+
+def build_device(dev: int, events: list[_MemEvent], counter: list[int]) -> _DeviceBuild:
+    """Turn one device's memory events (in time order) into model events and live blocks."""
+    b = _DeviceBuild(dev)
+    for ev in events:
+        nbytes = _int(ev.args.get("Bytes")) or 0
+        if ev.name == _OOM:
+            b.add("oom", 0, abs(nbytes), ev)
+            continue
+        if nbytes == 0:
+            continue
+        addr = _int(ev.args.get("Addr"))
+        size = abs(nbytes)
+        if nbytes > 0:
+            if addr is None:
+                addr = _next_synth(counter)
+                b.by_size.setdefault(size, []).append(addr)
+                b.synthesized += 1
+            elif addr in b.live:
+                b.reused_addrs += 1
+            b.live[addr] = (size, ev.stack_id)
+            b.add("alloc", addr, size, ev)
+            continue
+        if addr is None:
+            same = b.by_size.get(size)
+            addr = same.pop() if same else None
+            if addr is None:
+                addr = _next_synth(counter)
+                b.synthesized += 1
+        if b.live.pop(addr, None) is None:
+            b.pre_freed += size
+            b.unmatched_frees += 1
+        b.add("free_requested", addr, size, ev)
+        b.add("free_completed", addr, size, ev)
+    return b
+
+
+def _totals_array(values: list[int | None]) -> np.ndarray | None:
+    if not values or all(v is None for v in values):
+        return None
+    arr = np.array([-1 if v is None else v for v in values], dtype=np.int64)
+    return arr
+
+
+def _baseline(b: _DeviceBuild, events: list[_MemEvent], warnings: list[str], name: str) -> int:
+    """Bytes allocated before profiling that the trace never frees, from `Total Allocated`.
+
+    `Total Allocated` after the first event minus that event's own bytes is what was live
+    when recording began; the part freed during the trace already shows up as frees without
+    an allocation, so only the rest becomes a block.
+    """
+    for ev in events:
+        if ev.name != _MEMORY:
+            continue
+        total = _int(ev.args.get("Total Allocated"))
+        if total is None:
+            return 0
+        before = total - (_int(ev.args.get("Bytes")) or 0)
+        rest = before - b.pre_freed
+        if rest < 0:
+            warnings.append(f"{name}: the trace frees {b.pre_freed} bytes allocated before "
+                            f"profiling but `Total Allocated` says only {before} were live")
+            return 0
+        return rest
+    return 0
+
+
+def _check_totals(b: _DeviceBuild, baseline: int, warnings: list[str], name: str) -> None:
+    """Warn when the running sum drifts from the profiler's own `Total Allocated`."""
+    acts, sizes = b.cols["action"], b.cols["size"]
+    running = baseline + b.pre_freed
+    drift = 0
+    first: int | None = None
+    for i, (act, size, total) in enumerate(zip(acts, sizes, b.total_alloc, strict=True)):
+        if act == "alloc":
+            running += size
+        elif act == "free_requested":
+            running -= size
+        if total is not None and act != "oom" and total != running:
+            drift += 1
+            first = i if first is None else first
+    if drift:
+        warnings.append(f"{name}: the running sum of `Bytes` differs from `Total Allocated` at "
+                        f"{drift} event(s), first at event {first} (events missing from the "
+                        "trace?)")
+
+
+def load(path: Path | str, progress: Progress | None = None) -> Capture:
+    """Read a chrome trace with `[memory]` events into a Capture (one device per allocator)."""
+    path = Path(path)
+    collector = _Collector()
+    kind, meta = stream_json(path, progress, collector)
+    if not looks_like_trace(meta, kind, collector):
+        keys = f" (keys: {sorted(meta)[:5]})" if kind == "object" else ""
+        raise InputError(f"{path}: JSON, but not a torch.profiler chrome trace{keys}; expected "
+                         "an object with `traceEvents`")
+    if not collector.memory:
+        raise InputError(f"{path}: a JSON profiler trace without [memory] events; record it "
+                         "with torch.profiler.profile(profile_memory=True)")
+    return from_events(path, collector, meta)
+
+
+def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capture:
+    """Build the Capture from the collected memory events and intervals."""
+    warnings: list[str] = []
+    table = StackTable()
+    by_thread: dict[tuple[str, str], list[_MemEvent]] = {}
+    for ev in collector.memory:
+        by_thread.setdefault(ev.thread, []).append(ev)
+    for thread, evs in by_thread.items():
+        assign_stacks(collector.intervals.get(thread, []), evs, table)
+    collector.intervals.clear()
+
+    by_key: dict[tuple[int, int], list[_MemEvent]] = {}
+    for ev in collector.memory:
+        by_key.setdefault(device_key(ev.args), []).append(ev)
+    mapping, names, capacity = _device_names(list(by_key), meta.get("deviceProperties"),
+                                             warnings)
+    counter = [0]
+    ev_frames: list[pl.DataFrame] = []
+    blk_cols: dict[str, list[Any]] = {k: [] for k in BLOCK_SCHEMA}
+    totals: dict[int, dict[str, np.ndarray | None]] = {}
+    reserved_timeline: dict[int, np.ndarray] = {}
+    no_addr = False
+    for key, evs in sorted(by_key.items(), key=lambda kv: mapping[kv[0]]):
+        dev = mapping[key]
+        evs.sort(key=lambda e: (e.ts, e.order))
+        b = build_device(dev, evs, counter)
+        no_addr = no_addr or b.synthesized > 0
+        name = names[dev]
+        if b.reused_addrs:
+            warnings.append(f"{name}: {b.reused_addrs} allocation(s) reuse an address that was "
+                            "never freed in the trace (free events missing?)")
+        if b.unmatched_frees and not any(_int(e.args.get("Addr")) is not None for e in evs):
+            warnings.append(f"{name}: {b.unmatched_frees} free(s) match no earlier allocation "
+                            "of the same size; counted as allocated before profiling")
+        baseline = _baseline(b, evs, warnings, name)
+        _check_totals(b, baseline, warnings, name)
+        if baseline > 0:
+            addr = _next_synth(counter)
+            b.live[addr] = (baseline, EMPTY_STACK)
+        for addr, (size, sid) in b.live.items():
+            blk_cols["device"].append(dev)
+            blk_cols["address"].append(addr)
+            blk_cols["size"].append(size)
+            blk_cols["requested_size"].append(size)
+            blk_cols["state"].append("active_allocated")
+            blk_cols["stack_id"].append(sid)
+            blk_cols["segment_address"].append(None)
+        ev_frames.append(pl.DataFrame(b.cols, schema=EVENT_SCHEMA))
+        totals[dev] = {"allocated": _totals_array(b.total_alloc),
+                       "reserved": _totals_array(b.total_reserved)}
+        res = totals[dev]["reserved"]
+        if dev != CPU_DEVICE and res is not None and bool((res >= 0).all()) and res.any():
+            reserved_timeline[dev] = res
+    if no_addr:
+        warnings.append(
+            "older trace layout (no `Addr`): frees are paired with the latest allocation of "
+            "the same size, so totals are exact but a block may show the stack of another "
+            "same-size allocation; the timeline is relative to the start of profiling "
+            "(memory allocated before it is not counted)"
+        )
+    events = pl.concat(ev_frames) if ev_frames else pl.DataFrame(schema=EVENT_SCHEMA)
+    trace_meta = {k: v for k, v in meta.items() if k not in ("traceEvents", "deviceProperties")}
+    return Capture(
+        source="kineto_trace",
+        path=str(path),
+        stacks=table,
+        segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
+        blocks=pl.DataFrame(blk_cols, schema=BLOCK_SCHEMA),
+        events=events,
+        devices=sorted(names),
+        warnings=warnings,
+        has_trace=True,
+        has_time=True,
+        capacity_bytes=capacity,
+        metadata={
+            "device_names": names,
+            "kineto_totals": totals,
+            # The caching allocator's reserved bytes after each event, where the trace has them
+            # (modern GPU traces); replay has no segments to compute it from.
+            "reserved_timeline": reserved_timeline,
+            # `Bytes` are exact (CPU) or already block sizes (CUDA): replay must not round.
+            "size_rounding": 1,
+            "trace": trace_meta,
+            "device_properties": meta.get("deviceProperties"),
+        },
+    )
+
+
+def iter_memory_events(path: Path | str) -> Iterator[dict[str, Any]]:
+    """The raw `[memory]` / `[OutOfMemory]` events of a trace, for tests and debugging."""
+    collector = _Collector()
+    stream_json(Path(path), None, collector)
+    for ev in collector.memory:
+        yield {"name": ev.name, "ts": ev.ts, "pid": ev.thread[0], "tid": ev.thread[1],
+               "args": ev.args}

@@ -1,0 +1,283 @@
+"""Read `torch.profiler.profile.export_memory_timeline` outputs into the common model.
+
+Two layouts, both JSON (optionally gzip), neither naming the device it was exported for:
+
+- raw (`*.raw.json.gz`): `[[t_ns, action, bytes, category], ...]`, t_ns -1 for memory that
+  existed before profiling; action 1 PREEXISTING, 2 CREATE, 3 INCREMENT_VERSION (written as a
+  negative record for the old category and a positive one for the new), 4 DESTROY (negative);
+- plot (`*.json`, `*.json.gz`): `[times_us, sizes]`, each `sizes` row the bytes per category
+  at that time (slot 0 unused, slot k+1 is category k).
+
+Neither has addresses or stacks, so blocks are synthesized: a negative record frees the most
+recent live block of the same size and category. Totals are exact either way; the category
+becomes the block's only frame, `('<memory_timeline>', 'GRADIENT', 0)`, which an attribution
+rule maps to a family (one rule per category).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from snapana.errors import InputError
+from snapana.model import (
+    BLOCK_SCHEMA,
+    EVENT_SCHEMA,
+    SEGMENT_SCHEMA,
+    Capture,
+    StackTable,
+)
+from snapana.sources.kineto_trace import stream_json
+
+Progress = Callable[[int, int], None]
+
+FRAME_FILE = "<memory_timeline>"
+#: torch/profiler/_memory_profiler.py `_CATEGORY_TO_INDEX` (the key order of
+#: `_CATEGORY_TO_COLORS`, with None last), the index the files store; unchanged since 2.1.
+CATEGORIES = ("PARAMETER", "OPTIMIZER_STATE", "INPUT", "TEMPORARY", "ACTIVATION", "GRADIENT",
+              "AUTOGRAD_DETAIL", "UNKNOWN")
+#: What each category is in snapana's families (attribution/packs/families.toml). The
+#: attribution pack is the authority; this is recorded in metadata for reports and tests.
+CATEGORY_FAMILY = {
+    "PARAMETER": "parameters",
+    "OPTIMIZER_STATE": "optimizer_state",
+    "INPUT": "activation_temporaries",
+    "TEMPORARY": "activation_temporaries",
+    "ACTIVATION": "saved_activations",
+    "GRADIENT": "gradients",
+    "AUTOGRAD_DETAIL": "activation_temporaries",
+    "UNKNOWN": "unknown",
+}
+ACTIONS = {1: "PREEXISTING", 2: "CREATE", 3: "INCREMENT_VERSION", 4: "DESTROY"}
+DEVICE = 0
+_SYNTH_BASE = 0x7D00_0000_0000_0000
+
+
+def category_name(index: Any) -> str:
+    """The Category name stored at `index` (None and anything unknown -> UNKNOWN)."""
+    if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(CATEGORIES):
+        return CATEGORIES[index]
+    return "UNKNOWN"
+
+
+def looks_like_timeline(head: bytes) -> bool:
+    """Content check for the sniffer: both layouts are a JSON array whose first item is an
+    array (`[[`), which no chrome trace (an object, or an array of objects) starts with."""
+    text = head.lstrip()
+    return text[:1] == b"[" and text[1:].lstrip()[:1] == b"["
+
+
+class _Builder:
+    """Synthesized blocks per (size, category), events in file order, live blocks at the end."""
+
+    def __init__(self) -> None:
+        self.table = StackTable()
+        self.cols: dict[str, list[Any]] = {k: [] for k in EVENT_SCHEMA}
+        self.live: dict[int, tuple[int, int]] = {}  # addr -> (size, stack id)
+        self.by_key: dict[tuple[int, str], list[int]] = {}
+        self.by_size: dict[int, list[int]] = {}
+        self.by_cat: dict[str, list[int]] = {}
+        self._stack: dict[str, int] = {}
+        self._next = _SYNTH_BASE
+        self.unmatched = 0
+        self.recategorized = 0
+
+    def stack_for(self, category: str) -> int:
+        sid = self._stack.get(category)
+        if sid is None:
+            fid = self.table.frame_id((FRAME_FILE, category, 0))
+            sid = self._stack[category] = self.table.stack_id((fid,))
+        return sid
+
+    def _event(self, action: str, addr: int, size: int, time_us: int | None, sid: int) -> None:
+        c = self.cols
+        c["device"].append(DEVICE)
+        c["idx"].append(len(c["idx"]))
+        c["action"].append(action)
+        c["addr"].append(addr)
+        c["size"].append(size)
+        c["stream"].append(0)
+        c["time_us"].append(time_us)
+        c["stack_id"].append(sid)
+        c["device_free"].append(None)
+
+    def alloc(self, size: int, category: str, time_us: int | None) -> None:
+        self._next += 1
+        addr = self._next
+        sid = self.stack_for(category)
+        self.live[addr] = (size, sid)
+        self.by_key.setdefault((size, category), []).append(addr)
+        self.by_size.setdefault(size, []).append(addr)
+        self.by_cat.setdefault(category, []).append(addr)
+        self._event("alloc", addr, size, time_us, sid)
+
+    def can_free(self, size: int, category: str) -> bool:
+        return bool(self._live_addrs(self.by_key.get((size, category))))
+
+    def _live_addrs(self, addrs: list[int] | None) -> list[int] | None:
+        while addrs and addrs[-1] not in self.live:
+            addrs.pop()  # already freed through the other index
+        return addrs
+
+    def free(self, size: int, category: str, time_us: int | None) -> None:
+        """Free the latest live block of this size and category (then of this size)."""
+        addrs = self._live_addrs(self.by_key.get((size, category)))
+        if not addrs:
+            addrs = self._live_addrs(self.by_size.get(size))
+            if addrs:
+                self.recategorized += 1
+        if addrs:
+            self._free_addr(addrs.pop(), time_us)
+            return
+        # no such block: it predates the timeline; replay counts it as such
+        self._free_unknown(size, category, time_us)
+
+    def _free_addr(self, addr: int, time_us: int | None) -> int:
+        size, sid = self.live.pop(addr)
+        self._event("free_requested", addr, size, time_us, sid)
+        self._event("free_completed", addr, size, time_us, sid)
+        return size
+
+    def _free_unknown(self, size: int, category: str, time_us: int | None) -> None:
+        self.unmatched += 1
+        self._next += 1
+        sid = self.stack_for(category)
+        self._event("free_requested", self._next, size, time_us, sid)
+        self._event("free_completed", self._next, size, time_us, sid)
+
+    def shrink(self, category: str, amount: int, time_us: int | None) -> None:
+        """Remove `amount` bytes of a category (plot layout): free whole blocks, newest first,
+        and re-allocate the remainder of the last one so the total stays exact."""
+        addrs = self.by_cat.get(category)
+        while amount > 0:
+            addrs = self._live_addrs(addrs)
+            if not addrs:
+                self._free_unknown(amount, category, time_us)
+                return
+            size = self._free_addr(addrs.pop(), time_us)
+            if size > amount:
+                self.alloc(size - amount, category, time_us)
+            amount -= size
+
+    def capture(self, path: Path, warnings: list[str], layout: str) -> Capture:
+        blk: dict[str, list[Any]] = {k: [] for k in BLOCK_SCHEMA}
+        for addr, (size, sid) in self.live.items():
+            blk["device"].append(DEVICE)
+            blk["address"].append(addr)
+            blk["size"].append(size)
+            blk["requested_size"].append(size)
+            blk["state"].append("active_allocated")
+            blk["stack_id"].append(sid)
+            blk["segment_address"].append(None)
+        if self.unmatched:
+            warnings.append(f"{self.unmatched} free(s) in the timeline match no live block of "
+                            "that size; counted as allocated before profiling")
+        if self.recategorized:
+            warnings.append(f"{self.recategorized} free(s) matched a block of another category "
+                            "(same size)")
+        warnings.append("a memory timeline does not record its device; shown as device 0")
+        return Capture(
+            source="memory_timeline",
+            path=str(path),
+            stacks=self.table,
+            segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
+            blocks=pl.DataFrame(blk, schema=BLOCK_SCHEMA),
+            events=pl.DataFrame(self.cols, schema=EVENT_SCHEMA),
+            devices=[DEVICE],
+            warnings=warnings,
+            has_trace=True,
+            has_time=any(t is not None for t in self.cols["time_us"]),
+            metadata={
+                "device_names": {DEVICE: "device of the export (not recorded)"},
+                "memory_timeline_layout": layout,
+                "category_families": dict(CATEGORY_FAMILY),
+                "size_rounding": 1,
+            },
+        )
+
+
+def _raw_capture(path: Path, records: list[tuple[int, int, int, int]]) -> Capture:
+    """Raw layout. Within one timestamp, frees of live blocks go first so that no moment shows
+    more than the file's own per-time total; frees of blocks created at that same time wait
+    until after the creations."""
+    b = _Builder()
+    known = [t for t, _, _, _ in records if t >= 0]
+    t_first = min(known) // 1000 if known else None
+    i, n = 0, len(records)
+    while i < n:
+        t = records[i][0]
+        j = i
+        while j < n and records[j][0] == t:
+            j += 1
+        t_us = t_first if t < 0 else t // 1000
+        group = records[i:j]
+        deferred = []
+        for _, _, nbytes, cat in group:
+            if nbytes < 0:
+                name = category_name(cat)
+                if b.can_free(-nbytes, name):
+                    b.free(-nbytes, name, t_us)
+                else:
+                    deferred.append((-nbytes, name))
+        for _, _, nbytes, cat in group:
+            if nbytes > 0:
+                b.alloc(nbytes, category_name(cat), t_us)
+        for size, name in deferred:
+            b.free(size, name, t_us)
+        i = j
+    warnings = ["memory allocated before profiling (PREEXISTING) is shown as allocated at the "
+                "first timestamp"] if any(t < 0 for t, _, _, _ in records) else []
+    return b.capture(path, warnings, "raw")
+
+
+def _plot_capture(path: Path, times: list[Any], sizes: list[Any]) -> Capture:
+    """Plot layout: per time, the change of each category becomes frees (first) then allocs."""
+    b = _Builder()
+    width = max((len(r) for r in sizes), default=0)
+    prev = [0] * width
+    for t, row in zip(times, sizes, strict=True):
+        t_us = int(t) if t is not None and t >= 0 else None
+        cur = [int(v) for v in row] + [0] * (width - len(row))
+        for slot in range(width):
+            if cur[slot] < prev[slot]:
+                b.shrink(category_name(slot - 1), prev[slot] - cur[slot], t_us)
+        for slot in range(width):
+            if cur[slot] > prev[slot]:
+                b.alloc(cur[slot] - prev[slot], category_name(slot - 1), t_us)
+        prev = cur
+    return b.capture(path, [], "plot")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def load(path: Path | str, progress: Progress | None = None) -> Capture:
+    """Read either export_memory_timeline JSON layout into a Capture for device 0."""
+    path = Path(path)
+    items: list[Any] = []
+    records: list[tuple[int, int, int, int]] = []
+    bad = [0]
+
+    def on_item(item: Any) -> None:
+        if (isinstance(item, list) and len(item) == 4 and all(_is_int(v) for v in item)
+                and item[1] in ACTIONS):
+            records.append((item[0], item[1], item[2], item[3]))
+        elif len(items) < 2:
+            items.append(item)
+        else:
+            bad[0] += 1
+
+    kind, _ = stream_json(path, progress, on_item)
+    if kind == "array" and records and not items and not bad[0]:
+        return _raw_capture(path, records)
+    if (kind == "array" and not records and len(items) == 2 and not bad[0]
+            and isinstance(items[0], list) and isinstance(items[1], list)
+            and len(items[0]) == len(items[1])
+            and all(isinstance(t, (int, float)) for t in items[0])
+            and all(isinstance(r, list) and all(_is_int(v) for v in r) for r in items[1])):
+        return _plot_capture(path, items[0], items[1])
+    raise InputError(f"{path}: JSON, but not an export_memory_timeline file (expected "
+                     "[[t_ns, action, bytes, category], ...] or [times, sizes])")

@@ -1,0 +1,368 @@
+"""Read memray captures (host memory of the Python process) into the common model.
+
+A memray `.bin` is only readable by the memray release that wrote its format: the reader
+refuses any other header version. So the header is parsed here without memray (it sits, LZ4
+compressed when `memray run` compressed the file, at the start), to say which release reads
+the file; memray itself reads the records when the installed release matches. When it does
+not, `snapana convert` run under the right release writes a version-independent Parquet that
+this module loads anywhere (see `snapana.convert`).
+
+The model gets the high-water mark: one block per aggregated allocation site alive at the
+peak (memray's `get_high_watermark_allocation_records`), with its Python stack, on the host
+pseudo-device -2. The RSS/heap series over time goes into `metadata['memray_snapshots']`.
+
+Header layout (records.h `HeaderRecord`, record_writer.cpp `writeHeaderCommon`, format 12):
+magic "memray\\0", int32 version, int32 python_version (PY_VERSION_HEX), bool native_traces,
+uint8 file_format (0 all allocations, 1 aggregated), stats {uint64 n_allocations, n_frames,
+int64 start_time_ms, end_time_ms}, command line (NUL-terminated), int32 pid, uint64 main_tid,
+uint64 skipped_frames_on_main_tid, uint8 python_allocator, bool trace_python_allocators,
+bool track_object_lifetimes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from snapana.errors import InputError
+from snapana.model import BLOCK_SCHEMA, EVENT_SCHEMA, SEGMENT_SCHEMA, Capture, StackTable
+
+Progress = Callable[[int, int], None]
+
+HOST_DEVICE = -2
+MAGIC = b"memray\x00"
+LZ4_MAGIC = b"\x04\x22\x4d\x18"
+PARQUET_MAGIC = b"PAR1"
+#: Key of the Parquet file metadata that holds the capture's metadata as JSON.
+PARQUET_META_KEY = "snapana.memray"
+PARQUET_LAYOUT = 1
+#: Capture format (header version) -> memray releases that read it. Checked by writing and
+#: reading captures with each release: 1.18.0 rejects format 12, 1.19.0 and 1.19.3 read it,
+#: 1.20.0 writes 13 and rejects 12.
+READERS = {11: "1.18.x", 12: "1.19.x", 13: "1.20.x"}
+_ALLOCATORS = {1: "pymalloc", 2: "pymalloc_debug", 3: "malloc", 4: "other", 5: "mimalloc",
+               6: "mimalloc_debug"}
+FRAME_STRUCT = pl.Struct({"filename": pl.Utf8, "name": pl.Utf8, "line": pl.Int64})
+RECORD_SCHEMA = {
+    "size": pl.Int64,
+    "n_allocations": pl.Int64,
+    "allocator": pl.Utf8,
+    "tid": pl.Int64,
+    "thread_name": pl.Utf8,
+    "frames": pl.List(FRAME_STRUCT),
+}
+
+
+@dataclass
+class MemrayHeader:
+    """What the header says, enough to name the release that reads the file."""
+
+    format_version: int
+    compressed: bool
+    python_version: str | None = None
+    native_traces: bool | None = None
+    file_format: str | None = None
+    n_allocations: int | None = None
+    n_frames: int | None = None
+    start_time_ms: int | None = None
+    end_time_ms: int | None = None
+    command_line: str | None = None
+    pid: int | None = None
+    python_allocator: str | None = None
+
+    @property
+    def readers(self) -> str | None:
+        return READERS.get(self.format_version)
+
+
+def lz4_frame_prefix(data: bytes, limit: int) -> bytes:
+    """Decompress the start of an LZ4 frame (first block, up to `limit` bytes).
+
+    Only the header is needed, and lz4 is not a dependency, so this decodes the block format
+    directly: sequences of literals and (offset, length) back-references.
+    """
+    if len(data) < 7 or data[:4] != LZ4_MAGIC:
+        raise ValueError("not an LZ4 frame")
+    flg = data[4]
+    pos = 6 + (8 if flg & 0x08 else 0) + (4 if flg & 0x01 else 0) + 1
+    if pos + 4 > len(data):
+        raise ValueError("LZ4 frame ends in its header")
+    (bsize,) = struct.unpack_from("<I", data, pos)
+    pos += 4
+    if bsize == 0:
+        return b""
+    if bsize & 0x80000000:  # stored uncompressed
+        return data[pos:pos + min(bsize & 0x7FFFFFFF, limit)]
+    block = data[pos:pos + bsize]
+    out = bytearray()
+    i, n = 0, len(block)
+    while i < n and len(out) < limit:
+        token = block[i]
+        i += 1
+        lit = token >> 4
+        if lit == 15:
+            while True:
+                b = block[i]
+                i += 1
+                lit += b
+                if b != 255:
+                    break
+        out += block[i:i + lit]
+        i += lit
+        if i >= n:
+            break
+        offset = block[i] | (block[i + 1] << 8)
+        i += 2
+        mlen = (token & 15) + 4
+        if (token & 15) == 15:
+            while True:
+                b = block[i]
+                i += 1
+                mlen += b
+                if b != 255:
+                    break
+        if offset == 0 or offset > len(out):
+            raise ValueError("corrupt LZ4 block")
+        start = len(out) - offset
+        for k in range(mlen):  # may overlap itself, so byte by byte
+            out.append(out[start + k])
+    return bytes(out[:limit])
+
+
+def _head(path: Path, size: int = 1 << 16) -> bytes:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(size)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def read_header(path: Path) -> MemrayHeader:
+    """Parse the header without memray; InputError when the file is not a memray capture."""
+    raw = _head(path)
+    compressed = raw[:4] == LZ4_MAGIC
+    if compressed:
+        try:
+            raw = lz4_frame_prefix(raw, 1 << 16)
+        except (ValueError, IndexError):
+            raise InputError(f"{path}: LZ4-compressed, but not a readable memray capture "
+                             "(truncated or corrupt)") from None
+    if not raw.startswith(MAGIC):
+        raise InputError(f"{path}: not a memray capture (no 'memray' magic at the start)")
+    if len(raw) < len(MAGIC) + 4:
+        raise InputError(f"{path}: memray capture truncated inside its header")
+    (version,) = struct.unpack_from("<i", raw, len(MAGIC))
+    header = MemrayHeader(version, compressed)
+    if version in (12, 13):  # layouts checked against captures of memray 1.19 and 1.20
+        try:
+            _parse_rest(raw, len(MAGIC) + 4, header)
+        except (struct.error, UnicodeDecodeError, ValueError):
+            pass  # the version is what matters; the rest is informative
+    return header
+
+
+def _parse_rest(raw: bytes, pos: int, h: MemrayHeader) -> None:
+    (pyver,) = struct.unpack_from("<i", raw, pos)
+    h.python_version = f"{(pyver >> 24) & 0xFF}.{(pyver >> 16) & 0xFF}.{(pyver >> 8) & 0xFF}"
+    native, fmt = struct.unpack_from("<?B", raw, pos + 4)
+    h.native_traces = native
+    h.file_format = {0: "all_allocations", 1: "aggregated_allocations"}.get(fmt, str(fmt))
+    n_alloc, n_frames, t0, t1 = struct.unpack_from("<QQqq", raw, pos + 6)
+    h.n_allocations, h.n_frames, h.start_time_ms, h.end_time_ms = n_alloc, n_frames, t0, t1
+    pos += 6 + 32
+    end = raw.index(b"\x00", pos)
+    h.command_line = raw[pos:end].decode("utf-8")
+    pos = end + 1
+    (h.pid,) = struct.unpack_from("<i", raw, pos)
+    (alloc,) = struct.unpack_from("<B", raw, pos + 4 + 16)
+    h.python_allocator = _ALLOCATORS.get(alloc, str(alloc))
+
+
+def convert_hint(path: Path | str) -> str:
+    """The command that turns a capture into a Parquet snapana reads with any memray."""
+    p = Path(path)
+    return f"snapana convert {p} -o {p.with_suffix('.parquet')}"
+
+
+def incompatible_error(path: Path, header: MemrayHeader, why: str) -> InputError:
+    """One line: the format, the releases that read it, and exactly what to run."""
+    rel = header.readers
+    pin = f"memray=={rel[:-1]}*" if rel else None
+    if pin:
+        return InputError(
+            f"{path}: memray capture format {header.format_version} ({why}); it is read by "
+            f"memray {rel}: run pip install '{pin}' && {convert_hint(path)}"
+        )
+    return InputError(
+        f"{path}: memray capture format {header.format_version} ({why}); install the memray "
+        f"release that wrote it, then run {convert_hint(path)}"
+    )
+
+
+def _installed_memray() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("memray")
+    except Exception:  # noqa: BLE001 - any failure means "not usable"
+        return None
+
+
+def open_reader(path: Path) -> tuple[Any, MemrayHeader]:
+    """A memray.FileReader for the capture, or InputError saying what to run instead."""
+    header = read_header(path)
+    installed = _installed_memray()
+    if installed is None:
+        raise incompatible_error(path, header, "memray is not installed")
+    try:
+        import memray
+
+        return memray.FileReader(str(path)), header
+    except ImportError:
+        raise incompatible_error(path, header, "memray cannot be imported") from None
+    except (OSError, RuntimeError, ValueError) as exc:
+        text = str(exc)
+        if "incompatible" in text or header.readers and not header.readers.startswith(
+                installed.rsplit(".", 1)[0] + "."):
+            raise incompatible_error(path, header, f"installed memray {installed} cannot read "
+                                     "it") from None
+        raise InputError(f"{path}: memray could not read the capture: "
+                         f"{text.splitlines()[0] if text else type(exc).__name__}") from None
+
+
+def records_frame(reader: Any) -> pl.DataFrame:
+    """One row per allocation site alive at the high-water mark, with its Python stack."""
+    cols: dict[str, list[Any]] = {k: [] for k in RECORD_SCHEMA}
+    for rec in reader.get_high_watermark_allocation_records(merge_threads=True):
+        cols["size"].append(int(rec.size))
+        cols["n_allocations"].append(int(rec.n_allocations))
+        alloc = rec.allocator
+        cols["allocator"].append(str(getattr(alloc, "name", alloc)).lower())
+        cols["tid"].append(int(rec.tid))
+        cols["thread_name"].append(str(getattr(rec, "thread_name", "") or ""))
+        try:
+            stack = rec.stack_trace()
+        except (NotImplementedError, RuntimeError, ValueError):
+            stack = []
+        cols["frames"].append([{"filename": str(f), "name": str(fn), "line": int(ln)}
+                               for fn, f, ln in stack])
+    return pl.DataFrame(cols, schema=RECORD_SCHEMA)
+
+
+def reader_metadata(reader: Any, header: MemrayHeader) -> dict[str, Any]:
+    """Everything besides the records, JSON-ready: memray's metadata, header, RSS series."""
+    md = reader.metadata
+    snaps = list(reader.get_memory_snapshots())
+    return {
+        "layout": PARQUET_LAYOUT,
+        "memray_version": _installed_memray(),
+        "header": asdict(header),
+        "peak_memory": int(md.peak_memory),
+        "total_allocations": int(md.total_allocations),
+        "total_frames": int(md.total_frames),
+        "command_line": md.command_line,
+        "pid": int(md.pid),
+        "python_allocator": md.python_allocator,
+        "has_native_traces": bool(md.has_native_traces),
+        "trace_python_allocators": bool(md.trace_python_allocators),
+        "file_format": str(getattr(md.file_format, "name", md.file_format)),
+        "start_time": md.start_time.isoformat(),
+        "end_time": md.end_time.isoformat(),
+        "snapshots": {
+            "time_ms": [int(s.time) for s in snaps],
+            "rss": [int(s.rss) for s in snaps],
+            "heap": [int(s.heap) for s in snaps],
+        },
+    }
+
+
+def from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any]) -> Capture:
+    """The Capture for a high-water mark: one live block per record on the host device."""
+    table = StackTable()
+    blk: dict[str, list[Any]] = {k: [] for k in BLOCK_SCHEMA}
+    for i, (size, frames) in enumerate(records.select("size", "frames").iter_rows()):
+        ids = tuple(table.frame_id((f["filename"], f["name"], int(f["line"])))
+                    for f in frames or [])
+        blk["device"].append(HOST_DEVICE)
+        blk["address"].append(i + 1)  # memray aggregates by site: no address to keep
+        blk["size"].append(int(size))
+        blk["requested_size"].append(int(size))
+        blk["state"].append("active_allocated")
+        blk["stack_id"].append(table.stack_id(ids))
+        blk["segment_address"].append(None)
+    snaps = meta.get("snapshots") or {}
+    warnings = ["memray capture: the state shown is the high-water mark of the process's "
+                "heap (host memory), not the end of the run"]
+    total = sum(blk["size"])
+    if meta.get("peak_memory") is not None and total != meta["peak_memory"]:
+        warnings.append(f"the high-water-mark records add up to {total} bytes but memray "
+                        f"reports a peak of {meta['peak_memory']}")
+    return Capture(
+        source="memray",
+        path=str(path),
+        stacks=table,
+        segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
+        blocks=pl.DataFrame(blk, schema=BLOCK_SCHEMA),
+        events=pl.DataFrame(schema=EVENT_SCHEMA),
+        devices=[HOST_DEVICE],
+        warnings=warnings,
+        has_trace=False,
+        has_time=False,
+        metadata={
+            "device_names": {HOST_DEVICE: "host process"},
+            "moment": "high_water_mark",
+            "memray": {k: v for k, v in meta.items() if k != "snapshots"},
+            "memray_snapshots": {k: np.asarray(snaps.get(k, []), dtype=np.int64)
+                                 for k in ("time_ms", "rss", "heap")},
+            "size_rounding": 1,
+        },
+    )
+
+
+def load_parquet(path: Path) -> Capture:
+    """Load what `snapana convert` wrote (any memray, or none, installed)."""
+    try:
+        kv = pl.read_parquet_metadata(path)
+        records = pl.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - polars raises several unrelated types
+        raise InputError(f"{path}: not a readable Parquet file: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                         ) from None
+    raw = kv.get(PARQUET_META_KEY)
+    if raw is None:
+        raise InputError(f"{path}: a Parquet file, but not one written by snapana convert")
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError:
+        raise InputError(f"{path}: snapana convert metadata is not valid JSON") from None
+    if meta.get("layout") != PARQUET_LAYOUT:
+        raise InputError(f"{path}: converted with an unknown layout {meta.get('layout')!r}; "
+                         "convert it again with this snapana")
+    missing = set(RECORD_SCHEMA) - set(records.columns)
+    if missing:
+        raise InputError(f"{path}: converted capture lacks columns {sorted(missing)}")
+    return from_records(path, records, meta)
+
+
+def load(path: Path | str, progress: Progress | None = None) -> Capture:
+    """Read a memray `.bin` (with a matching memray) or its converted Parquet."""
+    path = Path(path)
+    if _head(path, 4) == PARQUET_MAGIC:
+        return load_parquet(path)
+    reader, header = open_reader(path)
+    try:
+        records = records_frame(reader)
+        meta = reader_metadata(reader, header)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise InputError(f"{path}: memray could not read the records: {exc}") from None
+    finally:
+        close = getattr(reader, "close", None)
+        if close is not None:
+            close()
+    return from_records(path, records, meta)

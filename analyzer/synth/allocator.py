@@ -1,0 +1,554 @@
+"""A pure-Python model of PyTorch's CUDA caching allocator that records real-format snapshots.
+
+The sample snapshots must exercise the same rules a real dump obeys (512-byte rounding, the
+small/large pools, splitting, coalescing, best-fit reuse, release-and-retry before an OOM,
+private pools, streams, expandable segments), otherwise the analyzer would be tested against
+layouts no real job can produce. Each live block also carries a ``family`` tag given by the
+scenario: that is the ground truth a report is checked against, never written to the pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from .frames import Frame, FrameDict, FrameTable
+from .rules import (
+    allocation_size,
+    expandable_page_size,
+    is_small,
+    round_size,
+    should_split,
+)
+
+DEFAULT_POOL = (0, 0)
+TIME_ORIGIN_US = 1_767_225_600_000_000  # fixed clock start: samples must be byte-stable
+ADDRESS_ORIGIN = 0x7F2A_0000_0000  # where a Linux process's cudaMalloc ranges usually sit
+ADDRESS_SPAN = 1 << 44
+
+Stack = Sequence[Frame] | None
+
+
+class SimulatedOOM(RuntimeError):
+    """Raised where PyTorch would raise torch.OutOfMemoryError; carries the message's numbers."""
+
+    def __init__(
+        self, requested: int, alloc_size: int, device_free: int, capacity: int,
+        reserved: int, allocated: int,
+    ) -> None:
+        self.requested = requested
+        self.alloc_size = alloc_size
+        self.device_free = device_free
+        self.capacity = capacity
+        self.reserved = reserved
+        self.allocated = allocated
+        super().__init__(
+            f"CUDA out of memory. Tried to allocate {alloc_size} bytes; {device_free} free of "
+            f"{capacity}; {allocated} allocated by PyTorch, "
+            f"{reserved - allocated} reserved but unallocated"
+        )
+
+
+@dataclass(eq=False)
+class Block:
+    """A contiguous range inside a segment: allocated, pending free, free, or unmapped."""
+
+    address: int
+    size: int
+    segment: Segment
+    requested: int = 0
+    allocated: bool = False
+    pending: bool = False
+    mapped: bool = True
+    frames: list[FrameDict] = field(default_factory=list)
+    family: str = "unknown"
+    stream_uses: set[int] = field(default_factory=set)
+
+    @property
+    def free(self) -> bool:
+        """Usable by a new request (not allocated, no outstanding stream event)."""
+        return not self.allocated and not self.pending
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+
+@dataclass(eq=False)
+class Segment:
+    """One cudaMalloc (or, when expandable, one reserved virtual range mapped in pages)."""
+
+    address: int
+    size: int
+    stream: int
+    pool: tuple[int, int]
+    small: bool
+    expandable: bool
+    frames: list[FrameDict]
+    blocks: list[Block] = field(default_factory=list)
+
+
+class _AddressSpace:
+    """First-fit virtual addresses: a freed segment's range is handed out again."""
+
+    def __init__(self) -> None:
+        self._free: list[tuple[int, int]] = [(ADDRESS_ORIGIN, ADDRESS_SPAN)]
+
+    def reserve(self, size: int) -> int:
+        for i, (start, span) in enumerate(self._free):
+            if span >= size:
+                if span == size:
+                    del self._free[i]
+                else:
+                    self._free[i] = (start + size, span - size)
+                return start
+        raise MemoryError("simulated address space exhausted")
+
+    def release(self, start: int, size: int) -> None:
+        self._free.append((start, size))
+        self._free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, n in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((s, n))
+        self._free = merged
+
+
+class CachingAllocatorSim:
+    """Simulated device 0: ``malloc``/``free`` like the caching allocator, ``snapshot`` like
+    ``torch.cuda.memory._snapshot()``."""
+
+    def __init__(
+        self,
+        capacity: int,
+        outside_pytorch: int = 0,
+        expandable_segments: bool = False,
+        time_origin_us: int = TIME_ORIGIN_US,
+    ) -> None:
+        self.capacity = capacity
+        self.outside_pytorch = outside_pytorch
+        self.expandable_segments = expandable_segments
+        self.table = FrameTable()
+        self.trace: list[dict[str, object]] = []
+        self.annotations: list[dict[str, object]] = []
+        self.now_us = time_origin_us
+        self.reserved = 0
+        self.peak_allocated = 0
+        self._segments: list[Segment] = []
+        self._live: dict[int, Block] = {}
+        self._pending: list[Block] = []
+        self._freeable_pools: set[tuple[int, int]] = set()
+        self._space = _AddressSpace()
+        self._nevents = 0
+
+    # ----------------------------------------------------------------- clock and trace
+    def advance(self, us: int) -> None:
+        """Let time pass between phases (kernels run, the host waits)."""
+        self.now_us += us
+
+    def _tick(self) -> int:
+        t = self.now_us
+        self._nevents += 1
+        self.now_us += 3 + (self._nevents * 7919) % 29  # deterministic, uneven spacing
+        return t
+
+    def _record(
+        self, action: str, addr: int, size: int, stream: int, frames: list[FrameDict],
+        addr_key: str = "addr",
+    ) -> None:
+        self.trace.append({
+            "action": action, addr_key: addr, "size": size, "stream": stream,
+            "time_us": self._tick(), "compile_context": "N/A", "user_metadata": "",
+            "frames": frames,
+        })
+
+    def annotate_start(self, name: str) -> None:
+        """A record_function START annotation (e.g. ``Optimizer.step#AdamW.step``)."""
+        self.annotations.append(
+            {"stage": "START", "name": name, "device": 0, "time_us": self._tick()})
+
+    def annotate_end(self, name: str) -> None:
+        self.annotations.append(
+            {"stage": "END", "name": name, "device": 0, "time_us": self._tick()})
+
+    @contextmanager
+    def annotate(self, name: str) -> Iterator[None]:
+        self.annotate_start(name)
+        try:
+            yield
+        finally:
+            self.annotate_end(name)
+
+    # ----------------------------------------------------------------- accounting
+    @property
+    def allocated(self) -> int:
+        """Bytes in allocated blocks (PyTorch's allocated_bytes stat: block sizes)."""
+        return sum(b.size for b in self._live.values() if b.allocated)
+
+    @property
+    def device_free(self) -> int:
+        """What cudaMemGetInfo would report as free."""
+        return self.capacity - self.reserved - self.outside_pytorch
+
+    def block_at(self, addr: int) -> Block:
+        return self._live[addr]
+
+    def live_blocks(self) -> list[Block]:
+        """Allocated and pending-free blocks, by address."""
+        return sorted(self._live.values(), key=lambda b: b.address)
+
+    # ----------------------------------------------------------------- malloc / free
+    def malloc(
+        self, size: int, stack: Stack = None, *, stream: int = 0,
+        pool: tuple[int, int] = DEFAULT_POOL, family: str = "unknown",
+    ) -> int:
+        """Allocate ``size`` bytes; returns the block address or raises SimulatedOOM."""
+        frames = self.table.stack(stack)
+        rounded = round_size(size)
+        small = is_small(rounded)
+        block = self._find_free(rounded, small, stream, pool)
+        if block is None:
+            block = self._grow(rounded, small, stream, pool, frames)
+            if block is None:
+                self.release_cached(frames)
+                block = self._grow(rounded, small, stream, pool, frames)
+            if block is None:
+                self._raise_oom(rounded, small, stream, frames)
+        block = self._split(block, rounded, small)
+        block.allocated = True
+        block.requested = size
+        block.frames = frames
+        block.family = family
+        self._live[block.address] = block
+        self._record("alloc", block.address, size, stream, frames)
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block.address
+
+    def record_stream(self, addr: int, stream: int) -> None:
+        """``tensor.record_stream(s)``: the free will wait for work queued on ``s``."""
+        block = self._live[addr]
+        if stream != block.segment.stream:
+            block.stream_uses.add(stream)
+
+    def free(self, addr: int, stack: Stack = None) -> None:
+        """Release a tensor. With stream uses the block stays ``active_pending_free``."""
+        block = self._live[addr]
+        if not block.allocated:
+            raise ValueError(f"double free of {addr:#x}")
+        frames = self.table.stack(stack) if stack is not None else block.frames
+        self._record("free_requested", addr, block.requested, block.segment.stream, frames)
+        block.allocated = False
+        if block.stream_uses:
+            block.pending = True
+            self._pending.append(block)
+        else:
+            self._free_block(block, frames)
+
+    def complete_pending(self) -> None:
+        """The events recorded on other streams have completed: finish the deferred frees."""
+        pending, self._pending = self._pending, []
+        for block in pending:
+            self._free_block(block, block.frames)
+
+    def delete_pool(self, pool: tuple[int, int]) -> None:
+        """The MemPool / graph pool is gone: its cached segments may now be released."""
+        self._freeable_pools.add(pool)
+
+    def empty_cache(self, stack: Stack = None) -> None:
+        """``torch.cuda.empty_cache()``."""
+        self.release_cached(self.table.stack(stack))
+
+    # ----------------------------------------------------------------- internals
+    def _find_free(
+        self, rounded: int, small: bool, stream: int, pool: tuple[int, int]
+    ) -> Block | None:
+        """Best fit: the smallest cached free block of the same pool and stream (then lowest
+        address), the order of PyTorch's (stream, size, ptr) block set."""
+        best: Block | None = None
+        for seg in self._segments:
+            if seg.pool != pool or seg.small != small or seg.stream != stream:
+                continue
+            for b in seg.blocks:
+                if b.mapped and b.free and b.size >= rounded and (
+                    best is None or (b.size, b.address) < (best.size, best.address)
+                ):
+                    best = b
+        return best
+
+    def _fits(self, nbytes: int) -> bool:
+        return self.reserved + nbytes <= self.capacity - self.outside_pytorch
+
+    def _grow(
+        self, rounded: int, small: bool, stream: int, pool: tuple[int, int],
+        frames: list[FrameDict],
+    ) -> Block | None:
+        """A new cudaMalloc (or new mapped pages); None when the device has no room."""
+        if self.expandable_segments and pool == DEFAULT_POOL:
+            return self._grow_expandable(rounded, small, stream, pool, frames)
+        size = allocation_size(rounded)
+        if not self._fits(size):
+            return None
+        addr = self._space.reserve(size)
+        seg = Segment(addr, size, stream, pool, small, False, frames)
+        seg.blocks.append(Block(addr, size, seg))
+        self._segments.append(seg)
+        self.reserved += size
+        self._record("segment_alloc", addr, size, stream, frames)
+        return seg.blocks[0]
+
+    def _split(self, block: Block, rounded: int, small: bool) -> Block:
+        """Carve the request from the front; the old block object stays as the remainder."""
+        if not should_split(block.size, rounded, small or self.expandable_segments):
+            return block
+        seg = block.segment
+        new = Block(block.address, rounded, seg)
+        block.address += rounded
+        block.size -= rounded
+        seg.blocks.insert(seg.blocks.index(block), new)
+        return new
+
+    def _free_block(self, block: Block, frames: list[FrameDict]) -> None:
+        self._record(
+            "free_completed", block.address, block.requested, block.segment.stream, frames)
+        del self._live[block.address]
+        block.pending = False
+        block.stream_uses.clear()
+        block.frames = self.table.empty
+        block.family = "unknown"
+        self._merge_neighbours(block)
+
+    def _merge_neighbours(self, block: Block) -> Block:
+        """Coalesce with free neighbours in the same state; ``block`` survives, as in PyTorch."""
+        blocks = block.segment.blocks
+        i = blocks.index(block)
+        if i + 1 < len(blocks):
+            nxt = blocks[i + 1]
+            if nxt.free and nxt.mapped == block.mapped:
+                block.size += nxt.size
+                del blocks[i + 1]
+        if i > 0:
+            prv = blocks[i - 1]
+            if prv.free and prv.mapped == block.mapped:
+                block.address = prv.address
+                block.size += prv.size
+                del blocks[i - 1]
+        return block
+
+    def _releasable(self, pool: tuple[int, int]) -> bool:
+        return pool == DEFAULT_POOL or pool in self._freeable_pools
+
+    def release_cached(self, frames: list[FrameDict]) -> None:
+        """release_cached_blocks: wait for pending frees, then cudaFree every cached segment
+        that is entirely free (large pool first, then small; each in (stream, size, ptr) order)
+        and unmap the free pages of expandable segments."""
+        self.complete_pending()
+        for small in (False, True):
+            whole = [
+                s for s in self._segments
+                if s.small == small and not s.expandable and self._releasable(s.pool)
+                and len(s.blocks) == 1 and s.blocks[0].free
+            ]
+            for seg in sorted(whole, key=lambda s: (s.stream, s.size, s.address)):
+                self._record("segment_free", seg.address, seg.size, seg.stream, frames)
+                self._segments.remove(seg)
+                self._space.release(seg.address, seg.size)
+                self.reserved -= seg.size
+            for seg in [s for s in self._segments if s.small == small and s.expandable]:
+                self._unmap_free(seg, frames)
+
+    def releasable_bytes(self) -> int:
+        """Bytes release_cached would return to the device now (used to calibrate scenarios)."""
+        total = sum(b.size for b in self._pending)
+        for seg in self._segments:
+            if not self._releasable(seg.pool):
+                continue
+            if not seg.expandable:
+                if len(seg.blocks) == 1 and (seg.blocks[0].free or seg.blocks[0].pending):
+                    total += seg.size
+                continue
+            page = expandable_page_size(seg.small)
+            for b in seg.blocks:
+                if b.mapped and (b.free or b.pending):
+                    lo = page * ((b.address - seg.address + page - 1) // page)
+                    hi = page * ((b.end - seg.address) // page)
+                    total += max(0, hi - lo)
+        return total
+
+    def _raise_oom(
+        self, rounded: int, small: bool, stream: int, frames: list[FrameDict]
+    ) -> NoReturn:
+        device_free = self.device_free
+        self._record("oom", device_free, rounded, stream, frames, addr_key="device_free")
+        raise SimulatedOOM(
+            rounded, allocation_size(rounded), device_free, self.capacity, self.reserved,
+            self.allocated,
+        )
+
+    # ----------------------------------------------------------------- expandable segments
+    def _virtual_size(self, page: int) -> int:
+        """PyTorch reserves address space for 1 1/8 of the device per expandable segment."""
+        total = self.capacity + self.capacity // 8
+        return page * ((total + page - 1) // page)
+
+    def _grow_expandable(
+        self, rounded: int, small: bool, stream: int, pool: tuple[int, int],
+        frames: list[FrameDict],
+    ) -> Block | None:
+        candidate: Block | None = self._find_expandable(rounded, small, stream, pool, frames)
+        if candidate is not None and not candidate.mapped:
+            candidate = self._map(candidate, min(candidate.size, rounded), frames)
+        while candidate is not None and candidate.size < rounded:
+            blocks = candidate.segment.blocks
+            nxt = blocks[blocks.index(candidate) + 1]
+            candidate = self._map(nxt, min(rounded - candidate.size, nxt.size), frames)
+        return candidate
+
+    def _find_expandable(
+        self, rounded: int, small: bool, stream: int, pool: tuple[int, int],
+        frames: list[FrameDict],
+    ) -> Block:
+        """An unmapped block (with a free mapped block just before it, if any) that has room;
+        otherwise reserve a new expandable segment."""
+        unmapped = [
+            b for s in self._segments
+            if s.expandable and s.small == small and s.stream == stream and s.pool == pool
+            for b in s.blocks if not b.mapped
+        ]
+        for b in sorted(unmapped, key=lambda b: (b.size, b.address)):
+            blocks = b.segment.blocks
+            i = blocks.index(b)
+            if i > 0 and blocks[i - 1].free:
+                i -= 1
+            room = 0
+            for c in blocks[i:]:
+                if room >= rounded or not c.free:
+                    break
+                room += c.size
+            if room >= rounded:
+                return blocks[i]
+        page = expandable_page_size(small)
+        vsize = self._virtual_size(page)
+        addr = self._space.reserve(vsize)
+        seg = Segment(addr, vsize, stream, pool, small, True, frames)
+        seg.blocks.append(Block(addr, vsize, seg, mapped=False))
+        self._segments.append(seg)
+        return seg.blocks[0]
+
+    def _map(self, block: Block, size: int, frames: list[FrameDict]) -> Block | None:
+        """Map whole pages covering ``size`` bytes at the start of an unmapped block."""
+        seg = block.segment
+        page = expandable_page_size(seg.small)
+        offset = block.address - seg.address
+        end = seg.address + page * ((offset + size + page - 1) // page)
+        end = min(end, block.end)
+        nbytes = end - block.address
+        if not self._fits(nbytes):
+            return None
+        if nbytes < block.size:
+            rest = Block(end, block.size - nbytes, seg, mapped=False)
+            seg.blocks.insert(seg.blocks.index(block) + 1, rest)
+            block.size = nbytes
+        block.mapped = True
+        block.requested = 0
+        self.reserved += nbytes
+        self._record("segment_map", block.address, nbytes, seg.stream, frames)
+        return self._merge_neighbours(block)
+
+    def _unmap_free(self, seg: Segment, frames: list[FrameDict]) -> None:
+        """Unmap the whole pages inside each free mapped block; partial pages stay mapped."""
+        page = expandable_page_size(seg.small)
+        for block in [b for b in seg.blocks if b.mapped and b.free]:
+            lo = seg.address + page * ((block.address - seg.address + page - 1) // page)
+            hi = seg.address + page * ((block.end - seg.address) // page)
+            if hi <= lo:
+                continue
+            i = seg.blocks.index(block)
+            if hi < block.end:
+                seg.blocks.insert(i + 1, Block(hi, block.end - hi, seg))
+            if lo > block.address:
+                seg.blocks.insert(i, Block(block.address, lo - block.address, seg))
+            block.address, block.size, block.mapped = lo, hi - lo, False
+            self.reserved -= hi - lo
+            self._merge_neighbours(block)
+            self._record("segment_unmap", lo, hi - lo, seg.stream, frames)
+        if len(seg.blocks) == 1 and not seg.blocks[0].mapped:
+            self._segments.remove(seg)
+            self._space.release(seg.address, seg.size)
+
+    # ----------------------------------------------------------------- snapshot
+    def _segment_runs(self, seg: Segment) -> list[list[Block]]:
+        """Blocks per reported segment: an expandable segment is reported once per
+        contiguous mapped range, as PyTorch's snapshot does."""
+        if not seg.expandable:
+            return [seg.blocks]
+        runs: list[list[Block]] = []
+        current: list[Block] = []
+        for b in seg.blocks:
+            if b.mapped:
+                current.append(b)
+            elif current:
+                runs.append(current)
+                current = []
+        if current:
+            runs.append(current)
+        return runs
+
+    def _segment_dict(self, seg: Segment, run: list[Block]) -> dict[str, object]:
+        blocks = []
+        allocated = active = requested = 0
+        for b in run:
+            if b.allocated:
+                state = "active_allocated"
+                allocated += b.size
+            elif b.pending:
+                state = "active_pending_free"
+            else:
+                state = "inactive"
+            if b.allocated or b.pending:
+                active += b.size
+                requested += b.requested
+            blocks.append({
+                "address": b.address, "size": b.size, "requested_size": b.requested,
+                "state": state, "frames": b.frames,
+            })
+        return {
+            "device": 0, "address": run[0].address,
+            "total_size": sum(b.size for b in run), "allocated_size": allocated,
+            "active_size": active, "requested_size": requested, "stream": seg.stream,
+            "segment_type": "small" if seg.small else "large",
+            "segment_pool_id": seg.pool, "is_expandable": seg.expandable,
+            "frames": seg.frames, "blocks": blocks,
+        }
+
+    def allocator_settings(self) -> dict[str, object]:
+        conf = "expandable_segments:True" if self.expandable_segments else ""
+        return {
+            "PYTORCH_CUDA_ALLOC_CONF": conf, "max_split_size": -1,
+            "garbage_collection_threshold": 0.0,
+            "expandable_segments": self.expandable_segments,
+            "pinned_num_register_threads": 1, "release_lock_on_cudamalloc": False,
+            "pinned_use_cuda_host_register": False,
+            "graph_capture_record_stream_reuse": False,
+            "roundup_power2_divisions": {str(1 << i): 0 for i in range(16)},
+        }
+
+    def snapshot(self) -> dict[str, object]:
+        """The dict ``torch.cuda.memory._snapshot()`` returns (layout of torch >= 2.6)."""
+        segments = [
+            self._segment_dict(seg, run)
+            for seg in self._segments for run in self._segment_runs(seg)
+        ]
+        segments.sort(key=lambda s: s["address"])  # type: ignore[arg-type,return-value]
+        return {
+            "segments": segments,
+            "device_traces": [list(self.trace)],
+            "allocator_settings": self.allocator_settings(),
+            "external_annotations": list(self.annotations),
+        }
+
+
+__all__ = ["CachingAllocatorSim", "SimulatedOOM", "Block", "Segment", "DEFAULT_POOL"]

@@ -1,0 +1,85 @@
+"""Registry of synthetic incidents and the writer of ``sample_snapshots/NAME.pickle`` +
+``NAME.truth.json``.
+
+Each scenario replays an incident from SCENARIOS.md on the allocator simulator and returns
+the snapshot PyTorch would have dumped plus the ground truth the analyzer is checked against.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .common import Outcome, truth
+from .expandable import expandable_segments_oom
+from .fsdp import fsdp_train_step
+from .slime import (
+    tp1_logits_fp32_oom,
+    tp1_long_episode_softmax_oom,
+    tp2_chunked_logprob_oom,
+    tp2_recompute_loss_ok,
+)
+from .swift import vllm_colocate_oom
+
+SCENARIOS: dict[str, Callable[[], Outcome]] = {
+    "slime-tp1-logits-fp32-oom": tp1_logits_fp32_oom,
+    "slime-tp1-long-episode-softmax-oom": tp1_long_episode_softmax_oom,
+    "slime-tp2-chunked-logprob-oom": tp2_chunked_logprob_oom,
+    "slime-tp2-recompute-loss-ok": tp2_recompute_loss_ok,
+    "swift-vllm-colocate-oom": vllm_colocate_oom,
+    "fsdp-train-step": fsdp_train_step,
+    "expandable-segments-oom": expandable_segments_oom,
+}
+
+
+def run_scenario(name: str) -> tuple[dict[str, object], dict[str, object]]:
+    """(snapshot dict in PyTorch's layout, ground-truth dict) for one scenario."""
+    try:
+        build = SCENARIOS[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}") from None
+    out = build()
+    return out.sim.snapshot(), truth(name, out)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; samples are ordinary repository files
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def truth_path(pickle_path: str | os.PathLike[str]) -> Path:
+    """``x/NAME.pickle`` -> ``x/NAME.truth.json``."""
+    p = Path(pickle_path)
+    stem = p.name[: -len(".pickle")] if p.name.endswith(".pickle") else p.stem
+    return p.with_name(f"{stem}.truth.json")
+
+
+def write_sample(name: str, out_pickle_path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Write the scenario's snapshot (pickle protocol 4, builtins only) and its truth JSON
+    beside it, each atomically. Deterministic: the same bytes on every run."""
+    snapshot, gt = run_scenario(name)
+    path = Path(out_pickle_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, pickle.dumps(snapshot, protocol=4))
+    tpath = truth_path(path)
+    _atomic_write(tpath, (json.dumps(gt, indent=1, sort_keys=True) + "\n").encode())
+    return path, tpath
+
+
+def write_all(out_dir: str | os.PathLike[str]) -> list[Path]:
+    """(Re)write every sample into ``out_dir``."""
+    return [write_sample(n, Path(out_dir) / f"{n}.pickle")[0] for n in SCENARIOS]
+
+
+__all__ = ["SCENARIOS", "run_scenario", "truth_path", "write_all", "write_sample"]
