@@ -14,12 +14,27 @@ import polars as pl
 from snapana.attribution import chunk_groups, family_label, load_rules
 from snapana.attribution.assign import Attributor
 from snapana.attribution.engine import RuleSet
+from snapana.knobs import (
+    Knob,
+    can_release,
+    frameworks_in,
+    knobs_for,
+    transient_families,
+    working_set_families,
+)
 from snapana.model import Capture, Frame
 from snapana.replay import DeviceReplay, Moment, replay
+from snapana.whatif import round_request, segment_size_for, would_fit
 
 TIMELINE_POINTS = 2000
 CHUNK_MIN_BYTES = 16 << 20  # repeated blocks smaller than this are not worth calling chunks
 SEGMENT_MAP_LIMIT = 60  # segments drawn per pool in the segment map
+#: Fragmentation is the cause only when the cached-but-unallocated bytes are a real share of
+#: what PyTorch reserved; below this the memory is genuinely in use (seed 000, S1 #3).
+FRAGMENTATION_SHARE = 0.10
+#: Memory outside PyTorch is a cause when it is at least this share of the device.
+OUTSIDE_SHARE = 0.05
+WHATIF_FAMILIES = 8
 
 
 @dataclass
@@ -65,6 +80,51 @@ class Timeline:
 
 
 @dataclass
+class Cause:
+    """One reason the allocation failed, with the numbers that show it (bytes as ints)."""
+
+    id: str  # real_demand | fragmentation | outside_pytorch | private_pool | capacity_unknown
+    holds: bool
+    numbers: dict[str, Any]
+
+
+@dataclass
+class WhatIf:
+    """The state at the moment without one family: would the request have fit?"""
+
+    family: str
+    bytes: int
+    blocks: int
+    fits: bool | None  # None at a peak: there is no failed request to place
+    spare_bytes: int | None
+    how: str
+    removable: str  # "yes" (kept by the step) | "offload" (model state a knob moves) |
+    # "shrink" (working set of the op in flight) | "no"
+
+
+@dataclass
+class Diagnosis:
+    kind: str  # "oom" | "peak" | "snapshot"
+    phase: str
+    request_bytes: int | None
+    request_rounded_bytes: int | None
+    request_segment_bytes: int | None
+    request_family: str | None
+    request_label: str | None
+    request_site: str | None
+    capacity_bytes: int | None
+    outside_pytorch_bytes: int | None
+    causes: list[Cause]
+    what_ifs: list[WhatIf]
+    excess_family: str | None  # the family to take away first: see _excess
+    knobs: list[Knob]
+    frameworks: list[str]
+
+    def cause(self, cause_id: str) -> Cause | None:
+        return next((c for c in self.causes if c.id == cause_id), None)
+
+
+@dataclass
 class DeviceReport:
     """Everything a report shows about one device at its moment of interest."""
 
@@ -89,26 +149,36 @@ class DeviceReport:
     n_events: int
     warnings: list[str]
     before_recording_bytes: int
+    diagnosis: Diagnosis | None = None
 
     @property
     def total_blocks(self) -> int:
         return sum(g.blocks for g in self.groups)
 
 
-def analyse(capture: Capture, device: int | None = None, rules: RuleSet | None = None
-            ) -> list[DeviceReport]:
-    """One DeviceReport per device of the capture (or just the one asked for)."""
+def analyse(capture: Capture, device: int | None = None, rules: RuleSet | None = None,
+            capacity: int | None = None) -> list[DeviceReport]:
+    """One DeviceReport per device of the capture (or just the one asked for).
+
+    `capacity` is the device's total memory when known (--capacity); it is what lets memory
+    held outside PyTorch be measured.
+    """
     devices = capture.devices if device is None else [device]
     if device is not None and device not in capture.devices:
         from snapana.errors import InputError
 
         raise InputError(f"{capture.path}: no device {device} (devices: {capture.devices})")
     rules = rules or load_rules()
-    return [device_report(capture, replay(capture, d), Attributor(capture, d, rules))
-            for d in devices]
+    out = []
+    for d in devices:
+        cap = capacity if capacity is not None else capture.capacity_bytes.get(d)
+        out.append(device_report(capture, replay(capture, d), Attributor(capture, d, rules),
+                                 cap))
+    return out
 
 
-def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor) -> DeviceReport:
+def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
+                  capacity: int | None = None) -> DeviceReport:
     moment = dr.moment_of_interest()
     live = dr.blocks_at(moment)
     held = attributor.attribute(live.filter(pl.col("state") == "active_allocated"))
@@ -137,7 +207,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor) ->
             f"e.g. {dr.mismatches[0]}"
         )
     before = int(held.filter(pl.col("alloc_idx") < 0)["size"].sum())
-    return DeviceReport(
+    report = DeviceReport(
         path=capture.path,
         source=capture.source,
         device=dr.device,
@@ -160,6 +230,135 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor) ->
         warnings=warnings,
         before_recording_bytes=before,
     )
+    report.diagnosis = diagnose(capture, dr, attributor, report, held, capacity)
+    return report
+
+
+def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, r: DeviceReport,
+             held: pl.DataFrame, capacity: int | None) -> Diagnosis:
+    """Why it failed, what would have made it fit, and which knobs change that."""
+    moment = r.moment
+    segments = dr.segments_at(moment)
+    live = dr.blocks_at(moment)  # allocated and pending-free: both occupy their segment
+    frameworks = sorted(frameworks_in(sorted({f[0] for f in capture.stacks.frames})))
+    request = req_family = req_label = req_site = None
+    phase = _dominant_phase(held)
+    outside = None
+    causes: list[Cause] = []
+    what_ifs: list[WhatIf] = []
+    excess = None
+    if r.oom is not None and dr.oom is not None:
+        o = dr.oom
+        request = o.requested_bytes
+        ctx = attributor.context(o.stack_id, "0,0", o.stream, "active_allocated", request,
+                                 o.idx)
+        decision = attributor.decide(o.stack_id, ctx)
+        req_family, req_label, phase = decision.family, decision.label, decision.phase
+        req_site = attributor.site(o.stack_id)
+        device_free = o.device_free_bytes or 0
+        if capacity is not None and o.device_free_bytes is not None:
+            outside = capacity - r.reserved_bytes - o.device_free_bytes
+        causes = _causes(r, request, device_free, capacity, outside)
+        baseline = would_fit(request, device_free, segments, live, stream=o.stream)
+        if baseline.fits:
+            r.warnings.append(
+                "the replayed state would have fit the request: device_free or the "
+                "segments at the OOM are incomplete, so what-ifs are approximate"
+            )
+        for g in r.groups[:WHATIF_FAMILIES]:
+            without = live.filter(
+                ~pl.col("address").is_in(held.filter(pl.col("family") == g.name)["address"]
+                                         .implode())
+            )
+            fit = would_fit(request, device_free, segments, without, stream=o.stream)
+            what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, fit.fits, fit.spare_bytes,
+                                   fit.how, _removable(g.name, set(frameworks))))
+        excess = _excess(what_ifs)
+    else:
+        for g in r.groups[:WHATIF_FAMILIES]:
+            what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
+                                   _removable(g.name, set(frameworks))))
+    order = ([excess] if excess else []) + ([req_family] if req_family else [])
+    order += [w.family for w in what_ifs if w.removable != "no" and w.fits]
+    order += [w.family for w in what_ifs if w.removable != "no"]
+    order = list(dict.fromkeys(order))
+    held_causes = [c.id for c in causes if c.holds]
+    knobs = knobs_for(order, held_causes, set(frameworks), phase)
+    return Diagnosis(
+        kind=moment.kind, phase=phase, request_bytes=request,
+        request_rounded_bytes=round_request(request) if request is not None else None,
+        request_segment_bytes=segment_size_for(request) if request is not None else None,
+        request_family=req_family, request_label=req_label, request_site=req_site,
+        capacity_bytes=capacity, outside_pytorch_bytes=outside, causes=causes,
+        what_ifs=what_ifs, excess_family=excess, knobs=knobs, frameworks=frameworks,
+    )
+
+
+def _removable(family: str, frameworks: set[str]) -> str:
+    if family in transient_families():
+        return "yes"
+    if family in working_set_families():
+        return "shrink"
+    if family != "unknown" and can_release(family, frameworks):
+        return "offload"
+    return "no"
+
+
+def _excess(what_ifs: list[WhatIf]) -> str | None:
+    """The least invasive fix: the smallest step-transient family whose removal makes the
+    request fit; model state (parameters, buffers, optimizer state) only when nothing
+    transient would do and a knob of the framework in use can move it."""
+    fitting = [w for w in what_ifs if w.fits and w.removable in ("yes", "offload")]
+    transient = [w for w in fitting if w.removable == "yes"]
+    pick = transient or fitting
+    return min(pick, key=lambda w: w.bytes).family if pick else None
+
+
+def _dominant_phase(held: pl.DataFrame) -> str:
+    """At a peak there is no failing stack: name the phase most of the live bytes come from,
+    ignoring blocks that predate recording."""
+    recent = held.filter(pl.col("alloc_idx") >= 0)
+    if recent.is_empty():
+        return "unknown"
+    by = recent.group_by("phase").agg(pl.col("size").sum()).sort("size", descending=True)
+    return str(by["phase"][0])
+
+
+def _causes(r: DeviceReport, request: int, device_free: int, capacity: int | None,
+            outside: int | None) -> list[Cause]:
+    rounded = round_request(request)
+    default_free = [p for p in r.pools if p.pool == "0,0"]
+    usable_free = sum(p.free_bytes for p in default_free)
+    usable_largest = max((p.largest_free_bytes for p in default_free), default=0)
+    other_free = sum(p.free_bytes for p in r.pools if p.pool != "0,0")
+    cached = r.cached_unallocated_bytes
+    share = cached / r.reserved_bytes if r.reserved_bytes else 0.0
+    fits_if_compacted = rounded <= device_free + usable_free
+    fragmentation = (fits_if_compacted and usable_largest < rounded
+                     and share >= FRAGMENTATION_SHARE)
+    causes = [
+        Cause("real_demand", not fits_if_compacted or not fragmentation, {
+            "requested_bytes": request, "device_free_bytes": device_free,
+            "cached_unallocated_bytes": cached, "allocated_bytes": r.allocated_bytes,
+            "shortfall_bytes": rounded - device_free - usable_free,
+        }),
+        Cause("fragmentation", fragmentation, {
+            "cached_unallocated_bytes": cached, "cached_share": round(share, 4),
+            "largest_free_block_bytes": usable_largest, "requested_bytes": rounded,
+            "fits_if_compacted": fits_if_compacted,
+        }),
+        Cause("private_pool", other_free > 0 and rounded <= device_free + usable_free
+              + other_free and not fits_if_compacted, {
+            "private_pool_free_bytes": other_free, "default_pool_free_bytes": usable_free,
+        }),
+    ]
+    if capacity is None or outside is None:
+        causes.append(Cause("capacity_unknown", False, {}))
+    else:
+        causes.append(Cause("outside_pytorch", outside >= max(rounded, OUTSIDE_SHARE * capacity),
+                            {"outside_pytorch_bytes": outside, "capacity_bytes": capacity,
+                             "share": round(outside / capacity, 4) if capacity else 0.0}))
+    return causes
 
 
 def _pools(segments: pl.DataFrame, free: pl.DataFrame) -> list[PoolFree]:
@@ -195,7 +394,9 @@ def _groups(held: pl.DataFrame) -> list[Group]:
             {"site": g.site_key, "count": g.count, "chunk_size": g.chunk_size,
              "total": g.total, "uniform": g.uniform}
             for g in chunk_groups(
-                mine.select("site", "family", "size", "alloc_idx").iter_rows(), min_count=2
+                # requested sizes: the tensor, not the allocator's rounding of it
+                mine.select("site", "family", "requested_size", "alloc_idx").iter_rows(),
+                min_count=2
             )
             if g.chunk_size >= CHUNK_MIN_BYTES
         ]

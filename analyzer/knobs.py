@@ -29,9 +29,21 @@ class Knob:
 
 
 @lru_cache(maxsize=1)
-def load_knobs() -> tuple[Knob, ...]:
+def _table() -> dict:
     with KNOBS_FILE.open("rb") as fh:
-        raw = tomllib.load(fh)
+        return tomllib.load(fh)
+
+
+def working_set_families() -> frozenset[str]:
+    return frozenset(_table().get("families", {}).get("working_set", ()))
+
+
+def transient_families() -> frozenset[str]:
+    return frozenset(_table().get("families", {}).get("transient", ()))
+
+
+def load_knobs() -> tuple[Knob, ...]:
+    raw = _table()
     return tuple(
         Knob(
             id=k["id"], framework=k["framework"], knob=k["knob"],
@@ -43,21 +55,23 @@ def load_knobs() -> tuple[Knob, ...]:
     )
 
 
-#: Frameworks whose knobs apply wherever their rule pack matched. Megatron knobs also apply
-#: to the RL frameworks built on it.
-_IMPLIES = {"slime": ("megatron",), "ms_swift": ("megatron", "vllm", "ms-swift"),
-            "verl": ("megatron", "fsdp"), "areal": ("sglang",)}
 _ALWAYS = ("pytorch", "any")
 
 
-def frameworks_from_rules(rule_ids: set[str]) -> set[str]:
-    """The frameworks present in a capture, from the packs of the rules that matched."""
-    found = {r.split(".", 1)[0] for r in rule_ids if r and "." in r}
-    for f in list(found):
-        found.update(_IMPLIES.get(f, ()))
-    if "ms_swift" in found:
-        found.add("ms-swift")
-    return found
+def frameworks_in(filenames: list[str]) -> set[str]:
+    """The frameworks a capture's frames come from (so only their knobs are suggested)."""
+    markers = _table().get("frameworks", {})
+    paths = [f.replace("\\", "/") for f in filenames]
+    return {name for name, parts in markers.items()
+            if any(part in p for p in paths for part in parts)}
+
+
+def can_release(family: str, frameworks: set[str]) -> bool:
+    """A family of model state can go only if a knob of a framework in use moves it off the
+    GPU (offload); resharding (TP) shrinks it but does not make it go."""
+    allowed = frameworks | set(_ALWAYS)
+    return any(family in k.families and k.framework in allowed and k.direction == "releases"
+               for k in load_knobs())
 
 
 def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
@@ -73,9 +87,12 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
         if set(knob.families) & set(families) or set(knob.causes) & set(causes):
             chosen.append(knob)
 
-    def rank(k: Knob) -> tuple[int, int]:
+    def rank(k: Knob) -> tuple[int, int, int, int]:
+        """Most important family first; then a framework's own knob before a generic one,
+        a knob that lowers before one that only bounds, and a targeted knob first."""
         fam = min((families.index(f) for f in k.families if f in families), default=99)
         cause = min((causes.index(c) for c in k.causes if c in causes), default=99)
-        return (min(fam, cause), 0 if k.direction != "bounds" else 1)
+        return (min(fam, cause), k.framework in _ALWAYS, k.direction == "bounds",
+                len(k.families))
 
     return sorted(chosen, key=rank)

@@ -69,8 +69,8 @@ class DeviceReplay:
 
     @cached_property
     def peak(self) -> Moment:
-        if self.n_events == 0:
-            return Moment("peak", -1)
+        if self.n_events == 0 or self.baseline_allocated > int(self.allocated.max()):
+            return Moment("peak", -1)  # highest before the first recorded event
         i = int(np.argmax(self.allocated))
         return Moment("peak", i, self._time_at(i))
 
@@ -86,10 +86,11 @@ class DeviceReplay:
         return int(self.lifetimes.filter(pl.col("alloc_idx") < 0)["size"].sum())
 
     def moment_of_interest(self) -> Moment:
-        """The OOM point when there is one, else the snapshot moment."""
+        """The OOM point when there is one, else the peak of the recorded trace, else the
+        snapshot moment (no history recorded)."""
         if self.oom is not None:
             return Moment("oom", self.oom.idx, self.oom.time_us)
-        return self.final
+        return self.peak if self.n_events else self.final
 
     def at(self, idx: int, kind: str = "event") -> Moment:
         return Moment(kind, idx, self._time_at(idx))
@@ -166,6 +167,8 @@ class DeviceReplay:
 
     def reserved_at(self, moment: Moment) -> int:
         if self.n_events == 0:
+            if self.segment_intervals.is_empty():  # no allocator state recorded (memray)
+                return self.baseline_allocated
             return int(self.segment_intervals["total_size"].sum())
         if moment.idx < 0:
             return int(self.reserved[0] - self._reserved_delta[0])
@@ -174,9 +177,15 @@ class DeviceReplay:
     _reserved_delta: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
-def round_size(requested: int) -> int:
-    """The caching allocator's minimum rounding: up to a multiple of 512 bytes."""
-    return max(512, (requested + 511) // 512 * 512)
+def round_size(requested: int, granularity: int = 512) -> int:
+    """The caching allocator's minimum rounding: up to a multiple of 512 bytes.
+
+    Sources whose sizes are already exact (profiler traces, memory timelines, memray) say so
+    with `metadata['size_rounding'] = 1`.
+    """
+    if granularity <= 1:
+        return requested
+    return max(granularity, -(-requested // granularity) * granularity)
 
 
 def _append_free(rows: dict, address: int, size: int, pool: str, stream: int, seg: int) -> None:
@@ -197,6 +206,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     stacks = events["stack_id"].to_list()
     streams = events["stream"].to_list()
     mismatches: list[str] = []
+    gran = int(capture.metadata.get("size_rounding", 512))
 
     # Lifetime rows: [addr, size, stack_id, stream, alloc_idx, free_req_idx, free_done_idx,
     # requested]. Trace sizes are the requested bytes; the block holds them rounded up to 512
@@ -213,22 +223,23 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
             if a in open_blocks:
                 mismatches.append(f"event {i}: alloc at 0x{a:x} which is already live")
                 open_blocks.pop(a)[6] = i
-            row = [a, round_size(sizes[i]), stacks[i], streams[i], i, NEVER, NEVER, sizes[i]]
+            row = [a, round_size(sizes[i], gran), stacks[i], streams[i], i, NEVER, NEVER,
+                   sizes[i]]
             rows.append(row)
             open_blocks[a] = row
         elif act == "free_requested":
             row = open_blocks.get(addrs[i])
             if row is None:  # alive before recording began
-                row = [addrs[i], round_size(sizes[i]), EMPTY_STACK, streams[i], -1, NEVER, NEVER,
-                       sizes[i]]
+                row = [addrs[i], round_size(sizes[i], gran), EMPTY_STACK, streams[i], -1, NEVER,
+                       NEVER, sizes[i]]
                 rows.append(row)
                 open_blocks[addrs[i]] = row
             row[5] = i
         elif act in ("free_completed", "free"):
             row = open_blocks.pop(addrs[i], None)
             if row is None:
-                row = [addrs[i], round_size(sizes[i]), EMPTY_STACK, streams[i], -1, i, NEVER,
-                       sizes[i]]
+                row = [addrs[i], round_size(sizes[i], gran), EMPTY_STACK, streams[i], -1, i,
+                       NEVER, sizes[i]]
                 rows.append(row)
             if row[5] == NEVER:
                 row[5] = i
@@ -273,6 +284,16 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     allocated = _allocated_timeline(lifetimes, n)
     seg_intervals, reserved, reserved_delta = _segment_intervals(capture, device, actions,
                                                                  addrs, sizes, streams)
+    if n and seg_intervals.is_empty():
+        # No allocator segments (profiler traces, memory timelines): reserved is what the
+        # source recorded after each event, else nothing is known to be cached.
+        series = capture.metadata.get("reserved_timeline", {}).get(device)
+        if series is not None and len(series) == n:
+            reserved = np.maximum(np.asarray(series, dtype=np.int64), allocated)
+        else:
+            reserved = allocated.copy()
+        before = lifetimes.filter((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") >= 0))
+        reserved_delta = np.diff(reserved, prepend=int(before["size"].sum()))
     if n and (allocated.min() < 0 or reserved.min() < 0):
         mismatches.append("replaying back to the first event goes negative")
     dr = DeviceReplay(capture, device, lifetimes, seg_intervals, allocated, reserved, ooms, n,

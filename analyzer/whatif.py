@@ -77,10 +77,12 @@ def would_fit(
     releasable = int(
         segs.filter((pl.col("used") == 0) & (pl.col("pool") == "0,0"))["total_size"].sum()
     )
-    if largest >= r:
-        return Fit(True, "cached block", largest - r, largest, releasable)
     need = segment_size_for(request)
     available = device_free + releasable
+    # Headroom after placing it: the bigger of what is left of the block it lands in and
+    # what the driver could still hand out.
+    if largest >= r:
+        return Fit(True, "cached block", max(largest - r, available), largest, releasable)
     if need <= available:
         return Fit(True, "new segment", available - need, largest, releasable)
     return Fit(False, "no", available - need, largest, releasable)

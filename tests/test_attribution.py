@@ -93,6 +93,7 @@ def test_every_builtin_pack_loads_with_rules(rules):
         "ms_swift",
         "pytorch",
         "phases",
+        "memory_timeline",
     }
     assert set(builtin_pack_names()) == expected
     per_pack = {p: 0 for p in expected}

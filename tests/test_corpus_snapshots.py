@@ -49,44 +49,69 @@ def test_replayed_final_state_equals_segments(path):
             assert int(first["size"].sum()) == dr.baseline_allocated
 
 
-def _raw_peak(raw, device):
-    """Independent running sum over the raw trace (sizes rounded as the allocator rounds)."""
-    trace = (raw.get("device_traces") or [])[device] if isinstance(raw, dict) else []
+def _rounded(n):
+    return max(512, -(-n // 512) * 512)
+
+
+def _raw_replay(raw, device):
+    """Independent replay of the raw trace: (peak index, live blocks and segments there).
+
+    A block's size is the final segments' size when it survives to the end, else its request
+    rounded up to 512 bytes (the allocator's rounding). The state before the first event is a
+    moment too (index -1).
+    """
+    trace = (raw.get("device_traces") or [[]] * (device + 1))[device] if isinstance(
+        raw, dict) else []
     final = _raw_active_blocks(raw, device)
-    # size each lifetime: the final block's size if it survives, else requested rounded to 512
-    last_alloc = {}
-    for i, e in enumerate(trace):
+    segs = raw if isinstance(raw, list) else raw["segments"]
+    final_segs = {s["address"]: s["total_size"] for s in segs if s.get("device", 0) == device}
+    last_alloc = {e["addr"]: i for i, e in enumerate(trace) if e["action"] == "alloc"}
+    freed_before, seen_alloc = {}, set()  # blocks freed before any alloc of their address
+    for e in trace:
+        a = e["addr"]
         if e["action"] == "alloc":
-            last_alloc[e["addr"]] = i
-    running, live, peak = 0, {}, None
-    alive_before = 0
-    requested = set()
+            seen_alloc.add(a)
+        elif e["action"] in ("free_requested", "free_completed", "free") and (
+                a not in seen_alloc and a not in freed_before):
+            freed_before[a] = _rounded(e["size"])
+    # initial live set: untouched final blocks (allocated, not pending) + freed-before blocks
+    live = {a: s for a, (s, _, st) in final.items()
+            if a not in last_alloc and st == "active_allocated"}
+    live.update(freed_before)
+    states = [dict(live)]
+    pending = set()
     for i, e in enumerate(trace):
         a = e["addr"]
         if e["action"] == "alloc":
-            size = max(512, -(-e["size"] // 512) * 512)
-            if a in final and last_alloc[a] == i:
-                size = final[a][0]
-            live[a] = size
-            running += size
+            live[a] = final[a][0] if a in final and last_alloc[a] == i else _rounded(e["size"])
         elif e["action"] == "free_requested" or (
-            e["action"] in ("free_completed", "free") and a not in requested
-        ):
-            requested.add(a)
-            if a in live:
-                running -= live.pop(a)
-            else:
-                size = max(512, -(-e["size"] // 512) * 512)
-                alive_before += size
-                running -= size
-        elif e["action"] in ("free_completed", "free"):
-            requested.discard(a)
-        peak = max(running, 0 if peak is None else peak)
-    untouched = sum(s for a, (s, _, st) in final.items() if a not in last_alloc
-                    and st == "active_allocated")
-    base = alive_before + untouched
-    # the state before the first event is a moment too (running == 0 there)
-    return None if peak is None else peak + base
+                e["action"] in ("free_completed", "free") and a not in pending):
+            live.pop(a, None)
+            pending.add(a)
+        if e["action"] in ("free_completed", "free"):
+            pending.discard(a)
+        states.append(dict(live))
+    totals = [sum(st.values()) for st in states]
+    peak_pos = max(range(len(totals)), key=lambda k: (totals[k], -k))
+    idx = peak_pos - 1
+    seg_now = dict(final_segs)
+    for e in trace[idx + 1:][::-1]:  # undo segment events after the moment
+        if e["action"] in ("segment_alloc", "segment_map"):
+            seg_now.pop(e["addr"], None)
+        elif e["action"] in ("segment_free", "segment_unmap"):
+            seg_now[e["addr"]] = e["size"]
+    return (idx if trace else None), states[peak_pos], seg_now, max(totals)
+
+
+def _largest_gap(blocks, segs):
+    best = 0
+    for sa, total in segs.items():
+        cursor = sa
+        for a in sorted(b for b in blocks if sa <= b < sa + total):
+            best = max(best, a - cursor)
+            cursor = a + blocks[a]
+        best = max(best, sa + total - cursor)
+    return best
 
 
 @pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle"))
@@ -95,25 +120,22 @@ def test_headline_equals_sums_from_raw_pickle(path):
     result = run_cli("summary", str(path), "--format", "json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
-    segs = raw if isinstance(raw, list) else raw["segments"]
     for dev in summary["devices"]:
-        d = dev["device"]
-        mine = [s for s in segs if s.get("device", 0) == d]
-        reserved = sum(s["total_size"] for s in mine)
-        allocated = sum(b["size"] for s in mine for b in s["blocks"]
-                        if b["state"] == "active_allocated")
-        largest_free = max((b["size"] for s in mine for b in s["blocks"]
-                            if b["state"] == "inactive"), default=0)
-        assert dev["oom"] is None  # no corpus file recorded an OOM
+        idx, live, segs, peak = _raw_replay(raw, dev["device"])
+        assert dev["oom"] is None  # no corpus file recorded an OOM: the peak is diagnosed
+        if idx is None:
+            assert dev["moment"]["kind"] == "snapshot"
+        else:
+            assert (dev["moment"]["kind"], dev["moment"]["event_index"]) == ("peak", idx)
+        reserved = sum(segs.values())
+        allocated = sum(live.values())
         assert dev["reserved_bytes"] == reserved
         assert dev["allocated_bytes"] == allocated
+        assert dev["peak_allocated_bytes"] == peak
         assert dev["cached_unallocated_bytes"] == reserved - allocated
-        assert dev["largest_free_block_bytes"] == largest_free
+        assert dev["largest_free_block_bytes"] == _largest_gap(live, segs)
         assert sum(g["bytes"] for g in dev["groups"]) == allocated
-        assert sum(g["blocks"] for g in dev["groups"]) == sum(
-            1 for s in mine for b in s["blocks"] if b["state"] == "active_allocated")
-        peak = _raw_peak(raw, d)
-        assert dev["peak_allocated_bytes"] == (allocated if peak is None else max(peak, 0))
+        assert sum(g["blocks"] for g in dev["groups"]) == len(live)
 
 
 @pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle"))

@@ -64,6 +64,9 @@ A file is a *pack*::
     no_python_frames = true      # true: only C++ frames (or none); false: some Python
     no_frames = true             # true: empty stack; false: non-empty
     has_alloc_event = false      # false: predates recording; true: an alloc event exists
+    phase_hint = "backward"      # or a list; the phase the *caller* established from the
+                                 # timeline (BlockContext.phase_hint), not one inferred from the
+                                 # stack; family rules only
 
     [[phase_rule]]               # same conditions (except `phase`), decides the phase
     id = "phases.optimizer_wrapper"
@@ -92,12 +95,23 @@ Frame pattern fields:
   snapshot (needs :meth:`RuleSet.with_sites`), with at least m such lines; requires
   ``where = "innermost"`` (only allocating lines are ranked). This survives
   version changes that move line numbers but keep the order of allocations.
+  ``line_rank = [i, j]`` is an inclusive range of ranks: ``[0, -2]`` is every allocating
+  line of the function but its last (the intermediates of a helper that returns its last
+  allocation). The Attributor ranks the lines of every alloc and of the failing (OOM)
+  request.
+- ``outermost = true``: only the outermost frame of the stack that matches the pattern's
+  file/function (or symbol) fields is a candidate — the ``forward`` of the top-level model,
+  not of a layer nested inside it. ``within`` / line bounds then test that frame, so
+  ``outermost = true, where = "innermost"`` means "allocated by the top-level forward itself".
 
 Precedence is by ``priority`` only (then load order: built-in packs sorted by file name,
 then user files in the order given), never by which file a rule is in. A block that no rule
 matches is ``unknown`` with the reason in its label ("no rule matched (innermost user frame:
 file:line name)"); the built-in pytorch pack explains empty stacks ("no frames: allocated
-before recording began", "... on the autograd thread during backward").
+before recording began", "... on the autograd thread during backward"). An empty stack with an
+alloc event is placed in time by the Attributor (``assign.TracePhases``): when the
+allocations around it show backward running it gets ``phase_hint = "backward"`` and the
+pytorch pack calls it ``gradients``; otherwise it stays ``unknown``.
 """
 
 from __future__ import annotations

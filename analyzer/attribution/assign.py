@@ -1,5 +1,15 @@
 """Apply a RuleSet to a table of blocks: one decision per distinct (stack, context), mapped
-back onto every block as columns (family, label, rule_id, phase, reason, site)."""
+back onto every block as columns (family, label, rule_id, phase, reason, site).
+
+Blocks with no frames at all but an ``alloc`` event were allocated by a thread without a
+Python stack — with Python-only stacks, the autograd device thread running built-in backward
+ops. The stack cannot say *when* that was, but the trace can: :class:`TracePhases` infers the
+phase of every allocation that has frames and places each frameless one between its
+neighbours. One allocated while backward was running (a neighbour inferred ``backward``, or
+after the step's last forward allocation and before the optimizer step) gets
+``phase_hint="backward"``, which the pytorch pack turns into ``gradients``; otherwise no hint
+is given and the block stays ``unknown`` with its reason.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +17,10 @@ import bisect
 from typing import Any
 
 import polars as pl
-
 from snapana.attribution.engine import Decision, RuleSet
 from snapana.attribution.sites import site_of
 from snapana.attribution.stack import BlockContext
-from snapana.model import Capture
+from snapana.model import EMPTY_STACK, Capture
 
 
 def parse_pool(pool: str) -> tuple[int, int]:
@@ -45,14 +54,86 @@ class AnnotationWindows:
         return tuple(sorted({n for s, e, n in self.windows[:hi] if s <= time_us <= e}))
 
 
+class TracePhases:
+    """The phase of frameless allocations, told from the allocations around them.
+
+    Every ``alloc`` event with frames gets the phase its stack infers (with the annotations
+    open at its time); ``record_function`` windows whose name alone infers a phase (an
+    ``Optimizer.step#...`` window) mark their start and end too, so an optimizer step that
+    allocates nothing still bounds backward. A frameless allocation is in ``backward`` when
+    the nearest marked neighbour on either side is ``backward``, or when it comes after a
+    ``forward`` one and before an ``optimizer`` one or the end of the trace (the autograd
+    thread runs between the last forward allocation and the optimizer step). Anything else
+    (between two forwards, after the optimizer, no marks at all) is left undecided.
+    """
+
+    def __init__(self, capture: Capture, device: int, rules: RuleSet,
+                 windows: AnnotationWindows) -> None:
+        ev = capture.device_events(device)
+        actions = ev["action"].to_list()
+        stack_ids = ev["stack_id"].to_list()
+        times = ev["time_us"].to_list() if capture.has_time else [None] * len(actions)
+        memo: dict[tuple[int, tuple[str, ...]], str] = {}
+        marks: list[tuple[float, str]] = []
+        for i, (act, sid, t) in enumerate(zip(actions, stack_ids, times, strict=True)):
+            if act != "alloc" or sid is None or sid == EMPTY_STACK:
+                continue
+            ann = windows.at(t)
+            phase = memo.get((sid, ann))
+            if phase is None:
+                stack = capture.stacks.stack(sid)
+                phase = memo[(sid, ann)] = rules.infer_phase(
+                    stack, BlockContext(has_alloc_event=True, annotations=ann)
+                ) if stack else "unknown"
+            if phase != "unknown":
+                marks.append((float(i), phase))
+        if capture.has_time and windows.windows:
+            # a window opens just before the first event at/after its start and closes just
+            # after the last event at/before its end
+            timed = [(t, k) for k, t in enumerate(times) if t is not None]
+            tpos = [t for t, _ in timed]
+            for start, end, name in windows.windows:
+                phase = rules.infer_phase((), BlockContext(annotations=(name,)))
+                if phase == "unknown":
+                    continue
+                j = bisect.bisect_left(tpos, start)
+                marks.append(((timed[j][1] if j < len(timed) else len(times)) - 0.5, phase))
+                if end < 2**62:
+                    j = bisect.bisect_right(tpos, end)
+                    marks.append(((timed[j - 1][1] if j > 0 else -1) + 0.5, phase))
+        marks.sort()
+        self._pos = [m[0] for m in marks]
+        self._phase = [m[1] for m in marks]
+        self._memo: dict[int, str | None] = {}
+
+    def at(self, alloc_idx: int) -> str | None:
+        """``"backward"`` when the frameless allocation at event ``alloc_idx`` happened while
+        backward was running; None when the trace cannot tell."""
+        hit = self._memo.get(alloc_idx, "?")
+        if hit != "?":
+            return hit
+        j = bisect.bisect_left(self._pos, float(alloc_idx))
+        left = self._phase[j - 1] if j > 0 else None
+        k = bisect.bisect_right(self._pos, float(alloc_idx))
+        right = self._phase[k] if k < len(self._phase) else None
+        out = None
+        if "backward" in (left, right) or (left == "forward" and right in (None, "optimizer")):
+            out = "backward"
+        self._memo[alloc_idx] = out
+        return out
+
+
 class Attributor:
     """Decisions for the blocks of one device of one capture, memoised by stack id."""
 
     def __init__(self, capture: Capture, device: int, rules: RuleSet) -> None:
         self.capture = capture
+        self.device = device
         self.stacks = capture.stacks
+        # allocating lines: every alloc, and the request that ran out of memory (its line
+        # allocates too; without it the line before it would look like the function's last)
         stack_ids = set(capture.blocks["stack_id"].to_list()) | set(
-            capture.events.filter(pl.col("action") == "alloc")["stack_id"].to_list()
+            capture.events.filter(pl.col("action").is_in(["alloc", "oom"]))["stack_id"].to_list()
         )
         self.rules = rules.with_sites(self.stacks.stack(s) for s in stack_ids)
         self.windows = AnnotationWindows(capture, device)
@@ -60,14 +141,26 @@ class Attributor:
         self._times = ev["time_us"].to_list() if capture.has_time else []
         self._memo: dict[tuple[Any, ...], Decision] = {}
         self._sites: dict[int, str] = {}
+        self._trace_phases: TracePhases | None = None
+
+    def trace_phase(self, alloc_idx: int) -> str | None:
+        """The phase the trace shows for the frameless allocation at event ``alloc_idx``."""
+        if alloc_idx < 0 or not self.capture.has_trace:
+            return None
+        if self._trace_phases is None:
+            self._trace_phases = TracePhases(self.capture, self.device, self.rules, self.windows)
+        return self._trace_phases.at(alloc_idx)
 
     def context(self, stack_id: int, pool: str, stream: int, state: str, size: int,
                 alloc_idx: int) -> BlockContext:
         has_event = (alloc_idx >= 0) if self.capture.has_trace else None
         t = self._times[alloc_idx] if 0 <= alloc_idx < len(self._times) else None
+        hint = None
+        if has_event and not self.stacks.stack(stack_id):
+            hint = self.trace_phase(alloc_idx)
         return BlockContext(pool_id=parse_pool(pool), stream=int(stream or 0), state=state,
                             size=int(size), has_alloc_event=has_event,
-                            annotations=self.windows.at(t))
+                            annotations=self.windows.at(t), phase_hint=hint)
 
     def decide(self, stack_id: int, ctx: BlockContext) -> Decision:
         key = (stack_id, self.rules.context_key(ctx))

@@ -399,6 +399,12 @@ class RuleSet:
         if r.phases is not None:
             if not add(f"phase {'/'.join(sorted(r.phases))} (block: {phase})", phase in r.phases):
                 return None
+        if r.phase_hints is not None:
+            ok = ctx.phase_hint in r.phase_hints
+            want = "/".join(sorted(r.phase_hints))
+            desc = f"phase_hint {want} (block: {ctx.phase_hint or 'none'})"
+            if not add(desc, ok):
+                return None
         if r.annotation is not None:
             ok = any(r.annotation.search(a) for a in ctx.annotations)
             if not add(f"annotation /{r.annotation.pattern}/ open", ok, True):
@@ -429,13 +435,18 @@ class RuleSet:
         for i in cands:
             f = ns.frames[i]
             lines = self.sites.lines(f.path, f.name) or (f.line,)
-            rank = p.line_rank if p.line_rank >= 0 else len(lines) + p.line_rank
+            lo = p.line_rank if p.line_rank >= 0 else len(lines) + p.line_rank
+            hi = lo if p.line_rank_to is None else (
+                p.line_rank_to if p.line_rank_to >= 0 else len(lines) + p.line_rank_to)
+            have = lines.index(f.line) if f.line in lines else None
             if len(lines) < p.min_sites:
                 why = f"only {len(lines)} line(s) seen in `{f.name}`, rule needs {p.min_sites}"
-            elif 0 <= rank < len(lines) and lines[rank] == f.line:
+            elif have is not None and lo <= have <= hi:
                 out.append(i)
+            elif have is None:
+                why = f"line {f.line} is not among the lines seen for `{f.name}`"
             else:
-                why = f"line {f.line} is rank {lines.index(f.line)} of {len(lines)} in `{f.name}`"
+                why = f"line {f.line} is rank {have} of {len(lines)} in `{f.name}`"
         return out, why
 
     def _sequence(

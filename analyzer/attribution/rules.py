@@ -80,6 +80,9 @@ class FramePattern:
     line_lt: int | None = None
     line_ge: int | None = None
     line_rank: int | None = None
+    line_rank_to: int | None = None
+    """With ``line_rank``: the last rank of an inclusive range (``line_rank = [0, -2]``: any
+    allocating line of the function but its last one)."""
     min_sites: int = 1
     within: int | None = None
     """When set: the frame must be among the first ``within`` Python frames (C++ frames are
@@ -87,6 +90,10 @@ class FramePattern:
     max_gap: int | None = None
     """At most this many Python frames between this frame and the previous pattern's
     (its caller's) frame."""
+    outermost: bool = False
+    """Only the outermost frame of the stack that matches ``file``/``function`` (or
+    ``symbol_re``) is a candidate — ``forward`` of the top-level model rather than of a layer
+    inside it; ``within`` and the line bounds then apply to that one frame."""
     text: str = ""
     """Human description, used in reasons and near-miss reports."""
     memo: dict[object, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -119,7 +126,7 @@ class FramePattern:
                     ok = memo[name] = rx.search(name) is not None
                 if ok:
                     out.append(i)
-            return out
+            return out[-1:] if self.outermost else out
         if self.functions is not None:
             idx: list[int] = []
             for name in self.functions:
@@ -136,6 +143,20 @@ class FramePattern:
                 if ok:
                     idx.extend(where)
             idx.sort()
+        if self.outermost:
+            # the outermost frame that matches file/function; within and line bounds then
+            # apply to that frame alone
+            for i in reversed(idx):
+                f = frames[i]
+                key = (f.path, f.name)
+                ok = memo.get(key)
+                if ok is None:
+                    ok = memo[key] = self._static_ok(f.path, f.name)
+                if ok:
+                    idx = [i]
+                    break
+            else:
+                return out
         for i in idx:
             f = frames[i]
             if self.within is not None and f.py_rank >= self.within:
@@ -180,6 +201,9 @@ class Rule:
     no_python_frames: bool | None
     no_frames: bool | None
     has_alloc_event: bool | None
+    phase_hints: frozenset[str] | None = None
+    """``phase_hint`` condition: the phase the caller established from the timeline
+    (:attr:`BlockContext.phase_hint`), as opposed to the phase inferred from the stack."""
 
     @property
     def uses_line_rank(self) -> bool:
@@ -210,11 +234,13 @@ _COND_KEYS = {
     "no_python_frames",
     "no_frames",
     "has_alloc_event",
+    "phase_hint",
 }
 _RULE_KEYS = {"id", "family", "label", "priority", "description", "reason"} | _COND_KEYS
 # phase rules cannot test the phase they decide
+# (nor the caller's phase_hint, which overrides every phase rule)
 _PHASE_RULE_KEYS = {"id", "phase", "priority", "description", "reason", "label"} | (
-    _COND_KEYS - {"phase"}
+    _COND_KEYS - {"phase", "phase_hint"}
 )
 _FRAME_KEYS = {
     "file",
@@ -229,6 +255,7 @@ _FRAME_KEYS = {
     "where",
     "within",
     "max_gap",
+    "outermost",
 }
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
@@ -341,7 +368,18 @@ def _frame_pattern(raw: Any, ctx: _Ctx, key: str) -> FramePattern:
         within = 1
     if within is not None and symbol_re is not None:
         raise ctx.fail("`where`/`within` count Python frames and do not apply to `symbol_re`")
-    line_rank = _int(raw["line_rank"], ctx, "line_rank") if "line_rank" in raw else None
+    line_rank = line_rank_to = None
+    if "line_rank" in raw:
+        lr = raw["line_rank"]
+        if isinstance(lr, list):
+            if len(lr) != 2:
+                raise ctx.fail(f"`line_rank` must be an integer or a [first, last] pair: {lr!r}")
+            line_rank = _int(lr[0], ctx, "line_rank")
+            line_rank_to = _int(lr[1], ctx, "line_rank")
+            if (line_rank < 0) == (line_rank_to < 0) and line_rank > line_rank_to:
+                raise ctx.fail(f"`line_rank` range {lr!r} is empty (first > last)")
+        else:
+            line_rank = _int(lr, ctx, "line_rank")
     min_sites = _int(raw.get("min_sites", 1), ctx, "min_sites", 1)
     if "min_sites" in raw and line_rank is None:
         raise ctx.fail("`min_sites` only makes sense with `line_rank`")
@@ -360,9 +398,11 @@ def _frame_pattern(raw: Any, ctx: _Ctx, key: str) -> FramePattern:
         line_lt=_int(raw["line_lt"], ctx, "line_lt") if "line_lt" in raw else None,
         line_ge=_int(raw["line_ge"], ctx, "line_ge") if "line_ge" in raw else None,
         line_rank=line_rank,
+        line_rank_to=line_rank_to,
         min_sites=min_sites,
         within=within,
         max_gap=_int(raw["max_gap"], ctx, "max_gap", 0) if "max_gap" in raw else None,
+        outermost=_bool(raw["outermost"], ctx, "outermost") if "outermost" in raw else False,
     )
     return _with_text(pat, raw)
 
@@ -382,7 +422,12 @@ def _with_text(pat: FramePattern, raw: Mapping[str, Any]) -> FramePattern:
         if pat.within is not None:
             text += f" (within innermost {pat.within} Python frame{'s' if pat.within > 1 else ''})"
         if pat.line_rank is not None:
-            text += f" (line rank {pat.line_rank})"
+            if pat.line_rank_to is not None:
+                text += f" (line rank {pat.line_rank}..{pat.line_rank_to})"
+            else:
+                text += f" (line rank {pat.line_rank})"
+    if pat.outermost:
+        text += " (outermost such frame)"
     object.__setattr__(pat, "text", text)
     return pat
 
@@ -422,6 +467,13 @@ def _conditions(raw: Mapping[str, Any], ctx: _Ctx, allow_phase: bool) -> dict[st
         if bad:
             raise ctx.fail(f"unknown phase {sorted(bad)[0]!r} (use one of {PHASES})")
     out["phases"] = phases
+    phase_hints = None
+    if "phase_hint" in raw:
+        phase_hints = frozenset(_as_list(raw["phase_hint"], ctx, "phase_hint"))
+        bad = phase_hints - set(PHASES)
+        if bad:
+            raise ctx.fail(f"unknown phase_hint {sorted(bad)[0]!r} (use one of {PHASES})")
+    out["phase_hints"] = phase_hints
     out["annotation"] = (
         _regex(raw["annotation"], ctx, "annotation") if "annotation" in raw else None
     )

@@ -13,7 +13,14 @@ import jinja2
 from plotly.offline import get_plotlyjs
 from snapana.diagnosis import DeviceReport
 from snapana.render import figures
-from snapana.render.text import headline_rows, moment_text
+from snapana.render.text import (
+    cause_rows,
+    headline_rows,
+    knob_rows,
+    moment_text,
+    verdict,
+    what_if_rows,
+)
 from snapana.units import fmt_bytes
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -52,7 +59,9 @@ def render(reports: list[DeviceReport], title: str) -> str:
     for r in reports:
         figs = {name: _figure_json(make(r)) for name, make in figures.FIGURES.items()}
         devices.append({"r": r, "figs": figs, "headline": headline_rows(r),
-                        "moment": moment_text(r)})
+                        "moment": moment_text(r), "verdict": verdict(r),
+                        "what_ifs": what_if_rows(r), "knobs": knob_rows(r),
+                        "causes": cause_rows(r)})
     return _env().get_template("report.html.j2").render(
         title=title,
         devices=devices,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from snapana.diagnosis import DeviceReport
+from snapana.diagnosis import DeviceReport, Diagnosis
 from snapana.model import Frame
+from snapana.render.text import verdict
 
 
 def _frames(stack: tuple[Frame, ...]) -> list[dict[str, Any]]:
@@ -34,14 +35,39 @@ def device_dict(r: DeviceReport) -> dict[str, Any]:
         "peak": {"event_index": r.peak.idx, "time_us": r.peak.time_us},
         "oom": oom,
         "groups": [
-            {"name": g.name, "bytes": g.bytes, "blocks": g.blocks, "label": g.label,
-             "sites": g.sites}
+            {"family": g.name, "name": g.name, "bytes": g.bytes, "blocks": g.blocks,
+             "label": g.label, "sites": g.sites, "chunks": g.chunks}
             for g in r.groups
         ],
+        "diagnosis": _diagnosis(r.diagnosis, verdict(r)),
         "by_pool_stream": r.by_pool_stream,
         "events": r.n_events,
         "before_recording_bytes": r.before_recording_bytes,
         "warnings": r.warnings,
+    }
+
+
+def _diagnosis(d: Diagnosis | None, text: str) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    return {
+        "verdict": text,
+        "kind": d.kind,
+        "phase": d.phase,
+        "request": None if d.request_bytes is None else {
+            "requested_bytes": d.request_bytes, "rounded_bytes": d.request_rounded_bytes,
+            "segment_bytes": d.request_segment_bytes, "family": d.request_family,
+            "label": d.request_label, "site": d.request_site},
+        "capacity_bytes": d.capacity_bytes,
+        "outside_pytorch_bytes": d.outside_pytorch_bytes,
+        "causes": [{"id": c.id, "holds": c.holds, **c.numbers} for c in d.causes],
+        "excess_family": d.excess_family,
+        "what_ifs": [vars(w) for w in d.what_ifs],
+        "knobs": [{"id": k.id, "framework": k.framework, "knob": k.knob,
+                   "families": list(k.families), "causes": list(k.causes),
+                   "direction": k.direction, "effect": k.effect, "caveat": k.caveat}
+                  for k in d.knobs],
+        "frameworks": d.frameworks,
     }
 
 

@@ -13,7 +13,8 @@ Progress = Callable[[int, int], None]
 
 
 def sniff(path: Path) -> str:
-    """Name the format of a file from its first bytes ('torch_snapshot', 'json', ...)."""
+    """Name the format of a file from its first bytes: 'torch_snapshot', 'kineto_trace',
+    'memory_timeline', 'memray' (a capture, LZ4-compressed or not) or 'memray_parquet'."""
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.is_dir():
@@ -35,11 +36,15 @@ def sniff(path: Path) -> str:
         raise InputError(f"{path}: empty file")
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
         return "torch_snapshot"
-    if head[:7] == b"memray\x00" or head.startswith(b"memray"):
+    if head.startswith(b"memray") or head[:4] == b"\x04\x22\x4d\x18":  # LZ4: memray run
         return "memray"
+    if head[:4] == b"PAR1":
+        return "memray_parquet"  # written by `snapana convert`
     stripped = head.lstrip()
     if stripped[:1] in (b"{", b"["):
-        return "json"
+        from snapana.sources.memory_timeline import looks_like_timeline
+
+        return "memory_timeline" if looks_like_timeline(stripped) else "kineto_trace"
     if head[:1] in (b"(", b"]", b"}") or head[:2] == b"(l":
         return "torch_snapshot"  # protocol 0/1 pickles (very old torch)
     raise InputError(
@@ -56,9 +61,14 @@ def load(path: Path | str, progress: Progress | None = None) -> Capture:
         from snapana.sources import torch_snapshot
 
         return torch_snapshot.load(path, progress)
-    if kind == "json":
-        raise InputError(
-            f"{path}: a JSON file; snapana reads torch.cuda.memory._dump_snapshot pickles "
-            "(profiler traces are not supported by this version)"
-        )
-    raise InputError(f"{path}: memray captures are not supported by this version")
+    if kind == "kineto_trace":
+        from snapana.sources import kineto_trace
+
+        return kineto_trace.load(path, progress)
+    if kind == "memory_timeline":
+        from snapana.sources import memory_timeline
+
+        return memory_timeline.load(path, progress)
+    from snapana.sources import memray_capture
+
+    return memray_capture.load(path, progress)

@@ -18,7 +18,7 @@ import io
 import json
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,14 +222,27 @@ def thread_key(ev: dict[str, Any]) -> tuple[str, str]:
     return (str(ev.get("pid")), str(ev.get("tid")))
 
 
-@dataclass
+@dataclass(slots=True)
 class _MemEvent:
+    """The fields of one `[memory]` / `[OutOfMemory]` event the model uses (not its dict)."""
+
     order: int
     ts: float
     thread: tuple[str, str]
     name: str
-    args: dict[str, Any]
+    nbytes: int
+    addr: int | None
+    total_alloc: int | None
+    total_reserved: int | None
+    device: tuple[int, int]
     stack_id: int = EMPTY_STACK
+
+    @classmethod
+    def from_args(cls, order: int, ts: float, thread: tuple[str, str], name: str,
+                  args: dict[str, Any]) -> _MemEvent:
+        return cls(order, ts, thread, name, _int(args.get("Bytes")) or 0,
+                   _int(args.get("Addr")), _int(args.get("Total Allocated")),
+                   _int(args.get("Total Reserved")), device_key(args))
 
 
 @dataclass
@@ -241,6 +254,7 @@ class _Collector:
     intervals: dict[tuple[str, str], list[_Interval]] = field(default_factory=dict)
     n_events: int = 0
     n_bad: int = 0
+    _names: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, ev: Any) -> None:
         self.n_events += 1
@@ -257,9 +271,13 @@ class _Collector:
                 return
             args = ev.get("args")
             call = args.get("Call stack") if isinstance(args, dict) else None
-            self.intervals.setdefault(thread_key(ev), []).append(
-                (ts, ts + dur, rank, str(ev.get("name")), call if isinstance(call, str) else None)
-            )
+            name = str(ev.get("name"))
+            name = self._names.setdefault(name, name)  # one string per distinct name
+            if isinstance(call, str):
+                call = self._names.setdefault(call, call)
+            else:
+                call = None
+            self.intervals.setdefault(thread_key(ev), []).append((ts, ts + dur, rank, name, call))
         elif ph in ("i", "I"):
             name = ev.get("name")
             if name == _MEMORY or name == _OOM:
@@ -267,7 +285,8 @@ class _Collector:
                 if not isinstance(ts, (int, float)) or not isinstance(args, dict):
                     self.n_bad += 1
                     return
-                self.memory.append(_MemEvent(len(self.memory), ts, thread_key(ev), name, args))
+                self.memory.append(_MemEvent.from_args(len(self.memory), ts, thread_key(ev), name,
+                                                       args))
 
 
 def looks_like_trace(meta: dict[str, Any], kind: str, collector: _Collector) -> bool:
@@ -438,8 +457,8 @@ class _DeviceBuild:
         c["time_us"].append(int(ev.ts))
         c["stack_id"].append(ev.stack_id)
         c["device_free"].append(device_free)
-        self.total_alloc.append(_int(ev.args.get("Total Allocated")))
-        self.total_reserved.append(_int(ev.args.get("Total Reserved")))
+        self.total_alloc.append(ev.total_alloc)
+        self.total_reserved.append(ev.total_reserved)
 
 
 def _next_synth(counter: list[int]) -> int:
@@ -451,13 +470,13 @@ def build_device(dev: int, events: list[_MemEvent], counter: list[int]) -> _Devi
     """Turn one device's memory events (in time order) into model events and live blocks."""
     b = _DeviceBuild(dev)
     for ev in events:
-        nbytes = _int(ev.args.get("Bytes")) or 0
+        nbytes = ev.nbytes
         if ev.name == _OOM:
             b.add("oom", 0, abs(nbytes), ev)
             continue
         if nbytes == 0:
             continue
-        addr = _int(ev.args.get("Addr"))
+        addr = ev.addr
         size = abs(nbytes)
         if nbytes > 0:
             if addr is None:
@@ -500,10 +519,9 @@ def _baseline(b: _DeviceBuild, events: list[_MemEvent], warnings: list[str], nam
     for ev in events:
         if ev.name != _MEMORY:
             continue
-        total = _int(ev.args.get("Total Allocated"))
-        if total is None:
+        if ev.total_alloc is None:
             return 0
-        before = total - (_int(ev.args.get("Bytes")) or 0)
+        before = ev.total_alloc - ev.nbytes
         rest = before - b.pre_freed
         if rest < 0:
             warnings.append(f"{name}: the trace frees {b.pre_freed} bytes allocated before "
@@ -561,7 +579,7 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
 
     by_key: dict[tuple[int, int], list[_MemEvent]] = {}
     for ev in collector.memory:
-        by_key.setdefault(device_key(ev.args), []).append(ev)
+        by_key.setdefault(ev.device, []).append(ev)
     mapping, names, capacity = _device_names(list(by_key), meta.get("deviceProperties"),
                                              warnings)
     counter = [0]
@@ -579,7 +597,7 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
         if b.reused_addrs:
             warnings.append(f"{name}: {b.reused_addrs} allocation(s) reuse an address that was "
                             "never freed in the trace (free events missing?)")
-        if b.unmatched_frees and not any(_int(e.args.get("Addr")) is not None for e in evs):
+        if b.unmatched_frees and not any(e.addr is not None for e in evs):
             warnings.append(f"{name}: {b.unmatched_frees} free(s) match no earlier allocation "
                             "of the same size; counted as allocated before profiling")
         baseline = _baseline(b, evs, warnings, name)
@@ -634,12 +652,3 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
             "device_properties": meta.get("deviceProperties"),
         },
     )
-
-
-def iter_memory_events(path: Path | str) -> Iterator[dict[str, Any]]:
-    """The raw `[memory]` / `[OutOfMemory]` events of a trace, for tests and debugging."""
-    collector = _Collector()
-    stream_json(Path(path), None, collector)
-    for ev in collector.memory:
-        yield {"name": ev.name, "ts": ev.ts, "pid": ev.thread[0], "tid": ev.thread[1],
-               "args": ev.args}

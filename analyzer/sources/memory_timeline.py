@@ -254,30 +254,43 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_plot(items: list[Any]) -> bool:
+    if len(items) != 2 or not isinstance(items[0], list) or not isinstance(items[1], list):
+        return False
+    times, sizes = items
+    return (len(times) == len(sizes)
+            and all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times)
+            and all(isinstance(r, list) and all(_is_int(v) for v in r) for r in sizes))
+
+
 def load(path: Path | str, progress: Progress | None = None) -> Capture:
     """Read either export_memory_timeline JSON layout into a Capture for device 0."""
     path = Path(path)
-    items: list[Any] = []
+    items: list[Any] = []  # the first two, undecided: [times, sizes] is also two lists
     records: list[tuple[int, int, int, int]] = []
     bad = [0]
 
-    def on_item(item: Any) -> None:
+    def as_record(item: Any) -> tuple[int, int, int, int] | None:
         if (isinstance(item, list) and len(item) == 4 and all(_is_int(v) for v in item)
                 and item[1] in ACTIONS):
-            records.append((item[0], item[1], item[2], item[3]))
-        elif len(items) < 2:
+            return (item[0], item[1], item[2], item[3])
+        return None
+
+    def on_item(item: Any) -> None:
+        if len(items) < 2:
             items.append(item)
-        else:
+            return
+        rec = as_record(item)
+        if rec is None:
             bad[0] += 1
+        else:
+            records.append(rec)
 
     kind, _ = stream_json(path, progress, on_item)
-    if kind == "array" and records and not items and not bad[0]:
-        return _raw_capture(path, records)
-    if (kind == "array" and not records and len(items) == 2 and not bad[0]
-            and isinstance(items[0], list) and isinstance(items[1], list)
-            and len(items[0]) == len(items[1])
-            and all(isinstance(t, (int, float)) for t in items[0])
-            and all(isinstance(r, list) and all(_is_int(v) for v in r) for r in items[1])):
+    if kind == "array" and not records and _is_plot(items):
         return _plot_capture(path, items[0], items[1])
+    head = [as_record(item) for item in items]
+    if kind == "array" and head and not bad[0] and all(r is not None for r in head):
+        return _raw_capture(path, [r for r in head if r is not None] + records)
     raise InputError(f"{path}: JSON, but not an export_memory_timeline file (expected "
                      "[[t_ns, action, bytes, category], ...] or [times, sizes])")

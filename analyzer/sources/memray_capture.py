@@ -214,12 +214,22 @@ def _installed_memray() -> str | None:
         return None
 
 
+def release_format(release: str) -> int | None:
+    """The capture format a memray release writes and reads, when this module knows it."""
+    minor = ".".join(release.split(".")[:2]) + ".x"
+    return next((fmt for fmt, rel in READERS.items() if rel == minor), None)
+
+
 def open_reader(path: Path) -> tuple[Any, MemrayHeader]:
     """A memray.FileReader for the capture, or InputError saying what to run instead."""
     header = read_header(path)
     installed = _installed_memray()
     if installed is None:
         raise incompatible_error(path, header, "memray is not installed")
+    own = release_format(installed)
+    if own is not None and own != header.format_version:
+        raise incompatible_error(path, header, f"installed memray {installed} reads format "
+                                 f"{own}")
     try:
         import memray
 
@@ -228,12 +238,12 @@ def open_reader(path: Path) -> tuple[Any, MemrayHeader]:
         raise incompatible_error(path, header, "memray cannot be imported") from None
     except (OSError, RuntimeError, ValueError) as exc:
         text = str(exc)
-        if "incompatible" in text or header.readers and not header.readers.startswith(
-                installed.rsplit(".", 1)[0] + "."):
+        if "incompatible" in text:
             raise incompatible_error(path, header, f"installed memray {installed} cannot read "
                                      "it") from None
-        raise InputError(f"{path}: memray could not read the capture: "
-                         f"{text.splitlines()[0] if text else type(exc).__name__}") from None
+        first = text.splitlines()[0] if text else type(exc).__name__
+        raise InputError(f"{path}: memray could not read the capture (truncated or "
+                         f"corrupt?): {first}") from None
 
 
 def records_frame(reader: Any) -> pl.DataFrame:

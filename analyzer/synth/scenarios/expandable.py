@@ -41,7 +41,8 @@ def _script(sim: CachingAllocatorSim, facts: Facts) -> None:
     head = [*MODEL, *S.call_module(f"{S.TORCH}/nn/modules/linear.py", 125)]
     logits = sim.malloc(TOKENS * VOCAB * 2, S.stack(head), family="logits")
     facts["request"] = TOKENS * VOCAB * 4
-    failing_request(sim, TOKENS * VOCAB * 4, S.stack(MODEL, [(HF, 845, "forward")]), "logits")
+    # logits.float() in Qwen2ForCausalLM.forward itself (the line after the lm_head call)
+    failing_request(sim, TOKENS * VOCAB * 4, S.stack(TRAIN, S.call_module(HF, 845)), "logits")
     sim.free(logits)
 
 

@@ -70,6 +70,10 @@ def init_training_state(
     return {"param_data": param_data, "grad_data": grad_data}
 
 
+LAYER_OUTPUT = (f"{S.MEG}/transformer/transformer_layer.py", 540, "_forward_mlp")
+"""Where a layer's output is made: the MLP's bias-dropout-add residual sum."""
+
+
 def forward_layers(
     sim: CachingAllocatorSim, model: DenseModel, tp: int, tokens: int,
     extra_per_layer: int = 0, extra_slack: int = 0,
@@ -116,8 +120,7 @@ def forward_layers(
             keep(extra_per_layer, lay, S.MLP, swiglu_fp32)
         keep(T * ffn * BF16, lay, S.MLP, S.SWIGLU)  # swiglu output
         fc2 = temp(T * h * BF16, lay, S.MLP, S.TE_LINEAR)
-        keep(T * h * BF16, lay, [(f"{S.MEG}/transformer/transformer_layer.py", 540,
-                                  "_forward_mlp")])  # layer output
+        keep(T * h * BF16, lay, [LAYER_OUTPUT])  # layer output
         sim.free(fc2)
         sim.advance(900)
     return saved
@@ -158,9 +161,14 @@ def forward_layers_recomputed(
         fc1 = temp(T * 2 * ffn * BF16, S.MLP, S.TE_LN_LINEAR)
         act = temp(T * ffn * BF16, S.MLP, S.SWIGLU)
         sim.free(fc1)
-        saved.append(sim.malloc(T * h * BF16, S.stack(top, lay, S.MLP, S.TE_LINEAR),
-                                family="saved_activations"))
+        fc2 = temp(T * h * BF16, S.MLP, S.TE_LINEAR)
         sim.free(act)
+        # the layer's output is the MLP bias-dropout-add's residual sum (made in
+        # _forward_mlp, as in forward_layers), not fc2's output: it is the next
+        # checkpoint's input, which that checkpoint saves
+        saved.append(sim.malloc(T * h * BF16, S.stack(top, lay, [LAYER_OUTPUT]),
+                                family="saved_activations"))
+        sim.free(fc2)
         sim.free(res)
         sim.advance(1500)
     return saved

@@ -94,8 +94,11 @@ def _tp2_step(recompute_loss: bool, extra: int) -> Script:
         r_tmp = sim.malloc(size, S.stack(rtop, [S.SOFTMAX_SUB]), family="recompute")
         sim.malloc(size, S.stack(rtop, [S.SOFTMAX]), family="recompute")
         sim.free(r_tmp)
-        sim.malloc(size, None, family="gradients")  # autograd thread: empty Python stack
-        sim.malloc(size, None, family="activation_temporaries")
+        # built-in backward ops on the autograd thread (empty Python stack): the chunk's
+        # logits gradient and a same-sized workspace. Both are backward allocations, which
+        # FAMILIES.md counts as gradients (activation_temporaries are forward intermediates)
+        sim.malloc(size, None, family="gradients")
+        sim.malloc(size, None, family="gradients")
         facts["snapshot_point"] = "loss backward, last chunk recomputed (step peak)"
 
     return script

@@ -1,0 +1,65 @@
+"""Why did a block get its family? The decision, the frames it matched, the near misses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+from snapana.attribution.assign import Attributor
+from snapana.attribution.engine import Explanation, RuleSet
+from snapana.errors import InputError
+from snapana.model import Capture, Frame
+from snapana.replay import replay
+
+
+@dataclass
+class ExplainedSite:
+    """One distinct (stack, context) among the selected blocks: many blocks share it."""
+
+    site: str
+    blocks: int
+    bytes: int
+    addresses: list[int]
+    stack: tuple[Frame, ...]
+    explanation: Explanation
+
+
+def explain(capture: Capture, device: int, rules: RuleSet, *, block: int | None = None,
+            family: str | None = None, site: str | None = None, limit: int = 10
+            ) -> list[ExplainedSite]:
+    """Explain the blocks live at the moment of interest that match the selection."""
+    dr = replay(capture, device)
+    attributor = Attributor(capture, device, rules)
+    live = attributor.attribute(dr.blocks_at(dr.moment_of_interest()))
+    if block is not None:
+        sel = live.filter((pl.col("address") <= block)
+                          & (pl.col("address") + pl.col("size") > block))
+        what = f"no live block contains address 0x{block:x}"
+    elif family is not None:
+        sel = live.filter(pl.col("family") == family)
+        what = f"no live block has family {family!r}"
+    elif site is not None:
+        sel = live.filter(pl.col("site").str.contains(site, literal=True))
+        what = f"no live block's site contains {site!r}"
+    else:
+        raise InputError("explain: give --block ADDR, --family F or --site TEXT")
+    if sel.is_empty():
+        raise InputError(f"{capture.path}: {what} at the moment of interest")
+    out = []
+    groups = (
+        sel.group_by("stack_id", "pool", "state", "family")
+        .agg(pl.len().alias("n"), pl.col("size").sum().alias("bytes"),
+             pl.col("address").alias("addresses"), pl.col("size").max().alias("size"),
+             pl.col("alloc_idx").min().alias("alloc_idx"),
+             pl.col("segment_stream").first().alias("stream"), pl.col("site").first())
+        .sort("bytes", descending=True)
+        .head(limit)
+    )
+    for row in groups.iter_rows(named=True):
+        ctx = attributor.context(row["stack_id"], row["pool"], row["stream"] or 0,
+                                 row["state"], row["size"], row["alloc_idx"])
+        stack = capture.stacks.stack(row["stack_id"])
+        out.append(ExplainedSite(row["site"], row["n"], row["bytes"],
+                                 sorted(row["addresses"])[:5], stack,
+                                 attributor.rules.explain(stack, ctx)))
+    return out
