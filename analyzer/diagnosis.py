@@ -29,6 +29,8 @@ from snapana.whatif import round_request, segment_size_for, would_fit
 TIMELINE_POINTS = 2000
 CHUNK_MIN_BYTES = 16 << 20  # repeated blocks smaller than this are not worth calling chunks
 SEGMENT_MAP_LIMIT = 60  # segments drawn per pool in the segment map
+SEGMENT_MAP_TOTAL = 120  # segments drawn in all (a capture can have many private pools)
+SEGMENT_BLOCK_LIMIT = 256  # ranges drawn per segment (merged beyond that, see _cap_blocks)
 #: Fragmentation is the cause only when the cached-but-unallocated bytes are a real share of
 #: what PyTorch reserved; below this the memory is genuinely in use (seed 000, S1 #3).
 FRAGMENTATION_SHARE = 0.10
@@ -495,31 +497,90 @@ def _annotation_bands(capture: Capture, device: int) -> list[dict[str, Any]]:
 
 
 def _segment_map(dr: DeviceReplay, moment: Moment, held: pl.DataFrame) -> list[dict[str, Any]]:
-    """Largest segments per pool with their blocks, to show fragmentation."""
+    """Largest segments per pool with their blocks, to show fragmentation.
+
+    Capped so a report stays small whatever the capture: SEGMENT_MAP_LIMIT segments per pool,
+    SEGMENT_MAP_TOTAL in all, and at most SEGMENT_BLOCK_LIMIT drawn ranges per segment (see
+    `_cap_blocks`)."""
     segs = dr.segments_at(moment).sort("total_size", descending=True)
     label_col = "family"
-    live = dr.blocks_at(moment).join(
-        held.select("address", label_col), on="address", how="left"
-    )
-    out = []
+    chosen = []
     for pool in sorted(segs["pool"].unique().to_list()):
-        for address, total, stream in (
-            segs.filter(pl.col("pool") == pool)
-            .head(SEGMENT_MAP_LIMIT)
-            .select("address", "total_size", "stream")
-            .iter_rows()
-        ):
-            blocks = live.filter(pl.col("segment_address") == address).sort("address")
-            out.append({
-                "pool": pool,
-                "stream": stream,
-                "address": address,
-                "size": total,
-                "blocks": [
-                    {"offset": a - address, "size": s, "state": st, "label": lab or ""}
-                    for a, s, st, lab in blocks.select(
-                        "address", "size", "state", label_col
-                    ).iter_rows()
-                ],
+        chosen.extend(
+            (pool, *row) for row in segs.filter(pl.col("pool") == pool)
+            .head(SEGMENT_MAP_LIMIT).select("address", "total_size", "stream").iter_rows()
+        )
+    chosen = chosen[:SEGMENT_MAP_TOTAL]
+    live = (
+        dr.blocks_at(moment)
+        .filter(pl.col("segment_address").is_in([c[1] for c in chosen]))
+        .join(held.select("address", label_col), on="address", how="left")
+        .sort("address")
+    )
+    by_seg: dict[int, list[dict[str, Any]]] = {}
+    for a, s, st, lab, sa in live.select(
+        "address", "size", "state", label_col, "segment_address"
+    ).iter_rows():
+        by_seg.setdefault(sa, []).append({"offset": a - sa, "size": s, "state": st,
+                                          "label": lab or ""})
+    return [
+        {"pool": pool, "stream": stream, "address": address, "size": total,
+         "blocks": _cap_blocks(by_seg.get(address, []), total)}
+        for pool, address, total, stream in chosen
+    ]
+
+
+def _cap_blocks(blocks: list[dict[str, Any]], seg_size: int,
+                limit: int = SEGMENT_BLOCK_LIMIT) -> list[dict[str, Any]]:
+    """At most `limit` ranges for one segment's blocks (sorted by offset), bytes exact.
+
+    Touching blocks in the same state merge first; if that is still too many, the segment is
+    cut into `limit` equal slices and the blocks starting in one slice become one range, state
+    ``mixed`` when they differ, with what it holds in its label."""
+    if len(blocks) <= limit:
+        return blocks
+    runs: list[dict[str, Any]] = []
+    for b in blocks:
+        r = runs[-1] if runs else None
+        if r is not None and r["state"] == b["state"] and r["offset"] + r["size"] == b["offset"]:
+            r["size"] += b["size"]
+            r["n"] += 1
+            r["labels"].add(b["label"])
+        else:
+            runs.append({**b, "n": 1, "labels": {b["label"]}})
+    if len(runs) > limit:
+        width = max(1, -(-seg_size // limit))
+        bins: dict[int, list[dict[str, Any]]] = {}
+        for r in runs:
+            bins.setdefault(r["offset"] // width, []).append(r)
+        runs = []
+        for group in bins.values():
+            if len(group) == 1:
+                runs.append(group[0])
+                continue
+            held_by: dict[str, int] = {}
+            for r in group:
+                held_by[r["state"]] = held_by.get(r["state"], 0) + r["size"]
+            start = group[0]["offset"]
+            end = max(r["offset"] + r["size"] for r in group)
+            states = sorted(held_by)
+            runs.append({
+                "offset": start, "size": end - start,
+                "state": states[0] if len(states) == 1 else "mixed",
+                "n": sum(r["n"] for r in group), "labels": set(),
+                "by_state": dict(sorted(held_by.items())),  # the rest of the range is free
             })
+    out = []
+    for r in runs:
+        labels = sorted(r["labels"] - {""})
+        label = labels[0] if len(labels) == 1 else ""
+        if r["n"] > 1:
+            label = f"{label} ({r['n']} blocks)".strip() if len(labels) <= 1 else \
+                f"{r['n']} blocks: {', '.join(labels[:3])}{'...' if len(labels) > 3 else ''}"
+        entry = {"offset": r["offset"], "size": r["size"], "state": r["state"],
+                 "label": label}
+        if "by_state" in r:
+            entry["label"] = f"{r['n']} blocks in this range"
+            entry["by_state"] = r["by_state"]
+        out.append(entry)
     return out

@@ -102,8 +102,8 @@ class DeviceReplay:
         return None if t is None else int(t)
 
     @cached_property
-    def _times(self) -> list[int | None]:
-        return self.capture.device_events(self.device)["time_us"].to_list()
+    def _times(self) -> pl.Series:
+        return self.capture.device_events(self.device)["time_us"]
 
     # ----- state at a moment ---------------------------------------------------------------
     def blocks_at(self, moment: Moment) -> pl.DataFrame:
@@ -196,94 +196,157 @@ def _append_free(rows: dict, address: int, size: int, pool: str, stream: int, se
     rows["segment_address"].append(seg)
 
 
+_ALLOC, _FREE_REQ, _FREE_DONE = 0, 1, 2
+_PAIR_KIND = {"alloc": _ALLOC, "free_requested": _FREE_REQ, "free_completed": _FREE_DONE,
+              "free": _FREE_DONE}
+LIFETIME_SCHEMA = {"address": pl.Int64, "size": pl.Int64, "stack_id": pl.Int64,
+                   "stream": pl.Int64, "alloc_idx": pl.Int64, "free_req_idx": pl.Int64,
+                   "free_done_idx": pl.Int64, "requested_size": pl.Int64}
+
+
+def _round_sizes(sizes: np.ndarray, granularity: int) -> np.ndarray:
+    """`round_size` over an array."""
+    if granularity <= 1:
+        return sizes.copy()
+    return np.maximum(granularity, -(-sizes // granularity) * granularity)
+
+
+def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarray],
+                                                              list[tuple[int, str]]]:
+    """Pair alloc / free_requested / free_completed events per address into lifetimes.
+
+    Vectorised form of this per-event state machine (events in order, one open row per
+    address at most):
+    - ``alloc``: a new row; an address already open is a mismatch, and its row ends here.
+    - ``free_requested``: sets the open row's request index (the last one wins); with no
+      open row, opens one that was alive before recording.
+    - ``free_completed``/``free``: closes the open row (request index defaults to it); with
+      no open row, a closed row alive before recording.
+    Sorting by (address, event index) lays each address's events out in order: an event
+    opens a row when it is an alloc, the address's first event, or follows a completion.
+    Rows come back in the order they were opened; mismatches as (event index, message).
+    """
+    kinds = events.select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("i"),
+        pl.col("action").replace_strict(_PAIR_KIND, default=-1, return_dtype=pl.Int8)
+        .alias("kind"),
+        pl.col("addr").fill_null(0),
+        pl.col("size").fill_null(0),
+        pl.col("stack_id").fill_null(EMPTY_STACK),
+        pl.col("stream").fill_null(0),
+    ).filter(pl.col("kind") >= 0)
+    # events are in index order already: a stable sort by address keeps it within each
+    order = np.argsort(kinds["addr"].to_numpy(), kind="stable")
+    i = kinds["i"].to_numpy()[order]
+    kind = kinds["kind"].to_numpy()[order]
+    addr = kinds["addr"].to_numpy()[order]
+    m = len(i)
+    if m == 0:
+        return {k: np.zeros(0, np.int64) for k in LIFETIME_SCHEMA}, []
+    same = np.zeros(m, dtype=bool)
+    same[1:] = addr[1:] == addr[:-1]
+    prev = np.full(m, -1, dtype=np.int8)
+    prev[1:] = kind[:-1]
+    prev[~same] = -1
+    is_alloc = kind == _ALLOC
+    new_row = is_alloc | (prev == -1) | (prev == _FREE_DONE)
+    clash = np.flatnonzero(is_alloc & same & ((prev == _ALLOC) | (prev == _FREE_REQ)))
+    mismatches = [(int(i[p]), f"event {int(i[p])}: alloc at 0x{int(addr[p]):x} which is "
+                   "already live") for p in clash]
+
+    starts = np.flatnonzero(new_row)
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:] - 1
+    ends[-1] = m - 1
+    row = np.cumsum(new_row) - 1
+    opened_by_alloc = is_alloc[starts]
+    sizes = kinds["size"].to_numpy()[order]
+    stacks = kinds["stack_id"].to_numpy()[order]
+    streams = kinds["stream"].to_numpy()[order]
+
+    completed = kind[ends] == _FREE_DONE  # a completion is always the last event of its row
+    done_idx = np.where(completed, i[ends], NEVER)
+    # an open row followed by another row at its address was ended by a clashing alloc
+    next_same = np.zeros(len(starts), dtype=bool)
+    next_same[:-1] = addr[starts[1:]] == addr[starts[:-1]]
+    clashed = ~completed & next_same
+    done_idx[:-1] = np.where(clashed[:-1], i[starts[1:]], done_idx[:-1])
+    req_idx = np.where(completed, i[ends], NEVER)
+    rpos = np.flatnonzero(kind == _FREE_REQ)
+    if len(rpos):
+        rrows = row[rpos]
+        last = np.ones(len(rpos), dtype=bool)
+        last[:-1] = rrows[1:] != rrows[:-1]
+        req_idx[rrows[last]] = i[rpos[last]]
+
+    cols = {
+        "address": addr[starts],
+        "size": _round_sizes(sizes[starts], gran),
+        "stack_id": np.where(opened_by_alloc, stacks[starts], EMPTY_STACK),
+        "stream": streams[starts],
+        "alloc_idx": np.where(opened_by_alloc, i[starts], -1),
+        "free_req_idx": req_idx,
+        "free_done_idx": done_idx,
+        "requested_size": sizes[starts],
+    }
+    by_open = np.argsort(i[starts], kind="stable")
+    return {k: np.ascontiguousarray(v[by_open], dtype=np.int64) for k, v in cols.items()}, \
+        mismatches
+
+
 def replay(capture: Capture, device: int) -> DeviceReplay:
     """Pair the trace's events into lifetimes and check them against the final segments."""
     events = capture.device_events(device)
     n = events.height
-    actions = events["action"].to_list()
-    addrs = events["addr"].to_list()
-    sizes = events["size"].to_list()
-    stacks = events["stack_id"].to_list()
-    streams = events["stream"].to_list()
-    mismatches: list[str] = []
     gran = int(capture.metadata.get("size_rounding", 512))
 
-    # Lifetime rows: [addr, size, stack_id, stream, alloc_idx, free_req_idx, free_done_idx,
-    # requested]. Trace sizes are the requested bytes; the block holds them rounded up to 512
+    # Lifetimes: trace sizes are the requested bytes; the block holds them rounded up to 512
     # (exact for final blocks, which take their size from the segments).
-    rows: list[list[int]] = []
-    open_blocks: dict[int, list[int]] = {}
-    ooms: list[OomEvent] = []
-    times = events["time_us"].to_list()
-    dev_free = events["device_free"].to_list()
-    for i in range(n):
-        act = actions[i]
-        if act == "alloc":
-            a = addrs[i]
-            if a in open_blocks:
-                mismatches.append(f"event {i}: alloc at 0x{a:x} which is already live")
-                open_blocks.pop(a)[6] = i
-            row = [a, round_size(sizes[i], gran), stacks[i], streams[i], i, NEVER, NEVER,
-                   sizes[i]]
-            rows.append(row)
-            open_blocks[a] = row
-        elif act == "free_requested":
-            row = open_blocks.get(addrs[i])
-            if row is None:  # alive before recording began
-                row = [addrs[i], round_size(sizes[i], gran), EMPTY_STACK, streams[i], -1, NEVER,
-                       NEVER, sizes[i]]
-                rows.append(row)
-                open_blocks[addrs[i]] = row
-            row[5] = i
-        elif act in ("free_completed", "free"):
-            row = open_blocks.pop(addrs[i], None)
-            if row is None:
-                row = [addrs[i], round_size(sizes[i], gran), EMPTY_STACK, streams[i], -1, i,
-                       NEVER, sizes[i]]
-                rows.append(row)
-            if row[5] == NEVER:
-                row[5] = i
-            row[6] = i
-        elif act == "oom":
-            ooms.append(OomEvent(i, sizes[i], dev_free[i], streams[i], stacks[i], times[i]))
+    cols, clashes = _pair_lifetimes(events, gran)
+    mismatches = [msg for _, msg in sorted(clashes)]
+    ooms = [
+        OomEvent(int(k), size, dev_free, stream, stack, t)
+        for k, size, dev_free, stream, stack, t in events.with_row_index("k")
+        .filter(pl.col("action") == "oom")
+        .select("k", "size", "device_free", "stream", "stack_id", "time_us").iter_rows()
+    ]
 
     # Final blocks: live ones must match the trace's open blocks exactly.
     final_blocks = capture.device_blocks(device).filter(
         pl.col("state").is_in(["active_allocated", "active_pending_free"])
     )
+    open_rows = np.flatnonzero(cols["free_done_idx"] == NEVER)
+    open_blocks = {int(cols["address"][r]): int(r) for r in open_rows}
+    extra: list[list[int]] = []
+    size_c, stack_c, req_c = cols["size"], cols["stack_id"], cols["requested_size"]
     for a, s, req, sid, state in final_blocks.select(
         "address", "size", "requested_size", "stack_id", "state"
     ).iter_rows():
-        row = open_blocks.pop(a, None)
-        if row is None:
-            rows.append([a, s, sid, 0, -1, NEVER if state == "active_allocated" else -1, NEVER,
-                         req])
+        r = open_blocks.pop(a, None)
+        if r is None:
+            extra.append([a, s, sid, 0, -1, NEVER if state == "active_allocated" else -1, NEVER,
+                          req])
             continue
-        if row[7] != req:
+        if int(req_c[r]) != req:
             mismatches.append(
-                f"block 0x{a:x}: trace requested {row[7]} bytes, segments say {req}"
+                f"block 0x{a:x}: trace requested {int(req_c[r])} bytes, segments say {req}"
             )
-        row[1] = s
-        if row[2] == EMPTY_STACK:
-            row[2] = sid
-        pending_in_trace = row[5] != NEVER
+        size_c[r] = s
+        if stack_c[r] == EMPTY_STACK:
+            stack_c[r] = sid
+        pending_in_trace = cols["free_req_idx"][r] != NEVER
         if pending_in_trace != (state == "active_pending_free"):
             mismatches.append(f"block 0x{a:x}: state {state} disagrees with the trace")
-    for a, row in open_blocks.items():
-        if row[5] == NEVER or row[6] == NEVER:
-            mismatches.append(f"block 0x{a:x} is live in the trace but not in the segments")
-            row[6] = n  # close it at the end so it does not leak into later moments
+    for a, r in open_blocks.items():  # in the order the rows were opened
+        mismatches.append(f"block 0x{a:x} is live in the trace but not in the segments")
+        cols["free_done_idx"][r] = n  # close it at the end so it does not leak into later moments
 
-    lifetimes = pl.DataFrame(
-        rows,
-        schema={"address": pl.Int64, "size": pl.Int64, "stack_id": pl.Int64, "stream": pl.Int64,
-                "alloc_idx": pl.Int64, "free_req_idx": pl.Int64, "free_done_idx": pl.Int64,
-                "requested_size": pl.Int64},
-        orient="row",
-    )
+    lifetimes = pl.DataFrame(cols, schema=LIFETIME_SCHEMA)
+    if extra:
+        lifetimes = pl.concat([lifetimes, pl.DataFrame(extra, schema=LIFETIME_SCHEMA,
+                                                       orient="row")])
     allocated = _allocated_timeline(lifetimes, n)
-    seg_intervals, reserved, reserved_delta = _segment_intervals(capture, device, actions,
-                                                                 addrs, sizes, streams)
+    seg_intervals, reserved, reserved_delta = _segment_intervals(capture, device, events)
     if n and seg_intervals.is_empty():
         # No allocator segments (profiler traces, memory timelines): reserved is what the
         # source recorded after each event, else nothing is known to be cached.
@@ -318,26 +381,28 @@ def _allocated_timeline(lifetimes: pl.DataFrame, n: int) -> np.ndarray:
 
 
 def _segment_intervals(
-    capture: Capture, device: int, actions: list[str], addrs: list[int], sizes: list[int],
-    streams: list[int],
+    capture: Capture, device: int, events: pl.DataFrame,
 ) -> tuple[pl.DataFrame, np.ndarray, np.ndarray]:
     """Segment lifetimes (for fragmentation at a moment) and the reserved-bytes timeline."""
-    n = len(actions)
+    n = events.height
     final = capture.device_segments(device)
     rows: list[list] = []
     open_segs: dict[int, list] = {}
     delta = np.zeros(max(n, 1), dtype=np.int64)
-    for i, act in enumerate(actions):
+    seg_events = events.with_row_index("i").filter(
+        pl.col("action").is_in(list(_SEGMENT_OPEN) + list(_SEGMENT_CLOSE))
+    ).select("i", "action", "addr", "size", "stream")
+    for i, act, addr, size, stream in seg_events.iter_rows():
         if act in _SEGMENT_OPEN:
-            delta[i] = sizes[i]
-            row = [addrs[i], sizes[i], "0,0", streams[i], i, NEVER]
+            delta[i] = size
+            row = [addr, size, "0,0", stream, i, NEVER]
             rows.append(row)
-            open_segs[addrs[i]] = row
-        elif act in _SEGMENT_CLOSE:
-            delta[i] = -sizes[i]
-            row = open_segs.pop(addrs[i], None)
+            open_segs[addr] = row
+        else:
+            delta[i] = -size
+            row = open_segs.pop(addr, None)
             if row is None:
-                row = [addrs[i], sizes[i], "0,0", streams[i], -1, i]
+                row = [addr, size, "0,0", stream, -1, i]
                 rows.append(row)
             row[5] = i
     mapped = {r[0]: r for r in open_segs.values()}

@@ -132,13 +132,15 @@ class Attributor:
         self.stacks = capture.stacks
         # allocating lines: every alloc, and the request that ran out of memory (its line
         # allocates too; without it the line before it would look like the function's last)
-        stack_ids = set(capture.blocks["stack_id"].to_list()) | set(
-            capture.events.filter(pl.col("action").is_in(["alloc", "oom"]))["stack_id"].to_list()
+        stack_ids = set(capture.blocks["stack_id"].unique().to_list()) | set(
+            capture.events.filter(pl.col("action").is_in(["alloc", "oom"]))["stack_id"]
+            .unique().to_list()
         )
         self.rules = rules.with_sites(self.stacks.stack(s) for s in stack_ids)
         self.windows = AnnotationWindows(capture, device)
         ev = capture.device_events(device)
-        self._times = ev["time_us"].to_list() if capture.has_time else []
+        # a Series, not a list: only the few live blocks' times are ever read
+        self._times = ev["time_us"] if capture.has_time else pl.Series([], dtype=pl.Int64)
         self._memo: dict[tuple[Any, ...], Decision] = {}
         self._sites: dict[int, str] = {}
         self._trace_phases: TracePhases | None = None

@@ -9,10 +9,12 @@ NEWOBJ_EX and BUILD can only act on an object obtained that way, so they never g
 
 from __future__ import annotations
 
+import gc
 import gzip
 import io
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,19 @@ class _CountingReader(io.RawIOBase):
         return n or 0
 
 
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Decoding builds millions of dicts and no garbage cycles; letting the cyclic collector
+    scan that growing heap over and over costs more than the decoding itself."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def restricted_load(path: Path, progress: Progress | None = None) -> Any:
     """Decode a (possibly gzip-compressed) pickle of builtins only; raise InputError otherwise."""
     try:
@@ -80,7 +95,8 @@ def restricted_load(path: Path, progress: Progress | None = None) -> Any:
             raw: Any = gzip.GzipFile(fileobj=fh) if head == b"\x1f\x8b" else fh
             if progress is not None:
                 raw = io.BufferedReader(_CountingReader(raw, size, progress), 1 << 20)
-            data = _RestrictedUnpickler(raw).load()
+            with _gc_paused():
+                data = _RestrictedUnpickler(raw).load()
             if progress is not None:
                 progress(size, size)
             return data
@@ -98,9 +114,13 @@ def restricted_load(path: Path, progress: Progress | None = None) -> Any:
 
 
 def load(path: Path, progress: Progress | None = None) -> Capture:
-    """Read a snapshot pickle into a Capture, accepting every layout PyTorch has written."""
+    """Read a snapshot pickle into a Capture, accepting every layout PyTorch has written.
+
+    The decoded trace entries are released chunk by chunk as they become columns, so peak
+    memory stays close to the decoded pickle's own.
+    """
     data = restricted_load(path, progress)
-    return from_snapshot_dict(data, str(path))
+    return from_snapshot_dict(data, str(path), consume=True)
 
 
 def _is_snapshot(data: Any) -> bool:
@@ -136,6 +156,63 @@ class _Interner:
         return sid
 
 
+#: Trace entries converted to columns at a time (and, when consuming, then freed).
+TRACE_CHUNK = 1 << 18
+
+
+def _events_fast(chunk: list[Any], dev: int, start: int, intern: _Interner
+                 ) -> pl.DataFrame | None:
+    """Trace entries to event columns, one C-level pass per column; None when some value is
+    not of the plain type a snapshot holds (the slow path then converts it as it can)."""
+    n = len(chunk)
+    get = dict.get
+    try:
+        frames = [get(e, "frames") for e in chunk]
+        cols = {
+            "device": pl.repeat(dev, n, dtype=pl.Int64, eager=True),
+            "idx": pl.int_range(start, start + n, dtype=pl.Int64, eager=True),
+            "action": pl.Series([get(e, "action", "") for e in chunk], dtype=pl.Utf8),
+            "addr": pl.Series([get(e, "addr") for e in chunk], dtype=pl.Int64),
+            "size": pl.Series([get(e, "size") for e in chunk], dtype=pl.Int64),
+            "stream": pl.Series([get(e, "stream") for e in chunk], dtype=pl.Int64),
+            "time_us": pl.Series([get(e, "time_us") for e in chunk], dtype=pl.Int64),
+            "stack_id": _stack_ids(frames, intern),
+            "device_free": pl.Series([get(e, "device_free") for e in chunk], dtype=pl.Int64),
+        }
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+        return None
+    if cols["action"].null_count():
+        return None  # a None action: the slow path spells it as str() does
+    df = pl.DataFrame(cols).with_columns(pl.col("addr", "size", "stream").fill_null(0))
+    return df.select(list(EVENT_SCHEMA))
+
+
+def _stack_ids(frames: list[Any], intern: _Interner) -> pl.Series:
+    """Stack ids of a column of frame lists: interned once per distinct list object."""
+    ids = pl.Series(list(map(id, frames)), dtype=pl.UInt64)
+    first = ids.arg_unique()
+    keys = ids.gather(first)
+    sids = [intern(frames[p]) for p in first.to_list()]
+    return ids.replace_strict(keys, pl.Series(sids, dtype=pl.Int64), return_dtype=pl.Int64)
+
+
+def _events_slow(chunk: list[Any], dev: int, start: int, intern: _Interner) -> pl.DataFrame:
+    ev_cols: dict[str, list[Any]] = {k: [] for k in EVENT_SCHEMA}
+    for i, ev in enumerate(chunk, start):
+        t = ev.get("time_us")
+        free = ev.get("device_free")
+        ev_cols["device"].append(dev)
+        ev_cols["idx"].append(i)
+        ev_cols["action"].append(str(ev.get("action", "")))
+        ev_cols["addr"].append(int(ev.get("addr", 0) or 0))
+        ev_cols["size"].append(int(ev.get("size", 0) or 0))
+        ev_cols["stream"].append(int(ev.get("stream", 0) or 0))
+        ev_cols["time_us"].append(int(t) if t is not None else None)
+        ev_cols["stack_id"].append(intern(ev.get("frames")))
+        ev_cols["device_free"].append(int(free) if free is not None else None)
+    return pl.DataFrame(ev_cols, schema=EVENT_SCHEMA)
+
+
 def _block_frames(block: dict[str, Any]) -> Any:
     """Modern blocks carry `frames`; legacy ones carry `history` (newest entry last)."""
     if block.get("frames"):
@@ -148,8 +225,12 @@ def _block_frames(block: dict[str, Any]) -> Any:
     return []
 
 
-def from_snapshot_dict(data: Any, path: str) -> Capture:
-    """Normalize the decoded snapshot (already known to be builtins only)."""
+def from_snapshot_dict(data: Any, path: str, consume: bool = False) -> Capture:
+    """Normalize the decoded snapshot (already known to be builtins only).
+
+    With ``consume`` the trace lists inside ``data`` are emptied while they are converted,
+    so the decoded entries can be freed early; the caller must not use ``data`` afterwards.
+    """
     if not _is_snapshot(data):
         kind = type(data).__name__
         keys = f" with keys {sorted(map(str, data))[:5]}" if isinstance(data, dict) else ""
@@ -160,12 +241,13 @@ def from_snapshot_dict(data: Any, path: str) -> Capture:
     if isinstance(data, list):
         data = {"segments": data}
     try:
-        return _normalize(data, path)
+        with _gc_paused():
+            return _normalize(data, path, consume)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{path}: malformed snapshot: {type(exc).__name__}: {exc}") from None
 
 
-def _normalize(data: dict[str, Any], path: str) -> Capture:
+def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Capture:
     intern = _Interner()
     warnings: list[str] = []
 
@@ -196,26 +278,27 @@ def _normalize(data: dict[str, Any], path: str) -> Capture:
             blk_cols["segment_address"].append(seg_addr)
             addr += size
 
-    ev_cols: dict[str, list[Any]] = {k: [] for k in EVENT_SCHEMA}
+    parts: list[pl.DataFrame] = []
     traces = data.get("device_traces") or []
     has_time = False
     for dev, trace in enumerate(traces):
         if not trace:
             continue
         devices.add(dev)
-        for i, ev in enumerate(trace):
-            t = ev.get("time_us")
-            has_time = has_time or t is not None
-            free = ev.get("device_free")
-            ev_cols["device"].append(dev)
-            ev_cols["idx"].append(i)
-            ev_cols["action"].append(str(ev.get("action", "")))
-            ev_cols["addr"].append(int(ev.get("addr", 0) or 0))
-            ev_cols["size"].append(int(ev.get("size", 0) or 0))
-            ev_cols["stream"].append(int(ev.get("stream", 0) or 0))
-            ev_cols["time_us"].append(int(t) if t is not None else None)
-            ev_cols["stack_id"].append(intern(ev.get("frames")))
-            ev_cols["device_free"].append(int(free) if free is not None else None)
+        for start in range(0, len(trace), TRACE_CHUNK):
+            chunk = trace[start:start + TRACE_CHUNK]
+            df = _events_fast(chunk, dev, start, intern)
+            parts.append(df if df is not None else _events_slow(chunk, dev, start, intern))
+            if consume:  # drop the decoded entries now: only the columns are needed
+                trace[start:start + len(chunk)] = [None] * len(chunk)
+            del chunk
+        if consume:
+            trace.clear()
+    if parts:
+        events = pl.concat(parts, rechunk=True) if len(parts) > 1 else parts[0]
+        has_time = events["time_us"].null_count() < events.height
+    else:
+        events = pl.DataFrame(schema=EVENT_SCHEMA)
 
     settings = data.get("allocator_settings")
     overflowed = bool(data.get("trace_alloc_overflowed")) or bool(
@@ -236,12 +319,12 @@ def _normalize(data: dict[str, Any], path: str) -> Capture:
         stacks=intern.table,
         segments=pl.DataFrame(seg_cols, schema=SEGMENT_SCHEMA),
         blocks=pl.DataFrame(blk_cols, schema=BLOCK_SCHEMA),
-        events=pl.DataFrame(ev_cols, schema=EVENT_SCHEMA),
+        events=events,
         devices=sorted(devices) or [0],
         allocator_settings=settings if isinstance(settings, dict) else None,
         annotations=annotations,
         warnings=warnings,
-        has_trace=bool(ev_cols["idx"]),
+        has_trace=events.height > 0,
         has_time=has_time,
         metadata={
             k: data[k] for k in ("user_metadata", "compile_context") if k in data

@@ -1,0 +1,185 @@
+"""Large-snapshot paths: the scale generator, the vectorised replay and the compact report.
+
+No timing assertions (the machines are shared): benchmarks/scale.py measures speed.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import re
+
+import numpy as np
+import polars as pl
+import pytest
+from snapana.diagnosis import analyse
+from snapana.model import EMPTY_STACK
+from snapana.render import html
+from snapana.replay import NEVER, replay, round_size
+from snapana.sources import load
+from snapana.sources.torch_snapshot import from_snapshot_dict
+from snapana.synth.scale import scale_snapshot, write_scale_snapshot
+
+from .conftest import raw_load
+
+ENTRIES = 20_000
+
+
+@pytest.fixture(scope="module")
+def scale_file(tmp_path_factory):
+    return write_scale_snapshot(ENTRIES, tmp_path_factory.mktemp("scale") / "s.pickle", seed=3)
+
+
+def test_generator_is_deterministic(tmp_path, scale_file):
+    again = write_scale_snapshot(ENTRIES, tmp_path / "again.pickle", seed=3)
+    assert again.read_bytes() == scale_file.read_bytes()
+    other = write_scale_snapshot(ENTRIES, tmp_path / "other.pickle", seed=4)
+    assert other.read_bytes() != scale_file.read_bytes()
+
+
+def test_generator_shape(scale_file):
+    raw = raw_load(scale_file)
+    trace = raw["device_traces"][0]
+    assert len(trace) == ENTRIES
+    actions = {e["action"] for e in trace}
+    assert {"alloc", "free_requested", "free_completed", "segment_alloc"} <= actions
+    frames = {(f["filename"], f["line"], f["name"]) for e in trace for f in e["frames"]}
+    assert 150 <= len(frames) <= 1000  # a few hundred distinct frames
+    assert all(30 <= len(e["frames"]) <= 100 for e in trace)
+    assert any(not f["filename"].endswith(".py") for f in trace[0]["frames"])  # C++ frames
+    assert any(f["filename"].endswith(".py") for f in trace[0]["frames"])
+
+
+def test_generator_shares_frames_like_pytorch():
+    data = scale_snapshot(5_000, seed=1)
+    trace = data["device_traces"][0]
+    lists = {id(e["frames"]) for e in trace}
+    dicts = {id(f) for e in trace for f in e["frames"]}
+    distinct = {tuple((f["filename"], f["line"], f["name"]) for f in e["frames"]) for e in trace}
+    assert len(lists) == len(distinct)  # one list object per distinct stack
+    assert len(dicts) == len({(f["filename"], f["line"], f["name"]) for e in trace
+                              for f in e["frames"]})
+    # pickle's memo writes each stack once: far smaller than the unshared equivalent
+    shared = len(pickle.dumps(data))
+    unshared = len(pickle.dumps(pickle.loads(pickle.dumps(data)) | {
+        "device_traces": [[dict(e, frames=[dict(f) for f in e["frames"]]) for e in trace]]}))
+    assert shared * 5 < unshared
+
+
+def test_replay_reproduces_final_segments_exactly(scale_file):
+    capture = load(scale_file)
+    dr = replay(capture, 0)
+    assert dr.mismatches == []
+    raw = raw_load(scale_file)
+    expected = {b["address"]: (b["size"], b["requested_size"], b["state"])
+                for s in raw["segments"] for b in s["blocks"] if b["state"] != "inactive"}
+    assert any(st == "active_pending_free" for _, _, st in expected.values())
+    final = dr.blocks_at(dr.final)
+    got = {a: (s, r, st) for a, s, r, st in
+           final.select("address", "size", "requested_size", "state").iter_rows()}
+    assert got == expected
+    assert dr.reserved[-1] == sum(s["total_size"] for s in raw["segments"])
+    assert dr.allocated.min() >= 0 and dr.reserved.min() >= 0
+    assert int(dr.blocks_at(dr.at(-1))["size"].sum()) == dr.baseline_allocated > 0
+
+
+def test_consuming_load_gives_the_same_capture(scale_file):
+    consumed = load(scale_file)
+    kept = from_snapshot_dict(raw_load(scale_file), str(scale_file))
+    assert consumed.events.equals(kept.events)
+    assert consumed.blocks.equals(kept.blocks)
+    assert consumed.stacks.stacks == kept.stacks.stacks
+
+
+def test_report_is_compact_and_keeps_the_peak(scale_file):
+    capture = load(scale_file)
+    (report,) = analyse(capture)
+    dr = replay(capture, 0)
+    t = report.timeline
+    assert len(t.x) <= 2100 < dr.n_events
+    assert max(t.allocated) == int(dr.allocated.max()) == report.peak_allocated_bytes
+    out = html.render([report], title="scale")
+    assert len(out.encode()) < 3 * 2**20
+    assert len(re.findall(r"<script", out)) < 20
+
+
+# ----- the vectorised pairing against the per-event state machine it replaces -------------
+
+def _reference_rows(actions, addrs, sizes, stacks, streams, gran=512):
+    """The original per-event loop of replay(): rows in creation order, and mismatches."""
+    rows, open_blocks, mismatches = [], {}, []
+    for i, act in enumerate(actions):
+        a = addrs[i]
+        if act == "alloc":
+            if a in open_blocks:
+                mismatches.append(f"event {i}: alloc at 0x{a:x} which is already live")
+                open_blocks.pop(a)[6] = i
+            row = [a, round_size(sizes[i], gran), stacks[i], streams[i], i, NEVER, NEVER,
+                   sizes[i]]
+            rows.append(row)
+            open_blocks[a] = row
+        elif act == "free_requested":
+            row = open_blocks.get(a)
+            if row is None:
+                row = [a, round_size(sizes[i], gran), EMPTY_STACK, streams[i], -1, NEVER, NEVER,
+                       sizes[i]]
+                rows.append(row)
+                open_blocks[a] = row
+            row[5] = i
+        elif act in ("free_completed", "free"):
+            row = open_blocks.pop(a, None)
+            if row is None:
+                row = [a, round_size(sizes[i], gran), EMPTY_STACK, streams[i], -1, i, NEVER,
+                       sizes[i]]
+                rows.append(row)
+            if row[5] == NEVER:
+                row[5] = i
+            row[6] = i
+    return rows, open_blocks, mismatches
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_vectorised_pairing_matches_the_event_loop(seed):
+    rng = random.Random(seed)
+    n = rng.choice([1, 5, 60, 400])
+    kinds = ["alloc", "free_requested", "free_completed", "free", "segment_alloc", "oom"]
+    actions = [rng.choice(kinds) for _ in range(n)]
+    addrs = [0x1000 * rng.randrange(1, 6) for _ in range(n)]
+    sizes = [rng.randrange(1, 5000) for _ in range(n)]
+    stacks = [rng.randrange(0, 4) for _ in range(n)]
+    streams = [rng.randrange(0, 2) for _ in range(n)]
+    data = {"segments": [], "device_traces": [[
+        {"action": act, "addr": a, "size": s, "stream": st, "frames": []}
+        for act, a, s, st in zip(actions, addrs, sizes, streams, strict=True)]]}
+    capture = from_snapshot_dict(data, "fuzz")
+    capture.events = capture.events.with_columns(pl.Series("stack_id", stacks, pl.Int64))
+    dr = replay(capture, 0)
+    rows, open_blocks, mismatches = _reference_rows(actions, addrs, sizes, stacks, streams)
+    for a, row in open_blocks.items():
+        mismatches.append(f"block 0x{a:x} is live in the trace but not in the segments")
+        row[6] = n
+    assert dr.lifetimes.rows() == [tuple(r) for r in rows]
+    assert [m for m in dr.mismatches if "goes negative" not in m] == mismatches
+    size = np.array([r[1] for r in rows], dtype=np.int64)
+    assert len(dr.allocated) == n and dr.allocated[-1] == int(
+        size[[r[4] >= 0 and r[5] == NEVER for r in rows]].sum()
+        + size[[r[4] < 0 and r[5] == NEVER for r in rows]].sum())
+
+
+def test_segment_map_caps_ranges_with_bytes_exact():
+    from snapana.diagnosis import SEGMENT_BLOCK_LIMIT, _cap_blocks
+
+    seg = 2 << 20
+    blocks = [{"offset": k * 1024, "size": 512, "label": "x",
+               "state": "active_allocated" if k % 3 else "active_pending_free"}
+              for k in range(seg // 1024)]
+    out = _cap_blocks(blocks, seg)
+    assert len(out) <= SEGMENT_BLOCK_LIMIT
+    for state in ("active_allocated", "active_pending_free"):
+        drawn = sum(b.get("by_state", {}).get(state, 0) if "by_state" in b
+                    else b["size"] * (b["state"] == state) for b in out)
+        assert drawn == sum(b["size"] for b in blocks if b["state"] == state)
+    ends = [(b["offset"], b["offset"] + b["size"]) for b in out]
+    assert all(e <= s2 for (_, e), (s2, _) in zip(ends, ends[1:], strict=False))
+    few = blocks[:10]
+    assert _cap_blocks(few, seg) == few  # small segments are drawn block by block
