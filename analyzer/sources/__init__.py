@@ -14,10 +14,15 @@ Progress = Callable[[int, int], None]
 
 def sniff(path: Path) -> str:
     """Name the format of a file from its first bytes: 'torch_snapshot', 'kineto_trace',
-    'memory_timeline', 'memray' (a capture, LZ4-compressed or not) or 'memray_parquet'."""
+    'memory_timeline', 'memray' (a capture, LZ4-compressed or not), 'memray_parquet' or
+    'snapana_export' (a directory written by `snapana export`)."""
     if not path.exists():
         raise InputError(f"{path}: no such file")
     if path.is_dir():
+        from snapana.sources.parquet_dir import MARKER
+
+        if (path / MARKER).is_file():
+            return "snapana_export"  # written by `snapana export`
         raise InputError(f"{path}: is a directory, expected a snapshot file")
     try:
         with path.open("rb") as fh:
@@ -61,6 +66,10 @@ def load(path: Path | str, progress: Progress | None = None) -> Capture:
         from snapana.sources import torch_snapshot
 
         return torch_snapshot.load(path, progress)
+    if kind == "snapana_export":
+        from snapana.sources import parquet_dir
+
+        return parquet_dir.load(path, progress)
     if kind == "kineto_trace":
         from snapana.sources import kineto_trace
 

@@ -1,0 +1,501 @@
+"""The Jupyter face of snapana: `snapana.load(path)` gives an `Analysis` with DataFrames,
+figures and a small HTML repr.
+
+Nothing here computes a number of its own: tables come from the model, `replay`, the
+`Attributor` and `analyse`, figures from `render/figures.py`, text from the renderers. So a
+notebook, the CLI and the HTML report always agree.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+import polars as pl
+from snapana.attribution import load_rules
+from snapana.attribution.assign import Attributor
+from snapana.attribution.engine import RuleSet
+from snapana.diagnosis import DeviceReport, Diagnosis
+from snapana.diagnosis import device_report as _device_report
+from snapana.model import Capture
+from snapana.replay import NEVER, DeviceReplay, Moment, replay
+from snapana.units import fmt_bytes
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+    from snapana.diff import CaptureDiff
+    from snapana.explain import ExplainedSite
+
+RulesLike: TypeAlias = RuleSet | Iterable[str | Path] | None
+FigureName = Literal["families", "timeline", "segments", "sites"]
+FIGURE_NAMES: tuple[str, ...] = ("families", "timeline", "segments", "sites")
+SummaryFormat = Literal["text", "markdown", "json"]
+
+#: Replay's "never freed" sentinel, shown as null in public tables.
+_IDX_COLS = ("alloc_idx", "free_req_idx", "free_done_idx")
+
+
+def load(path: str | Path, *, device: int | None = None, rules: RulesLike = None,
+         capacity: int | str | None = None, **source_options: Any) -> Analysis:
+    """Read any supported artefact (snapshot pickle, profiler trace, memory timeline, memray
+    capture, a `snapana export` folder) and analyse one device of it.
+
+    `device` defaults to the first device with an OOM, else the first; `rules` is a RuleSet
+    or extra rule-pack files; `capacity` is the device memory (int bytes or '80GiB'), which
+    measures memory held outside PyTorch; `source_options` go to the source (`progress`).
+    """
+    from snapana import sources
+
+    capture = sources.load(Path(path), **source_options)
+    return Analysis(capture, device=device, rules=rules, capacity=capacity)
+
+
+def _ruleset(rules: RulesLike) -> RuleSet:
+    if isinstance(rules, RuleSet):
+        return rules
+    return load_rules(list(rules or ()))
+
+
+def _capacity(capacity: int | str | None) -> int | None:
+    if capacity is None or isinstance(capacity, int):
+        return capacity
+    from snapana.units import parse_bytes
+
+    return parse_bytes(capacity)
+
+
+def default_device(capture: Capture) -> int:
+    """The first device whose trace records an OOM, else the first device: the one a person
+    opening a crashed job's snapshot wants to see."""
+    ooms = capture.events.filter(pl.col("action") == "oom")["device"].unique().sort()
+    for d in ooms.to_list():
+        if d in capture.devices:
+            return int(d)
+    return capture.devices[0]
+
+
+def _public(blocks: pl.DataFrame, device: int) -> pl.DataFrame:
+    """A block table fit to show: device first, 'never' indices as null."""
+    cols = [pl.when(pl.col(c) == NEVER).then(None).otherwise(pl.col(c)).alias(c)
+            for c in _IDX_COLS if c in blocks.columns]
+    return blocks.with_columns(cols).select(
+        pl.lit(device, dtype=pl.Int64).alias("device"), pl.exclude("device")
+    )
+
+
+def families_table(blocks: pl.DataFrame) -> pl.DataFrame:
+    """Bytes and blocks per family over the allocated blocks of an attributed table (what
+    the report's groups count: pending-free blocks are freed tensors, not holders)."""
+    from snapana.attribution import family_label
+
+    held = blocks.filter(pl.col("state") == "active_allocated")
+    total = int(held["size"].sum())
+    out = (
+        held.group_by("family")
+        .agg(pl.col("size").sum().alias("bytes"), pl.len().cast(pl.Int64).alias("blocks"))
+        .sort(["bytes", "family"], descending=[True, False])
+    )
+    return out.with_columns(
+        pl.col("family").map_elements(family_label, return_dtype=pl.Utf8).alias("label"),
+        (pl.col("bytes") / total if total else pl.lit(0.0)).alias("share"),
+    )
+
+
+@dataclass
+class State:
+    """The allocator state at one moment: attributed live blocks, segments, totals.
+
+    `allocated` counts `active_allocated` blocks; blocks freed but still waiting on a stream
+    are in `blocks` with state `active_pending_free` and counted in `pending_free`.
+    """
+
+    moment: Moment
+    blocks: pl.DataFrame
+    segments: pl.DataFrame
+    allocated: int
+    reserved: int
+    pending_free: int
+
+    @property
+    def families(self) -> pl.DataFrame:
+        return families_table(self.blocks)
+
+    def _repr_html_(self) -> str:
+        head = (f"<b>{self.moment.kind}</b> (event {self.moment.idx}): allocated "
+                f"{fmt_bytes(self.allocated)}, reserved {fmt_bytes(self.reserved)}, "
+                f"pending free {fmt_bytes(self.pending_free)}")
+        rows = [(f, fmt_bytes(b), str(n)) for f, b, n in
+                self.families.select("family", "bytes", "blocks").iter_rows()]
+        return f"<div>{head}{_table(('family', 'bytes', 'blocks'), rows)}</div>"
+
+
+class Analysis:
+    """One device of one capture, analysed: the tables, figures and text a notebook needs.
+
+    Expensive parts (replay, attribution, diagnosis) run on first use and are cached.
+    """
+
+    def __init__(self, capture: Capture, *, device: int | None = None, rules: RulesLike = None,
+                 capacity: int | str | None = None) -> None:
+        if device is not None and device not in capture.devices:
+            from snapana.errors import InputError
+
+            raise InputError(f"{capture.path}: no device {device} (devices: {capture.devices})")
+        self.capture = capture
+        self.device: int = default_device(capture) if device is None else device
+        self.rules: RuleSet = _ruleset(rules)
+        self.capacity: int | None = _capacity(capacity)
+
+    def __repr__(self) -> str:
+        return (f"<snapana.Analysis {self.capture.path!r} device {self.device}: "
+                f"{self.device_report.moment.kind}>")
+
+    # ----- the pipeline, once ------------------------------------------------------------------
+    @cached_property
+    def replay(self) -> DeviceReplay:
+        return replay(self.capture, self.device)
+
+    @cached_property
+    def attributor(self) -> Attributor:
+        return Attributor(self.capture, self.device, self.rules)
+
+    @cached_property
+    def device_report(self) -> DeviceReport:
+        """What every renderer shows for this device (the CLI's numbers): `analyse`'s own
+        per-device step, sharing this analysis's replay and attributor."""
+        cap = self.capacity if self.capacity is not None else \
+            self.capture.capacity_bytes.get(self.device)
+        return _device_report(self.capture, self.replay, self.attributor, cap)
+
+    @property
+    def diagnosis(self) -> Diagnosis:
+        d = self.device_report.diagnosis
+        assert d is not None  # analyse always diagnoses
+        return d
+
+    @property
+    def verdict(self) -> str:
+        from snapana.render.text import verdict
+
+        return verdict(self.device_report)
+
+    @property
+    def moment(self) -> Moment:
+        """The moment of interest: the OOM, else the peak, else the snapshot."""
+        return self.device_report.moment
+
+    # ----- tables ------------------------------------------------------------------------------
+    @cached_property
+    def blocks(self) -> pl.DataFrame:
+        """Blocks live at the moment of interest (allocated and pending-free), each with its
+        family, label, rule_id, phase, reason and site."""
+        return self.at(moment="interest").blocks
+
+    @cached_property
+    def events(self) -> pl.DataFrame:
+        """This device's trace, in order (empty when no history was recorded)."""
+        return self.capture.device_events(self.device)
+
+    @cached_property
+    def segments(self) -> pl.DataFrame:
+        """This device's segments as the capture ends (for a moment, use `at(...).segments`)."""
+        return self.capture.device_segments(self.device)
+
+    @cached_property
+    def frames(self) -> pl.DataFrame:
+        return self.capture.stacks.frames_df()
+
+    @cached_property
+    def stacks(self) -> pl.DataFrame:
+        """stack_id, depth, site and the frames as text (innermost first, one per line)."""
+        st = self.capture.stacks
+        ids = list(range(len(st.stacks)))
+        text = ["\n".join(f"{f}:{ln} {name}" for f, name, ln in st.stack(i)) for i in ids]
+        return pl.DataFrame(
+            {"stack_id": ids, "depth": [len(s) for s in st.stacks],
+             "site": [self.attributor.site(i) for i in ids], "frames": text,
+             "frame_ids": [list(s) for s in st.stacks]},
+            schema={"stack_id": pl.Int64, "depth": pl.Int64, "site": pl.Utf8,
+                    "frames": pl.Utf8, "frame_ids": pl.List(pl.Int64)},
+        )
+
+    @cached_property
+    def families(self) -> pl.DataFrame:
+        """family, bytes, blocks, label, share at the moment of interest: the report's groups."""
+        r = self.device_report
+        total = r.allocated_bytes
+        return pl.DataFrame(
+            {"family": [g.name for g in r.groups], "bytes": [g.bytes for g in r.groups],
+             "blocks": [g.blocks for g in r.groups], "label": [g.label for g in r.groups],
+             "share": [g.bytes / total if total else 0.0 for g in r.groups]},
+            schema={"family": pl.Utf8, "bytes": pl.Int64, "blocks": pl.Int64,
+                    "label": pl.Utf8, "share": pl.Float64},
+        )
+
+    @cached_property
+    def sites(self) -> pl.DataFrame:
+        """family, site, bytes, blocks, label, rule_id: the drill-down below `families`."""
+        rows = [(g.name, s["site"], int(s["bytes"]), int(s["blocks"]), s["label"],
+                 s["rule_id"]) for g in self.device_report.groups for s in g.sites]
+        return pl.DataFrame(rows, orient="row", schema={
+            "family": pl.Utf8, "site": pl.Utf8, "bytes": pl.Int64, "blocks": pl.Int64,
+            "label": pl.Utf8, "rule_id": pl.Utf8})
+
+    def stack(self, stack_id: int) -> list[tuple[str, str, int]]:
+        """The frames of one stack, innermost first: (filename, function, line)."""
+        return list(self.capture.stacks.stack(stack_id))
+
+    # ----- any moment --------------------------------------------------------------------------
+    def at(self, *, event: int | None = None, time: int | None = None,
+           moment: Literal["oom", "peak", "end", "interest"] | None = None) -> State:
+        """The state after event index `event`, or at time `time` (µs, the trace's clock:
+        after the last event at or before it), or at a named moment: 'oom', 'peak', 'end'
+        (the snapshot) or 'interest' (OOM, else peak). No argument: the moment of interest."""
+        given = sum(x is not None for x in (event, time, moment))
+        if given > 1:
+            raise ValueError("at(): give one of event=, time=, moment=")
+        dr = self.replay
+        m = self._moment(dr, event, time, moment or ("interest" if given == 0 else None))
+        live = self.attributor.attribute(dr.blocks_at(m))
+        pending = int(live.filter(pl.col("state") == "active_pending_free")["size"].sum())
+        return State(m, _public(live, self.device), dr.segments_at(m),
+                     dr.allocated_at(m), dr.reserved_at(m), pending)
+
+    def _moment(self, dr: DeviceReplay, event: int | None, time: int | None,
+                moment: str | None) -> Moment:
+        if event is not None:
+            if not -1 <= event < dr.n_events:
+                raise ValueError(f"event {event} out of range (-1..{dr.n_events - 1})")
+            return dr.at(event)
+        if time is not None:
+            if not self.capture.has_time:
+                raise ValueError(f"{self.capture.path}: no timestamps recorded; use event=")
+            times = self.events["time_us"]
+            idx = int((times.fill_null(strategy="forward") <= time).sum()) - 1
+            return dr.at(idx)
+        if moment == "oom":
+            if dr.oom is None:
+                raise ValueError(f"{self.capture.path}: device {self.device} has no OOM")
+            return Moment("oom", dr.oom.idx, dr.oom.time_us)
+        if moment == "peak":
+            return dr.peak
+        if moment == "end":
+            return dr.final
+        if moment == "interest":
+            return dr.moment_of_interest()  # what analyse reports on
+        raise ValueError(f"unknown moment {moment!r} (oom, peak, end, interest)")
+
+    # ----- figures and text --------------------------------------------------------------------
+    def figure(self, name: FigureName = "families") -> go.Figure:
+        """A plotly figure: 'families' (treemap), 'timeline', 'segments', 'sites' (top sites)."""
+        from snapana.render import figures
+
+        builders = {"families": figures.holders, "timeline": figures.timeline,
+                    "segments": figures.segments, "sites": _sites_figure}
+        if name not in builders:
+            raise ValueError(f"unknown figure {name!r}; one of {', '.join(FIGURE_NAMES)}")
+        return builders[name](self.device_report)
+
+    def explain(self, *, block: int | None = None, family: str | None = None,
+                site: str | None = None, limit: int = 10) -> list[ExplainedSite]:
+        """Why blocks at the moment of interest got their family: the rule, matched frames
+        and near misses, per distinct stack (what `snapana explain` prints)."""
+        from snapana.explain import explain
+
+        return explain(self.capture, self.device, self.rules, block=block, family=family,
+                       site=site, limit=limit)
+
+    def explain_text(self, **selection: Any) -> str:
+        """`explain(...)` as the terminal prints it."""
+        from snapana.render import terminal
+
+        console = _console()
+        terminal.render_explain(self.explain(**selection), console)
+        return console.file.getvalue()  # type: ignore[attr-defined]
+
+    def summary(self, format: SummaryFormat = "text") -> str:
+        """The `snapana summary` output for this device: 'text', 'markdown' or 'json'."""
+        reports = [self.device_report]
+        if format == "json":
+            from snapana.render import json as json_render
+
+            return json_render.render(reports)
+        if format == "markdown":
+            from snapana.render import markdown
+
+            return markdown.render(reports)
+        if format == "text":
+            from snapana.render import terminal
+
+            console = _console()
+            terminal.render(reports, console)
+            return console.file.getvalue()  # type: ignore[attr-defined]
+        raise ValueError(f"unknown format {format!r} (text, markdown, json)")
+
+    def report(self, path: str | Path, title: str | None = None) -> Path:
+        """Write the self-contained HTML report (the same file `snapana report` writes)."""
+        from snapana.output import write_atomic
+        from snapana.render import html
+
+        out = Path(path)
+        write_atomic(out, html.render([self.device_report],
+                                      title=title or Path(self.capture.path).name))
+        return out
+
+    def export(self, out_dir: str | Path) -> Path:
+        """Write the capture as a Parquet folder (see `snapana.export`)."""
+        from snapana.export import export
+
+        return export(self.capture, Path(out_dir), rules=self.rules, capacity=self.capacity)
+
+    def diff(self, other: Analysis) -> Comparison:
+        """What changed from this analysis (before) to `other` (after), family by family and
+        site by site, at each one's moment of interest."""
+        from snapana.diff import diff_reports
+
+        return Comparison(diff_reports(self.device_report, other.device_report))
+
+    def _repr_html_(self) -> str:
+        from snapana.render.text import headline_rows, moment_text
+
+        r = self.device_report
+        head = (f"<b>snapana</b> — {_html.escape(Path(self.capture.path).name)}, device "
+                f"{self.device}, {_html.escape(moment_text(r))}")
+        rows = [(g.name, fmt_bytes(g.bytes), str(g.blocks),
+                 f"{g.bytes / r.allocated_bytes:.1%}" if r.allocated_bytes else "", g.label)
+                for g in r.groups]
+        return (f"<div class='snapana'><p>{head}</p>"
+                f"<p style='border-left:4px solid {'#d62728' if r.oom else '#3182bd'};"
+                f"padding-left:8px'>{_html.escape(self.verdict)}</p>"
+                f"{_table(('', ''), headline_rows(r))}"
+                f"{_table(('family', 'bytes', 'blocks', 'share', 'label'), rows)}</div>")
+
+
+class Comparison:
+    """Before vs after (`Analysis.diff`): the numbers in `.diff`, tables, a figure, text."""
+
+    def __init__(self, diff: CaptureDiff) -> None:
+        self.diff = diff
+
+    @property
+    def verdict(self) -> str:
+        from snapana.render.diff_text import verdict
+
+        return verdict(self.diff)
+
+    @cached_property
+    def families(self) -> pl.DataFrame:
+        """family, before, after, change (bytes), blocks before/after, status."""
+        return pl.DataFrame(
+            [(c.family, c.before_bytes, c.after_bytes, c.change_bytes, c.before_blocks,
+              c.after_blocks, c.status) for c in self.diff.families],
+            orient="row", schema={"family": pl.Utf8, "before": pl.Int64, "after": pl.Int64,
+                                  "change": pl.Int64, "before_blocks": pl.Int64,
+                                  "after_blocks": pl.Int64, "status": pl.Utf8})
+
+    @cached_property
+    def sites(self) -> pl.DataFrame:
+        """family, site, before, after, change, chunk counts, status (new, vanished, ...)."""
+        return pl.DataFrame(
+            [(c.family, c.site, c.before_bytes, c.after_bytes, c.change_bytes,
+              c.before_chunks, c.after_chunks, c.status) for c in self.diff.sites],
+            orient="row", schema={"family": pl.Utf8, "site": pl.Utf8, "before": pl.Int64,
+                                  "after": pl.Int64, "change": pl.Int64,
+                                  "before_chunks": pl.Int64, "after_chunks": pl.Int64,
+                                  "status": pl.Utf8})
+
+    def figure(self) -> go.Figure:
+        """Change per family, as a bar chart (the diff report's figure)."""
+        from snapana.render.diff_html import figure
+
+        return figure(self.diff)
+
+    def summary(self, format: SummaryFormat = "text") -> str:
+        from snapana.render import diff_text
+
+        return diff_text.render(self.diff, format)
+
+    def report(self, path: str | Path) -> Path:
+        """Write the self-contained HTML diff report."""
+        from snapana.output import write_atomic
+        from snapana.render import diff_html
+
+        out = Path(path)
+        write_atomic(out, diff_html.render(self.diff))
+        return out
+
+    def _repr_html_(self) -> str:
+        rows = [(c.family, fmt_bytes(c.before_bytes), fmt_bytes(c.after_bytes),
+                 fmt_bytes(c.change_bytes, signed=True), c.status)
+                for c in self.diff.families if c.change_bytes or c.status != "same"]
+        return (f"<div class='snapana'><p><b>snapana diff</b> — "
+                f"{_html.escape(self.verdict)}</p>"
+                f"{_table(('family', 'before', 'after', 'change', ''), rows)}</div>")
+
+
+def diff_files(before: Path, after: Path, fmt: str = "text", out: Path | None = None,
+               device: int | None = None, rules: RulesLike = None,
+               capacity: int | str | None = None) -> str | None:
+    """`snapana diff`: compare two captures. With `out`, write it (HTML when `out` ends in
+    .html/.htm or `fmt` is 'html', else the text format) and return None; otherwise return
+    the text in `fmt` ('text', 'markdown' or 'json') for stdout."""
+    ruleset = _ruleset(rules)
+    a = load(before, device=device, rules=ruleset, capacity=capacity)
+    b = load(after, device=device, rules=ruleset, capacity=capacity)
+    cmp = a.diff(b)
+    if out is None:
+        if fmt == "html":
+            raise ValueError("--format html needs -o FILE")
+        return cmp.summary(fmt)  # type: ignore[arg-type]
+    if fmt == "html" or out.suffix.lower() in (".html", ".htm"):
+        cmp.report(out)
+    else:
+        from snapana.output import write_atomic
+
+        write_atomic(out, cmp.summary(fmt))  # type: ignore[arg-type]
+    return None
+
+
+def _sites_figure(r: DeviceReport) -> go.Figure:
+    """Top allocation sites at the moment, one bar each, coloured by family."""
+    import plotly.graph_objects as go
+    from snapana.units import GiB
+
+    fig = go.Figure()
+    by_family: dict[str, list[Any]] = {}
+    for s in r.top_sites:
+        by_family.setdefault(s.family, []).append(s)
+    for family, sites in by_family.items():
+        fig.add_trace(go.Bar(
+            y=[s.site for s in sites], x=[s.bytes / GiB for s in sites], name=family,
+            orientation="h", text=[f"{fmt_bytes(s.bytes)} in {s.blocks} blocks" for s in sites],
+            hovertemplate="%{y}<br>%{text}<extra>%{fullData.name}</extra>",
+            textposition="none"))
+    order = [s.site for s in r.top_sites]
+    fig.update_layout(height=max(260, 26 * len(order) + 90), barmode="stack",
+                      margin=dict(l=10, r=10, t=30, b=40), xaxis_title="GiB",
+                      title="Top allocation sites " + ("at the OOM" if r.oom else "at the moment"),
+                      yaxis=dict(categoryorder="array", categoryarray=order[::-1]),
+                      legend=dict(orientation="h"))
+    return fig
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    # force_jupyter=False: in a notebook rich would display the output instead of writing it
+    return Console(file=io.StringIO(), width=120, color_system=None, force_terminal=False,
+                   force_jupyter=False, highlight=False)
+
+
+def _table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
+    esc = _html.escape
+    head = "".join(f"<th style='text-align:left'>{esc(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(str(c))}</td>"
+                                    for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"

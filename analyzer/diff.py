@@ -1,0 +1,172 @@
+"""Before vs after: what a fix changed, family by family and site by site.
+
+Each side is taken at its own moment of interest (the OOM, else the peak), which is the
+honest comparison for "did `--recompute-loss-function` fix it": the crashed run at its crash
+against the fixed run at its worst. Numbers only (ints); `render/diff_*` formats them.
+Everything comes from two DeviceReports, so any two sources with families can be compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from snapana.diagnosis import DeviceReport
+
+
+def _status(before_blocks: int, after_blocks: int, before: int, after: int) -> str:
+    if before_blocks == 0 and after_blocks > 0:
+        return "new"
+    if after_blocks == 0 and before_blocks > 0:
+        return "vanished"
+    return "same" if before == after and before_blocks == after_blocks else "changed"
+
+
+@dataclass(frozen=True)
+class FamilyChange:
+    """Bytes and blocks one family held at each side's moment of interest."""
+
+    family: str
+    label: str
+    before_bytes: int
+    after_bytes: int
+    before_blocks: int
+    after_blocks: int
+
+    @property
+    def change_bytes(self) -> int:
+        return self.after_bytes - self.before_bytes
+
+    @property
+    def status(self) -> str:
+        """'new', 'vanished', 'changed' or 'same'."""
+        return _status(self.before_blocks, self.after_blocks, self.before_bytes,
+                       self.after_bytes)
+
+
+@dataclass(frozen=True)
+class SiteChange:
+    """One (family, site) pair: a site whose tensors changed family (a softmax saved before,
+    recomputed after) shows as one pair vanishing and another appearing."""
+
+    family: str
+    site: str
+    before_bytes: int
+    after_bytes: int
+    before_blocks: int
+    after_blocks: int
+    before_chunks: int = 0  # blocks in chunk loops (one site, many equal blocks)
+    after_chunks: int = 0
+
+    @property
+    def change_bytes(self) -> int:
+        return self.after_bytes - self.before_bytes
+
+    @property
+    def status(self) -> str:
+        return _status(self.before_blocks, self.after_blocks, self.before_bytes,
+                       self.after_bytes)
+
+
+@dataclass(frozen=True)
+class Side:
+    """What is known about one capture, at its moment of interest."""
+
+    path: str
+    source: str
+    device: int
+    moment_kind: str  # "oom" | "peak" | "snapshot"
+    moment_idx: int
+    has_oom: bool
+    request_bytes: int | None  # the failed request, when there was an OOM
+    peak_allocated_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+
+    @classmethod
+    def of(cls, r: DeviceReport) -> Side:
+        return cls(r.path, r.source, r.device, r.moment.kind, r.moment.idx, r.oom is not None,
+                   None if r.oom is None else int(r.oom["requested_bytes"]),
+                   r.peak_allocated_bytes, r.allocated_bytes, r.reserved_bytes)
+
+
+@dataclass
+class CaptureDiff:
+    before: Side
+    after: Side
+    families: list[FamilyChange] = field(default_factory=list)  # largest change first
+    sites: list[SiteChange] = field(default_factory=list)
+
+    @property
+    def peak_change_bytes(self) -> int:
+        return self.after.peak_allocated_bytes - self.before.peak_allocated_bytes
+
+    @property
+    def allocated_change_bytes(self) -> int:
+        return self.after.allocated_bytes - self.before.allocated_bytes
+
+    @property
+    def reserved_change_bytes(self) -> int:
+        return self.after.reserved_bytes - self.before.reserved_bytes
+
+    @property
+    def new_sites(self) -> list[SiteChange]:
+        return [s for s in self.sites if s.status == "new"]
+
+    @property
+    def vanished_sites(self) -> list[SiteChange]:
+        return [s for s in self.sites if s.status == "vanished"]
+
+    @property
+    def oom_gone(self) -> bool:
+        return self.before.has_oom and not self.after.has_oom
+
+    def family(self, name: str) -> FamilyChange | None:
+        return next((f for f in self.families if f.family == name), None)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing changed: same families and sites, same bytes, same peak and totals."""
+        return (all(f.status == "same" for f in self.families)
+                and all(s.status == "same" for s in self.sites)
+                and self.peak_change_bytes == 0 and self.allocated_change_bytes == 0
+                and self.reserved_change_bytes == 0
+                and self.before.has_oom == self.after.has_oom)
+
+
+def _by_change(change: int, name: str) -> tuple[int, str]:
+    return (-abs(change), name)
+
+
+def diff_reports(before: DeviceReport, after: DeviceReport) -> CaptureDiff:
+    """Compare two device reports at their moments of interest."""
+    fb = {g.name: g for g in before.groups}
+    fa = {g.name: g for g in after.groups}
+    families = []
+    for name in dict.fromkeys([*fb, *fa]):
+        b, a = fb.get(name), fa.get(name)
+        label = (fb.get(name) or fa[name]).label
+        families.append(FamilyChange(
+            name, label, b.bytes if b else 0, a.bytes if a else 0, b.blocks if b else 0,
+            a.blocks if a else 0))
+    families.sort(key=lambda c: _by_change(c.change_bytes, c.family))
+    sb, sa = _sites(before), _sites(after)
+    sites = []
+    for key in dict.fromkeys([*sb, *sa]):
+        b_bytes, b_blocks, b_chunks = sb.get(key, (0, 0, 0))
+        a_bytes, a_blocks, a_chunks = sa.get(key, (0, 0, 0))
+        sites.append(SiteChange(key[0], key[1], b_bytes, a_bytes, b_blocks, a_blocks,
+                                b_chunks, a_chunks))
+    sites.sort(key=lambda c: _by_change(c.change_bytes, f"{c.family}\0{c.site}"))
+    return CaptureDiff(Side.of(before), Side.of(after), families, sites)
+
+
+def _sites(r: DeviceReport) -> dict[tuple[str, str], tuple[int, int, int]]:
+    out = {}
+    for g in r.groups:
+        chunks: dict[str, int] = {}
+        for c in g.chunks:
+            chunks[c["site"]] = chunks.get(c["site"], 0) + int(c["count"])
+        for s in g.sites:
+            out[(g.name, str(s["site"]))] = (int(s["bytes"]), int(s["blocks"]),
+                                             chunks.get(str(s["site"]), 0))
+    return out
