@@ -85,36 +85,106 @@ FileArg = Annotated[Path, typer.Argument(
 DeviceOpt = Annotated[int | None, typer.Option("--device", help="only this device")]
 
 
+FilesArg = Annotated[list[str], typer.Argument(
+    help="snapshot file(s), directories of snapshots, or globs (one report for all ranks)")]
+WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j",
+                                                help="worker processes (default: all cores)")]
+EngineOpt = Annotated[str, typer.Option("--engine", help="local | dask | ray")]
+
+
+def _many(files: list[str], workers: int | None, rules: list[Path] | None,
+          capacity: str | None, engine: str = "local"):
+    """Summaries of several inputs, a progress bar per file on a terminal."""
+    from snapana.multi import aggregate, expand_inputs, summarize_many
+
+    if engine not in ("local", "dask", "ray"):
+        raise InputError(f"--engine: {engine!r} is not one of local, dask, ray")
+    paths = expand_inputs(files)
+    _rules(rules)  # a bad rule file fails once, here, not in every worker
+    rule_files = [str(r) for r in rules or ()]
+    cap = _capacity(capacity)
+    if not err.is_terminal or engine != "local":
+        return paths, aggregate(summarize_many(paths, workers, rule_files, cap, engine))
+    with Progress("[progress.description]{task.description}", BarColumn(), console=err,
+                  transient=True) as bar:
+        tasks = {str(p): bar.add_task(p.name, total=1) for p in paths}
+        ranks = summarize_many(paths, workers, rule_files, cap, engine,
+                               on_done=lambda a, _: bar.update(tasks[a], completed=1))
+    return paths, aggregate(ranks)
+
+
+def _single(files: list[str]) -> Path | None:
+    from snapana.multi import expand_inputs
+
+    only = Path(files[0]) if len(files) == 1 else None
+    if only is not None and (not only.is_dir() or (only / "snapana-export.json").is_file()):
+        paths = expand_inputs(files)
+        return paths[0] if len(paths) == 1 else None
+    return None
+
+
 @app.command()
 def report(
-    file: FileArg,
+    files: FilesArg,
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="HTML file to write")
     ] = None,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
+    workers: WorkersOpt = None,
+    rank: Annotated[int | None, typer.Option(
+        "--rank", help="with several inputs: the rank shown in full (default: first OOM)")
+    ] = None,
 ) -> None:
     """Write a self-contained HTML report (opens offline, attach it to the ticket)."""
     from snapana.output import write_atomic
     from snapana.render import html
 
-    reports = _reports(file, device, rules, capacity)
-    out = output or Path(file.name.split(".")[0] + ".html")
-    write_atomic(out, html.render(reports, title=file.name))
+    single = _single(files)
+    if single is not None:
+        reports = _reports(single, device, rules, capacity)
+        out = output or Path(single.name.split(".")[0] + ".html")
+        write_atomic(out, html.render(reports, title=single.name))
+        err.print(f"wrote {out}")
+        return
+    paths, multi = _many(files, workers, rules, capacity)
+    chosen = multi.first_oom
+    if rank is not None:
+        chosen = next((r for r in multi.ok if r.rank == rank), None)
+        if chosen is None:
+            raise InputError(f"--rank {rank}: no analysed input has that rank")
+    chosen = chosen or (multi.ok[0] if multi.ok else None)
+    reports = _reports(Path(chosen.file), chosen.device, rules, capacity) if chosen else []
+    out = output or Path("snapana-report.html")
+    write_atomic(out, html.render(reports, title=f"{len(paths)} inputs", multi=multi))
     err.print(f"wrote {out}")
 
 
 @app.command()
 def summary(
-    file: FileArg,
+    files: FilesArg,
     format: Annotated[Format, typer.Option("--format", "-f")] = Format.text,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
+    workers: WorkersOpt = None,
 ) -> None:
-    """Print the verdict and what holds memory: a table, markdown for a ticket, or JSON."""
-    reports = _reports(file, device, rules, capacity)
+    """Print the verdict and what holds memory: a table, markdown for a ticket, or JSON.
+    With several inputs: the rank table."""
+    single = _single(files)
+    if single is None:
+        from snapana.render import multi as multi_render
+
+        _, multi = _many(files, workers, rules, capacity)
+        if format is Format.json:
+            sys.stdout.write(multi_render.to_json(multi))
+        elif format is Format.markdown:
+            sys.stdout.write(multi_render.markdown(multi))
+        else:
+            multi_render.terminal(multi, Console())
+        return
+    reports = _reports(single, device, rules, capacity)
     if format is Format.json:
         from snapana.render import json as json_render
 
@@ -127,6 +197,26 @@ def summary(
         from snapana.render import terminal
 
         terminal.render(reports, Console())
+
+
+@app.command()
+def batch(
+    files: FilesArg,
+    output: Annotated[Path, typer.Option("-o", "--output", help="dataset folder to write")],
+    job: Annotated[str | None, typer.Option("--job", help="job name (default: folder)")] = None,
+    engine: EngineOpt = "local",
+    workers: WorkersOpt = None,
+    rules: RulesOpt = None,
+    capacity: CapacityOpt = None,
+) -> None:
+    """Summarise a whole incident directory into a partitioned Parquet dataset
+    (ranks/ and families/, one partition per job and rank); --engine dask|ray for clusters."""
+    from snapana.render import dataset
+
+    paths, multi = _many(files, workers, rules, capacity, engine)
+    name = job or (paths[0].parent.name if paths else "job")
+    dataset.write(multi, output, name)
+    err.print(f"wrote {output} ({len(multi.ranks)} inputs, {len(multi.ok)} analysed)")
 
 
 @app.command()
@@ -160,9 +250,21 @@ def synth(
     scenario: Annotated[str | None, typer.Argument(help="scenario name (see --list)")] = None,
     output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
     list_: Annotated[bool, typer.Option("--list", help="list the scenarios")] = False,
+    entries: Annotated[int | None, typer.Option(
+        "--entries", help="instead of a scenario: a training run with N trace entries")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="with --entries")] = 0,
 ) -> None:
-    """Write a simulated snapshot (and its ground-truth sidecar) for a seed incident."""
+    """Write a simulated snapshot (and its ground-truth sidecar) for a seed incident, or a
+    large one (--entries N) for benchmarks."""
     from snapana.synth.scenarios import SCENARIOS, write_sample
+
+    if entries is not None:
+        from snapana.synth.scale import write_scale_snapshot
+
+        out = write_scale_snapshot(entries, output or Path(f"scale-{entries}.pickle"),
+                                   seed=seed)
+        err.print(f"wrote {out}")
+        return
 
     if list_ or scenario is None:
         for name in SCENARIOS:
@@ -190,6 +292,49 @@ def convert(
 
     out = convert_memray(file, output or file.with_suffix(".parquet"))
     err.print(f"wrote {out}")
+
+
+@app.command()
+def export(
+    file: FileArg,
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="folder to write (an earlier export there is replaced)")] = None,
+    device: DeviceOpt = None,
+    rules: RulesOpt = None,
+    capacity: CapacityOpt = None,
+) -> None:
+    """Write the capture as Parquet tables (blocks with families, events, segments, stacks)
+    for DuckDB, polars or pandas; `snapana report DIR` reads the folder back."""
+    from snapana.export import export as export_tables
+
+    out = output or Path(file.name.split(".")[0] + "-export")
+    export_tables(_load(file), out, device=device, rules=_rules(rules),
+                  capacity=_capacity(capacity))
+    err.print(f"wrote {out}")
+
+
+@app.command()
+def diff(
+    before: Annotated[Path, typer.Argument(help="the capture before the change (the OOM)")],
+    after: Annotated[Path, typer.Argument(help="the capture after the change (the fix)")],
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="write to a file: HTML when it ends in .html, else --format")
+    ] = None,
+    format: Annotated[Format, typer.Option("--format", "-f")] = Format.text,
+    device: DeviceOpt = None,
+    rules: RulesOpt = None,
+    capacity: CapacityOpt = None,
+) -> None:
+    """Compare two captures, e.g. before and after a fix: the change per family and site,
+    the peak, and whether the OOM is gone."""
+    from snapana.api import diff_files
+
+    text = diff_files(before, after, format.value, output, device=device, rules=_rules(rules),
+                      capacity=_capacity(capacity))
+    if text is None:
+        err.print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
 
 
 def main() -> None:

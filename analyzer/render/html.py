@@ -54,7 +54,9 @@ def _figure_json(fig) -> str:
     return fig.to_json().replace("</", "<\\/")
 
 
-def render(reports: list[DeviceReport], title: str) -> str:
+def render(reports: list[DeviceReport], title: str, multi=None) -> str:
+    """The report; with `multi` (a MultiReport), the rank table and heatmap come first and
+    `reports` are the devices of the rank to read in full (the first to OOM)."""
     devices = []
     for r in reports:
         figs = {name: _figure_json(make(r)) for name, make in figures.FIGURES.items()}
@@ -62,8 +64,16 @@ def render(reports: list[DeviceReport], title: str) -> str:
                         "moment": moment_text(r), "verdict": verdict(r),
                         "what_ifs": what_if_rows(r), "knobs": knob_rows(r),
                         "causes": cause_rows(r)})
+    multi_ctx = None
+    if multi is not None:
+        from snapana.render import multi as multi_render
+
+        multi_ctx = {"m": multi, "headline": multi_render.headline(multi),
+                     "rows": multi_render.rows(multi), "columns": multi_render.COLUMNS,
+                     "heatmap": _figure_json(multi_render.heatmap(multi))}
     return _env().get_template("report.html.j2").render(
         title=title,
+        multi=multi_ctx,
         devices=devices,
         plotly_b64=plotly_js_gzip_b64(),
         fmt_bytes=fmt_bytes,

@@ -1,0 +1,53 @@
+"""A partitioned Parquet dataset of per-rank summaries, for DuckDB / polars / Spark over many
+incidents: ranks/job=J/rank=R/part-0.parquet and families/job=J/rank=R/part-0.parquet."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import polars as pl
+from snapana.multi import MultiReport
+from snapana.output import OutputError
+
+
+def write(m: MultiReport, out: Path, job: str) -> None:
+    """Write atomically: build the dataset in a temp folder beside `out`, then swap it in."""
+    out = Path(out)
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{out}: folder {parent} does not exist")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        for r in m.ranks:
+            rank = r.rank if r.rank is not None else -1
+            part = f"job={job}/rank={rank}"
+            row = {"file": r.file, "error": r.error, "device": r.device,
+                   "oom": r.oom is not None,
+                   "requested_bytes": (r.oom or {}).get("requested_bytes"),
+                   "device_free_bytes": (r.oom or {}).get("device_free_bytes"),
+                   "oom_time_us": (r.oom or {}).get("time_us"),
+                   "reserved_bytes": r.reserved_bytes, "allocated_bytes": r.allocated_bytes,
+                   "peak_allocated_bytes": r.peak_allocated_bytes, "top_family": r.top_family,
+                   "first_oom": m.first_oom is r, "verdict": r.verdict,
+                   "outliers": json.dumps([o["family"] for o in m.outliers
+                                           if o["file"] == r.file])}
+            (tmp / "ranks" / part).mkdir(parents=True)
+            pl.DataFrame([row], schema_overrides={
+                "error": pl.Utf8, "device": pl.Int64, "requested_bytes": pl.Int64,
+                "device_free_bytes": pl.Int64, "oom_time_us": pl.Int64, "top_family": pl.Utf8,
+            }).write_parquet(tmp / "ranks" / part / "part-0.parquet")
+            (tmp / "families" / part).mkdir(parents=True)
+            pl.DataFrame({"file": [r.file] * len(r.families),
+                          "family": list(r.families), "bytes": list(r.families.values())},
+                         schema={"file": pl.Utf8, "family": pl.Utf8, "bytes": pl.Int64}
+                         ).write_parquet(tmp / "families" / part / "part-0.parquet")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,129 @@
+"""Many snapshots at once: an 8-rank incident built with the allocator simulator."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import polars as pl
+import pytest
+from snapana.multi import aggregate, summarize_many
+from snapana.synth import CachingAllocatorSim, SimulatedOOM
+
+from .browser import open_report
+from .conftest import SNAPSHOTS, run_cli
+
+MiB, GiB = 2**20, 2**30
+SITE = "/usr/lib/python3.10/site-packages"
+STACKS = {
+    "parameters": [(f"{SITE}/torch/nn/modules/module.py", 930, "_apply"),
+                   ("/job/train.py", 10, "main")],
+    "optimizer_state": [(f"{SITE}/torch/optim/adam.py", 120, "_init_group"),
+                        (f"{SITE}/torch/optim/adam.py", 210, "step"),
+                        (f"{SITE}/torch/optim/optimizer.py", 480, "wrapper"),
+                        ("/job/train.py", 50, "main")],
+    "saved_activations": [("/job/model.py", 54, "forward"),
+                          (f"{SITE}/torch/nn/modules/module.py", 1790, "_call_impl"),
+                          ("/job/train.py", 30, "main")],
+}
+FAILING, LATE_FAILING, IMBALANCED = 5, 6, 3
+
+
+def _rank_snapshot(rank: int) -> dict:
+    # every rank starts at the same wall-clock time; rank 6 fails later than rank 5
+    sim = CachingAllocatorSim(capacity=12 * GiB, outside_pytorch=GiB,
+                              time_origin_us=1_700_000_000_000_000)
+    for _ in range(4):
+        sim.malloc(512 * MiB, STACKS["parameters"], family="parameters")
+    for _ in range(8):
+        sim.malloc(512 * MiB, STACKS["optimizer_state"], family="optimizer_state")
+    acts = 6 if rank != IMBALANCED else 10
+    for _ in range(acts):
+        sim.malloc(256 * MiB, STACKS["saved_activations"], family="saved_activations")
+    if rank == LATE_FAILING:
+        sim.advance(5_000_000)
+    if rank in (FAILING, LATE_FAILING):
+        try:
+            sim.malloc(4 * GiB, STACKS["saved_activations"], family="saved_activations")
+        except SimulatedOOM:
+            pass
+    return sim.snapshot()
+
+
+@pytest.fixture(scope="module")
+def incident(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("incident")
+    for rank in range(8):
+        (folder / f"snapshot_oom_rank-{rank}.pickle").write_bytes(
+            pickle.dumps(_rank_snapshot(rank), protocol=4))
+    (folder / "snapshot_oom_rank-8.pickle").write_bytes(b"\x80\x04not a pickle at all")
+    return folder
+
+
+def test_the_failing_rank_and_the_outlier_are_named(incident):
+    paths = sorted(incident.glob("*.pickle"))
+    m = aggregate(summarize_many(paths, workers=2))
+    assert m.first_oom is not None and m.first_oom.rank == FAILING
+    assert {r.rank for r in m.ok if r.oom} == {FAILING, LATE_FAILING}
+    flagged = {(o["rank"], o["family"]) for o in m.outliers}
+    assert (IMBALANCED, "saved_activations") in flagged
+    assert all(rank == IMBALANCED for rank, _ in flagged)
+    broken = [r for r in m.ranks if r.error]
+    assert [r.rank for r in broken] == [8] and "not a readable pickle" in broken[0].error
+    assert m.one_job
+
+
+def test_summary_json_has_one_entry_per_input(incident):
+    result = run_cli("summary", str(incident), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    entries = {e["rank"]: e for e in data["inputs"]}
+    assert sorted(entries) == list(range(9))
+    raw = pickle.loads((incident / f"snapshot_oom_rank-{FAILING}.pickle").read_bytes())
+    (oom,) = [e for e in raw["device_traces"][0] if e["action"] == "oom"]
+    assert entries[FAILING]["oom"]["requested_bytes"] == oom["size"]
+    assert entries[FAILING]["first_oom"] and not entries[LATE_FAILING]["first_oom"]
+    reserved = sum(s["total_size"] for s in raw["segments"])
+    assert entries[FAILING]["reserved_bytes"] == reserved
+    assert entries[8]["error"] and entries[8]["oom"] is None
+    assert entries[IMBALANCED]["outlier_families"] == ["saved_activations"]
+
+
+def test_multi_report_renders(incident, tmp_path):
+    out = tmp_path / "all.html"
+    result = run_cli("report", str(incident / "*.pickle"), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    visit = open_report(out)
+    assert visit.console_errors == [] and visit.requests == [out.resolve().as_uri()]
+    assert "First to run out of memory: rank 5" in visit.text
+    assert visit.plots == visit.figure_divs >= 4  # heatmap + the failing rank's charts
+
+
+def test_dask_engine_in_local_mode(incident, tmp_path):
+    pytest.importorskip("dask")
+    out = tmp_path / "dataset"
+    result = run_cli("batch", str(incident), "-o", str(out), "--engine", "dask",
+                     "--job", "incident42")
+    assert result.returncode == 0, result.stderr
+    ranks = pl.read_parquet(out / "ranks", hive_partitioning=True)
+    assert sorted(ranks["rank"].to_list()) == list(range(9))
+    assert set(ranks["job"].to_list()) == {"incident42"}
+    first = ranks.filter(pl.col("first_oom"))
+    assert first["rank"].to_list() == [FAILING]
+    fams = pl.read_parquet(out / "families", hive_partitioning=True)
+    act = fams.filter(pl.col("family") == "saved_activations")
+    by_rank = dict(zip(act["rank"].to_list(), act["bytes"].to_list(), strict=True))
+    assert by_rank[IMBALANCED] > by_rank[0]
+
+
+def test_unrelated_corpus_files_are_said_to_be_unrelated(tmp_path):
+    if not SNAPSHOTS.is_dir():
+        pytest.skip("../shared/corpus absent")
+    out = tmp_path / "corpus.html"
+    result = run_cli("report", str(SNAPSHOTS), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "do not look like one job" in text
+    summary = json.loads(run_cli("summary", str(SNAPSHOTS), "--format", "json").stdout)
+    assert summary["one_job"] is False and summary["outliers"] == []
+    assert len(summary["inputs"]) == len(list(SNAPSHOTS.glob("*.pickle")))
