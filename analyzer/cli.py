@@ -136,6 +136,10 @@ def report(
     rank: Annotated[int | None, typer.Option(
         "--rank", help="with several inputs: the rank shown in full (default: first OOM)")
     ] = None,
+    trace: Annotated[list[Path] | None, typer.Option(
+        "--trace", help="a torch.profiler trace or memory timeline of the same job")] = None,
+    memray: Annotated[list[Path] | None, typer.Option(
+        "--memray", help="a memray capture (host memory) of the same job")] = None,
 ) -> None:
     """Write a self-contained HTML report (opens offline, attach it to the ticket)."""
     from snapana.output import write_atomic
@@ -144,6 +148,8 @@ def report(
     single = _single(files)
     if single is not None:
         reports = _reports(single, device, rules, capacity)
+        for extra in [*(trace or ()), *(memray or ())]:
+            reports += _reports(extra, None, rules, capacity)
         out = output or Path(single.name.split(".")[0] + ".html")
         write_atomic(out, html.render(reports, title=single.name))
         err.print(f"wrote {out}")

@@ -81,3 +81,34 @@ def test_device_option(tmp_path, device):
     bad = run_cli("report", str(snap), "--device", "7", "-o", str(tmp_path / "b.html"))
     assert bad.returncode == 2 and "no device 7" in bad.stderr
     assert not (tmp_path / "b.html").exists()
+
+
+def _kineto(path, t0):
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": t0, "dur": 50,
+               "pid": 1, "tid": 1}]
+    total = 0
+    for i, nbytes in enumerate((8 * MiB, 8 * MiB, -8 * MiB)):
+        total += nbytes
+        events.append({"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]",
+                       "ts": t0 + 10 + i, "pid": 1, "tid": 1,
+                       "args": {"Device Type": 1, "Device Id": 0, "Addr": 4096 * (1 + i % 2),
+                                "Bytes": nbytes, "Total Allocated": total,
+                                "Total Reserved": 32 * MiB}})
+    import json
+
+    path.write_text(json.dumps({"traceEvents": events}))
+
+
+@pytest.mark.parametrize("t0,shared", [(0, True), (10_000_000, False)])
+def test_snapshot_and_trace_together(tmp_path, t0, shared):
+    snap, trace = tmp_path / "oom.pickle", tmp_path / "trace.json"
+    _oom_snapshot(snap)  # events at 10..12 µs
+    _kineto(trace, t0)
+    out = tmp_path / "both.html"
+    result = run_cli("report", str(snap), "--trace", str(trace), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    visit = open_report(out)
+    assert visit.console_errors == []
+    assert "oom.pickle: Device 0" in visit.text and "trace.json: Device 0" in visit.text
+    assert ("do not share a clock" in visit.text) is (not shared)
+    assert ("All sources on one clock" in out.read_text()) is shared

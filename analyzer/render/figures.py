@@ -108,3 +108,28 @@ def _bar(rows: dict, state: str, seg: str, offset: int, size: int, label: str) -
 
 
 FIGURES = {"holders": holders, "timeline": timeline, "segments": segments}
+
+
+def common_clock(reports: list[DeviceReport]) -> bool:
+    """Sources share an axis only when every one has absolute µs times and their recorded
+    spans overlap (a snapshot and a kineto trace of one run share the profiler clock)."""
+    spans = [(r.timeline.x[0], r.timeline.x[-1]) for r in reports
+             if r.timeline.x_is_time and r.timeline.x]
+    if len(spans) != len(reports) or len(spans) < 2:
+        return False
+    return max(s[0] for s in spans) <= min(s[1] for s in spans)
+
+
+def combined_timeline(reports: list[DeviceReport]) -> go.Figure:
+    """Every source's allocated bytes on one time axis (only called when common_clock)."""
+    t0 = min(r.timeline.x[0] for r in reports)
+    fig = go.Figure()
+    for r in reports:
+        name = f"{r.source} · device {r.device}"
+        fig.add_trace(go.Scatter(x=[(x - t0) / 1e6 for x in r.timeline.x],
+                                 y=[v / GiB for v in r.timeline.allocated], name=name,
+                                 mode="lines", line=dict(shape="hv")))
+    fig.update_layout(height=360, title="All sources on one clock",
+                      xaxis_title="seconds", yaxis_title="GiB allocated",
+                      margin=dict(l=50, r=10, t=30, b=40), legend=dict(orientation="h"))
+    return fig

@@ -64,6 +64,12 @@ def render(reports: list[DeviceReport], title: str, multi=None) -> str:
                         "moment": moment_text(r), "verdict": verdict(r),
                         "what_ifs": what_if_rows(r), "knobs": knob_rows(r),
                         "causes": cause_rows(r)})
+    together = None
+    sources = {r.path for r in reports}
+    if len(sources) > 1:
+        together = {"shared": figures.common_clock(reports), "figure": None}
+        if together["shared"]:
+            together["figure"] = _figure_json(figures.combined_timeline(reports))
     multi_ctx = None
     if multi is not None:
         from snapana.render import multi as multi_render
@@ -74,6 +80,7 @@ def render(reports: list[DeviceReport], title: str, multi=None) -> str:
     return _env().get_template("report.html.j2").render(
         title=title,
         multi=multi_ctx,
+        together=together,
         devices=devices,
         plotly_b64=plotly_js_gzip_b64(),
         fmt_bytes=fmt_bytes,
