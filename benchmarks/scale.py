@@ -87,6 +87,7 @@ def bench_file(path: Path, repeat: int, label: str) -> dict:
         row["report_s"], row["report_rss"] = measure(
             [sys.executable, "-m", "snapana", "report", str(path), "-o", str(out)], repeat)
         row["html_MB"] = out.stat().st_size / 1e6
+        row["open_s"] = open_in_chromium(out)
         if importlib.util.find_spec("torch") is not None:
             viz = Path(tmp) / "viz.html"
             row["torch_s"], row["torch_rss"] = measure(
@@ -96,18 +97,42 @@ def bench_file(path: Path, repeat: int, label: str) -> dict:
     return row
 
 
+def open_in_chromium(html: Path) -> float | None:
+    """Seconds until headless Chromium has drawn every chart (None without a browser)."""
+    import shutil
+    import time
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    if exe is None:
+        return None
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        page = browser.new_page()
+        start = time.perf_counter()
+        page.goto(html.resolve().as_uri())
+        page.wait_for_function("document.body.dataset.rendered === 'yes'", timeout=60000)
+        took = time.perf_counter() - start
+        browser.close()
+    return took
+
+
 def print_rows(rows: list[dict]) -> None:
     print(f"\n{'snapshot':28} {'MB':>6} {'load s':>7} {'report s':>8} {'x load':>6} "
           f"{'load RSS':>9} {'rep RSS':>8} {'x load':>6} {'html MB':>7} "
-          f"{'torch s':>7} {'torch RSS':>9} {'rep/torch':>9}")
+          f"{'open s':>6} {'torch s':>7} {'torch RSS':>9} {'rep/torch':>9}")
     for r in rows:
+        opened = f"{r['open_s']:6.2f}" if r.get("open_s") else f"{'-':>6}"
         torch = (f"{r['torch_s']:7.2f} {_mib(r['torch_rss']):>9} "
                  f"{r['report_s'] / r['torch_s']:9.2f}") if "torch_s" in r else \
             f"{'-':>7} {'-':>9} {'-':>9}"
         print(f"{r['label'][:28]:28} {r['MB']:6.1f} {r['load_s']:7.2f} {r['report_s']:8.2f} "
               f"{r['report_s'] / r['load_s']:6.2f} {_mib(r['load_rss']):>9} "
               f"{_mib(r['report_rss']):>8} {r['report_rss'] / r['load_rss']:6.2f} "
-              f"{r['html_MB']:7.2f} {torch}", flush=True)
+              f"{r['html_MB']:7.2f} {opened} {torch}", flush=True)
 
 
 def attribution_cost(path: Path, report_s: float) -> None:

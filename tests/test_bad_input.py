@@ -70,3 +70,22 @@ def test_unwritable_output_is_one_line(tmp_path):
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("rules,words", [
+    ("[[rule]]\nid = 'x'\nfamily = 'no_such_family'\nlabel = 'l'\nframes = [{function = 'f'}]\n",
+     "no_such_family"),
+    ("[[rule]\nid = 'x'\n", "bad.toml"),
+    ("[[rule]]\nid = 'x'\nfamily = 'logits'\nlabel = 'l'\nframes = [{function_re = '('}]\n",
+     "x"),
+])
+def test_bad_rule_file_is_one_line(tmp_path, rules, words):
+    snap = tmp_path / "s.pickle"
+    snap.write_bytes(pickle.dumps({"segments": []}, protocol=4))
+    bad = tmp_path / "bad.toml"
+    bad.write_text(rules)
+    result = run_cli("summary", str(snap), "--rules", str(bad))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.toml" in lines[0] and words in lines[0]
+    assert "Traceback" not in result.stderr

@@ -9,7 +9,7 @@ from snapana.diagnosis import analyse
 from snapana.replay import replay
 from snapana.sources import load
 
-from .conftest import corpus_params, raw_load, run_cli
+from .conftest import SAMPLES, corpus_params, raw_load, run_cli
 
 ACTIVE = {"active_allocated", "active_pending_free", "active_awaiting_free"}
 
@@ -29,7 +29,10 @@ def _raw_active_blocks(raw, device):
     return out
 
 
-@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle"))
+SAMPLE_FILES = [pytest.param(p, id=p.name) for p in sorted(SAMPLES.glob("*.pickle"))]
+
+
+@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle") + SAMPLE_FILES)
 def test_replayed_final_state_equals_segments(path):
     raw = raw_load(path)
     capture = load(path)
