@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 from snapana.attribution import chunk_groups, family_label, load_rules
-from snapana.attribution.assign import Attributor
+from snapana.attribution.assign import AnnotationWindows, Attributor
 from snapana.attribution.engine import RuleSet
 from snapana.knobs import (
     Knob,
@@ -448,7 +448,9 @@ def _timeline(capture: Capture, dr: DeviceReplay, moment: Moment) -> Timeline:
     else:
         xs = keep
         x_of = int
-    bands = _annotation_bands(capture, dr.device) if x_is_time else []
+    windows = AnnotationWindows(capture, dr.device).windows if x_is_time else []
+    bands = [{"name": name, "start": start, "end": end}
+             for start, end, name in windows if end < AnnotationWindows.OPEN_END]
     oom_x = x_of(dr.oom.idx) if dr.oom is not None else None
     return Timeline(
         x=[int(v) for v in xs],
@@ -479,21 +481,6 @@ def downsample_indices(values: np.ndarray, max_points: int) -> np.ndarray:
             idx.append(lo + int(np.argmin(chunk)))
             idx.append(lo + int(np.argmax(chunk)))
     return np.unique(np.array(idx, dtype=np.int64))
-
-
-def _annotation_bands(capture: Capture, device: int) -> list[dict[str, Any]]:
-    """Pair START/END external annotations into phase bands."""
-    open_: dict[str, list[int]] = {}
-    bands = []
-    for a in capture.annotations:
-        if int(a.get("device", device) or 0) != device or a.get("time_us") is None:
-            continue
-        name = str(a.get("name", ""))
-        if a.get("stage") == "START":
-            open_.setdefault(name, []).append(int(a["time_us"]))
-        elif a.get("stage") == "END" and open_.get(name):
-            bands.append({"name": name, "start": open_[name].pop(), "end": int(a["time_us"])})
-    return bands
 
 
 def _segment_map(dr: DeviceReplay, moment: Moment, held: pl.DataFrame) -> list[dict[str, Any]]:

@@ -31,6 +31,8 @@ def parse_pool(pool: str) -> tuple[int, int]:
 class AnnotationWindows:
     """Which external_annotations (record_function ranges) were open at a given time."""
 
+    OPEN_END = 2**62  # the end of a window that was never closed
+
     def __init__(self, capture: Capture, device: int) -> None:
         windows: list[tuple[int, int, str]] = []
         open_: dict[str, list[int]] = {}
@@ -43,7 +45,7 @@ class AnnotationWindows:
             elif a.get("stage") == "END" and open_.get(name):
                 windows.append((open_[name].pop(), int(a["time_us"]), name))
         for name, starts in open_.items():  # never closed: open until the end
-            windows.extend((s, 2**62, name) for s in starts)
+            windows.extend((s, self.OPEN_END, name) for s in starts)
         self.windows = sorted(windows)
         self._starts = [w[0] for w in self.windows]
 
