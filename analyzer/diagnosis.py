@@ -152,6 +152,7 @@ class DeviceReport:
     warnings: list[str]
     before_recording_bytes: int
     diagnosis: Diagnosis | None = None
+    device_name: str = ""  # e.g. "host process" (memray), "GPU 0" / "CPU" (profiler)
 
     @property
     def total_blocks(self) -> int:
@@ -232,6 +233,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         warnings=warnings,
         before_recording_bytes=before,
     )
+    report.device_name = str(capture.metadata.get("device_names", {}).get(dr.device, ""))
     report.diagnosis = diagnose(capture, dr, attributor, report, held, capacity)
     return report
 

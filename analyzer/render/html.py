@@ -18,6 +18,7 @@ from snapana.output import write_atomic
 from snapana.render import figures
 from snapana.render.text import (
     cause_rows,
+    device_text,
     headline_rows,
     knob_rows,
     moment_text,
@@ -83,6 +84,7 @@ def render(reports: list[DeviceReport], title: str, multi=None) -> str:
     for r in reports:
         figs = {name: _figure_json(make(r)) for name, make in figures.FIGURES.items()}
         devices.append({"r": r, "figs": figs, "headline": headline_rows(r),
+                        "name": device_text(r),
                         "moment": moment_text(r), "verdict": verdict(r),
                         "what_ifs": what_if_rows(r), "knobs": knob_rows(r),
                         "causes": cause_rows(r)})

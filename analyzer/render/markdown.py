@@ -5,6 +5,7 @@ from __future__ import annotations
 from snapana.diagnosis import DeviceReport
 from snapana.render.text import (
     cause_rows,
+    device_text,
     headline_rows,
     knob_rows,
     moment_text,
@@ -17,7 +18,7 @@ from snapana.units import fmt_bytes
 def render(reports: list[DeviceReport], top: int = 10) -> str:
     out: list[str] = []
     for r in reports:
-        out.append(f"### GPU memory on device {r.device} — {moment_text(r)}")
+        out.append(f"### Memory on {device_text(r)} — {moment_text(r)}")
         out.append("")
         if r.diagnosis is not None:
             out.append(f"**Verdict.** {verdict(r)}")

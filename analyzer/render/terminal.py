@@ -6,16 +6,23 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 from snapana.diagnosis import DeviceReport
-from snapana.render.text import headline_rows, knob_rows, moment_text, verdict, what_if_rows
+from snapana.render.text import (
+    device_text,
+    headline_rows,
+    knob_rows,
+    moment_text,
+    verdict,
+    what_if_rows,
+)
 from snapana.units import fmt_bytes
 
 
 def render(reports: list[DeviceReport], console: Console, top: int = 12) -> None:
     for r in reports:
         if r.diagnosis is not None:
-            console.print(Panel(verdict(r), title=f"verdict — device {r.device}",
+            console.print(Panel(verdict(r), title=f"verdict — {device_text(r)}",
                                 border_style="red" if r.oom else "blue"))
-        head = Table(title=f"device {r.device} — {moment_text(r)}", show_header=False)
+        head = Table(title=f"{device_text(r)} — {moment_text(r)}", show_header=False)
         head.add_column("what")
         head.add_column("bytes", justify="right")
         for k, v in headline_rows(r):

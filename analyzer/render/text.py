@@ -5,8 +5,16 @@ from __future__ import annotations
 from snapana.diagnosis import DeviceReport
 from snapana.units import fmt_bytes
 
+HOST_SOURCES = ("memray",)  # sources that measure a process's heap, not a caching allocator
+
+
+def device_text(r: DeviceReport) -> str:
+    return r.device_name or f"device {r.device}"
+
 
 def moment_text(r: DeviceReport) -> str:
+    if r.source in HOST_SOURCES:
+        return "at the heap's high-water mark"
     if r.moment.kind == "oom":
         return f"at the OOM (event {r.moment.idx})"
     if r.moment.kind == "peak":
@@ -22,6 +30,8 @@ def headline_rows(r: DeviceReport) -> list[tuple[str, str]]:
         rows.append(("device free at the OOM", fmt_bytes(r.oom["device_free_bytes"])))
         if r.oom["gap_bytes"] is not None:
             rows.append(("short by", fmt_bytes(r.oom["gap_bytes"])))
+    if r.source in HOST_SOURCES:
+        return rows + [("heap at the high-water mark", fmt_bytes(r.allocated_bytes))]
     rows += [
         ("reserved by PyTorch", fmt_bytes(r.reserved_bytes)),
         ("allocated", fmt_bytes(r.allocated_bytes)),
@@ -49,6 +59,12 @@ def _chunk_phrase(r: DeviceReport, family: str) -> str:
         return ""  # a few repeated blocks among many: not what this family is made of
     return (f": {c['count']} chunks × {fmt_bytes(c['chunk_size'])} = "
             f"{fmt_bytes(c['total'])} from one site")
+
+
+def _phase_words(phase: str) -> str:
+    if phase == "unknown":
+        return "phase not identified"
+    return f"{PHASE_NAMES.get(phase, phase)} phase"
 
 
 def _pct(x: float) -> str:
@@ -110,10 +126,11 @@ def verdict(r: DeviceReport) -> str:
                          f"({d.request_family}) must shrink.")
     else:
         top = ", ".join(f"{g.name} {fmt_bytes(g.bytes)}" for g in r.groups[:3])
-        where = "the peak" if d.kind == "peak" else "the snapshot"
+        where = ("the high-water mark" if r.source in HOST_SOURCES else
+                 "the peak" if d.kind == "peak" else "the snapshot")
         parts.append(
             f"No OOM recorded: this diagnoses {where} ({fmt_bytes(r.allocated_bytes)} "
-            f"allocated, {PHASE_NAMES.get(d.phase, d.phase)} phase). Largest: {top}."
+            f"allocated, {_phase_words(d.phase)}). Largest: {top}."
         )
     if d.knobs:
         k = d.knobs[0]
@@ -143,8 +160,8 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
             result = f"still short by {fmt_bytes(-(w.spare_bytes or 0))}"
         rows.append((w.family, fmt_bytes(w.bytes), result,
                      {"yes": "yes", "offload": "by offloading",
-                      "shrink": "only shrink (op in flight)"}.get(w.removable,
-                                                                  "no (model state)")))
+                      "shrink": "only shrink (op in flight)"}.get(
+                         w.removable, "no" if w.family == "unknown" else "no (model state)")))
     return rows
 
 
