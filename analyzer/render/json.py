@@ -7,7 +7,7 @@ from typing import Any
 
 from snapana.diagnosis import DeviceReport, Diagnosis
 from snapana.model import Frame
-from snapana.render.text import verdict
+from snapana.render.text import device_text, verdict
 
 
 def _frames(stack: tuple[Frame, ...]) -> list[dict[str, Any]]:
@@ -23,6 +23,7 @@ def device_dict(r: DeviceReport) -> dict[str, Any]:
         "file": r.path,
         "source": r.source,
         "device": r.device,
+        "device_name": device_text(r),
         "moment": {"kind": r.moment.kind, "event_index": r.moment.idx,
                    "time_us": r.moment.time_us},
         "reserved_bytes": r.reserved_bytes,
