@@ -13,20 +13,9 @@ from dataclasses import dataclass, field
 from snapana.diagnosis import DeviceReport
 
 
-def _status(before_blocks: int, after_blocks: int, before: int, after: int) -> str:
-    if before_blocks == 0 and after_blocks > 0:
-        return "new"
-    if after_blocks == 0 and before_blocks > 0:
-        return "vanished"
-    return "same" if before == after and before_blocks == after_blocks else "changed"
+class _Change:
+    """What a family change and a site change share: the byte delta and its status."""
 
-
-@dataclass(frozen=True)
-class FamilyChange:
-    """Bytes and blocks one family held at each side's moment of interest."""
-
-    family: str
-    label: str
     before_bytes: int
     after_bytes: int
     before_blocks: int
@@ -39,12 +28,29 @@ class FamilyChange:
     @property
     def status(self) -> str:
         """'new', 'vanished', 'changed' or 'same'."""
-        return _status(self.before_blocks, self.after_blocks, self.before_bytes,
-                       self.after_bytes)
+        if self.before_blocks == 0 and self.after_blocks > 0:
+            return "new"
+        if self.after_blocks == 0 and self.before_blocks > 0:
+            return "vanished"
+        same = (self.before_bytes == self.after_bytes
+                and self.before_blocks == self.after_blocks)
+        return "same" if same else "changed"
 
 
 @dataclass(frozen=True)
-class SiteChange:
+class FamilyChange(_Change):
+    """Bytes and blocks one family held at each side's moment of interest."""
+
+    family: str
+    label: str
+    before_bytes: int
+    after_bytes: int
+    before_blocks: int
+    after_blocks: int
+
+
+@dataclass(frozen=True)
+class SiteChange(_Change):
     """One (family, site) pair: a site whose tensors changed family (a softmax saved before,
     recomputed after) shows as one pair vanishing and another appearing."""
 
@@ -56,15 +62,6 @@ class SiteChange:
     after_blocks: int
     before_chunks: int = 0  # blocks in chunk loops (one site, many equal blocks)
     after_chunks: int = 0
-
-    @property
-    def change_bytes(self) -> int:
-        return self.after_bytes - self.before_bytes
-
-    @property
-    def status(self) -> str:
-        return _status(self.before_blocks, self.after_blocks, self.before_bytes,
-                       self.after_bytes)
 
 
 @dataclass(frozen=True)
