@@ -19,12 +19,10 @@ longer depends on memray:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from snapana.errors import InputError
-from snapana.output import OutputError
+from snapana.output import atomic_path
 from snapana.sources import memray_capture
 
 
@@ -43,20 +41,8 @@ def convert_memray(path: Path | str, out_parquet: Path | str) -> Path:
         close = getattr(reader, "close", None)
         if close is not None:
             close()
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        raise OutputError(f"{out}: folder {folder} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise OutputError(f"{out}: cannot write: {exc.strerror or exc}") from None
-    os.close(fd)
-    try:
+    with atomic_path(out) as tmp:
         records.write_parquet(
             tmp, metadata={memray_capture.PARQUET_META_KEY: json.dumps(meta)}
         )
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out

@@ -14,16 +14,13 @@ export, and an interrupted export leaves nothing behind.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 from snapana.api import Analysis, RulesLike, _ruleset
 from snapana.model import Capture
-from snapana.output import OutputError
+from snapana.output import atomic_dir, check_dir_target
 from snapana.sources.parquet_dir import AT_MOMENT, FINAL, FORMAT, MARKER, VERSION, encode
 
 
@@ -42,7 +39,7 @@ def export(capture: Capture, out_dir: Path, device: int | None = None,
     the attributed moment-of-interest rows and families to one device. `capacity` (bytes) is
     recorded for the exported devices, as `--capacity` would give it."""
     out_dir = Path(out_dir)
-    _check_target(out_dir)
+    check_dir_target(out_dir, MARKER, "export")
     ruleset = _ruleset(rules)
     devices = capture.devices if device is None else [device]
     analyses = [Analysis(capture, device=d, rules=ruleset, capacity=capacity) for d in devices]
@@ -116,46 +113,9 @@ def _blocks(capture: Capture, analyses: list[Analysis]) -> pl.DataFrame:
                       + [c for c in out.columns if c not in first])
 
 
-def _check_target(out_dir: Path) -> None:
-    """Refuse to replace anything but an earlier export or an empty folder."""
-    if not out_dir.parent.is_dir() and str(out_dir.parent):
-        raise OutputError(f"{out_dir}: folder {out_dir.parent} does not exist")
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise OutputError(f"{out_dir}: exists and is not a folder")
-        if any(out_dir.iterdir()) and not (out_dir / MARKER).is_file():
-            raise OutputError(f"{out_dir}: exists and is not a snapana export; not replacing it")
-
-
 def _write_dir(out_dir: Path, tables: dict[str, pl.DataFrame], meta: dict[str, Any]) -> None:
-    parent = out_dir.parent if str(out_dir.parent) else Path(".")
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
-    except OSError as exc:
-        raise OutputError(f"{out_dir}: cannot write: {exc.strerror or exc}") from None
-    old: Path | None = None
-    try:
+    with atomic_dir(out_dir, MARKER, "export") as tmp:
         for name, df in tables.items():
             df.write_parquet(tmp / f"{name}.parquet", statistics=True)
         # the marker last: a folder without it is not an export
         (tmp / MARKER).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-        os.chmod(tmp, 0o777 & ~_umask())
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=parent))
-            os.replace(out_dir, old)  # onto the empty temp folder: atomic on POSIX
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out_dir.exists():
-            os.replace(old, out_dir)  # put the previous export back
-            old = None
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

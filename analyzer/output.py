@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from snapana.errors import SnapanaError
@@ -19,21 +22,78 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temp file in the target folder, then rename over the target."""
+@contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """Yield a temp path in the target's folder; on success it replaces the target, on any
+    error it is removed. Every file snapana writes goes through here."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise OutputError(f"{path}: folder {folder} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
+        yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are ordinary files
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: Path | str, data: str | bytes) -> None:
+    """Write text (UTF-8) or bytes so that the target is either complete or untouched."""
+    with atomic_path(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+
+
+def check_dir_target(path: Path, marker: str, kind: str) -> None:
+    """Only an earlier output of the same kind (it holds `marker`) or an empty folder may be
+    replaced, so `-o` pointed at someone's folder cannot delete it. Callers check early,
+    before the work; atomic_dir checks again."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{path}: folder {parent} does not exist")
+    if path.exists():
+        if not path.is_dir():
+            raise OutputError(f"{path}: exists and is not a folder")
+        if any(path.iterdir()) and not (path / marker).is_file():
+            raise OutputError(f"{path}: exists and is not a snapana {kind}; not replacing it")
+
+
+@contextmanager
+def atomic_dir(path: Path | str, marker: str, kind: str) -> Iterator[Path]:
+    """Yield an empty temp folder beside `path`; on success it takes `path`'s place, on any
+    error it is removed and an earlier output there is put back. The caller writes `marker`
+    into the folder last, so a folder without it is never a finished output."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    check_dir_target(path, marker, kind)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent))
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    old: Path | None = None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=parent))
+            os.replace(path, old)  # onto the empty temp folder: atomic on POSIX
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not path.exists():
+            os.replace(old, path)  # put the previous output back
+            old = None
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

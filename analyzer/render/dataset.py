@@ -4,24 +4,19 @@ incidents: ranks/job=J/rank=R/part-0.parquet and families/job=J/rank=R/part-0.pa
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import polars as pl
 from snapana.multi import MultiReport
-from snapana.output import OutputError
+from snapana.output import atomic_dir
+
+MARKER = "snapana-dataset.json"
 
 
 def write(m: MultiReport, out: Path, job: str) -> None:
-    """Write atomically: build the dataset in a temp folder beside `out`, then swap it in."""
-    out = Path(out)
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise OutputError(f"{out}: folder {parent} does not exist")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    try:
+    """Write atomically: build the dataset in a temp folder beside `out`, then swap it in
+    (replacing only an earlier dataset)."""
+    with atomic_dir(out, MARKER, "dataset") as tmp:
         for r in m.ranks:
             rank = r.rank if r.rank is not None else -1
             part = f"job={job}/rank={rank}"
@@ -45,9 +40,5 @@ def write(m: MultiReport, out: Path, job: str) -> None:
                           "family": list(r.families), "bytes": list(r.families.values())},
                          schema={"file": pl.Utf8, "family": pl.Utf8, "bytes": pl.Int64}
                          ).write_parquet(tmp / "families" / part / "part-0.parquet")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp / MARKER).write_text(json.dumps({"job": job, "inputs": len(m.ranks)}) + "\n",
+                                  encoding="utf-8")

@@ -24,11 +24,12 @@ writes them once.
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
 from pathlib import Path
 from typing import Any
+
+from snapana.output import atomic_path
 
 from .frames import FrameDict
 from .rules import MiB, allocation_size, is_small, round_size
@@ -512,13 +513,8 @@ def write_scale_snapshot(entries: int, out: Path, seed: int = 0) -> Path:
     """Write a snapshot pickle with ``entries`` trace entries to ``out`` (atomically)."""
     out = Path(out)
     data = scale_snapshot(entries, seed)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") as fh:
-            pickle.dump(data, fh, protocol=pickle.DEFAULT_PROTOCOL)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(out) as tmp, tmp.open("wb") as fh:
+        pickle.dump(data, fh, protocol=pickle.DEFAULT_PROTOCOL)
     return out
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from snapana.output import write_atomic
 
 from .common import Outcome, truth
 from .expandable import expandable_segments_oom
@@ -46,18 +47,6 @@ def run_scenario(name: str) -> tuple[dict[str, object], dict[str, object]]:
     return out.sim.snapshot(), truth(name, out)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; samples are ordinary repository files
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def truth_path(pickle_path: str | os.PathLike[str]) -> Path:
     """``x/NAME.pickle`` -> ``x/NAME.truth.json``."""
     p = Path(pickle_path)
@@ -71,9 +60,9 @@ def write_sample(name: str, out_pickle_path: str | os.PathLike[str]) -> tuple[Pa
     snapshot, gt = run_scenario(name)
     path = Path(out_pickle_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, pickle.dumps(snapshot, protocol=4))
+    write_atomic(path, pickle.dumps(snapshot, protocol=4))
     tpath = truth_path(path)
-    _atomic_write(tpath, (json.dumps(gt, indent=1, sort_keys=True) + "\n").encode())
+    write_atomic(tpath, (json.dumps(gt, indent=1, sort_keys=True) + "\n").encode())
     return path, tpath
 
 
