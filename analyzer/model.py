@@ -109,9 +109,15 @@ class StackTable:
         )
 
 
+def is_python_file(filename: str) -> bool:
+    """True for frames the Python interpreter ran: `.py` files and pseudo-files such as
+    `<string>`, `<frozen runpy>`, torch.fx's `<eval_with_key>.3` or a source's synthesized
+    `<memory_timeline>`. C++ frames (stacks='all') carry `??`, `''` or a `.cpp` name."""
+    return filename.endswith(".py") or filename.startswith("<")
+
+
 def is_python_frame(frame: Frame) -> bool:
-    """C++ frames (stacks='all') have names like 'at::native::...' and no '.py' file."""
-    return frame[0].endswith(".py") or frame[0].endswith(".pyx")
+    return is_python_file(frame[0])
 
 
 @dataclass

@@ -6,6 +6,7 @@ fallback grouping when no rule pack names a family.
 
 from __future__ import annotations
 
+from snapana.attribution.stack import short_path
 from snapana.model import Frame, StackTable, is_python_frame
 
 #: Path fragments of code that allocates on behalf of its caller.
@@ -33,15 +34,6 @@ def site_of(stack: tuple[Frame, ...]) -> str:
 
 def format_frame(frame: Frame) -> str:
     return f"{short_path(frame[0])}:{frame[2]} {frame[1]}"
-
-
-def short_path(path: str, keep: int = 3) -> str:
-    """Trim a path to its last components: enough to recognise, short enough for a table."""
-    parts = path.replace("\\", "/").split("/")
-    for marker in ("site-packages", "dist-packages"):
-        if marker in parts:
-            return "/".join(parts[parts.index(marker) + 1:])
-    return "/".join(parts[-keep:])
 
 
 def sites_for(table: StackTable, stack_ids: list[int]) -> dict[int, str]:

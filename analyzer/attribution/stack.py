@@ -112,15 +112,6 @@ class NormStack:
         return bool(self.python)
 
 
-def is_python_file(filename: str) -> bool:
-    """True for frames executed by the Python interpreter.
-
-    ``.py`` files, plus pseudo-files like ``<string>``, ``<frozen runpy>`` or torch.fx's
-    ``<eval_with_key>.3``. C++ frames carry ``??``, ``''`` or a ``.cpp``/``.o`` name.
-    """
-    return filename.endswith(".py") or filename.startswith("<")
-
-
 @lru_cache(maxsize=16384)
 def normalize_path(filename: str) -> str:
     """Use ``/`` everywhere and resolve ``.``/``..`` so suffix matching is reliable.
@@ -141,7 +132,7 @@ def normalize_stack(stack: Stack) -> NormStack:
     by_name: dict[str, list[int]] = {}
     by_key: dict[tuple[str, str], list[int]] = {}
     for i, (filename, name, line) in enumerate(stack):
-        if filename.endswith(".py") or filename.startswith("<"):  # is_python_file, inlined
+        if filename.endswith(".py") or filename.startswith("<"):  # model.is_python_file, inlined
             path = normalize_path(filename)
             python.append(i)
             by_name.setdefault(name, []).append(i)
@@ -169,12 +160,13 @@ def path_has_suffix(path: str, suffix: str) -> bool:
 
 
 def short_path(path: str, keep: int = 3) -> str:
-    """A readable path for messages: after ``site-packages/`` if present, else the last
-    ``keep`` components."""
-    marker = "site-packages/"
-    i = path.rfind(marker)
-    if i >= 0:
-        return path[i + len(marker) :]
+    """A readable path for messages and tables: what follows `site-packages/` or
+    `dist-packages/` (the import path), else the last `keep` components."""
+    path = path.replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        i = path.rfind(marker)
+        if i >= 0:
+            return path[i + len(marker):]
     parts = path.split("/")
     return "/".join(parts[-keep:]) if len(parts) > keep else path
 
