@@ -48,6 +48,19 @@ EVENT_SCHEMA = {
     "device_free": pl.Int64,
 }
 
+def unsegmented_blocks(device: int, live: dict[int, tuple[int, int]]) -> pl.DataFrame:
+    """Blocks table for sources that know live allocations but no allocator segments
+    (profiler traces, memory timelines, memray): address -> (size, stack_id), all allocated."""
+    n = len(live)
+    return pl.DataFrame(
+        {"device": [device] * n, "address": list(live),
+         "size": [s for s, _ in live.values()], "requested_size": [s for s, _ in live.values()],
+         "state": ["active_allocated"] * n, "stack_id": [sid for _, sid in live.values()],
+         "segment_address": [None] * n},
+        schema=BLOCK_SCHEMA,
+    )
+
+
 #: Block states that hold memory. `active_awaiting_free` is the docstring's spelling.
 ACTIVE_STATES = ("active_allocated", "active_pending_free")
 

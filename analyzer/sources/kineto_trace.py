@@ -27,13 +27,13 @@ import numpy as np
 import polars as pl
 from snapana.errors import InputError
 from snapana.model import (
-    BLOCK_SCHEMA,
     EMPTY_STACK,
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
     Capture,
     Frame,
     StackTable,
+    unsegmented_blocks,
 )
 
 Progress = Callable[[int, int], None]
@@ -584,7 +584,7 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
                                              warnings)
     counter = [0]
     ev_frames: list[pl.DataFrame] = []
-    blk_cols: dict[str, list[Any]] = {k: [] for k in BLOCK_SCHEMA}
+    blocks: list[pl.DataFrame] = []
     totals: dict[int, dict[str, np.ndarray | None]] = {}
     reserved_timeline: dict[int, np.ndarray] = {}
     no_addr = False
@@ -605,14 +605,7 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
         if baseline > 0:
             addr = _next_synth(counter)
             b.live[addr] = (baseline, EMPTY_STACK)
-        for addr, (size, sid) in b.live.items():
-            blk_cols["device"].append(dev)
-            blk_cols["address"].append(addr)
-            blk_cols["size"].append(size)
-            blk_cols["requested_size"].append(size)
-            blk_cols["state"].append("active_allocated")
-            blk_cols["stack_id"].append(sid)
-            blk_cols["segment_address"].append(None)
+        blocks.append(unsegmented_blocks(dev, b.live))
         ev_frames.append(pl.DataFrame(b.cols, schema=EVENT_SCHEMA))
         totals[dev] = {"allocated": _totals_array(b.total_alloc),
                        "reserved": _totals_array(b.total_reserved)}
@@ -633,7 +626,7 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
         path=str(path),
         stacks=table,
         segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
-        blocks=pl.DataFrame(blk_cols, schema=BLOCK_SCHEMA),
+        blocks=pl.concat(blocks) if blocks else unsegmented_blocks(0, {}),
         events=events,
         devices=sorted(names),
         warnings=warnings,

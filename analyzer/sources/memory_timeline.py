@@ -23,11 +23,11 @@ from typing import Any
 import polars as pl
 from snapana.errors import InputError
 from snapana.model import (
-    BLOCK_SCHEMA,
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
     Capture,
     StackTable,
+    unsegmented_blocks,
 )
 from snapana.sources.kineto_trace import stream_json
 
@@ -162,15 +162,6 @@ class _Builder:
             amount -= size
 
     def capture(self, path: Path, warnings: list[str], layout: str) -> Capture:
-        blk: dict[str, list[Any]] = {k: [] for k in BLOCK_SCHEMA}
-        for addr, (size, sid) in self.live.items():
-            blk["device"].append(DEVICE)
-            blk["address"].append(addr)
-            blk["size"].append(size)
-            blk["requested_size"].append(size)
-            blk["state"].append("active_allocated")
-            blk["stack_id"].append(sid)
-            blk["segment_address"].append(None)
         if self.unmatched:
             warnings.append(f"{self.unmatched} free(s) in the timeline match no live block of "
                             "that size; counted as allocated before profiling")
@@ -183,7 +174,7 @@ class _Builder:
             path=str(path),
             stacks=self.table,
             segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
-            blocks=pl.DataFrame(blk, schema=BLOCK_SCHEMA),
+            blocks=unsegmented_blocks(DEVICE, self.live),
             events=pl.DataFrame(self.cols, schema=EVENT_SCHEMA),
             devices=[DEVICE],
             warnings=warnings,

@@ -31,7 +31,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 from snapana.errors import InputError
-from snapana.model import BLOCK_SCHEMA, EVENT_SCHEMA, SEGMENT_SCHEMA, Capture, StackTable
+from snapana.model import (
+    EVENT_SCHEMA,
+    SEGMENT_SCHEMA,
+    Capture,
+    StackTable,
+    unsegmented_blocks,
+)
 
 Progress = Callable[[int, int], None]
 
@@ -295,21 +301,16 @@ def reader_metadata(reader: Any, header: MemrayHeader) -> dict[str, Any]:
 def from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any]) -> Capture:
     """The Capture for a high-water mark: one live block per record on the host device."""
     table = StackTable()
-    blk: dict[str, list[Any]] = {k: [] for k in BLOCK_SCHEMA}
+    live: dict[int, tuple[int, int]] = {}
     for i, (size, frames) in enumerate(records.select("size", "frames").iter_rows()):
         ids = tuple(table.frame_id((f["filename"], f["name"], int(f["line"])))
                     for f in frames or [])
-        blk["device"].append(HOST_DEVICE)
-        blk["address"].append(i + 1)  # memray aggregates by site: no address to keep
-        blk["size"].append(int(size))
-        blk["requested_size"].append(int(size))
-        blk["state"].append("active_allocated")
-        blk["stack_id"].append(table.stack_id(ids))
-        blk["segment_address"].append(None)
+        # memray aggregates by site: there is no address to keep, so number the sites
+        live[i + 1] = (int(size), table.stack_id(ids))
     snaps = meta.get("snapshots") or {}
     warnings = ["memray capture: the state shown is the high-water mark of the process's "
                 "heap (host memory), not the end of the run"]
-    total = sum(blk["size"])
+    total = sum(size for size, _ in live.values())
     if meta.get("peak_memory") is not None and total != meta["peak_memory"]:
         warnings.append(f"the high-water-mark records add up to {total} bytes but memray "
                         f"reports a peak of {meta['peak_memory']}")
@@ -318,7 +319,7 @@ def from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any]) 
         path=str(path),
         stacks=table,
         segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
-        blocks=pl.DataFrame(blk, schema=BLOCK_SCHEMA),
+        blocks=unsegmented_blocks(HOST_DEVICE, live),
         events=pl.DataFrame(schema=EVENT_SCHEMA),
         devices=[HOST_DEVICE],
         warnings=warnings,
