@@ -28,7 +28,7 @@ from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
-    from snapana.diff import CaptureDiff
+    from snapana.compare import CaptureDiff
     from snapana.explain import ExplainedSite
 
 RulesLike: TypeAlias = RuleSet | Iterable[str | Path] | None
@@ -62,11 +62,9 @@ def _ruleset(rules: RulesLike) -> RuleSet:
 
 
 def _capacity(capacity: int | str | None) -> int | None:
-    if capacity is None or isinstance(capacity, int):
-        return capacity
-    from snapana.units import parse_bytes
+    from snapana.units import parse_capacity
 
-    return parse_bytes(capacity)
+    return None if capacity is None else parse_capacity(capacity)
 
 
 def default_device(capture: Capture) -> int:
@@ -269,26 +267,12 @@ class Analysis:
     def _moment(self, dr: DeviceReplay, event: int | None, time: int | None,
                 moment: str | None) -> Moment:
         if event is not None:
-            if not -1 <= event < dr.n_events:
-                raise ValueError(f"event {event} out of range (-1..{dr.n_events - 1})")
-            return dr.at(event)
+            return dr.resolve(f"event:{event}")
         if time is not None:
-            if not self.capture.has_time:
-                raise ValueError(f"{self.capture.path}: no timestamps recorded; use event=")
-            times = self.events["time_us"]
-            idx = int((times.fill_null(strategy="forward") <= time).sum()) - 1
-            return dr.at(idx)
-        if moment == "oom":
-            if dr.oom is None:
-                raise ValueError(f"{self.capture.path}: device {self.device} has no OOM")
-            return Moment("oom", dr.oom.idx, dr.oom.time_us)
-        if moment == "peak":
-            return dr.peak
-        if moment == "end":
-            return dr.final
-        if moment == "interest":
-            return dr.moment_of_interest()  # what analyse reports on
-        raise ValueError(f"unknown moment {moment!r} (oom, peak, end, interest)")
+            return dr.resolve(f"time:{time}")
+        if moment not in ("oom", "peak", "end", "interest"):
+            raise ValueError(f"unknown moment {moment!r} (oom, peak, end, interest)")
+        return dr.resolve(moment)
 
     # ----- figures and text --------------------------------------------------------------------
     def figure(self, name: FigureName = "families") -> go.Figure:
@@ -348,15 +332,15 @@ class Analysis:
         return out
 
     def export(self, out_dir: str | Path) -> Path:
-        """Write the capture as a Parquet folder (see `snapana.export`)."""
-        from snapana.export import export
+        """Write the capture as a Parquet folder (see `snapana.export_tables`)."""
+        from snapana.export_tables import export
 
         return export(self.capture, Path(out_dir), rules=self.rules, capacity=self.capacity)
 
     def diff(self, other: Analysis) -> Comparison:
         """What changed from this analysis (before) to `other` (after), family by family and
         site by site, at each one's moment of interest."""
-        from snapana.diff import diff_reports
+        from snapana.compare import diff_reports
 
         return Comparison(diff_reports(self.device_report, other.device_report))
 
@@ -436,29 +420,6 @@ class Comparison:
         return (f"<div class='snapana'><p><b>snapana diff</b> — "
                 f"{_html.escape(self.verdict)}</p>"
                 f"{_table(('family', 'before', 'after', 'change', ''), rows)}</div>")
-
-
-def diff_files(before: Path, after: Path, fmt: str = "text", out: Path | None = None,
-               device: int | None = None, rules: RulesLike = None,
-               capacity: int | str | None = None) -> str | None:
-    """`snapana diff`: compare two captures. With `out`, write it (HTML when `out` ends in
-    .html/.htm or `fmt` is 'html', else the text format) and return None; otherwise return
-    the text in `fmt` ('text', 'markdown' or 'json') for stdout."""
-    ruleset = _ruleset(rules)
-    a = load(before, device=device, rules=ruleset, capacity=capacity)
-    b = load(after, device=device, rules=ruleset, capacity=capacity)
-    cmp = a.diff(b)
-    if out is None:
-        if fmt == "html":
-            raise ValueError("--format html needs -o FILE")
-        return cmp.summary(fmt)  # type: ignore[arg-type]
-    if fmt == "html" or out.suffix.lower() in (".html", ".htm"):
-        cmp.report(out)
-    else:
-        from snapana.output import write_atomic
-
-        write_atomic(out, cmp.summary(fmt))  # type: ignore[arg-type]
-    return None
 
 
 def _sites_figure(r: DeviceReport) -> go.Figure:

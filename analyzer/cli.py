@@ -5,26 +5,75 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 from snapana.errors import InputError, SnapanaError
+from typer.core import TyperGroup
+
+err = Console(stderr=True)
+
+
+class _Guarded(TyperGroup):
+    """Every command runs inside this: an error that is the input's fault (SnapanaError)
+    becomes one line on stderr and its exit code, in a process or in a test's CliRunner."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        """Help shows an argument by its metavar alone (FILE...), not by its Python type."""
+        name, command, rest = super().resolve_command(ctx, args)
+        for param in command.params if command is not None else ():
+            if param.param_type_name == "argument" and param.metavar:
+                param.display_type_rich = lambda ctx: None  # type: ignore[attr-defined]
+        return name, command, rest
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SnapanaError as exc:
+            err.print(f"snapana: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+
 
 app = typer.Typer(
+    cls=_Guarded,
+    rich_markup_mode=None,
     add_completion=False,
     no_args_is_help=True,
     help="Explain GPU out-of-memory incidents from PyTorch memory snapshots.",
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
-err = Console(stderr=True)
 
 
 class Format(str, Enum):
     text = "text"
     markdown = "markdown"
     json = "json"
+
+
+class Engine(str, Enum):
+    local = "local"
+    dask = "dask"
+    ray = "ray"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from snapana import __version__
+
+        typer.echo(f"snapana {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", "-V", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Explain GPU out-of-memory incidents from PyTorch memory snapshots."""
 
 
 def _load(path: Path):
@@ -51,45 +100,72 @@ def _rules(files: list[Path] | None):
 
 
 def _capacity(text: str | None) -> int | None:
-    from snapana.units import parse_bytes
+    from snapana.units import parse_capacity
 
     if text is None:
         return None
     try:
-        return parse_bytes(text)
+        return parse_capacity(text)
     except ValueError as exc:
         raise InputError(f"--capacity: {exc}") from None
 
 
 def _reports(path: Path, device: int | None, rules: list[Path] | None = None,
-             capacity: str | None = None):
+             capacity: str | None = None, at: str | None = None):
     from snapana.diagnosis import analyse
 
     ruleset = _rules(rules)
-    return analyse(_load(path), device, rules=ruleset, capacity=_capacity(capacity))
+    return analyse(_load(path), device, rules=ruleset, capacity=_capacity(capacity), at=at)
+
+
+def _output_file(output: Path | None, default: Path, inputs: list[Path]) -> Path:
+    """Where a single-file output goes: `-o FILE`, or `default`'s name inside `-o DIR`.
+    An output that is one of the inputs is refused: inputs are never modified."""
+    from snapana.output import OutputError
+
+    out = output if output is not None else default
+    if out.is_dir():
+        out = out / default.name
+        err.print(f"{output} is a folder: writing {out}")
+    for inp in inputs:
+        if inp.exists() and (out.exists() and out.samefile(inp) or out.resolve() == inp.resolve()):
+            raise OutputError(f"{out}: is an input; choose another output path")
+    return out
 
 
 RulesOpt = Annotated[
     list[Path] | None,
-    typer.Option("--rules", help="extra rule pack (TOML); repeatable; wins over built-ins"),
+    typer.Option("--rules", metavar="RULES.toml",
+                 help="extra rule pack (TOML); repeatable; wins over built-ins"),
 ]
 CapacityOpt = Annotated[
     str | None,
-    typer.Option("--capacity", help="device memory, e.g. 80GiB: measures memory outside "
-                 "PyTorch"),
+    typer.Option("--capacity", metavar="SIZE",
+                 help="device memory with its unit, e.g. 80GiB (2^30) or 80GB (10^9): "
+                 "measures memory outside PyTorch"),
+]
+AtOpt = Annotated[
+    str | None,
+    typer.Option("--at", metavar="MOMENT",
+                 help="moment to show: oom, peak, end, event:N or time:US "
+                 "(default: the OOM, else the peak)"),
 ]
 
 
 FileArg = Annotated[Path, typer.Argument(
+    metavar="FILE",
     help="snapshot pickle, profiler trace, memory timeline or memray capture (optionally gzip)")]
-DeviceOpt = Annotated[int | None, typer.Option("--device", help="only this device")]
+DeviceOpt = Annotated[int | None, typer.Option("--device", metavar="N",
+                                               help="only this device")]
+OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", metavar="PATH")]
 
 
 FilesArg = Annotated[list[str], typer.Argument(
+    metavar="FILE",
     help="snapshot file(s), directories of snapshots, or globs (one report for all ranks)")]
-WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j",
+WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N",
                                                 help="worker processes (default: all cores)")]
-EngineOpt = Annotated[str, typer.Option("--engine", help="local | dask | ray")]
+EngineOpt = Annotated[Engine, typer.Option("--engine", help="where the per-file work runs")]
 
 
 def _many(files: list[str], workers: int | None, rules: list[Path] | None,
@@ -97,8 +173,6 @@ def _many(files: list[str], workers: int | None, rules: list[Path] | None,
     """Summaries of several inputs, a progress bar per file on a terminal."""
     from snapana.multi import aggregate, expand_inputs, summarize_many
 
-    if engine not in ("local", "dask", "ray"):
-        raise InputError(f"--engine: {engine!r} is not one of local, dask, ray")
     paths = expand_inputs(files)
     _rules(rules)  # a bad rule file fails once, here, not in every worker
     rule_files = [str(r) for r in rules or ()]
@@ -126,20 +200,24 @@ def _single(files: list[str]) -> Path | None:
 @app.command()
 def report(
     files: FilesArg,
-    output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="HTML file to write")
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", metavar="PATH", help="HTML file to write (or a folder to write it in)")
     ] = None,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
+    at: AtOpt = None,
     workers: WorkersOpt = None,
     rank: Annotated[int | None, typer.Option(
-        "--rank", help="with several inputs: the rank shown in full (default: first OOM)")
+        "--rank", metavar="N",
+        help="with several inputs: the rank shown in full (default: first OOM)")
     ] = None,
     trace: Annotated[list[Path] | None, typer.Option(
-        "--trace", help="a torch.profiler trace or memory timeline of the same job")] = None,
+        "--trace", metavar="FILE",
+        help="a torch.profiler trace or memory timeline of the same job")] = None,
     memray: Annotated[list[Path] | None, typer.Option(
-        "--memray", help="a memray capture (host memory) of the same job")] = None,
+        "--memray", metavar="FILE", help="a memray capture (host memory) of the same job")
+    ] = None,
 ) -> None:
     """Write a self-contained HTML report (opens offline, attach it to the ticket)."""
     from snapana.output import write_atomic
@@ -147,13 +225,17 @@ def report(
 
     single = _single(files)
     if single is not None:
-        reports = _reports(single, device, rules, capacity)
-        for extra in [*(trace or ()), *(memray or ())]:
+        extras = [*(trace or ()), *(memray or ())]
+        out = _output_file(output, Path(single.name.split(".")[0] + ".html"),
+                           [single, *extras])
+        reports = _reports(single, device, rules, capacity, at)
+        for extra in extras:
             reports += _reports(extra, None, rules, capacity)
-        out = output or Path(single.name.split(".")[0] + ".html")
         write_atomic(out, html.render(reports, title=single.name))
         err.print(f"wrote {out}")
         return
+    if at is not None:
+        raise InputError("--at applies to one capture; with several inputs, pick one file")
     paths, multi = _many(files, workers, rules, capacity)
     chosen = multi.first_oom
     if rank is not None:
@@ -162,7 +244,7 @@ def report(
             raise InputError(f"--rank {rank}: no analysed input has that rank")
     chosen = chosen or (multi.ok[0] if multi.ok else None)
     reports = _reports(Path(chosen.file), chosen.device, rules, capacity) if chosen else []
-    out = output or Path("snapana-report.html")
+    out = _output_file(output, Path("snapana-report.html"), paths)
     write_atomic(out, html.render(reports, title=f"{len(paths)} inputs", multi=multi))
     err.print(f"wrote {out}")
 
@@ -174,12 +256,15 @@ def summary(
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
+    at: AtOpt = None,
     workers: WorkersOpt = None,
 ) -> None:
     """Print the verdict and what holds memory: a table, markdown for a ticket, or JSON.
     With several inputs: the rank table."""
     single = _single(files)
     if single is None:
+        if at is not None:
+            raise InputError("--at applies to one capture; with several inputs, pick one file")
         from snapana.render import multi as multi_render
 
         _, multi = _many(files, workers, rules, capacity)
@@ -190,7 +275,7 @@ def summary(
         else:
             multi_render.terminal(multi, Console())
         return
-    reports = _reports(single, device, rules, capacity)
+    reports = _reports(single, device, rules, capacity, at)
     if format is Format.json:
         from snapana.render import json as json_render
 
@@ -208,9 +293,11 @@ def summary(
 @app.command()
 def batch(
     files: FilesArg,
-    output: Annotated[Path, typer.Option("-o", "--output", help="dataset folder to write")],
-    job: Annotated[str | None, typer.Option("--job", help="job name (default: folder)")] = None,
-    engine: EngineOpt = "local",
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="DIR",
+                                         help="dataset folder to write")],
+    job: Annotated[str | None, typer.Option("--job", metavar="NAME",
+                                            help="job name (default: folder)")] = None,
+    engine: EngineOpt = Engine.local,
     workers: WorkersOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
@@ -219,7 +306,7 @@ def batch(
     (ranks/ and families/, one partition per job and rank); --engine dask|ray for clusters."""
     from snapana.render import dataset
 
-    paths, multi = _many(files, workers, rules, capacity, engine)
+    paths, multi = _many(files, workers, rules, capacity, engine.value)
     name = job or (paths[0].parent.name if paths else "job")
     dataset.write(multi, output, name)
     err.print(f"wrote {output} ({len(multi.ranks)} inputs, {len(multi.ok)} analysed)")
@@ -228,11 +315,15 @@ def batch(
 @app.command()
 def explain(
     file: FileArg,
-    block: Annotated[str | None, typer.Option("--block", help="block address (0x...)")] = None,
-    family: Annotated[str | None, typer.Option("--family", help="family id")] = None,
-    site: Annotated[str | None, typer.Option("--site", help="text in the site")] = None,
+    block: Annotated[str | None, typer.Option("--block", metavar="ADDR",
+                                              help="block address (0x...)")] = None,
+    family: Annotated[str | None, typer.Option("--family", metavar="FAMILY",
+                                               help="family id")] = None,
+    site: Annotated[str | None, typer.Option("--site", metavar="TEXT",
+                                             help="text in the site")] = None,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
+    at: AtOpt = None,
 ) -> None:
     """Why a block (or a family, or a site) got its family: rule, frames, near misses."""
     from snapana.explain import explain as run_explain
@@ -245,20 +336,27 @@ def explain(
         except ValueError:
             raise InputError(f"--block: {block!r} is not an address (e.g. 0x7f3a00000000)"
                              ) from None
+    from snapana.api import default_device
+
     capture = _load(file)
-    dev = device if device is not None else capture.devices[0]
-    items = run_explain(capture, dev, _rules(rules), block=address, family=family, site=site)
+    if device is not None and device not in capture.devices:
+        raise InputError(f"{file}: no device {device} (devices: {capture.devices})")
+    dev = device if device is not None else default_device(capture)
+    items = run_explain(capture, dev, _rules(rules), block=address, family=family, site=site,
+                        at=at)
     terminal.render_explain(items, Console())
 
 
 @app.command()
 def synth(
-    scenario: Annotated[str | None, typer.Argument(help="scenario name (see --list)")] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output")] = None,
+    scenario: Annotated[str | None, typer.Argument(
+        metavar="[SCENARIO]", help="scenario name (see --list)")] = None,
+    output: OutputOpt = None,
     list_: Annotated[bool, typer.Option("--list", help="list the scenarios")] = False,
     entries: Annotated[int | None, typer.Option(
-        "--entries", help="instead of a scenario: a training run with N trace entries")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="with --entries")] = 0,
+        "--entries", metavar="N",
+        help="instead of a scenario: a training run with N trace entries")] = None,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="with --entries")] = 0,
 ) -> None:
     """Write a simulated snapshot (and its ground-truth sidecar) for a seed incident, or a
     large one (--entries N) for benchmarks."""
@@ -267,8 +365,10 @@ def synth(
     if entries is not None:
         from snapana.synth.scale import write_scale_snapshot
 
-        out = write_scale_snapshot(entries, output or Path(f"scale-{entries}.pickle"),
-                                   seed=seed)
+        if not 1 <= entries <= 50_000_000:
+            raise InputError(f"--entries {entries}: give 1 to 50000000")
+        out = write_scale_snapshot(entries, _output_file(output, Path(f"scale-{entries}.pickle"),
+                                                         []), seed=seed)
         err.print(f"wrote {out}")
         return
 
@@ -278,16 +378,16 @@ def synth(
         return
     if scenario not in SCENARIOS:
         raise InputError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
-    pickle_path, truth = write_sample(scenario, output or Path(f"{scenario}.pickle"))
+    pickle_path, truth = write_sample(scenario,
+                                      _output_file(output, Path(f"{scenario}.pickle"), []))
     err.print(f"wrote {pickle_path} and {truth}")
 
 
 @app.command()
 def convert(
-    file: Annotated[Path, typer.Argument(help="memray capture (.bin)")],
-    output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Parquet file to write")
-    ] = None,
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="memray capture (.bin)")],
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", metavar="PATH", help="Parquet file to write")] = None,
 ) -> None:
     """Turn a memray capture into a Parquet file that snapana reads with any memray installed.
 
@@ -296,7 +396,9 @@ def convert(
     """
     from snapana.convert import convert_memray
 
-    out = convert_memray(file, output or file.with_suffix(".parquet"))
+    out = convert_memray(file, _output_file(output, Path(file.with_suffix(".parquet").name)
+                                            if output is not None else
+                                            file.with_suffix(".parquet"), [file]))
     err.print(f"wrote {out}")
 
 
@@ -304,14 +406,15 @@ def convert(
 def export(
     file: FileArg,
     output: Annotated[Path | None, typer.Option(
-        "-o", "--output", help="folder to write (an earlier export there is replaced)")] = None,
+        "-o", "--output", metavar="DIR",
+        help="folder to write (an earlier export there is replaced)")] = None,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
 ) -> None:
     """Write the capture as Parquet tables (blocks with families, events, segments, stacks)
     for DuckDB, polars or pandas; `snapana report DIR` reads the folder back."""
-    from snapana.export import export as export_tables
+    from snapana.export_tables import export as export_tables
 
     out = output or Path(file.name.split(".")[0] + "-export")
     export_tables(_load(file), out, device=device, rules=_rules(rules),
@@ -321,10 +424,13 @@ def export(
 
 @app.command()
 def diff(
-    before: Annotated[Path, typer.Argument(help="the capture before the change (the OOM)")],
-    after: Annotated[Path, typer.Argument(help="the capture after the change (the fix)")],
+    before: Annotated[Path, typer.Argument(
+        metavar="BEFORE", help="the capture before the change (the OOM)")],
+    after: Annotated[Path, typer.Argument(
+        metavar="AFTER", help="the capture after the change (the fix)")],
     output: Annotated[Path | None, typer.Option(
-        "-o", "--output", help="write to a file: HTML when it ends in .html, else --format")
+        "-o", "--output", metavar="PATH",
+        help="write to a file (HTML when it ends in .html) or into a folder (as .html)")
     ] = None,
     format: Annotated[Format, typer.Option("--format", "-f")] = Format.text,
     device: DeviceOpt = None,
@@ -333,22 +439,28 @@ def diff(
 ) -> None:
     """Compare two captures, e.g. before and after a fix: the change per family and site,
     the peak, and whether the OOM is gone."""
-    from snapana.api import diff_files
+    from snapana import diff as compare
 
-    text = diff_files(before, after, format.value, output, device=device, rules=_rules(rules),
-                      capacity=_capacity(capacity))
-    if text is None:
-        err.print(f"wrote {output}")
+    out = None
+    if output is not None:
+        stem = f"{before.name.split('.')[0]}-vs-{after.name.split('.')[0]}"
+        out = _output_file(output, Path(f"{stem}.html"), [before, after])
+    cmp = compare(before, after, device=device, rules=_rules(rules), capacity=_capacity(capacity))
+    if out is None:
+        sys.stdout.write(cmp.summary(format.value))
+    elif out.suffix.lower() in (".html", ".htm"):
+        cmp.report(out)
+        err.print(f"wrote {out}")
     else:
-        sys.stdout.write(text)
+        from snapana.output import write_atomic
+
+        write_atomic(out, cmp.summary(format.value))
+        err.print(f"wrote {out}")
 
 
 def main() -> None:
-    """Entry point: domain errors become one line on stderr and exit code 2."""
+    """Entry point of the console script and `python -m snapana`."""
     try:
         app()
-    except SnapanaError as exc:
-        err.print(f"snapana: error: {exc}", markup=False, highlight=False, soft_wrap=True)
-        raise SystemExit(exc.exit_code) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None

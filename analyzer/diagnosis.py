@@ -24,6 +24,7 @@ from snapana.knobs import (
 )
 from snapana.model import Capture, Frame
 from snapana.replay import DeviceReplay, Moment, replay
+from snapana.units import fmt_bytes
 from snapana.whatif import round_request, segment_size_for, would_fit
 
 TIMELINE_POINTS = 2000
@@ -153,6 +154,7 @@ class DeviceReport:
     before_recording_bytes: int
     diagnosis: Diagnosis | None = None
     device_name: str = ""  # e.g. "host process" (memray), "GPU 0" / "CPU" (profiler)
+    at: str | None = None  # the moment the user asked for (--at); None: the default moment
 
     @property
     def total_blocks(self) -> int:
@@ -160,11 +162,12 @@ class DeviceReport:
 
 
 def analyse(capture: Capture, device: int | None = None, rules: RuleSet | None = None,
-            capacity: int | None = None) -> list[DeviceReport]:
+            capacity: int | None = None, at: str | None = None) -> list[DeviceReport]:
     """One DeviceReport per device of the capture (or just the one asked for).
 
     `capacity` is the device's total memory when known (--capacity); it is what lets memory
-    held outside PyTorch be measured.
+    held outside PyTorch be measured. `at` names the moment shown (see DeviceReplay.resolve);
+    by default the OOM, else the peak.
     """
     devices = capture.devices if device is None else [device]
     if device is not None and device not in capture.devices:
@@ -176,16 +179,18 @@ def analyse(capture: Capture, device: int | None = None, rules: RuleSet | None =
     for d in devices:
         cap = capacity if capacity is not None else capture.capacity_bytes.get(d)
         out.append(device_report(capture, replay(capture, d), Attributor(capture, d, rules),
-                                 cap))
+                                 cap, at))
     return out
 
 
 def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
-                  capacity: int | None = None) -> DeviceReport:
-    moment = dr.moment_of_interest()
+                  capacity: int | None = None, at: str | None = None) -> DeviceReport:
+    moment = dr.resolve(at)
     live = dr.blocks_at(moment)
     held = attributor.attribute(live.filter(pl.col("state") == "active_allocated"))
     reserved = dr.reserved_at(moment)
+    if capacity is not None:
+        _check_capacity(capture, dr, moment, capacity, reserved)
     allocated = int(held["size"].sum())
     pending = int(live.filter(pl.col("state") == "active_pending_free")["size"].sum())
     free = dr.free_blocks_at(moment)
@@ -233,9 +238,27 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         warnings=warnings,
         before_recording_bytes=before,
     )
+    report.at = at
     report.device_name = str(capture.metadata.get("device_names", {}).get(dr.device, ""))
     report.diagnosis = diagnose(capture, dr, attributor, report, held, capacity)
     return report
+
+
+def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity: int,
+                    reserved: int) -> None:
+    """A device capacity that contradicts the capture would make every "outside PyTorch"
+    figure negative: refuse it rather than print it."""
+    from snapana.errors import InputError
+
+    where = f"device {dr.device} at event {moment.idx}"
+    if capacity < reserved:
+        raise InputError(f"capacity {fmt_bytes(capacity)} is less than the "
+                         f"{fmt_bytes(reserved)} PyTorch itself reserved on {where}")
+    if moment.kind == "oom" and dr.oom is not None and dr.oom.device_free_bytes is not None:
+        floor = reserved + dr.oom.device_free_bytes
+        if capacity < floor:
+            raise InputError(f"capacity {fmt_bytes(capacity)} is less than reserved + device "
+                             f"free at the OOM ({fmt_bytes(floor)}) on device {dr.device}")
 
 
 def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, r: DeviceReport,

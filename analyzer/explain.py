@@ -25,12 +25,14 @@ class ExplainedSite:
 
 
 def explain(capture: Capture, device: int, rules: RuleSet, *, block: int | None = None,
-            family: str | None = None, site: str | None = None, limit: int = 10
-            ) -> list[ExplainedSite]:
-    """Explain the blocks live at the moment of interest that match the selection."""
+            family: str | None = None, site: str | None = None, limit: int = 10,
+            at: str | None = None) -> list[ExplainedSite]:
+    """Explain the blocks live at a moment (`at`, see DeviceReplay.resolve; default the
+    moment of interest) that match the selection."""
     dr = replay(capture, device)
     attributor = Attributor(capture, device, rules)
-    live = attributor.attribute(dr.blocks_at(dr.moment_of_interest()))
+    moment = dr.resolve(at)
+    live = attributor.attribute(dr.blocks_at(moment))
     if block is not None:
         sel = live.filter((pl.col("address") <= block)
                           & (pl.col("address") + pl.col("size") > block))
@@ -44,7 +46,8 @@ def explain(capture: Capture, device: int, rules: RuleSet, *, block: int | None 
     else:
         raise InputError("explain: give --block ADDR, --family F or --site TEXT")
     if sel.is_empty():
-        raise InputError(f"{capture.path}: {what} at the moment of interest")
+        when = f"at event {moment.idx}" if at else "at the moment of interest"
+        raise InputError(f"{capture.path}: {what} {when}")
     out = []
     groups = (
         sel.group_by("stack_id", "pool", "state", "family")

@@ -16,7 +16,13 @@ from functools import cached_property
 
 import numpy as np
 import polars as pl
+from snapana.errors import InputError
 from snapana.model import EMPTY_STACK, Capture
+
+
+class MomentError(InputError, ValueError):
+    """A moment the capture does not have (no OOM, no timestamps, an index out of range)."""
+
 
 NEVER = np.iinfo(np.int64).max  # free index of a block still live at the end
 
@@ -28,7 +34,7 @@ _SEGMENT_CLOSE = {"segment_free": -1, "segment_unmap": -1}
 class Moment:
     """A point in the capture: `idx` is the event index it is taken after (-1: before all)."""
 
-    kind: str  # "oom" | "peak" | "snapshot" | "event"
+    kind: str  # "oom" | "peak" | "snapshot" | "event" | "time" (the last two: asked for)
     idx: int
     time_us: int | None = None
 
@@ -94,6 +100,34 @@ class DeviceReplay:
 
     def at(self, idx: int, kind: str = "event") -> Moment:
         return Moment(kind, idx, self._time_at(idx))
+
+    def resolve(self, at: str | None) -> Moment:
+        """The moment a user named: None (the moment of interest), 'oom', 'peak', 'end',
+        'interest', 'event:N' (after event N; -1 is before the first) or 'time:US' (after
+        the last event at or before that trace time, in µs)."""
+        if at is None or at == "interest":
+            return self.moment_of_interest()
+        where = f"{self.capture.path} device {self.device}"
+        if at == "oom":
+            if self.oom is None:
+                raise MomentError(f"{where} has no OOM; try --at peak or --at end")
+            return Moment("oom", self.oom.idx, self.oom.time_us)
+        if at == "peak":
+            return self.peak
+        if at == "end":
+            return self.final
+        kind, _, value = at.partition(":")
+        if kind not in ("event", "time") or not value.lstrip("-").isdigit() or len(value) > 20:
+            raise MomentError(f"--at {at!r}: use oom, peak, end, event:N or time:US")
+        n = int(value)
+        if kind == "event":
+            if not -1 <= n < self.n_events:
+                raise MomentError(f"--at {at}: event out of range (-1..{self.n_events - 1})")
+            return self.at(n)
+        if not self.capture.has_time:
+            raise MomentError(f"{where}: no timestamps recorded; use --at event:N")
+        times = self._times.fill_null(strategy="forward")
+        return self.at(int((times <= n).sum()) - 1, "time")
 
     def _time_at(self, idx: int) -> int | None:
         if idx < 0 or not self.capture.has_time:

@@ -45,7 +45,27 @@ def raw_load(path: Path):
         return _NoGlobals(src).load()
 
 
+def invoke(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI inside this process (typer's CliRunner): the same commands, streams and
+    exit codes as the console script, without a Python start-up per call. An unexpected
+    exception propagates, so a test shows its traceback."""
+    from snapana.cli import app
+    from typer.testing import CliRunner
+
+    old = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        result = CliRunner(env={"COLUMNS": "200"}).invoke(app, list(args),
+                                                          catch_exceptions=False)
+    finally:
+        os.chdir(old)
+    return subprocess.CompletedProcess(["snapana", *args], result.exit_code, result.stdout,
+                                       result.stderr)
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m snapana` as a real process: for exit codes and the console script."""
     env = dict(os.environ, COLUMNS="200")
     return subprocess.run([sys.executable, "-m", "snapana", *args], capture_output=True,
                           text=True, cwd=cwd, env=env, timeout=600)

@@ -254,8 +254,24 @@ def test_default_device_is_the_first_with_an_oom() -> None:
     assert a.events.height == b.events.height == cap.events.height
 
 
-def test_package_root_exports() -> None:
-    assert snapana.load is snapana.api.load
+def test_package_root_exports_survive_every_submodule_import(tmp_path: Path) -> None:
+    """`import snapana.x` binds `x` on the package: no submodule may share a name with the
+    public functions, or `snapana.export(...)` becomes "'module' object is not callable"."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.walk_packages(snapana.__path__, "snapana."):
+        if not info.name.endswith("__main__"):  # that one runs the CLI
+            importlib.import_module(info.name)
+    for name in snapana.__all__:
+        assert getattr(snapana, name) is not None
+    assert all(callable(getattr(snapana, f)) for f in ("load", "diff", "export"))
     assert snapana.Analysis is Analysis
+    a = snapana.load(OOM_SAMPLE)
+    out = snapana.export(a, tmp_path / "exp")
+    assert snapana.load(out).families["bytes"].sum() == a.families["bytes"].sum()
+    assert snapana.export(OOM_SAMPLE, tmp_path / "exp2").is_dir()
+    cmp = snapana.diff(OOM_SAMPLE, a)
+    assert cmp.families["change"].abs().sum() == 0
     with pytest.raises(AttributeError):
         snapana.nope  # noqa: B018

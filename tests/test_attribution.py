@@ -916,7 +916,7 @@ frames = [{ function_re = "for.*" }]
         ),
         (
             "[[rule]]\nid = 'bad_size'\nfamily = 'logits'\nlabel = 'l'\nmin_size = 'lots'",
-            "`min_size` must be",
+            "`min_size`: cannot read 'lots' as a size",
         ),
         (
             "[[phase_rule]]\nid = 'bad_phase'\nphase = 'warmup'\nframes = [{ function = 'f' }]",

@@ -9,7 +9,7 @@ from snapana.diagnosis import analyse
 from snapana.replay import replay
 from snapana.sources import load
 
-from .conftest import SAMPLES, corpus_params, raw_load, run_cli
+from .conftest import SAMPLES, corpus_params, invoke, raw_load
 
 ACTIVE = {"active_allocated", "active_pending_free", "active_awaiting_free"}
 
@@ -120,7 +120,7 @@ def _largest_gap(blocks, segs):
 @pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle"))
 def test_headline_equals_sums_from_raw_pickle(path):
     raw = raw_load(path)
-    result = run_cli("summary", str(path), "--format", "json")
+    result = invoke("summary", str(path), "--format", "json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     for dev in summary["devices"]:
@@ -144,7 +144,7 @@ def test_headline_equals_sums_from_raw_pickle(path):
 @pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle"))
 def test_report_succeeds(path, tmp_path):
     out = tmp_path / "r.html"
-    result = run_cli("report", str(path), "-o", str(out))
+    result = invoke("report", str(path), "-o", str(out))
     assert result.returncode == 0, result.stderr
     html = out.read_text()
     assert "Plotly.newPlot" in html and "plotly-gz" in html

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import snapana
-from snapana.api import Analysis, diff_files
+from snapana.api import Analysis
 from snapana.render import diff_html, diff_text
 
-from .conftest import SAMPLES, SNAPSHOTS, corpus_params, run_cli
+from .conftest import SAMPLES, SNAPSHOTS, corpus_params, invoke
 
 BEFORE = SAMPLES / "slime-tp2-chunked-logprob-oom.pickle"
 AFTER = SAMPLES / "slime-tp2-recompute-loss-ok.pickle"
@@ -110,23 +110,23 @@ def test_renderers(pair, tmp_path: Path) -> None:
 
 
 def test_diff_files(tmp_path: Path) -> None:
-    text = diff_files(BEFORE, AFTER, "text")
-    assert text is not None and text.startswith("before: ")
-    assert json.loads(diff_files(BEFORE, AFTER, "json") or "")["oom_gone"] is True
-    assert diff_files(BEFORE, AFTER, "text", tmp_path / "d.html") is None
+    text = snapana.diff(BEFORE, AFTER).summary("text")
+    assert text.startswith("before: ")
+    assert json.loads(snapana.diff(str(BEFORE), AFTER).summary("json"))["oom_gone"] is True
+    run = invoke("diff", str(BEFORE), str(AFTER), "-o", str(tmp_path / "d.html"))
+    assert run.returncode == 0, run.stderr
     assert (tmp_path / "d.html").read_text().startswith("<!DOCTYPE html>")
-    assert diff_files(BEFORE, AFTER, "markdown", tmp_path / "d.md") is None
+    run = invoke("diff", str(BEFORE), str(AFTER), "-f", "markdown", "-o", str(tmp_path / "d.md"))
+    assert run.returncode == 0, run.stderr
     assert (tmp_path / "d.md").read_text().startswith("### GPU memory: before vs after")
-    with pytest.raises(ValueError):
-        diff_files(BEFORE, AFTER, "html")
 
 
 def test_diff_across_sources(tmp_path: Path) -> None:
     traces = corpus_params("kineto_traces", "switch-transformer-a100.json")
     if traces[0].values[0] is None:
         pytest.skip("../shared/corpus absent")
-    out = diff_files(SAMPLES / "fsdp-train-step.pickle", traces[0].values[0], "json")
-    data = json.loads(out or "")
+    data = json.loads(snapana.diff(SAMPLES / "fsdp-train-step.pickle",
+                                   traces[0].values[0]).summary("json"))
     assert data["before"]["source"] == "torch_snapshot"
     assert data["after"]["source"] == "kineto_trace"
     assert sum(f["after_bytes"] for f in data["families"]) == data["after"]["allocated_bytes"]
@@ -139,12 +139,12 @@ def test_corpus_diff_matches_two_summaries() -> None:
         pytest.skip("../shared/corpus absent")
     sums = []
     for p in (a, b):
-        run = run_cli("summary", str(p), "--format", "json")
+        run = invoke("summary", str(p), "--format", "json")
         assert run.returncode == 0, run.stderr
         sums.append(json.loads(run.stdout)["devices"][0])
     groups = [{g["family"]: g["bytes"] for g in s["groups"]} for s in sums]
     expected = {f: groups[1].get(f, 0) - groups[0].get(f, 0) for f in {*groups[0], *groups[1]}}
-    data = json.loads(diff_files(a, b, "json") or "")
+    data = json.loads(snapana.diff(a, b).summary("json"))
     got = {f["family"]: f["change_bytes"] for f in data["families"]}
     assert got == expected
     assert data["peak_change_bytes"] == (sums[1]["peak_allocated_bytes"]

@@ -13,7 +13,7 @@ import snapana
 from snapana import sources
 from snapana.diagnosis import analyse
 from snapana.errors import InputError
-from snapana.export import export, export_capture
+from snapana.export_tables import export, export_capture
 from snapana.model import Capture
 from snapana.output import OutputError
 from snapana.render import json as json_render

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from .browser import open_report
-from .conftest import corpus_files, run_cli
+from .conftest import corpus_files, invoke
 
 MiB = 2**20
 FR = [{"filename": "/job/model.py", "line": 54, "name": "forward"},
@@ -56,7 +56,7 @@ CSS_URL = re.compile(r"""url\(\s*["']?\s*(https?:)?//|@import""", re.I)
 def test_report_renders_offline_in_chromium(tmp_path):
     for snap in _inputs(tmp_path):
         out = tmp_path / (snap.stem + ".html")
-        result = run_cli("report", str(snap), "-o", str(out))
+        result = invoke("report", str(snap), "-o", str(out))
         assert result.returncode == 0, result.stderr
         html = out.read_text()
         assert not URL_REF.search(html), "report references a network resource"
@@ -76,9 +76,9 @@ def test_report_renders_offline_in_chromium(tmp_path):
 def test_device_option(tmp_path, device):
     snap = tmp_path / "oom.pickle"
     _oom_snapshot(snap)
-    ok = run_cli("report", str(snap), "--device", device, "-o", str(tmp_path / "a.html"))
+    ok = invoke("report", str(snap), "--device", device, "-o", str(tmp_path / "a.html"))
     assert ok.returncode == 0
-    bad = run_cli("report", str(snap), "--device", "7", "-o", str(tmp_path / "b.html"))
+    bad = invoke("report", str(snap), "--device", "7", "-o", str(tmp_path / "b.html"))
     assert bad.returncode == 2 and "no device 7" in bad.stderr
     assert not (tmp_path / "b.html").exists()
 
@@ -105,7 +105,7 @@ def test_snapshot_and_trace_together(tmp_path, t0, shared):
     _oom_snapshot(snap)  # events at 10..12 µs
     _kineto(trace, t0)
     out = tmp_path / "both.html"
-    result = run_cli("report", str(snap), "--trace", str(trace), "-o", str(out))
+    result = invoke("report", str(snap), "--trace", str(trace), "-o", str(out))
     assert result.returncode == 0, result.stderr
     visit = open_report(out)
     assert visit.console_errors == []

@@ -11,7 +11,7 @@ from snapana.multi import aggregate, summarize_many
 from snapana.synth import CachingAllocatorSim, SimulatedOOM
 
 from .browser import open_report
-from .conftest import SNAPSHOTS, run_cli
+from .conftest import SNAPSHOTS, invoke
 
 MiB, GiB = 2**20, 2**30
 SITE = "/usr/lib/python3.10/site-packages"
@@ -74,7 +74,7 @@ def test_the_failing_rank_and_the_outlier_are_named(incident):
 
 
 def test_summary_json_has_one_entry_per_input(incident):
-    result = run_cli("summary", str(incident), "--format", "json")
+    result = invoke("summary", str(incident), "--format", "json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     entries = {e["rank"]: e for e in data["inputs"]}
@@ -91,7 +91,7 @@ def test_summary_json_has_one_entry_per_input(incident):
 
 def test_multi_report_renders(incident, tmp_path):
     out = tmp_path / "all.html"
-    result = run_cli("report", str(incident / "*.pickle"), "-o", str(out))
+    result = invoke("report", str(incident / "*.pickle"), "-o", str(out))
     assert result.returncode == 0, result.stderr
     visit = open_report(out)
     assert visit.console_errors == [] and visit.requests == [out.resolve().as_uri()]
@@ -102,7 +102,7 @@ def test_multi_report_renders(incident, tmp_path):
 def test_dask_engine_in_local_mode(incident, tmp_path):
     pytest.importorskip("dask")
     out = tmp_path / "dataset"
-    result = run_cli("batch", str(incident), "-o", str(out), "--engine", "dask",
+    result = invoke("batch", str(incident), "-o", str(out), "--engine", "dask",
                      "--job", "incident42")
     assert result.returncode == 0, result.stderr
     ranks = pl.read_parquet(out / "ranks", hive_partitioning=True)
@@ -120,10 +120,10 @@ def test_unrelated_corpus_files_are_said_to_be_unrelated(tmp_path):
     if not SNAPSHOTS.is_dir():
         pytest.skip("../shared/corpus absent")
     out = tmp_path / "corpus.html"
-    result = run_cli("report", str(SNAPSHOTS), "-o", str(out))
+    result = invoke("report", str(SNAPSHOTS), "-o", str(out))
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     assert "do not look like one job" in text
-    summary = json.loads(run_cli("summary", str(SNAPSHOTS), "--format", "json").stdout)
+    summary = json.loads(invoke("summary", str(SNAPSHOTS), "--format", "json").stdout)
     assert summary["one_job"] is False and summary["outliers"] == []
     assert len(summary["inputs"]) == len(list(SNAPSHOTS.glob("*.pickle")))

@@ -15,7 +15,7 @@ from snapana.model import BLOCK_SCHEMA, EVENT_SCHEMA, SEGMENT_SCHEMA, Capture, S
 from snapana.replay import replay
 from snapana.sources import kineto_trace
 
-from .conftest import CORPUS, corpus_params, run_cli
+from .conftest import CORPUS, corpus_params, invoke
 
 TRACES = CORPUS / "kineto_traces"
 
@@ -325,6 +325,6 @@ def test_cli_summary_reads_a_trace():
         pytest.skip("../shared/corpus absent")
     if sources.sniff(path) != "kineto_trace":
         pytest.skip("sources.sniff does not route profiler traces yet (issue 6 proposal)")
-    result = run_cli("summary", str(path), "--format", "json")
+    result = invoke("summary", str(path), "--format", "json")
     assert result.returncode == 0, result.stderr
     json.loads(result.stdout)

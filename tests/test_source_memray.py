@@ -11,7 +11,7 @@ from snapana.diagnosis import analyse
 from snapana.errors import InputError
 from snapana.sources import memray_capture
 
-from .conftest import corpus_params, run_cli
+from .conftest import corpus_params, invoke
 
 CHUNK = 3 << 20  # 3 MiB, far above anything else the tracked code allocates
 
@@ -147,20 +147,20 @@ def test_lz4_prefix_decoder_handles_overlapping_matches():
 
 
 def test_cli_convert_then_summary(capture_file, tmp_path):
-    if run_cli("convert", "--help").returncode != 0:
+    if invoke("convert", "--help").returncode != 0:
         pytest.skip("the CLI has no `convert` command yet (issue 6 proposal)")
     out = tmp_path / "cli.parquet"
-    result = run_cli("convert", str(capture_file), "-o", str(out))
+    result = invoke("convert", str(capture_file), "-o", str(out))
     assert result.returncode == 0, result.stderr
-    result = run_cli("summary", str(out), "--format", "json")
+    result = invoke("summary", str(out), "--format", "json")
     assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("path", corpus_params("memray", "*.bin"))
 def test_cli_names_the_fix_for_an_old_capture(path):
-    if run_cli("convert", "--help").returncode != 0:
+    if invoke("convert", "--help").returncode != 0:
         pytest.skip("the CLI has no `convert` command yet (issue 6 proposal)")
-    result = run_cli("summary", str(path))
+    result = invoke("summary", str(path))
     if result.returncode == 0:
         return  # memray 1.19 installed
     lines = result.stderr.strip().splitlines()

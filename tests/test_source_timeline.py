@@ -14,7 +14,7 @@ from snapana.errors import InputError
 from snapana.replay import replay
 from snapana.sources import memory_timeline
 
-from .conftest import corpus_params, run_cli
+from .conftest import corpus_params, invoke
 from .test_source_kineto import ROUNDING, exact_peak
 
 
@@ -211,6 +211,6 @@ def test_cli_summary_reads_a_timeline(exported):
     path = exported / "t.raw.json.gz"
     if sources.sniff(path) != "memory_timeline":
         pytest.skip("sources.sniff does not route memory timelines yet (issue 6 proposal)")
-    result = run_cli("summary", str(path), "--format", "json")
+    result = invoke("summary", str(path), "--format", "json")
     assert result.returncode == 0, result.stderr
     json.loads(result.stdout)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from snapana.units import MAX_BYTES, parse_bytes
+
 from .families import family_ids
 from .stack import BLOCK_STATES, NormStack, normalize_state, path_has_suffix
 
@@ -258,20 +260,6 @@ _FRAME_KEYS = {
     "outermost",
 }
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "b": 1,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-
-
 class _Ctx:
     """Carries file and rule id so every error message names both."""
 
@@ -318,15 +306,17 @@ def _regex(value: Any, ctx: _Ctx, key: str) -> re.Pattern[str]:
 
 
 def parse_size(value: Any, ctx: _Ctx | None = None, key: str = "size") -> int:
-    """Bytes from an int or a string such as ``"512MiB"``, ``"1.5 GiB"`` or ``"4096"``."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    """Bytes from an integer byte count or a size string with a unit (``"512MiB"``,
+    ``"1.5 GiB"``, ``"80GB"``), read by the product's one size parser."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_BYTES:
         return value
+    problem = f'a byte count or a size like "512MiB", got {value!r}'
     if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m:
-            unit = (m.group(2) or "B").lower()
-            return int(float(m.group(1)) * _UNITS[unit])
-    msg = f'`{key}` must be a byte count or a size like "512MiB", got {value!r}'
+        try:
+            return parse_bytes(value)
+        except ValueError as exc:
+            problem = str(exc)
+    msg = f"`{key}`: {problem}"
     if ctx is None:
         raise ValueError(msg)
     raise ctx.fail(msg)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from snapana.diff import CaptureDiff, FamilyChange, Side, SiteChange
+from snapana.compare import CaptureDiff, FamilyChange, Side, SiteChange
 from snapana.units import fmt_bytes
 
 TOP_FAMILIES = 3  # families named in the verdict

@@ -74,7 +74,7 @@ def _short_frame(frame: tuple[str, str, int]) -> str:
 
 def _figure_json(fig) -> str:
     # Escape '</' so the JSON cannot close its <script> element.
-    return fig.to_json().replace("</", "<\\/")
+    return fig.to_json(engine="json").replace("</", "<\\/")
 
 
 def render(reports: list[DeviceReport], title: str, multi=None) -> str:

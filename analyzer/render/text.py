@@ -12,13 +12,22 @@ def device_text(r: DeviceReport) -> str:
     return r.device_name or f"device {r.device}"
 
 
+_MOMENT_NAMES = {"oom": "the OOM", "peak": "the peak", "snapshot": "the end of the capture"}
+
+
 def moment_text(r: DeviceReport) -> str:
+    """Which moment a report shows, and whether the user chose it (--at)."""
     if r.source in HOST_SOURCES:
         return "at the heap's high-water mark"
-    if r.moment.kind == "oom":
-        return f"at the OOM (event {r.moment.idx})"
-    if r.moment.kind == "peak":
-        where = "before the first event" if r.moment.idx < 0 else f"event {r.moment.idx}"
+    m = r.moment
+    where = "before the first event" if m.idx < 0 else f"event {m.idx}"
+    if m.time_us is not None and m.kind == "time":
+        where += f", trace time {m.time_us} µs"
+    if r.at is not None:
+        return f"at {_MOMENT_NAMES.get(m.kind, where)} ({where}; chosen with --at {r.at})"
+    if m.kind == "oom":
+        return f"at the OOM ({where})"
+    if m.kind == "peak":
         return f"at the peak ({where}; no OOM recorded)"
     return "at the snapshot (no OOM, no allocation history recorded)"
 
@@ -128,8 +137,10 @@ def verdict(r: DeviceReport) -> str:
         top = ", ".join(f"{g.name} {fmt_bytes(g.bytes)}" for g in r.groups[:3])
         where = ("the high-water mark" if r.source in HOST_SOURCES else
                  "the peak" if d.kind == "peak" else "the snapshot")
+        opening = (f"Shown {moment_text(r)}" if r.at is not None
+                   else f"No OOM recorded: this diagnoses {where}")
         parts.append(
-            f"No OOM recorded: this diagnoses {where} ({fmt_bytes(r.allocated_bytes)} "
+            f"{opening} ({fmt_bytes(r.allocated_bytes)} "
             f"allocated, {_phase_words(d.phase)}). Largest: {top}."
         )
     if d.knobs:

@@ -8,7 +8,7 @@ gives: so the JSON keeps Python types JSON cannot (int dict keys, tuples, numpy 
 small tags, and the block table keeps the capture's own final blocks, marked `at = 'final'`.
 
 The codec lives here, with the reader, because sources come first in the pipeline: the
-writer (`snapana.export`) imports it from here, never the other way round.
+writer (`snapana.export_tables`) imports it from here, never the other way round.
 """
 
 from __future__ import annotations

@@ -1,0 +1,56 @@
+"""One size parser for the whole product: units are explicit, GB is 10^9 and GiB is 2^30."""
+
+from __future__ import annotations
+
+import pytest
+from snapana.attribution import parse_size
+from snapana.units import MAX_DEVICE_BYTES, parse_bytes, parse_capacity
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("80GiB", 80 * 2**30),
+    ("80 GiB", 80 * 2**30),
+    ("80gib", 80 * 2**30),
+    ("80GB", 80 * 10**9),
+    ("81920MiB", 81920 * 2**20),
+    ("79.25 GB", 79_250_000_000),
+    ("1.5GiB", 3 * 2**29),
+    ("512B", 512),
+    ("4KB", 4000),
+    ("2TiB", 2 * 2**40),
+])
+def test_sizes_with_units(text: str, expected: int) -> None:
+    assert parse_bytes(text) == expected
+    assert parse_size(text) == expected  # rule packs read sizes the same way
+
+
+@pytest.mark.parametrize("text, says", [
+    ("80", "no unit"),
+    ("80G", "unknown unit 'G' (80GiB or 80GB?)"),
+    ("80 parsecs", "unknown unit"),
+    ("-1GiB", "cannot read"),
+    ("GiB", "cannot read"),
+    ("", "cannot read"),
+    ("1e3GB", "cannot read"),
+    ("99999999999TiB", "larger than any memory"),
+])
+def test_sizes_refused_with_a_reason(text: str, says: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_bytes(text)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_capacity_must_be_a_device_size() -> None:
+    assert parse_capacity("80GiB") == 80 * 2**30
+    assert parse_capacity(80 * 10**9) == 80 * 10**9
+    for bad in ("0GiB", "1TB", MAX_DEVICE_BYTES + 1, "80"):
+        with pytest.raises(ValueError):
+            parse_capacity(bad)
+
+
+def test_rule_pack_byte_counts_stay_integers() -> None:
+    assert parse_size(4096) == 4096
+    with pytest.raises(ValueError):
+        parse_size(-1)
+    with pytest.raises(ValueError):
+        parse_size("4096")  # a string needs its unit, like everywhere else
