@@ -179,10 +179,15 @@ def _map_ray(args: list[str], rule_files: list[str] | None, capacity: int | None
         import ray
     except ImportError:
         raise InputError("--engine ray needs ray: pip install 'snapana[ray]'") from None
-    if not ray.is_initialized():
+    started = not ray.is_initialized()
+    if started:
         ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS when set, else starts locally
-    task = ray.remote(summarize_file)
-    out = ray.get([task.remote(a, rule_files, capacity) for a in args])
+    try:
+        task = ray.remote(summarize_file)
+        out = ray.get([task.remote(a, rule_files, capacity) for a in args])
+    finally:
+        if started:  # leave a caller's Ray as it was; disconnect from (or stop) our own
+            ray.shutdown()
     return dict(zip(args, out, strict=True))
 
 

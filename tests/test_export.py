@@ -19,7 +19,7 @@ from snapana.output import OutputError
 from snapana.render import json as json_render
 from snapana.sources import parquet_dir
 
-from .conftest import SAMPLES, corpus_params
+from .conftest import SAMPLES, corpus_params, require
 
 SAMPLE_PARAMS = [pytest.param(p, id=p.name) for p in sorted(SAMPLES.glob("*.pickle"))]
 OOM_SAMPLE = SAMPLES / "slime-tp2-chunked-logprob-oom.pickle"
@@ -76,7 +76,7 @@ def test_round_trip_corpus(path: Path, tmp_path: Path) -> None:
 
 
 def test_round_trip_memray_capture(tmp_path: Path) -> None:
-    memray = pytest.importorskip("memray")
+    memray = require("memray")
     run = tmp_path / "run.bin"
     with memray.Tracker(str(run)):
         held = [bytearray(3 << 20) for _ in range(3)]
@@ -114,7 +114,7 @@ def test_tables_are_plain_parquet(tmp_path: Path) -> None:
 
 
 def test_duckdb_reads_the_tables_when_installed(tmp_path: Path) -> None:
-    duckdb = pytest.importorskip("duckdb")
+    duckdb = require("duckdb")
     out = export_capture(OOM_SAMPLE, tmp_path / "x")
     total = duckdb.sql(
         f"select sum(size) from '{out}/blocks.parquet' "

@@ -11,7 +11,7 @@ from snapana.multi import aggregate, summarize_many
 from snapana.synth import CachingAllocatorSim, SimulatedOOM
 
 from .browser import open_report
-from .conftest import SNAPSHOTS, invoke
+from .conftest import SNAPSHOTS, invoke, require
 
 MiB, GiB = 2**20, 2**30
 SITE = "/usr/lib/python3.10/site-packages"
@@ -100,7 +100,7 @@ def test_multi_report_renders(incident, tmp_path):
 
 
 def test_dask_engine_in_local_mode(incident, tmp_path):
-    pytest.importorskip("dask")
+    require("dask")
     out = tmp_path / "dataset"
     result = invoke("batch", str(incident), "-o", str(out), "--engine", "dask",
                      "--job", "incident42")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, require
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 PARAMS = [pytest.param(p, id=p.name) for p in NOTEBOOKS]
@@ -19,7 +19,7 @@ def test_the_notebooks_are_there() -> None:
 
 @pytest.mark.parametrize("path", PARAMS)
 def test_stored_without_outputs(path: Path) -> None:
-    nbformat = pytest.importorskip("nbformat")
+    nbformat = require("nbformat")
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     for cell in nb.cells:
@@ -30,9 +30,9 @@ def test_stored_without_outputs(path: Path) -> None:
 
 @pytest.mark.parametrize("path", PARAMS)
 def test_runs_top_to_bottom(path: Path) -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
+    nbformat = require("nbformat")
+    nbclient = require("nbclient")
+    require("ipykernel")
     nb = nbformat.read(path, as_version=4)
     # run where Jupyter would (the notebook's folder): the notebook finds the root itself
     client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,

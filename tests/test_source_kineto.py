@@ -15,7 +15,7 @@ from snapana.model import BLOCK_SCHEMA, EVENT_SCHEMA, SEGMENT_SCHEMA, Capture, S
 from snapana.replay import replay
 from snapana.sources import kineto_trace
 
-from .conftest import CORPUS, corpus_params, invoke
+from .conftest import CORPUS, corpus_params, invoke, require
 
 TRACES = CORPUS / "kineto_traces"
 
@@ -143,7 +143,7 @@ def test_2021_trace_peak_is_max_running_sum_of_bytes():
 
 
 def test_profiled_cpu_model_attributes_allocations_to_ops(tmp_path):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from torch.profiler import ProfilerActivity, profile
 
     lin = torch.nn.Linear(1024, 2048, bias=False)

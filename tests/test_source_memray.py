@@ -11,7 +11,7 @@ from snapana.diagnosis import analyse
 from snapana.errors import InputError
 from snapana.sources import memray_capture
 
-from .conftest import corpus_params, invoke
+from .conftest import corpus_params, invoke, require
 
 CHUNK = 3 << 20  # 3 MiB, far above anything else the tracked code allocates
 
@@ -29,7 +29,7 @@ def _workload() -> None:
 
 @pytest.fixture(scope="module")
 def capture_file(tmp_path_factory):
-    memray = pytest.importorskip("memray")
+    memray = require("memray")
     path = tmp_path_factory.mktemp("memray") / "run.bin"
     with memray.Tracker(str(path)):
         _workload()
@@ -37,7 +37,7 @@ def capture_file(tmp_path_factory):
 
 
 def test_real_capture_high_water_mark_is_memrays_peak(capture_file):
-    memray = pytest.importorskip("memray")
+    memray = require("memray")
     peak = memray.FileReader(str(capture_file)).metadata.peak_memory
     capture = memray_capture.load(capture_file)
     assert capture.devices == [memray_capture.HOST_DEVICE]

@@ -14,7 +14,7 @@ from snapana.errors import InputError
 from snapana.replay import replay
 from snapana.sources import memory_timeline
 
-from .conftest import corpus_params, invoke
+from .conftest import corpus_params, invoke, require
 from .test_source_kineto import ROUNDING, exact_peak
 
 
@@ -82,7 +82,7 @@ def test_corpus_timeline(path):
 
 
 def test_category_order_matches_installed_torch():
-    mp = pytest.importorskip("torch.profiler._memory_profiler")
+    mp = require("torch.profiler._memory_profiler")
     order = sorted(mp._CATEGORY_TO_INDEX.items(), key=lambda kv: kv[1])
     names = tuple("UNKNOWN" if c is None else c.name for c, _ in order)
     assert names == memory_timeline.CATEGORIES
@@ -92,7 +92,7 @@ def test_category_order_matches_installed_torch():
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A real CPU training step exported in both layouts."""
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from torch.profiler import ProfilerActivity, profile
 
     torch.manual_seed(0)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from snapana.synth.scenarios import SCENARIOS, write_sample
 
+from .conftest import require
+
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_snapshots"
 MiB, GiB = 1024**2, 1024**3
 FAMILIES = {
@@ -91,7 +93,7 @@ def test_sample_is_small_builtin_pickle(name: str) -> None:
 
 @pytest.mark.parametrize("name", ALL)
 def test_pytorch_tools_read_the_sample(name: str) -> None:
-    mv = pytest.importorskip("torch.cuda._memory_viz")
+    mv = require("torch.cuda._memory_viz")
     d = load(name)
     summary = mv.segsum(d)
     assert f"segments: {len(d['segments'])}" in summary

@@ -25,7 +25,7 @@ def device_dict(r: DeviceReport) -> dict[str, Any]:
         "device": r.device,
         "device_name": device_text(r),
         "moment": {"kind": r.moment.kind, "event_index": r.moment.idx,
-                   "time_us": r.moment.time_us},
+                   "time_us": r.moment.time_us, "asked_for": r.at},
         "reserved_bytes": r.reserved_bytes,
         "allocated_bytes": r.allocated_bytes,
         "pending_free_bytes": r.pending_free_bytes,
