@@ -2,7 +2,7 @@
 
 Rules are data (TOML). Each file is a *pack*; the built-in packs live in ``packs/`` (one
 per framework) and users add their own files. The schema is documented in
-``analyzer/attribution/__init__.py``; this module enforces it: an unknown field, an unknown
+``analyzer/snapana/attribution/__init__.py``; this module enforces it: an unknown field, an unknown
 family or phase, a bad regular expression or a malformed value is a :class:`RuleError` whose
 message is one line naming the file, the rule and the problem — a rule file is user input
 and must never produce a traceback.
