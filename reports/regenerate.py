@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from snapana.diagnosis import analyse
+from snapana.session import analyse
 from snapana.output import write_atomic
 from snapana.render import html, markdown
 from snapana.sources import load

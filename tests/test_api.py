@@ -13,11 +13,12 @@ import polars as pl
 import pytest
 import snapana
 from snapana import sources
-from snapana.api import Analysis, families_table
-from snapana.diagnosis import analyse
+from snapana.api import Analysis
 from snapana.errors import InputError
 from snapana.render import html, markdown
 from snapana.render import json as json_render
+from snapana.session import analyse
+from snapana.tables import families_of_blocks
 
 from .conftest import SAMPLES, corpus_params, raw_load
 
@@ -113,7 +114,7 @@ def _check_against_raw(path: Path) -> None:
     assert int(held["size"].sum()) == r.allocated_bytes == int(a.families["bytes"].sum())
     assert a.families.select("family", "bytes", "blocks").rows() == [
         (g.name, g.bytes, g.blocks) for g in r.groups]
-    assert families_table(a.blocks).select("family", "bytes", "blocks").rows() == \
+    assert families_of_blocks(a.blocks).select("family", "bytes", "blocks").rows() == \
         a.families.select("family", "bytes", "blocks").rows()
     assert int(a.sites["bytes"].sum()) == r.allocated_bytes
     assert a.blocks["family"].null_count() == 0

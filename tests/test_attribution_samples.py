@@ -18,8 +18,8 @@ import pytest
 from snapana.attribution import BlockContext, RuleError, load_rules
 from snapana.attribution.assign import Attributor
 from snapana.attribution.rules import parse_pack
-from snapana.diagnosis import analyse
 from snapana.replay import replay
+from snapana.session import analyse
 from snapana.sources import load
 from snapana.synth import CachingAllocatorSim
 from snapana.synth import stacks as S

@@ -88,7 +88,7 @@ def test_gb_is_decimal_and_gib_binary() -> None:
 
 def test_capacity_below_reserved_plus_free_at_the_oom(oom_replay) -> None:
     """Capacity must leave room for what PyTorch reserved and what the driver said was free."""
-    from snapana.diagnosis import analyse
+    from snapana.session import analyse
 
     cap = load(OOM)
     (r,) = analyse(cap)

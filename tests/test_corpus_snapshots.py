@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from snapana.diagnosis import analyse
 from snapana.replay import replay
+from snapana.session import analyse
 from snapana.sources import load
 
 from .conftest import SAMPLES, corpus_params, invoke, raw_load

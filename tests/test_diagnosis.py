@@ -7,8 +7,8 @@ import json
 import pickle
 
 import pytest
-from snapana.diagnosis import analyse
 from snapana.render.text import verdict
+from snapana.session import analyse
 from snapana.sources import load
 from snapana.synth import CachingAllocatorSim, SimulatedOOM
 

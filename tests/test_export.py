@@ -11,12 +11,12 @@ import polars as pl
 import pytest
 import snapana
 from snapana import sources
-from snapana.diagnosis import analyse
 from snapana.errors import InputError
 from snapana.export_tables import export, export_capture
 from snapana.model import Capture
 from snapana.output import OutputError
 from snapana.render import json as json_render
+from snapana.session import analyse, sessions
 from snapana.sources import parquet_dir
 
 from .conftest import SAMPLES, corpus_params, require
@@ -166,7 +166,7 @@ def test_interrupted_export_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
 
     monkeypatch.setattr(pl.DataFrame, "write_parquet", fail_third)
     with pytest.raises(OSError, match="disk full"):
-        export(sources.load(SAMPLES / "fsdp-train-step.pickle"), out)
+        export(sessions(sources.load(SAMPLES / "fsdp-train-step.pickle")), out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
     assert sorted(p.name for p in out.iterdir()) == before
     assert json.loads((out / parquet_dir.MARKER).read_text())["path"] == str(OOM_SAMPLE)

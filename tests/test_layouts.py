@@ -7,8 +7,8 @@ import gzip
 import pickle
 
 import pytest
-from snapana.diagnosis import analyse
 from snapana.replay import replay
+from snapana.session import analyse
 from snapana.sources import load
 
 MiB = 2**20

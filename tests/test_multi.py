@@ -7,7 +7,8 @@ import pickle
 
 import polars as pl
 import pytest
-from snapana.multi import aggregate, summarize_many
+from snapana.rank_runner import summarize_many
+from snapana.ranks import aggregate
 from snapana.synth import CachingAllocatorSim, SimulatedOOM
 
 from .browser import open_report

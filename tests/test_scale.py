@@ -12,10 +12,10 @@ import re
 import numpy as np
 import polars as pl
 import pytest
-from snapana.diagnosis import analyse
 from snapana.model import EMPTY_STACK
 from snapana.render import html
 from snapana.replay import NEVER, replay, round_size
+from snapana.session import analyse
 from snapana.sources import load
 from snapana.sources.torch_snapshot import from_snapshot_dict
 from snapana.synth.scale import scale_snapshot, write_scale_snapshot

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from snapana.diagnosis import analyse
 from snapana.errors import InputError
 from snapana.model import BLOCK_SCHEMA, EVENT_SCHEMA, SEGMENT_SCHEMA, Capture, StackTable
 from snapana.replay import replay
+from snapana.session import analyse
 from snapana.sources import kineto_trace
 
 from .conftest import CORPUS, corpus_params, invoke, require

@@ -7,8 +7,8 @@ import sys
 
 import polars as pl
 import pytest
-from snapana.diagnosis import analyse
 from snapana.errors import InputError
+from snapana.session import analyse
 from snapana.sources import memray_capture
 
 from .conftest import corpus_params, invoke, require

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from snapana.diagnosis import analyse
 from snapana.errors import InputError
 from snapana.replay import replay
+from snapana.session import analyse
 from snapana.sources import memory_timeline
 
 from .conftest import corpus_params, invoke, require

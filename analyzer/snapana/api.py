@@ -14,94 +14,41 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
-from snapana.attribution import load_rules
+
+from snapana import tables
 from snapana.attribution.assign import Attributor
 from snapana.attribution.engine import RuleSet
 from snapana.diagnosis import DeviceReport, Diagnosis
-from snapana.diagnosis import device_report as _device_report
 from snapana.model import Capture
-from snapana.replay import NEVER, DeviceReplay, Moment, replay
+from snapana.replay import DeviceReplay, Moment
+from snapana.session import Progress, RulesLike, Session, open_capture
 from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
+
     from snapana.compare import CaptureDiff
     from snapana.explain import ExplainedSite
 
-RulesLike: TypeAlias = RuleSet | Iterable[str | Path] | None
 FigureName = Literal["families", "timeline", "segments", "sites"]
 FIGURE_NAMES: tuple[str, ...] = ("families", "timeline", "segments", "sites")
 SummaryFormat = Literal["text", "markdown", "json"]
 
-#: Replay's "never freed" sentinel, shown as null in public tables.
-_IDX_COLS = ("alloc_idx", "free_req_idx", "free_done_idx")
-
 
 def load(path: str | Path, *, device: int | None = None, rules: RulesLike = None,
-         capacity: int | str | None = None, **source_options: Any) -> Analysis:
+         capacity: int | str | None = None, progress: Progress | None = None) -> Analysis:
     """Read any supported artefact (snapshot pickle, profiler trace, memory timeline, memray
     capture, a `snapana export` folder) and analyse one device of it.
 
     `device` defaults to the first device with an OOM, else the first; `rules` is a RuleSet
     or extra rule-pack files; `capacity` is the device memory (int bytes or '80GiB'), which
-    measures memory held outside PyTorch; `source_options` go to the source (`progress`).
+    measures memory held outside PyTorch; `progress(done, total)` is told of bytes read.
     """
-    from snapana import sources
-
-    capture = sources.load(Path(path), **source_options)
-    return Analysis(capture, device=device, rules=rules, capacity=capacity)
-
-
-def _ruleset(rules: RulesLike) -> RuleSet:
-    if isinstance(rules, RuleSet):
-        return rules
-    return load_rules(list(rules or ()))
-
-
-def _capacity(capacity: int | str | None) -> int | None:
-    from snapana.units import parse_capacity
-
-    return None if capacity is None else parse_capacity(capacity)
-
-
-def default_device(capture: Capture) -> int:
-    """The first device whose trace records an OOM, else the first device: the one a person
-    opening a crashed job's snapshot wants to see."""
-    ooms = capture.events.filter(pl.col("action") == "oom")["device"].unique().sort()
-    for d in ooms.to_list():
-        if d in capture.devices:
-            return int(d)
-    return capture.devices[0]
-
-
-def _public(blocks: pl.DataFrame, device: int) -> pl.DataFrame:
-    """A block table fit to show: device first, 'never' indices as null."""
-    cols = [pl.when(pl.col(c) == NEVER).then(None).otherwise(pl.col(c)).alias(c)
-            for c in _IDX_COLS if c in blocks.columns]
-    return blocks.with_columns(cols).select(
-        pl.lit(device, dtype=pl.Int64).alias("device"), pl.exclude("device")
-    )
-
-
-def families_table(blocks: pl.DataFrame) -> pl.DataFrame:
-    """Bytes and blocks per family over the allocated blocks of an attributed table (what
-    the report's groups count: pending-free blocks are freed tensors, not holders)."""
-    from snapana.attribution import family_label
-
-    held = blocks.filter(pl.col("state") == "active_allocated")
-    total = int(held["size"].sum())
-    out = (
-        held.group_by("family")
-        .agg(pl.col("size").sum().alias("bytes"), pl.len().cast(pl.Int64).alias("blocks"))
-        .sort(["bytes", "family"], descending=[True, False])
-    )
-    return out.with_columns(
-        pl.col("family").map_elements(family_label, return_dtype=pl.Utf8).alias("label"),
-        (pl.col("bytes") / total if total else pl.lit(0.0)).alias("share"),
-    )
+    return Analysis(open_capture(path, progress), device=device, rules=rules,
+                    capacity=capacity)
 
 
 @dataclass
@@ -121,7 +68,7 @@ class State:
 
     @property
     def families(self) -> pl.DataFrame:
-        return families_table(self.blocks)
+        return tables.families_of_blocks(self.blocks)
 
     def _repr_html_(self) -> str:
         head = (f"<b>{self.moment.kind}</b> (event {self.moment.idx}): allocated "
@@ -140,40 +87,34 @@ class Analysis:
 
     def __init__(self, capture: Capture, *, device: int | None = None, rules: RulesLike = None,
                  capacity: int | str | None = None) -> None:
-        if device is not None and device not in capture.devices:
-            from snapana.errors import InputError
-
-            raise InputError(f"{capture.path}: no device {device} (devices: {capture.devices})")
-        self.capture = capture
-        self.device: int = default_device(capture) if device is None else device
-        self.rules: RuleSet = _ruleset(rules)
-        self.capacity: int | None = _capacity(capacity)
+        self.session = Session(capture, device, rules=rules, capacity=capacity)
+        self.capture: Capture = capture
+        self.device: int = self.session.device
+        self.rules: RuleSet = self.session.rules
+        self.capacity: int | None = self.session.capacity
 
     def __repr__(self) -> str:
         return (f"<snapana.Analysis {self.capture.path!r} device {self.device}: "
                 f"{self.device_report.moment.kind}>")
 
-    # ----- the pipeline, once ------------------------------------------------------------------
-    @cached_property
+    # ----- the pipeline (computed once, by the session) -----------------------------------------
+    @property
     def replay(self) -> DeviceReplay:
-        return replay(self.capture, self.device)
+        return self.session.replay
 
-    @cached_property
+    @property
     def attributor(self) -> Attributor:
-        return Attributor(self.capture, self.device, self.rules)
+        return self.session.attributor
 
-    @cached_property
+    @property
     def device_report(self) -> DeviceReport:
-        """What every renderer shows for this device (the CLI's numbers): `analyse`'s own
-        per-device step, sharing this analysis's replay and attributor."""
-        cap = self.capacity if self.capacity is not None else \
-            self.capture.capacity_bytes.get(self.device)
-        return _device_report(self.capture, self.replay, self.attributor, cap)
+        """What every renderer shows for this device (the CLI's numbers)."""
+        return self.session.report
 
     @property
     def diagnosis(self) -> Diagnosis:
         d = self.device_report.diagnosis
-        assert d is not None  # analyse always diagnoses
+        assert d is not None  # a device report is always diagnosed
         return d
 
     @property
@@ -211,38 +152,17 @@ class Analysis:
     @cached_property
     def stacks(self) -> pl.DataFrame:
         """stack_id, depth, site and the frames as text (innermost first, one per line)."""
-        st = self.capture.stacks
-        ids = list(range(len(st.stacks)))
-        text = ["\n".join(f"{f}:{ln} {name}" for f, name, ln in st.stack(i)) for i in ids]
-        return pl.DataFrame(
-            {"stack_id": ids, "depth": [len(s) for s in st.stacks],
-             "site": [self.attributor.site(i) for i in ids], "frames": text,
-             "frame_ids": [list(s) for s in st.stacks]},
-            schema={"stack_id": pl.Int64, "depth": pl.Int64, "site": pl.Utf8,
-                    "frames": pl.Utf8, "frame_ids": pl.List(pl.Int64)},
-        )
+        return tables.stacks(self.session)
 
     @cached_property
     def families(self) -> pl.DataFrame:
         """family, bytes, blocks, label, share at the moment of interest: the report's groups."""
-        r = self.device_report
-        total = r.allocated_bytes
-        return pl.DataFrame(
-            {"family": [g.name for g in r.groups], "bytes": [g.bytes for g in r.groups],
-             "blocks": [g.blocks for g in r.groups], "label": [g.label for g in r.groups],
-             "share": [g.bytes / total if total else 0.0 for g in r.groups]},
-            schema={"family": pl.Utf8, "bytes": pl.Int64, "blocks": pl.Int64,
-                    "label": pl.Utf8, "share": pl.Float64},
-        )
+        return tables.families(self.device_report)
 
     @cached_property
     def sites(self) -> pl.DataFrame:
         """family, site, bytes, blocks, label, rule_id: the drill-down below `families`."""
-        rows = [(g.name, s["site"], int(s["bytes"]), int(s["blocks"]), s["label"],
-                 s["rule_id"]) for g in self.device_report.groups for s in g.sites]
-        return pl.DataFrame(rows, orient="row", schema={
-            "family": pl.Utf8, "site": pl.Utf8, "bytes": pl.Int64, "blocks": pl.Int64,
-            "label": pl.Utf8, "rule_id": pl.Utf8})
+        return tables.sites(self.device_report)
 
     def stack(self, stack_id: int) -> list[tuple[str, str, int]]:
         """The frames of one stack, innermost first: (filename, function, line)."""
@@ -259,9 +179,9 @@ class Analysis:
             raise ValueError("at(): give one of event=, time=, moment=")
         dr = self.replay
         m = self._moment(dr, event, time, moment or ("interest" if given == 0 else None))
-        live = self.attributor.attribute(dr.blocks_at(m))
+        live = self.session.attributed_blocks(m)
         pending = int(live.filter(pl.col("state") == "active_pending_free")["size"].sum())
-        return State(m, _public(live, self.device), dr.segments_at(m),
+        return State(m, tables.public_blocks(live, self.device), dr.segments_at(m),
                      dr.allocated_at(m), dr.reserved_at(m), pending)
 
     def _moment(self, dr: DeviceReplay, event: int | None, time: int | None,
@@ -289,10 +209,7 @@ class Analysis:
                 site: str | None = None, limit: int = 10) -> list[ExplainedSite]:
         """Why blocks at the moment of interest got their family: the rule, matched frames
         and near misses, per distinct stack (what `snapana explain` prints)."""
-        from snapana.explain import explain
-
-        return explain(self.capture, self.device, self.rules, block=block, family=family,
-                       site=site, limit=limit)
+        return self.session.explain(block=block, family=family, site=site, limit=limit)
 
     def explain_text(self, **selection: Any) -> str:
         """`explain(...)` as the terminal prints it."""
@@ -335,7 +252,7 @@ class Analysis:
         """Write the capture as a Parquet folder (see `snapana.export_tables`)."""
         from snapana.export_tables import export
 
-        return export(self.capture, Path(out_dir), rules=self.rules, capacity=self.capacity)
+        return export(self.session.devices(), Path(out_dir))
 
     def diff(self, other: Analysis) -> Comparison:
         """What changed from this analysis (before) to `other` (after), family by family and
@@ -425,6 +342,7 @@ class Comparison:
 def _sites_figure(r: DeviceReport) -> go.Figure:
     """Top allocation sites at the moment, one bar each, coloured by family."""
     import plotly.graph_objects as go
+
     from snapana.units import GiB
 
     fig = go.Figure()

@@ -5,13 +5,19 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
-from snapana.errors import InputError, SnapanaError
 from typer.core import TyperGroup
+
+if TYPE_CHECKING:  # the pipeline is imported by the commands that run it: -h and -V stay fast
+    from snapana.diagnosis import DeviceReport
+    from snapana.model import Capture
+    from snapana.session import Session
+
+from snapana.errors import InputError, SnapanaError
 
 err = Console(stderr=True)
 
@@ -76,46 +82,33 @@ def _main(
     """Explain GPU out-of-memory incidents from PyTorch memory snapshots."""
 
 
-def _load(path: Path):
-    """Load with a progress bar on stderr when it is a terminal (quiet otherwise)."""
-    from snapana import sources
+def _open(path: Path) -> Capture:
+    """Read with a progress bar on stderr when it is a terminal (quiet otherwise)."""
+    from snapana.session import open_capture
 
     if not err.is_terminal:
-        return sources.load(path)
+        return open_capture(path)
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                   TimeRemainingColumn(), console=err, transient=True) as bar:
         task = bar.add_task(f"reading {path.name}", total=None)
-        return sources.load(path, lambda done, total: bar.update(task, completed=done,
+        return open_capture(path, lambda done, total: bar.update(task, completed=done,
                                                                   total=total))
 
 
-def _rules(files: list[Path] | None):
-    """Built-in packs plus user rule files; a bad rule file is the input's fault (exit 2)."""
-    from snapana.attribution import RuleError, load_rules
+def _sessions(path: Path, device: int | None, rules: list[Path] | None = None,
+              capacity: str | None = None, at: str | None = None) -> list[Session]:
+    """A session per device of the file (or the one asked for); rules checked first, so a
+    bad rule file fails before a large capture is read."""
+    from snapana.session import resolve_capacity, resolve_rules, sessions
 
-    try:
-        return load_rules(files or ())
-    except RuleError as exc:
-        raise InputError(str(exc)) from None
-
-
-def _capacity(text: str | None) -> int | None:
-    from snapana.units import parse_capacity
-
-    if text is None:
-        return None
-    try:
-        return parse_capacity(text)
-    except ValueError as exc:
-        raise InputError(f"--capacity: {exc}") from None
+    ruleset = resolve_rules(rules)
+    cap = resolve_capacity(capacity)
+    return sessions(_open(path), device, rules=ruleset, capacity=cap, at=at)
 
 
 def _reports(path: Path, device: int | None, rules: list[Path] | None = None,
-             capacity: str | None = None, at: str | None = None):
-    from snapana.diagnosis import analyse
-
-    ruleset = _rules(rules)
-    return analyse(_load(path), device, rules=ruleset, capacity=_capacity(capacity), at=at)
+             capacity: str | None = None, at: str | None = None) -> list[DeviceReport]:
+    return [s.report for s in _sessions(path, device, rules, capacity, at)]
 
 
 def _output_file(output: Path | None, default: Path, inputs: list[Path]) -> Path:
@@ -171,12 +164,14 @@ EngineOpt = Annotated[Engine, typer.Option("--engine", help="where the per-file 
 def _many(files: list[str], workers: int | None, rules: list[Path] | None,
           capacity: str | None, engine: str = "local"):
     """Summaries of several inputs, a progress bar per file on a terminal."""
-    from snapana.multi import aggregate, expand_inputs, summarize_many
+    from snapana.rank_runner import expand_inputs, summarize_many
+    from snapana.ranks import aggregate
+    from snapana.session import resolve_capacity, resolve_rules
 
     paths = expand_inputs(files)
-    _rules(rules)  # a bad rule file fails once, here, not in every worker
+    resolve_rules(rules)  # a bad rule file fails once, here, not in every worker
     rule_files = [str(r) for r in rules or ()]
-    cap = _capacity(capacity)
+    cap = resolve_capacity(capacity)
     if not err.is_terminal or engine != "local":
         return paths, aggregate(summarize_many(paths, workers, rule_files, cap, engine))
     with Progress("[progress.description]{task.description}", BarColumn(), console=err,
@@ -188,7 +183,7 @@ def _many(files: list[str], workers: int | None, rules: list[Path] | None,
 
 
 def _single(files: list[str]) -> Path | None:
-    from snapana.multi import expand_inputs
+    from snapana.rank_runner import expand_inputs
 
     only = Path(files[0]) if len(files) == 1 else None
     if only is not None and (not only.is_dir() or (only / "snapana-export.json").is_file()):
@@ -265,7 +260,7 @@ def summary(
     if single is None:
         if at is not None:
             raise InputError("--at applies to one capture; with several inputs, pick one file")
-        from snapana.render import multi as multi_render
+        from snapana.render import ranks as multi_render
 
         _, multi = _many(files, workers, rules, capacity)
         if format is Format.json:
@@ -326,8 +321,8 @@ def explain(
     at: AtOpt = None,
 ) -> None:
     """Why a block (or a family, or a site) got its family: rule, frames, near misses."""
-    from snapana.explain import explain as run_explain
     from snapana.render import terminal
+    from snapana.session import Session, resolve_rules
 
     address = None
     if block is not None:
@@ -336,14 +331,9 @@ def explain(
         except ValueError:
             raise InputError(f"--block: {block!r} is not an address (e.g. 0x7f3a00000000)"
                              ) from None
-    from snapana.api import default_device
-
-    capture = _load(file)
-    if device is not None and device not in capture.devices:
-        raise InputError(f"{file}: no device {device} (devices: {capture.devices})")
-    dev = device if device is not None else default_device(capture)
-    items = run_explain(capture, dev, _rules(rules), block=address, family=family, site=site,
-                        at=at)
+    ruleset = resolve_rules(rules)
+    session = Session(_open(file), device, rules=ruleset, at=at)
+    items = session.explain(block=address, family=family, site=site)
     terminal.render_explain(items, Console())
 
 
@@ -415,10 +405,12 @@ def export(
     """Write the capture as Parquet tables (blocks with families, events, segments, stacks)
     for DuckDB, polars or pandas; `snapana report DIR` reads the folder back."""
     from snapana.export_tables import export as export_tables
+    from snapana.output import check_dir_target
+    from snapana.sources.parquet_dir import MARKER
 
     out = output or Path(file.name.split(".")[0] + "-export")
-    export_tables(_load(file), out, device=device, rules=_rules(rules),
-                  capacity=_capacity(capacity))
+    check_dir_target(out, MARKER, "export")  # refuse before the work, not after
+    export_tables(_sessions(file, device, rules, capacity), out)
     err.print(f"wrote {out}")
 
 
@@ -440,12 +432,14 @@ def diff(
     """Compare two captures, e.g. before and after a fix: the change per family and site,
     the peak, and whether the OOM is gone."""
     from snapana import diff as compare
+    from snapana.session import resolve_capacity, resolve_rules
 
     out = None
     if output is not None:
         stem = f"{before.name.split('.')[0]}-vs-{after.name.split('.')[0]}"
         out = _output_file(output, Path(f"{stem}.html"), [before, after])
-    cmp = compare(before, after, device=device, rules=_rules(rules), capacity=_capacity(capacity))
+    ruleset, cap = resolve_rules(rules), resolve_capacity(capacity)
+    cmp = compare(before, after, device=device, rules=ruleset, capacity=cap)
     if out is None:
         sys.stdout.write(cmp.summary(format.value))
     elif out.suffix.lower() in (".html", ".htm"):

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
 from snapana.attribution import chunk_groups, family_label, load_rules
 from snapana.attribution.assign import AnnotationWindows, Attributor
 from snapana.attribution.engine import RuleSet
@@ -159,28 +160,6 @@ class DeviceReport:
     @property
     def total_blocks(self) -> int:
         return sum(g.blocks for g in self.groups)
-
-
-def analyse(capture: Capture, device: int | None = None, rules: RuleSet | None = None,
-            capacity: int | None = None, at: str | None = None) -> list[DeviceReport]:
-    """One DeviceReport per device of the capture (or just the one asked for).
-
-    `capacity` is the device's total memory when known (--capacity); it is what lets memory
-    held outside PyTorch be measured. `at` names the moment shown (see DeviceReplay.resolve);
-    by default the OOM, else the peak.
-    """
-    devices = capture.devices if device is None else [device]
-    if device is not None and device not in capture.devices:
-        from snapana.errors import InputError
-
-        raise InputError(f"{capture.path}: no device {device} (devices: {capture.devices})")
-    rules = rules or load_rules()
-    out = []
-    for d in devices:
-        cap = capacity if capacity is not None else capture.capacity_bytes.get(d)
-        out.append(device_report(capture, replay(capture, d), Attributor(capture, d, rules),
-                                 cap, at))
-    return out
 
 
 def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import polars as pl
+
 from snapana.attribution.assign import Attributor
-from snapana.attribution.engine import Explanation, RuleSet
+from snapana.attribution.engine import Explanation
 from snapana.errors import InputError
 from snapana.model import Capture, Frame
-from snapana.replay import replay
 
 
 @dataclass
@@ -24,15 +24,11 @@ class ExplainedSite:
     explanation: Explanation
 
 
-def explain(capture: Capture, device: int, rules: RuleSet, *, block: int | None = None,
-            family: str | None = None, site: str | None = None, limit: int = 10,
-            at: str | None = None) -> list[ExplainedSite]:
-    """Explain the blocks live at a moment (`at`, see DeviceReplay.resolve; default the
-    moment of interest) that match the selection."""
-    dr = replay(capture, device)
-    attributor = Attributor(capture, device, rules)
-    moment = dr.resolve(at)
-    live = attributor.attribute(dr.blocks_at(moment))
+def explain(capture: Capture, attributor: Attributor, live: pl.DataFrame, when: str, *,
+            block: int | None = None, family: str | None = None, site: str | None = None,
+            limit: int = 10) -> list[ExplainedSite]:
+    """Explain the attributed live blocks `live` (at the moment `when` names) that match the
+    selection, one entry per distinct stack and context."""
     if block is not None:
         sel = live.filter((pl.col("address") <= block)
                           & (pl.col("address") + pl.col("size") > block))
@@ -46,7 +42,6 @@ def explain(capture: Capture, device: int, rules: RuleSet, *, block: int | None 
     else:
         raise InputError("explain: give --block ADDR, --family F or --site TEXT")
     if sel.is_empty():
-        when = f"at event {moment.idx}" if at else "at the moment of interest"
         raise InputError(f"{capture.path}: {what} {when}")
     out = []
     groups = (

@@ -18,44 +18,42 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from snapana.api import Analysis, RulesLike, _ruleset
+
+from snapana import tables as views
 from snapana.model import Capture
 from snapana.output import atomic_dir, check_dir_target
+from snapana.session import RulesLike, Session, open_capture, sessions
 from snapana.sources.parquet_dir import AT_MOMENT, FINAL, FORMAT, MARKER, VERSION, encode
 
 
 def export_capture(path: Path, out_dir: Path, device: int | None = None,
-                   rules: RulesLike = None, capacity: int | None = None) -> Path:
+                   rules: RulesLike = None, capacity: int | str | None = None) -> Path:
     """Load `path` and write its export to `out_dir` (the CLI's `snapana export`)."""
-    from snapana import sources
+    check_dir_target(Path(out_dir), MARKER, "export")  # refuse before the work, not after
+    capture = open_capture(path)
+    return export(sessions(capture, device, rules=rules, capacity=capacity), Path(out_dir))
 
-    return export(sources.load(Path(path)), Path(out_dir), device=device, rules=rules,
-                  capacity=capacity)
 
-
-def export(capture: Capture, out_dir: Path, device: int | None = None,
-           rules: RulesLike = None, capacity: int | None = None) -> Path:
-    """Write `capture` as an export folder. All devices' tables are written; `device` limits
-    the attributed moment-of-interest rows and families to one device. `capacity` (bytes) is
-    recorded for the exported devices, as `--capacity` would give it."""
+def export(analysed: list[Session], out_dir: Path) -> Path:
+    """Write a capture as an export folder: every device's raw tables, and the attributed
+    blocks and families of each analysed session (one per device, of one capture).
+    A capacity the sessions were given is recorded for their devices."""
     out_dir = Path(out_dir)
     check_dir_target(out_dir, MARKER, "export")
-    ruleset = _ruleset(rules)
-    devices = capture.devices if device is None else [device]
-    analyses = [Analysis(capture, device=d, rules=ruleset, capacity=capacity) for d in devices]
+    if not analysed:
+        raise ValueError("export: no session to write")
+    capture = analysed[0].capture
     caps = dict(capture.capacity_bytes)
-    if capacity is not None:
-        caps.update({d: int(capacity) for d in devices})
+    caps.update({s.device: s.capacity for s in analysed if s.capacity is not None})
     tables = {
         "frames": capture.stacks.frames_df(),
-        "stacks": _stacks(analyses[0]) if analyses else capture.stacks.stacks_df(),
+        "stacks": views.stacks(analysed[0]),
         "segments": capture.segments,
         "events": capture.events,
-        "blocks": _blocks(capture, analyses),
-        "families": pl.concat([a.families.select(pl.lit(a.device, dtype=pl.Int64)
-                                                 .alias("device"), pl.all())
-                               for a in analyses], how="vertical") if analyses else
-        pl.DataFrame(),
+        "blocks": _blocks(capture, analysed),
+        "families": pl.concat([views.families(s.report).select(
+            pl.lit(s.device, dtype=pl.Int64).alias("device"), pl.all()) for s in analysed],
+            how="vertical"),
     }
     meta = {
         "format": FORMAT,
@@ -70,42 +68,36 @@ def export(capture: Capture, out_dir: Path, device: int | None = None,
         "has_time": capture.has_time,
         "capacity_bytes": encode(caps),
         "metadata": encode(capture.metadata),
-        "moments": {str(a.device): {"kind": a.moment.kind, "event_index": a.moment.idx}
-                    for a in analyses},
+        "moments": {str(s.device): {"kind": s.moment.kind, "event_index": s.moment.idx}
+                    for s in analysed},
         "tables": {name: f"{name}.parquet" for name in tables},
     }
     _write_dir(out_dir, tables, meta)
     return out_dir
 
 
-def _stacks(a: Analysis) -> pl.DataFrame:
-    return a.stacks  # stack_id, depth, site, frames (text), frame_ids
-
-
-def _blocks(capture: Capture, analyses: list[Analysis]) -> pl.DataFrame:
+def _blocks(capture: Capture, analysed: list[Session]) -> pl.DataFrame:
     """Final blocks (every state, attributed where live) and the blocks at each moment."""
     parts = []
-    for a in analyses:
-        end = a.at(moment="end").blocks
+    for s in analysed:
+        end = s.attributed_blocks(s.replay.final)
         attributed = end.select("address", "alloc_idx", "pool", "segment_stream", "family",
                                 "label", "rule_id", "phase", "reason", "site")
-        final = capture.device_blocks(a.device).with_row_index("row").join(
+        final = capture.device_blocks(s.device).with_row_index("row").join(
             attributed, on="address", how="left"
         ).sort("row").drop("row")
         parts.append(final.with_columns(pl.lit(FINAL).alias("at"),
                                         pl.lit("end").alias("moment"),
-                                        pl.lit(a.replay.final.idx).alias("moment_idx")))
-        moi = a.blocks
+                                        pl.lit(s.replay.final.idx).alias("moment_idx")))
+        moi = views.public_blocks(s.attributed_blocks(s.moment), s.device)
         parts.append(moi.with_columns(pl.lit(AT_MOMENT).alias("at"),
-                                      pl.lit(a.moment.kind).alias("moment"),
-                                      pl.lit(a.moment.idx).alias("moment_idx")))
+                                      pl.lit(s.moment.kind).alias("moment"),
+                                      pl.lit(s.moment.idx).alias("moment_idx")))
     # final blocks of devices not analysed still belong to the capture
-    done = {a.device for a in analyses}
+    done = {s.device for s in analysed}
     rest = capture.blocks.filter(~pl.col("device").is_in(list(done)))
     if not rest.is_empty():
         parts.append(rest.with_columns(pl.lit(FINAL).alias("at")))
-    if not parts:
-        return capture.blocks.with_columns(pl.lit(FINAL).alias("at"))
     out = pl.concat(parts, how="diagonal_relaxed")
     first = ["at", "moment", "moment_idx", "device", "address", "size", "requested_size",
              "state", "family", "label", "site", "phase", "rule_id", "reason", "stack_id"]

@@ -6,10 +6,14 @@ few hundred distinct frames across millions of references. Bytes are always Pyth
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import polars as pl
+
+#: How a source reports reading: bytes done so far and the total (the file's size).
+ReadProgress: TypeAlias = Callable[[int, int], None]
 
 Frame = tuple[str, str, int]  # (filename, function name, line)
 

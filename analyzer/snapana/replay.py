@@ -16,6 +16,7 @@ from functools import cached_property
 
 import numpy as np
 import polars as pl
+
 from snapana.errors import InputError
 from snapana.model import EMPTY_STACK, Capture
 

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 import polars as pl
-from snapana.multi import MultiReport
+
 from snapana.output import atomic_dir
+from snapana.ranks import MultiReport
 
 MARKER = "snapana-dataset.json"
 

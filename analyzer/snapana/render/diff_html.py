@@ -5,6 +5,7 @@ report does it (`html.plotly_js_gzip_b64`), so it opens offline from a ticket to
 from __future__ import annotations
 
 import plotly.graph_objects as go
+
 from snapana.compare import CaptureDiff
 from snapana.render import diff_text
 from snapana.render.html import _env, _figure_json, plotly_js_gzip_b64

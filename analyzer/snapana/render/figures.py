@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import plotly.graph_objects as go
+
 from snapana.diagnosis import DeviceReport
 from snapana.units import GiB, fmt_bytes
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jinja2
 from plotly.offline import get_plotlyjs
+
 from snapana.diagnosis import DeviceReport
 from snapana.errors import SnapanaError
 from snapana.output import write_atomic
@@ -96,7 +97,7 @@ def render(reports: list[DeviceReport], title: str, multi=None) -> str:
             together["figure"] = _figure_json(figures.combined_timeline(reports))
     multi_ctx = None
     if multi is not None:
-        from snapana.render import multi as multi_render
+        from snapana.render import ranks as multi_render
 
         multi_ctx = {"m": multi, "headline": multi_render.headline(multi),
                      "rows": multi_render.rows(multi), "columns": multi_render.COLUMNS,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+
 from snapana.diagnosis import DeviceReport
 from snapana.render.text import (
     device_text,

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import gzip
-from collections.abc import Callable
 from pathlib import Path
 
 from snapana.errors import InputError
-from snapana.model import Capture
-
-Progress = Callable[[int, int], None]
+from snapana.model import Capture, ReadProgress
 
 
 def sniff(path: Path) -> str:
@@ -58,7 +55,7 @@ def sniff(path: Path) -> str:
     )
 
 
-def load(path: Path | str, progress: Progress | None = None) -> Capture:
+def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
     """Read any supported artefact into the common model."""
     path = Path(path)
     kind = sniff(path)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
 from snapana.errors import InputError
 from snapana.model import (
     EMPTY_STACK,
@@ -32,11 +33,10 @@ from snapana.model import (
     SEGMENT_SCHEMA,
     Capture,
     Frame,
+    ReadProgress,
     StackTable,
     unsegmented_blocks,
 )
-
-Progress = Callable[[int, int], None]
 
 CPU_DEVICE = -1
 _CHUNK = 1 << 20
@@ -127,7 +127,7 @@ class _JsonStream:
         return InputError(f"{self._path}: malformed JSON ({what} at character {at})")
 
 
-def open_text(path: Path, progress: Progress | None = None
+def open_text(path: Path, progress: ReadProgress | None = None
               ) -> tuple[io.TextIOBase, Callable[[], None], Callable[[], None]]:
     """Open plain or gzip JSON as text; returns the stream, a progress tick and a closer."""
     try:
@@ -151,7 +151,7 @@ def open_text(path: Path, progress: Progress | None = None
     return text, tick, close
 
 
-def stream_json(path: Path, progress: Progress | None,
+def stream_json(path: Path, progress: ReadProgress | None,
                 on_item: Callable[[Any], None]) -> tuple[str, dict[str, Any]]:
     """Walk the top level of a JSON file, handing each element of the big array to `on_item`.
 
@@ -551,7 +551,7 @@ def _check_totals(b: _DeviceBuild, baseline: int, warnings: list[str], name: str
                         "trace?)")
 
 
-def load(path: Path | str, progress: Progress | None = None) -> Capture:
+def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
     """Read a chrome trace with `[memory]` events into a Capture (one device per allocator)."""
     path = Path(path)
     collector = _Collector()

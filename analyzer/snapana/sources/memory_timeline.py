@@ -16,22 +16,21 @@ rule maps to a family (one rule per category).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+
 from snapana.errors import InputError
 from snapana.model import (
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
     Capture,
+    ReadProgress,
     StackTable,
     unsegmented_blocks,
 )
 from snapana.sources.kineto_trace import stream_json
-
-Progress = Callable[[int, int], None]
 
 FRAME_FILE = "<memory_timeline>"
 #: torch/profiler/_memory_profiler.py `_CATEGORY_TO_INDEX` (the key order of
@@ -254,7 +253,7 @@ def _is_plot(items: list[Any]) -> bool:
             and all(isinstance(r, list) and all(_is_int(v) for v in r) for r in sizes))
 
 
-def load(path: Path | str, progress: Progress | None = None) -> Capture:
+def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
     """Read either export_memory_timeline JSON layout into a Capture for device 0."""
     path = Path(path)
     items: list[Any] = []  # the first two, undecided: [times, sizes] is also two lists

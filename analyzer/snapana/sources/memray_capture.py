@@ -23,23 +23,22 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
+
 from snapana.errors import InputError
 from snapana.model import (
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
     Capture,
+    ReadProgress,
     StackTable,
     unsegmented_blocks,
 )
-
-Progress = Callable[[int, int], None]
 
 HOST_DEVICE = -2
 MAGIC = b"memray\x00"
@@ -361,7 +360,7 @@ def load_parquet(path: Path) -> Capture:
     return from_records(path, records, meta)
 
 
-def load(path: Path | str, progress: Progress | None = None) -> Capture:
+def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
     """Read a memray `.bin` (with a matching memray) or its converted Parquet."""
     path = Path(path)
     if _head(path, 4) == PARQUET_MAGIC:

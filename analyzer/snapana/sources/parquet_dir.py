@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
-from snapana.errors import InputError
-from snapana.model import BLOCK_SCHEMA, EVENT_SCHEMA, SEGMENT_SCHEMA, Capture, StackTable
 
-Progress = Callable[[int, int], None]
+from snapana.errors import InputError
+from snapana.model import (
+    BLOCK_SCHEMA,
+    EVENT_SCHEMA,
+    SEGMENT_SCHEMA,
+    Capture,
+    ReadProgress,
+    StackTable,
+)
 
 #: The file that makes a folder an export (and holds its metadata).
 MARKER = "snapana-export.json"
@@ -143,7 +148,7 @@ def _stack_table(frames: pl.DataFrame, stacks: pl.DataFrame, path: Path) -> Stac
     return table
 
 
-def load(path: Path | str, progress: Progress | None = None) -> Capture:
+def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
     """Read an export directory into a Capture equal to the one that was exported."""
     path = Path(path)
     meta = read_meta(path)

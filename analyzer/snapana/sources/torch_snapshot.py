@@ -13,12 +13,13 @@ import gc
 import gzip
 import io
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+
 from snapana.errors import InputError, UnsafePickleError
 from snapana.model import (
     BLOCK_SCHEMA,
@@ -26,11 +27,10 @@ from snapana.model import (
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
     Capture,
+    ReadProgress,
     StackTable,
     pool_key,
 )
-
-Progress = Callable[[int, int], None]
 
 _STATE_ALIASES = {"active_awaiting_free": "active_pending_free"}
 
@@ -53,7 +53,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 class _CountingReader(io.RawIOBase):
     """Wraps a binary file to report bytes consumed, for the progress bar."""
 
-    def __init__(self, raw: io.BufferedIOBase, total: int, progress: Progress) -> None:
+    def __init__(self, raw: io.BufferedIOBase, total: int, progress: ReadProgress) -> None:
         self._raw = raw
         self._total = total
         self._progress = progress
@@ -85,7 +85,7 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def restricted_load(path: Path, progress: Progress | None = None) -> Any:
+def restricted_load(path: Path, progress: ReadProgress | None = None) -> Any:
     """Decode a (possibly gzip-compressed) pickle of builtins only; raise InputError otherwise."""
     try:
         size = path.stat().st_size
@@ -113,7 +113,7 @@ def restricted_load(path: Path, progress: Progress | None = None) -> Any:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
-def load(path: Path, progress: Progress | None = None) -> Capture:
+def load(path: Path, progress: ReadProgress | None = None) -> Capture:
     """Read a snapshot pickle into a Capture, accepting every layout PyTorch has written.
 
     The decoded trace entries are released chunk by chunk as they become columns, so peak

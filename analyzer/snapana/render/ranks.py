@@ -8,7 +8,8 @@ from typing import Any
 import plotly.graph_objects as go
 from rich.console import Console
 from rich.table import Table
-from snapana.multi import MultiReport, RankSummary
+
+from snapana.ranks import MultiReport, RankSummary
 from snapana.units import GiB, fmt_bytes
 
 COLUMNS = ("rank", "file", "OOM", "reserved", "allocated", "top family", "note")

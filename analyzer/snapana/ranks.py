@@ -1,0 +1,101 @@
+"""Rank statistics over many inputs of one job: which rank ran out of memory first, which
+families are outliers against the median of the ranks. Pure functions over small summaries
+(RankSummary), which the rank runner makes in worker processes."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: How ranks are spelled in snapshot file names (Megatron-Bridge `snapshot_oom_rank-3`,
+#: `oom_rank3`, `rank_3`, `r3`), tried in order.
+RANK_PATTERNS = (r"rank[-_]?(\d+)", r"(?:^|[-_.])r(\d+)(?:[-_.]|$)", r"(?:^|[-_.])(\d+)\.pickle")
+#: A family is an outlier on a rank when it differs from the median of the ranks by more
+#: than this share of the median and at least OUTLIER_MIN_BYTES.
+OUTLIER_SHARE = 0.20
+OUTLIER_MIN_BYTES = 256 << 20
+
+
+def rank_of(path: Path) -> int | None:
+    name = path.name.lower()
+    for pattern in RANK_PATTERNS:
+        m = re.search(pattern, name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+@dataclass
+class RankSummary:
+    """What the aggregate needs from one input; everything else stays in the worker."""
+
+    file: str
+    rank: int | None
+    error: str | None = None
+    device: int | None = None
+    devices: list[int] = field(default_factory=list)
+    oom: dict[str, Any] | None = None
+    reserved_bytes: int = 0
+    allocated_bytes: int = 0
+    peak_allocated_bytes: int = 0
+    top_family: str | None = None
+    families: dict[str, int] = field(default_factory=dict)
+    verdict: str = ""
+    settings: str = ""
+    moment: str = ""
+
+
+@dataclass
+class MultiReport:
+    """The aggregate over ranks: who failed first, who is unlike the others."""
+
+    ranks: list[RankSummary]
+    first_oom: RankSummary | None
+    outliers: list[dict[str, Any]]
+    families: list[str]
+    one_job: bool
+    why_not_one_job: list[str]
+
+    @property
+    def ok(self) -> list[RankSummary]:
+        return [r for r in self.ranks if r.error is None]
+
+
+def aggregate(ranks: list[RankSummary]) -> MultiReport:
+    ok = [r for r in ranks if r.error is None]
+    ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0,
+                                         r.file))
+    failed = [r for r in ok if r.oom is not None]
+    timed = [r for r in failed if r.oom and r.oom.get("time_us") is not None]
+    if timed:
+        first = min(timed, key=lambda r: r.oom["time_us"])
+    else:
+        first = min(failed, key=lambda r: (r.rank is None, r.rank or 0), default=None)
+    totals: dict[str, int] = {}
+    for r in ok:
+        for fam, b in r.families.items():
+            totals[fam] = totals.get(fam, 0) + b
+    families = sorted(totals, key=lambda f: -totals[f])
+    reasons = []
+    if len({tuple(r.devices) for r in ok}) > 1:
+        reasons.append("the files record different devices")
+    if len({r.settings for r in ok}) > 1:
+        reasons.append("the allocator settings differ")
+    if sum(r.rank is None for r in ok) and len(ok) > 1:
+        reasons.append("some file names carry no rank")
+    ranks_seen = [r.rank for r in ok if r.rank is not None]
+    if len(ranks_seen) != len(set(ranks_seen)):
+        reasons.append("several files claim the same rank")
+    outliers = []
+    if len(ok) >= 3 and not reasons:  # ranks of unrelated jobs have no common median
+        for fam in families:
+            values = [r.families.get(fam, 0) for r in ok]
+            median = statistics.median(values)
+            for r, v in zip(ok, values, strict=True):
+                if abs(v - median) > max(OUTLIER_SHARE * median, OUTLIER_MIN_BYTES):
+                    outliers.append({"file": r.file, "rank": r.rank, "family": fam,
+                                     "bytes": v, "median_bytes": int(median)})
+    return MultiReport(ranks, first, outliers, families, not reasons, reasons)

@@ -1,0 +1,154 @@
+"""The one wiring of the pipeline: a capture, a device, a moment, rules and a capacity go in;
+the replay, the attribution, the diagnosis and explanations come out, each computed once.
+
+Every face and driver (the CLI, the Jupyter API, `snapana export`, `explain`, the rank runner)
+goes through a Session; none of them calls replay, the attributor or diagnosis directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import cached_property
+from pathlib import Path
+from typing import TypeAlias
+
+import polars as pl
+
+from snapana.attribution import RuleError, load_rules
+from snapana.attribution.assign import Attributor
+from snapana.attribution.engine import RuleSet
+from snapana.diagnosis import DeviceReport, device_report
+from snapana.errors import InputError
+from snapana.explain import ExplainedSite, explain
+from snapana.model import Capture, ReadProgress
+from snapana.replay import DeviceReplay, Moment, replay
+from snapana.units import parse_capacity
+
+#: Rules as a caller may give them: a loaded RuleSet, extra pack files, or None (built-ins).
+RulesLike: TypeAlias = RuleSet | Iterable[str | Path] | None
+#: Bytes read so far and the total: how sources report progress.
+Progress: TypeAlias = ReadProgress
+
+
+def resolve_rules(rules: RulesLike) -> RuleSet:
+    """The built-in packs plus any extra pack files, or a RuleSet as given."""
+    if isinstance(rules, RuleSet):
+        return rules
+    try:
+        return load_rules(list(rules or ()))
+    except RuleError as exc:  # a bad rule file is the input's fault: one line, exit 2
+        raise InputError(str(exc)) from None
+
+
+def resolve_capacity(capacity: int | str | None) -> int | None:
+    """A device capacity from bytes or a size string ('80GiB'); InputError when implausible."""
+    if capacity is None:
+        return None
+    try:
+        return parse_capacity(capacity)
+    except ValueError as exc:
+        raise InputError(f"capacity: {exc}") from None
+
+
+def open_capture(path: str | Path, progress: Progress | None = None) -> Capture:
+    """Read any supported artefact into the common model (format detected by content)."""
+    from snapana import sources
+
+    return sources.load(Path(path), progress)
+
+
+def default_device(capture: Capture) -> int:
+    """The first device whose trace records an OOM, else the first device: the one a person
+    opening a crashed job's snapshot wants to see."""
+    ooms = capture.events.filter(pl.col("action") == "oom")["device"].unique().sort()
+    for d in ooms.to_list():
+        if d in capture.devices:
+            return int(d)
+    return capture.devices[0]
+
+
+class Session:
+    """One device of one capture, at one moment, under one rule set and capacity."""
+
+    def __init__(self, capture: Capture, device: int | None = None, *,
+                 rules: RulesLike = None, capacity: int | str | None = None,
+                 at: str | None = None) -> None:
+        if device is not None and device not in capture.devices:
+            raise InputError(f"{capture.path}: no device {device} (devices: {capture.devices})")
+        self.capture = capture
+        self.device: int = default_device(capture) if device is None else device
+        self.rules: RuleSet = resolve_rules(rules)
+        self.capacity: int | None = resolve_capacity(capacity)
+        self.at = at
+
+    @classmethod
+    def open(cls, path: str | Path, device: int | None = None, *, rules: RulesLike = None,
+             capacity: int | str | None = None, at: str | None = None,
+             progress: Progress | None = None) -> Session:
+        return cls(open_capture(path, progress), device, rules=rules, capacity=capacity, at=at)
+
+    def for_device(self, device: int) -> Session:
+        """The same capture, rules, capacity and moment on another device."""
+        return Session(self.capture, device, rules=self.rules, capacity=self.capacity,
+                       at=self.at)
+
+    def devices(self) -> list[Session]:
+        """One session per device of the capture, in capture order (this one reused)."""
+        return [self if d == self.device else self.for_device(d) for d in self.capture.devices]
+
+    # ----- the pipeline, once each ------------------------------------------------------------
+    @cached_property
+    def replay(self) -> DeviceReplay:
+        return replay(self.capture, self.device)
+
+    @cached_property
+    def attributor(self) -> Attributor:
+        return Attributor(self.capture, self.device, self.rules)
+
+    @property
+    def device_capacity(self) -> int | None:
+        """The capacity given, else the one the capture itself records for this device."""
+        if self.capacity is not None:
+            return self.capacity
+        return self.capture.capacity_bytes.get(self.device)
+
+    @cached_property
+    def report(self) -> DeviceReport:
+        """Everything the renderers show for this device at this session's moment."""
+        return device_report(self.capture, self.replay, self.attributor,
+                             self.device_capacity, self.at)
+
+    @property
+    def moment(self) -> Moment:
+        return self.report.moment
+
+    def moment_named(self, at: str | None) -> Moment:
+        """Any other moment of this device (see DeviceReplay.resolve)."""
+        return self.replay.resolve(at)
+
+    def attributed_blocks(self, moment: Moment) -> pl.DataFrame:
+        """Blocks live at `moment` (allocated and pending-free), each with its family."""
+        return self.attributor.attribute(self.replay.blocks_at(moment))
+
+    def explain(self, *, block: int | None = None, family: str | None = None,
+                site: str | None = None, limit: int = 10) -> list[ExplainedSite]:
+        """Why the selected blocks at this session's moment got their families."""
+        moment = self.moment_named(self.at)
+        when = f"at event {moment.idx}" if self.at else "at the moment of interest"
+        return explain(self.capture, self.attributor, self.attributed_blocks(moment), when,
+                       block=block, family=family, site=site, limit=limit)
+
+
+def sessions(capture: Capture, device: int | None = None, *, rules: RulesLike = None,
+             capacity: int | str | None = None, at: str | None = None) -> list[Session]:
+    """A session per device of the capture in capture order (or just the one asked for),
+    sharing one rule set."""
+    ruleset = resolve_rules(rules)
+    devices = capture.devices if device is None else [device]
+    return [Session(capture, d, rules=ruleset, capacity=capacity, at=at) for d in devices]
+
+
+def analyse(capture: Capture, device: int | None = None, *, rules: RulesLike = None,
+            capacity: int | str | None = None, at: str | None = None) -> list[DeviceReport]:
+    """The DeviceReport of each device (or of the one asked for)."""
+    return [s.report for s in sessions(capture, device, rules=rules, capacity=capacity, at=at)]
