@@ -31,16 +31,7 @@ def convert_memray(path: Path | str, out_parquet: Path | str) -> Path:
     path, out = Path(path), Path(out_parquet)
     if not path.is_file():
         raise InputError(f"{path}: no such file")
-    reader, header = memray_capture.open_reader(path)
-    try:
-        records = memray_capture.records_frame(reader)
-        meta = memray_capture.reader_metadata(reader, header)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise InputError(f"{path}: memray could not read the records: {exc}") from None
-    finally:
-        close = getattr(reader, "close", None)
-        if close is not None:
-            close()
+    records, meta = memray_capture.read_records(path)
     with atomic_path(out) as tmp:
         records.write_parquet(
             tmp, metadata={memray_capture.PARQUET_META_KEY: json.dumps(meta)}

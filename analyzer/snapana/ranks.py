@@ -69,9 +69,11 @@ def aggregate(ranks: list[RankSummary]) -> MultiReport:
     ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0,
                                          r.file))
     failed = [r for r in ok if r.oom is not None]
-    timed = [r for r in failed if r.oom and r.oom.get("time_us") is not None]
+    timed = [(r.oom["time_us"], r) for r in failed
+             if r.oom is not None and r.oom.get("time_us") is not None]
+    first: RankSummary | None
     if timed:
-        first = min(timed, key=lambda r: r.oom["time_us"])
+        first = min(timed, key=lambda t: t[0])[1]
     else:
         first = min(failed, key=lambda r: (r.rank is None, r.rank or 0), default=None)
     totals: dict[str, int] = {}

@@ -435,20 +435,20 @@ def _segment_intervals(
             open_segs[addr] = row
         else:
             delta[i] = -size
-            row = open_segs.pop(addr, None)
-            if row is None:
-                row = [addr, size, "0,0", stream, -1, i]
-                rows.append(row)
-            row[5] = i
+            closed = open_segs.pop(addr, None)
+            if closed is None:
+                closed = [addr, size, "0,0", stream, -1, i]
+                rows.append(closed)
+            closed[5] = i
     mapped = {r[0]: r for r in open_segs.values()}
     for a, total, pool, stream in final.select(
         "address", "total_size", "pool", "stream"
     ).iter_rows():
-        row = mapped.pop(a, None)
-        if row is None:
+        found = mapped.pop(a, None)
+        if found is None:
             rows.append([a, total, pool, stream, -1, NEVER])
         else:
-            row[1], row[2], row[3] = total, pool, stream
+            found[1], found[2], found[3] = total, pool, stream
     for row in mapped.values():  # expandable mappings folded into a final segment
         row[5] = NEVER
     seg_df = pl.DataFrame(

@@ -270,22 +270,20 @@ class _Collector:
             if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
                 return
             args = ev.get("args")
-            call = args.get("Call stack") if isinstance(args, dict) else None
+            raw_call = args.get("Call stack") if isinstance(args, dict) else None
             name = str(ev.get("name"))
             name = self._names.setdefault(name, name)  # one string per distinct name
-            if isinstance(call, str):
-                call = self._names.setdefault(call, call)
-            else:
-                call = None
+            call = self._names.setdefault(raw_call, raw_call) if isinstance(raw_call, str) \
+                else None
             self.intervals.setdefault(thread_key(ev), []).append((ts, ts + dur, rank, name, call))
         elif ph in ("i", "I"):
-            name = ev.get("name")
-            if name == _MEMORY or name == _OOM:
+            marker = ev.get("name")
+            if marker == _MEMORY or marker == _OOM:
                 ts, args = ev.get("ts"), ev.get("args")
                 if not isinstance(ts, (int, float)) or not isinstance(args, dict):
                     self.n_bad += 1
                     return
-                self.memory.append(_MemEvent.from_args(len(self.memory), ts, thread_key(ev), name,
+                self.memory.append(_MemEvent.from_args(len(self.memory), ts, thread_key(ev), marker,
                                                        args))
 
 

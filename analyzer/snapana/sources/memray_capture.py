@@ -54,7 +54,7 @@ READERS = {11: "1.18.x", 12: "1.19.x", 13: "1.20.x"}
 _ALLOCATORS = {1: "pymalloc", 2: "pymalloc_debug", 3: "malloc", 4: "other", 5: "mimalloc",
                6: "mimalloc_debug"}
 FRAME_STRUCT = pl.Struct({"filename": pl.Utf8, "name": pl.Utf8, "line": pl.Int64})
-RECORD_SCHEMA = {
+RECORD_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
     "size": pl.Int64,
     "n_allocations": pl.Int64,
     "allocator": pl.Utf8,
@@ -86,6 +86,19 @@ class MemrayHeader:
         return READERS.get(self.format_version)
 
 
+def _lz4_length(block: bytes, i: int, nibble: int) -> tuple[int, int]:
+    """An LZ4 literal or match length: the token's nibble, extended by bytes while 255."""
+    length = nibble
+    if nibble == 15:
+        while True:
+            b = block[i]
+            i += 1
+            length += b
+            if b != 255:
+                break
+    return length, i
+
+
 def lz4_frame_prefix(data: bytes, limit: int) -> bytes:
     """Decompress the start of an LZ4 frame (first block, up to `limit` bytes).
 
@@ -110,28 +123,15 @@ def lz4_frame_prefix(data: bytes, limit: int) -> bytes:
     while i < n and len(out) < limit:
         token = block[i]
         i += 1
-        lit = token >> 4
-        if lit == 15:
-            while True:
-                b = block[i]
-                i += 1
-                lit += b
-                if b != 255:
-                    break
+        lit, i = _lz4_length(block, i, token >> 4)
         out += block[i:i + lit]
         i += lit
         if i >= n:
             break
         offset = block[i] | (block[i + 1] << 8)
         i += 2
-        mlen = (token & 15) + 4
-        if (token & 15) == 15:
-            while True:
-                b = block[i]
-                i += 1
-                mlen += b
-                if b != 255:
-                    break
+        mlen, i = _lz4_length(block, i, token & 15)
+        mlen += 4
         if offset == 0 or offset > len(out):
             raise ValueError("corrupt LZ4 block")
         start = len(out) - offset
@@ -365,14 +365,19 @@ def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
     path = Path(path)
     if _head(path, 4) == PARQUET_MAGIC:
         return load_parquet(path)
+    records, meta = read_records(path)
+    return from_records(path, records, meta)
+
+
+def read_records(path: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """The high-water-mark records and metadata of a `.bin`, read by the installed memray
+    (for `load` and for `snapana convert`)."""
     reader, header = open_reader(path)
     try:
-        records = records_frame(reader)
-        meta = reader_metadata(reader, header)
+        return records_frame(reader), reader_metadata(reader, header)
     except (OSError, RuntimeError, ValueError) as exc:
         raise InputError(f"{path}: memray could not read the records: {exc}") from None
     finally:
         close = getattr(reader, "close", None)
         if close is not None:
             close()
-    return from_records(path, records, meta)

@@ -469,7 +469,7 @@ def _workload(alloc: _ScaleAllocator, st: _Stacks, rng: random.Random) -> None:
                     alloc.free(b, fwd_free)
             saved.append(keep)
         logits = alloc.malloc(tokens * vocab * 2, logits_stack)
-        loss = alloc.malloc(tokens * vocab * 4, loss_stack)
+        loss: _Block | None = alloc.malloc(tokens * vocab * 4, loss_stack)
         alloc.free(logits, backward_call)
         for keep in reversed(saved):
             grads = []

@@ -1,0 +1,102 @@
+"""The shape of the code, checked: data flows one way (no import cycle between modules),
+each stage imports only the stages before it, and the faces are imported by nobody."""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+from pathlib import Path
+
+import pytest
+import snapana
+
+PACKAGE = Path(snapana.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {"snapana": PACKAGE / "__init__.py"}
+    for info in pkgutil.walk_packages([str(PACKAGE)], "snapana."):
+        rel = info.name.split(".")[1:]
+        path = PACKAGE.joinpath(*rel)
+        out[info.name] = path / "__init__.py" if info.ispkg else path.with_suffix(".py")
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """Every snapana module `name` imports, at the top or inside a function (a lazy import
+    is still a dependency), resolved to the longest module name that exists."""
+    tree = ast.parse(MODULES[name].read_text())
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            # `from pkg import mod` depends on pkg.mod; `from mod import name`, on mod
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
+                       for a in node.names]
+        for t in targets:
+            while t and t not in MODULES:
+                t = t.rpartition(".")[0]
+            if t and t != name and t.startswith("snapana"):
+                found.add(t)
+    return found
+
+
+GRAPH = {m: _imports(m) for m in MODULES}
+
+
+def _reaches(start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        for n in GRAPH[m]:
+            if n == goal:
+                return True
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return False
+
+
+def _is_package_init(a: str, b: str) -> bool:
+    """A package's __init__ re-exporting its own submodules is not a cycle between stages."""
+    return b.startswith(a + ".") or a.startswith(b + ".")
+
+
+def test_no_import_cycle() -> None:
+    cycles = sorted((a, b) for a in GRAPH for b in GRAPH[a]
+                    if not _is_package_init(a, b) and a != "snapana" and b != "snapana"
+                    and _reaches(b, a))
+    assert not cycles, f"import cycles: {cycles}"
+
+
+FACES = {"snapana.cli", "snapana.api", "snapana.__main__"}
+DRIVERS = {"snapana.session", "snapana.rank_runner", "snapana.export_tables"}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_stages_import_only_earlier_stages(name: str) -> None:
+    deps = GRAPH[name]
+    if name.startswith("snapana.render"):
+        assert not deps & (FACES | DRIVERS), f"{name} imports {deps & (FACES | DRIVERS)}"
+    if name.startswith("snapana.sources"):
+        later = {d for d in deps if d.startswith(("snapana.render", "snapana.attribution",
+                                                  "snapana.diagnosis", "snapana.session"))}
+        assert not later, f"a source imports a later stage: {later}"
+    if not name.startswith("snapana.synth") and name != "snapana.cli":
+        assert not {d for d in deps if d.startswith("snapana.synth")}, \
+            f"{name}: the pipeline never imports the simulator"
+    if name not in ("snapana.__main__", "snapana.cli"):
+        assert "snapana.cli" not in deps, f"{name} imports the CLI"
+    if name not in FACES and name != "snapana":
+        assert "snapana.api" not in deps, f"{name} imports the Jupyter face"
