@@ -123,6 +123,26 @@ def test_family_table_has_the_stable_ids():
     }
 
 
+def test_vocabulary_holds_families_phases_and_causes():
+    from snapana.attribution import cause_ids, families_with_lifetime, phase_ids, phase_label
+    from snapana.attribution.families import parse_vocabulary
+
+    assert PHASES == phase_ids() == (
+        "init", "forward", "backward", "optimizer", "rollout", "logprobs", "weight_update",
+        "unknown",
+    )
+    assert phase_label("optimizer") == "optimizer step"
+    assert "outside_pytorch" in cause_ids() and "fragmentation" in cause_ids()
+    assert "logits" in families_with_lifetime("transient")
+    assert "recompute" in families_with_lifetime("working_set")
+    with pytest.raises(ValueError, match=r"^v.toml: \[\[family\]\] 'x': unknown field 'colour'$"):
+        parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\ncolour = 1\n',
+                         "v.toml")
+    with pytest.raises(ValueError, match="`lifetime` must be one of"):
+        parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\n'
+                         'lifetime = "forever"\n', "v.toml")
+
+
 def test_framework_rules_default_above_generic_pytorch(rules):
     framework = [
         r.priority for r in rules.rules if not r.id.startswith("pytorch.") and r.family != "unknown"
@@ -944,6 +964,53 @@ def test_bad_rule_files_give_one_line_errors(tmp_path, body, problem):
     if "syntax" not in problem:
         rule = body.split("id = '")[1].split("'")[0]
         assert f"rule `user_pack.{rule}`" in msg
+
+
+KNOB = "[[knob]]\nid = 'u.k'\nknob = '--k'\ndirection = 'lowers'\neffect = 'e'\n"
+EXAMPLE = "[[example]]\nstack = [{ file = 'm.py', function = 'forward', line = 1 }]\n"
+
+
+@pytest.mark.parametrize(
+    "body,entry,problem",
+    [
+        (KNOB + "families = ['logits']\ncost = 'free'\ncolour = 1", "knob `u.k`",
+         "unknown field 'colour' in [[knob]]"),
+        (KNOB + "families = ['logits']", "knob `u.k`", "missing required field `cost`"),
+        (KNOB + "families = ['logits']\ncost = 'cheap'", "knob `u.k`",
+         "`cost` must be one of ('free', 'compute', 'communication', 'quality')"),
+        (KNOB + "families = ['logitz']\ncost = 'free'", "knob `u.k`", "unknown family 'logitz'"),
+        (KNOB + "causes = ['oom']\ncost = 'free'", "knob `u.k`", "unknown cause 'oom'"),
+        (KNOB + "cost = 'free'", "knob `u.k`", "needs `families` or `causes`"),
+        (KNOB + "families = ['logits']\ncost = 'free'\nphases = ['warmup']", "knob `u.k`",
+         "unknown phase 'warmup'"),
+        (KNOB.replace("'lowers'", "'shrinks'") + "families = ['logits']\ncost = 'free'",
+         "knob `u.k`", "`direction` must be one of"),
+        (EXAMPLE + "family = 'logits'\nwhy = 'x'", "example `user_pack[0]`",
+         "unknown field 'why' in [[example]]"),
+        (EXAMPLE, "example `user_pack[0]`", "missing required field `family`"),
+        (EXAMPLE + "family = 'logitz'", "example `user_pack[0]`", "unknown family 'logitz'"),
+        (EXAMPLE + "family = 'logits'\nphase = 'warmup'", "example `user_pack[0]`",
+         "unknown phase 'warmup'"),
+        (EXAMPLE + "family = 'logits'\npool = 'shared'", "example `user_pack[0]`",
+         "`pool` must be one of"),
+        ("[[example]]\nfamily = 'logits'\nstack = [{ file = 'm.py', func = 'f' }]",
+         "example `user_pack[0]`", "unknown field 'func' in a `stack` entry"),
+        ("[[example]]\nfamily = 'logits'\nstack = [{ file = 'libtorch.so', function = 'f' }]",
+         "example `user_pack[0]`", "is not a Python frame"),
+        ("[pack]\nmarkers = 'x/'\nowner = 'me'", "rule `<pack>`",
+         "unknown field 'owner' in [pack]"),
+        ("[pack]\nmarkers = ['']", "rule `<pack>`", "`markers` entries must be non-empty"),
+        ("[[knobs]]\nid = 'x'", "rule `<pack>`", "unknown field 'knobs' in the file"),
+    ],
+)
+def test_bad_knobs_examples_and_markers_give_one_line_errors(tmp_path, body, entry, problem):
+    path = write(tmp_path, "user_pack.toml", body)
+    with pytest.raises(RuleError) as info:
+        load_rules([path])
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{path}: {entry}: "), msg
+    assert problem in msg, msg
 
 
 def test_duplicate_rule_id_is_an_error(tmp_path):

@@ -14,8 +14,17 @@ Public API
     ``pool_id, stream, state, size, has_alloc_event, annotations, phase_hint``; see
     :class:`~snapana.attribution.stack.BlockContext`.
 ``load_rules(extra_files=()) -> RuleSet``
-    All built-in packs (``packs/*.toml``) plus user rule files. Bad files raise
-    :class:`RuleError` (a ``ValueError``) with one line: ``<file>: rule `<id>`: <problem>``.
+    All built-in packs (``packs/*.toml`` but ``packs/vocabulary.toml``) plus user rule files.
+    Bad files raise :class:`RuleError` (a ``ValueError``) with one line:
+    ``<file>: rule `<id>`: <problem>`` (``knob `<id>```, ``example `<pack>[<n>]``` for
+    those entries).
+``RuleSet.knobs / RuleSet.markers / RuleSet.examples``
+    The loaded packs' ``[[knob]]`` entries (:class:`Knob`), detection markers
+    (framework -> path fragments) and ``[[example]]`` entries (:class:`Example`), user packs
+    included. ``RuleSet.run_example(example) -> Decision``; ``RuleSet.check_examples()``
+    lists (one line each) the examples that do not get the family they declare.
+``builtin_packs() -> tuple[Pack, ...]``
+    The built-in packs, parsed once (``snapana.knobs`` reads knobs and markers from them).
 ``RuleSet.classify(stack, ctx) -> Decision``
     ``Decision(family, label, rule_id, matched_frames, reason, phase, ties, near_misses)``.
     Memoised by (stack, context key).
@@ -30,17 +39,25 @@ Public API
 ``chunk_groups(blocks) -> list[ChunkGroup]``
     Groups ``(site_key, family, size, alloc_order)`` blocks of one site repeated in a loop:
     count, chunk size, total (the implied full tensor). Numbers only.
-``families() / family_ids() / family_label(id)``
-    The stable family table (``packs/families.toml``).
+``families() / family_ids() / family_label(id) / families_with_lifetime(lifetime)``
+    The stable family table; ``phases() / phase_ids() / phase_label(id)`` (:data:`PHASES`
+    is ``phase_ids()``) and ``cause_ids()`` likewise. All three tables are the vocabulary
+    file, ``packs/vocabulary.toml`` (``[[family]]`` id, label, description, optional
+    ``lifetime = "transient" | "working_set"``; ``[[phase]]`` id, label, description;
+    ``[[cause]]`` id, description): the only file in ``packs/`` that is not a pack.
 
 Rule file schema (TOML)
 -----------------------
-A file is a *pack*::
+A file is a *pack*. A framework's pack (``packs/<framework>.toml``) holds everything about
+that framework: how to detect it, its rules and phase rules, its knobs and examples. A user
+file given with ``--rules`` has the same schema::
 
     [pack]                       # optional
     name = "slime"               # default: file stem; rule ids are prefixed with it
     description = "..."
     default_priority = 100       # built-in framework packs 100, pytorch 50, user files 150
+    markers = ["slime/"]         # detection: a capture uses the framework when a frame's
+                                 # path contains one of these; its knobs are then suggested
 
     [[rule]]                     # a family rule
     id = "slime.logprob_softmax" # "<pack>." is added when missing; unique across packs
@@ -73,6 +90,39 @@ A file is a *pack*::
     phase = "optimizer"
     priority = 90
     frames = [{ file = "torch/optim/optimizer.py", function = "wrapper" }]
+
+    [[knob]]                     # a setting that changes a family or an OOM cause
+    id = "slime.recompute_loss_function"   # unique across packs; used as given
+    knob = "--recompute-loss-function"     # the flag / setting as written in the framework
+    families = ["saved_logprob_softmax"]   # family ids it acts on, and/or
+    causes = ["outside_pytorch"]           # cause ids (vocabulary [[cause]]); one is required
+    direction = "lowers"         # "lowers" | "raises" | "bounds" | "releases" (offload)
+    cost = "compute"             # "free" | "compute" | "communication" | "quality"
+                                 # (extra compute, extra communication incl. host transfers,
+                                 # may change training quality / results)
+    effect = "..."               # one sentence: what it changes
+    caveat = "..."               # optional: when it does NOT help, what it costs
+    phases = ["logprobs"]        # optional: only suggested for an OOM in one of these
+    framework = "any"            # optional, default the pack name; knobs apply when their
+                                 # framework is detected; "pytorch" and "any" always apply
+
+    [[example]]                  # a stack and the family the rules must give it
+    description = "..."          # optional
+    family = "saved_logprob_softmax"
+    rule = "slime.logprob_softmax"   # optional: the rule that must decide
+    phase = "forward"            # optional: the phase that must be inferred
+    stack = [                    # innermost first, as a snapshot stores it
+      { file = "slime/utils/ppo_utils.py", function = "vocab_parallel_softmax", line = 512 },
+      { file = "slime/utils/ppo_utils.py", function = "forward", line = 540 },
+      { symbol = "torch::autograd::Engine::thread_main(...)" },   # a C++ frame
+    ]
+    # optional block context: pool = "default" | "mempool" | "graph", stream = 0,
+    # state = "active_allocated", size = "64MiB", has_alloc_event = true,
+    # annotations = ["..."], phase_hint = "backward"
+
+Every example of every built-in pack is run through the engine by
+``tests/test_pack_examples.py`` (with the sites of its own stack indexed, as the Attributor
+indexes a snapshot's); ``RuleSet.check_examples()`` does the same for user packs.
 
 Frame pattern fields:
 
@@ -124,34 +174,58 @@ from .engine import (
     RuleSet,
     SiteIndex,
     builtin_pack_names,
+    builtin_packs,
     infer_phase,
     load_rules,
 )
-from .families import Family, families, family_ids, family_label, get_family
-from .rules import PHASES, RuleError, parse_size
+from .families import (
+    Family,
+    Phase,
+    cause_ids,
+    families,
+    families_with_lifetime,
+    family_ids,
+    family_label,
+    get_family,
+    phase_ids,
+    phase_label,
+    phases,
+)
+from .rules import KNOB_COSTS, PHASES, Example, Knob, Pack, RuleError, parse_size
 from .stack import BlockContext, Frame, Stack
 
 __all__ = [
+    "KNOB_COSTS",
     "PHASES",
     "AttributedBlock",
     "BlockContext",
     "ChunkGroup",
     "Decision",
+    "Example",
     "Explanation",
     "Family",
     "Frame",
+    "Knob",
     "NearMiss",
+    "Pack",
+    "Phase",
     "RuleError",
     "RuleSet",
     "SiteIndex",
     "Stack",
     "builtin_pack_names",
+    "builtin_packs",
+    "cause_ids",
     "chunk_groups",
     "families",
+    "families_with_lifetime",
     "family_ids",
     "family_label",
     "get_family",
     "infer_phase",
     "load_rules",
     "parse_size",
+    "phase_ids",
+    "phase_label",
+    "phases",
 ]

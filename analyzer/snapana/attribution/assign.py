@@ -17,6 +17,7 @@ import bisect
 from typing import Any
 
 import polars as pl
+
 from snapana.attribution.engine import Decision, RuleSet
 from snapana.attribution.sites import site_of
 from snapana.attribution.stack import BlockContext

@@ -14,19 +14,22 @@ import re
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 
-from .families import FAMILIES_FILE, UNKNOWN, family_label
+from .families import UNKNOWN, VOCABULARY_FILE, family_label
 from .rules import (
     PHASES,
+    Example,
     FramePattern,
+    Knob,
+    Pack,
     Rule,
     RuleError,
     check_unique,
-    parse_pack,
-    read_pack_file,
+    parse_pack_text,
+    read_pack,
 )
 from .stack import (
     BlockContext,
@@ -45,6 +48,7 @@ __all__ = [
     "RuleSet",
     "SiteIndex",
     "builtin_pack_names",
+    "builtin_packs",
     "infer_phase",
     "load_rules",
 ]
@@ -182,11 +186,21 @@ class RuleSet:
     Build it with :func:`load_rules`. :meth:`with_sites` returns a copy that knows the
     snapshot's lines per function (needed by ``line_rank`` rules). Not thread-safe: the memo
     and a per-stack candidate cache are plain dicts; use one RuleSet per thread.
+
+    ``contents`` are the loaded packs themselves: their knobs, detection markers and
+    examples (:attr:`knobs`, :attr:`markers`, :attr:`examples`) travel with the rules, so a
+    user pack's knobs apply wherever its rules do.
     """
 
     def __init__(
-        self, rules: Sequence[Rule], sites: SiteIndex | None = None, packs: Sequence[str] = ()
+        self,
+        rules: Sequence[Rule],
+        sites: SiteIndex | None = None,
+        packs: Sequence[str] = (),
+        *,
+        contents: Sequence[Pack] = (),
     ) -> None:
+        self.contents: tuple[Pack, ...] = tuple(contents)
         key = lambda r: (-r.priority, r.order)  # noqa: E731 - tiny sort key
         self.rules: tuple[Rule, ...] = tuple(
             sorted((r for r in rules if r.kind == "family"), key=key)
@@ -212,7 +226,47 @@ class RuleSet:
 
     def with_sites(self, stacks: Iterable[Stack]) -> RuleSet:
         """A copy of this rule set that resolves ``line_rank`` against ``stacks``."""
-        return RuleSet((*self.rules, *self.phase_rules), SiteIndex.from_stacks(stacks), self.packs)
+        return RuleSet(
+            (*self.rules, *self.phase_rules),
+            SiteIndex.from_stacks(stacks),
+            self.packs,
+            contents=self.contents,
+        )
+
+    @cached_property
+    def knobs(self) -> tuple[Knob, ...]:
+        """Every pack's ``[[knob]]`` entries, in load order."""
+        return tuple(k for p in self.contents for k in p.knobs)
+
+    @cached_property
+    def markers(self) -> dict[str, tuple[str, ...]]:
+        """Framework (pack name) -> the path fragments that show it in use."""
+        return markers_of(self.contents)
+
+    @cached_property
+    def examples(self) -> tuple[Example, ...]:
+        """Every pack's ``[[example]]`` entries, in load order."""
+        return tuple(e for p in self.contents for e in p.examples)
+
+    def run_example(self, example: Example) -> Decision:
+        """The decision for an example's stack and context, with the sites of its own stack
+        indexed (as the Attributor indexes a snapshot's)."""
+        return self.with_sites([example.stack]).classify(example.stack, example.context)
+
+    def check_examples(self) -> list[str]:
+        """One line per example whose stack does not get the family (rule, phase) it
+        declares; empty when every example holds."""
+        failures = []
+        for ex in self.examples:
+            d = self.run_example(ex)
+            want = (ex.family, ex.rule or d.rule_id, ex.phase or d.phase)
+            got = (d.family, d.rule_id, d.phase)
+            if got != want:
+                failures.append(
+                    f"{ex.source}: example `{ex.name}`: expected {_outcome(*want)}, "
+                    f"got {_outcome(*got)} ({d.reason})"
+                )
+        return failures
 
     def rule(self, rule_id: str) -> Rule:
         for r in (*self.rules, *self.phase_rules):
@@ -575,44 +629,61 @@ class RuleSet:
 # loading
 
 
+def markers_of(packs: Iterable[Pack]) -> dict[str, tuple[str, ...]]:
+    """Framework (pack name) -> the detection markers of ``packs`` (merged when two packs
+    share a name)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for p in packs:
+        if p.markers:
+            out[p.name] = tuple(dict.fromkeys((*out.get(p.name, ()), *p.markers)))
+    return out
+
+
+def _outcome(family: str, rule_id: str | None, phase: str) -> str:
+    return f"family {family} (rule {rule_id or '-'}, phase {phase})"
+
+
 def _builtin_files() -> list[tuple[str, str]]:
+    """``(file name, text)`` of every built-in pack: each ``packs/*.toml`` but the
+    vocabulary file."""
     root = resources.files(__package__) / "packs"
     out = []
     for entry in root.iterdir():
         name = entry.name
-        if name.endswith(".toml") and name != FAMILIES_FILE:
+        if name.endswith(".toml") and name != VOCABULARY_FILE:
             out.append((name, entry.read_text(encoding="utf-8")))
     return sorted(out)
 
 
 @lru_cache(maxsize=1)
-def _builtin_rules() -> tuple[tuple[str, ...], tuple[Rule, ...]]:
-    packs: list[str] = []
-    rules: list[Rule] = []
+def builtin_packs() -> tuple[Pack, ...]:
+    """The built-in packs, parsed once, in load order (sorted by file name)."""
+    packs: list[Pack] = []
+    order = 0
     for name, text in _builtin_files():
-        pack, rs = parse_pack(text, f"packs/{name}", order_start=len(rules))
+        pack = parse_pack_text(text, f"packs/{name}", order_start=order)
+        order += len(pack.rules)
         packs.append(pack)
-        rules.extend(rs)
-    return tuple(packs), tuple(rules)
+    return tuple(packs)
 
 
 def builtin_pack_names() -> tuple[str, ...]:
     """Names of the built-in packs, in load order."""
-    return _builtin_rules()[0]
+    return tuple(p.name for p in builtin_packs())
 
 
 def load_rules(extra_files: Sequence[Path | str] = ()) -> RuleSet:
     """Every built-in pack plus ``extra_files`` (user packs), compiled into a new
     :class:`RuleSet` (with its own empty memo). Raises :class:`RuleError` on a bad file."""
-    packs, builtin = _builtin_rules()
-    rules = list(builtin)
-    names = list(packs)
+    packs = list(builtin_packs())
+    order = sum(len(p.rules) for p in packs)
     for path in extra_files:
-        pack, rs = read_pack_file(Path(path), user=True, order_start=len(rules))
-        names.append(pack)
-        rules.extend(rs)
-    check_unique(rules)
-    return RuleSet(rules, packs=names)
+        pack = read_pack(Path(path), user=True, order_start=order)
+        order += len(pack.rules)
+        packs.append(pack)
+    rules = [r for p in packs for r in p.rules]
+    check_unique(rules, packs)
+    return RuleSet(rules, packs=[p.name for p in packs], contents=packs)
 
 
 @lru_cache(maxsize=1)

@@ -1,24 +1,35 @@
-"""The stable tensor-family ids, with a display label and a one-line description.
+"""The vocabulary every pack speaks: tensor families, phases and OOM causes.
 
-The table is data (``packs/families.toml``) so that documentation, renderers and rule
-validation read one source; ids are stable API (reports, JSON output and user rule files
-refer to them), labels may be reworded.
+It is data (``packs/vocabulary.toml``) so that documentation, renderers, diagnosis and rule
+validation read one source. Ids are stable API (reports, JSON output and user rule files
+refer to them); labels may be reworded. The vocabulary file is the only file in ``packs/``
+that is not a rule pack.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
+    import tomli as tomllib
 
-FAMILIES_FILE = "families.toml"
+VOCABULARY_FILE = "vocabulary.toml"
+FAMILIES_FILE = VOCABULARY_FILE
+"""Old name of :data:`VOCABULARY_FILE` (the family table used to be ``families.toml``)."""
 
 UNKNOWN = "unknown"
+
+LIFETIMES = ("transient", "working_set")
+"""Values of a family's optional ``lifetime``: ``transient`` families are built and dropped
+within one step (a knob can make them go), ``working_set`` families belong to the operation
+in flight (they can only shrink). Without one a family is model state."""
 
 
 @dataclass(frozen=True)
@@ -28,28 +39,114 @@ class Family:
     id: str
     label: str
     description: str
+    lifetime: str | None = None
+    """``"transient"``, ``"working_set"`` or None (model state, or not known)."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a training / RL step: ``id`` is stable, ``label`` is for display."""
+
+    id: str
+    label: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One reason an allocation can fail (diagnosis); knobs name the causes they act on."""
+
+    id: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    families: tuple[Family, ...]
+    phases: tuple[Phase, ...]
+    causes: tuple[Cause, ...]
+
+
+_TABLES: dict[str, tuple[set[str], set[str]]] = {
+    # table -> (required fields, optional fields)
+    "family": ({"id", "label", "description"}, {"lifetime"}),
+    "phase": ({"id", "label", "description"}, set()),
+    "cause": ({"id", "description"}, set()),
+}
+
+
+def _entries(data: Mapping[str, Any], table: str, source: str) -> list[dict[str, str]]:
+    required, optional = _TABLES[table]
+    entries = data.get(table)
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{source}: needs at least one [[{table}]] entry")
+    seen: set[str] = set()
+    for n, raw in enumerate(entries):
+        where = f"{source}: [[{table}]] {raw.get('id', n)!r}" if isinstance(raw, dict) else source
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: [[{table}]] entries must be tables")
+        extra = sorted(set(raw) - required - optional)
+        if extra:
+            raise ValueError(f"{where}: unknown field {extra[0]!r}")
+        missing = sorted(required - set(raw))
+        if missing:
+            raise ValueError(f"{where}: missing required field `{missing[0]}`")
+        if not all(isinstance(v, str) for v in raw.values()):
+            raise ValueError(f"{where}: every field must be a string")
+        if raw["id"] in seen:
+            raise ValueError(f"{where}: duplicate id")
+        seen.add(raw["id"])
+        if raw.get("lifetime", LIFETIMES[0]) not in LIFETIMES:
+            raise ValueError(f"{where}: `lifetime` must be one of {LIFETIMES}")
+    return entries
+
+
+def parse_vocabulary(text: str, source: str = VOCABULARY_FILE) -> Vocabulary:
+    """Read a vocabulary file; a malformed one is a ``ValueError`` with one line."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: TOML syntax error: {' '.join(str(exc).split())}") from None
+    extra = sorted(set(data) - set(_TABLES))
+    if extra:
+        raise ValueError(f"{source}: unknown table {extra[0]!r} (allowed: family, phase, cause)")
+    fams = tuple(
+        Family(f["id"], f["label"], f["description"], f.get("lifetime"))
+        for f in _entries(data, "family", source)
+    )
+    if UNKNOWN not in {f.id for f in fams}:
+        raise ValueError(f"{source}: the family table needs the {UNKNOWN!r} family")
+    phases = tuple(Phase(p["id"], p["label"], p["description"])
+                   for p in _entries(data, "phase", source))
+    if UNKNOWN not in {p.id for p in phases}:
+        raise ValueError(f"{source}: the phase table needs the {UNKNOWN!r} phase")
+    causes = tuple(Cause(c["id"], c["description"]) for c in _entries(data, "cause", source))
+    return Vocabulary(fams, phases, causes)
 
 
 @lru_cache(maxsize=1)
-def _load() -> tuple[Family, ...]:
-    text = (resources.files(__package__) / "packs" / FAMILIES_FILE).read_text(encoding="utf-8")
-    data = tomllib.loads(text)
-    return tuple(Family(f["id"], f["label"], f["description"]) for f in data["family"])
+def vocabulary() -> Vocabulary:
+    """The built-in vocabulary (``packs/vocabulary.toml``)."""
+    text = (resources.files(__package__) / "packs" / VOCABULARY_FILE).read_text(encoding="utf-8")
+    return parse_vocabulary(text, f"packs/{VOCABULARY_FILE}")
+
+
+# -- families ---------------------------------------------------------------------------
 
 
 def families() -> tuple[Family, ...]:
     """All families in display order."""
-    return _load()
+    return vocabulary().families
 
 
 def family_ids() -> tuple[str, ...]:
     """The stable family ids in display order."""
-    return tuple(f.id for f in _load())
+    return tuple(f.id for f in vocabulary().families)
 
 
 def get_family(family_id: str) -> Family:
     """The :class:`Family` for ``family_id``; ``KeyError`` if it is not a known id."""
-    for f in _load():
+    for f in vocabulary().families:
         if f.id == family_id:
             return f
     raise KeyError(family_id)
@@ -61,3 +158,31 @@ def family_label(family_id: str) -> str:
         return get_family(family_id).label
     except KeyError:
         return family_id
+
+
+def families_with_lifetime(lifetime: str) -> frozenset[str]:
+    """Ids of the families whose ``lifetime`` is ``lifetime`` (one of :data:`LIFETIMES`)."""
+    return frozenset(f.id for f in vocabulary().families if f.lifetime == lifetime)
+
+
+# -- phases and causes ------------------------------------------------------------------
+
+
+def phases() -> tuple[Phase, ...]:
+    """All phases in display order."""
+    return vocabulary().phases
+
+
+def phase_ids() -> tuple[str, ...]:
+    """The stable phase ids (what :func:`~snapana.attribution.infer_phase` can return)."""
+    return tuple(p.id for p in vocabulary().phases)
+
+
+def phase_label(phase_id: str) -> str:
+    """The display label of ``phase_id`` (the id itself if unknown)."""
+    return next((p.label for p in vocabulary().phases if p.id == phase_id), phase_id)
+
+
+def cause_ids() -> tuple[str, ...]:
+    """The OOM cause ids diagnosis reports and knobs may name."""
+    return tuple(c.id for c in vocabulary().causes)

@@ -1,11 +1,13 @@
 """Rule files: schema, validation and compilation to fast matchers.
 
 Rules are data (TOML). Each file is a *pack*; the built-in packs live in ``packs/`` (one
-per framework) and users add their own files. The schema is documented in
-``analyzer/snapana/attribution/__init__.py``; this module enforces it: an unknown field, an unknown
-family or phase, a bad regular expression or a malformed value is a :class:`RuleError` whose
-message is one line naming the file, the rule and the problem — a rule file is user input
-and must never produce a traceback.
+per framework) and users add their own files. A pack holds everything about its framework:
+how to detect it in a capture (``[pack] markers``), its ``[[rule]]`` and ``[[phase_rule]]``
+entries, its ``[[knob]]`` entries and ``[[example]]`` stacks with the family they must get.
+The schema is documented in ``analyzer/snapana/attribution/__init__.py``; this module enforces
+it: an unknown field, an unknown family, phase or cause, a bad regular expression or a
+malformed value is a :class:`RuleError` whose message is one line naming the file, the entry
+and the problem — a rule file is user input and must never produce a traceback.
 
 Everything that can be computed ahead of matching is: regexes are compiled, literal
 function names are kept as sets (so a pattern finds its candidate frames by dictionary
@@ -15,6 +17,7 @@ lookup), sizes are parsed to integers.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,25 +25,16 @@ from typing import Any
 
 from snapana.units import MAX_BYTES, parse_bytes
 
-from .families import family_ids
-from .stack import BLOCK_STATES, NormStack, normalize_state, path_has_suffix
+from .families import cause_ids, family_ids, phase_ids
+from .stack import BLOCK_STATES, BlockContext, NormStack, Stack, normalize_state, path_has_suffix
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
+    import tomli as tomllib
 
-PHASES = (
-    "init",
-    "forward",
-    "backward",
-    "optimizer",
-    "rollout",
-    "logprobs",
-    "weight_update",
-    "unknown",
-)
-"""Phases :func:`infer_phase` can return."""
+PHASES: tuple[str, ...] = phase_ids()
+"""Phases :func:`infer_phase` can return (the ``[[phase]]`` table of ``packs/vocabulary.toml``)."""
 
 POOL_KINDS = ("default", "mempool", "graph", "private")
 """``private`` means any non-default pool (``mempool`` or ``graph``)."""
@@ -218,11 +212,109 @@ class Rule:
         return len(self.frames) + (self.annotation is not None)
 
 
+KNOB_DIRECTIONS = ("lowers", "raises", "bounds", "releases")
+"""What a knob does to the families / causes it names: ``releases`` moves model state off
+the GPU (offload), ``bounds`` caps a size without lowering the typical case."""
+
+KNOB_COSTS = ("free", "compute", "communication", "quality")
+"""What turning a knob costs: nothing that matters, extra compute (recompute, more or smaller
+micro-batches, slower kernels or engines), extra communication (collectives, host <-> device
+transfers), or it may change training quality / results (truncation, lower precision)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A setting that changes a tensor family or an OOM cause (a pack's ``[[knob]]``)."""
+
+    id: str
+    framework: str
+    """The framework whose use makes the knob apply: the pack's name unless the entry says
+    otherwise; ``pytorch`` and ``any`` always apply."""
+    knob: str
+    families: tuple[str, ...]
+    causes: tuple[str, ...]
+    direction: str
+    effect: str
+    caveat: str
+    phases: tuple[str, ...]
+    """Only suggested when the OOM happened in one of these (empty: in any phase)."""
+    cost: str
+    """One of :data:`KNOB_COSTS`."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """A stack with the family the rules must give it (a pack's ``[[example]]``), run by the
+    test suite (and by :meth:`~snapana.attribution.RuleSet.check_examples` for user packs)."""
+
+    pack: str
+    index: int
+    """Position among the pack's examples (0-based)."""
+    source: str
+    stack: Stack
+    """Innermost first, as a snapshot stores it."""
+    context: BlockContext
+    family: str
+    rule: str | None
+    """When set, the id of the rule that must decide."""
+    phase: str | None
+    """When set, the phase that must be inferred."""
+    description: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.pack}[{self.index}]"
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Everything one pack file holds, compiled."""
+
+    name: str
+    source: str
+    description: str
+    markers: tuple[str, ...]
+    """Path fragments that show the framework in use: a capture whose frames' paths contain
+    one of them (``"slime/"``) gets this pack's knobs suggested."""
+    rules: tuple[Rule, ...]
+    knobs: tuple[Knob, ...]
+    examples: tuple[Example, ...]
+
+
 # --------------------------------------------------------------------------------------
 # parsing
 
-_PACK_KEYS = {"name", "description", "default_priority", "versions", "notes"}
-_TOP_KEYS = {"pack", "rule", "phase_rule"}
+_PACK_KEYS = {"name", "description", "default_priority", "versions", "notes", "markers"}
+_TOP_KEYS = {"pack", "rule", "phase_rule", "knob", "example"}
+_KNOB_KEYS = {
+    "id",
+    "framework",
+    "knob",
+    "families",
+    "causes",
+    "direction",
+    "effect",
+    "caveat",
+    "phases",
+    "cost",
+}
+_EXAMPLE_KEYS = {
+    "description",
+    "family",
+    "rule",
+    "phase",
+    "stack",
+    "pool",
+    "stream",
+    "state",
+    "size",
+    "has_alloc_event",
+    "annotations",
+    "phase_hint",
+}
+_EXAMPLE_FRAME_KEYS = {"file", "function", "line", "symbol"}
+#: ``pool`` of an example -> the ``segment_pool_id`` its block gets
+_EXAMPLE_POOLS = {"default": (0, 0), "mempool": (0, 1), "graph": (1, 0)}
 _COND_KEYS = {
     "frames",
     "not_frames",
@@ -261,15 +353,16 @@ _FRAME_KEYS = {
 }
 
 class _Ctx:
-    """Carries file and rule id so every error message names both."""
+    """Carries file and entry (rule id, knob id, example) so every error message names both."""
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.what = "rule"
         self.rule = "<pack>"
 
     def fail(self, problem: str) -> RuleError:
         one_line = " ".join(str(problem).split())
-        return RuleError(f"{self.source}: rule `{self.rule}`: {one_line}")
+        return RuleError(f"{self.source}: {self.what} `{self.rule}`: {one_line}")
 
 
 def _as_list(value: Any, ctx: _Ctx, key: str, kind: type = str) -> list[Any]:
@@ -474,8 +567,11 @@ def _conditions(raw: Mapping[str, Any], ctx: _Ctx, allow_phase: bool) -> dict[st
     return out
 
 
+_ID_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
+
+
 def _qualify(rule_id: Any, pack: str, ctx: _Ctx) -> str:
-    if not isinstance(rule_id, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*", rule_id):
+    if not isinstance(rule_id, str) or not re.fullmatch(_ID_RE, rule_id):
         raise ctx.fail(f'`id` must be a dotted name like "{pack}.my_rule", got {rule_id!r}')
     return rule_id if rule_id.startswith(pack + ".") else f"{pack}.{rule_id}"
 
@@ -485,7 +581,18 @@ def parse_pack(
 ) -> tuple[str, list[Rule]]:
     """Parse one pack's TOML text into compiled rules (family rules and phase rules).
 
-    ``source`` names the file in error messages. Returns ``(pack_name, rules)``.
+    ``source`` names the file in error messages. Returns ``(pack_name, rules)``; the whole
+    pack (markers, knobs, examples too) is :func:`parse_pack_text`'s.
+    """
+    pack = parse_pack_text(text, source, user=user, order_start=order_start)
+    return pack.name, list(pack.rules)
+
+
+def parse_pack_text(text: str, source: str, *, user: bool = False, order_start: int = 0) -> Pack:
+    """Parse and validate one pack's TOML text: header, rules, phase rules, knobs, examples.
+
+    ``source`` names the file in error messages; ``order_start`` is the load order of the
+    pack's first rule (ties between equal priorities go to the earlier one).
     """
     ctx = _Ctx(source)
     try:
@@ -500,6 +607,15 @@ def parse_pack(
     name = pack_raw.get("name", Path(source).stem)
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
         raise ctx.fail(f"pack `name` must be a simple identifier, got {name!r}")
+    description = pack_raw.get("description", "")
+    if not isinstance(description, str):
+        raise ctx.fail("`description` must be a string")
+    markers: tuple[str, ...] = ()
+    if "markers" in pack_raw:
+        markers = tuple(_as_list(pack_raw["markers"], ctx, "markers"))
+        if not all(markers):
+            raise ctx.fail("`markers` entries must be non-empty path fragments")
+        markers = tuple(m.replace("\\", "/") for m in markers)
     default_priority = _int(
         pack_raw.get("default_priority", USER_DEFAULT_PRIORITY if user else DEFAULT_PRIORITY),
         ctx,
@@ -563,20 +679,178 @@ def parse_pack(
                     **cond,
                 )
             )
-    return name, rules
+    knobs = tuple(_knobs(data, name, ctx))
+    examples = tuple(_examples(data, name, source, ctx))
+    return Pack(name, source, description, markers, tuple(rules), knobs, examples)
 
 
-def read_pack_file(path: Path, *, user: bool, order_start: int) -> tuple[str, list[Rule]]:
+def _entries(data: Mapping[str, Any], key: str, ctx: _Ctx) -> list[Mapping[str, Any]]:
+    entries = data.get(key, [])
+    if not isinstance(entries, list):
+        raise ctx.fail(f"`{key}` must be an array of tables ([[{key}]])")
+    for raw in entries:
+        if not isinstance(raw, Mapping):
+            raise ctx.fail(f"[[{key}]] entries must be tables")
+    return entries
+
+
+def _string(raw: Mapping[str, Any], key: str, ctx: _Ctx, default: str | None = None) -> str:
+    if key not in raw:
+        if default is None:
+            raise ctx.fail(f"missing required field `{key}`")
+        return default
+    value = raw[key]
+    if not isinstance(value, str):
+        raise ctx.fail(f"`{key}` must be a string, got {value!r}")
+    return value
+
+
+def _ids(raw: Mapping[str, Any], key: str, known: Sequence[str], what: str, ctx: _Ctx) -> tuple:
+    if key not in raw:
+        return ()
+    values = _as_list(raw[key], ctx, key)
+    bad = [v for v in values if v not in known]
+    if bad:
+        raise ctx.fail(f"unknown {what} {bad[0]!r} (known: {', '.join(known)})")
+    return tuple(values)
+
+
+def _knobs(data: Mapping[str, Any], pack: str, ctx: _Ctx) -> list[Knob]:
+    out: list[Knob] = []
+    ctx.what = "knob"
+    for n, raw in enumerate(_entries(data, "knob", ctx)):
+        ctx.rule = raw["id"] if isinstance(raw.get("id"), str) else f"knob[{n}]"
+        _unknown_keys(raw, _KNOB_KEYS, ctx, "[[knob]]")
+        knob_id = _string(raw, "id", ctx)
+        if not re.fullmatch(_ID_RE, knob_id):
+            raise ctx.fail(f'`id` must be a dotted name like "{pack}.my_knob", got {knob_id!r}')
+        framework = _string(raw, "framework", ctx, pack)
+        if not re.fullmatch(r"[A-Za-z0-9_\-]+", framework):
+            raise ctx.fail(f"`framework` must be a simple identifier, got {framework!r}")
+        families = _ids(raw, "families", family_ids(), "family", ctx)
+        causes = _ids(raw, "causes", cause_ids(), "cause", ctx)
+        if not families and not causes:
+            raise ctx.fail("a knob needs `families` or `causes` (what it acts on)")
+        direction = _string(raw, "direction", ctx)
+        if direction not in KNOB_DIRECTIONS:
+            raise ctx.fail(f"`direction` must be one of {KNOB_DIRECTIONS}, got {direction!r}")
+        cost = _string(raw, "cost", ctx)
+        if cost not in KNOB_COSTS:
+            raise ctx.fail(f"`cost` must be one of {KNOB_COSTS}, got {cost!r}")
+        out.append(
+            Knob(
+                id=knob_id,
+                framework=framework,
+                knob=_string(raw, "knob", ctx),
+                families=families,
+                causes=causes,
+                direction=direction,
+                effect=_string(raw, "effect", ctx),
+                caveat=_string(raw, "caveat", ctx, ""),
+                phases=_ids(raw, "phases", PHASES, "phase", ctx),
+                cost=cost,
+            )
+        )
+    return out
+
+
+def _example_frame(raw: Any, ctx: _Ctx) -> tuple[str, str, int]:
+    if not isinstance(raw, Mapping):
+        raise ctx.fail(f"each entry of `stack` must be a table, got {raw!r}")
+    _unknown_keys(raw, _EXAMPLE_FRAME_KEYS, ctx, "a `stack` entry")
+    line = _int(raw.get("line", 0), ctx, "line", 0)
+    if "symbol" in raw:
+        if {"file", "function"} & set(raw):
+            raise ctx.fail("a `stack` entry is a C++ `symbol` or a Python `file` + `function`")
+        return ("??", _string(raw, "symbol", ctx), line)
+    file = _string(raw, "file", ctx)
+    if not (file.endswith(".py") or file.startswith("<")):
+        raise ctx.fail(f"`file` {file!r} is not a Python frame (*.py or <...>); use `symbol`")
+    return (file, _string(raw, "function", ctx), line)
+
+
+def _examples(data: Mapping[str, Any], pack: str, source: str, ctx: _Ctx) -> list[Example]:
+    out: list[Example] = []
+    ctx.what = "example"
+    for n, raw in enumerate(_entries(data, "example", ctx)):
+        ctx.rule = f"{pack}[{n}]"
+        _unknown_keys(raw, _EXAMPLE_KEYS, ctx, "[[example]]")
+        family = _string(raw, "family", ctx)
+        if family not in family_ids():
+            raise ctx.fail(f"unknown family {family!r} (known: {', '.join(family_ids())})")
+        rule = None
+        if "rule" in raw:
+            rule = raw["rule"]
+            if not isinstance(rule, str) or not re.fullmatch(_ID_RE, rule):
+                raise ctx.fail(f'`rule` must be a rule id like "{pack}.my_rule", got {rule!r}')
+            if "." not in rule:
+                rule = f"{pack}.{rule}"
+        phase = _string(raw, "phase", ctx) if "phase" in raw else None
+        if phase is not None and phase not in PHASES:
+            raise ctx.fail(f"unknown phase {phase!r} (use one of {PHASES})")
+        stack_raw = raw.get("stack", [])
+        if not isinstance(stack_raw, list):
+            raise ctx.fail("`stack` must be an array of frames, innermost first")
+        stack = tuple(_example_frame(f, ctx) for f in stack_raw)
+        pool = _string(raw, "pool", ctx, "default")
+        if pool not in _EXAMPLE_POOLS:
+            raise ctx.fail(f"`pool` must be one of {tuple(_EXAMPLE_POOLS)}, got {pool!r}")
+        state = normalize_state(_string(raw, "state", ctx, BLOCK_STATES[0]))
+        if state not in BLOCK_STATES:
+            raise ctx.fail(f"unknown block state {state!r} (use one of {BLOCK_STATES})")
+        phase_hint = _string(raw, "phase_hint", ctx) if "phase_hint" in raw else None
+        if phase_hint is not None and phase_hint not in PHASES:
+            raise ctx.fail(f"unknown phase_hint {phase_hint!r} (use one of {PHASES})")
+        has_alloc = raw.get("has_alloc_event", True)
+        if has_alloc is not None:
+            has_alloc = _bool(has_alloc, ctx, "has_alloc_event")
+        context = BlockContext(
+            pool_id=_EXAMPLE_POOLS[pool],
+            stream=_int(raw.get("stream", 0), ctx, "stream", 0),
+            state=state,
+            size=parse_size(raw.get("size", "64MiB"), ctx, "size"),
+            has_alloc_event=has_alloc,
+            annotations=(
+                tuple(_as_list(raw["annotations"], ctx, "annotations"))
+                if "annotations" in raw
+                else ()
+            ),
+            phase_hint=phase_hint,
+        )
+        out.append(
+            Example(
+                pack=pack,
+                index=n,
+                source=source,
+                stack=stack,
+                context=context,
+                family=family,
+                rule=rule,
+                phase=phase,
+                description=_string(raw, "description", ctx, ""),
+            )
+        )
+    return out
+
+
+def read_pack(path: Path, *, user: bool, order_start: int) -> Pack:
     """Read and parse one pack file; unreadable files are a :class:`RuleError` too."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise RuleError(f"{path}: cannot read rule file: {exc}") from None
-    return parse_pack(text, str(path), user=user, order_start=order_start)
+    return parse_pack_text(text, str(path), user=user, order_start=order_start)
 
 
-def check_unique(rules: Sequence[Rule]) -> None:
-    """Rule ids are unique across all loaded packs; explanations rely on it."""
+def read_pack_file(path: Path, *, user: bool, order_start: int) -> tuple[str, list[Rule]]:
+    """Read and parse one pack file's rules: ``(pack_name, rules)`` (see :func:`read_pack`)."""
+    pack = read_pack(path, user=user, order_start=order_start)
+    return pack.name, list(pack.rules)
+
+
+def check_unique(rules: Sequence[Rule], packs: Sequence[Pack] = ()) -> None:
+    """Rule ids are unique across all loaded packs (explanations rely on it); so are knob
+    ids (reports name a knob by its id)."""
     seen: dict[str, str] = {}
     for r in rules:
         key = f"{r.kind}:{r.id}"
@@ -585,3 +859,11 @@ def check_unique(rules: Sequence[Rule]) -> None:
                 f"{r.source}: rule `{r.id}`: duplicate rule id (already defined in {seen[key]})"
             )
         seen[key] = r.source
+    for p in packs:
+        for k in p.knobs:
+            key = f"knob:{k.id}"
+            if key in seen:
+                raise RuleError(
+                    f"{p.source}: knob `{k.id}`: duplicate knob id (already defined in {seen[key]})"
+                )
+            seen[key] = p.source

@@ -1,0 +1,137 @@
+"""Knobs and framework detection, read from the framework packs."""
+
+from __future__ import annotations
+
+import pytest
+from snapana.attribution import RuleError, builtin_packs, load_rules
+from snapana.knobs import (
+    KNOB_COSTS,
+    can_release,
+    framework_markers,
+    frameworks_in,
+    knobs_for,
+    load_knobs,
+    transient_families,
+    working_set_families,
+)
+
+SP = "/opt/venv/lib/python3.11/site-packages/"
+
+
+def test_every_knob_lives_in_its_frameworks_pack_with_a_cost() -> None:
+    seen = set()
+    for pack in builtin_packs():
+        for k in pack.knobs:
+            assert k.framework in (pack.name, "any"), (pack.source, k.id)
+            assert k.cost in KNOB_COSTS, k.id
+            assert k.effect and k.direction, k.id
+            seen.add(k.id)
+    assert len(seen) == len(load_knobs()) >= 25
+    neutral = {k.id for k in load_knobs() if k.framework in ("pytorch", "any")}
+    assert neutral == {k.id for p in builtin_packs() if p.name == "pytorch" for k in p.knobs}
+
+
+def test_costs_follow_what_the_knob_does() -> None:
+    cost = {k.id: k.cost for k in load_knobs()}
+    assert cost["slime.recompute_loss_function"] == "compute"
+    assert cost["megatron.tensor_parallel"] == "communication"
+    assert cost["areal.adam_bf16"] == "quality"
+    assert cost["torch.expandable_segments"] == "free"
+
+
+def test_markers_come_from_the_packs() -> None:
+    markers = framework_markers()
+    assert markers["slime"] == ("slime/",)
+    assert markers["ms_swift"] == ("swift/",)
+    assert set(markers["fsdp"]) == {
+        "torch/distributed/fsdp/", "torch/distributed/_composable/fsdp/",
+    }
+    assert "pytorch" not in markers  # generic knobs apply always, no detection needed
+    paths = [
+        SP + "slime/utils/ppo_utils.py",
+        "C:\\venv\\Lib\\site-packages\\megatron\\core\\utils.py",
+        SP + "torch/distributed/_composable/fsdp/_fsdp_collectives.py",
+        "/home/u/train.py",
+    ]
+    assert frameworks_in(paths) == {"slime", "megatron", "fsdp"}
+    assert frameworks_in(["/home/u/train.py"]) == set()
+
+
+def test_family_lifetimes_come_from_the_vocabulary() -> None:
+    assert transient_families() == {
+        "saved_logprob_softmax", "logits", "saved_activations", "comm_buffer",
+        "weight_update_buffer", "kv_cache", "cuda_graph_pool",
+    }
+    assert working_set_families() == {"activation_temporaries", "recompute"}
+
+
+def test_knobs_for_ranks_the_frameworks_own_knob_first() -> None:
+    got = knobs_for(["saved_logprob_softmax", "logits"], [], {"slime", "megatron"}, "forward")
+    assert [k.knob for k in got[:2]] == ["--recompute-loss-function", "--log-probs-chunk-size"]
+    assert all(k.framework in {"slime", "megatron", "pytorch", "any"} for k in got)
+    # a phase-bound knob only for its phase
+    ids = {k.id for k in knobs_for(["logits"], [], {"slime"}, "forward")}
+    assert "slime.log_probs_max_tokens_per_gpu" not in ids
+    ids = {k.id for k in knobs_for(["logits"], [], {"slime"}, "logprobs")}
+    assert "slime.log_probs_max_tokens_per_gpu" in ids
+    assert can_release("optimizer_state", {"megatron"})
+    assert not can_release("optimizer_state", {"slime"})
+
+
+USER_PACK = """
+[pack]
+name = "myfw"
+markers = ["myfw/"]
+
+[[rule]]
+id = "buffers"
+family = "comm_buffer"
+label = "my staging buffers"
+frames = [{ file = "myfw/comm.py", function = "stage" }]
+
+[[knob]]
+id = "myfw.bucket_mb"
+knob = "--bucket-mb"
+families = ["comm_buffer"]
+direction = "lowers"
+cost = "communication"
+effect = "smaller staging buckets"
+caveat = "more, smaller collectives"
+
+[[example]]
+family = "comm_buffer"
+rule = "buffers"
+stack = [{ file = "myfw/comm.py", function = "stage", line = 7 }]
+"""
+
+
+def test_a_user_pack_brings_its_knobs_markers_and_examples(tmp_path) -> None:
+    path = tmp_path / "myfw.toml"
+    path.write_text(USER_PACK, encoding="utf-8")
+    rs = load_rules([path])
+    assert rs.markers["myfw"] == ("myfw/",)
+    assert frameworks_in([SP + "myfw/comm.py"], rs) == {"myfw"}
+    assert frameworks_in([SP + "myfw/comm.py"]) == set()  # built-ins only
+    knob = next(k for k in rs.knobs if k.id == "myfw.bucket_mb")
+    assert (knob.framework, knob.cost) == ("myfw", "communication")
+    assert knob in knobs_for(["comm_buffer"], [], {"myfw"}, None, rs)
+    assert knob not in knobs_for(["comm_buffer"], [], {"slime"}, None, rs)
+    assert [e.rule for e in rs.examples if e.pack == "myfw"] == ["myfw.buffers"]
+    assert rs.check_examples() == []
+    # the copy the Attributor makes keeps them
+    sited = rs.with_sites([])
+    assert sited.knobs == rs.knobs and sited.markers == rs.markers
+
+
+def test_duplicate_knob_id_is_an_error(tmp_path) -> None:
+    path = tmp_path / "dup.toml"
+    path.write_text(
+        '[[knob]]\nid = "slime.recompute_loss_function"\nknob = "k"\nfamilies = ["logits"]\n'
+        'direction = "lowers"\ncost = "free"\neffect = "e"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(RuleError) as info:
+        load_rules([path])
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: knob `slime.recompute_loss_function`: duplicate knob id")
+    assert "packs/slime.toml" in msg
