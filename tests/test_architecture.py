@@ -100,3 +100,9 @@ def test_stages_import_only_earlier_stages(name: str) -> None:
         assert "snapana.cli" not in deps, f"{name} imports the CLI"
     if name not in FACES and name != "snapana":
         assert "snapana.api" not in deps, f"{name} imports the Jupyter face"
+    if name.startswith("snapana.record"):  # runs inside the user's job: stdlib and torch
+        assert all(d.startswith("snapana.record") for d in deps), \
+            f"the capture side imports the analyzer: {deps}"
+    elif name != "snapana.cli":
+        assert not {d for d in deps if d.startswith("snapana.record")}, \
+            f"{name}: the analyzer never imports the capture code"
