@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from snapana.session import analyse
 from snapana.output import write_atomic
-from snapana.render import html, markdown
+from snapana.render import render
+from snapana.render.views import capture_view
 from snapana.sources import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,10 +36,11 @@ def expected(sample: Path) -> dict[Path, str]:
     """The report files a sample should have, with their content."""
     truth = json.loads(sample.with_suffix(".truth.json").read_text())
     reports = analyse(load(sample), capacity=truth.get("capacity_bytes"))
+    view = capture_view(reports, title=sample.name)
     name = sample.stem
     return {
-        REPORTS / f"{name}.html": html.render(reports, title=sample.name),
-        REPORTS / f"{name}.md": markdown.render(reports),
+        REPORTS / f"{name}.html": render(view, "html"),
+        REPORTS / f"{name}.md": render(view, "markdown"),
     }
 
 

@@ -15,8 +15,8 @@ import snapana
 from snapana import sources
 from snapana.api import Analysis
 from snapana.errors import InputError
-from snapana.render import html, markdown
-from snapana.render import json as json_render
+from snapana.render import render
+from snapana.render.views import capture_view
 from snapana.session import analyse
 from snapana.tables import families_of_blocks
 
@@ -203,12 +203,12 @@ def test_repr_html_is_small_and_has_no_plotly(oom: Analysis) -> None:
 
 
 def test_text_outputs_are_the_renderers(oom: Analysis, tmp_path: Path) -> None:
-    reports = analyse(sources.load(OOM_SAMPLE))
-    assert oom.summary("json") == json_render.render(reports)
-    assert oom.summary("markdown") == markdown.render(reports)
+    view = capture_view(analyse(sources.load(OOM_SAMPLE)), title=OOM_SAMPLE.name)
+    assert oom.summary("json") == render(view, "json")
+    assert oom.summary("markdown") == render(view, "markdown")
     assert "saved_logprob_softmax" in oom.summary("text")
     out = oom.report(tmp_path / "r.html")
-    assert out.read_text() == html.render(reports, title=OOM_SAMPLE.name)
+    assert out.read_text() == render(view, "html")
     assert json.loads(oom.summary("json"))["devices"][0]["diagnosis"]["verdict"] == oom.verdict
     with pytest.raises(ValueError):
         oom.summary("xml")  # type: ignore[arg-type]

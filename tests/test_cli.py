@@ -92,7 +92,7 @@ def test_capacity_below_reserved_plus_free_at_the_oom(oom_replay) -> None:
 
     cap = load(OOM)
     (r,) = analyse(cap)
-    floor = r.reserved_bytes + r.oom["device_free_bytes"]
+    floor = r.reserved_bytes + r.oom.device_free_bytes
     run = invoke("summary", str(OOM), "--capacity", f"{floor - 512}B")
     _one_line_refusal(run, "reserved + device free")
     run = invoke("summary", str(OOM), "-f", "json", "--capacity", f"{floor}B")

@@ -7,7 +7,7 @@ import json
 import pickle
 
 import pytest
-from snapana.render.text import verdict
+from snapana.render.wording import verdict
 from snapana.session import analyse
 from snapana.sources import load
 from snapana.synth import CachingAllocatorSim, SimulatedOOM
@@ -37,7 +37,7 @@ def test_s1_3_chunked_logprob_is_real_demand_and_the_saved_softmax_can_go():
     path, truth, r = _sample("slime-tp2-chunked-logprob-oom")
     d = r.diagnosis
     oom, reserved, allocated = _raw_oom(path)
-    assert d.request_bytes == oom["size"] and r.oom["device_free_bytes"] == oom["device_free"]
+    assert d.request_bytes == oom["size"] and r.oom.device_free_bytes == oom["device_free"]
     assert r.cached_unallocated_bytes == reserved - allocated  # the OOM is the last event
     assert d.cause("real_demand").holds and not d.cause("fragmentation").holds
     assert d.excess_family == "saved_logprob_softmax"

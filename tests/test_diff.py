@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import snapana
 from snapana.api import Analysis
-from snapana.render import diff_html, diff_text
+from snapana.render import figures, render
+from snapana.render.views import diff_view
+from snapana.render.wording import diff_verdict
 
 from .conftest import SAMPLES, SNAPSHOTS, corpus_params, invoke
 
@@ -34,7 +36,7 @@ def _assert_empty(path: Path) -> None:
     assert not d.new_sites and not d.vanished_sites
     assert d.peak_change_bytes == d.reserved_change_bytes == d.allocated_change_bytes == 0
     assert len(d.families) == len(a.device_report.groups)
-    assert diff_text.verdict(d).startswith("no change")
+    assert diff_verdict(d).startswith("no change")
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.name)
@@ -77,7 +79,7 @@ def test_recompute_loss_function_removes_exactly_the_saved_softmax(pair) -> None
         b = dict(before.families.select("family", "bytes").iter_rows()).get(f.family, 0)
         a = dict(after.families.select("family", "bytes").iter_rows()).get(f.family, 0)
         assert (f.before_bytes, f.after_bytes) == (b, a)
-    v = diff_text.verdict(d)
+    v = diff_verdict(d)
     assert v.startswith(f"{SOFTMAX} -3.32 GiB (gone)")
     assert "peak -2.44 GiB" in v and v.endswith("no OOM after")
 
@@ -97,16 +99,16 @@ def test_renderers(pair, tmp_path: Path) -> None:
     out = cmp.report(tmp_path / "diff.html")
     page = out.read_text()
     assert cmp.verdict.split(";")[0] in page
-    assert 'id="plotly-gz"' in page and 'data-figure="families"' in page
+    assert 'id="plotly-gz"' in page and 'data-figure="change"' in page
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
-    fig = diff_html.figure(cmp.diff)
+    fig = figures.change(diff_view(cmp.diff))
     assert fig.data[0].y[-1] == SOFTMAX  # largest change drawn at the top
     assert "saved_logprob_softmax" in cmp._repr_html_()
     assert cmp.families.height == len(cmp.diff.families)
     assert cmp.sites.filter(cmp.sites["status"] == "vanished").height == len(
         cmp.diff.vanished_sites)
     with pytest.raises(ValueError):
-        diff_text.render(cmp.diff, "xml")
+        render(diff_view(cmp.diff), "xml")
 
 
 def test_diff_files(tmp_path: Path) -> None:

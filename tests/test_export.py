@@ -15,7 +15,8 @@ from snapana.errors import InputError
 from snapana.export_tables import export, export_capture
 from snapana.model import Capture
 from snapana.output import OutputError
-from snapana.render import json as json_render
+from snapana.render import render
+from snapana.render.views import capture_view
 from snapana.session import analyse, sessions
 from snapana.sources import parquet_dir
 
@@ -29,7 +30,8 @@ CORPUS_PARAMS = (corpus_params("torch_snapshots", "*.pickle")
 
 def _report_json(path: Path) -> list[dict]:
     """The JSON report, without the one field that names the input file."""
-    devices = json.loads(json_render.render(analyse(sources.load(path))))["devices"]
+    devices = json.loads(render(capture_view(analyse(sources.load(path)), path.name),
+                                "json"))["devices"]
     for d in devices:
         d.pop("file")
     return devices

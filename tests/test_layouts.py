@@ -149,7 +149,8 @@ def test_oom_entry_sets_the_moment(tmp_path):
     seg["blocks"][2]["state"] = "inactive"
     (r,) = _one(tmp_path, {"segments": [seg], "device_traces": [trace]})
     assert r.moment.kind == "oom"
-    assert r.oom["requested_bytes"] == 64 * MiB and r.oom["device_free_bytes"] == 3 * MiB
+    assert r.oom is not None
+    assert r.oom.requested_bytes == 64 * MiB and r.oom.device_free_bytes == 3 * MiB
     assert r.allocated_bytes == 10 * MiB  # the 6 MiB block was still live at the OOM
 
 

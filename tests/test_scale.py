@@ -13,7 +13,8 @@ import numpy as np
 import polars as pl
 import pytest
 from snapana.model import EMPTY_STACK
-from snapana.render import html
+from snapana.render import render
+from snapana.render.views import capture_view
 from snapana.replay import NEVER, replay, round_size
 from snapana.session import analyse
 from snapana.sources import load
@@ -95,10 +96,11 @@ def test_report_is_compact_and_keeps_the_peak(scale_file):
     capture = load(scale_file)
     (report,) = analyse(capture)
     dr = replay(capture, 0)
-    t = report.timeline
+    view = capture_view([report], title="scale")
+    t = view.devices[0].timeline
     assert len(t.x) <= 2100 < dr.n_events
     assert max(t.allocated) == int(dr.allocated.max()) == report.peak_allocated_bytes
-    out = html.render([report], title="scale")
+    out = render(view, "html")
     assert len(out.encode()) < 3 * 2**20
     assert len(re.findall(r"<script", out)) < 20
 
@@ -167,19 +169,19 @@ def test_vectorised_pairing_matches_the_event_loop(seed):
 
 
 def test_segment_map_caps_ranges_with_bytes_exact():
-    from snapana.diagnosis import SEGMENT_BLOCK_LIMIT, _cap_blocks
+    from snapana.render.views import SEGMENT_BLOCK_LIMIT, SegmentRange, cap_ranges
 
     seg = 2 << 20
-    blocks = [{"offset": k * 1024, "size": 512, "label": "x",
-               "state": "active_allocated" if k % 3 else "active_pending_free"}
+    blocks = [SegmentRange(offset=k * 1024, size=512, label="x",
+                           state="active_allocated" if k % 3 else "active_pending_free")
               for k in range(seg // 1024)]
-    out = _cap_blocks(blocks, seg)
+    out = cap_ranges(blocks, seg)
     assert len(out) <= SEGMENT_BLOCK_LIMIT
     for state in ("active_allocated", "active_pending_free"):
-        drawn = sum(b.get("by_state", {}).get(state, 0) if "by_state" in b
-                    else b["size"] * (b["state"] == state) for b in out)
-        assert drawn == sum(b["size"] for b in blocks if b["state"] == state)
-    ends = [(b["offset"], b["offset"] + b["size"]) for b in out]
+        drawn = sum(b.by_state.get(state, 0) if b.by_state is not None
+                    else b.size * (b.state == state) for b in out)
+        assert drawn == sum(b.size for b in blocks if b.state == state)
+    ends = [(b.offset, b.offset + b.size) for b in out]
     assert all(e <= s2 for (_, e), (s2, _) in zip(ends, ends[1:], strict=False))
     few = blocks[:10]
-    assert _cap_blocks(few, seg) == few  # small segments are drawn block by block
+    assert cap_ranges(few, seg) == few  # small segments are drawn block by block

@@ -232,7 +232,7 @@ def test_oom_event_and_preexisting_memory(tmp_path):
     assert res.tolist() == [(1 << 20) + 5120, (1 << 20) + 13312, (1 << 20) + 9216,
                             (1 << 20) + 9216, (1 << 20) + 9216]
     (report,) = analyse(capture)
-    assert report.oom is not None and report.oom["requested_bytes"] == 1 << 30
+    assert report.oom is not None and report.oom.requested_bytes == 1 << 30
 
 
 def test_stack_sweep_handles_ties_overlaps_and_threads(tmp_path):

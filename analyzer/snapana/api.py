@@ -2,14 +2,14 @@
 figures and a small HTML repr.
 
 Nothing here computes a number of its own: tables come from the model, `replay`, the
-`Attributor` and `analyse`, figures from `render/figures.py`, text from the renderers. So a
-notebook, the CLI and the HTML report always agree.
+`Attributor` and `analyse`, figures from `render/figures.py`, text from the renderer registry
+(`snapana.render`) fed by the same view-models as the CLI. So a notebook, the CLI and the
+HTML report always agree.
 """
 
 from __future__ import annotations
 
 import html as _html
-import io
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -32,10 +32,12 @@ if TYPE_CHECKING:
 
     from snapana.compare import CaptureDiff
     from snapana.explain import ExplainedSite
+    from snapana.render import Format
+    from snapana.render.figures import FigureName
+    from snapana.render.views import CaptureView, DeviceView, DiffView
 
-FigureName = Literal["families", "timeline", "segments", "sites"]
-FIGURE_NAMES: tuple[str, ...] = ("families", "timeline", "segments", "sites")
-SummaryFormat = Literal["text", "markdown", "json"]
+#: Text in a notebook: the width rich lays tables out in.
+_WIDTH = 120
 
 
 def load(path: str | Path, *, device: int | None = None, rules: RulesLike = None,
@@ -113,15 +115,22 @@ class Analysis:
 
     @property
     def diagnosis(self) -> Diagnosis:
-        d = self.device_report.diagnosis
-        assert d is not None  # a device report is always diagnosed
-        return d
+        return self.device_report.diagnosis
+
+    @cached_property
+    def view(self) -> CaptureView:
+        """What the renderers show for this device (built once)."""
+        from snapana.render.views import capture_view
+
+        return capture_view([self.device_report], title=Path(self.capture.path).name)
+
+    @property
+    def _device_view(self) -> DeviceView:
+        return self.view.devices[0]
 
     @property
     def verdict(self) -> str:
-        from snapana.render.text import verdict
-
-        return verdict(self.device_report)
+        return self._device_view.verdict
 
     @property
     def moment(self) -> Moment:
@@ -199,11 +208,7 @@ class Analysis:
         """A plotly figure: 'families' (treemap), 'timeline', 'segments', 'sites' (top sites)."""
         from snapana.render import figures
 
-        builders = {"families": figures.holders, "timeline": figures.timeline,
-                    "segments": figures.segments, "sites": _sites_figure}
-        if name not in builders:
-            raise ValueError(f"unknown figure {name!r}; one of {', '.join(FIGURE_NAMES)}")
-        return builders[name](self.device_report)
+        return figures.figure(name, self._device_view)
 
     def explain(self, *, block: int | None = None, family: str | None = None,
                 site: str | None = None, limit: int = 10) -> list[ExplainedSite]:
@@ -213,39 +218,24 @@ class Analysis:
 
     def explain_text(self, **selection: Any) -> str:
         """`explain(...)` as the terminal prints it."""
-        from snapana.render import terminal
+        from snapana.render.views import explain_view
 
-        console = _console()
-        terminal.render_explain(self.explain(**selection), console)
-        return console.file.getvalue()  # type: ignore[attr-defined]
+        return _render(explain_view(self.explain(**selection)), "text")
 
-    def summary(self, format: SummaryFormat = "text") -> str:
-        """The `snapana summary` output for this device: 'text', 'markdown' or 'json'."""
-        reports = [self.device_report]
-        if format == "json":
-            from snapana.render import json as json_render
-
-            return json_render.render(reports)
-        if format == "markdown":
-            from snapana.render import markdown
-
-            return markdown.render(reports)
-        if format == "text":
-            from snapana.render import terminal
-
-            console = _console()
-            terminal.render(reports, console)
-            return console.file.getvalue()  # type: ignore[attr-defined]
-        raise ValueError(f"unknown format {format!r} (text, markdown, json)")
+    def summary(self, format: Format = "text") -> str:
+        """The `snapana summary` output for this device, in any format of the renderer
+        registry (`snapana.render.FORMATS`: 'text', 'markdown', 'json', 'html')."""
+        return _render(self.view, format)
 
     def report(self, path: str | Path, title: str | None = None) -> Path:
         """Write the self-contained HTML report (the same file `snapana report` writes)."""
         from snapana.output import write_atomic
-        from snapana.render import html
+        from snapana.render import REPORT_FORMAT
+        from snapana.render.views import capture_view
 
+        view = self.view if not title else capture_view([self.device_report], title)
         out = Path(path)
-        write_atomic(out, html.render([self.device_report],
-                                      title=title or Path(self.capture.path).name))
+        write_atomic(out, _render(view, REPORT_FORMAT))
         return out
 
     def export(self, out_dir: str | Path) -> Path:
@@ -262,18 +252,16 @@ class Analysis:
         return Comparison(diff_reports(self.device_report, other.device_report))
 
     def _repr_html_(self) -> str:
-        from snapana.render.text import headline_rows, moment_text
-
-        r = self.device_report
+        r, v = self.device_report, self._device_view
         head = (f"<b>snapana</b> — {_html.escape(Path(self.capture.path).name)}, device "
-                f"{self.device}, {_html.escape(moment_text(r))}")
+                f"{self.device}, {_html.escape(v.moment)}")
         rows = [(g.name, fmt_bytes(g.bytes), str(g.blocks),
                  f"{g.bytes / r.allocated_bytes:.1%}" if r.allocated_bytes else "", g.label)
                 for g in r.groups]
         return (f"<div class='snapana'><p>{head}</p>"
                 f"<p style='border-left:4px solid {'#d62728' if r.oom else '#3182bd'};"
                 f"padding-left:8px'>{_html.escape(self.verdict)}</p>"
-                f"{_table(('', ''), headline_rows(r))}"
+                f"{_table(('', ''), v.headline)}"
                 f"{_table(('family', 'bytes', 'blocks', 'share', 'label'), rows)}</div>")
 
 
@@ -283,11 +271,16 @@ class Comparison:
     def __init__(self, diff: CaptureDiff) -> None:
         self.diff = diff
 
+    @cached_property
+    def view(self) -> DiffView:
+        """What the renderers show for this diff (built once)."""
+        from snapana.render.views import diff_view
+
+        return diff_view(self.diff)
+
     @property
     def verdict(self) -> str:
-        from snapana.render.diff_text import verdict
-
-        return verdict(self.diff)
+        return self.view.verdict
 
     @cached_property
     def families(self) -> pl.DataFrame:
@@ -312,22 +305,21 @@ class Comparison:
 
     def figure(self) -> go.Figure:
         """Change per family, as a bar chart (the diff report's figure)."""
-        from snapana.render.diff_html import figure
+        from snapana.render.figures import change
 
-        return figure(self.diff)
+        return change(self.view)
 
-    def summary(self, format: SummaryFormat = "text") -> str:
-        from snapana.render import diff_text
-
-        return diff_text.render(self.diff, format)
+    def summary(self, format: Format = "text") -> str:
+        """The `snapana diff` output, in any format of the renderer registry."""
+        return _render(self.view, format)
 
     def report(self, path: str | Path) -> Path:
         """Write the self-contained HTML diff report."""
         from snapana.output import write_atomic
-        from snapana.render import diff_html
+        from snapana.render import REPORT_FORMAT
 
         out = Path(path)
-        write_atomic(out, diff_html.render(self.diff))
+        write_atomic(out, _render(self.view, REPORT_FORMAT))
         return out
 
     def _repr_html_(self) -> str:
@@ -339,37 +331,11 @@ class Comparison:
                 f"{_table(('family', 'before', 'after', 'change', ''), rows)}</div>")
 
 
-def _sites_figure(r: DeviceReport) -> go.Figure:
-    """Top allocation sites at the moment, one bar each, coloured by family."""
-    import plotly.graph_objects as go
+def _render(view: Any, fmt: str) -> str:
+    """`view` as `fmt` through the renderer registry, text laid out for a notebook."""
+    from snapana.render import Options, render
 
-    from snapana.units import GiB
-
-    fig = go.Figure()
-    by_family: dict[str, list[Any]] = {}
-    for s in r.top_sites:
-        by_family.setdefault(s.family, []).append(s)
-    for family, sites in by_family.items():
-        fig.add_trace(go.Bar(
-            y=[s.site for s in sites], x=[s.bytes / GiB for s in sites], name=family,
-            orientation="h", text=[f"{fmt_bytes(s.bytes)} in {s.blocks} blocks" for s in sites],
-            hovertemplate="%{y}<br>%{text}<extra>%{fullData.name}</extra>",
-            textposition="none"))
-    order = [s.site for s in r.top_sites]
-    fig.update_layout(height=max(260, 26 * len(order) + 90), barmode="stack",
-                      margin=dict(l=10, r=10, t=30, b=40), xaxis_title="GiB",
-                      title="Top allocation sites " + ("at the OOM" if r.oom else "at the moment"),
-                      yaxis=dict(categoryorder="array", categoryarray=order[::-1]),
-                      legend=dict(orientation="h"))
-    return fig
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    # force_jupyter=False: in a notebook rich would display the output instead of writing it
-    return Console(file=io.StringIO(), width=120, color_system=None, force_terminal=False,
-                   force_jupyter=False, highlight=False)
+    return render(view, fmt, Options(width=_WIDTH))
 
 
 def _table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:

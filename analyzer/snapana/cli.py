@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the pipeline is imported by the commands that run it: -h an
     from snapana.model import Capture
     from snapana.session import Session
 
+from snapana import render as renderers
 from snapana.errors import InputError, SnapanaError
 
 err = Console(stderr=True)
@@ -53,10 +54,9 @@ app = typer.Typer(
 )
 
 
-class Format(str, Enum):
-    text = "text"
-    markdown = "markdown"
-    json = "json"
+#: The output formats: those of the renderer registry (`snapana.render.formats()`), only.
+Format = Enum("Format", {f: f for f in renderers.formats()}, type=str)  # type: ignore[misc]
+DEFAULT_FORMAT = Format(renderers.DEFAULT_FORMAT)
 
 
 class Engine(str, Enum):
@@ -124,6 +124,18 @@ def _output_file(output: Path | None, default: Path, inputs: list[Path]) -> Path
         if inp.exists() and (out.exists() and out.samefile(inp) or out.resolve() == inp.resolve()):
             raise OutputError(f"{out}: is an input; choose another output path")
     return out
+
+
+def _render(view: Any, fmt: str, to_terminal: bool = True) -> str:
+    """`view` through the renderer registry: for stdout, laid out for the terminal there."""
+    options = renderers.Options()
+    if to_terminal:
+        console = Console()
+        options = renderers.Options(width=console.width, color=console.is_terminal)
+    try:
+        return renderers.render(view, fmt, options)
+    except renderers.UnknownFormat as exc:
+        raise InputError(str(exc)) from None
 
 
 RulesOpt = Annotated[
@@ -216,7 +228,7 @@ def report(
 ) -> None:
     """Write a self-contained HTML report (opens offline, attach it to the ticket)."""
     from snapana.output import write_atomic
-    from snapana.render import html
+    from snapana.render.views import capture_view
 
     single = _single(files)
     if single is not None:
@@ -226,7 +238,8 @@ def report(
         reports = _reports(single, device, rules, capacity, at)
         for extra in extras:
             reports += _reports(extra, None, rules, capacity)
-        write_atomic(out, html.render(reports, title=single.name))
+        write_atomic(out, _render(capture_view(reports, title=single.name),
+                                  renderers.REPORT_FORMAT, to_terminal=False))
         err.print(f"wrote {out}")
         return
     if at is not None:
@@ -240,49 +253,34 @@ def report(
     chosen = chosen or (multi.ok[0] if multi.ok else None)
     reports = _reports(Path(chosen.file), chosen.device, rules, capacity) if chosen else []
     out = _output_file(output, Path("snapana-report.html"), paths)
-    write_atomic(out, html.render(reports, title=f"{len(paths)} inputs", multi=multi))
+    write_atomic(out, _render(capture_view(reports, title=f"{len(paths)} inputs", ranks=multi),
+                              renderers.REPORT_FORMAT, to_terminal=False))
     err.print(f"wrote {out}")
 
 
 @app.command()
 def summary(
     files: FilesArg,
-    format: Annotated[Format, typer.Option("--format", "-f")] = Format.text,
+    format: Annotated[Format, typer.Option("--format", "-f")] = DEFAULT_FORMAT,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
     at: AtOpt = None,
     workers: WorkersOpt = None,
 ) -> None:
-    """Print the verdict and what holds memory: a table, markdown for a ticket, or JSON.
-    With several inputs: the rank table."""
+    """Print the verdict and what holds memory: a table, markdown for a ticket, JSON, or the
+    HTML page. With several inputs: the rank table."""
+    from snapana.render.views import capture_view, ranks_view
+
     single = _single(files)
     if single is None:
         if at is not None:
             raise InputError("--at applies to one capture; with several inputs, pick one file")
-        from snapana.render import ranks as multi_render
-
         _, multi = _many(files, workers, rules, capacity)
-        if format is Format.json:
-            sys.stdout.write(multi_render.to_json(multi))
-        elif format is Format.markdown:
-            sys.stdout.write(multi_render.markdown(multi))
-        else:
-            multi_render.terminal(multi, Console())
+        sys.stdout.write(_render(ranks_view(multi), format.value))
         return
     reports = _reports(single, device, rules, capacity, at)
-    if format is Format.json:
-        from snapana.render import json as json_render
-
-        sys.stdout.write(json_render.render(reports))
-    elif format is Format.markdown:
-        from snapana.render import markdown
-
-        sys.stdout.write(markdown.render(reports))
-    else:
-        from snapana.render import terminal
-
-        terminal.render(reports, Console())
+    sys.stdout.write(_render(capture_view(reports, title=single.name), format.value))
 
 
 @app.command()
@@ -299,11 +297,11 @@ def batch(
 ) -> None:
     """Summarise a whole incident directory into a partitioned Parquet dataset
     (ranks/ and families/, one partition per job and rank); --engine dask|ray for clusters."""
-    from snapana.render import dataset
+    from snapana import rank_dataset
 
     paths, multi = _many(files, workers, rules, capacity, engine.value)
     name = job or (paths[0].parent.name if paths else "job")
-    dataset.write(multi, output, name)
+    rank_dataset.write(multi, output, name)
     err.print(f"wrote {output} ({len(multi.ranks)} inputs, {len(multi.ok)} analysed)")
 
 
@@ -321,7 +319,7 @@ def explain(
     at: AtOpt = None,
 ) -> None:
     """Why a block (or a family, or a site) got its family: rule, frames, near misses."""
-    from snapana.render import terminal
+    from snapana.render.views import explain_view
     from snapana.session import Session, resolve_rules
 
     address = None
@@ -334,7 +332,7 @@ def explain(
     ruleset = resolve_rules(rules)
     session = Session(_open(file), device, rules=ruleset, at=at)
     items = session.explain(block=address, family=family, site=site)
-    terminal.render_explain(items, Console())
+    sys.stdout.write(_render(explain_view(items), "text"))
 
 
 @app.command()
@@ -424,7 +422,7 @@ def diff(
         "-o", "--output", metavar="PATH",
         help="write to a file (HTML when it ends in .html) or into a folder (as .html)")
     ] = None,
-    format: Annotated[Format, typer.Option("--format", "-f")] = Format.text,
+    format: Annotated[Format, typer.Option("--format", "-f")] = DEFAULT_FORMAT,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
@@ -432,6 +430,8 @@ def diff(
     """Compare two captures, e.g. before and after a fix: the change per family and site,
     the peak, and whether the OOM is gone."""
     from snapana import diff as compare
+    from snapana.output import write_atomic
+    from snapana.render.views import diff_view
     from snapana.session import resolve_capacity, resolve_rules
 
     out = None
@@ -439,17 +439,13 @@ def diff(
         stem = f"{before.name.split('.')[0]}-vs-{after.name.split('.')[0]}"
         out = _output_file(output, Path(f"{stem}.html"), [before, after])
     ruleset, cap = resolve_rules(rules), resolve_capacity(capacity)
-    cmp = compare(before, after, device=device, rules=ruleset, capacity=cap)
+    view = diff_view(compare(before, after, device=device, rules=ruleset, capacity=cap).diff)
     if out is None:
-        sys.stdout.write(cmp.summary(format.value))
-    elif out.suffix.lower() in (".html", ".htm"):
-        cmp.report(out)
-        err.print(f"wrote {out}")
-    else:
-        from snapana.output import write_atomic
-
-        write_atomic(out, cmp.summary(format.value))
-        err.print(f"wrote {out}")
+        sys.stdout.write(_render(view, format.value))
+        return
+    write_atomic(out, _render(view, renderers.format_for_path(out, format.value),
+                              to_terminal=False))
+    err.print(f"wrote {out}")
 
 
 def main() -> None:

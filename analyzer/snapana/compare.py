@@ -2,15 +2,20 @@
 
 Each side is taken at its own moment of interest (the OOM, else the peak), which is the
 honest comparison for "did `--recompute-loss-function` fix it": the crashed run at its crash
-against the fixed run at its worst. Numbers only (ints); `render/diff_*` formats them.
+against the fixed run at its worst. Numbers only (ints); the diff view-model and renderers
+(`render/views.py`, one module per format) word and format them.
 Everything comes from two DeviceReports, so any two sources with families can be compared.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
-from snapana.diagnosis import DeviceReport
+from snapana.diagnosis import DeviceReport, MomentKind
+
+#: How one family or site changed from before to after.
+ChangeStatus = Literal["new", "vanished", "changed", "same"]
 
 
 class _Change:
@@ -26,7 +31,7 @@ class _Change:
         return self.after_bytes - self.before_bytes
 
     @property
-    def status(self) -> str:
+    def status(self) -> ChangeStatus:
         """'new', 'vanished', 'changed' or 'same'."""
         if self.before_blocks == 0 and self.after_blocks > 0:
             return "new"
@@ -71,7 +76,7 @@ class Side:
     path: str
     source: str
     device: int
-    moment_kind: str  # "oom" | "peak" | "snapshot"
+    moment_kind: MomentKind
     moment_idx: int
     has_oom: bool
     request_bytes: int | None  # the failed request, when there was an OOM
@@ -81,17 +86,17 @@ class Side:
 
     @classmethod
     def of(cls, r: DeviceReport) -> Side:
-        return cls(r.path, r.source, r.device, r.moment.kind, r.moment.idx, r.oom is not None,
-                   None if r.oom is None else int(r.oom["requested_bytes"]),
+        return cls(r.path, r.source, r.device, r.diagnosis.kind, r.moment.idx,
+                   r.oom is not None, None if r.oom is None else r.oom.requested_bytes,
                    r.peak_allocated_bytes, r.allocated_bytes, r.reserved_bytes)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaptureDiff:
     before: Side
     after: Side
-    families: list[FamilyChange] = field(default_factory=list)  # largest change first
-    sites: list[SiteChange] = field(default_factory=list)
+    families: tuple[FamilyChange, ...] = ()  # largest change first
+    sites: tuple[SiteChange, ...] = ()
 
     @property
     def peak_change_bytes(self) -> int:
@@ -106,12 +111,12 @@ class CaptureDiff:
         return self.after.reserved_bytes - self.before.reserved_bytes
 
     @property
-    def new_sites(self) -> list[SiteChange]:
-        return [s for s in self.sites if s.status == "new"]
+    def new_sites(self) -> tuple[SiteChange, ...]:
+        return tuple(s for s in self.sites if s.status == "new")
 
     @property
-    def vanished_sites(self) -> list[SiteChange]:
-        return [s for s in self.sites if s.status == "vanished"]
+    def vanished_sites(self) -> tuple[SiteChange, ...]:
+        return tuple(s for s in self.sites if s.status == "vanished")
 
     @property
     def oom_gone(self) -> bool:
@@ -154,7 +159,7 @@ def diff_reports(before: DeviceReport, after: DeviceReport) -> CaptureDiff:
         sites.append(SiteChange(key[0], key[1], b_bytes, a_bytes, b_blocks, a_blocks,
                                 b_chunks, a_chunks))
     sites.sort(key=lambda c: _by_change(c.change_bytes, f"{c.family}\0{c.site}"))
-    return CaptureDiff(Side.of(before), Side.of(after), families, sites)
+    return CaptureDiff(Side.of(before), Side.of(after), tuple(families), tuple(sites))
 
 
 def _sites(r: DeviceReport) -> dict[tuple[str, str], tuple[int, int, int]]:
@@ -162,8 +167,8 @@ def _sites(r: DeviceReport) -> dict[tuple[str, str], tuple[int, int, int]]:
     for g in r.groups:
         chunks: dict[str, int] = {}
         for c in g.chunks:
-            chunks[c["site"]] = chunks.get(c["site"], 0) + int(c["count"])
+            chunks[c["site"]] = chunks.get(c["site"], 0) + c["count"]
         for s in g.sites:
-            out[(g.name, str(s["site"]))] = (int(s["bytes"]), int(s["blocks"]),
-                                             chunks.get(str(s["site"]), 0))
+            site = str(s["site"])
+            out[(g.name, site)] = (s["bytes"], s["blocks"], chunks.get(site, 0))
     return out

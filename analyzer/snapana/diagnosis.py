@@ -1,20 +1,22 @@
 """Findings for one device of a capture: the numbers every renderer shows, computed once.
 
-Renderers only format a DeviceReport; every figure in it is a sum over replayed blocks, so a
-test can recompute it from the model.
+Findings are typed and frozen, and a DeviceReport is built whole (its diagnosis included).
+Every figure in it is a sum over replayed blocks, so a test can recompute it from the model.
+Shaping for display (downsampling the timeline, capping the segment map, wording) is the
+view-model's work (`render/views.py`), not this module's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, TypedDict, get_args
 
 import numpy as np
 import polars as pl
 
-from snapana.attribution import chunk_groups, family_label, load_rules
+from snapana.attribution import chunk_groups, family_label
 from snapana.attribution.assign import AnnotationWindows, Attributor
-from snapana.attribution.engine import RuleSet
 from snapana.knobs import (
     Knob,
     can_release,
@@ -24,15 +26,11 @@ from snapana.knobs import (
     working_set_families,
 )
 from snapana.model import Capture, Frame
-from snapana.replay import DeviceReplay, Moment, replay
+from snapana.replay import DeviceReplay, Moment
 from snapana.units import fmt_bytes
 from snapana.whatif import round_request, segment_size_for, would_fit
 
-TIMELINE_POINTS = 2000
 CHUNK_MIN_BYTES = 16 << 20  # repeated blocks smaller than this are not worth calling chunks
-SEGMENT_MAP_LIMIT = 60  # segments drawn per pool in the segment map
-SEGMENT_MAP_TOTAL = 120  # segments drawn in all (a capture can have many private pools)
-SEGMENT_BLOCK_LIMIT = 256  # ranges drawn per segment (merged beyond that, see _cap_blocks)
 #: Fragmentation is the cause only when the cached-but-unallocated bytes are a real share of
 #: what PyTorch reserved; below this the memory is genuinely in use (seed 000, S1 #3).
 FRAGMENTATION_SHARE = 0.10
@@ -40,8 +38,26 @@ FRAGMENTATION_SHARE = 0.10
 OUTSIDE_SHARE = 0.05
 WHATIF_FAMILIES = 8
 
+#: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
+CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",
+                  "capacity_unknown"]
+#: Which moment a report shows: the OOM, the peak, the snapshot, or one asked for (--at).
+MomentKind = Literal["oom", "peak", "snapshot", "event", "time"]
+#: Whether a family can go: "yes" (kept by the step), "offload" (model state a knob moves),
+#: "shrink" (working set of the op in flight) or "no".
+Removable = Literal["yes", "offload", "shrink", "no"]
 
-@dataclass
+MOMENT_KINDS: tuple[MomentKind, ...] = get_args(MomentKind)
+
+
+def moment_kind(m: Moment) -> MomentKind:
+    """A replay Moment's kind as the Literal findings use (replay spells it as a str)."""
+    if m.kind not in MOMENT_KINDS:
+        raise ValueError(f"unknown moment kind {m.kind!r}")
+    return m.kind
+
+
+@dataclass(frozen=True)
 class PoolFree:
     pool: str
     stream: int
@@ -50,7 +66,34 @@ class PoolFree:
     largest_free_bytes: int
 
 
-@dataclass
+class GroupSite(TypedDict):
+    """One site of a family: bytes and blocks it holds, its usual label and rule."""
+
+    site: str
+    bytes: int
+    blocks: int
+    label: str | None
+    rule_id: str | None
+
+
+class ChunkLoop(TypedDict):
+    """Repeated equal blocks from one site (a chunk loop), in tensor (requested) bytes."""
+
+    site: str
+    count: int
+    chunk_size: int
+    total: int
+    uniform: bool
+
+
+class PoolStreamBytes(TypedDict):
+    pool: str
+    stream: int
+    bytes: int
+    blocks: int
+
+
+@dataclass(frozen=True)
 class Group:
     """Bytes held by one tensor family, with its sites and any chunk loops in it."""
 
@@ -58,11 +101,11 @@ class Group:
     bytes: int
     blocks: int
     label: str = ""
-    sites: list[dict[str, Any]] = field(default_factory=list)
-    chunks: list[dict[str, Any]] = field(default_factory=list)
+    sites: tuple[GroupSite, ...] = ()
+    chunks: tuple[ChunkLoop, ...] = ()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Site:
     site: str
     bytes: int
@@ -71,28 +114,56 @@ class Site:
     family: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
+class Band:
+    """An annotation window (record_function range) on the trace clock, in µs."""
+
+    name: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, eq=False)
 class Timeline:
-    x: list[int]
-    allocated: list[int]
-    reserved: list[int]
-    x_is_time: bool
-    oom_x: int | None
-    peak_x: int | None
+    """Live bytes after every event of the device's trace, at full resolution (a view
+    downsamples it for display)."""
+
+    allocated: np.ndarray  # allocated bytes after each event
+    reserved: np.ndarray  # reserved bytes after each event
+    times_us: np.ndarray | None  # each event's trace time; None: no clock (x is the index)
+    oom_idx: int | None  # the event of the OOM that ended the job, if any
+    peak_idx: int  # the event of the peak (-1: before the first event)
     peak_bytes: int
-    bands: list[dict[str, Any]]
+    bands: tuple[Band, ...]  # closed annotation windows (only on a clock)
+
+    @property
+    def n_events(self) -> int:
+        return len(self.allocated)
 
 
-@dataclass
+@dataclass(frozen=True)
+class OomFinding:
+    """The failed allocation that ended the job (the last `oom` entry of the device)."""
+
+    requested_bytes: int
+    device_free_bytes: int | None
+    gap_bytes: int | None  # requested minus device free: how far short the device was
+    stream: int
+    stack: tuple[Frame, ...]
+    event_index: int
+    count: int  # OOM entries in the device's trace
+
+
+@dataclass(frozen=True)
 class Cause:
     """One reason the allocation failed, with the numbers that show it (bytes as ints)."""
 
-    id: str  # real_demand | fragmentation | outside_pytorch | private_pool | capacity_unknown
+    id: CauseId
     holds: bool
-    numbers: dict[str, Any]
+    numbers: Mapping[str, int | float | bool]
 
 
-@dataclass
+@dataclass(frozen=True)
 class WhatIf:
     """The state at the moment without one family: would the request have fit?"""
 
@@ -102,13 +173,12 @@ class WhatIf:
     fits: bool | None  # None at a peak: there is no failed request to place
     spare_bytes: int | None
     how: str
-    removable: str  # "yes" (kept by the step) | "offload" (model state a knob moves) |
-    # "shrink" (working set of the op in flight) | "no"
+    removable: Removable
 
 
-@dataclass
+@dataclass(frozen=True)
 class Diagnosis:
-    kind: str  # "oom" | "peak" | "snapshot"
+    kind: MomentKind
     phase: str
     request_bytes: int | None
     request_rounded_bytes: int | None
@@ -118,17 +188,17 @@ class Diagnosis:
     request_site: str | None
     capacity_bytes: int | None
     outside_pytorch_bytes: int | None
-    causes: list[Cause]
-    what_ifs: list[WhatIf]
+    causes: tuple[Cause, ...]
+    what_ifs: tuple[WhatIf, ...]
     excess_family: str | None  # the family to take away first: see _excess
-    knobs: list[Knob]
-    frameworks: list[str]
+    knobs: tuple[Knob, ...]
+    frameworks: tuple[str, ...]
 
-    def cause(self, cause_id: str) -> Cause | None:
+    def cause(self, cause_id: CauseId) -> Cause | None:
         return next((c for c in self.causes if c.id == cause_id), None)
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class DeviceReport:
     """Everything a report shows about one device at its moment of interest."""
 
@@ -141,25 +211,44 @@ class DeviceReport:
     pending_free_bytes: int
     cached_unallocated_bytes: int
     largest_free_block_bytes: int
-    pools: list[PoolFree]
+    pools: tuple[PoolFree, ...]
     peak_allocated_bytes: int
     peak: Moment
-    oom: dict[str, Any] | None
-    groups: list[Group]
-    by_pool_stream: list[dict[str, Any]]
-    top_sites: list[Site]
+    oom: OomFinding | None
+    groups: tuple[Group, ...]
+    by_pool_stream: tuple[PoolStreamBytes, ...]
+    top_sites: tuple[Site, ...]
     timeline: Timeline
-    segment_map: list[dict[str, Any]]
+    segments: pl.DataFrame  # the segments at the moment (pool, stream, address, total_size)
+    live_blocks: pl.DataFrame  # blocks live at the moment (allocated, pending free), by family
     n_events: int
-    warnings: list[str]
+    warnings: tuple[str, ...]
     before_recording_bytes: int
-    diagnosis: Diagnosis | None = None
+    diagnosis: Diagnosis
     device_name: str = ""  # e.g. "host process" (memray), "GPU 0" / "CPU" (profiler)
     at: str | None = None  # the moment the user asked for (--at); None: the default moment
 
     @property
     def total_blocks(self) -> int:
         return sum(g.blocks for g in self.groups)
+
+
+@dataclass(frozen=True, eq=False)
+class _State:
+    """The allocator state at the moment, as diagnosis reads it."""
+
+    moment: Moment
+    live: pl.DataFrame  # allocated and pending-free blocks: both occupy their segment
+    held: pl.DataFrame  # allocated blocks, attributed
+    segments: pl.DataFrame
+    pools: tuple[PoolFree, ...]
+    groups: tuple[Group, ...]
+    reserved: int
+    allocated: int
+
+    @property
+    def cached_unallocated(self) -> int:
+        return self.reserved - self.allocated
 
 
 def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
@@ -172,29 +261,31 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         _check_capacity(capture, dr, moment, capacity, reserved)
     allocated = int(held["size"].sum())
     pending = int(live.filter(pl.col("state") == "active_pending_free")["size"].sum())
-    free = dr.free_blocks_at(moment)
-    pools = _pools(dr.segments_at(moment), free)
+    segments = dr.segments_at(moment)
+    pools = _pools(segments, dr.free_blocks_at(moment))
     oom = None
     if moment.kind == "oom" and dr.oom is not None:
         o = dr.oom
-        oom = {
-            "requested_bytes": o.requested_bytes,
-            "device_free_bytes": o.device_free_bytes,
-            "gap_bytes": None if o.device_free_bytes is None
+        oom = OomFinding(
+            requested_bytes=o.requested_bytes,
+            device_free_bytes=o.device_free_bytes,
+            gap_bytes=None if o.device_free_bytes is None
             else o.requested_bytes - o.device_free_bytes,
-            "stream": o.stream,
-            "stack": capture.stacks.stack(o.stack_id),
-            "event_index": o.idx,
-            "count": len(dr.ooms),
-        }
+            stream=o.stream,
+            stack=capture.stacks.stack(o.stack_id),
+            event_index=o.idx,
+            count=len(dr.ooms),
+        )
+    state = _State(moment, live, held, segments, pools, _groups(held), reserved, allocated)
+    diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity)
     warnings = list(capture.warnings)
     if dr.mismatches:
         warnings.append(
             f"replay disagrees with the final segments in {len(dr.mismatches)} place(s), "
             f"e.g. {dr.mismatches[0]}"
         )
-    before = int(held.filter(pl.col("alloc_idx") < 0)["size"].sum())
-    report = DeviceReport(
+    warnings.extend(caveats)
+    return DeviceReport(
         path=capture.path,
         source=capture.source,
         device=dr.device,
@@ -202,25 +293,25 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         reserved_bytes=reserved,
         allocated_bytes=allocated,
         pending_free_bytes=pending,
-        cached_unallocated_bytes=reserved - allocated,
+        cached_unallocated_bytes=state.cached_unallocated,
         largest_free_block_bytes=max((p.largest_free_bytes for p in pools), default=0),
         pools=pools,
         peak_allocated_bytes=dr.peak_allocated_bytes,
         peak=dr.peak,
         oom=oom,
-        groups=_groups(held),
+        groups=state.groups,
         by_pool_stream=_by_pool_stream(held),
         top_sites=_top_sites(capture, held),
-        timeline=_timeline(capture, dr, moment),
-        segment_map=_segment_map(dr, moment, held),
+        timeline=_timeline(capture, dr),
+        segments=segments,
+        live_blocks=live.join(held.select("address", "family"), on="address", how="left"),
         n_events=dr.n_events,
-        warnings=warnings,
-        before_recording_bytes=before,
+        warnings=tuple(warnings),
+        before_recording_bytes=int(held.filter(pl.col("alloc_idx") < 0)["size"].sum()),
+        diagnosis=diagnosis,
+        device_name=str(capture.metadata.get("device_names", {}).get(dr.device, "")),
+        at=at,
     )
-    report.at = at
-    report.device_name = str(capture.metadata.get("device_names", {}).get(dr.device, ""))
-    report.diagnosis = diagnose(capture, dr, attributor, report, held, capacity)
-    return report
 
 
 def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity: int,
@@ -240,20 +331,21 @@ def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity
                              f"free at the OOM ({fmt_bytes(floor)}) on device {dr.device}")
 
 
-def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, r: DeviceReport,
-             held: pl.DataFrame, capacity: int | None) -> Diagnosis:
-    """Why it failed, what would have made it fit, and which knobs change that."""
-    moment = r.moment
-    segments = dr.segments_at(moment)
-    live = dr.blocks_at(moment)  # allocated and pending-free: both occupy their segment
+def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: _State,
+             oom: OomFinding | None, capacity: int | None) -> tuple[Diagnosis, list[str]]:
+    """Why it failed, what would have made it fit, and which knobs change that; with the
+    warnings the diagnosis adds to the report (its input is left as it was)."""
+    moment = state.moment
+    segments, live, held = state.segments, state.live, state.held
     frameworks = sorted(frameworks_in(sorted({f[0] for f in capture.stacks.frames})))
     request = req_family = req_label = req_site = None
     phase = _dominant_phase(held)
     outside = None
     causes: list[Cause] = []
     what_ifs: list[WhatIf] = []
+    warnings: list[str] = []
     excess = None
-    if r.oom is not None and dr.oom is not None:
+    if oom is not None and dr.oom is not None:
         o = dr.oom
         request = o.requested_bytes
         ctx = attributor.context(o.stack_id, "0,0", o.stream, "active_allocated", request,
@@ -263,15 +355,15 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, r: Devi
         req_site = attributor.site(o.stack_id)
         device_free = o.device_free_bytes or 0
         if capacity is not None and o.device_free_bytes is not None:
-            outside = capacity - r.reserved_bytes - o.device_free_bytes
-        causes = _causes(r, request, device_free, capacity, outside)
+            outside = capacity - state.reserved - o.device_free_bytes
+        causes = _causes(state, request, device_free, capacity, outside)
         baseline = would_fit(request, device_free, segments, live, stream=o.stream)
         if baseline.fits:
-            r.warnings.append(
+            warnings.append(
                 "the replayed state would have fit the request: device_free or the "
                 "segments at the OOM are incomplete, so what-ifs are approximate"
             )
-        for g in r.groups[:WHATIF_FAMILIES]:
+        for g in state.groups[:WHATIF_FAMILIES]:
             without = live.filter(
                 ~pl.col("address").is_in(held.filter(pl.col("family") == g.name)["address"]
                                          .implode())
@@ -281,26 +373,28 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, r: Devi
                                    fit.how, _removable(g.name, set(frameworks))))
         excess = _excess(what_ifs)
     else:
-        for g in r.groups[:WHATIF_FAMILIES]:
+        for g in state.groups[:WHATIF_FAMILIES]:
             what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
                                    _removable(g.name, set(frameworks))))
     order = ([excess] if excess else []) + ([req_family] if req_family else [])
     order += [w.family for w in what_ifs if w.removable != "no" and w.fits]
     order += [w.family for w in what_ifs if w.removable != "no"]
     order = list(dict.fromkeys(order))
-    held_causes = [c.id for c in causes if c.holds]
+    held_causes: list[str] = [c.id for c in causes if c.holds]
     knobs = knobs_for(order, held_causes, set(frameworks), phase)
-    return Diagnosis(
-        kind=moment.kind, phase=phase, request_bytes=request,
+    diagnosis = Diagnosis(
+        kind=moment_kind(moment), phase=phase, request_bytes=request,
         request_rounded_bytes=round_request(request) if request is not None else None,
         request_segment_bytes=segment_size_for(request) if request is not None else None,
         request_family=req_family, request_label=req_label, request_site=req_site,
-        capacity_bytes=capacity, outside_pytorch_bytes=outside, causes=causes,
-        what_ifs=what_ifs, excess_family=excess, knobs=knobs, frameworks=frameworks,
+        capacity_bytes=capacity, outside_pytorch_bytes=outside, causes=tuple(causes),
+        what_ifs=tuple(what_ifs), excess_family=excess, knobs=tuple(knobs),
+        frameworks=tuple(frameworks),
     )
+    return diagnosis, warnings
 
 
-def _removable(family: str, frameworks: set[str]) -> str:
+def _removable(family: str, frameworks: set[str]) -> Removable:
     if family in transient_families():
         return "yes"
     if family in working_set_families():
@@ -330,22 +424,22 @@ def _dominant_phase(held: pl.DataFrame) -> str:
     return str(by["phase"][0])
 
 
-def _causes(r: DeviceReport, request: int, device_free: int, capacity: int | None,
+def _causes(state: _State, request: int, device_free: int, capacity: int | None,
             outside: int | None) -> list[Cause]:
     rounded = round_request(request)
-    default_free = [p for p in r.pools if p.pool == "0,0"]
+    default_free = [p for p in state.pools if p.pool == "0,0"]
     usable_free = sum(p.free_bytes for p in default_free)
     usable_largest = max((p.largest_free_bytes for p in default_free), default=0)
-    other_free = sum(p.free_bytes for p in r.pools if p.pool != "0,0")
-    cached = r.cached_unallocated_bytes
-    share = cached / r.reserved_bytes if r.reserved_bytes else 0.0
+    other_free = sum(p.free_bytes for p in state.pools if p.pool != "0,0")
+    cached = state.cached_unallocated
+    share = cached / state.reserved if state.reserved else 0.0
     fits_if_compacted = rounded <= device_free + usable_free
     fragmentation = (fits_if_compacted and usable_largest < rounded
                      and share >= FRAGMENTATION_SHARE)
     causes = [
         Cause("real_demand", not fits_if_compacted or not fragmentation, {
             "requested_bytes": request, "device_free_bytes": device_free,
-            "cached_unallocated_bytes": cached, "allocated_bytes": r.allocated_bytes,
+            "cached_unallocated_bytes": cached, "allocated_bytes": state.allocated,
             "shortfall_bytes": rounded - device_free - usable_free,
         }),
         Cause("fragmentation", fragmentation, {
@@ -367,7 +461,7 @@ def _causes(r: DeviceReport, request: int, device_free: int, capacity: int | Non
     return causes
 
 
-def _pools(segments: pl.DataFrame, free: pl.DataFrame) -> list[PoolFree]:
+def _pools(segments: pl.DataFrame, free: pl.DataFrame) -> tuple[PoolFree, ...]:
     out = []
     seg = segments.group_by("pool", "stream").agg(pl.col("total_size").sum().alias("reserved"))
     fr = free.group_by("pool", "stream").agg(
@@ -376,10 +470,10 @@ def _pools(segments: pl.DataFrame, free: pl.DataFrame) -> list[PoolFree]:
     joined = seg.join(fr, on=["pool", "stream"], how="left").fill_null(0).sort("pool", "stream")
     for pool, stream, reserved, free_b, largest in joined.iter_rows():
         out.append(PoolFree(pool, int(stream), int(reserved), int(free_b), int(largest)))
-    return out
+    return tuple(out)
 
 
-def _groups(held: pl.DataFrame) -> list[Group]:
+def _groups(held: pl.DataFrame) -> tuple[Group, ...]:
     """Families first, then their sites; chunk loops (one site, many equal blocks) named."""
     agg = (
         held.group_by("family")
@@ -396,31 +490,36 @@ def _groups(held: pl.DataFrame) -> list[Group]:
                  pl.col("rule_id").mode().first().alias("rule_id"))
             .sort(["bytes", "site"], descending=[True, False])
         )
-        chunks = [
-            {"site": g.site_key, "count": g.count, "chunk_size": g.chunk_size,
-             "total": g.total, "uniform": g.uniform}
+        sites = tuple(
+            GroupSite(site=site, bytes=int(b), blocks=int(n), label=label, rule_id=rule_id)
+            for site, b, n, label, rule_id in sub.iter_rows()
+        )
+        chunks = tuple(
+            ChunkLoop(site=str(g.site_key), count=g.count, chunk_size=g.chunk_size, total=g.total,
+                      uniform=g.uniform)
             for g in chunk_groups(
                 # requested sizes: the tensor, not the allocator's rounding of it
                 mine.select("site", "family", "requested_size", "alloc_idx").iter_rows(),
                 min_count=2
             )
             if g.chunk_size >= CHUNK_MIN_BYTES
-        ]
+        )
         groups.append(Group(str(name), int(nbytes), int(blocks), label=family_label(name),
-                            sites=sub.to_dicts(), chunks=chunks))
-    return groups
+                            sites=sites, chunks=chunks))
+    return tuple(groups)
 
 
-def _by_pool_stream(held: pl.DataFrame) -> list[dict[str, Any]]:
-    return (
+def _by_pool_stream(held: pl.DataFrame) -> tuple[PoolStreamBytes, ...]:
+    agg = (
         held.group_by("pool", "stream")
         .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"))
         .sort(["bytes", "pool", "stream"], descending=[True, False, False])
-        .to_dicts()
     )
+    return tuple(PoolStreamBytes(pool=pool, stream=stream, bytes=b, blocks=n)
+                 for pool, stream, b, n in agg.iter_rows())
 
 
-def _top_sites(capture: Capture, held: pl.DataFrame, limit: int = 15) -> list[Site]:
+def _top_sites(capture: Capture, held: pl.DataFrame, limit: int = 15) -> tuple[Site, ...]:
     agg = (
         held.group_by("site")
         .agg(
@@ -432,146 +531,30 @@ def _top_sites(capture: Capture, held: pl.DataFrame, limit: int = 15) -> list[Si
         .sort(["bytes", "site"], descending=[True, False])
         .head(limit)
     )
-    return [
+    return tuple(
         Site(site, int(b), int(n), capture.stacks.stack(int(sid)), family)
         for site, b, n, sid, family in agg.iter_rows()
-    ]
+    )
 
 
-def _timeline(capture: Capture, dr: DeviceReplay, moment: Moment) -> Timeline:
-    n = dr.n_events
-    x_is_time = capture.has_time and n > 0
-    if n == 0:
-        return Timeline([], [], [], False, None, None, dr.peak_allocated_bytes, [])
-    keep = downsample_indices(dr.allocated, TIMELINE_POINTS)
-    if x_is_time:
-        times = capture.device_events(dr.device)["time_us"].fill_null(strategy="forward")
-        times = times.fill_null(strategy="backward").to_numpy()
-        xs = times[keep]
-        x_of = (lambda i: int(times[i]) if i >= 0 else int(times[0]))  # noqa: E731
-    else:
-        xs = keep
-        x_of = int
-    windows = AnnotationWindows(capture, dr.device).windows if x_is_time else []
-    bands = [{"name": name, "start": start, "end": end}
-             for start, end, name in windows if end < AnnotationWindows.OPEN_END]
-    oom_x = x_of(dr.oom.idx) if dr.oom is not None else None
+def _timeline(capture: Capture, dr: DeviceReplay) -> Timeline:
+    """The live-bytes series of the whole trace, the events of the OOM and the peak, and on
+    a clock the annotation windows; a view downsamples it."""
+    on_clock = capture.has_time and dr.n_events > 0
+    times = None
+    bands: tuple[Band, ...] = ()
+    if on_clock:
+        col = capture.device_events(dr.device)["time_us"].fill_null(strategy="forward")
+        times = col.fill_null(strategy="backward").to_numpy()
+        bands = tuple(Band(name, start, end)
+                      for start, end, name in AnnotationWindows(capture, dr.device).windows
+                      if end < AnnotationWindows.OPEN_END)
     return Timeline(
-        x=[int(v) for v in xs],
-        allocated=[int(v) for v in dr.allocated[keep]],
-        reserved=[int(v) for v in dr.reserved[keep]],
-        x_is_time=x_is_time,
-        oom_x=oom_x,
-        peak_x=x_of(dr.peak.idx),
+        allocated=dr.allocated,
+        reserved=dr.reserved,
+        times_us=times,
+        oom_idx=dr.oom.idx if dr.oom is not None else None,
+        peak_idx=dr.peak.idx,
         peak_bytes=dr.peak_allocated_bytes,
         bands=bands,
     )
-
-
-def downsample_indices(values: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices that keep the shape of a long series: min and max of each bucket, plus ends.
-
-    The global maximum (the peak) is always kept, so a plot never hides it.
-    """
-    n = len(values)
-    if n <= max_points:
-        return np.arange(n)
-    buckets = max_points // 2
-    edges = np.linspace(0, n, buckets + 1, dtype=np.int64)
-    idx = [0, n - 1, int(np.argmax(values))]
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
-        if hi > lo:
-            chunk = values[lo:hi]
-            idx.append(lo + int(np.argmin(chunk)))
-            idx.append(lo + int(np.argmax(chunk)))
-    return np.unique(np.array(idx, dtype=np.int64))
-
-
-def _segment_map(dr: DeviceReplay, moment: Moment, held: pl.DataFrame) -> list[dict[str, Any]]:
-    """Largest segments per pool with their blocks, to show fragmentation.
-
-    Capped so a report stays small whatever the capture: SEGMENT_MAP_LIMIT segments per pool,
-    SEGMENT_MAP_TOTAL in all, and at most SEGMENT_BLOCK_LIMIT drawn ranges per segment (see
-    `_cap_blocks`)."""
-    segs = dr.segments_at(moment).sort("total_size", descending=True)
-    label_col = "family"
-    chosen = []
-    for pool in sorted(segs["pool"].unique().to_list()):
-        chosen.extend(
-            (pool, *row) for row in segs.filter(pl.col("pool") == pool)
-            .head(SEGMENT_MAP_LIMIT).select("address", "total_size", "stream").iter_rows()
-        )
-    chosen = chosen[:SEGMENT_MAP_TOTAL]
-    live = (
-        dr.blocks_at(moment)
-        .filter(pl.col("segment_address").is_in([c[1] for c in chosen]))
-        .join(held.select("address", label_col), on="address", how="left")
-        .sort("address")
-    )
-    by_seg: dict[int, list[dict[str, Any]]] = {}
-    for a, s, st, lab, sa in live.select(
-        "address", "size", "state", label_col, "segment_address"
-    ).iter_rows():
-        by_seg.setdefault(sa, []).append({"offset": a - sa, "size": s, "state": st,
-                                          "label": lab or ""})
-    return [
-        {"pool": pool, "stream": stream, "address": address, "size": total,
-         "blocks": _cap_blocks(by_seg.get(address, []), total)}
-        for pool, address, total, stream in chosen
-    ]
-
-
-def _cap_blocks(blocks: list[dict[str, Any]], seg_size: int,
-                limit: int = SEGMENT_BLOCK_LIMIT) -> list[dict[str, Any]]:
-    """At most `limit` ranges for one segment's blocks (sorted by offset), bytes exact.
-
-    Touching blocks in the same state merge first; if that is still too many, the segment is
-    cut into `limit` equal slices and the blocks starting in one slice become one range, state
-    ``mixed`` when they differ, with what it holds in its label."""
-    if len(blocks) <= limit:
-        return blocks
-    runs: list[dict[str, Any]] = []
-    for b in blocks:
-        r = runs[-1] if runs else None
-        if r is not None and r["state"] == b["state"] and r["offset"] + r["size"] == b["offset"]:
-            r["size"] += b["size"]
-            r["n"] += 1
-            r["labels"].add(b["label"])
-        else:
-            runs.append({**b, "n": 1, "labels": {b["label"]}})
-    if len(runs) > limit:
-        width = max(1, -(-seg_size // limit))
-        bins: dict[int, list[dict[str, Any]]] = {}
-        for r in runs:
-            bins.setdefault(r["offset"] // width, []).append(r)
-        runs = []
-        for group in bins.values():
-            if len(group) == 1:
-                runs.append(group[0])
-                continue
-            held_by: dict[str, int] = {}
-            for r in group:
-                held_by[r["state"]] = held_by.get(r["state"], 0) + r["size"]
-            start = group[0]["offset"]
-            end = max(r["offset"] + r["size"] for r in group)
-            states = sorted(held_by)
-            runs.append({
-                "offset": start, "size": end - start,
-                "state": states[0] if len(states) == 1 else "mixed",
-                "n": sum(r["n"] for r in group), "labels": set(),
-                "by_state": dict(sorted(held_by.items())),  # the rest of the range is free
-            })
-    out = []
-    for r in runs:
-        labels = sorted(r["labels"] - {""})
-        label = labels[0] if len(labels) == 1 else ""
-        if r["n"] > 1:
-            label = f"{label} ({r['n']} blocks)".strip() if len(labels) <= 1 else \
-                f"{r['n']} blocks: {', '.join(labels[:3])}{'...' if len(labels) > 3 else ''}"
-        entry = {"offset": r["offset"], "size": r["size"], "state": r["state"],
-                 "label": label}
-        if "by_state" in r:
-            entry["label"] = f"{r['n']} blocks in this range"
-            entry["by_state"] = r["by_state"]
-        out.append(entry)
-    return out

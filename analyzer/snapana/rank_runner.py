@@ -44,7 +44,7 @@ def summarize_file(path: str, rule_files: list[str] | None = None,
                    capacity: int | None = None) -> dict[str, Any]:
     """Worker: analyse one file and reduce it to a RankSummary dict (picklable, small)."""
     from snapana.attribution import RuleError
-    from snapana.render.text import verdict
+    from snapana.render.wording import verdict
     from snapana.session import analyse, open_capture
 
     p = Path(path)
@@ -69,9 +69,9 @@ def summarize_file(path: str, rule_files: list[str] | None = None,
     summary.verdict = verdict(r)
     summary.moment = r.moment.kind
     if r.oom is not None:
-        summary.oom = {"requested_bytes": r.oom["requested_bytes"],
-                       "device_free_bytes": r.oom["device_free_bytes"],
-                       "event_index": r.oom["event_index"], "time_us": r.moment.time_us}
+        summary.oom = {"requested_bytes": r.oom.requested_bytes,
+                       "device_free_bytes": r.oom.device_free_bytes,
+                       "event_index": r.oom.event_index, "time_us": r.moment.time_us}
     settings = capture.allocator_settings or {}
     summary.settings = str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "")) + (
         " expandable" if settings.get("expandable_segments") else "")

@@ -1,18 +1,34 @@
-"""Plotly figures built from a DeviceReport: formatting only, no new numbers."""
+"""Plotly figures built from view-models: formatting only, no new numbers.
+
+One name per figure. A device's figures are `FIGURES` under their public names (what
+`Analysis.figure(name)` takes and what the HTML report draws): "families" (treemap of what
+holds memory), "timeline", "segments" (fragmentation) and "sites" (top allocation sites).
+Pages also draw `together` (several sources on one clock), `change` (a diff's change per
+family) and `heatmap` (families × ranks).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, get_args
+
 import plotly.graph_objects as go
 
-from snapana.diagnosis import DeviceReport
+from snapana.render.views import DeviceView, DiffView, RanksView
 from snapana.units import GiB, fmt_bytes
+
+#: The public names of a device's figures.
+FigureName = Literal["families", "timeline", "segments", "sites"]
+FIGURE_NAMES: tuple[FigureName, ...] = get_args(FigureName)
 
 _STATE_COLOURS = {"active_allocated": "#d62728", "active_pending_free": "#ff7f0e",
                   "free": "#c7e9c0"}
+_UP, _DOWN = "#d62728", "#2ca02c"  # in a diff, more memory is bad news
 
 
-def holders(r: DeviceReport) -> go.Figure:
+def families(v: DeviceView) -> go.Figure:
     """Treemap: groups (families, or sites before attribution), then their sites."""
+    r = v.report
     ids, labels, parents, values, text = ["all"], ["allocated"], [""], [r.allocated_bytes], [
         fmt_bytes(r.allocated_bytes)]
     for g in r.groups:
@@ -26,14 +42,14 @@ def holders(r: DeviceReport) -> go.Figure:
             ids.append(f"{gid}:{i}")
             labels.append(str(s["site"]))
             parents.append(gid)
-            values.append(int(s["bytes"]))
-            text.append(f"{fmt_bytes(int(s['bytes']))} in {s['blocks']} blocks")
+            values.append(s["bytes"])
+            text.append(f"{fmt_bytes(s['bytes'])} in {s['blocks']} blocks")
         rest = g.sites[25:]
         if rest:
             ids.append(f"{gid}:rest")
             labels.append(f"{len(rest)} more sites")
             parents.append(gid)
-            values.append(sum(int(s["bytes"]) for s in rest))
+            values.append(sum(s["bytes"] for s in rest))
             text.append("")
     fig = go.Figure(go.Treemap(ids=ids, labels=labels, parents=parents, values=values,
                                text=text, branchvalues="total",
@@ -44,11 +60,14 @@ def holders(r: DeviceReport) -> go.Figure:
     return fig
 
 
-def timeline(r: DeviceReport) -> go.Figure:
-    t = r.timeline
+def timeline(v: DeviceView) -> go.Figure:
+    t = v.timeline
     fig = go.Figure()
     xs: list[float] = [(x - t.x[0]) / 1e6 for x in t.x] if t.x_is_time else list(t.x)
-    x_of = (lambda v: (v - t.x[0]) / 1e6) if t.x_is_time else (lambda v: v)  # noqa: E731
+
+    def x_of(value: int) -> float:
+        return (value - t.x[0]) / 1e6 if t.x_is_time else value
+
     fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.reserved], name="reserved",
                              mode="lines", line=dict(color="#9ecae1", shape="hv")))
     fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.allocated], name="allocated",
@@ -61,8 +80,8 @@ def timeline(r: DeviceReport) -> go.Figure:
         fig.add_vline(x=x_of(t.oom_x), line=dict(color="#d62728", dash="dash"),
                       annotation_text="OOM", annotation_position="top left")
     for b in t.bands:
-        fig.add_vrect(x0=x_of(b["start"]), x1=x_of(b["end"]), fillcolor="#fdd0a2",
-                      opacity=0.35, line_width=0, annotation_text=b["name"],
+        fig.add_vrect(x0=x_of(b.start), x1=x_of(b.end), fillcolor="#fdd0a2",
+                      opacity=0.35, line_width=0, annotation_text=b.name,
                       annotation_position="top left")
     fig.update_layout(height=380, margin=dict(l=50, r=10, t=30, b=40),
                       title="Live bytes over the recorded trace",
@@ -71,21 +90,22 @@ def timeline(r: DeviceReport) -> go.Figure:
     return fig
 
 
-def segments(r: DeviceReport) -> go.Figure:
+def segments(v: DeviceView) -> go.Figure:
     """One bar per segment: its blocks by state and the free gaps between them."""
-    rows: dict[str, dict[str, list]] = {}
+    rows: dict[str, dict[str, list[Any]]] = {}
     names = []
-    for seg in r.segment_map:
-        name = f"pool {seg['pool']} · 0x{seg['address']:x} ({fmt_bytes(seg['size'])})"
+    for seg in v.segments:
+        name = f"pool {seg.pool} · 0x{seg.address:x} ({fmt_bytes(seg.size)})"
         names.append(name)
         cursor = 0
-        for b in seg["blocks"] + [{"offset": seg["size"], "size": 0, "state": None,
-                                    "label": ""}]:
-            if b["offset"] > cursor:
-                _bar(rows, "free", name, cursor, b["offset"] - cursor, "cached, unallocated")
-            if b["state"]:
-                _bar(rows, b["state"], name, b["offset"], b["size"], b["label"])
-            cursor = max(cursor, b["offset"] + b["size"])
+        for b in seg.blocks:
+            if b.offset > cursor:
+                _bar(rows, "free", name, cursor, b.offset - cursor, "cached, unallocated")
+            if b.state:
+                _bar(rows, b.state, name, b.offset, b.size, b.label)
+            cursor = max(cursor, b.offset + b.size)
+        if seg.size > cursor:
+            _bar(rows, "free", name, cursor, seg.size - cursor, "cached, unallocated")
     fig = go.Figure()
     for state, d in rows.items():
         fig.add_trace(go.Bar(y=d["y"], x=d["x"], base=d["base"], orientation="h", name=state,
@@ -100,7 +120,8 @@ def segments(r: DeviceReport) -> go.Figure:
     return fig
 
 
-def _bar(rows: dict, state: str, seg: str, offset: int, size: int, label: str) -> None:
+def _bar(rows: dict[str, dict[str, list[Any]]], state: str, seg: str, offset: int,
+         size: int, label: str) -> None:
     d = rows.setdefault(state, {"y": [], "x": [], "base": [], "text": []})
     d["y"].append(seg)
     d["x"].append(size / 2**20)
@@ -108,29 +129,85 @@ def _bar(rows: dict, state: str, seg: str, offset: int, size: int, label: str) -
     d["text"].append(f"{label} {fmt_bytes(size)}".strip())
 
 
-FIGURES = {"holders": holders, "timeline": timeline, "segments": segments}
-
-
-def common_clock(reports: list[DeviceReport]) -> bool:
-    """Sources share an axis only when every one has absolute µs times and their recorded
-    spans overlap (a snapshot and a kineto trace of one run share the profiler clock)."""
-    spans = [(r.timeline.x[0], r.timeline.x[-1]) for r in reports
-             if r.timeline.x_is_time and r.timeline.x]
-    if len(spans) != len(reports) or len(spans) < 2:
-        return False
-    return max(s[0] for s in spans) <= min(s[1] for s in spans)
-
-
-def combined_timeline(reports: list[DeviceReport]) -> go.Figure:
-    """Every source's allocated bytes on one time axis (only called when common_clock)."""
-    t0 = min(r.timeline.x[0] for r in reports)
+def sites(v: DeviceView) -> go.Figure:
+    """Top allocation sites at the moment, one bar each, coloured by family."""
+    r = v.report
     fig = go.Figure()
-    for r in reports:
-        name = f"{r.source} · device {r.device}"
-        fig.add_trace(go.Scatter(x=[(x - t0) / 1e6 for x in r.timeline.x],
-                                 y=[v / GiB for v in r.timeline.allocated], name=name,
+    by_family: dict[str, list[Any]] = {}
+    for s in r.top_sites:
+        by_family.setdefault(s.family, []).append(s)
+    for family, shown in by_family.items():
+        fig.add_trace(go.Bar(
+            y=[s.site for s in shown], x=[s.bytes / GiB for s in shown], name=family,
+            orientation="h", text=[f"{fmt_bytes(s.bytes)} in {s.blocks} blocks" for s in shown],
+            hovertemplate="%{y}<br>%{text}<extra>%{fullData.name}</extra>",
+            textposition="none"))
+    order = [s.site for s in r.top_sites]
+    fig.update_layout(height=max(260, 26 * len(order) + 90), barmode="stack",
+                      margin=dict(l=10, r=10, t=30, b=40), xaxis_title="GiB",
+                      title="Top allocation sites " + ("at the OOM" if r.oom else "at the moment"),
+                      yaxis=dict(categoryorder="array", categoryarray=order[::-1]),
+                      legend=dict(orientation="h"))
+    return fig
+
+
+#: A device's figures under their public names.
+FIGURES: dict[FigureName, Callable[[DeviceView], go.Figure]] = {
+    "families": families, "timeline": timeline, "segments": segments, "sites": sites}
+
+
+def figure(name: str, v: DeviceView) -> go.Figure:
+    """A device's figure by its public name (ValueError for an unknown one)."""
+    for known, make in FIGURES.items():
+        if known == name:
+            return make(v)
+    raise ValueError(f"unknown figure {name!r}; one of {', '.join(FIGURE_NAMES)}")
+
+
+def together(devices: Sequence[DeviceView]) -> go.Figure:
+    """Every source's allocated bytes on one time axis (only for a common clock)."""
+    t0 = min(d.timeline.x[0] for d in devices)
+    fig = go.Figure()
+    for d in devices:
+        r, t = d.report, d.timeline
+        fig.add_trace(go.Scatter(x=[(x - t0) / 1e6 for x in t.x],
+                                 y=[v / GiB for v in t.allocated],
+                                 name=f"{r.source} · device {r.device}",
                                  mode="lines", line=dict(shape="hv")))
     fig.update_layout(height=360, title="All sources on one clock",
                       xaxis_title="seconds", yaxis_title="GiB allocated",
                       margin=dict(l=50, r=10, t=30, b=40), legend=dict(orientation="h"))
+    return fig
+
+
+def change(v: DiffView) -> go.Figure:
+    """One horizontal bar per family that changed: after minus before, in GiB."""
+    moved = [f for f in v.diff.families if f.change_bytes][::-1]  # largest at the top
+    fig = go.Figure(go.Bar(
+        y=[f.family for f in moved], x=[f.change_bytes / GiB for f in moved],
+        orientation="h", marker=dict(color=[_UP if f.change_bytes > 0 else _DOWN
+                                            for f in moved]),
+        text=[f"{fmt_bytes(f.before_bytes)} → {fmt_bytes(f.after_bytes)} "
+              f"({fmt_bytes(f.change_bytes, signed=True)}, {f.status})" for f in moved],
+        hovertemplate="%{y}<br>%{text}<extra></extra>", textposition="none"))
+    fig.update_layout(height=max(220, 28 * len(moved) + 90), title="Change per family",
+                      margin=dict(l=10, r=10, t=30, b=40),
+                      xaxis_title="GiB (after − before)")
+    return fig
+
+
+def heatmap(v: RanksView) -> go.Figure:
+    """Families × ranks: what each rank held at its OOM or peak."""
+    m = v.report
+    ok = m.ok
+    labels = [f"rank {r.rank}" if r.rank is not None else r.file.rsplit("/", 1)[-1][:24]
+              for r in ok]
+    z = [[r.families.get(f, 0) / GiB for r in ok] for f in m.families]
+    text = [[fmt_bytes(r.families.get(f, 0)) for r in ok] for f in m.families]
+    fig = go.Figure(go.Heatmap(z=z, x=labels, y=m.families, text=text, colorscale="Reds",
+                               hovertemplate="%{y} on %{x}: %{text}<extra></extra>",
+                               colorbar=dict(title="GiB")))
+    fig.update_layout(title="Families × ranks (GiB at each rank's OOM or peak)",
+                      height=max(300, 28 * len(m.families) + 120),
+                      margin=dict(l=10, r=10, t=40, b=40), yaxis=dict(autorange="reversed"))
     return fig

@@ -1,60 +1,22 @@
-"""One self-contained HTML file: data embedded once, plotly.js inlined (gzip + base64, inflated
-in the browser), no URL to any network resource, so it opens offline from a ticket."""
+"""One self-contained HTML page per view: data embedded once, plotly.js inlined by
+`assets.py`, no URL to any network resource, so it opens offline from a ticket."""
 
 from __future__ import annotations
 
-import base64
-import gzip
-import json
-import os
-from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import jinja2
-from plotly.offline import get_plotlyjs
+import plotly.graph_objects as go
 
-from snapana.diagnosis import DeviceReport
-from snapana.errors import SnapanaError
-from snapana.output import write_atomic
-from snapana.render import figures
-from snapana.render.text import (
-    cause_rows,
-    device_text,
-    headline_rows,
-    knob_rows,
-    moment_text,
-    verdict,
-    what_if_rows,
-)
+from snapana.render import Options, figures
+from snapana.render.assets import plotly_js_gzip_b64
+from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.units import fmt_bytes
 
 _TEMPLATES = Path(__file__).parent / "templates"
-
-
-def _cache_file() -> Path:
-    import plotly
-
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "snapana" / f"plotly-{plotly.__version__}.js.gz.b64"
-
-
-@lru_cache(maxsize=1)
-def plotly_js_gzip_b64() -> str:
-    """plotly.min.js, gzip + base64: compressed once per plotly version and kept in the user's
-    cache (it costs ~0.3 s, a fifth of a small report); mtime=0 keeps reports byte-stable."""
-    cache = _cache_file()
-    try:
-        return cache.read_text(encoding="ascii")
-    except OSError:
-        pass
-    raw = get_plotlyjs().encode()
-    text = base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache, text)
-    except (OSError, SnapanaError):
-        pass  # a read-only home only costs the recompression
-    return text
+#: The figures a device section draws, by their public names (`figures.FIGURES`).
+PAGE_FIGURES: tuple[figures.FigureName, ...] = ("families", "timeline", "segments")
 
 
 def _env() -> jinja2.Environment:
@@ -73,41 +35,58 @@ def _short_frame(frame: tuple[str, str, int]) -> str:
     return f"{frame[0]}:{frame[2]} {frame[1]}"
 
 
-def _figure_json(fig) -> str:
+def _figure_json(fig: go.Figure) -> str:
     # Escape '</' so the JSON cannot close its <script> element.
-    return fig.to_json(engine="json").replace("</", "<\\/")
+    return str(fig.to_json(engine="json")).replace("</", "<\\/")
 
 
-def render(reports: list[DeviceReport], title: str, multi=None) -> str:
-    """The report; with `multi` (a MultiReport), the rank table and heatmap come first and
-    `reports` are the devices of the rank to read in full (the first to OOM)."""
-    devices = []
-    for r in reports:
-        figs = {name: _figure_json(make(r)) for name, make in figures.FIGURES.items()}
-        devices.append({"r": r, "figs": figs, "headline": headline_rows(r),
-                        "name": device_text(r),
-                        "moment": moment_text(r), "verdict": verdict(r),
-                        "what_ifs": what_if_rows(r), "knobs": knob_rows(r),
-                        "causes": cause_rows(r)})
-    together = None
-    sources = {r.path for r in reports}
-    if len(sources) > 1:
-        together = {"shared": figures.common_clock(reports), "figure": None}
-        if together["shared"]:
-            together["figure"] = _figure_json(figures.combined_timeline(reports))
-    multi_ctx = None
-    if multi is not None:
-        from snapana.render import ranks as multi_render
+def _device(d: DeviceView) -> tuple[DeviceView, dict[str, str]]:
+    return d, {name: _figure_json(figures.FIGURES[name](d)) for name in PAGE_FIGURES}
 
-        multi_ctx = {"m": multi, "headline": multi_render.headline(multi),
-                     "rows": multi_render.rows(multi), "columns": multi_render.COLUMNS,
-                     "heatmap": _figure_json(multi_render.heatmap(multi))}
+
+def _ranks(v: RanksView | None) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    return {"v": v, "heatmap": _figure_json(figures.heatmap(v))}
+
+
+def _page(title: str, devices: tuple[DeviceView, ...], ranks: RanksView | None,
+          together: dict[str, Any] | None) -> str:
     return _env().get_template("report.html.j2").render(
         title=title,
-        multi=multi_ctx,
+        multi=_ranks(ranks),
         together=together,
-        devices=devices,
+        devices=[_device(d) for d in devices],
         plotly_b64=plotly_js_gzip_b64(),
-        fmt_bytes=fmt_bytes,
-        json=json,
+    )
+
+
+def capture(view: CaptureView, options: Options) -> str:
+    """The report; under a rank table (`view.ranks`), the devices are those of the rank to
+    read in full (the first to OOM)."""
+    together: dict[str, Any] | None = None
+    if view.several_sources:
+        shared = view.common_clock
+        together = {"shared": shared,
+                    "figure": _figure_json(figures.together(view.devices)) if shared else None}
+    return _page(view.title, view.devices, view.ranks, together)
+
+
+def ranks(view: RanksView, options: Options) -> str:
+    """The rank table and its heatmap alone."""
+    return _page(f"{len(view.report.ranks)} inputs", (), view, None)
+
+
+def diff(view: DiffView, options: Options) -> str:
+    return _env().get_template("diff.html.j2").render(
+        title=view.title,
+        d=view.diff,
+        verdict=view.verdict,
+        before=view.before,
+        after=view.after,
+        totals=view.totals,
+        families=view.families,
+        sites=view.sites,
+        fig=_figure_json(figures.change(view)),
+        plotly_b64=plotly_js_gzip_b64(),
     )

@@ -32,7 +32,7 @@ def _arm() -> None:
 class _AfterTorch(importlib.abc.MetaPathFinder):
     """Finds nothing itself; wraps torch's loader so that arming runs right after it."""
 
-    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+    def find_spec(self, name, path, target=None):
         if name != "torch" or _armed:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -40,7 +40,7 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
             return None
         exec_module = spec.loader.exec_module
 
-        def exec_then_arm(module):  # type: ignore[no-untyped-def]
+        def exec_then_arm(module):
             exec_module(module)
             _arm()
 

@@ -1,5 +1,6 @@
-"""A partitioned Parquet dataset of per-rank summaries, for DuckDB / polars / Spark over many
-incidents: ranks/job=J/rank=R/part-0.parquet and families/job=J/rank=R/part-0.parquet."""
+"""`snapana batch`: a partitioned Parquet dataset of per-rank summaries, for DuckDB / polars /
+Spark over many incidents: ranks/job=J/rank=R/part-0.parquet and
+families/job=J/rank=R/part-0.parquet. A file writer, not a renderer."""
 
 from __future__ import annotations
 

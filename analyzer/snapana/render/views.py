@@ -1,0 +1,319 @@
+"""View-models: what the renderers show, shaped once from the findings.
+
+A view holds the findings it shows plus everything display needs that is not a finding: the
+words (`wording.py`), the timeline downsampled to a plottable size, the segment map capped
+so a report stays small whatever the capture. Every renderer of a view reads the same view,
+so the terminal, markdown, JSON and HTML cannot disagree, and none of them computes.
+
+- `capture_view(reports, title, ranks=None)`: one capture (its devices, or several sources
+  of one job), optionally under the rank table of a job.
+- `diff_view(diff)`: before vs after.
+- `ranks_view(multi)`: the ranks of a job.
+- `explain_view(items)`: why blocks got their family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar
+
+import numpy as np
+import polars as pl
+
+from snapana.compare import CaptureDiff
+from snapana.diagnosis import Band, DeviceReport, Timeline
+from snapana.explain import ExplainedSite
+from snapana.ranks import MultiReport
+from snapana.render import ViewKind
+from snapana.render import wording as w
+
+TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
+SEGMENT_MAP_LIMIT = 60  # segments drawn per pool in the segment map
+SEGMENT_MAP_TOTAL = 120  # segments drawn in all (a capture can have many private pools)
+SEGMENT_BLOCK_LIMIT = 256  # ranges drawn per segment (merged beyond that, see cap_ranges)
+DIFF_SITE_ROWS = 60  # changed sites a diff view holds (largest change first)
+
+
+# ----- the timeline -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimelineView:
+    """Live bytes over the trace, downsampled: x is µs on the trace clock or event index."""
+
+    x: tuple[int, ...]
+    allocated: tuple[int, ...]
+    reserved: tuple[int, ...]
+    x_is_time: bool
+    oom_x: int | None
+    peak_x: int | None
+    peak_bytes: int
+    bands: tuple[Band, ...]
+
+
+def downsample_indices(values: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices that keep the shape of a long series: min and max of each bucket, plus ends.
+
+    The global maximum (the peak) is always kept, so a plot never hides it.
+    """
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n)
+    buckets = max_points // 2
+    edges = np.linspace(0, n, buckets + 1, dtype=np.int64)
+    idx = [0, n - 1, int(np.argmax(values))]
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        if hi > lo:
+            chunk = values[lo:hi]
+            idx.append(lo + int(np.argmin(chunk)))
+            idx.append(lo + int(np.argmax(chunk)))
+    return np.unique(np.array(idx, dtype=np.int64))
+
+
+def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS) -> TimelineView:
+    """The report's timeline at most ~`max_points` points, the peak and the ends kept."""
+    if t.n_events == 0:
+        return TimelineView((), (), (), False, None, None, t.peak_bytes, ())
+    keep = downsample_indices(t.allocated, max_points)
+    times = t.times_us
+
+    def x_of(i: int) -> int:
+        if times is None:
+            return int(i)
+        return int(times[i]) if i >= 0 else int(times[0])
+
+    xs = keep if times is None else times[keep]
+    return TimelineView(
+        x=tuple(int(v) for v in xs),
+        allocated=tuple(int(v) for v in t.allocated[keep]),
+        reserved=tuple(int(v) for v in t.reserved[keep]),
+        x_is_time=times is not None,
+        oom_x=x_of(t.oom_idx) if t.oom_idx is not None else None,
+        peak_x=x_of(t.peak_idx),
+        peak_bytes=t.peak_bytes,
+        bands=t.bands,
+    )
+
+
+# ----- the segment map --------------------------------------------------------------------
+@dataclass(frozen=True)
+class SegmentRange:
+    """A drawn range of a segment: one block, or several merged (see `cap_ranges`)."""
+
+    offset: int
+    size: int
+    state: str  # a block state, or "mixed" for a slice of blocks in different states
+    label: str
+    by_state: Mapping[str, int] | None = None  # bytes per state of a merged slice
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    pool: str
+    stream: int
+    address: int
+    size: int
+    blocks: tuple[SegmentRange, ...]  # by offset; the gaps between them are free
+
+
+def segment_map(r: DeviceReport, per_pool: int = SEGMENT_MAP_LIMIT,
+                total: int = SEGMENT_MAP_TOTAL,
+                per_segment: int = SEGMENT_BLOCK_LIMIT) -> tuple[SegmentView, ...]:
+    """Largest segments per pool with their blocks, to show fragmentation.
+
+    Capped so a report stays small whatever the capture: `per_pool` segments per pool,
+    `total` in all, and at most `per_segment` drawn ranges per segment (`cap_ranges`)."""
+    segs = r.segments.sort("total_size", descending=True)
+    chosen: list[tuple[str, int, int, int]] = []
+    for pool in sorted(segs["pool"].unique().to_list()):
+        chosen.extend(
+            (pool, *row) for row in segs.filter(pl.col("pool") == pool)
+            .head(per_pool).select("address", "total_size", "stream").iter_rows()
+        )
+    chosen = chosen[:total]
+    live = (
+        r.live_blocks
+        .filter(pl.col("segment_address").is_in([c[1] for c in chosen]))
+        .sort("address")
+    )
+    by_seg: dict[int, list[SegmentRange]] = {}
+    for a, s, st, lab, sa in live.select(
+        "address", "size", "state", "family", "segment_address"
+    ).iter_rows():
+        by_seg.setdefault(sa, []).append(SegmentRange(a - sa, s, st, lab or ""))
+    return tuple(
+        SegmentView(pool, stream, address, size,
+                    tuple(cap_ranges(by_seg.get(address, []), size, per_segment)))
+        for pool, address, size, stream in chosen
+    )
+
+
+def cap_ranges(blocks: Sequence[SegmentRange], seg_size: int,
+               limit: int = SEGMENT_BLOCK_LIMIT) -> list[SegmentRange]:
+    """At most `limit` ranges for one segment's blocks (sorted by offset), bytes exact.
+
+    Touching blocks in the same state merge first; if that is still too many, the segment is
+    cut into `limit` equal slices and the blocks starting in one slice become one range, state
+    ``mixed`` when they differ, with what it holds in its label."""
+    if len(blocks) <= limit:
+        return list(blocks)
+    runs: list[dict[str, Any]] = []
+    for b in blocks:
+        r = runs[-1] if runs else None
+        if r is not None and r["state"] == b.state and r["offset"] + r["size"] == b.offset:
+            r["size"] += b.size
+            r["n"] += 1
+            r["labels"].add(b.label)
+        else:
+            runs.append({"offset": b.offset, "size": b.size, "state": b.state,
+                         "label": b.label, "n": 1, "labels": {b.label}})
+    if len(runs) > limit:
+        width = max(1, -(-seg_size // limit))
+        bins: dict[int, list[dict[str, Any]]] = {}
+        for r in runs:
+            bins.setdefault(r["offset"] // width, []).append(r)
+        runs = []
+        for group in bins.values():
+            if len(group) == 1:
+                runs.append(group[0])
+                continue
+            held_by: dict[str, int] = {}
+            for r in group:
+                held_by[r["state"]] = held_by.get(r["state"], 0) + r["size"]
+            start = group[0]["offset"]
+            end = max(r["offset"] + r["size"] for r in group)
+            states = sorted(held_by)
+            runs.append({
+                "offset": start, "size": end - start,
+                "state": states[0] if len(states) == 1 else "mixed",
+                "n": sum(r["n"] for r in group), "labels": set(),
+                "by_state": dict(sorted(held_by.items())),  # the rest of the range is free
+            })
+    out = []
+    for r in runs:
+        labels = sorted(r["labels"] - {""})
+        label = labels[0] if len(labels) == 1 else ""
+        if r["n"] > 1:
+            label = f"{label} ({r['n']} blocks)".strip() if len(labels) <= 1 else \
+                f"{r['n']} blocks: {', '.join(labels[:3])}{'...' if len(labels) > 3 else ''}"
+        if "by_state" in r:
+            out.append(SegmentRange(r["offset"], r["size"], r["state"],
+                                    f"{r['n']} blocks in this range", r["by_state"]))
+        else:
+            out.append(SegmentRange(r["offset"], r["size"], r["state"], label))
+    return out
+
+
+# ----- one capture ------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class DeviceView:
+    """One device's report with its words; the timeline and segment map are shaped on first
+    use (a text summary never draws them)."""
+
+    report: DeviceReport
+    name: str
+    moment: str
+    verdict: str
+    headline: tuple[tuple[str, str], ...]
+    what_ifs: tuple[tuple[str, str, str, str], ...]
+    knobs: tuple[tuple[str, str, str, str], ...]
+    causes: tuple[tuple[str, str, str], ...]
+
+    @cached_property
+    def timeline(self) -> TimelineView:
+        return timeline_view(self.report.timeline)
+
+    @cached_property
+    def segments(self) -> tuple[SegmentView, ...]:
+        return segment_map(self.report)
+
+
+def device_view(r: DeviceReport) -> DeviceView:
+    return DeviceView(
+        report=r, name=w.device_text(r), moment=w.moment_text(r), verdict=w.verdict(r),
+        headline=tuple(w.headline_rows(r)), what_ifs=tuple(w.what_if_rows(r)),
+        knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)))
+
+
+@dataclass(frozen=True, eq=False)
+class RanksView:
+    """The ranks of a job: who failed first, who is unlike the others."""
+
+    kind: ClassVar[ViewKind] = "ranks"
+    report: MultiReport
+    headline: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+def ranks_view(m: MultiReport) -> RanksView:
+    return RanksView(m, w.ranks_headline(m), w.RANK_COLUMNS, tuple(w.rank_rows(m)))
+
+
+@dataclass(frozen=True, eq=False)
+class CaptureView:
+    """The devices of one capture (or the sources of one job) under a title, and with
+    `ranks` the rank table of the job the capture is one rank of."""
+
+    kind: ClassVar[ViewKind] = "capture"
+    title: str
+    devices: tuple[DeviceView, ...]
+    ranks: RanksView | None = None
+
+    @property
+    def several_sources(self) -> bool:
+        """Reports of more than one file (a snapshot with its profiler trace, ...)."""
+        return len({d.report.path for d in self.devices}) > 1
+
+    @cached_property
+    def common_clock(self) -> bool:
+        """Sources share an axis only when every one has absolute µs times and their recorded
+        spans overlap (a snapshot and a kineto trace of one run share the profiler clock)."""
+        spans = [(d.timeline.x[0], d.timeline.x[-1]) for d in self.devices
+                 if d.timeline.x_is_time and d.timeline.x]
+        if len(spans) != len(self.devices) or len(spans) < 2:
+            return False
+        return max(s[0] for s in spans) <= min(s[1] for s in spans)
+
+
+def capture_view(reports: Iterable[DeviceReport], title: str,
+                 ranks: MultiReport | None = None) -> CaptureView:
+    return CaptureView(title, tuple(device_view(r) for r in reports),
+                       ranks_view(ranks) if ranks is not None else None)
+
+
+# ----- a diff -----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class DiffView:
+    """Before vs after, with its verdict and the rows of its tables."""
+
+    kind: ClassVar[ViewKind] = "diff"
+    diff: CaptureDiff
+    title: str
+    verdict: str
+    before: str
+    after: str
+    totals: tuple[tuple[str, str, str, str], ...]  # peak, allocated, reserved: before, after
+    families: tuple[tuple[str, str, str, str, str], ...]  # families that changed
+    sites: tuple[tuple[str, str, str, str, str, str], ...]  # sites that changed (capped)
+
+
+def diff_view(d: CaptureDiff, title: str | None = None) -> DiffView:
+    before, after = w.side_text(d.before), w.side_text(d.after)
+    return DiffView(
+        diff=d, title=title or f"{before} → {after}", verdict=w.diff_verdict(d),
+        before=before, after=after, totals=tuple(w.total_rows(d)),
+        families=tuple(w.family_rows(d)), sites=tuple(w.site_rows(d, limit=DIFF_SITE_ROWS)))
+
+
+# ----- explanations -----------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class ExplainView:
+    """Why blocks got their family: one item per distinct stack (`Session.explain`)."""
+
+    kind: ClassVar[ViewKind] = "explain"
+    items: tuple[ExplainedSite, ...]
+
+
+def explain_view(items: Iterable[ExplainedSite]) -> ExplainView:
+    return ExplainView(tuple(items))

@@ -1,0 +1,163 @@
+"""The renderer contract: every registered (view kind, format) renderer turns each bundled
+sample's view into non-empty text, and the registry is the only place formats are listed."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import snapana
+from snapana import render as registry
+from snapana.compare import diff_reports
+from snapana.rank_runner import summarize_many
+from snapana.ranks import aggregate
+from snapana.render import FORMATS, Options, formats, registered, render
+from snapana.render.views import (
+    CaptureView,
+    DiffView,
+    ExplainView,
+    RanksView,
+    capture_view,
+    diff_view,
+    explain_view,
+    ranks_view,
+)
+from snapana.session import Session, open_capture
+
+from .conftest import SAMPLES, invoke
+
+SAMPLE_FILES = sorted(SAMPLES.glob("*.pickle"))
+PACKAGE = Path(snapana.__file__).parent
+VIEW_TYPES: dict[str, Any] = {"capture": CaptureView, "diff": DiffView, "ranks": RanksView,
+              "explain": ExplainView}
+
+
+@pytest.fixture(scope="module")
+def views() -> dict[str, list[tuple[str, object]]]:
+    """Each sample's views, by kind: its capture, its diff against the next sample, its
+    ranks (alone, and all samples as one job) and the explanation of its top family."""
+    sessions = {p: Session(open_capture(p)) for p in SAMPLE_FILES}
+    reports = {p: s.report for p, s in sessions.items()}
+    summaries = dict(zip(SAMPLE_FILES, summarize_many(SAMPLE_FILES, workers=1), strict=True))
+    out: dict[str, list[tuple[str, object]]] = {k: [] for k in VIEW_TYPES}
+    for i, p in enumerate(SAMPLE_FILES):
+        r = reports[p]
+        nxt = reports[SAMPLE_FILES[(i + 1) % len(SAMPLE_FILES)]]
+        out["capture"].append((p.name, capture_view([r], title=p.name)))
+        out["diff"].append((p.name, diff_view(diff_reports(r, nxt))))
+        out["ranks"].append((p.name, ranks_view(aggregate([summaries[p]]))))
+        items = sessions[p].explain(family=r.groups[0].name, limit=2)
+        out["explain"].append((p.name, explain_view(items)))
+    out["ranks"].append(("all samples", ranks_view(aggregate(list(summaries.values())))))
+    last = SAMPLE_FILES[-1]
+    out["capture"].append(("under a rank table", capture_view(
+        [reports[last]], title="all", ranks=aggregate(list(summaries.values())))))
+    return out
+
+
+@pytest.mark.parametrize(("kind", "fmt"), registered(), ids=lambda x: str(x))
+def test_every_renderer_formats_every_sample(views, kind: str, fmt: str) -> None:
+    assert views[kind], f"no view of kind {kind!r} to render"
+    for name, view in views[kind]:
+        assert isinstance(view, VIEW_TYPES[kind])
+        text = render(view, fmt, Options(width=100))
+        assert isinstance(text, str) and text.strip(), f"{kind}/{fmt}: empty for {name}"
+        if fmt == "json":
+            json.loads(text)
+        if fmt == "html":
+            assert text.lstrip().startswith("<!DOCTYPE html>")
+            assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", text, re.I)
+
+
+def test_every_kind_has_a_view_type_and_text() -> None:
+    kinds = {k for k, _ in registered()}
+    assert kinds == set(VIEW_TYPES) == set(registry.VIEW_KINDS)
+    for kind, cls in VIEW_TYPES.items():
+        assert cls.kind == kind
+        assert "text" in formats(kind)
+    for kind in ("capture", "diff", "ranks"):
+        assert formats(kind) == FORMATS
+    assert set(formats()) == set(FORMATS)
+
+
+def test_unknown_format_is_a_value_error(views) -> None:
+    _, view = views["capture"][0]
+    with pytest.raises(ValueError, match="xml"):
+        render(view, "xml")
+    with pytest.raises(registry.UnknownFormat):
+        render(views["explain"][0][1], "html")
+
+
+def test_adding_a_renderer_touches_only_the_registry(views) -> None:
+    _, view = views["diff"][0]
+    registry.register("diff", "csv", lambda v, options: f"verdict,{v.verdict}\n")
+    try:
+        assert "csv" in formats("diff")
+        assert render(view, "csv").startswith("verdict,")
+    finally:
+        registry.unregister("diff", "csv")
+    assert "csv" not in formats("diff")
+
+
+def _choices(command: str) -> tuple[str, ...]:
+    """The --format choices a command's help lists."""
+    run = invoke(command, "-h")
+    (choices,) = re.findall(r"--format <([^>]*)>", run.stdout)
+    return tuple(choices.split("|"))
+
+
+def test_cli_format_choices_come_from_the_registry() -> None:
+    assert _choices("summary") == formats("capture") == formats("ranks")
+    assert _choices("diff") == formats("diff")
+
+
+def _format_lists(path: Path) -> list[int]:
+    """Lines where a literal collection (tuple, list, set, dict keys, Literal[...]) names two
+    or more formats."""
+    names = set(FORMATS)
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            items = node.elts
+        elif isinstance(node, ast.Dict):
+            items = [k for k in node.keys if k is not None]
+        else:
+            continue
+        found = {e.value for e in items if isinstance(e, ast.Constant) and e.value in names}
+        if len(found) >= 2:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_registry_is_the_only_place_formats_are_listed() -> None:
+    listed = {str(p.relative_to(PACKAGE)): _format_lists(p)
+              for p in sorted(PACKAGE.rglob("*.py"))}
+    listed = {p: lines for p, lines in listed.items() if lines}
+    assert set(listed) == {"render/__init__.py"}, listed
+
+
+def test_render_imports_no_face_or_driver() -> None:
+    banned = {"snapana.cli", "snapana.api", "snapana.session", "snapana.rank_runner",
+              "snapana.export_tables", "snapana.__main__"}
+    for path in sorted((PACKAGE / "render").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                names = {a.name for a in node.names}
+            else:
+                continue
+            assert not names & banned, f"{path.name} imports {names & banned}"
+
+
+def test_the_api_renders_every_registered_format() -> None:
+    a = snapana.load(SAMPLE_FILES[0])
+    for fmt in formats("capture"):
+        assert a.summary(fmt).strip()  # type: ignore[arg-type]
+    cmp = a.diff(a)
+    for fmt in formats("diff"):
+        assert cmp.summary(fmt).strip()  # type: ignore[arg-type]
