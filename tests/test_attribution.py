@@ -94,6 +94,7 @@ def test_every_builtin_pack_loads_with_rules(rules):
         "pytorch",
         "phases",
         "memory_timeline",
+        "generic",
     }
     assert set(builtin_pack_names()) == expected
     per_pack = {p: 0 for p in expected}
@@ -145,10 +146,15 @@ def test_vocabulary_holds_families_phases_and_causes():
 
 def test_framework_rules_default_above_generic_pytorch(rules):
     framework = [
-        r.priority for r in rules.rules if not r.id.startswith("pytorch.") and r.family != "unknown"
+        r.priority for r in rules.rules
+        if not r.id.startswith(("pytorch.", "generic.")) and r.family != "unknown"
     ]
     generic = [r.priority for r in rules.rules if r.id.startswith("pytorch.")]
     assert min(framework) > max(generic)
+    by_name = [r.priority for r in rules.rules if r.id.startswith("generic.")]
+    assert by_name and max(by_name) < min(framework)  # a name-based guess never wins
+    by_name = [r.priority for r in rules.rules if r.id.startswith("generic.")]
+    assert by_name and max(by_name) < min(framework)  # a name-based guess never wins
 
 
 # ---------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ from typing import Any
 
 import polars as pl
 
+from snapana.attribution import inference
 from snapana.attribution.engine import Decision, RuleSet
+from snapana.attribution.families import family_label
 from snapana.attribution.sites import site_of
 from snapana.attribution.stack import BlockContext
 from snapana.model import EMPTY_STACK, Capture
@@ -182,10 +184,15 @@ class Attributor:
         return s
 
     def attribute(self, blocks: pl.DataFrame) -> pl.DataFrame:
-        """Add family, label, rule_id, phase, reason and site columns to `blocks`, which has
-        stack_id, pool, stream, state, size and alloc_idx (as DeviceReplay.blocks_at gives)."""
-        cols: dict[str, list[Any]] = {k: [] for k in ("family", "label", "rule_id", "phase",
-                                                     "reason", "site")}
+        """Add family, label, rule_id, phase, reason, site, evidence and method columns to
+        `blocks`, which has stack_id, pool, stream, state, size and alloc_idx (as
+        DeviceReplay.blocks_at gives).
+
+        `evidence` says how the family was decided: "frames" (a rule matched the stack),
+        "inferred" (no frames: a rule on the pool or the trace's timeline, or the inference
+        stage; `method` names which) or "unknown" (the reason says why)."""
+        names = ("family", "label", "rule_id", "phase", "reason", "site", "evidence", "method")
+        cols: dict[str, list[Any]] = {k: [] for k in names}
         stream_col = "segment_stream" if "segment_stream" in blocks.columns else "stream"
         for sid, pool, stream, state, size, alloc_idx in blocks.select(
             "stack_id", "pool", stream_col, "state", "size", "alloc_idx"
@@ -197,6 +204,70 @@ class Attributor:
             cols["phase"].append(d.phase)
             cols["reason"].append(d.reason)
             cols["site"].append(self.site(sid))
+            framed = bool(self.stacks.stack(sid))
+            cols["evidence"].append("unknown" if d.family == "unknown" else
+                                    "frames" if framed else "inferred")
+            cols["method"].append("" if d.family == "unknown" or framed else (d.rule_id or ""))
+        self._infer(blocks, cols)
         return blocks.with_columns(
             [pl.Series(k, v, dtype=pl.Utf8) for k, v in cols.items()]
         )
+
+    def _infer(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
+        """The inference stage, on the blocks the rules left unknown for lack of frames."""
+        rows = [i for i, (fam, sid) in enumerate(zip(cols["family"], blocks["stack_id"],
+                                                     strict=True))
+                if fam == "unknown" and not self.stacks.stack(sid)]
+        if not rows or "requested_size" not in blocks.columns:
+            return
+        candidates = blocks[rows]
+        found = inference.infer(candidates, self._evidence(candidates),
+                                self._freed(candidates))
+        for i, address in zip(rows, candidates["address"], strict=True):
+            hit = found.get(int(address))
+            if hit is None:
+                continue
+            cols["family"][i] = hit.family
+            cols["label"][i] = f"{family_label(hit.family)} (inferred: {hit.method})"
+            cols["rule_id"][i] = ""
+            cols["reason"][i] = hit.why
+            cols["evidence"][i] = "inferred"
+            cols["method"][i] = hit.method
+
+    def _freed(self, candidates: pl.DataFrame) -> dict[int, inference.Freed]:
+        """For candidates alive before recording that the window frees: the phase, the
+        function names and the site of the stack that freed them."""
+        if "free_req_idx" not in candidates.columns:
+            return {}
+        ev = self.capture.device_events(self.device)
+        out = {}
+        for address, free_idx, size in candidates.filter(
+            (pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") < ev.height)
+        ).select("address", "free_req_idx", "size").iter_rows():
+            sid = int(ev["stack_id"][int(free_idx)])
+            stack = self.stacks.stack(sid)
+            if not stack:
+                continue
+            phase = self.decide(sid, self.context(sid, "0,0", 0, "active_allocated", size,
+                                                  int(free_idx))).phase
+            out[int(address)] = inference.Freed(phase, frozenset(f[1] for f in stack),
+                                                self.site(sid))
+        return out
+
+    def _evidence(self, candidates: pl.DataFrame) -> inference.Evidence:
+        """What the recorded allocations of this device say about the candidates' sizes:
+        only allocations of those sizes are decided (memoised), so it stays cheap."""
+        sizes = set(candidates["requested_size"].to_list())
+        ev = self.capture.device_events(self.device).with_row_index("pos")
+        allocs = ev.filter(pl.col("action") == "alloc")
+        same = allocs.filter(pl.col("size").is_in(list(sizes)))
+        families = [
+            self.decide(sid, self.context(sid, "0,0", stream or 0, "active_allocated", size,
+                                          int(pos))).family
+            for sid, stream, size, pos in same.select("stack_id", "stream", "size", "pos")
+            .iter_rows()
+        ]
+        allocated = int(allocs["size"].sum())
+        freed = int(ev.filter(pl.col("action") == "free_requested")["size"].sum())
+        return inference.gather([int(s) for s in same["size"]], families, allocs.height,
+                                freed / allocated if allocated else 0.0)

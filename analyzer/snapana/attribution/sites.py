@@ -14,22 +14,29 @@ _INTERNAL = ("/torch/", "/site-packages/torch/", "/dist-packages/torch/", "<froz
              "/contextlib.py", "/functools.py", "/typing.py", "/threading.py")
 
 
+#: Helpers that allocate for whoever calls them: a site named after one says nothing, so the
+#: site is the first caller outside them.
+GENERIC_HELPERS = frozenset({"allocate", "_allocate", "alloc", "_alloc", "empty", "zeros",
+                             "ones", "full", "new_empty", "new_zeros", "empty_like",
+                             "zeros_like", "make_tensor", "create_tensor"})
+
+
 def is_internal(frame: Frame) -> bool:
     path = frame[0].replace("\\", "/")
     return any(part in path for part in _INTERNAL) or path.startswith("torch/")
 
 
 def site_of(stack: tuple[Frame, ...]) -> str:
-    """The innermost Python frame outside PyTorch internals, as 'file:line function'."""
+    """The innermost Python frame outside PyTorch internals and generic allocation helpers,
+    as 'file:line function' (a helper when nothing else is outside PyTorch)."""
     if not stack:
         return "<no frames>"
     python = [f for f in stack if is_python_frame(f)]
     if not python:
         return "<C++ frames only>"
-    for frame in python:
-        if not is_internal(frame):
-            return format_frame(frame)
-    return format_frame(python[0])
+    user = [f for f in python if not is_internal(f)]
+    informative = [f for f in user if f[1] not in GENERIC_HELPERS]
+    return format_frame((informative or user or python)[0])
 
 
 def format_frame(frame: Frame) -> str:
