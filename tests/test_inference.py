@@ -85,7 +85,7 @@ def _compare(blocks: pl.DataFrame, truth: dict[int, str]) -> tuple[list, Counter
 
 
 def test_recording_started_after_the_model_was_built(tmp_path: Path) -> None:
-    run = Run(steps=2)
+    run = Run(steps=3)  # several steps: a gradient per parameter per step in the window
     snap = start_late(run.sim.snapshot(), run.marks["after_model"])
     blocks = _analyse(tmp_path, snap, "late-model")
     wrong, got, want = _compare(blocks, run.truth())
@@ -94,13 +94,14 @@ def test_recording_started_after_the_model_was_built(tmp_path: Path) -> None:
     params = blocks.filter(pl.col("family") == "parameters")
     assert set(params["method"].to_list()) == {"size-mirror:gradients"}
     assert set(params["evidence"].to_list()) == {"inferred"}
-    assert "mirror the" in params["reason"][0]
+    assert "match gradient sizes" in params["reason"][0]
 
 
 def test_recording_started_after_the_first_optimizer_step(tmp_path: Path) -> None:
     """Parameters and AdamW state all predate recording: same sizes, three per gradient.
-    Which block of a size is the parameter is not recorded; the totals are right."""
-    run = Run(steps=2)
+    Which block of a size is the parameter is not recorded; the totals are right. Two steps
+    in the window: gradients count once per step, not once per allocation."""
+    run = Run(steps=3)
     snap = start_late(run.sim.snapshot(), run.marks["after_first_step"])
     blocks = _analyse(tmp_path, snap, "late-step")
     truth = run.truth()

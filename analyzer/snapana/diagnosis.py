@@ -103,6 +103,7 @@ class Group:
     label: str = ""
     sites: tuple[GroupSite, ...] = ()
     chunks: tuple[ChunkLoop, ...] = ()
+    inferred_bytes: int = 0  # of `bytes`, decided without a stack rule (evidence "inferred")
 
 
 @dataclass(frozen=True)
@@ -475,13 +476,15 @@ def _pools(segments: pl.DataFrame, free: pl.DataFrame) -> tuple[PoolFree, ...]:
 
 def _groups(held: pl.DataFrame) -> tuple[Group, ...]:
     """Families first, then their sites; chunk loops (one site, many equal blocks) named."""
+    inferred = (pl.col("evidence") == "inferred") if "evidence" in held.columns else pl.lit(False)
     agg = (
         held.group_by("family")
-        .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"))
+        .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"),
+             pl.col("size").filter(inferred).sum().alias("inferred"))
         .sort(["bytes", "family"], descending=[True, False])
     )
     groups = []
-    for name, nbytes, blocks in agg.iter_rows():
+    for name, nbytes, blocks, inferred_bytes in agg.iter_rows():
         mine = held.filter(pl.col("family") == name)
         sub = (
             mine.group_by("site")
@@ -505,7 +508,7 @@ def _groups(held: pl.DataFrame) -> tuple[Group, ...]:
             if g.chunk_size >= CHUNK_MIN_BYTES
         )
         groups.append(Group(str(name), int(nbytes), int(blocks), label=family_label(name),
-                            sites=sites, chunks=chunks))
+                            sites=sites, chunks=chunks, inferred_bytes=int(inferred_bytes or 0)))
     return tuple(groups)
 
 

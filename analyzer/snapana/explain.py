@@ -22,6 +22,10 @@ class ExplainedSite:
     addresses: list[int]
     stack: tuple[Frame, ...]
     explanation: Explanation
+    family: str = "unknown"  # the family the blocks got, after the inference stage
+    evidence: str = "unknown"  # "frames" | "inferred" | "unknown"
+    method: str = ""  # with "inferred": how (e.g. size-mirror:gradients)
+    why: str = ""  # the evidence in words
 
 
 def explain(capture: Capture, attributor: Attributor, live: pl.DataFrame, when: str, *,
@@ -45,12 +49,14 @@ def explain(capture: Capture, attributor: Attributor, live: pl.DataFrame, when: 
         raise InputError(f"{capture.path}: {what} {when}")
     out = []
     groups = (
-        sel.group_by("stack_id", "pool", "state", "family")
+        sel.group_by("stack_id", "pool", "state", "family", "evidence", "method")
         .agg(pl.len().alias("n"), pl.col("size").sum().alias("bytes"),
              pl.col("address").alias("addresses"), pl.col("size").max().alias("size"),
              pl.col("alloc_idx").min().alias("alloc_idx"),
-             pl.col("segment_stream").first().alias("stream"), pl.col("site").first())
-        .sort("bytes", descending=True)
+             pl.col("segment_stream").first().alias("stream"), pl.col("site").first(),
+             pl.col("reason").first())
+        .sort(["bytes", "stack_id", "pool", "family", "method"],
+              descending=[True, False, False, False, False])  # ties in a stable order
         .head(limit)
     )
     for row in groups.iter_rows(named=True):
@@ -59,5 +65,6 @@ def explain(capture: Capture, attributor: Attributor, live: pl.DataFrame, when: 
         stack = capture.stacks.stack(row["stack_id"])
         out.append(ExplainedSite(row["site"], row["n"], row["bytes"],
                                  sorted(row["addresses"])[:5], stack,
-                                 attributor.rules.explain(stack, ctx)))
+                                 attributor.rules.explain(stack, ctx), row["family"],
+                                 row["evidence"], row["method"], row["reason"]))
     return out

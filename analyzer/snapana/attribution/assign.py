@@ -256,18 +256,33 @@ class Attributor:
 
     def _evidence(self, candidates: pl.DataFrame) -> inference.Evidence:
         """What the recorded allocations of this device say about the candidates' sizes:
-        only allocations of those sizes are decided (memoised), so it stays cheap."""
+        only allocations of those sizes are decided (memoised), so it stays cheap. Gradients
+        are counted as the most alive at once per size (one step's worth), not summed over
+        the steps of the window."""
         sizes = set(candidates["requested_size"].to_list())
         ev = self.capture.device_events(self.device).with_row_index("pos")
         allocs = ev.filter(pl.col("action") == "alloc")
-        same = allocs.filter(pl.col("size").is_in(list(sizes)))
-        families = [
-            self.decide(sid, self.context(sid, "0,0", stream or 0, "active_allocated", size,
-                                          int(pos))).family
-            for sid, stream, size, pos in same.select("stack_id", "stream", "size", "pos")
-            .iter_rows()
-        ]
+        same = ev.filter(pl.col("action").is_in(["alloc", "free_requested"])
+                         & pl.col("size").is_in(list(sizes)))
+        live: dict[int, int] = {}  # size -> gradients of that size alive now
+        grad_at: dict[int, int] = {}  # address -> size, for gradients alive now
+        most: dict[int, int] = {}
+        others: list[tuple[int, str]] = []
+        for action, address, sid, stream, size, pos in same.select(
+                "action", "addr", "stack_id", "stream", "size", "pos").iter_rows():
+            if action == "free_requested":
+                if grad_at.pop(int(address), None) is not None:
+                    live[int(size)] -= 1
+                continue
+            family = self.decide(sid, self.context(sid, "0,0", stream or 0, "active_allocated",
+                                                   size, int(pos))).family
+            if family in inference.MIRROR_FAMILIES:
+                grad_at[int(address)] = int(size)
+                live[int(size)] = live.get(int(size), 0) + 1
+                most[int(size)] = max(most.get(int(size), 0), live[int(size)])
+            else:
+                others.append((int(size), family))
         allocated = int(allocs["size"].sum())
         freed = int(ev.filter(pl.col("action") == "free_requested")["size"].sum())
-        return inference.gather([int(s) for s in same["size"]], families, allocs.height,
+        return inference.gather(most, others, allocs.height,
                                 freed / allocated if allocated else 0.0)

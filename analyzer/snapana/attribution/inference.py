@@ -79,18 +79,12 @@ class Evidence:
     freed_share: float  # bytes the window frees / bytes it allocates: ~1 for a steady loop
 
 
-def gather(sizes: list[int], families: list[str], recorded_allocs: int,
+def gather(gradients: dict[int, int], others: list[tuple[int, str]], recorded_allocs: int,
            freed_share: float) -> Evidence:
-    """Evidence from recorded allocations (their requested sizes and the families the rules
-    gave them; only those with a candidate's size are needed)."""
-    grads: Counter[int] = Counter()
-    others: set[int] = set()
-    for size, family in zip(sizes, families, strict=True):
-        if family in MIRROR_FAMILIES:
-            grads[size] += 1
-        elif family not in MIRRORED:
-            others.add(size)
-    return Evidence(grads, frozenset(others), recorded_allocs, freed_share)
+    """Evidence from recorded allocations of the candidates' sizes: how many gradients of
+    each size were alive at once, and the (size, family) of the other allocations."""
+    other_sizes = {size for size, family in others if family not in MIRRORED}
+    return Evidence(Counter(gradients), frozenset(other_sizes), recorded_allocs, freed_share)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args
 import plotly.graph_objects as go
 
 from snapana.render.views import DeviceView, DiffView, RanksView
+from snapana.render.wording import inferred_note
 from snapana.units import GiB, fmt_bytes
 
 #: The public names of a device's figures.
@@ -37,7 +38,8 @@ def families(v: DeviceView) -> go.Figure:
         labels.append(g.name)
         parents.append("all")
         values.append(g.bytes)
-        text.append(f"{fmt_bytes(g.bytes)} in {g.blocks} blocks")
+        note = f" ({inferred_note(g)})" if g.inferred_bytes else ""
+        text.append(f"{fmt_bytes(g.bytes)} in {g.blocks} blocks{note}")
         for i, s in enumerate(g.sites[:25]):
             ids.append(f"{gid}:{i}")
             labels.append(str(s["site"]))

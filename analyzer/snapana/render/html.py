@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from snapana.render import Options, figures
 from snapana.render.assets import plotly_js_gzip_b64
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
+from snapana.render.wording import inferred_note
 from snapana.units import fmt_bytes
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -27,6 +28,7 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["bytes"] = fmt_bytes
+    env.filters["inferred"] = inferred_note
     env.filters["short"] = _short_frame
     return env
 

@@ -47,7 +47,8 @@ def device_dict(d: DeviceView) -> dict[str, Any]:
         "oom": None if r.oom is None else _oom(r.oom),
         "groups": [
             {"family": g.name, "name": g.name, "bytes": g.bytes, "blocks": g.blocks,
-             "label": g.label, "sites": list(g.sites), "chunks": list(g.chunks)}
+             "label": g.label, "inferred_bytes": g.inferred_bytes,
+             "sites": list(g.sites), "chunks": list(g.chunks)}
             for g in r.groups
         ],
         "diagnosis": _diagnosis(r.diagnosis, d.verdict),

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from snapana.render import Options
 from snapana.render.views import CaptureView, DiffView, RanksView
+from snapana.render.wording import inferred_note
 from snapana.units import fmt_bytes
 
 TOP_GROUPS = 10  # families listed, the rest summed in one row
@@ -24,15 +25,16 @@ def capture(view: CaptureView, options: Options) -> str:
         out.append("|---|---:|")
         out.extend(f"| {k} | {v} |" for k, v in d.headline)
         out.append("")
-        out.append("| what holds memory | bytes | blocks | share |")
-        out.append("|---|---:|---:|---:|")
+        out.append("| what holds memory | bytes | blocks | share | evidence |")
+        out.append("|---|---:|---:|---:|---|")
         for g in r.groups[:TOP_GROUPS]:
             share = g.bytes / r.allocated_bytes if r.allocated_bytes else 0.0
-            out.append(f"| `{g.name}` | {fmt_bytes(g.bytes)} | {g.blocks} | {share:.1%} |")
+            out.append(f"| `{g.name}` | {fmt_bytes(g.bytes)} | {g.blocks} | {share:.1%} | "
+                       f"{inferred_note(g)} |")
         if len(r.groups) > TOP_GROUPS:
             rest = r.groups[TOP_GROUPS:]
             out.append(f"| {len(rest)} more | {fmt_bytes(sum(g.bytes for g in rest))} | "
-                       f"{sum(g.blocks for g in rest)} | |")
+                       f"{sum(g.blocks for g in rest)} | | |")
         _table(out, ("without family", "bytes", "would the request fit?", "can go"),
                d.what_ifs)
         _table(out, ("knob", "acts on", "effect", "caveat"), d.knobs)

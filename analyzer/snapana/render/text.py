@@ -12,6 +12,7 @@ from rich.table import Table
 
 from snapana.render import Options
 from snapana.render.views import CaptureView, DiffView, ExplainView, RanksView
+from snapana.render.wording import inferred_note
 from snapana.units import fmt_bytes
 
 TOP_GROUPS = 12  # families in the "what holds memory" table
@@ -52,11 +53,13 @@ def capture(view: CaptureView, options: Options) -> str:
         groups.add_column("bytes", justify="right")
         groups.add_column("blocks", justify="right")
         groups.add_column("share", justify="right")
+        groups.add_column("evidence", justify="left")
         groups.add_column("top site", justify="left")
         for g in r.groups[:TOP_GROUPS]:
             share = g.bytes / r.allocated_bytes if r.allocated_bytes else 0.0
             site = g.sites[0]["site"] if g.sites else ""
-            groups.add_row(g.name, fmt_bytes(g.bytes), str(g.blocks), f"{share:.1%}", site)
+            groups.add_row(g.name, fmt_bytes(g.bytes), str(g.blocks), f"{share:.1%}",
+                           inferred_note(g), site)
         console.print(groups)
         _simple(console, "what if a family were gone", ("family", "bytes", "result", "can go"),
                 d.what_ifs)
@@ -99,6 +102,9 @@ def explain(view: ExplainView, options: Options) -> str:
         console.print(f"[bold]{it.site}[/bold]: {it.blocks} block(s), {fmt_bytes(it.bytes)}"
                       f" — e.g. {', '.join(hex(a) for a in it.addresses)}", highlight=False)
         console.print(str(it.explanation), markup=False, highlight=False)
+        if it.evidence == "inferred" and it.method and it.family != d.family:
+            console.print(f"inferred by the inference stage: {it.family} "
+                          f"({it.method}) — {it.why}", markup=False, highlight=False)
         marked = set(d.matched_frames)
         for i, (fname, name, line) in enumerate(it.stack):
             if not (fname.endswith(".py") or i in marked):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from snapana.compare import CaptureDiff, Side, SiteChange
-from snapana.diagnosis import DeviceReport
+from snapana.diagnosis import DeviceReport, Group
 from snapana.ranks import MultiReport, RankSummary
 from snapana.units import fmt_bytes
 
@@ -316,3 +316,12 @@ def ranks_headline(m: MultiReport) -> str:
         parts.append("These files do not look like one job (" + "; ".join(m.why_not_one_job)
                      + "): compare them with care.")
     return " ".join(parts)
+
+
+def inferred_note(g: Group) -> str:
+    """How much of a family was inferred rather than decided by a stack rule ('' if none)."""
+    if not g.inferred_bytes:
+        return ""
+    if g.inferred_bytes == g.bytes:
+        return "all inferred"
+    return f"{fmt_bytes(g.inferred_bytes)} inferred"
