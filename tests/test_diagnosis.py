@@ -143,3 +143,19 @@ def test_what_if_agrees_with_rerunning_the_simulator(tmp_path, capacity_mib):
         outcomes.add(fits_without)
     if capacity_mib == 6600:
         assert outcomes == {True, False}  # the cases really discriminate
+
+
+def test_a_user_pack_knob_reaches_the_diagnosis(tmp_path) -> None:
+    """Knobs and markers from a --rules file count like a built-in pack's."""
+    import snapana
+
+    pack = tmp_path / "mine.toml"
+    pack.write_text(
+        '[pack]\nname = "mine"\nmarkers = ["slime/"]\n\n'
+        '[[knob]]\nid = "mine.smaller_chunks"\nknob = "--my-chunks"\n'
+        'families = ["saved_logprob_softmax"]\ndirection = "lowers"\ncost = "free"\n'
+        'effect = "keeps fewer chunks"\n')
+    sample = SAMPLES / "slime-tp2-chunked-logprob-oom.pickle"
+    ids = [k.id for k in snapana.load(sample, rules=[pack]).diagnosis.knobs]
+    assert "mine.smaller_chunks" in ids
+    assert "mine.smaller_chunks" not in [k.id for k in snapana.load(sample).diagnosis.knobs]

@@ -17,6 +17,7 @@ import polars as pl
 
 from snapana.attribution import chunk_groups, family_label
 from snapana.attribution.assign import AnnotationWindows, Attributor
+from snapana.attribution.engine import RuleSet
 from snapana.knobs import (
     Knob,
     can_release,
@@ -26,9 +27,9 @@ from snapana.knobs import (
     working_set_families,
 )
 from snapana.model import Capture, Frame
+from snapana.placement import round_request, segment_size_for, would_fit
 from snapana.replay import DeviceReplay, Moment
 from snapana.units import fmt_bytes
-from snapana.whatif import round_request, segment_size_for, would_fit
 
 CHUNK_MIN_BYTES = 16 << 20  # repeated blocks smaller than this are not worth calling chunks
 #: Fragmentation is the cause only when the cached-but-unallocated bytes are a real share of
@@ -338,7 +339,8 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     warnings the diagnosis adds to the report (its input is left as it was)."""
     moment = state.moment
     segments, live, held = state.segments, state.live, state.held
-    frameworks = sorted(frameworks_in(sorted({f[0] for f in capture.stacks.frames})))
+    rules = attributor.rules  # the built-in packs plus any --rules file: knobs and markers too
+    frameworks = sorted(frameworks_in(sorted({f[0] for f in capture.stacks.frames}), rules))
     request = req_family = req_label = req_site = None
     phase = _dominant_phase(held)
     outside = None
@@ -371,18 +373,18 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
             )
             fit = would_fit(request, device_free, segments, without, stream=o.stream)
             what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, fit.fits, fit.spare_bytes,
-                                   fit.how, _removable(g.name, set(frameworks))))
+                                   fit.how, _removable(g.name, set(frameworks), rules)))
         excess = _excess(what_ifs)
     else:
         for g in state.groups[:WHATIF_FAMILIES]:
             what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
-                                   _removable(g.name, set(frameworks))))
+                                   _removable(g.name, set(frameworks), rules)))
     order = ([excess] if excess else []) + ([req_family] if req_family else [])
     order += [w.family for w in what_ifs if w.removable != "no" and w.fits]
     order += [w.family for w in what_ifs if w.removable != "no"]
     order = list(dict.fromkeys(order))
     held_causes: list[str] = [c.id for c in causes if c.holds]
-    knobs = knobs_for(order, held_causes, set(frameworks), phase)
+    knobs = knobs_for(order, held_causes, set(frameworks), phase, rules)
     diagnosis = Diagnosis(
         kind=moment_kind(moment), phase=phase, request_bytes=request,
         request_rounded_bytes=round_request(request) if request is not None else None,
@@ -395,12 +397,12 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     return diagnosis, warnings
 
 
-def _removable(family: str, frameworks: set[str]) -> Removable:
+def _removable(family: str, frameworks: set[str], rules: RuleSet) -> Removable:
     if family in transient_families():
         return "yes"
     if family in working_set_families():
         return "shrink"
-    if family != "unknown" and can_release(family, frameworks):
+    if family != "unknown" and can_release(family, frameworks, rules):
         return "offload"
     return "no"
 

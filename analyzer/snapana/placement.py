@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from snapana.replay import round_size
+
 MiB = 1 << 20
 SMALL_REQUEST = 1 * MiB
 SMALL_SEGMENT = 2 * MiB
@@ -23,7 +25,8 @@ ROUND_LARGE = 2 * MiB
 
 
 def round_request(size: int) -> int:
-    return max(512, (size + 511) // 512 * 512)
+    """What a block for this request holds: the one rounding rule (replay's)."""
+    return round_size(size)
 
 
 def segment_size_for(request: int) -> int:
