@@ -191,3 +191,84 @@ def test_injection_keeps_the_sitecustomize_it_shadows(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OWN_SITE'))"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "ran", run.stderr
+
+
+def test_snapana_record_runs_the_job_and_passes_its_exit_code(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "snapana", "record", "-o", str(tmp_path / "o"),
+                          "--", sys.executable, "-c",
+                          "import sys; print('job out'); sys.exit(4)"],
+                         capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (4, "job out\n", "")
+    bad = subprocess.run([sys.executable, "-m", "snapana", "record", "--", "no-such-cmd-x"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def _oom_dump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A recorder on the fake GPU dumps the chunked log-prob OOM sample with its sidecar."""
+    monkeypatch.setattr(recorder_module.atexit, "register", lambda fn: None)
+
+    class OomCuda(FakeCuda):
+        def snapshot(self) -> dict[str, Any]:
+            snap, _ = run_scenario("slime-tp2-chunked-logprob-oom")
+            return dict(snap)
+
+    rec = _recorder(tmp_path, OomCuda(), inventory=False)
+    assert rec.start()
+    rec.on_oom(0, 1, 1, 1)
+    rec.close()
+    return tmp_path / "out" / "train-rank0-oom.pickle"
+
+
+def test_report_reads_capacity_and_rank_from_the_sidecar(tmp_path: Path, monkeypatch) -> None:
+    from .conftest import invoke
+
+    dump = _oom_dump(tmp_path, monkeypatch)
+    run = invoke("summary", str(dump), "-f", "json")
+    assert run.returncode == 0, run.stderr
+    dev = json.loads(run.stdout)["devices"][0]
+    d = dev["diagnosis"]
+    assert d["capacity_bytes"] == 80 * GiB  # measured by the recording, no --capacity
+    assert d["outside_pytorch_bytes"] == (80 * GiB - dev["reserved_bytes"]
+                                          - dev["oom"]["device_free_bytes"])
+    run = invoke("summary", str(dump), "-f", "json", "--capacity", "79GiB")
+    assert json.loads(run.stdout)["devices"][0]["diagnosis"]["capacity_bytes"] == 79 * GiB
+    import snapana
+
+    assert snapana.load(dump).capture.metadata["sidecar"]["reason"] == "oom"
+
+
+def test_inventory_names_blocks_above_frame_rules(tmp_path: Path, monkeypatch) -> None:
+    from .conftest import invoke
+
+    dump = _oom_dump(tmp_path, monkeypatch)
+    import snapana
+
+    blocks = snapana.load(dump).blocks.sort("size", descending=True)
+    picks = blocks.filter(blocks["family"].is_in(["saved_activations", "logits"])).head(2)
+    meta_path = dump.with_name("train-rank0-oom.meta.json")
+    meta = json.loads(meta_path.read_text())
+    meta["inventory"] = {"complete": True, "stopped": None, "seconds": 0.1, "tensors": [
+        {"ptr": int(a), "nbytes": int(n), "shape": [4, 1024], "dtype": "bfloat16",
+         "requires_grad": True, "device": 0, "name": f"model.layers.{i}.mlp.weight",
+         "role": "parameter"} for i, (a, n) in enumerate(picks.select("address", "size")
+                                                        .iter_rows())]}
+    meta_path.write_text(json.dumps(meta))
+    again = snapana.load(dump).blocks
+    named = again.filter(again["address"].is_in(picks["address"].implode()))
+    assert set(named["family"].to_list()) == {"parameters"}
+    assert set(named["evidence"].to_list()) == {"inventory"}
+    assert "model.layers.0.mlp.weight" in " ".join(named["label"].to_list())
+    run = invoke("explain", str(dump), "--block", hex(int(picks["address"][0])))
+    assert run.returncode == 0, run.stderr
+    assert "model.layers.0.mlp.weight" in run.stdout
+
+
+def test_a_broken_sidecar_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    from .conftest import invoke
+
+    dump = _oom_dump(tmp_path, monkeypatch)
+    dump.with_name("train-rank0-oom.meta.json").write_text('{"format": "snapana.record.sidecar"'
+                                                           ', "version": 99}')
+    run = invoke("summary", str(dump))
+    assert run.returncode == 2 and "newer than this snapana reads" in run.stderr

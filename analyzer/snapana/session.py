@@ -51,10 +51,15 @@ def resolve_capacity(capacity: int | str | None) -> int | None:
 
 
 def open_capture(path: str | Path, progress: Progress | None = None) -> Capture:
-    """Read any supported artefact into the common model (format detected by content)."""
-    from snapana import sources
+    """Read any supported artefact into the common model (format detected by content),
+    with the sidecar `snapana record` wrote beside it, when there is one."""
+    from snapana import sidecar, sources
 
-    return sources.load(Path(path), progress)
+    capture = sources.load(Path(path), progress)
+    found = sidecar.find(Path(path)) if Path(path).is_file() else None
+    if found is not None:
+        sidecar.apply(capture, sidecar.read(found), found)
+    return capture
 
 
 def default_device(capture: Capture) -> int:

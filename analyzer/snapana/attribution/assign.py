@@ -24,6 +24,7 @@ from snapana.attribution.families import family_label
 from snapana.attribution.sites import site_of
 from snapana.attribution.stack import BlockContext
 from snapana.model import EMPTY_STACK, Capture
+from snapana.sidecar import ROLE_FAMILY
 
 
 def parse_pool(pool: str) -> tuple[int, int]:
@@ -128,6 +129,11 @@ class TracePhases:
         return out
 
 
+#: Rule families that say more than an inventory role of the same kind.
+SAME_KIND = {"parameters": ("param_buffer", "main_params_fp32"),
+             "gradients": ("grad_buffer",)}
+
+
 class Attributor:
     """Decisions for the blocks of one device of one capture, memoised by stack id."""
 
@@ -188,7 +194,8 @@ class Attributor:
         `blocks`, which has stack_id, pool, stream, state, size and alloc_idx (as
         DeviceReplay.blocks_at gives).
 
-        `evidence` says how the family was decided: "frames" (a rule matched the stack),
+        `evidence` says how the family was decided: "inventory" (the recording named the
+        tensor), "frames" (a rule matched the stack),
         "inferred" (no frames: a rule on the pool or the trace's timeline, or the inference
         stage; `method` names which) or "unknown" (the reason says why)."""
         names = ("family", "label", "rule_id", "phase", "reason", "site", "evidence", "method")
@@ -209,6 +216,7 @@ class Attributor:
                                     "frames" if framed else "inferred")
             cols["method"].append("" if d.family == "unknown" or framed else (d.rule_id or ""))
         self._infer(blocks, cols)
+        self._inventory(blocks, cols)
         return blocks.with_columns(
             [pl.Series(k, v, dtype=pl.Utf8) for k, v in cols.items()]
         )
@@ -233,6 +241,34 @@ class Attributor:
             cols["reason"][i] = hit.why
             cols["evidence"][i] = "inferred"
             cols["method"][i] = hit.method
+
+    def _inventory(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
+        """Named tensors from the recording's sidecar: a block holding one gets its family
+        (evidence "inventory"), ranked above every rule; a rule's more specific family of
+        the same kind (a Megatron param buffer for a parameter) is kept, with the name."""
+        tensors = self.capture.metadata.get("inventory", {}).get(self.device)
+        if not tensors:
+            return
+        named = sorted((t for t in tensors if t.get("role") in ROLE_FAMILY),
+                       key=lambda t: int(t["ptr"]))
+        ptrs = [int(t["ptr"]) for t in named]
+        for i, (address, size) in enumerate(blocks.select("address", "size").iter_rows()):
+            lo = bisect.bisect_left(ptrs, int(address))
+            hi = bisect.bisect_left(ptrs, int(address) + int(size))
+            if lo == hi:
+                continue
+            t = max(named[lo:hi], key=lambda t: int(t["nbytes"]))
+            family = ROLE_FAMILY[t["role"]]
+            if cols["family"][i] in SAME_KIND.get(family, ()):
+                family = cols["family"][i]
+            what = f"{t.get('name') or 'a ' + t['role']} {tuple(t.get('shape') or ())} " \
+                   f"{t.get('dtype', '')}".strip()
+            more = f" and {hi - lo - 1} more tensor(s)" if hi - lo > 1 else ""
+            cols["family"][i] = family
+            cols["label"][i] = f"{family_label(family)}: {what}{more}"
+            cols["reason"][i] = f"the recording's tensor inventory: {what}{more} lives here"
+            cols["evidence"][i] = "inventory"
+            cols["method"][i] = t["role"]
 
     def _freed(self, candidates: pl.DataFrame) -> dict[int, inference.Freed]:
         """For candidates alive before recording that the window frees: the phase, the

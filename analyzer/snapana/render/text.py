@@ -102,7 +102,10 @@ def explain(view: ExplainView, options: Options) -> str:
         console.print(f"[bold]{it.site}[/bold]: {it.blocks} block(s), {fmt_bytes(it.bytes)}"
                       f" — e.g. {', '.join(hex(a) for a in it.addresses)}", highlight=False)
         console.print(str(it.explanation), markup=False, highlight=False)
-        if it.evidence == "inferred" and it.method and it.family != d.family:
+        if it.evidence == "inventory":
+            console.print(f"named by the recording's tensor inventory: {it.family} — "
+                          f"{it.why}", markup=False, highlight=False)
+        elif it.evidence == "inferred" and it.method and it.family != d.family:
             console.print(f"inferred by the inference stage: {it.family} "
                           f"({it.method}) — {it.why}", markup=False, highlight=False)
         marked = set(d.matched_frames)
