@@ -179,3 +179,27 @@ def test_missing_extra_names_it(tmp_path: Path, monkeypatch, engine: str, extra:
     monkeypatch.setitem(sys.modules, extra, None)  # as if not installed
     run = invoke("batch", str(OOM), "-o", str(tmp_path / "d"), "--engine", engine)
     _one_line_refusal(run, f"snapana[{extra}]")
+
+
+@pytest.mark.parametrize("args", [
+    ("summary", str(OOM)), ("report", str(OOM), "-o", "{tmp}/r.html"),
+    ("explain", str(OOM), "--family", "logits"), ("diff", str(OOM), str(OK)),
+    ("export", str(OOM), "-o", "{tmp}/exp"),
+])
+def test_an_internal_error_is_one_line_and_exit_3(args, tmp_path: Path, monkeypatch) -> None:
+    """A bug in snapana, not in the input: one line naming the input, exit 3, no traceback
+    unless --debug asks for it."""
+    import snapana.sources
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(snapana.sources, "load", broken)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    run = invoke(*argv)
+    assert run.returncode == 3, (run.stdout, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "internal error on" in lines[0] and str(OOM) in lines[0]
+    assert "ZeroDivisionError: a bug" in lines[0] and "Traceback" not in run.stderr
+    debug = invoke("--debug", *argv)
+    assert debug.returncode == 3 and "Traceback" in debug.stderr

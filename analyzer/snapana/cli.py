@@ -23,13 +23,20 @@ from snapana.errors import InputError, SnapanaError
 err = Console(stderr=True)
 
 
+#: Exit code of an error that is snapana's fault, not the input's (which exits 2).
+INTERNAL_ERROR = 3
+_DEBUG = False
+
+
 class _Guarded(TyperGroup):
-    """Every command runs inside this: an error that is the input's fault (SnapanaError)
-    becomes one line on stderr and its exit code, in a process or in a test's CliRunner."""
+    """Every command runs inside this, in a process or in a test's CliRunner: an error that
+    is the input's fault (SnapanaError) becomes one line on stderr and its exit code; any
+    other exception one line naming the inputs and exit 3 (the traceback with --debug)."""
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
         """Help shows an argument by its metavar alone (FILE...), not by its Python type."""
         name, command, rest = super().resolve_command(ctx, args)
+        self._inputs = [a for a in rest if not a.startswith("-")]  # for the error line
         for param in command.params if command is not None else ():
             if param.param_type_name == "argument" and param.metavar:
                 param.display_type_rich = lambda ctx: None  # type: ignore[attr-defined]
@@ -41,6 +48,22 @@ class _Guarded(TyperGroup):
         except SnapanaError as exc:
             err.print(f"snapana: error: {exc}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if type(exc).__module__.split(".")[0] in ("click", "typer"):
+                raise  # usage errors: the CLI framework prints them itself
+            if _DEBUG:
+                import traceback
+
+                traceback.print_exc()
+            inputs = " ".join(getattr(self, "_inputs", []))
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            err.print(f"snapana: internal error on {inputs or 'this command'}: "
+                      f"{type(exc).__name__}: {first} — please report this with the file "
+                      "(--debug shows the traceback)", markup=False, highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(INTERNAL_ERROR) from None
 
 
 app = typer.Typer(
@@ -78,8 +101,12 @@ def _main(
     version: Annotated[bool, typer.Option(
         "--version", "-V", callback=_version, is_eager=True, help="print the version and exit")
     ] = False,
+    debug: Annotated[bool, typer.Option(
+        "--debug", help="on an internal error, print the traceback")] = False,
 ) -> None:
     """Explain GPU out-of-memory incidents from PyTorch memory snapshots."""
+    global _DEBUG
+    _DEBUG = debug
 
 
 def _open(path: Path) -> Capture:
@@ -269,15 +296,20 @@ def summary(
     workers: WorkersOpt = None,
 ) -> None:
     """Print the verdict and what holds memory: a table, markdown for a ticket, JSON, or the
-    HTML page. With several inputs: the rank table."""
-    from snapana.render.views import capture_view, ranks_view
+    HTML page. With several inputs: the rank table, then the failing (else the largest)
+    rank in full."""
+    from snapana.render.views import capture_view
 
     single = _single(files)
     if single is None:
         if at is not None:
             raise InputError("--at applies to one capture; with several inputs, pick one file")
-        _, multi = _many(files, workers, rules, capacity)
-        sys.stdout.write(_render(ranks_view(multi), format.value))
+        paths, multi = _many(files, workers, rules, capacity)
+        chosen = multi.first_oom or max(multi.ok, key=lambda r: r.peak_allocated_bytes,
+                                        default=None)
+        reports = _reports(Path(chosen.file), chosen.device, rules, capacity) if chosen else []
+        sys.stdout.write(_render(capture_view(reports, title=f"{len(paths)} inputs",
+                                              ranks=multi), format.value))
         return
     reports = _reports(single, device, rules, capacity, at)
     sys.stdout.write(_render(capture_view(reports, title=single.name), format.value))
