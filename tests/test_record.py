@@ -272,3 +272,29 @@ def test_a_broken_sidecar_is_one_line(tmp_path: Path, monkeypatch) -> None:
                                                            ', "version": 99}')
     run = invoke("summary", str(dump))
     assert run.returncode == 2 and "newer than this snapana reads" in run.stderr
+
+
+def test_report_of_a_recording_folder_uses_every_sidecar(tmp_path: Path, monkeypatch) -> None:
+    """Two ranks dumped into one folder: the folder report measures memory outside PyTorch
+    without --capacity, for the failing rank shown in full."""
+    from .conftest import invoke
+
+    monkeypatch.setattr(recorder_module.atexit, "register", lambda fn: None)
+
+    class OomCuda(FakeCuda):
+        def snapshot(self) -> dict[str, Any]:
+            return dict(run_scenario("slime-tp2-chunked-logprob-oom")[0])
+
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        rec = _recorder(tmp_path, OomCuda(), inventory=False)
+        assert rec.start()
+        rec.on_oom(0, 1, 1, 1)
+        rec.close()
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("*.pickle")) == ["train-rank0-oom.pickle",
+                                                             "train-rank1-oom.pickle"]
+    run = invoke("report", str(out), "-o", str(tmp_path / "r.html"))
+    assert run.returncode == 0, run.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert "outside PyTorch" in html and "pass --capacity" not in html
