@@ -88,9 +88,10 @@ def test_chunked_logprob_group_matches_truth(name: str) -> None:
     group = groups[SOFTMAX]
     (loop,) = group.chunks
     assert loop["count"] == chunks["saved_chunks"]
-    # chunks are counted in tensor bytes (the request), not the allocator's rounding
-    assert loop["chunk_size"] == chunks["chunk_bytes"]
-    assert loop["total"] == chunks["chunk_bytes"] * chunks["saved_chunks"]
+    # chunks are counted in block bytes, like the family they belong to, so that
+    # "N × size = total" adds up to what the family holds
+    assert loop["uniform"] and loop["chunk_size"] == saved[0]["size"]
+    assert loop["total"] == loop["chunk_size"] * chunks["saved_chunks"] == group.bytes
     # the family holds the blocks: each the request rounded up, plus at most kSmallSize
     # the allocator does not split off a large block
     assert group.bytes == sum(b["size"] for b in saved)

@@ -49,7 +49,16 @@ def test_s1_3_chunked_logprob_is_real_demand_and_the_saved_softmax_can_go():
     assert "does not lower what is saved" in chunk_caveat
     text = verdict(r)
     assert "not fragmentation" in text and "--recompute-loss-function" in text
-    assert f"{truth['chunks']['saved_chunks']} chunks" in text
+    # the accumulating family first, with its count and size, then the stop knob
+    n = truth["chunks"]["saved_chunks"]
+    assert d.accumulating is not None and d.accumulating["count"] == n
+    assert d.accumulating["count"] * d.accumulating["chunk_size"] == d.accumulating["total"]
+    assert text.index("saved_logprob_softmax, already holds") < text.index("alternative")
+    assert f"{n} × " in text and "stop the accumulation with --recompute-loss-function" in text
+    # then the cheapest sufficient alternative, with its cost class
+    alt = next(w for w in d.what_ifs if w.family == d.alternative_family)
+    assert alt.fits and d.alternative_family != "saved_logprob_softmax"
+    assert "(extra compute)" in text
 
 
 def test_s1_1_fp32_logits_copy_names_tp_and_max_tokens():
@@ -74,8 +83,18 @@ def test_s2_colocated_vllm_is_not_fragmentation():
     assert d.outside_pytorch_bytes == truth["capacity_bytes"] - reserved - oom["device_free"]
     held = {g.name for g in r.groups[:4]}
     assert {"parameters", "kv_cache"} <= held  # the colocated vLLM engine
-    assert d.excess_family in ("grad_buffer", "param_buffer")  # the un-offloaded buffers
-    assert "offload" in d.knobs[0].knob
+    # it failed while reloading offloaded state: no knob that offloads model state
+    assert d.reloading and "reloading offloaded state" in verdict(r)
+    assert not any(k.direction == "releases" and {"param_buffer", "grad_buffer"} & set(k.families)
+                   for k in d.knobs)
+    assert "model init" not in verdict(r)
+    # the KV cache sits in vLLM's private pool: freeing its blocks helps only that pool
+    kv = next(w for w in d.what_ifs if w.family == "kv_cache")
+    assert not kv.fits and kv.private_pool_bytes == kv.bytes and kv.fits_if_pool_released
+    assert "frees memory for that pool only" in verdict(r)
+    # the un-offloaded buffers are named too: without them the request fits
+    assert {d.excess_family, d.alternative_family} & {"grad_buffer", "param_buffer"}
+    assert d.knobs[0].framework == "ms_swift" and "sleep_level" in d.knobs[0].knob
 
 
 def test_no_oom_diagnoses_the_peak_and_says_so():
@@ -83,6 +102,30 @@ def test_no_oom_diagnoses_the_peak_and_says_so():
     assert r.oom is None and r.diagnosis.kind == "peak"
     assert r.allocated_bytes == r.peak_allocated_bytes
     assert "No OOM recorded: this diagnoses the peak" in verdict(r)
+
+
+def test_far_from_capacity_states_the_headroom_and_prescribes_nothing():
+    _, truth, near = _sample("fsdp-train-step")
+    (far,) = analyse(load(SAMPLES / "fsdp-train-step.pickle"), capacity=80 * GiB)
+    d = far.diagnosis
+    assert far.reserved_bytes < 0.75 * 80 * GiB
+    assert not d.prescribe and d.knobs == () and d.headroom_bytes == 80 * GiB - far.reserved_bytes
+    assert "headroom" in verdict(far) and "checkpoint" not in verdict(far)
+    (unknown,) = analyse(load(SAMPLES / "fsdp-train-step.pickle"))
+    assert unknown.diagnosis.knobs and "If this peak must shrink:" in verdict(unknown)
+
+
+def test_chunk_loops_are_uniform_repeats_of_loop_families_only():
+    for p in sorted(SAMPLES.glob("*.pickle")):
+        (r,) = analyse(load(p))
+        for g in r.groups:
+            if g.name in ("parameters", "optimizer_state", "kv_cache", "grad_buffer",
+                          "param_buffer", "main_params_fp32", "gradients"):
+                assert g.chunks == (), (p.name, g.name)
+            for c in g.chunks:
+                assert c["total"] <= g.bytes
+                if c["uniform"]:
+                    assert c["count"] * c["chunk_size"] == c["total"]
 
 
 # ----- what-if arithmetic against the simulator ------------------------------------------
@@ -159,3 +202,45 @@ def test_a_user_pack_knob_reaches_the_diagnosis(tmp_path) -> None:
     ids = [k.id for k in snapana.load(sample, rules=[pack]).diagnosis.knobs]
     assert "mine.smaller_chunks" in ids
     assert "mine.smaller_chunks" not in [k.id for k in snapana.load(sample).diagnosis.knobs]
+
+
+# ----- the seed pattern on another framework: a chunk loop that keeps every chunk -----------
+AREAL_CHUNK = [(f"{SITE}/areal/utils/functional/vocab_parallel.py", 60, "forward"),
+               (f"{SITE}/torch/autograd/function.py", 575, "apply"),
+               (f"{SITE}/areal/utils/functional/functional.py", 40, "gather_logprobs"),
+               ("/job/train.py", 90, "main")]
+FSDP_ACT = [("/job/model.py", 54, "forward"),
+            (f"{SITE}/torch/nn/modules/module.py", 1790, "_call_impl"),
+            (f"{SITE}/torch/distributed/fsdp/_fully_shard/_fully_shard.py", 500, "forward"),
+            ("/job/train.py", 30, "main")]
+
+
+def test_a_chunk_loop_that_keeps_its_chunks_is_named_before_a_smaller_sufficient_family(
+        tmp_path) -> None:
+    """An AReaL-style OOM: the 17th 594 MiB softmax chunk fails while 16 are kept for
+    backward; removing the smaller saved activations would also fit the request, but the
+    verdict names the accumulating family first, with its count and size and the knob that
+    stops it, then the alternative with its cost."""
+    chunk = 594 * MiB
+    sim = CachingAllocatorSim(capacity=16 * chunk + 3200 * MiB + 300 * MiB)
+    for _ in range(6):
+        sim.malloc(512 * MiB, FSDP_ACT, family="saved_activations")
+    for _ in range(16):
+        sim.malloc(chunk, AREAL_CHUNK, family="saved_logprob_softmax")
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(chunk, AREAL_CHUNK, family="saved_logprob_softmax")
+    path = tmp_path / "areal.pickle"
+    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
+    (r,) = analyse(load(path))
+    d = r.diagnosis
+    assert d.request_family == "saved_logprob_softmax"
+    acts = next(w for w in d.what_ifs if w.family == "saved_activations")
+    assert acts.fits and acts.bytes < 16 * chunk  # the smaller family would also do
+    assert d.excess_family == "saved_logprob_softmax" and d.accumulating["count"] == 16
+    assert d.alternative_family == "saved_activations"
+    text = verdict(r)
+    assert "16 × 594.00 MiB = 9.28 GiB" in text
+    assert text.index("saved_logprob_softmax") < text.index("saved_activations")
+    assert d.knobs[0].id == "torch.checkpoint_loss" and d.knobs[0].knob in text
+    assert "areal" in d.frameworks and all(
+        k.framework in {"areal", "fsdp", "pytorch", "any"} for k in d.knobs)

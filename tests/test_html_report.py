@@ -109,6 +109,8 @@ def test_snapshot_and_trace_together(tmp_path, t0, shared):
     assert result.returncode == 0, result.stderr
     visit = open_report(out)
     assert visit.console_errors == []
-    assert "oom.pickle: Device 0" in visit.text and "trace.json: " in visit.text
+    # devices named as PyTorch names them, never capitalised ("Cuda:0")
+    assert "oom.pickle: cuda:0" in visit.text and "trace.json: cuda:0" in visit.text
+    assert "Cuda:0" not in visit.text
     assert ("do not share a clock" in visit.text) is (not shared)
     assert ("All sources on one clock" in out.read_text()) is shared

@@ -67,7 +67,10 @@ def test_family_lifetimes_come_from_the_vocabulary() -> None:
 
 def test_knobs_for_ranks_the_frameworks_own_knob_first() -> None:
     got = knobs_for(["saved_logprob_softmax", "logits"], [], {"slime", "megatron"}, "forward")
-    assert [k.knob for k in got[:2]] == ["--recompute-loss-function", "--log-probs-chunk-size"]
+    # a knob that lowers the family before one that only bounds each copy (chunk size)
+    assert got[0].knob == "--recompute-loss-function"
+    ids = [k.id for k in got]
+    assert ids.index("megatron.tensor_parallel") < ids.index("slime.log_probs_chunk_size")
     assert all(k.framework in {"slime", "megatron", "pytorch", "any"} for k in got)
     # a phase-bound knob only for its phase
     ids = {k.id for k in knobs_for(["logits"], [], {"slime"}, "forward")}
@@ -135,3 +138,37 @@ def test_duplicate_knob_id_is_an_error(tmp_path) -> None:
     msg = str(info.value)
     assert msg.startswith(f"{path}: knob `slime.recompute_loss_function`: duplicate knob id")
     assert "packs/slime.toml" in msg
+
+
+def test_stop_and_best_knobs_follow_direction_then_cost() -> None:
+    from snapana.knobs import best_knob, stop_knob
+
+    fw = {"slime", "megatron"}
+    assert stop_knob("saved_logprob_softmax", fw, "forward").id == \
+        "slime.recompute_loss_function"
+    assert best_knob("saved_activations", fw, "forward").id == "megatron.recompute_granularity"
+    # no framework detected: only the framework-neutral knobs
+    assert best_knob("saved_activations", set(), "forward").framework in ("pytorch", "any")
+    # no framework detected: the framework-neutral one (checkpoint the loss yourself)
+    assert stop_knob("saved_logprob_softmax", set(), "forward").id == "torch.checkpoint_loss"
+    assert stop_knob("kv_cache", set(), "rollout") is None
+
+
+def test_verl_has_its_own_knobs_and_no_other_frameworks_spelling() -> None:
+    verl = {k.id: k for k in load_knobs() if k.framework == "verl"}
+    names = " ".join(k.knob for k in verl.values())
+    for name in ("actor_rollout_ref.rollout.gpu_memory_utilization", "free_cache_engine",
+                 "param_offload", "ppo_micro_batch_size_per_gpu"):
+        assert name in names
+    got = knobs_for(["kv_cache"], ["outside_pytorch"], {"verl", "vllm", "megatron"}, "rollout")
+    assert all(k.framework in {"verl", "vllm", "megatron", "pytorch", "any"} for k in got)
+    assert not any("ms-swift" in k.knob or "--vllm_" in k.knob for k in got)
+
+
+def test_no_offload_knob_for_model_state_while_reloading() -> None:
+    fams = ["param_buffer", "grad_buffer", "kv_cache"]
+    got = knobs_for(fams, [], {"ms_swift", "megatron", "vllm"}, "init", offload=False)
+    assert not any(k.direction == "releases" and "param_buffer" in k.families for k in got)
+    assert any(k.id == "swift.sleep_level" for k in got)  # releasing the engine's cache is fine
+    with_offload = knobs_for(fams, [], {"ms_swift", "megatron", "vllm"}, "init")
+    assert any(k.id == "swift.offload_model" for k in with_offload)

@@ -201,6 +201,8 @@ class Analysis:
             return dr.resolve(f"time:{time}")
         if moment not in ("oom", "peak", "end", "interest"):
             raise ValueError(f"unknown moment {moment!r} (oom, peak, end, interest)")
+        if moment == "interest":  # the report's own moment: one definition everywhere
+            return self.device_report.moment
         return dr.resolve(moment)
 
     # ----- figures and text --------------------------------------------------------------------

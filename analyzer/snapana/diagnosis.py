@@ -17,12 +17,16 @@ import polars as pl
 
 from snapana.attribution import chunk_groups, family_label
 from snapana.attribution.assign import AnnotationWindows, Attributor
+from snapana.attribution.chunks import LOOP_FAMILIES
 from snapana.attribution.engine import RuleSet
 from snapana.knobs import (
     Knob,
+    best_knob,
     can_release,
     frameworks_in,
     knobs_for,
+    preference,
+    stop_knob,
     transient_families,
     working_set_families,
 )
@@ -32,12 +36,18 @@ from snapana.replay import DeviceReplay, Moment
 from snapana.units import fmt_bytes
 
 CHUNK_MIN_BYTES = 16 << 20  # repeated blocks smaller than this are not worth calling chunks
+LOOP_SIZE_SPREAD = 16  # a loop's copies differ in size by at most this factor
 #: Fragmentation is the cause only when the cached-but-unallocated bytes are a real share of
 #: what PyTorch reserved; below this the memory is genuinely in use (seed 000, S1 #3).
 FRAGMENTATION_SHARE = 0.10
 #: Memory outside PyTorch is a cause when it is at least this share of the device.
 OUTSIDE_SHARE = 0.05
 WHATIF_FAMILIES = 8
+#: Knobs a diagnosis names (every format shows the same list, in this order).
+MAX_KNOBS = 6
+#: Without an OOM, a capture whose reserved memory is below this share of a known capacity is
+#: far from it: the report states the headroom instead of prescribing a knob.
+FAR_FROM_CAPACITY = 0.75
 
 #: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
 CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",
@@ -62,9 +72,10 @@ def moment_kind(m: Moment) -> MomentKind:
 class PoolFree:
     pool: str
     stream: int
-    reserved_bytes: int
+    reserved_bytes: int  # mapped bytes when expandable: unmapped address space is not reserved
     free_bytes: int
     largest_free_bytes: int
+    expandable: bool = False  # expandable segments: grows by mapping pages, see placement
 
 
 class GroupSite(TypedDict):
@@ -78,13 +89,17 @@ class GroupSite(TypedDict):
 
 
 class ChunkLoop(TypedDict):
-    """Repeated equal blocks from one site (a chunk loop), in tensor (requested) bytes."""
+    """Live blocks one stack (one site, one loop) allocated repeatedly, in block bytes (what
+    the family's bytes count). `uniform`: all the same size, so count × chunk_size == total."""
 
     site: str
+    stack_id: int
     count: int
-    chunk_size: int
+    chunk_size: int  # the most common size (== min_size == max_size when uniform)
     total: int
     uniform: bool
+    min_size: int
+    max_size: int
 
 
 class PoolStreamBytes(TypedDict):
@@ -176,6 +191,14 @@ class WhatIf:
     spare_bytes: int | None
     how: str
     removable: Removable
+    #: Of `bytes`, those in private pools (not the pool the request needed): freeing them
+    #: frees memory for that pool only, not for the request.
+    private_pool_bytes: int = 0
+    private_pools: tuple[str, ...] = ()
+    #: Those private pools' reserved bytes: what the device gets back if the pools are released
+    #: (an engine's sleep mode), and whether the request's new segment would then fit.
+    private_pool_reserved_bytes: int = 0
+    fits_if_pool_released: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +218,23 @@ class Diagnosis:
     excess_family: str | None  # the family to take away first: see _excess
     knobs: tuple[Knob, ...]
     frameworks: tuple[str, ...]
+    #: The failing request's family holds live copies from one loop (see `_accumulation`).
+    accumulating: ChunkLoop | None = None
+    #: The cheapest family other than the first one whose removal also makes the request fit.
+    alternative_family: str | None = None
+    #: The knobs the verdict names for `excess_family` (for an accumulating family: the one
+    #: that stops it) and for `alternative_family`; None where no knob of a framework in use
+    #: applies. Both lead `knobs`.
+    excess_knob: Knob | None = None
+    alternative_knob: Knob | None = None
+    #: The OOM happened while reloading offloaded state: no offload knob is offered.
+    reloading: bool = False
+    #: Capacity minus reserved at the moment (None: capacity unknown).
+    headroom_bytes: int | None = None
+    #: False when nothing needs fixing (no OOM, far from a known capacity; or host memory).
+    prescribe: bool = True
+    #: The capture records allocation history (alloc/free events), not only the final state.
+    history: bool = True
 
     def cause(self, cause_id: CauseId) -> Cause | None:
         return next((c for c in self.causes if c.id == cause_id), None)
@@ -229,6 +269,9 @@ class DeviceReport:
     diagnosis: Diagnosis
     device_name: str = ""  # e.g. "host process" (memray), "GPU 0" / "CPU" (profiler)
     at: str | None = None  # the moment the user asked for (--at); None: the default moment
+    has_segments: bool = True  # the source records allocator segments (pools, cached bytes)
+    failed: bool = False  # this device's trace records an OOM (reports list it first)
+    reserved_known: bool = True  # reserved is measured (segments or a reserved series)
 
     @property
     def total_blocks(self) -> int:
@@ -255,7 +298,13 @@ class _State:
 
 def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
                   capacity: int | None = None, at: str | None = None) -> DeviceReport:
+    history = _has_history(capture, dr)
+    peak, peak_bytes = _peak(dr, history)
     moment = dr.resolve(at)
+    if at is None and not history and dr.oom is None:
+        moment = dr.final  # nothing was recorded before it: the snapshot is the state
+    elif at is None and moment.kind == "peak":
+        moment = peak
     live = dr.blocks_at(moment)
     held = attributor.attribute(live.filter(pl.col("state") == "active_allocated"))
     reserved = dr.reserved_at(moment)
@@ -279,7 +328,9 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
             count=len(dr.ooms),
         )
     state = _State(moment, live, held, segments, pools, _groups(held), reserved, allocated)
-    diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity)
+    diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history)
+    # a snapshot records its segments even when there are none; a trace or a timeline does not
+    segmented = not dr.segment_intervals.is_empty() or capture.source == "torch_snapshot"
     warnings = list(capture.warnings)
     if dr.mismatches:
         warnings.append(
@@ -298,13 +349,13 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         cached_unallocated_bytes=state.cached_unallocated,
         largest_free_block_bytes=max((p.largest_free_bytes for p in pools), default=0),
         pools=pools,
-        peak_allocated_bytes=dr.peak_allocated_bytes,
-        peak=dr.peak,
+        peak_allocated_bytes=max(peak_bytes, allocated) if history else allocated,
+        peak=peak if history else moment,
         oom=oom,
         groups=state.groups,
         by_pool_stream=_by_pool_stream(held),
         top_sites=_top_sites(capture, held),
-        timeline=_timeline(capture, dr),
+        timeline=_timeline(capture, dr, peak, peak_bytes),
         segments=segments,
         live_blocks=live.join(held.select("address", "family"), on="address", how="left"),
         n_events=dr.n_events,
@@ -313,7 +364,27 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         diagnosis=diagnosis,
         device_name=str(capture.metadata.get("device_names", {}).get(dr.device, "")),
         at=at,
+        has_segments=segmented,
+        reserved_known=segmented or dr.device in capture.metadata.get("reserved_timeline", {}),
+        failed=dr.oom is not None,
     )
+
+
+def _has_history(capture: Capture, dr: DeviceReplay) -> bool:
+    """Whether the device's trace records allocations, not just the final state."""
+    return dr.n_events > 0 and bool(
+        (capture.device_events(dr.device)["action"] == "alloc").any())
+
+
+def _peak(dr: DeviceReplay, history: bool) -> tuple[Moment, int]:
+    """The peak of allocated bytes, counted as everywhere else: blocks in use, not blocks
+    already freed and waiting on a stream (pending free)."""
+    before = dr.lifetimes.filter((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") >= 0))
+    base = int(before["size"].sum())
+    if not history or dr.n_events == 0 or base > int(dr.allocated.max()):
+        return Moment("peak", -1), base
+    i = int(np.argmax(dr.allocated))
+    return dr.at(i, "peak"), int(dr.allocated[i])
 
 
 def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity: int,
@@ -334,20 +405,26 @@ def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity
 
 
 def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: _State,
-             oom: OomFinding | None, capacity: int | None) -> tuple[Diagnosis, list[str]]:
+             oom: OomFinding | None, capacity: int | None,
+             history: bool = True) -> tuple[Diagnosis, list[str]]:
     """Why it failed, what would have made it fit, and which knobs change that; with the
     warnings the diagnosis adds to the report (its input is left as it was)."""
     moment = state.moment
     segments, live, held = state.segments, state.live, state.held
     rules = attributor.rules  # the built-in packs plus any --rules file: knobs and markers too
     frameworks = sorted(frameworks_in(sorted({f[0] for f in capture.stacks.frames}), rules))
+    fw = set(frameworks)
     request = req_family = req_label = req_site = None
     phase = _dominant_phase(held)
     outside = None
     causes: list[Cause] = []
     what_ifs: list[WhatIf] = []
     warnings: list[str] = []
-    excess = None
+    excess = alternative = None
+    excess_knob = alternative_knob = None
+    accumulating: ChunkLoop | None = None
+    reloading = False
+    lead: list[Knob] = []
     if oom is not None and dr.oom is not None:
         o = dr.oom
         request = o.requested_bytes
@@ -356,6 +433,8 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         decision = attributor.decide(o.stack_id, ctx)
         req_family, req_label, phase = decision.family, decision.label, decision.phase
         req_site = attributor.site(o.stack_id)
+        reloading = _reloading(attributor.rules.explain(capture.stacks.stack(o.stack_id), ctx)
+                               .phase_rule_id)
         device_free = o.device_free_bytes or 0
         if capacity is not None and o.device_free_bytes is not None:
             outside = capacity - state.reserved - o.device_free_bytes
@@ -366,35 +445,79 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
                 "the replayed state would have fit the request: device_free or the "
                 "segments at the OOM are incomplete, so what-ifs are approximate"
             )
-        for g in state.groups[:WHATIF_FAMILIES]:
-            without = live.filter(
-                ~pl.col("address").is_in(held.filter(pl.col("family") == g.name)["address"]
-                                         .implode())
-            )
+        shown = list(state.groups[:WHATIF_FAMILIES])
+        shown += [g for g in state.groups[WHATIF_FAMILIES:] if g.name == req_family]
+        for g in shown:
+            mine = held.filter(pl.col("family") == g.name)
+            without = live.filter(~pl.col("address").is_in(mine["address"].implode()))
             fit = would_fit(request, device_free, segments, without, stream=o.stream)
-            what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, fit.fits, fit.spare_bytes,
-                                   fit.how, _removable(g.name, set(frameworks), rules)))
-        excess = _excess(what_ifs)
+            private = mine.filter(pl.col("pool") != "0,0")
+            pools = tuple(sorted(set(private["pool"].to_list())))
+            released = sum(p.reserved_bytes for p in state.pools if p.pool in pools)
+            what_ifs.append(WhatIf(
+                g.name, g.bytes, g.blocks, fit.fits, fit.spare_bytes, fit.how,
+                _removable(g.name, fw, rules), int(private["size"].sum()), pools, released,
+                segment_size_for(request) <= device_free + released if pools else None))
+        accumulating = _accumulation(state.groups, req_family, o.stack_id)
+        stop = (stop_knob(req_family, fw, phase, rules, offload=not reloading)
+                if accumulating is not None and req_family else None)
+        if accumulating is not None:
+            excess, excess_knob = req_family, stop
+        else:
+            excess, excess_knob = _excess(what_ifs, fw, phase, rules, not reloading)
+        alternative, alternative_knob = _excess([w for w in what_ifs if w.family != excess],
+                                                fw, phase, rules, not reloading,
+                                                avoid=excess_knob)
+        lead = [k for k in (excess_knob, alternative_knob) if k is not None]
+        what_ifs.sort(key=lambda w: (w.family != excess, w.family != alternative))
     else:
         for g in state.groups[:WHATIF_FAMILIES]:
             what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
-                                   _removable(g.name, set(frameworks), rules)))
+                                   _removable(g.name, fw, rules)))
+    headroom = capacity - state.reserved if capacity is not None else None
+    prescribe = dr.device >= 0 and (
+        oom is not None or headroom is None or capacity is None
+        or state.reserved >= FAR_FROM_CAPACITY * capacity)
     order = ([excess] if excess else []) + ([req_family] if req_family else [])
     order += [w.family for w in what_ifs if w.removable != "no" and w.fits]
     order += [w.family for w in what_ifs if w.removable != "no"]
     order = list(dict.fromkeys(order))
     held_causes: list[str] = [c.id for c in causes if c.holds]
-    knobs = knobs_for(order, held_causes, set(frameworks), phase, rules)
+    knobs = list(dict.fromkeys(
+        lead + knobs_for(order, held_causes, fw, phase, rules, offload=not reloading)))
     diagnosis = Diagnosis(
         kind=moment_kind(moment), phase=phase, request_bytes=request,
         request_rounded_bytes=round_request(request) if request is not None else None,
         request_segment_bytes=segment_size_for(request) if request is not None else None,
         request_family=req_family, request_label=req_label, request_site=req_site,
         capacity_bytes=capacity, outside_pytorch_bytes=outside, causes=tuple(causes),
-        what_ifs=tuple(what_ifs), excess_family=excess, knobs=tuple(knobs),
-        frameworks=tuple(frameworks),
+        what_ifs=tuple(what_ifs), excess_family=excess,
+        excess_knob=excess_knob if prescribe else None,
+        alternative_knob=alternative_knob if prescribe else None,
+        knobs=tuple(knobs[:MAX_KNOBS]) if prescribe else (),
+        frameworks=tuple(frameworks), accumulating=accumulating,
+        alternative_family=alternative, reloading=reloading, headroom_bytes=headroom,
+        prescribe=prescribe, history=history,
     )
     return diagnosis, warnings
+
+
+def _reloading(phase_rule_id: str | None) -> bool:
+    """The phase rule that named the OOM's phase marks reloading offloaded state: packs name
+    such rules ``<pack>.phase_reload_*`` (verl, ms-swift: load_megatron_model_to_gpu)."""
+    return phase_rule_id is not None and \
+        phase_rule_id.rsplit(".", 1)[-1].startswith("phase_reload")
+
+
+def _accumulation(groups: tuple[Group, ...], family: str | None,
+                  stack_id: int) -> ChunkLoop | None:
+    """The live copies the failing request's own family already holds from one loop: the
+    loop of the request's own stack if it has one, else the family's largest."""
+    group = next((g for g in groups if g.name == family), None)
+    if group is None or not group.chunks:
+        return None
+    same = [c for c in group.chunks if c["stack_id"] == stack_id]
+    return (same or list(group.chunks))[0]
 
 
 def _removable(family: str, frameworks: set[str], rules: RuleSet) -> Removable:
@@ -407,14 +530,42 @@ def _removable(family: str, frameworks: set[str], rules: RuleSet) -> Removable:
     return "no"
 
 
-def _excess(what_ifs: list[WhatIf]) -> str | None:
-    """The least invasive fix: the smallest step-transient family whose removal makes the
-    request fit; model state (parameters, buffers, optimizer state) only when nothing
-    transient would do and a knob of the framework in use can move it."""
-    fitting = [w for w in what_ifs if w.fits and w.removable in ("yes", "offload")]
-    transient = [w for w in fitting if w.removable == "yes"]
-    pick = transient or fitting
-    return min(pick, key=lambda w: w.bytes).family if pick else None
+_REMOVABLE_ORDER = {"yes": 0, "offload": 1}
+
+
+def _excess(what_ifs: list[WhatIf], frameworks: set[str], phase: str, rules: RuleSet,
+            offload: bool = True, avoid: Knob | None = None) -> tuple[str | None, Knob | None]:
+    """The cheapest sufficient fix: among families that can go (step-transient, or model
+    state an offload knob of a framework in use moves) and whose removal makes the request
+    fit, the one whose knob ranks first (`knobs.preference`: a framework's own, lowering
+    rather than bounding, cheapest cost class); then one that can go before model state, and
+    the smallest. With ``offload=False`` (reloading offloaded state) an offload knob does not
+    count, but the family still can go: it is state the offload should have moved. A family
+    in a private pool counts when releasing its pool would fit the request and a knob
+    releases it. Returns the family and the knob to name for it (None: none applies). A
+    family whose knob would be `avoid` (the one already named) is no alternative."""
+    best: tuple[tuple[bool, bool, int, int, int], str, Knob | None] | None = None
+    for w in what_ifs:
+        if w.removable not in _REMOVABLE_ORDER:
+            continue
+        if w.fits:
+            k = best_knob(w.family, frameworks, phase, rules, offload=offload)
+            if w.removable == "offload" and not offload:
+                k = None  # offloading is the path that failed: no knob, still the state
+        elif w.fits_if_pool_released:  # only if a knob releases its pool (engine sleep)
+            k = next((k for k in knobs_for([w.family], [], frameworks, phase, rules,
+                                           offload=offload) if k.direction == "releases"), None)
+            if k is None:
+                continue
+        else:
+            continue
+        if avoid is not None and k == avoid:
+            continue
+        key = preference(k)[:3] if k is not None else (True, True, 9)
+        rank = (*key, _REMOVABLE_ORDER[w.removable], w.bytes)
+        if best is None or rank < best[0]:
+            best = (rank, w.family, k)
+    return (best[1], best[2]) if best else (None, None)
 
 
 def _dominant_phase(held: pl.DataFrame) -> str:
@@ -440,14 +591,20 @@ def _causes(state: _State, request: int, device_free: int, capacity: int | None,
     fragmentation = (fits_if_compacted and usable_largest < rounded
                      and share >= FRAGMENTATION_SHARE)
     causes = [
+        # Natural signs: "short by" is request minus device free (the headline's figure);
+        # what compaction of the request's pool would leave is short or spare, never negative.
         Cause("real_demand", not fits_if_compacted or not fragmentation, {
             "requested_bytes": request, "device_free_bytes": device_free,
-            "cached_unallocated_bytes": cached, "allocated_bytes": state.allocated,
-            "shortfall_bytes": rounded - device_free - usable_free,
+            "short_by_bytes": max(0, request - device_free),
+            "allocated_bytes": state.allocated, "cached_unallocated_bytes": cached,
+            "default_pool_free_bytes": usable_free,
+            "short_after_compaction_bytes": max(0, rounded - device_free - usable_free),
+            "spare_after_compaction_bytes": max(0, device_free + usable_free - rounded),
         }),
         Cause("fragmentation", fragmentation, {
             "cached_unallocated_bytes": cached, "cached_share": round(share, 4),
-            "largest_free_block_bytes": usable_largest, "requested_bytes": rounded,
+            "share_threshold": FRAGMENTATION_SHARE,
+            "largest_free_block_bytes": usable_largest, "rounded_request_bytes": rounded,
             "fits_if_compacted": fits_if_compacted,
         }),
         Cause("private_pool", other_free > 0 and rounded <= device_free + usable_free
@@ -465,14 +622,22 @@ def _causes(state: _State, request: int, device_free: int, capacity: int | None,
 
 
 def _pools(segments: pl.DataFrame, free: pl.DataFrame) -> tuple[PoolFree, ...]:
+    """Reserved, free and largest free block per pool and stream; they add up to the device's
+    reserved and cached-but-unallocated bytes (segments are disjoint: an expandable segment
+    counts its mapped ranges once)."""
     out = []
-    seg = segments.group_by("pool", "stream").agg(pl.col("total_size").sum().alias("reserved"))
+    expandable = (pl.col("expandable").any() if "expandable" in segments.columns
+                  else pl.lit(False)).alias("expandable")
+    seg = segments.group_by("pool", "stream").agg(pl.col("total_size").sum().alias("reserved"),
+                                                  expandable)
     fr = free.group_by("pool", "stream").agg(
         pl.col("size").sum().alias("free"), pl.col("size").max().alias("largest")
     )
     joined = seg.join(fr, on=["pool", "stream"], how="left").fill_null(0).sort("pool", "stream")
-    for pool, stream, reserved, free_b, largest in joined.iter_rows():
-        out.append(PoolFree(pool, int(stream), int(reserved), int(free_b), int(largest)))
+    for pool, stream, reserved, exp, free_b, largest in joined.select(
+            "pool", "stream", "reserved", "expandable", "free", "largest").iter_rows():
+        out.append(PoolFree(pool, int(stream), int(reserved), int(free_b), int(largest),
+                            bool(exp)))
     return tuple(out)
 
 
@@ -499,19 +664,30 @@ def _groups(held: pl.DataFrame) -> tuple[Group, ...]:
             GroupSite(site=site, bytes=int(b), blocks=int(n), label=label, rule_id=rule_id)
             for site, b, n, label, rule_id in sub.iter_rows()
         )
-        chunks = tuple(
-            ChunkLoop(site=str(g.site_key), count=g.count, chunk_size=g.chunk_size, total=g.total,
-                      uniform=g.uniform)
-            for g in chunk_groups(
-                # requested sizes: the tensor, not the allocator's rounding of it
-                mine.select("site", "family", "requested_size", "alloc_idx").iter_rows(),
-                min_count=2
-            )
-            if g.chunk_size >= CHUNK_MIN_BYTES
-        )
+        chunks = _loops(str(name), mine)
         groups.append(Group(str(name), int(nbytes), int(blocks), label=family_label(name),
                             sites=sites, chunks=chunks, inferred_bytes=int(inferred_bytes or 0)))
     return tuple(groups)
+
+
+def _loops(family: str, mine: pl.DataFrame) -> tuple[ChunkLoop, ...]:
+    """Repeated live blocks of one stack (same site, same loop) in a family whose repeats are
+    a loop's copies (`LOOP_FAMILIES`), in block bytes so they add up to the family's bytes;
+    largest first. A site without a source frame (a profiler op, a timeline category, no
+    frames) is not a loop, nor are blocks of wildly different sizes."""
+    if family not in LOOP_FAMILIES:
+        return ()
+    sites = dict(mine.select("stack_id", "site").iter_rows())
+    return tuple(
+        ChunkLoop(site=site, stack_id=int(str(g.site_key)), count=g.count,
+                  chunk_size=g.chunk_size, total=g.total, uniform=g.uniform,
+                  min_size=g.min_size, max_size=g.max_size)
+        for g in chunk_groups(mine.select("stack_id", "family", "size", "alloc_idx").iter_rows(),
+                              min_count=2)
+        for site in [str(sites.get(g.site_key) or "")]
+        if g.chunk_size >= CHUNK_MIN_BYTES and site and not site.startswith("<")
+        and g.max_size <= LOOP_SIZE_SPREAD * g.min_size
+    )
 
 
 def _by_pool_stream(held: pl.DataFrame) -> tuple[PoolStreamBytes, ...]:
@@ -542,7 +718,7 @@ def _top_sites(capture: Capture, held: pl.DataFrame, limit: int = 15) -> tuple[S
     )
 
 
-def _timeline(capture: Capture, dr: DeviceReplay) -> Timeline:
+def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int) -> Timeline:
     """The live-bytes series of the whole trace, the events of the OOM and the peak, and on
     a clock the annotation windows; a view downsamples it."""
     on_clock = capture.has_time and dr.n_events > 0
@@ -559,7 +735,7 @@ def _timeline(capture: Capture, dr: DeviceReplay) -> Timeline:
         reserved=dr.reserved,
         times_us=times,
         oom_idx=dr.oom.idx if dr.oom is not None else None,
-        peak_idx=dr.peak.idx,
-        peak_bytes=dr.peak_allocated_bytes,
+        peak_idx=peak.idx,
+        peak_bytes=peak_bytes,
         bands=bands,
     )

@@ -79,7 +79,7 @@ def export(analysed: list[Session], out_dir: Path) -> Path:
 def _blocks(capture: Capture, analysed: list[Session]) -> pl.DataFrame:
     """Final blocks (every state, attributed where live) and the blocks at each moment."""
     parts = []
-    for s in analysed:
+    for s in sorted(analysed, key=lambda s: capture.devices.index(s.device)):  # capture order
         end = s.attributed_blocks(s.replay.final)
         attributed = end.select("address", "alloc_idx", "pool", "segment_stream", "family",
                                 "label", "rule_id", "phase", "reason", "site")

@@ -15,19 +15,28 @@ from snapana.attribution.families import families_with_lifetime
 from snapana.attribution.rules import KNOB_COSTS, Knob
 
 __all__ = [
+    "COST_WORDS",
     "KNOB_COSTS",
     "Knob",
+    "best_knob",
     "can_release",
     "framework_markers",
     "frameworks_in",
     "knobs_for",
     "load_knobs",
+    "preference",
+    "stop_knob",
     "transient_families",
     "working_set_families",
 ]
 
 _ALWAYS = ("pytorch", "any")
 """Knobs of these frameworks apply to every capture (and rank after a framework's own)."""
+
+#: What each cost class means to the reader (KNOB_COSTS, cheapest first).
+COST_WORDS = {"free": "no cost", "compute": "extra compute",
+              "communication": "extra communication", "quality": "may change results"}
+_COST_RANK = {c: i for i, c in enumerate(KNOB_COSTS)}
 
 
 def working_set_families() -> frozenset[str]:
@@ -68,15 +77,30 @@ def can_release(family: str, frameworks: set[str], rules: RuleSet | None = None)
                for k in load_knobs(rules))
 
 
+def _offloads_model_state(knob: Knob) -> bool:
+    """A knob that moves model state (a family without a lifetime) off the GPU."""
+    lived = transient_families() | working_set_families()
+    return knob.direction == "releases" and any(f not in lived for f in knob.families)
+
+
+def _applies(knob: Knob, allowed: set[str], phase: str | None, offload: bool) -> bool:
+    """A knob of a framework in use, for this phase; with ``offload=False`` not one that
+    offloads model state (releasing an engine's KV cache is still offered)."""
+    return (knob.framework in allowed and (not knob.phases or phase in knob.phases)
+            and (offload or not _offloads_model_state(knob)))
+
+
 def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
-              phase: str | None, rules: RuleSet | None = None) -> list[Knob]:
-    """Knobs acting on the given families (in that order of importance) or causes."""
+              phase: str | None, rules: RuleSet | None = None, *,
+              offload: bool = True) -> list[Knob]:
+    """Knobs acting on the given families (in that order of importance) or causes.
+
+    ``offload=False`` leaves out knobs that offload model state: an OOM raised while
+    reloading offloaded state must not be told to offload (that is the path that failed)."""
     allowed = frameworks | set(_ALWAYS)
     chosen: list[Knob] = []
     for knob in load_knobs(rules):
-        if knob.framework not in allowed:
-            continue
-        if knob.phases and phase not in knob.phases:
+        if not _applies(knob, allowed, phase, offload):
             continue
         if set(knob.families) & set(families) or set(knob.causes) & set(causes):
             chosen.append(knob)
@@ -90,3 +114,34 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
                 len(k.families))
 
     return sorted(chosen, key=rank)
+
+
+def preference(k: Knob) -> tuple[bool, bool, int, int]:
+    """A framework's own knob before a generic one, one that lowers (or releases) before one
+    that only bounds, then the cheapest (`KNOB_COSTS` order), then a targeted one (fewer
+    families)."""
+    return (k.framework in _ALWAYS, k.direction == "bounds",
+            _COST_RANK.get(k.cost, len(KNOB_COSTS)), len(k.families))
+
+
+def best_knob(family: str, frameworks: set[str], phase: str | None,
+              rules: RuleSet | None = None, *, offload: bool = True) -> Knob | None:
+    """The knob to name for `family`: of a framework in use, lowering, releasing or bounding
+    it, first by `preference`."""
+    allowed = frameworks | set(_ALWAYS)
+    acting = [k for k in load_knobs(rules) if family in k.families
+              and k.direction in ("lowers", "releases", "bounds")
+              and _applies(k, allowed, phase, offload)]
+    return min(acting, key=preference) if acting else None
+
+
+def stop_knob(family: str, frameworks: set[str], phase: str | None,
+              rules: RuleSet | None = None, *, offload: bool = True) -> Knob | None:
+    """The knob that stops a family from accumulating live copies: the cheapest one that
+    lowers (or releases) it; a knob that only bounds it (chunk size, token budget) lowers
+    the size of each copy, not how many are kept. None when no framework in use has one.
+    First by `preference`."""
+    allowed = frameworks | set(_ALWAYS)
+    acting = [k for k in load_knobs(rules) if family in k.families
+              and k.direction in ("lowers", "releases") and _applies(k, allowed, phase, offload)]
+    return min(acting, key=preference) if acting else None

@@ -6,6 +6,13 @@ Rules (c10/cuda/CUDACachingAllocator.cpp): requests round up to 512 bytes; reque
 10 MiB, else the request rounded up to 2 MiB). A request is served from a cached free block of
 its pool and stream when one is large enough; otherwise the allocator asks the driver for a new
 segment, and when that fails it releases every fully free cached segment and asks again.
+
+With expandable segments (`expandable_segments:True`) a segment is one virtual range whose
+pages (2 MiB small, 20 MiB large) are mapped on demand: reserved is the mapped bytes. When no
+free block is large enough the allocator maps the missing pages after the free space at the
+end of a segment (`segment_map`), so it needs device memory, never one contiguous cached
+block; before failing it unmaps the whole free pages of every segment (`segment_unmap`) and
+tries again.
 """
 
 from __future__ import annotations
@@ -39,13 +46,27 @@ def segment_size_for(request: int) -> int:
     return (r + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
 
 
+#: Pages of an expandable segment (kSmallBuffer in the small pool, kLargeBuffer in the large).
+SMALL_PAGE = SMALL_SEGMENT
+LARGE_PAGE = LARGE_SEGMENT
+
+#: How a request is placed (Fit.how): a cached free block, a new cudaMalloc'd segment, more
+#: pages mapped into an expandable segment, or not at all.
+CACHED_BLOCK = "cached block"
+NEW_SEGMENT = "new segment"
+MAP_PAGES = "maps pages at the end of an expandable segment"
+NO_FIT = "no"
+
+
 @dataclass(frozen=True)
 class Fit:
     fits: bool
-    how: str  # "cached block" | "new segment" | "no"
+    how: str  # CACHED_BLOCK | NEW_SEGMENT | MAP_PAGES | NO_FIT
     spare_bytes: int  # headroom left after placing the request (negative: short by)
     largest_free_block: int
-    releasable_bytes: int  # fully free cached segments the allocator would give back
+    releasable_bytes: int  # what the allocator would give back to the device before failing
+    expandable: bool = False  # placed by the expandable-segments rule
+    map_bytes: int = 0  # pages it maps (expandable) or the segment it asks for
 
 
 def would_fit(
@@ -56,36 +77,128 @@ def would_fit(
     pool: str = "0,0",
     stream: int = 0,
 ) -> Fit:
-    """Place `request` in the state given by `segments` (address, total_size, pool, stream)
-    and `live` blocks (address, size, segment_address).
+    """Place `request` in the state given by `segments` (address, total_size, pool, stream,
+    and when known segment_type and expandable) and `live` blocks (address, size,
+    segment_address).
+
+    Without expandable segments a request needs one free cached block of its pool and stream
+    at least as large, else a new segment from the driver (after releasing every fully free
+    segment when the driver has too little). With expandable segments (its pool's segments
+    are expandable) it never needs one contiguous cached block: the allocator maps more pages
+    after the free space at the end of a segment, when the device has the memory, and before
+    failing it unmaps the whole free pages of every segment and tries again.
     """
     r = round_request(request)
     small = r <= SMALL_REQUEST
-    used = live.group_by("segment_address").agg(pl.col("size").sum().alias("used"))
-    segs = segments.join(used, left_on="address", right_on="segment_address", how="left")
-    segs = segs.with_columns(pl.col("used").fill_null(0))
-    largest = 0
-    own = segs.filter((pl.col("pool") == pool) & (pl.col("stream") == stream))
+    page = SMALL_PAGE if small else LARGE_PAGE
+    segs = _with_kind(segments)
     by_seg: dict[int, list[tuple[int, int]]] = {}
     for a, s, sa in live.select("address", "size", "segment_address").iter_rows():
         by_seg.setdefault(sa, []).append((a, s))
-    for address, total in own.select("address", "total_size").iter_rows():
-        if (total == SMALL_SEGMENT) != small:
-            continue  # only small-pool segments are 2 MiB; pools never serve each other
-        cursor = address
-        for a, s in sorted(by_seg.get(address, [])):
-            largest = max(largest, a - cursor)
-            cursor = max(cursor, a + s)
-        largest = max(largest, address + total - cursor)
-    releasable = int(
-        segs.filter((pl.col("used") == 0) & (pl.col("pool") == "0,0"))["total_size"].sum()
-    )
-    need = segment_size_for(request)
+    releasable = 0
+    for address, total, seg_pool, seg_type, expandable in segs.select(
+        "address", "total_size", "pool", "segment_type", "expandable"
+    ).iter_rows():
+        if seg_pool != "0,0":
+            continue  # private pools are released only when their owner is gone
+        if not expandable:
+            releasable += 0 if by_seg.get(address) else total
+            continue
+        seg_page = SMALL_PAGE if seg_type == "small" else LARGE_PAGE
+        releasable += sum(_whole_pages(address, lo, hi, seg_page)
+                          for lo, hi in _free_ranges(address, total, by_seg.get(address, [])))
+    own = segs.filter((pl.col("pool") == pool) & (pl.col("stream") == stream)
+                      & ((pl.col("segment_type") == "small") == small)).sort("address")
+    runs = [(a, t, _free_ranges(a, t, by_seg.get(a, [])))
+            for a, t in own.select("address", "total_size").iter_rows()]
+    largest = max((hi - lo for _, _, free in runs for lo, hi in free), default=0)
     available = device_free + releasable
+    expandable_pool = (bool(own["expandable"].any()) if own.height
+                       else _pool_expandable(segs, pool))
+    if largest >= r:
+        return Fit(True, CACHED_BLOCK, max(largest - r, available), largest, releasable,
+                   expandable_pool)
+    if expandable_pool:
+        # Map after the free end of a segment when the unmapped space there (up to the next
+        # mapped range) has room; the last range of a segment has its whole unmapped rest.
+        tails = [0]  # a new expandable segment (or a range ending in a block) maps it all
+        remnants = [0]
+        for k, (a, t, free) in enumerate(runs):
+            tail = free[-1][1] - free[-1][0] if free and free[-1][1] == a + t else 0
+            if tail and _room(runs, k, tail) >= r:
+                tails.append(tail)
+                remnants.append(tail - _whole_pages(a, a + t - tail, a + t, page))
+        need_now = _pages(r - max(tails), page)
+        need_after = _pages(r - max(remnants), page)  # once whole free pages are unmapped
+        if need_now <= device_free:
+            return Fit(True, MAP_PAGES, available - need_now, largest, releasable, True,
+                       need_now)
+        fits = need_after <= available
+        return Fit(fits, MAP_PAGES if fits else NO_FIT, available - need_after, largest,
+                   releasable, True, need_after)
+    need = segment_size_for(request)
     # Headroom after placing it: the bigger of what is left of the block it lands in and
     # what the driver could still hand out.
-    if largest >= r:
-        return Fit(True, "cached block", max(largest - r, available), largest, releasable)
     if need <= available:
-        return Fit(True, "new segment", available - need, largest, releasable)
-    return Fit(False, "no", available - need, largest, releasable)
+        return Fit(True, NEW_SEGMENT, available - need, largest, releasable, False, need)
+    return Fit(False, NO_FIT, available - need, largest, releasable, False, need)
+
+
+def _room(runs: list[tuple[int, int, list[tuple[int, int]]]], k: int, tail: int) -> int:
+    """Address space a request can take from the free end of run `k` on: the free end, the
+    unmapped gap to the next mapped range and what is free at its start (a fully free range
+    continues the chain); unbounded after the last range."""
+    room = tail
+    for j in range(k + 1, len(runs)):
+        a, t, free = runs[j]
+        room += a - (runs[j - 1][0] + runs[j - 1][1])
+        head = free[0][1] - a if free and free[0][0] == a else 0
+        room += head
+        if head < t:
+            return room
+    return 1 << 62
+
+
+def _with_kind(segments: pl.DataFrame) -> pl.DataFrame:
+    """Segments with segment_type and expandable, inferred when a caller's table lacks them
+    (only small-pool segments of the plain allocator are 2 MiB)."""
+    cols = []
+    if "segment_type" not in segments.columns:
+        cols.append(pl.when(pl.col("total_size") == SMALL_SEGMENT).then(pl.lit("small"))
+                    .otherwise(pl.lit("large")).alias("segment_type"))
+    if "expandable" not in segments.columns:
+        cols.append(pl.lit(False).alias("expandable"))
+    return segments.with_columns(cols) if cols else segments
+
+
+def _pool_expandable(segments: pl.DataFrame, pool: str) -> bool:
+    """A pool with no segment of the request's kind yet: expandable when its others are."""
+    mine = segments.filter(pl.col("pool") == pool)
+    return bool(mine["expandable"].any()) if mine.height else bool(
+        segments["expandable"].any()) if segments.height else False
+
+
+def _free_ranges(address: int, total: int, blocks: list[tuple[int, int]]
+                 ) -> list[tuple[int, int]]:
+    """The free (unallocated) ranges of a segment, in address order."""
+    out, cursor = [], address
+    for a, s in sorted(blocks):
+        if a > cursor:
+            out.append((cursor, a))
+        cursor = max(cursor, a + s)
+    if address + total > cursor:
+        out.append((cursor, address + total))
+    return out
+
+
+def _whole_pages(segment: int, lo: int, hi: int, page: int) -> int:
+    """Bytes of whole pages inside [lo, hi) of a segment mapped from `segment` on: what
+    unmapping that free range gives back (ExpandableSegment::unmap)."""
+    first = segment + -(-(lo - segment) // page) * page
+    last = segment + (hi - segment) // page * page
+    return max(0, last - first)
+
+
+def _pages(nbytes: int, page: int) -> int:
+    """Bytes of the pages that map at least `nbytes` (none when nothing is missing)."""
+    return 0 if nbytes <= 0 else -(-nbytes // page) * page

@@ -7,7 +7,7 @@ goes through a Session; none of them calls replay, the attributor or diagnosis d
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import TypeAlias
@@ -62,14 +62,36 @@ def open_capture(path: str | Path, progress: Progress | None = None) -> Capture:
     return capture
 
 
+def device_order(capture: Capture, peak: Callable[[int], int] | None = None) -> list[int]:
+    """The capture's devices in the order every report lists them: the devices whose trace
+    records an OOM first (the earliest OOM first when the traces share a clock, else by
+    index), then the rest in capture order. Without any OOM, of two GPUs or more the one with
+    the largest peak of allocated bytes leads (`peak(device)`; by replay when not given); the
+    host (a profiler's device -1) never does.
+    """
+    devices = list(capture.devices)
+    if len(devices) < 2:
+        return devices
+    ooms = (capture.events.filter(pl.col("action") == "oom")
+            .group_by("device").agg(pl.col("time_us").min().alias("t")))
+    failed = {int(d): t for d, t in ooms.iter_rows() if d in devices}
+    gpus = [d for d in devices if d >= 0]
+    if failed:
+        on_clock = all(t is not None for t in failed.values())
+        lead = sorted(failed, key=lambda d: ((failed[d] if on_clock else 0), d))
+    elif len(gpus) > 1:
+        peaks = {d: (peak(d) if peak is not None else replay(capture, d).peak_allocated_bytes)
+                 for d in gpus}
+        lead = [max(gpus, key=lambda d: (peaks[d], -d))]
+    else:
+        lead = []
+    return lead + [d for d in devices if d not in lead]
+
+
 def default_device(capture: Capture) -> int:
-    """The first device whose trace records an OOM, else the first device: the one a person
-    opening a crashed job's snapshot wants to see."""
-    ooms = capture.events.filter(pl.col("action") == "oom")["device"].unique().sort()
-    for d in ooms.to_list():
-        if d in capture.devices:
-            return int(d)
-    return capture.devices[0]
+    """The device a person opening a crashed job's snapshot wants to see: the first to run
+    out of memory, else the one with the largest peak (`device_order`)."""
+    return device_order(capture)[0]
 
 
 class Session:
@@ -98,8 +120,13 @@ class Session:
                        at=self.at)
 
     def devices(self) -> list[Session]:
-        """One session per device of the capture, in capture order (this one reused)."""
-        return [self if d == self.device else self.for_device(d) for d in self.capture.devices]
+        """One session per device of the capture, in report order (`device_order`: the
+        failing device first), this one reused."""
+        by_device = {self.device: self}
+        for d in self.capture.devices:
+            by_device.setdefault(d, self.for_device(d))
+        order = device_order(self.capture, lambda d: by_device[d].replay.peak_allocated_bytes)
+        return [by_device[d] for d in order]
 
     # ----- the pipeline, once each ------------------------------------------------------------
     @cached_property
@@ -146,11 +173,15 @@ class Session:
 
 def sessions(capture: Capture, device: int | None = None, *, rules: RulesLike = None,
              capacity: int | str | None = None, at: str | None = None) -> list[Session]:
-    """A session per device of the capture in capture order (or just the one asked for),
-    sharing one rule set."""
+    """A session per device of the capture (or just the one asked for), sharing one rule set,
+    in report order: the failing device first, or the largest peak (`device_order`)."""
     ruleset = resolve_rules(rules)
     devices = capture.devices if device is None else [device]
-    return [Session(capture, d, rules=ruleset, capacity=capacity, at=at) for d in devices]
+    made = {d: Session(capture, d, rules=ruleset, capacity=capacity, at=at) for d in devices}
+    if device is not None:
+        return list(made.values())
+    order = device_order(capture, lambda d: made[d].replay.peak_allocated_bytes)
+    return [made[d] for d in order]
 
 
 def analyse(capture: Capture, device: int | None = None, *, rules: RulesLike = None,

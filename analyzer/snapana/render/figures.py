@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args
 import plotly.graph_objects as go
 
 from snapana.render.views import DeviceView, DiffView, RanksView
-from snapana.render.wording import inferred_note
+from snapana.render.wording import inferred_note, rank_label
 from snapana.units import GiB, fmt_bytes
 
 #: The public names of a device's figures.
@@ -32,20 +32,23 @@ def families(v: DeviceView) -> go.Figure:
     r = v.report
     ids, labels, parents, values, text = ["all"], ["allocated"], [""], [r.allocated_bytes], [
         fmt_bytes(r.allocated_bytes)]
+    hover = [fmt_bytes(r.allocated_bytes)]
     for g in r.groups:
         gid = f"g:{g.name}"
         ids.append(gid)
         labels.append(g.name)
         parents.append("all")
         values.append(g.bytes)
+        text.append(fmt_bytes(g.bytes))  # short, so small boxes keep a readable label
         note = f" ({inferred_note(g)})" if g.inferred_bytes else ""
-        text.append(f"{fmt_bytes(g.bytes)} in {g.blocks} blocks{note}")
+        hover.append(f"{fmt_bytes(g.bytes)} in {g.blocks} blocks{note}")
         for i, s in enumerate(g.sites[:25]):
             ids.append(f"{gid}:{i}")
             labels.append(str(s["site"]))
             parents.append(gid)
             values.append(s["bytes"])
-            text.append(f"{fmt_bytes(s['bytes'])} in {s['blocks']} blocks")
+            text.append(fmt_bytes(s["bytes"]))
+            hover.append(f"{fmt_bytes(s['bytes'])} in {s['blocks']} blocks")
         rest = g.sites[25:]
         if rest:
             ids.append(f"{gid}:rest")
@@ -53,12 +56,17 @@ def families(v: DeviceView) -> go.Figure:
             parents.append(gid)
             values.append(sum(s["bytes"] for s in rest))
             text.append("")
+            hover.append(fmt_bytes(sum(s["bytes"] for s in rest)))
     fig = go.Figure(go.Treemap(ids=ids, labels=labels, parents=parents, values=values,
-                               text=text, branchvalues="total",
-                               hovertemplate="%{label}<br>%{text}<extra></extra>",
-                               textinfo="label+text"))
+                               text=text, customdata=hover, branchvalues="total",
+                               hovertemplate="%{label}<br>%{customdata}<extra></extra>",
+                               textinfo="label+text", maxdepth=2,
+                               pathbar=dict(visible=True)))
+    # A label too small to read is hidden rather than shrunk to a smudge; the page lists
+    # those families under the map, linked to their table rows (`DeviceView.small_families`).
     fig.update_layout(margin=dict(l=4, r=4, t=30, b=4), height=460,
-                      title="What holds memory " + ("at the OOM" if r.oom else "at the snapshot"))
+                      uniformtext=dict(minsize=11, mode="hide"),
+                      title="What holds memory " + v.moment.split(" (")[0])
     return fig
 
 
@@ -70,10 +78,12 @@ def timeline(v: DeviceView) -> go.Figure:
     def x_of(value: int) -> float:
         return (value - t.x[0]) / 1e6 if t.x_is_time else value
 
-    fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.reserved], name="reserved",
-                             mode="lines", line=dict(color="#9ecae1", shape="hv")))
+    if t.reserved_known:  # a filled band under its own line: visible where it equals allocated
+        fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.reserved], name="reserved",
+                                 mode="lines", fill="tozeroy", fillcolor="rgba(158,202,225,0.35)",
+                                 line=dict(color="#6baed6", shape="hv", width=3)))
     fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.allocated], name="allocated",
-                             mode="lines", line=dict(color="#08519c", shape="hv")))
+                             mode="lines", line=dict(color="#08519c", shape="hv", width=1.5)))
     if t.peak_x is not None:
         fig.add_trace(go.Scatter(x=[x_of(t.peak_x)], y=[t.peak_bytes / GiB], mode="markers",
                                  name=f"peak {fmt_bytes(t.peak_bytes)}",
@@ -89,6 +99,21 @@ def timeline(v: DeviceView) -> go.Figure:
                       title="Live bytes over the recorded trace",
                       xaxis_title="seconds since first event" if t.x_is_time else "event index",
                       yaxis_title="GiB", legend=dict(orientation="h"))
+    if t.zoom is not None:  # open on the OOM / peak; the whole trace is one click away
+        window = [x_of(t.zoom[0]), x_of(t.zoom[1])]
+        fig.update_layout(
+            xaxis=dict(range=window, autorange=False),
+            title="Live bytes around the " + ("OOM" if t.oom_x is not None else "peak")
+            + " (the trace before it is quiet)",
+            updatemenus=[dict(type="buttons", direction="right", x=1, xanchor="right", y=1.12,
+                              yanchor="bottom", showactive=True, buttons=[
+                                  dict(label="around the " + ("OOM" if t.oom_x is not None
+                                                              else "peak"),
+                                       method="relayout",
+                                       args=[{"xaxis.range": window,
+                                              "xaxis.autorange": False}]),
+                                  dict(label="full range", method="relayout",
+                                       args=[{"xaxis.autorange": True}])])])
     return fig
 
 
@@ -202,8 +227,7 @@ def heatmap(v: RanksView) -> go.Figure:
     """Families × ranks: what each rank held at its OOM or peak."""
     m = v.report
     ok = m.ok
-    labels = [f"rank {r.rank}" if r.rank is not None else r.file.rsplit("/", 1)[-1][:24]
-              for r in ok]
+    labels = [rank_label(m, r) for r in ok]
     z = [[r.families.get(f, 0) / GiB for r in ok] for f in m.families]
     text = [[fmt_bytes(r.families.get(f, 0)) for r in ok] for f in m.families]
     fig = go.Figure(go.Heatmap(z=z, x=labels, y=m.families, text=text, colorscale="Reds",

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import plotly.graph_objects as go
+from markupsafe import Markup, escape
 
 from snapana.render import Options, figures
 from snapana.render.assets import plotly_js_gzip_b64
@@ -16,6 +18,7 @@ from snapana.render.wording import inferred_note
 from snapana.units import fmt_bytes
 
 _TEMPLATES = Path(__file__).parent / "templates"
+_FIGURE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB)\b")
 #: The figures a device section draws, by their public names (`figures.FIGURES`).
 PAGE_FIGURES: tuple[figures.FigureName, ...] = ("families", "timeline", "segments")
 
@@ -30,7 +33,17 @@ def _env() -> jinja2.Environment:
     env.filters["bytes"] = fmt_bytes
     env.filters["inferred"] = inferred_note
     env.filters["short"] = _short_frame
+    env.filters["whole"] = _whole_words
     return env
+
+
+def _whole_words(text: str) -> Markup:
+    """Escaped text whose hyphenated words (knob flags: --recompute-loss-function) never
+    break at a hyphen: the line wraps at spaces only."""
+    glued = _FIGURE.sub("\\1\u00a0\\2", str(text))  # "24.84 GiB" stays on one line
+    return Markup(" ").join(
+        Markup('<span class="w">{}</span>').format(w) if "-" in w else escape(w)
+        for w in glued.split(" "))
 
 
 def _short_frame(frame: tuple[str, str, int]) -> str:
@@ -43,7 +56,12 @@ def _figure_json(fig: go.Figure) -> str:
 
 
 def _device(d: DeviceView) -> tuple[DeviceView, dict[str, str]]:
-    return d, {name: _figure_json(figures.FIGURES[name](d)) for name in PAGE_FIGURES}
+    """The device's figures; none drawn empty (no segment map for a source without
+    segments, no timeline without history)."""
+    drawn = [name for name in PAGE_FIGURES
+             if (name != "segments" or d.segments) and (name != "timeline" or d.timeline.x)
+             and (name != "families" or d.report.groups)]
+    return d, {name: _figure_json(figures.FIGURES[name](d)) for name in drawn}
 
 
 def _ranks(v: RanksView | None) -> dict[str, Any] | None:

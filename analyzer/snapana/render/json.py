@@ -22,36 +22,52 @@ def _frames(stack: tuple[Frame, ...]) -> list[dict[str, Any]]:
 
 # ----- a capture --------------------------------------------------------------------------
 def capture(view: CaptureView, options: Options) -> str:
-    return _dump({"devices": [device_dict(d) for d in view.devices]})
+    """The devices of the capture; under a rank table (`summary DIR`), the ranks first and
+    the devices of the rank shown in full."""
+    data: dict[str, Any] = {}
+    if view.ranks is not None:
+        data.update(ranks_dict(view.ranks))
+    data["devices"] = [device_dict(d) for d in view.devices]
+    return _dump(data)
 
 
 def device_dict(d: DeviceView) -> dict[str, Any]:
+    """One device. Figures the source cannot measure are null (a profiler trace has no
+    reserved or cached figure), never 0."""
     r = d.report
+    segments = r.has_segments and not d.host
     return {
         "file": r.path,
         "source": r.source,
         "device": r.device,
         "device_name": d.name,
+        "host": d.host,
+        "failed": r.failed,  # its trace records an OOM; devices come failing first
         "moment": {"kind": r.moment.kind, "event_index": r.moment.idx,
-                   "time_us": r.moment.time_us, "asked_for": r.at},
-        "reserved_bytes": r.reserved_bytes,
+                   "time_us": r.moment.time_us, "asked_for": r.at,
+                   "text": d.moment},
+        "history": r.diagnosis.history,
+        "reserved_bytes": r.reserved_bytes if r.reserved_known and not d.host else None,
         "allocated_bytes": r.allocated_bytes,
         "pending_free_bytes": r.pending_free_bytes,
-        "cached_unallocated_bytes": r.cached_unallocated_bytes,
-        "largest_free_block_bytes": r.largest_free_block_bytes,
+        "cached_unallocated_bytes": r.cached_unallocated_bytes if segments else None,
+        "largest_free_block_bytes": r.largest_free_block_bytes if segments else None,
         "pools": [{"pool": p.pool, "stream": p.stream, "reserved_bytes": p.reserved_bytes,
-                   "free_bytes": p.free_bytes, "largest_free_bytes": p.largest_free_bytes}
+                   "free_bytes": p.free_bytes, "largest_free_bytes": p.largest_free_bytes,
+                   "expandable": p.expandable}
                   for p in r.pools],
         "peak_allocated_bytes": r.peak_allocated_bytes,
         "peak": {"event_index": r.peak.idx, "time_us": r.peak.time_us},
         "oom": None if r.oom is None else _oom(r.oom),
+        "headline": [{"what": k, "value": v} for k, v in d.headline],
         "groups": [
             {"family": g.name, "name": g.name, "bytes": g.bytes, "blocks": g.blocks,
              "label": g.label, "inferred_bytes": g.inferred_bytes,
-             "sites": list(g.sites), "chunks": list(g.chunks)}
+             "sites": list(g.sites), "chunks": list(g.chunks),
+             "repeats": d.group_notes.get(g.name, "")}
             for g in r.groups
         ],
-        "diagnosis": _diagnosis(r.diagnosis, d.verdict),
+        "diagnosis": _diagnosis(r.diagnosis, d),
         "by_pool_stream": list(r.by_pool_stream),
         "events": r.n_events,
         "before_recording_bytes": r.before_recording_bytes,
@@ -65,9 +81,12 @@ def _oom(o: OomFinding) -> dict[str, Any]:
             "count": o.count, "stack": _frames(o.stack)}
 
 
-def _diagnosis(d: Diagnosis, text: str) -> dict[str, Any]:
+def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
+    """The findings, with the words every format shows (`verdict`, each cause's `status` and
+    `reason`, each what-if's `result`): the same knob list, in the same order, as the text,
+    markdown and HTML."""
     return {
-        "verdict": text,
+        "verdict": view.verdict,
         "kind": d.kind,
         "phase": d.phase,
         "request": None if d.request_bytes is None else {
@@ -76,14 +95,30 @@ def _diagnosis(d: Diagnosis, text: str) -> dict[str, Any]:
             "label": d.request_label, "site": d.request_site},
         "capacity_bytes": d.capacity_bytes,
         "outside_pytorch_bytes": d.outside_pytorch_bytes,
-        "causes": [{"id": c.id, "holds": c.holds, **c.numbers} for c in d.causes],
+        "causes": [{"id": c.id, "holds": c.holds, "status": status, "reason": reason,
+                    **c.numbers}
+                   for c, (_, status, reason) in zip(d.causes, view.causes, strict=True)],
         "excess_family": d.excess_family,
+        "accumulating": None if d.accumulating is None else {
+            "family": d.excess_family, **d.accumulating},
+        "alternative_family": d.alternative_family,
+        "reloading": d.reloading,
+        "headroom_bytes": d.headroom_bytes,
+        "prescribe": d.prescribe,
         "what_ifs": [{"family": w.family, "bytes": w.bytes, "blocks": w.blocks,
-                      "fits": w.fits, "spare_bytes": w.spare_bytes, "how": w.how,
-                      "removable": w.removable} for w in d.what_ifs],
+                      "fits": w.fits, "spare_bytes": w.spare_bytes,
+                      "short_bytes": None if w.fits is None or w.fits else -(w.spare_bytes or 0),
+                      "how": w.how, "removable": w.removable,
+                      "private_pool_bytes": w.private_pool_bytes,
+                      "private_pools": list(w.private_pools),
+                      "private_pool_reserved_bytes": w.private_pool_reserved_bytes,
+                      "fits_if_pool_released": w.fits_if_pool_released,
+                      "result": row[2], "can_go": row[3]}
+                     for w, row in zip(d.what_ifs, view.what_ifs, strict=True)],
         "knobs": [{"id": k.id, "framework": k.framework, "knob": k.knob,
                    "families": list(k.families), "causes": list(k.causes),
-                   "direction": k.direction, "effect": k.effect, "caveat": k.caveat}
+                   "direction": k.direction, "cost": k.cost, "effect": k.effect,
+                   "caveat": k.caveat}
                   for k in d.knobs],
         "frameworks": list(d.frameworks),
     }
@@ -124,6 +159,10 @@ def _site(s: SiteChange) -> dict[str, Any]:
 
 # ----- the ranks of a job -----------------------------------------------------------------
 def ranks(view: RanksView, options: Options) -> str:
+    return _dump(ranks_dict(view))
+
+
+def ranks_dict(view: RanksView) -> dict[str, Any]:
     m = view.report
     entries: list[dict[str, Any]] = []
     for r in m.ranks:
@@ -136,5 +175,5 @@ def ranks(view: RanksView, options: Options) -> str:
             "first_oom": m.first_oom is r,
             "outlier_families": [o["family"] for o in m.outliers if o["file"] == r.file],
         })
-    return _dump({"inputs": entries, "one_job": m.one_job,
-                  "why_not_one_job": m.why_not_one_job, "outliers": m.outliers})
+    return {"headline": view.headline, "inputs": entries, "one_job": m.one_job,
+            "why_not_one_job": m.why_not_one_job, "outliers": m.outliers}

@@ -5,53 +5,83 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from snapana.render import Options
-from snapana.render.views import CaptureView, DiffView, RanksView
+from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.wording import inferred_note
 from snapana.units import fmt_bytes
 
 TOP_GROUPS = 10  # families listed, the rest summed in one row
 TOP_SITES = 20  # changed sites in a diff
 
+_ESCAPE = str.maketrans({"<": "&lt;", ">": "&gt;", "|": "\\|", "*": "\\*", "\\": "\\\\"})
+
+
+def esc(text: str) -> str:
+    """Text that markdown shows as written: no `<…>` swallowed as HTML by GitHub or Jira, no
+    emphasis from a stray `*`, no table cell broken by a `|`."""
+    return text.translate(_ESCAPE)
+
+
+def code(text: str) -> str:
+    """A code span (family ids, knobs, sites): shown verbatim; only `|` needs escaping in a
+    table cell, and a backtick inside is avoided by a longer fence."""
+    fence = "``" if "`" in text else "`"
+    return f"{fence}{text.replace('|', chr(92) + '|')}{fence}"
+
+
+def _device(out: list[str], d: DeviceView) -> None:
+    r = d.report
+    out.append(f"### Memory on {esc(d.name)} — {esc(d.moment)}")
+    out.append("")
+    out.append(f"**Verdict.** {esc(d.verdict)}")
+    out.append("")
+    out.append("| | |")
+    out.append("|---|---:|")
+    out.extend(f"| {esc(k)} | {esc(v)} |" for k, v in d.headline)
+    out.append("")
+    out.append("| what holds memory | bytes | blocks | share | evidence | repeated copies | "
+               "top site |")
+    out.append("|---|---:|---:|---:|---|---|---|")
+    for g in r.groups[:TOP_GROUPS]:
+        share = g.bytes / r.allocated_bytes if r.allocated_bytes else 0.0
+        site = code(str(g.sites[0]["site"])) if g.sites else ""
+        out.append(f"| {code(g.name)} | {fmt_bytes(g.bytes)} | {g.blocks} | {share:.1%} | "
+                   f"{esc(inferred_note(g))} | {esc(d.group_notes.get(g.name, ''))} | {site} |")
+    if len(r.groups) > TOP_GROUPS:
+        rest = r.groups[TOP_GROUPS:]
+        out.append(f"| {len(rest)} more | {fmt_bytes(sum(g.bytes for g in rest))} | "
+                   f"{sum(g.blocks for g in rest)} | | | | |")
+    _table(out, ("without family", "bytes", "would the request fit?", "can go"),
+           [(code(f), b, esc(res), esc(c)) for f, b, res, c in d.what_ifs])
+    _table(out, ("knob", "cost", "acts on", "effect", "caveat"),
+           [(code(k), esc(cost), esc(on), esc(eff), esc(cav))
+            for k, cost, on, eff, cav in d.knobs])
+    _table(out, ("cause", "verdict", "why"),
+           [(esc(c), esc(st), esc(why)) for c, st, why in d.causes])
+    for w in r.warnings:
+        out.append(f"\n> warning: {esc(w)}")
+    out.append("")
+
 
 def capture(view: CaptureView, options: Options) -> str:
     out: list[str] = []
+    if view.ranks is not None:
+        out.append(ranks(view.ranks, options))
+        if view.devices:
+            out.append(f"The full report of {code(view.devices[0].report.path)}:")
+            out.append("")
     for d in view.devices:
-        r = d.report
-        out.append(f"### Memory on {d.name} — {d.moment}")
-        out.append("")
-        out.append(f"**Verdict.** {d.verdict}")
-        out.append("")
-        out.append("| | |")
-        out.append("|---|---:|")
-        out.extend(f"| {k} | {v} |" for k, v in d.headline)
-        out.append("")
-        out.append("| what holds memory | bytes | blocks | share | evidence |")
-        out.append("|---|---:|---:|---:|---|")
-        for g in r.groups[:TOP_GROUPS]:
-            share = g.bytes / r.allocated_bytes if r.allocated_bytes else 0.0
-            out.append(f"| `{g.name}` | {fmt_bytes(g.bytes)} | {g.blocks} | {share:.1%} | "
-                       f"{inferred_note(g)} |")
-        if len(r.groups) > TOP_GROUPS:
-            rest = r.groups[TOP_GROUPS:]
-            out.append(f"| {len(rest)} more | {fmt_bytes(sum(g.bytes for g in rest))} | "
-                       f"{sum(g.blocks for g in rest)} | | |")
-        _table(out, ("without family", "bytes", "would the request fit?", "can go"),
-               d.what_ifs)
-        _table(out, ("knob", "acts on", "effect", "caveat"), d.knobs)
-        _table(out, ("cause", "holds", "numbers"), d.causes)
-        for w in r.warnings:
-            out.append(f"\n> warning: {w}")
-        out.append("")
+        _device(out, d)
     return "\n".join(out) + "\n"
 
 
 def _table(out: list[str], header: tuple[str, ...], rows: Sequence[Sequence[str]]) -> None:
+    """Cells come escaped (or as code spans) from the caller."""
     if not rows:
         return
     out.append("")
     out.append("| " + " | ".join(header) + " |")
     out.append("|" + "---|" * len(header))
-    out.extend("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows)
+    out.extend("| " + " | ".join(row) + " |" for row in rows)
 
 
 def diff(view: DiffView, options: Options) -> str:
@@ -67,12 +97,12 @@ def diff(view: DiffView, options: Options) -> str:
     if sites:
         out += ["", "| family | site | before | after | change | |",
                 "|---|---|---:|---:|---:|---|"]
-        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in sites]
+        out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in sites]
     return "\n".join(out) + "\n"
 
 
 def ranks(view: RanksView, options: Options) -> str:
-    out = [f"**{view.headline}**", "", "| " + " | ".join(view.columns) + " |",
+    out = [f"**{esc(view.headline)}**", "", "| " + " | ".join(view.columns) + " |",
            "|" + "---|" * len(view.columns)]
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in view.rows]
+    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in view.rows]
     return "\n".join(out) + "\n"

@@ -1,23 +1,26 @@
-"""Text for a terminal: rich tables for a capture, the ranks and explanations, plain aligned
-columns for a diff (which also reads well in a CI log). Formatting only."""
+"""Text for a terminal: a capture, the ranks of a job, explanations and a diff as plain
+aligned columns and wrapped paragraphs that read well at 80 columns and in a CI log (long
+words such as knob flags and sites are never cut). Formatting only."""
 
 from __future__ import annotations
 
 import io
+import re
+import textwrap
 from collections.abc import Sequence
 
 from rich.console import Console
-from rich.panel import Panel
-from rich.table import Table
+from rich.text import Text
 
 from snapana.render import Options
-from snapana.render.views import CaptureView, DiffView, ExplainView, RanksView
+from snapana.render.views import CaptureView, DeviceView, DiffView, ExplainView, RanksView
 from snapana.render.wording import inferred_note
 from snapana.units import fmt_bytes
 
-TOP_GROUPS = 12  # families in the "what holds memory" table
-TOP_KNOBS = 4
+TOP_GROUPS = 12  # families in the "what holds memory" list
 TOP_SITES = 20  # changed sites in a diff
+INDENT = "  "
+_FIGURE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB)\b")
 
 
 def _console(options: Options) -> Console:
@@ -36,62 +39,124 @@ def _text(console: Console) -> str:
     return out.getvalue()
 
 
+class _Out:
+    """Lines for a terminal of `width` columns: text wraps at spaces and never inside a word,
+    so a knob flag or a site is always whole (a word wider than the terminal runs past it
+    rather than being cut)."""
+
+    def __init__(self, options: Options) -> None:
+        self.console = _console(options)
+        self.width = max(40, options.width)
+
+    def line(self, text: str = "", style: str | None = None) -> None:
+        self.console.print(Text(text, style=style or ""), soft_wrap=True)
+
+    def para(self, text: str, indent: str = "", first: str | None = None,
+             style: str | None = None) -> None:
+        lead = indent if first is None else first
+        glued = _FIGURE.sub("\\1\u00a0\\2", text)  # a figure and its unit stay on one line
+        for ln in textwrap.wrap(glued, self.width, initial_indent=lead, subsequent_indent=indent,
+                                break_long_words=False, break_on_hyphens=False) or [lead]:
+            self.line(ln.replace("\u00a0", " "), style)
+
+    def heading(self, text: str) -> None:
+        self.line()
+        self.line(text, "bold")
+
+    def text(self) -> str:
+        return _text(self.console)
+
+
+def _device(out: _Out, d: DeviceView) -> None:
+    r = d.report
+    out.para(f"{d.name} — {d.moment}", first="── ", indent="   ",
+             style="bold red" if r.oom else "bold blue")
+    out.para(d.verdict, first="Verdict. ")
+    out.heading("figures")
+    width = max((len(k) for k, _ in d.headline), default=0)
+    for k, v in d.headline:
+        out.line(f"{INDENT}{k.ljust(width)}  {v.rjust(10)}")
+    if not r.groups:
+        out.heading("what holds memory: nothing is allocated")
+    else:
+        _groups(out, d)
+    if d.what_ifs:
+        out.heading("what if a family were gone")
+        for family, nbytes, result, can_go in d.what_ifs:
+            out.para(f"{family} ({nbytes}) — can go: {can_go}", first=INDENT,
+                     indent=INDENT * 3)
+            out.para(result, indent=INDENT * 3)
+    if d.knobs:
+        out.heading("knobs (the first is the verdict's)")
+        for i, (knob, cost, acts_on, effect, caveat) in enumerate(d.knobs, 1):
+            out.para(f"{i}. {knob}", first=INDENT, indent=INDENT * 3)
+            out.para(f"[{cost}] acts on {acts_on}: {effect}", indent=INDENT * 3)
+            if caveat:
+                out.para(f"caveat: {caveat}", indent=INDENT * 3)
+    if d.causes:
+        out.heading("cause checks")
+        for cause, status, why in d.causes:
+            out.para(f"{cause} — {status}", first=INDENT, indent=INDENT * 3)
+            out.para(why, indent=INDENT * 3)
+    for w in r.warnings:
+        out.para(f"warning: {w}", indent=INDENT)
+
+
+def _groups(out: _Out, d: DeviceView) -> None:
+    r = d.report
+    out.heading("what holds memory" + (" (evidence: how much was inferred)" if any(
+        g.inferred_bytes for g in r.groups) else ""))
+    rows = [(g.name, fmt_bytes(g.bytes), str(g.blocks),
+             f"{g.bytes / r.allocated_bytes:.1%}" if r.allocated_bytes else "0.0%",
+             inferred_note(g)) for g in r.groups[:TOP_GROUPS]]
+    lines = _columns(("family", "bytes", "blocks", "share", ""), rows,
+                     numeric={"bytes", "blocks", "share"})
+    out.line(INDENT + lines[0])
+    for g, ln in zip(r.groups[:TOP_GROUPS], lines[1:], strict=True):
+        out.line(INDENT + ln)
+        note = d.group_notes.get(g.name, "")
+        if note:
+            out.para(note, indent=INDENT * 3)
+        if g.sites:
+            out.para(f"top site: {g.sites[0]['site']}", indent=INDENT * 3)
+    rest = r.groups[TOP_GROUPS:]
+    if rest:
+        out.line(f"{INDENT}{len(rest)} more families, "
+                 f"{fmt_bytes(sum(g.bytes for g in rest))}")
+
+
 def capture(view: CaptureView, options: Options) -> str:
-    console = _console(options)
-    for d in view.devices:
-        r = d.report
-        console.print(Panel(d.verdict, title=f"verdict — {d.name}",
-                            border_style="red" if r.oom else "blue"))
-        head = Table(title=f"{d.name} — {d.moment}", show_header=False)
-        head.add_column("what")
-        head.add_column("bytes", justify="right")
-        for k, v in d.headline:
-            head.add_row(k, v)
-        console.print(head)
-        groups = Table(title="what holds memory")
-        groups.add_column("group", justify="left")
-        groups.add_column("bytes", justify="right")
-        groups.add_column("blocks", justify="right")
-        groups.add_column("share", justify="right")
-        groups.add_column("evidence", justify="left")
-        groups.add_column("top site", justify="left")
-        for g in r.groups[:TOP_GROUPS]:
-            share = g.bytes / r.allocated_bytes if r.allocated_bytes else 0.0
-            site = g.sites[0]["site"] if g.sites else ""
-            groups.add_row(g.name, fmt_bytes(g.bytes), str(g.blocks), f"{share:.1%}",
-                           inferred_note(g), site)
-        console.print(groups)
-        _simple(console, "what if a family were gone", ("family", "bytes", "result", "can go"),
-                d.what_ifs)
-        _simple(console, "knobs", ("knob", "acts on", "effect", "caveat"),
-                d.knobs[:TOP_KNOBS])
-        for w in r.warnings:
-            console.print(f"[yellow]warning:[/yellow] {w}")
-    return _text(console)
+    out = _Out(options)
+    if view.ranks is not None:
+        _ranks(out, view.ranks)
+        if view.devices:
+            out.heading(f"the full report of {view.devices[0].report.path}")
+            out.line()
+    for i, d in enumerate(view.devices):
+        if i:
+            out.line()
+        _device(out, d)
+    return out.text()
 
 
-def _simple(console: Console, title: str, header: tuple[str, ...],
-            rows: Sequence[Sequence[str]]) -> None:
-    if not rows:
-        return
-    table = Table(title=title)
-    for h in header:
-        table.add_column(h)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
+def _ranks(out: _Out, view: RanksView) -> None:
+    out.para(view.headline)
+    out.line()
+    head = ("rank", "file", "OOM", "reserved", "allocated")
+    lines = _columns(head, [row[:5] for row in view.rows], numeric={"reserved", "allocated"})
+    out.line(INDENT + lines[0], "bold")
+    for row, ln in zip(view.rows, lines[1:], strict=True):
+        out.line(INDENT + ln)
+        extra = "; ".join(x for x in (f"top family {row[5]}" if row[5] != "-" else "", row[6])
+                          if x)
+        if extra:
+            out.para(extra, indent=INDENT * 3)
 
 
 def ranks(view: RanksView, options: Options) -> str:
-    console = _console(options)
-    console.print(view.headline)
-    table = Table(title="ranks")
-    for c in view.columns:
-        table.add_column(c)
-    for row in view.rows:
-        table.add_row(*row)
-    console.print(table)
-    return _text(console)
+    out = _Out(options)
+    _ranks(out, view)
+    return out.text()
 
 
 def explain(view: ExplainView, options: Options) -> str:
@@ -121,18 +186,21 @@ def explain(view: ExplainView, options: Options) -> str:
 def diff(view: DiffView, options: Options) -> str:
     out = [f"before: {view.before}", f"after:  {view.after}", "",
            f"Verdict: {view.verdict}", ""]
-    out += _columns(("", "before", "after", "change"), view.totals)
+    numeric = {"before", "after", "change"}
+    out += _columns(("", "before", "after", "change"), view.totals, numeric)
     if view.families:
-        out += ["", *_columns(("family", "before", "after", "change", ""), view.families)]
+        out += ["", *_columns(("family", "before", "after", "change", ""), view.families,
+                              numeric)]
     sites = view.sites[:TOP_SITES]
     if sites:
-        out += ["", *_columns(("family", "site", "before", "after", "change", ""), sites)]
+        out += ["", *_columns(("family", "site", "before", "after", "change", ""), sites,
+                              numeric)]
     return "\n".join(out) + "\n"
 
 
-def _columns(header: tuple[str, ...], rows: Sequence[Sequence[str]]) -> list[str]:
+def _columns(header: tuple[str, ...], rows: Sequence[Sequence[str]],
+             numeric: set[str]) -> list[str]:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    numeric = {"before", "after", "change"}
 
     def line(row: Sequence[str]) -> str:
         return "  ".join(str(c).rjust(w) if h in numeric else str(c).ljust(w)

@@ -49,6 +49,32 @@ class TimelineView:
     peak_x: int | None
     peak_bytes: int
     bands: tuple[Band, ...]
+    #: The window the chart opens on (x units): the OOM, the peak and the activity around
+    #: them, when a long quiet stretch before them would squeeze them into a sliver.
+    zoom: tuple[int, int] | None = None
+    reserved_known: bool = True  # False: the source has no reserved figure (not drawn)
+
+
+#: A quiet gap before the OOM / peak longer than this share of the trace is cut from the
+#: opening view (the full range stays one click away).
+ZOOM_GAP_SHARE = 0.5
+
+
+def zoom_window(times: np.ndarray | None, first: int | None) -> tuple[int, int] | None:
+    """Where the activity is: after the longest quiet gap before event `first` (the earlier
+    of the OOM and the peak), when that gap is more than half the trace."""
+    if times is None or first is None or len(times) < 3 or first < 1:
+        return None
+    span = int(times[-1] - times[0])
+    gaps = np.diff(times[: first + 1])
+    if span <= 0 or gaps.size == 0:
+        return None
+    j = int(np.argmax(gaps))
+    if gaps[j] <= ZOOM_GAP_SHARE * span:
+        return None
+    start, end = int(times[j + 1]), int(times[-1])
+    margin = max(1, (end - start) // 20)
+    return start - margin, end + margin
 
 
 def downsample_indices(values: np.ndarray, max_points: int) -> np.ndarray:
@@ -70,7 +96,8 @@ def downsample_indices(values: np.ndarray, max_points: int) -> np.ndarray:
     return np.unique(np.array(idx, dtype=np.int64))
 
 
-def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS) -> TimelineView:
+def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
+                  reserved_known: bool = True) -> TimelineView:
     """The report's timeline at most ~`max_points` points, the peak and the ends kept."""
     if t.n_events == 0:
         return TimelineView((), (), (), False, None, None, t.peak_bytes, ())
@@ -92,6 +119,8 @@ def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS) -> TimelineVie
         peak_x=x_of(t.peak_idx),
         peak_bytes=t.peak_bytes,
         bands=t.bands,
+        zoom=zoom_window(times, min(i for i in (t.oom_idx, t.peak_idx) if i is not None)),
+        reserved_known=reserved_known,
     )
 
 
@@ -205,6 +234,12 @@ def cap_ranges(blocks: Sequence[SegmentRange], seg_size: int,
 
 
 # ----- one capture ------------------------------------------------------------------------
+#: Families below this share of allocated are listed under the treemap (too small to label).
+SMALL_FAMILY_SHARE = 0.05
+#: Headline rows about the failed request (highlighted).
+OOM_ROWS = ("requested (failed allocation)", "device free at the OOM", "short by")
+
+
 @dataclass(frozen=True, eq=False)
 class DeviceView:
     """One device's report with its words; the timeline and segment map are shaped on first
@@ -216,23 +251,39 @@ class DeviceView:
     verdict: str
     headline: tuple[tuple[str, str], ...]
     what_ifs: tuple[tuple[str, str, str, str], ...]
-    knobs: tuple[tuple[str, str, str, str], ...]
-    causes: tuple[tuple[str, str, str], ...]
+    knobs: tuple[tuple[str, str, str, str, str], ...]  # knob, cost, acts on, effect, caveat
+    causes: tuple[tuple[str, str, str], ...]  # cause, holds / rejected / not measured, why
+    group_notes: Mapping[str, str]  # family -> its loop of live copies, checkable ('' none)
+    host: bool = False  # host memory (memray, the profiler's CPU): no GPU figures or knobs
+    oom_rows: tuple[str, ...] = OOM_ROWS
 
     @cached_property
     def timeline(self) -> TimelineView:
-        return timeline_view(self.report.timeline)
+        if not self.report.diagnosis.history:
+            return timeline_view(Timeline(np.zeros(0, np.int64), np.zeros(0, np.int64), None,
+                                          None, -1, self.report.peak_allocated_bytes, ()))
+        return timeline_view(self.report.timeline, reserved_known=self.report.reserved_known)
 
     @cached_property
     def segments(self) -> tuple[SegmentView, ...]:
-        return segment_map(self.report)
+        return segment_map(self.report) if self.report.has_segments else ()
+
+    @property
+    def small_families(self) -> tuple[tuple[str, int, float], ...]:
+        """Families too small to carry a readable label in the treemap: name, bytes, share."""
+        total = self.report.allocated_bytes
+        if not total:
+            return ()
+        return tuple((g.name, g.bytes, g.bytes / total) for g in self.report.groups
+                     if g.bytes / total < SMALL_FAMILY_SHARE)
 
 
 def device_view(r: DeviceReport) -> DeviceView:
     return DeviceView(
         report=r, name=w.device_text(r), moment=w.moment_text(r), verdict=w.verdict(r),
         headline=tuple(w.headline_rows(r)), what_ifs=tuple(w.what_if_rows(r)),
-        knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)))
+        knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)),
+        group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r))
 
 
 @dataclass(frozen=True, eq=False)
@@ -278,8 +329,9 @@ class CaptureView:
 
 def capture_view(reports: Iterable[DeviceReport], title: str,
                  ranks: MultiReport | None = None) -> CaptureView:
-    return CaptureView(title, tuple(device_view(r) for r in reports),
-                       ranks_view(ranks) if ranks is not None else None)
+    """Host sections (memray, the profiler's CPU) come after the GPU ones."""
+    views = sorted((device_view(r) for r in reports), key=lambda v: v.host)
+    return CaptureView(title, tuple(views), ranks_view(ranks) if ranks is not None else None)
 
 
 # ----- a diff -----------------------------------------------------------------------------

@@ -5,18 +5,36 @@ the verdicts, the moment, the headline numbers and the rows of each table. The v
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from snapana.compare import CaptureDiff, Side, SiteChange
-from snapana.diagnosis import DeviceReport, Group
+from snapana.diagnosis import Cause, ChunkLoop, DeviceReport, Diagnosis, Group, WhatIf
+from snapana.knobs import COST_WORDS, Knob
 from snapana.ranks import MultiReport, RankSummary
-from snapana.units import fmt_bytes
+from snapana.units import fmt_bytes, parse_bytes
 
 HOST_SOURCES = ("memray",)  # sources that measure a process's heap, not a caching allocator
 
+#: The exact calls that make the next capture carry allocation history.
+RECORD_HISTORY = ("torch.cuda.memory._record_memory_history(max_entries=100000) before the "
+                  "step, then torch.cuda.memory._dump_snapshot(\"snap.pickle\") (or run the "
+                  "job under: snapana record -o DIR -- python train.py)")
+
+
+def is_host(r: DeviceReport) -> bool:
+    """Host memory (memray's heap, the profiler's CPU allocations): no GPU knob applies."""
+    return r.source in HOST_SOURCES or r.device < 0
+
 
 def device_text(r: DeviceReport) -> str:
-    return r.device_name or f"device {r.device}"
+    """The device as PyTorch names it: cuda:0, cpu; a source's own name when it has one."""
+    name = r.device_name
+    if name in ("CPU", "cpu"):
+        return "cpu"
+    if not name:
+        return f"cuda:{r.device}" if r.device >= 0 else "host"
+    return name
 
 
 _MOMENT_NAMES = {"oom": "the OOM", "peak": "the peak", "snapshot": "the end of the capture"}
@@ -27,11 +45,13 @@ def moment_text(r: DeviceReport) -> str:
     if r.source in HOST_SOURCES:
         return "at the heap's high-water mark"
     m = r.moment
-    where = "before the first event" if m.idx < 0 else f"event {m.idx}"
+    where = "before the first recorded event" if m.idx < 0 else f"event {m.idx}"
     if m.time_us is not None and m.kind == "time":
         where += f", trace time {m.time_us} µs"
     if r.at is not None:
         return f"at {_MOMENT_NAMES.get(m.kind, where)} ({where}; chosen with --at {r.at})"
+    if not r.diagnosis.history and m.kind != "oom":
+        return "at the snapshot (no allocation history recorded)"
     if m.kind == "oom":
         return f"at the OOM ({where})"
     if m.kind == "peak":
@@ -40,23 +60,36 @@ def moment_text(r: DeviceReport) -> str:
 
 
 def headline_rows(r: DeviceReport) -> list[tuple[str, str]]:
+    """The figures the report is about, each measured one way everywhere: "allocated" is the
+    bytes of blocks in use (not those freed and waiting on a stream, shown on their own);
+    figures the source cannot measure are left out, not shown as 0."""
     rows = []
+    d = r.diagnosis
     if r.oom is not None:
         rows.append(("requested (failed allocation)", fmt_bytes(r.oom.requested_bytes)))
-        rows.append(("device free at the OOM", fmt_bytes(r.oom.device_free_bytes)))
-        if r.oom.gap_bytes is not None:
+        if r.oom.device_free_bytes is not None:
+            rows.append(("device free at the OOM", fmt_bytes(r.oom.device_free_bytes)))
+        if r.oom.gap_bytes is not None and r.oom.gap_bytes > 0:
             rows.append(("short by", fmt_bytes(r.oom.gap_bytes)))
     if r.source in HOST_SOURCES:
         return rows + [("heap at the high-water mark", fmt_bytes(r.allocated_bytes))]
-    rows += [
-        ("reserved by PyTorch", fmt_bytes(r.reserved_bytes)),
-        ("allocated", fmt_bytes(r.allocated_bytes)),
-        ("cached but unallocated", fmt_bytes(r.cached_unallocated_bytes)),
-        ("largest free cached block", fmt_bytes(r.largest_free_block_bytes)),
-        ("peak allocated (timeline)", fmt_bytes(r.peak_allocated_bytes)),
-    ]
+    if r.reserved_known:
+        rows.append(("reserved by PyTorch", fmt_bytes(r.reserved_bytes)))
+    rows.append(("allocated", fmt_bytes(r.allocated_bytes)))
     if r.pending_free_bytes:
-        rows.append(("freed, waiting on a stream", fmt_bytes(r.pending_free_bytes)))
+        rows.append(("pending free (freed, waiting on a stream)",
+                     fmt_bytes(r.pending_free_bytes)))
+    if r.has_segments:
+        rows.append(("cached but unallocated", fmt_bytes(r.cached_unallocated_bytes)))
+        rows.append(("largest free cached block", fmt_bytes(r.largest_free_block_bytes)))
+    if d.history:
+        rows.append(("peak allocated", fmt_bytes(r.peak_allocated_bytes)))
+    if d.capacity_bytes is not None:
+        rows.append(("device capacity", fmt_bytes(d.capacity_bytes)))
+        if d.outside_pytorch_bytes is not None:
+            rows.append(("outside PyTorch", fmt_bytes(d.outside_pytorch_bytes)))
+        elif r.oom is None and d.headroom_bytes is not None and r.reserved_known:
+            rows.append(("headroom (capacity − reserved)", fmt_bytes(d.headroom_bytes)))
     return rows
 
 
@@ -66,15 +99,23 @@ PHASE_NAMES = {"init": "model init", "forward": "forward", "backward": "backward
                "unknown": "an unidentified"}
 
 
-def _chunk_phrase(r: DeviceReport, family: str) -> str:
-    group = next((g for g in r.groups if g.name == family), None)
-    if group is None or not group.chunks:
-        return ""
-    c = group.chunks[0]
-    if not c["uniform"] or c["total"] * 2 < group.bytes:
-        return ""  # a few repeated blocks among many: not what this family is made of
-    return (f": {c['count']} chunks × {fmt_bytes(c['chunk_size'])} = "
-            f"{fmt_bytes(c['total'])} from one site")
+def repeat_text(c: ChunkLoop) -> str:
+    """A loop's live copies as arithmetic a reader can check: "7 × 486.00 MiB = 3.32 GiB" only
+    when every copy has the same size and the printed product gives the printed total;
+    otherwise "8 blocks, 12.00 MiB–171.00 MiB, total 942.38 MiB"."""
+    size, total = fmt_bytes(c["chunk_size"]), fmt_bytes(c["total"])
+    if c["uniform"] and c["count"] * c["chunk_size"] == c["total"] and \
+            fmt_bytes(round(c["count"] * parse_bytes(size))) == total:
+        return f"{c['count']} × {size} = {total}"
+    if c["min_size"] == c["max_size"]:
+        return f"{c['count']} blocks of {size} each, total {total}"
+    return (f"{c['count']} blocks, {fmt_bytes(c['min_size'])}–{fmt_bytes(c['max_size'])}, "
+            f"total {total}")
+
+
+def group_note(g: Group) -> str:
+    """The family's largest loop of live copies ('' when it has none)."""
+    return f"{repeat_text(g.chunks[0])} from one site" if g.chunks else ""
 
 
 def _phase_words(phase: str) -> str:
@@ -87,77 +128,215 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def cost_text(k: Knob) -> str:
+    return COST_WORDS.get(k.cost, k.cost)
+
+
+def _what_if(d: Diagnosis, family: str | None) -> WhatIf | None:
+    return next((w for w in d.what_ifs if w.family == family), None) if family else None
+
+
+def _fit_words(w: WhatIf) -> str:
+    if w.fits:
+        return f"without it the request fits with {fmt_bytes(w.spare_bytes)} to spare"
+    return f"even without it the request is still short by {fmt_bytes(-(w.spare_bytes or 0))}"
+
+
+def _pool_words(w: WhatIf) -> str:
+    """Why removing a family in a private pool does not give the request its memory."""
+    pools = ", ".join(w.private_pools)
+    one = len(w.private_pools) == 1
+    where = ("it sits" if w.private_pool_bytes == w.bytes else
+             f"{fmt_bytes(w.private_pool_bytes)} of it sits")
+    text = (f"{where} in private pool{'' if one else 's'} {pools}: freeing those blocks frees "
+            f"memory for {'that pool' if one else 'those pools'} only, not for the request")
+    if w.fits_if_pool_released:
+        text += (f"; releasing the pool{'' if one else 's'} "
+                 f"({fmt_bytes(w.private_pool_reserved_bytes)} reserved) would let it fit")
+    return text
+
+
+#: How the expandable-segments allocator places a request (placement.py's rule), in words.
+EXPANDABLE_RULE = ("with expandable segments the allocator maps more pages at the end of a "
+                   "segment when the device has free memory, and never needs one contiguous "
+                   "cached block")
+
+
+def expandable(r: DeviceReport) -> bool:
+    """The default pool's segments are expandable (`expandable_segments:True`)."""
+    return any(p.expandable for p in r.pools if p.pool == "0,0")
+
+
+def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
+    """The sentences of an OOM verdict; returns the knobs it named."""
+    d = r.diagnosis
+    assert r.oom is not None
+    named: set[str] = set()
+    what = f"{d.request_label} at {d.request_site}" if d.request_label else d.request_site
+    phase = ("Out of memory while reloading offloaded state" if d.reloading else
+             "Out of memory (phase not identified)" if d.phase == "unknown" else
+             f"Out of memory in the {PHASE_NAMES.get(d.phase, d.phase)} phase")
+    opening = f"{phase}: a {fmt_bytes(d.request_bytes)} request ({what})"
+    if r.oom.device_free_bytes is not None:
+        opening += f" found {fmt_bytes(r.oom.device_free_bytes)} free on the device"
+        if r.oom.gap_bytes is not None and r.oom.gap_bytes > 0:
+            opening += f" (short by {fmt_bytes(r.oom.gap_bytes)})"
+    frag = d.cause("fragmentation")
+    if r.has_segments and frag is not None and expandable(r):
+        opening += (f", too little to map the pages it needed: {EXPANDABLE_RULE} (largest "
+                    "free cached block "
+                    f"{fmt_bytes(int(frag.numbers['largest_free_block_bytes']))})")
+    elif r.has_segments and frag is not None:
+        opening += (" and no cached block large enough in its pool (largest "
+                    f"{fmt_bytes(int(frag.numbers['largest_free_block_bytes']))})")
+    parts.append(opening + ".")
+    if frag and frag.holds and expandable(r):
+        parts.append(
+            f"Fragmentation: {fmt_bytes(r.cached_unallocated_bytes)} is cached but "
+            f"unallocated ({_pct(frag.numbers['cached_share'])} of reserved), in pages live "
+            "blocks partly hold: the allocator unmaps whole free pages before failing, never "
+            "these; compacted, the request would fit.")
+    elif frag and frag.holds:
+        parts.append(
+            f"Fragmentation: {fmt_bytes(r.cached_unallocated_bytes)} is cached but "
+            f"unallocated ({_pct(frag.numbers['cached_share'])} of reserved), yet no free "
+            "block is large enough; compacted, the request would fit.")
+    elif frag and r.has_segments:
+        parts.append(
+            f"This is real demand, not fragmentation: only "
+            f"{fmt_bytes(r.cached_unallocated_bytes)} is cached but unallocated "
+            f"({_pct(frag.numbers['cached_share'])} of reserved).")
+    out = d.cause("outside_pytorch")
+    if out and out.holds:
+        parts.append(
+            f"{fmt_bytes(d.outside_pytorch_bytes)} ({_pct(out.numbers['share'])} of the "
+            "device) is held outside this process's PyTorch allocator: another process, "
+            "NCCL, or a colocated inference engine.")
+    elif d.cause("capacity_unknown"):
+        parts.append("(Device capacity unknown: pass --capacity to measure memory held "
+                     "outside PyTorch.)")
+    pool = d.cause("private_pool")
+    if pool and pool.holds:
+        parts.append(f"{fmt_bytes(int(pool.numbers['private_pool_free_bytes']))} sits free "
+                     "in private pools the request cannot use.")
+    acc, first = d.accumulating, _what_if(d, d.excess_family)
+    if acc is not None and d.excess_family:
+        stop = d.excess_knob
+        sentence = (f"The failing request's own family, {d.excess_family}, already holds "
+                    f"{repeat_text(acc)} live from one site ({acc['site']})")
+        if stop is not None:
+            sentence += (f": stop the accumulation with {stop.knob} ({cost_text(stop)})")
+            named.add(stop.id)
+        else:
+            sentence += ": no knob of a framework in use stops it"
+        if first is not None and first.fits is not None:
+            sentence += "; " + _fit_words(first).replace("without it", "without those copies")
+        parts.append(sentence + ".")
+    elif first is not None and d.excess_family:
+        note = group_note(next(g for g in r.groups if g.name == first.family))
+        head = f"{first.family} ({fmt_bytes(first.bytes)}{': ' + note if note else ''})"
+        k = d.excess_knob
+        if first.fits and d.reloading and first.removable == "offload":
+            parts.append(
+                f"The excess is {head}, still on the GPU while offloaded state is reloaded: "
+                f"{_fit_words(first)}. No offload knob is offered (offloading is the path "
+                "that failed): check that the offload released it.")
+        elif first.fits:
+            parts.append(f"The excess that can go is {head}: {_fit_words(first)}"
+                         + (f"; {k.knob} ({cost_text(k)}) acts on it" if k else "") + ".")
+            if k:
+                named.add(k.id)
+        else:
+            parts.append(f"The excess to release is {head}: {_pool_words(first)}"
+                         + (f" — {k.knob} ({cost_text(k)})" if k else "") + ".")
+            if k:
+                named.add(k.id)
+    else:
+        parts.append("No single family that can go makes it fit: the request itself "
+                     f"({d.request_family}) must shrink.")
+    alt = _what_if(d, d.alternative_family)
+    if alt is not None:
+        k = d.alternative_knob
+        if alt.fits and d.reloading and alt.removable == "offload":
+            parts.append(f"Also sufficient: {alt.family} ({fmt_bytes(alt.bytes)}), still on "
+                         "the GPU while offloaded state is reloaded (no offload knob offered).")
+        elif alt.fits:
+            parts.append(f"Cheapest alternative that also suffices: {alt.family} "
+                         f"({fmt_bytes(alt.bytes)})"
+                         + (f" with {k.knob} ({cost_text(k)})" if k else "") + ".")
+        else:
+            parts.append(f"Alternative: {alt.family} ({fmt_bytes(alt.bytes)}): "
+                         f"{_pool_words(alt)}" + (f" — {k.knob} ({cost_text(k)})" if k else "")
+                         + ".")
+        if k:
+            named.add(k.id)
+    return named
+
+
+def _top(r: DeviceReport, n: int = 3) -> str:
+    return ", ".join(f"{g.name} {fmt_bytes(g.bytes)}" for g in r.groups[:n])
+
+
 def verdict(r: DeviceReport) -> str:
     """One paragraph a tired engineer can act on; the evidence follows it in every report."""
     d = r.diagnosis
     parts: list[str] = []
+    named: set[str] = set()
     if d.kind == "oom" and r.oom is not None:
-        what = f"{d.request_label} at {d.request_site}" if d.request_label else d.request_site
-        frag = d.cause("fragmentation")
-        largest = int(frag.numbers["largest_free_block_bytes"]) if frag else 0
-        phase = ("Out of memory (phase not identified)" if d.phase == "unknown" else
-                 f"Out of memory in the {PHASE_NAMES.get(d.phase, d.phase)} phase")
+        named = _oom_verdict(r, parts)
+    elif not d.history and r.at is None:
+        blocks = sum(g.blocks for g in r.groups)
+        state = f"{fmt_bytes(r.allocated_bytes)} allocated in {blocks} blocks"
+        if r.reserved_known:
+            state += f", {fmt_bytes(r.reserved_bytes)} reserved"
         parts.append(
-            f"{phase}: a {fmt_bytes(d.request_bytes)} request ({what}) found "
-            f"{fmt_bytes(r.oom.device_free_bytes)} free on the device and no cached block "
-            f"large enough in its pool (largest {fmt_bytes(largest)})."
-        )
-        if frag and frag.holds:
-            parts.append(
-                f"Fragmentation: {fmt_bytes(r.cached_unallocated_bytes)} is cached but "
-                f"unallocated ({_pct(frag.numbers['cached_share'])} of reserved), yet no free "
-                "block is large enough; compacted, the request would fit."
-            )
-        elif frag:
-            parts.append(
-                f"This is real demand, not fragmentation: only "
-                f"{fmt_bytes(r.cached_unallocated_bytes)} is cached but unallocated "
-                f"({_pct(frag.numbers['cached_share'])} of reserved)."
-            )
-        out = d.cause("outside_pytorch")
-        if out and out.holds:
-            parts.append(
-                f"{fmt_bytes(d.outside_pytorch_bytes)} ({_pct(out.numbers['share'])} of the "
-                "device) is held outside this process's PyTorch allocator: another process, "
-                "NCCL, or a colocated inference engine."
-            )
-        elif d.cause("capacity_unknown"):
-            parts.append("(Device capacity unknown: pass --capacity to measure memory held "
-                         "outside PyTorch.)")
-        pool = d.cause("private_pool")
-        if pool and pool.holds:
-            parts.append(f"{fmt_bytes(int(pool.numbers['private_pool_free_bytes']))} sits free in "
-                         "private pools the request cannot use.")
-        w = next((w for w in d.what_ifs if w.family == d.excess_family), None)
-        if w is not None:
-            parts.append(
-                f"The excess that can go is {w.family} ({fmt_bytes(w.bytes)}"
-                f"{_chunk_phrase(r, w.family)}): without it the request fits with "
-                f"{fmt_bytes(w.spare_bytes)} to spare."
-            )
-        else:
-            parts.append(f"No single family's removal makes it fit: the request itself "
-                         f"({d.request_family}) must shrink.")
+            "No allocation history was recorded: this snapshot holds only the final state, so "
+            "there is no OOM, peak or timeline to show, and no block can be tied to the phase "
+            f"that made it. At the snapshot: {state}.")
+        if r.groups:
+            framed = any(g.name != "unknown" for g in r.groups)
+            parts.append(f"Largest: {_top(r)}" + (
+                " (families from the blocks' own frames)." if framed else
+                " (no frames: sites cannot be named)."))
+        parts.append(f"To see how memory got here, record history next time: {RECORD_HISTORY}.")
     else:
-        top = ", ".join(f"{g.name} {fmt_bytes(g.bytes)}" for g in r.groups[:3])
         where = ("the high-water mark" if r.source in HOST_SOURCES else
                  "the peak" if d.kind == "peak" else "the snapshot")
         opening = (f"Shown {moment_text(r)}" if r.at is not None
                    else f"No OOM recorded: this diagnoses {where}")
+        largest = f" Largest: {_top(r)}." if r.groups else " Nothing is allocated."
+        parts.append(f"{opening} ({fmt_bytes(r.allocated_bytes)} allocated, "
+                     f"{_phase_words(d.phase)}).{largest}")
+    if r.oom is None and is_host(r):
+        parts.append("This is host memory: no GPU knob applies.")
+    elif r.oom is None and d.capacity_bytes and d.headroom_bytes is not None and not d.prescribe:
+        what = "reserved" if r.reserved_known else "allocated"
+        used = r.reserved_bytes if r.reserved_known else r.allocated_bytes
         parts.append(
-            f"{opening} ({fmt_bytes(r.allocated_bytes)} "
-            f"allocated, {_phase_words(d.phase)}). Largest: {top}."
-        )
-    if d.knobs:
+            f"Far from capacity: {fmt_bytes(used)} {what} of {fmt_bytes(d.capacity_bytes)}"
+            f" ({_pct(used / d.capacity_bytes)}), {fmt_bytes(d.headroom_bytes)} of "
+            "headroom: nothing needs to shrink.")
+    if d.knobs and d.knobs[0].id not in named:
         k = d.knobs[0]
-        parts.append(f"Knob: {k.knob} — {k.effect}.")
+        lead = ("Knob" if d.kind == "oom" and r.oom is not None else
+                "If this peak must shrink" if d.history else "If this state must shrink")
+        if d.kind != "oom" and d.capacity_bytes is not None and d.headroom_bytes is not None:
+            lead = (f"Near capacity ({fmt_bytes(d.headroom_bytes)} of headroom); "
+                    "if this peak must shrink")
+        parts.append(f"{lead}: {k.knob} ({cost_text(k)}) — {k.effect}.")
     return " ".join(parts)
 
 
-def knob_rows(r: DeviceReport, limit: int = 6) -> list[tuple[str, str, str, str]]:
-    d = r.diagnosis
-    return [(k.knob, ", ".join(k.families + k.causes), k.effect, k.caveat)
-            for k in d.knobs[:limit]]
+KNOB_COLUMNS = ("knob", "cost", "acts on", "effect", "caveat")
+
+
+def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str]]:
+    """Every knob of the diagnosis, in its order: every format shows this same list."""
+    return [(k.knob, cost_text(k), ", ".join(k.families + k.causes), k.effect, k.caveat)
+            for k in r.diagnosis.knobs]
+
+
+_CAN_GO = {"yes": "yes", "offload": "by offloading", "shrink": "only shrink (op in flight)"}
 
 
 def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
@@ -165,27 +344,86 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
     rows = []
     for w in d.what_ifs:
         if w.fits is None:
-            result = f"peak lower by {fmt_bytes(w.bytes)}"
+            result = (f"peak lower by {fmt_bytes(w.bytes)}" if d.history else
+                      f"{fmt_bytes(w.bytes)} less at the snapshot")
         elif w.fits:
             result = f"fits ({w.how}), {fmt_bytes(w.spare_bytes)} to spare"
         else:
             result = f"still short by {fmt_bytes(-(w.spare_bytes or 0))}"
-        rows.append((w.family, fmt_bytes(w.bytes), result,
-                     {"yes": "yes", "offload": "by offloading",
-                      "shrink": "only shrink (op in flight)"}.get(
-                         w.removable, "no" if w.family == "unknown" else "no (model state)")))
+        if w.private_pool_bytes and w.fits is not None:
+            result += f" — {_pool_words(w)}"
+        can_go = _CAN_GO.get(w.removable, "no" if w.family == "unknown" else "no (model state)")
+        if w.removable == "offload" and d.reloading:
+            can_go = "by offloading (not offered: the OOM is in the reload)"
+        rows.append((w.family, fmt_bytes(w.bytes), result, can_go))
     return rows
 
 
+CAUSE_NAMES = {"real_demand": "real demand", "fragmentation": "fragmentation",
+               "private_pool": "private pools", "outside_pytorch": "memory outside PyTorch",
+               "capacity_unknown": "memory outside PyTorch"}
+
+
+def _cause_reason(c: Cause, r: DeviceReport) -> str:
+    n, b = c.numbers, (lambda key: fmt_bytes(int(c.numbers[key])))
+    if c.id == "real_demand":
+        head = (f"{b('requested_bytes')} requested, {b('device_free_bytes')} free on the "
+                f"device: short by {b('short_by_bytes')}")
+        if not r.has_segments:
+            return head
+        if n["short_after_compaction_bytes"]:
+            return (f"{head}; the {b('default_pool_free_bytes')} cached free in its pool would "
+                    f"still leave it {b('short_after_compaction_bytes')} short")
+        if c.holds:
+            frag = r.diagnosis.cause("fragmentation")
+            share = float(frag.numbers["cached_share"]) if frag else 0.0
+            return (f"{head}; the {b('default_pool_free_bytes')} cached free in its pool would "
+                    f"cover it ({b('spare_after_compaction_bytes')} to spare), but that is "
+                    f"{_pct(share)} of reserved: the memory is in use, not stranded")
+        return f"{head}, yet enough is cached free: see fragmentation"
+    if c.id == "fragmentation":
+        of_reserved = f"{_pct(n['cached_share'])} of reserved"
+        if c.holds:
+            return (f"{b('cached_unallocated_bytes')} ({of_reserved}) is cached but "
+                    "unallocated and would fit the request if compacted, yet the largest "
+                    "free block is "
+                    f"{b('largest_free_block_bytes')} < {b('rounded_request_bytes')}")
+        if not n["fits_if_compacted"]:
+            return ("even compacted, device free plus the cached free in its pool is less "
+                    f"than the {b('rounded_request_bytes')} request")
+        if n["largest_free_block_bytes"] >= n["rounded_request_bytes"]:
+            return (f"a cached block of {b('largest_free_block_bytes')} is large enough: the "
+                    "replayed state is incomplete")
+        return (f"only {b('cached_unallocated_bytes')} ({of_reserved}, below "
+                f"{_pct(n['share_threshold'])}) is cached but unallocated: compacting it "
+                "would fit this one request, but it is not what filled the device")
+    if c.id == "private_pool":
+        if c.holds:
+            return (f"{b('private_pool_free_bytes')} sits free in private pools the request "
+                    "cannot use; with it the request would fit")
+        if not n["private_pool_free_bytes"]:
+            return "no private pool has free memory"
+        return (f"{b('private_pool_free_bytes')} free in private pools would not change "
+                "whether the request fits")
+    if c.id == "outside_pytorch":
+        where = (f"{b('outside_pytorch_bytes')} ({_pct(n['share'])} of the "
+                 f"{b('capacity_bytes')} device) is held outside this process's PyTorch "
+                 "allocator")
+        return where if c.holds else f"only {where}: too little to be the cause"
+    return "not measured: the device capacity is unknown (pass --capacity, e.g. 80GiB)"
+
+
 def cause_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
-    d = r.diagnosis
+    """Each cause the diagnosis checked: its name, holds / rejected / not measured, and why,
+    in words, with the headline's own figures."""
     rows: list[tuple[str, str, str]] = []
-    for c in d.causes:
-        nums = ", ".join(
-            f"{k.removesuffix('_bytes')}={fmt_bytes(int(v)) if k.endswith('_bytes') else v}"
-            for k, v in c.numbers.items()
-        )
-        rows.append((c.id, "yes" if c.holds else "no", nums))
+    for c in r.diagnosis.causes:
+        status = ("not measured" if c.id == "capacity_unknown" else
+                  "holds" if c.holds else "rejected")
+        reason = _cause_reason(c, r)
+        if c.id == "fragmentation" and expandable(r):
+            reason += f" ({EXPANDABLE_RULE})"
+        rows.append((CAUSE_NAMES.get(c.id, c.id), status, reason))
     return rows
 
 
@@ -231,7 +469,8 @@ def side_text(s: Side) -> str:
     where = {"oom": "at the OOM", "peak": "at the peak", "snapshot": "at the snapshot"}.get(
         s.moment_kind, s.moment_kind)
     req = f", failed request {fmt_bytes(s.request_bytes)}" if s.request_bytes else ""
-    return f"{Path(s.path).name} (device {s.device}, {where}, event {s.moment_idx}{req})"
+    dev = f"cuda:{s.device}" if s.device >= 0 else "host"
+    return f"{Path(s.path).name} ({dev}, {where}, event {s.moment_idx}{req})"
 
 
 def totals(d: CaptureDiff) -> list[tuple[str, int, int, int]]:
@@ -286,12 +525,37 @@ def _note(m: MultiReport, r: RankSummary) -> str:
     return "; ".join(notes)
 
 
+_SEPARATORS = "_-. "
+
+
+def short_names(files: list[str]) -> list[str]:
+    """Each file's name without what all of them share at the start: the part that tells
+    them apart ('oom_snapshot_rank0.pickle', ... -> '…rank0.pickle', ...). The prefix is cut
+    at a separator (_ - . or space), so a rank number is never split."""
+    names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in files]
+    if len(names) < 2:
+        return names
+    cut = len(os.path.commonprefix(names))
+    cut = max((i + 1 for i in range(cut) if names[0][i] in _SEPARATORS), default=0)
+    if cut < 4 or any(len(n) == cut for n in names):
+        return names
+    return ["…" + n[cut:] for n in names]
+
+
+def rank_label(m: MultiReport, r: RankSummary) -> str:
+    """A rank by its number, else by the distinguishing part of its file name."""
+    if r.rank is not None:
+        return f"rank {r.rank}"
+    return short_names([x.file for x in m.ranks])[m.ranks.index(r)]
+
+
 def rank_rows(m: MultiReport) -> list[tuple[str, str, str, str, str, str, str]]:
     out = []
-    for r in m.ranks:
+    names = short_names([r.file for r in m.ranks])
+    for r, name in zip(m.ranks, names, strict=True):
         oom = "-" if r.error else (f"yes, {fmt_bytes(r.oom['requested_bytes'])} request"
                                    if r.oom is not None else "no")
-        out.append((str(r.rank) if r.rank is not None else "?", r.file.rsplit("/", 1)[-1],
+        out.append((str(r.rank) if r.rank is not None else "?", name,
                     oom, fmt_bytes(r.reserved_bytes) if not r.error else "-",
                     fmt_bytes(r.allocated_bytes) if not r.error else "-",
                     r.top_family or "-", _note(m, r)))
@@ -303,14 +567,16 @@ def ranks_headline(m: MultiReport) -> str:
     parts = [f"{n} inputs, {n_ok} analysed."]
     first = m.first_oom
     if first is not None and first.oom is not None:
-        parts.append(f"First to run out of memory: rank {first.rank} "
-                     f"({first.file.rsplit('/', 1)[-1]}),"
+        who = (f"rank {first.rank} ({first.file.rsplit('/', 1)[-1]})" if first.rank is not None
+               else first.file.rsplit("/", 1)[-1])
+        parts.append(f"First to run out of memory: {who},"
                      f" a {fmt_bytes(first.oom['requested_bytes'])} request.")
     else:
         parts.append("No input recorded an OOM.")
     if m.outliers:
         o = m.outliers[0]
-        parts.append(f"{len(m.outliers)} outlier(s), e.g. rank {o['rank']}: {o['family']} "
+        who = f"rank {o['rank']}" if o["rank"] is not None else o["file"].rsplit("/", 1)[-1]
+        parts.append(f"{len(m.outliers)} outlier(s), e.g. {who}: {o['family']} "
                      f"{fmt_bytes(o['bytes'])} vs median {fmt_bytes(o['median_bytes'])}.")
     if not m.one_job:
         parts.append("These files do not look like one job (" + "; ".join(m.why_not_one_job)

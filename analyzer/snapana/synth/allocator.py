@@ -357,8 +357,14 @@ class CachingAllocatorSim:
                 self._segments.remove(seg)
                 self._space.release(seg.address, seg.size)
                 self.reserved -= seg.size
-            for seg in [s for s in self._segments if s.small == small and s.expandable]:
-                self._unmap_free(seg, frames)
+            # release_blocks collects the pool's free expandable blocks in its set order
+            # (stream, size, ptr), then unmaps each and frees a segment left fully unmapped
+            free = sorted(
+                (b for s in self._segments if s.small == small and s.expandable
+                 and self._releasable(s.pool) for b in s.blocks if b.mapped and b.free),
+                key=lambda b: (b.segment.stream, b.size, b.address))
+            for block in free:
+                self._unmap_block(block, frames)
 
     def releasable_bytes(self) -> int:
         """Bytes release_cached would return to the device now (used to calibrate scenarios)."""
@@ -458,23 +464,25 @@ class CachingAllocatorSim:
         self._record("segment_map", block.address, nbytes, seg.stream, frames)
         return self._merge_neighbours(block)
 
-    def _unmap_free(self, seg: Segment, frames: list[FrameDict]) -> None:
-        """Unmap the whole pages inside each free mapped block; partial pages stay mapped."""
+    def _unmap_block(self, block: Block, frames: list[FrameDict]) -> None:
+        """unmap_block: unmap the whole pages inside a free mapped block (partial pages stay
+        mapped, as free blocks before and after); release_expandable_segment when nothing of
+        the segment is mapped any more."""
+        seg = block.segment
         page = expandable_page_size(seg.small)
-        for block in [b for b in seg.blocks if b.mapped and b.free]:
-            lo = seg.address + page * ((block.address - seg.address + page - 1) // page)
-            hi = seg.address + page * ((block.end - seg.address) // page)
-            if hi <= lo:
-                continue
-            i = seg.blocks.index(block)
-            if hi < block.end:
-                seg.blocks.insert(i + 1, Block(hi, block.end - hi, seg))
-            if lo > block.address:
-                seg.blocks.insert(i, Block(block.address, lo - block.address, seg))
-            block.address, block.size, block.mapped = lo, hi - lo, False
-            self.reserved -= hi - lo
-            self._merge_neighbours(block)
-            self._record("segment_unmap", lo, hi - lo, seg.stream, frames)
+        lo = seg.address + page * ((block.address - seg.address + page - 1) // page)
+        hi = seg.address + page * ((block.end - seg.address) // page)
+        if hi <= lo:
+            return
+        i = seg.blocks.index(block)
+        if hi < block.end:
+            seg.blocks.insert(i + 1, Block(hi, block.end - hi, seg))
+        if lo > block.address:
+            seg.blocks.insert(i, Block(block.address, lo - block.address, seg))
+        block.address, block.size, block.mapped = lo, hi - lo, False
+        self.reserved -= hi - lo
+        self._merge_neighbours(block)
+        self._record("segment_unmap", lo, hi - lo, seg.stream, frames)
         if len(seg.blocks) == 1 and not seg.blocks[0].mapped:
             self._segments.remove(seg)
             self._space.release(seg.address, seg.size)

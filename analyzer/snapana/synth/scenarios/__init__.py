@@ -16,6 +16,7 @@ from pathlib import Path
 from snapana.output import write_atomic
 
 from .common import Outcome, truth
+from .dataparallel import dataparallel_3gpu_oom
 from .expandable import expandable_segments_oom
 from .fsdp import fsdp_train_step
 from .slime import (
@@ -36,13 +37,23 @@ SCENARIOS: dict[str, Callable[[], Outcome]] = {
     "expandable-segments-oom": expandable_segments_oom,
 }
 
+#: Multi-device captures, combined from one simulator run per device: (snapshot, truth).
+#: Not bundled as samples; tests and `python -m snapana.synth.scenarios NAME -o FILE` build
+#: them. Their truth lists the devices (`devices`, `failed_devices`).
+MULTI_DEVICE: dict[str, Callable[[], tuple[dict[str, object], dict[str, object]]]] = {
+    "dataparallel-3gpu-expandable-oom": dataparallel_3gpu_oom,
+}
+
 
 def run_scenario(name: str) -> tuple[dict[str, object], dict[str, object]]:
     """(snapshot dict in PyTorch's layout, ground-truth dict) for one scenario."""
+    if name in MULTI_DEVICE:
+        return MULTI_DEVICE[name]()
     try:
         build = SCENARIOS[name]
     except KeyError:
-        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}") from None
+        known = ", ".join([*SCENARIOS, *MULTI_DEVICE])
+        raise KeyError(f"unknown scenario {name!r}; known: {known}") from None
     out = build()
     return out.sim.snapshot(), truth(name, out)
 
@@ -71,4 +82,4 @@ def write_all(out_dir: str | os.PathLike[str]) -> list[Path]:
     return [write_sample(n, Path(out_dir) / f"{n}.pickle")[0] for n in SCENARIOS]
 
 
-__all__ = ["SCENARIOS", "run_scenario", "truth_path", "write_all", "write_sample"]
+__all__ = ["MULTI_DEVICE", "SCENARIOS", "run_scenario", "truth_path", "write_all", "write_sample"]
