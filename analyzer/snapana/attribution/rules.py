@@ -424,6 +424,18 @@ def _unknown_keys(table: Mapping[str, Any], allowed: set[str], ctx: _Ctx, what: 
         )
 
 
+def _choices(raw: Mapping[str, Any], key: str, allowed: Sequence[str], ctx: _Ctx, what: str,
+             normalize: Any = None) -> frozenset[str] | None:
+    """A condition that names one or more values from a fixed vocabulary (None: absent)."""
+    if key not in raw:
+        return None
+    values = frozenset((normalize or str)(v) for v in _as_list(raw[key], ctx, key))
+    bad = values - set(allowed)
+    if bad:
+        raise ctx.fail(f"unknown {what} {sorted(bad)[0]!r} (use one of {tuple(allowed)})")
+    return values
+
+
 def _frame_pattern(raw: Any, ctx: _Ctx, key: str) -> FramePattern:
     if not isinstance(raw, Mapping):
         raise ctx.fail(f"each entry of `{key}` must be a table, got {raw!r}")
@@ -525,38 +537,15 @@ def _conditions(raw: Mapping[str, Any], ctx: _Ctx, allow_phase: bool) -> dict[st
     if not isinstance(not_frames, list):
         raise ctx.fail("`not_frames` must be an array of tables")
     out["not_frames"] = tuple(_frame_pattern(f, ctx, "not_frames") for f in not_frames)
-    pools = None
-    if "pool" in raw:
-        pools = frozenset(_as_list(raw["pool"], ctx, "pool"))
-        bad = pools - set(POOL_KINDS)
-        if bad:
-            raise ctx.fail(f"unknown pool kind {sorted(bad)[0]!r} (use one of {POOL_KINDS})")
-    out["pools"] = pools
+    out["pools"] = _choices(raw, "pool", POOL_KINDS, ctx, "pool kind")
     stream = raw.get("stream")
     if stream is not None and stream not in STREAM_KINDS:
         raise ctx.fail(f"`stream` must be one of {STREAM_KINDS}, got {stream!r}")
     out["stream"] = stream
-    states = None
-    if "state" in raw:
-        states = frozenset(normalize_state(s) for s in _as_list(raw["state"], ctx, "state"))
-        bad = states - set(BLOCK_STATES)
-        if bad:
-            raise ctx.fail(f"unknown block state {sorted(bad)[0]!r} (use one of {BLOCK_STATES})")
-    out["states"] = states
-    phases = None
-    if "phase" in raw and allow_phase:
-        phases = frozenset(_as_list(raw["phase"], ctx, "phase"))
-        bad = phases - set(PHASES)
-        if bad:
-            raise ctx.fail(f"unknown phase {sorted(bad)[0]!r} (use one of {PHASES})")
-    out["phases"] = phases
-    phase_hints = None
-    if "phase_hint" in raw:
-        phase_hints = frozenset(_as_list(raw["phase_hint"], ctx, "phase_hint"))
-        bad = phase_hints - set(PHASES)
-        if bad:
-            raise ctx.fail(f"unknown phase_hint {sorted(bad)[0]!r} (use one of {PHASES})")
-    out["phase_hints"] = phase_hints
+    out["states"] = _choices(raw, "state", BLOCK_STATES, ctx, "block state",
+                             normalize=normalize_state)
+    out["phases"] = _choices(raw, "phase", PHASES, ctx, "phase") if allow_phase else None
+    out["phase_hints"] = _choices(raw, "phase_hint", PHASES, ctx, "phase_hint")
     out["annotation"] = (
         _regex(raw["annotation"], ctx, "annotation") if "annotation" in raw else None
     )
