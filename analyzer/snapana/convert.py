@@ -21,16 +21,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from snapana.errors import InputError
 from snapana.output import atomic_path
 from snapana.sources import memray_capture
+from snapana.sources._io import check_regular
 
 
 def convert_memray(path: Path | str, out_parquet: Path | str) -> Path:
     """Write the high-water mark of a memray capture as Parquet (atomically); return it."""
     path, out = Path(path), Path(out_parquet)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
+    check_regular(path)  # missing, a FIFO or a device: refused before anything opens it
     records, meta = memray_capture.read_records(path)
     with atomic_path(out) as tmp:
         records.write_parquet(

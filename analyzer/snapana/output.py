@@ -16,6 +16,15 @@ class OutputError(SnapanaError):
     """The output path cannot be written."""
 
 
+def _refuse_input(path: Path) -> None:
+    """Inputs are never modified: an output that is an input this process read (the same
+    file through any link, an input folder, or a path inside one) is refused."""
+    from snapana.sources._io import is_input
+
+    if is_input(path):
+        raise OutputError(f"{path}: is an input (or inside one); choose another output path")
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -28,6 +37,7 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     error it is removed. Every file snapana writes goes through here."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
+    _refuse_input(path)
     if not folder.is_dir():
         raise OutputError(f"{path}: folder {folder} does not exist")
     try:
@@ -59,6 +69,7 @@ def check_dir_target(path: Path, marker: str, kind: str) -> None:
     replaced, so `-o` pointed at someone's folder cannot delete it. Callers check early,
     before the work; atomic_dir checks again."""
     parent = path.parent if str(path.parent) else Path(".")
+    _refuse_input(path)
     if not parent.is_dir():
         raise OutputError(f"{path}: folder {parent} does not exist")
     if path.exists():

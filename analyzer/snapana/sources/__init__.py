@@ -2,38 +2,38 @@
 
 from __future__ import annotations
 
-import gzip
+import os
 from pathlib import Path
 
 from snapana.errors import InputError
 from snapana.model import Capture, ReadProgress
+from snapana.sources._io import check_regular, note_input, open_input
 
 
 def sniff(path: Path) -> str:
     """Name the format of a file from its first bytes: 'torch_snapshot', 'kineto_trace',
     'memory_timeline', 'memray' (a capture, LZ4-compressed or not), 'memray_parquet' or
-    'snapana_export' (a directory written by `snapana export`)."""
-    if not path.exists():
+    'snapana_export' (a directory written by `snapana export`). Only regular files are
+    opened: a FIFO or a device is refused before `open` could block on it."""
+    if not os.path.lexists(path):
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         from snapana.sources.parquet_dir import MARKER
 
-        if (path / MARKER).is_file():
+        marker = path / MARKER
+        if marker.is_file():
+            check_regular(marker)
+            note_input(path)  # nothing may be written into an input folder
             return "snapana_export"  # written by `snapana export`
         raise InputError(f"{path}: is a directory, expected a snapshot file")
+    stream, raw, _ = open_input(path)
     try:
-        with path.open("rb") as fh:
-            head = fh.read(64)
-            if head[:2] == b"\x1f\x8b":
-                fh.seek(0)
-                try:
-                    head = gzip.GzipFile(fileobj=fh).read(64)
-                except (OSError, EOFError) as exc:
-                    raise InputError(f"{path}: corrupt gzip file: {exc}") from None
-    except PermissionError:
-        raise InputError(f"{path}: permission denied") from None
+        head = stream.read(64)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        stream.close()
+        raw.close()
     if not head:
         raise InputError(f"{path}: empty file")
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:

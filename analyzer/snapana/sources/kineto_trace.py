@@ -13,20 +13,22 @@ the timeline starts at zero when profiling started.
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
+import math
+import os
 import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import polars as pl
 
 from snapana.errors import InputError
+from snapana.limits import MAX_BYTES, MAX_DEVICE, MAX_TIME, limit_hint, max_json_value
 from snapana.model import (
     EMPTY_STACK,
     EVENT_SCHEMA,
@@ -37,6 +39,7 @@ from snapana.model import (
     StackTable,
     unsegmented_blocks,
 )
+from snapana.sources._io import MetaError, first_line, open_input, sanitize
 
 CPU_DEVICE = -1
 _CHUNK = 1 << 20
@@ -55,15 +58,22 @@ _DEVICE_TYPES = {0: "CPU", 1: "CUDA", 6: "HIP", 12: "XPU", 13: "MPS", 20: "Priva
 
 # ----- streaming JSON ------------------------------------------------------------------------
 
+_WS = re.compile(r"[ \t\r\n]*")
+
+
 class _JsonStream:
     """Pulls one JSON value at a time from a text stream, so a trace is never held whole.
 
     `raw_decode` works on a window of the text; a value cut by the window's end fails to
     decode (objects, arrays and strings need their closing character) or ends exactly at the
-    window's end (numbers), and both cases read more and retry.
+    window's end (numbers), and both cases read more and retry. One value may not be longer
+    than `max_value` characters (which bounds its strings and numbers too); runs of blanks
+    between values are skipped in bulk; nesting deeper than the interpreter allows, numbers
+    of over 4,300 digits and malformed text are refused with their offset.
     """
 
-    def __init__(self, text: io.TextIOBase, path: Path, on_read: Callable[[], None]) -> None:
+    def __init__(self, text: io.TextIOBase, path: Path, on_read: Callable[[], None],
+                 max_value: int | None = None) -> None:
         self._text = text
         self._path = path
         self._on_read = on_read
@@ -71,6 +81,8 @@ class _JsonStream:
         self._pos = 0
         self._eof = False
         self._dec = json.JSONDecoder()
+        self._max = max_value if max_value is not None else max_json_value()
+        self._no_batch_before = 0
         self.consumed = 0  # characters before the window, for error offsets
 
     def _fill(self, want: int = _CHUNK) -> bool:
@@ -82,6 +94,7 @@ class _JsonStream:
             self._eof = True
             return False
         self.consumed += self._pos
+        self._no_batch_before -= self._pos
         self._buf = self._buf[self._pos:] + chunk
         self._pos = 0
         return True
@@ -89,13 +102,10 @@ class _JsonStream:
     def peek(self) -> str:
         """The next non-blank character without consuming it ('' at the end)."""
         while True:
-            buf, pos = self._buf, self._pos
-            n = len(buf)
-            while pos < n and buf[pos] in " \t\r\n":
-                pos += 1
+            pos = _WS.match(self._buf, self._pos).end()  # type: ignore[union-attr]
             self._pos = pos
-            if pos < n:
-                return buf[pos]
+            if pos < len(self._buf):
+                return self._buf[pos]
             if not self._fill():
                 return ""
 
@@ -105,16 +115,54 @@ class _JsonStream:
             raise self.error(f"expected '{expected}', found {ch!r}" if ch else "ends early")
         self._pos += 1
 
+    def batch(self) -> list[Any] | None:
+        """Several complete items of the array being read, decoded at once (a timeline or a
+        trace is millions of small items): the window up to its last `],` or `},`, decoded
+        as one array. None when that does not decode (the cut fell inside an item: the
+        caller reads one item, and batches resume past this cut)."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 8192 or pos < self._no_batch_before:
+            return None
+        end = max(buf.rfind("],", pos), buf.rfind("},", pos))
+        if end <= pos:
+            return None
+        try:
+            items = json.loads("[" + buf[pos:end + 1] + "]")
+        except (ValueError, RecursionError):
+            self._no_batch_before = end + 1
+            return None
+        self._pos = end + 1
+        return items
+
+    def _too_long(self) -> InputError:
+        return InputError(
+            f"{self._path}: a single JSON value longer than {self._max:,} characters at "
+            f"character {self.consumed + self._pos}; "
+            f"{limit_hint('SNAPANA_MAX_JSON_VALUE')}")
+
     def value(self) -> Any:
         self.peek()
         while True:
             try:
                 obj, end = self._dec.raw_decode(self._buf, self._pos)
             except json.JSONDecodeError as exc:
+                cut = exc.pos >= len(self._buf) - 10 or exc.msg.startswith("Unterminated")
+                if not cut:  # a real syntax error, not the window's end: say it now
+                    self._pos = exc.pos
+                    raise self.error(exc.msg) from None
+                if len(self._buf) - self._pos > self._max:
+                    raise self._too_long() from None
                 if self._fill(len(self._buf)):
                     continue
                 raise self.error(exc.msg) from None
+            except RecursionError:
+                raise self.error("arrays or objects nested too deep") from None
+            except ValueError as exc:  # int() of a number of more than 4,300 digits
+                raise self.error(f"a number too long to read ({first_line(exc)[:60]})"
+                                 ) from None
             if end == len(self._buf) and self._fill():
+                if len(self._buf) - self._pos > self._max:
+                    raise self._too_long()
                 continue  # a number may go on in the next chunk
             self._pos = end
             return obj
@@ -129,15 +177,10 @@ class _JsonStream:
 
 def open_text(path: Path, progress: ReadProgress | None = None
               ) -> tuple[io.TextIOBase, Callable[[], None], Callable[[], None]]:
-    """Open plain or gzip JSON as text; returns the stream, a progress tick and a closer."""
-    try:
-        raw = path.open("rb")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    total = path.stat().st_size
-    head = raw.read(2)
-    raw.seek(0)
-    binary: Any = gzip.GzipFile(fileobj=raw) if head == b"\x1f\x8b" else raw
+    """Open plain or gzip JSON as text (a regular file only, decompression bounded); returns
+    the stream, a progress tick and a closer."""
+    binary, raw, _ = open_input(path)
+    total = os.fstat(raw.fileno()).st_size
     text = io.TextIOWrapper(binary, encoding="utf-8")
 
     def tick() -> None:
@@ -152,7 +195,8 @@ def open_text(path: Path, progress: ReadProgress | None = None
 
 
 def stream_json(path: Path, progress: ReadProgress | None,
-                on_item: Callable[[Any], None]) -> tuple[str, dict[str, Any]]:
+                on_item: Callable[[Any], None], max_value: int | None = None
+                ) -> tuple[str, dict[str, Any]]:
     """Walk the top level of a JSON file, handing each element of the big array to `on_item`.
 
     For an object, the array is its `traceEvents` value and the other keys are returned; for
@@ -160,7 +204,7 @@ def stream_json(path: Path, progress: ReadProgress | None,
     """
     text, tick, close = open_text(path, progress)
     try:
-        s = _JsonStream(text, path, tick)
+        s = _JsonStream(text, path, tick, max_value)
         first = s.peek()
         meta: dict[str, Any] = {}
         if first == "{":
@@ -188,9 +232,12 @@ def stream_json(path: Path, progress: ReadProgress | None,
         raise InputError(f"{path}: not JSON (starts with {first!r})" if first
                          else f"{path}: empty file")
     except (OSError, EOFError, zlib.error) as exc:
-        raise InputError(f"{path}: corrupt or truncated gzip/JSON file: {exc}") from None
+        raise InputError(f"{path}: corrupt or truncated gzip/JSON file: {first_line(exc)}"
+                         ) from None
     except UnicodeDecodeError:
         raise InputError(f"{path}: not UTF-8 text, so not a JSON trace") from None
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deep") from None
     finally:
         close()
 
@@ -202,8 +249,14 @@ def _stream_array(s: _JsonStream, on_item: Callable[[Any], None]) -> int:
         s.take("]")
         return 0
     while True:
-        on_item(s.value())
-        n += 1
+        items = s.batch()
+        if items is not None:
+            for item in items:
+                on_item(item)
+            n += len(items)
+        else:
+            on_item(s.value())
+            n += 1
         ch = s.peek()
         if ch == ",":
             s.take(",")
@@ -217,9 +270,56 @@ def _stream_array(s: _JsonStream, on_item: Callable[[Any], None]) -> int:
 _Interval = tuple[float, float, int, str, str | None]
 
 
-def thread_key(ev: dict[str, Any]) -> tuple[str, str]:
-    """(pid, tid) as strings: 2021 traces write an op's tid as "123" and a memory event's as 123."""
-    return (str(ev.get("pid")), str(ev.get("tid")))
+class _Bad(ValueError):
+    """An invalid field of a trace event: `where` names it, `what` says why."""
+
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(f"{where}: {what}")
+
+
+def _describe(v: Any) -> str:
+    """A short, safe description of a value (never str() of a container: it may be huge)."""
+    if v is None or isinstance(v, (bool, int, float)):
+        text = repr(v)
+        return text if len(text) <= 40 else text[:37] + "..."
+    if isinstance(v, str):
+        return repr(v[:40]) + ("..." if len(v) > 40 else "")
+    return f"a {type(v).__name__}"
+
+
+def _scalar_key(v: Any) -> str | None:
+    """A pid or tid as a string; None when it is not a scalar (a list, an object)."""
+    if v is None or isinstance(v, (str, bool, int, float)):
+        return str(v) if not isinstance(v, str) or len(v) <= 256 else None
+    return None
+
+
+def thread_key(ev: dict[str, Any]) -> tuple[str, str] | None:
+    """(pid, tid) as strings: 2021 traces write an op's tid as "123" and a memory event's as 123.
+    None when either is not a scalar."""
+    pid, tid = _scalar_key(ev.get("pid")), _scalar_key(ev.get("tid"))
+    return None if pid is None or tid is None else (pid, tid)
+
+
+def _finite(v: Any, bound: float) -> TypeGuard[int | float]:
+    """A number (not a bool) strictly inside ±bound: finite, and no int too large for a
+    float (math.isfinite would raise on one)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return -bound < v < bound  # False for NaN and ±inf too
+
+
+def _text_ok(s: str, limit: int) -> bool:
+    """A string short enough and encodable (no lone surrogates from a JSON escape)."""
+    if len(s) > limit:
+        return False
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(slots=True)
@@ -239,21 +339,48 @@ class _MemEvent:
 
     @classmethod
     def from_args(cls, order: int, ts: float, thread: tuple[str, str], name: str,
-                  args: dict[str, Any]) -> _MemEvent:
-        return cls(order, ts, thread, name, _int(args.get("Bytes")) or 0,
-                   _int(args.get("Addr")), _int(args.get("Total Allocated")),
-                   _int(args.get("Total Reserved")), device_key(args))
+                  args: dict[str, Any], where: str = "args") -> _MemEvent:
+        return cls(order, ts, thread, name,
+                   _arg(args, "Bytes", where, -MAX_BYTES + 1, MAX_BYTES) or 0,
+                   _arg(args, "Addr", where, 0, MAX_BYTES),
+                   _arg(args, "Total Allocated", where, -MAX_BYTES + 1, MAX_BYTES),
+                   _arg(args, "Total Reserved", where, -MAX_BYTES + 1, MAX_BYTES),
+                   device_key(args, where))
+
+
+def _arg(args: dict[str, Any], key: str, where: str, lo: int, hi: int) -> int | None:
+    """An integer argument in [lo, hi): None when absent or null (or not a number, as the
+    profiler never writes), InputError-worthy when a number out of range or not finite."""
+    v = args.get(key)
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, str):
+        if len(v) > 40 or not v.strip().lstrip("-").isdigit():
+            return None
+        v = int(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise _Bad(f"{where}.{key}", f"{_describe(v)} is not a finite number")
+        v = int(v)
+    if not isinstance(v, int):
+        return None
+    if not lo <= v < hi:
+        raise _Bad(f"{where}.{key}", f"{_describe(v)} is out of range")
+    return v
 
 
 @dataclass
 class _Collector:
-    """Keeps what the model needs from each trace event as it streams past."""
+    """Keeps what the model needs from each trace event as it streams past. Intervals with
+    unusable fields are skipped (they only name stacks); a memory event with an invalid
+    field is refused, naming it."""
 
     memory: list[_MemEvent] = field(default_factory=list)
     #: thread -> [(start, end, rank, name, "Call stack" of 2021-layout ops)]
     intervals: dict[tuple[str, str], list[_Interval]] = field(default_factory=dict)
     n_events: int = 0
     n_bad: int = 0
+    n_skipped: int = 0
     _names: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, ev: Any) -> None:
@@ -263,28 +390,38 @@ class _Collector:
             return
         ph = ev.get("ph")
         if ph == "X":
-            rank = _FRAME_CATS.get(ev.get("cat", ""))
+            cat = ev.get("cat", "")
+            rank = _FRAME_CATS.get(cat) if isinstance(cat, str) else None
             if rank is None:
                 return
             ts, dur = ev.get("ts"), ev.get("dur", 0)
-            if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            name, thread = ev.get("name"), thread_key(ev)
+            if (not _finite(ts, MAX_TIME) or not _finite(dur, MAX_TIME) or dur < 0
+                    or not isinstance(name, str) or not _text_ok(name, 1 << 16)
+                    or thread is None):
+                self.n_skipped += 1
                 return
             args = ev.get("args")
             raw_call = args.get("Call stack") if isinstance(args, dict) else None
-            name = str(ev.get("name"))
             name = self._names.setdefault(name, name)  # one string per distinct name
-            call = self._names.setdefault(raw_call, raw_call) if isinstance(raw_call, str) \
-                else None
-            self.intervals.setdefault(thread_key(ev), []).append((ts, ts + dur, rank, name, call))
-        elif ph in ("i", "I"):
+            call = (self._names.setdefault(raw_call, raw_call)
+                    if isinstance(raw_call, str) and _text_ok(raw_call, 1 << 20) else None)
+            self.intervals.setdefault(thread, []).append((ts, ts + dur, rank, name, call))
+        elif ph == "i" or ph == "I":
             marker = ev.get("name")
             if marker == _MEMORY or marker == _OOM:
+                where = f"traceEvents[{self.n_events - 1}]"
                 ts, args = ev.get("ts"), ev.get("args")
                 if not isinstance(ts, (int, float)) or not isinstance(args, dict):
                     self.n_bad += 1
                     return
-                self.memory.append(_MemEvent.from_args(len(self.memory), ts, thread_key(ev), marker,
-                                                       args))
+                if not _finite(ts, MAX_TIME):
+                    raise _Bad(f"{where}.ts", f"{_describe(ts)} is not a usable time")
+                thread = thread_key(ev)
+                if thread is None:
+                    raise _Bad(f"{where}.pid/tid", "not a number or a string")
+                self.memory.append(_MemEvent.from_args(len(self.memory), ts, thread, marker,
+                                                       args, f"{where}.args"))
 
 
 def looks_like_trace(meta: dict[str, Any], kind: str, collector: _Collector) -> bool:
@@ -380,29 +517,35 @@ def assign_stacks(intervals: list[_Interval], events: list[_MemEvent], table: St
 # ----- the model -----------------------------------------------------------------------------
 
 def _int(v: Any) -> int | None:
+    """An integer from a number or a string of digits; None for anything else, and for
+    numbers that are not finite or out of range."""
     if isinstance(v, bool) or v is None:
         return None
-    if isinstance(v, (int, float)):
-        return int(v)
-    if isinstance(v, str):
+    if isinstance(v, float):
+        return int(v) if math.isfinite(v) and abs(v) < MAX_BYTES else None
+    if isinstance(v, int):
+        return v if abs(v) < MAX_BYTES else None
+    if isinstance(v, str) and len(v) <= 40:
         try:
-            return int(v)
+            n = int(v)
         except ValueError:
             return None
+        return n if abs(n) < MAX_BYTES else None
     return None
 
 
-def device_key(args: dict[str, Any]) -> tuple[int, int]:
+def device_key(args: dict[str, Any], where: str = "args") -> tuple[int, int]:
     """(Device Type, Device Id) as the profiler wrote them (CPU has id -1)."""
-    return (_int(args.get("Device Type")) or 0, _int(args.get("Device Id")) or 0)
+    return (_arg(args, "Device Type", where, 0, 256) or 0,
+            _arg(args, "Device Id", where, -1, MAX_DEVICE) or 0)
 
 
 def _device_names(keys: list[tuple[int, int]], props: Any, warnings: list[str]
                   ) -> tuple[dict[tuple[int, int], int], dict[int, str], dict[int, int]]:
     """Map each (type, id) to a model device: CPU -> -1, accelerator n -> n."""
-    by_id = {}
+    by_id: dict[int | None, dict[str, Any]] = {}
     if isinstance(props, list):
-        by_id = {_int(p.get("id")): p for p in props if isinstance(p, dict)}
+        by_id = {_int(p.get("id")): p for p in props[:MAX_DEVICE] if isinstance(p, dict)}
     mapping: dict[tuple[int, int], int] = {}
     names: dict[int, str] = {}
     capacity: dict[int, int] = {}
@@ -415,9 +558,11 @@ def _device_names(keys: list[tuple[int, int]], props: Any, warnings: list[str]
             name = f"{kind.lower()}:{did}"
             prop = by_id.get(did)
             if dtype == 1 and prop is not None:
-                name = f"{name} ({prop.get('name', '?')})"
+                gpu = prop.get("name", "?")
+                gpu = gpu if isinstance(gpu, str) and _text_ok(gpu, 256) else "?"
+                name = f"{name} ({gpu})"
                 cap = _int(prop.get("totalGlobalMem"))
-                if cap:
+                if cap and cap > 0:
                     capacity[dev] = cap
             if dev in names:
                 dev = dtype * 1000 + did
@@ -553,20 +698,38 @@ def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
     """Read a chrome trace with `[memory]` events into a Capture (one device per allocator)."""
     path = Path(path)
     collector = _Collector()
-    kind, meta = stream_json(path, progress, collector)
+    try:
+        kind, meta = stream_json(path, progress, collector)
+    except _Bad as exc:
+        raise InputError(f"{path}: invalid [memory] event: {exc}") from None
     if not looks_like_trace(meta, kind, collector):
-        keys = f" (keys: {sorted(meta)[:5]})" if kind == "object" else ""
+        keys = f" (keys: {sorted(k[:40] for k in meta)[:5]})" if kind == "object" else ""
         raise InputError(f"{path}: JSON, but not a torch.profiler chrome trace{keys}; expected "
                          "an object with `traceEvents`")
     if not collector.memory:
         raise InputError(f"{path}: a JSON profiler trace without [memory] events; record it "
                          "with torch.profiler.profile(profile_memory=True)")
-    return from_events(path, collector, meta)
+    try:
+        return from_events(path, collector, meta)
+    except _Bad as exc:
+        raise InputError(f"{path}: invalid trace: {exc}") from None
+    except MetaError as exc:
+        raise InputError(f"{path}: invalid trace metadata: {exc}") from None
 
 
 def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capture:
     """Build the Capture from the collected memory events and intervals."""
     warnings: list[str] = []
+    if collector.n_skipped:
+        warnings.append(f"{collector.n_skipped} profiler event(s) with an unusable time, "
+                        "duration, name or thread were not used for stacks")
+    moved: dict[tuple[int, int], int] = {}
+    for ev in collector.memory:  # every running sum stays far inside int64
+        moved[ev.device] = moved.get(ev.device, 0) + abs(ev.nbytes)
+        if moved[ev.device] >= MAX_BYTES:
+            raise _Bad(f"device {ev.device}", "its [memory] events move more than 2**62 bytes")
+    if len(moved) > MAX_DEVICE:
+        raise _Bad("traceEvents", f"memory events on {len(moved)} devices")
     table = StackTable()
     by_thread: dict[tuple[str, str], list[_MemEvent]] = {}
     for ev in collector.memory:
@@ -618,7 +781,8 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
             "(memory allocated before it is not counted)"
         )
     events = pl.concat(ev_frames) if ev_frames else pl.DataFrame(schema=EVENT_SCHEMA)
-    trace_meta = {k: v for k, v in meta.items() if k not in ("traceEvents", "deviceProperties")}
+    trace_meta = sanitize({k: v for k, v in meta.items()
+                           if k not in ("traceEvents", "deviceProperties")}, "trace")
     return Capture(
         source="kineto_trace",
         path=str(path),
@@ -640,6 +804,6 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
             # `Bytes` are exact (CPU) or already block sizes (CUDA): replay must not round.
             "size_rounding": 1,
             "trace": trace_meta,
-            "device_properties": meta.get("deviceProperties"),
+            "device_properties": sanitize(meta.get("deviceProperties"), "deviceProperties"),
         },
     )

@@ -16,12 +16,14 @@ rule maps to a family (one rule per category).
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from snapana.errors import InputError
+from snapana.limits import MAX_BYTES, MAX_TIME
 from snapana.model import (
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
@@ -73,7 +75,7 @@ class _Builder:
 
     def __init__(self) -> None:
         self.table = StackTable()
-        self.cols: dict[str, list[Any]] = {k: [] for k in EVENT_SCHEMA}
+        self.rows: list[tuple[str, int, int, int | None, int]] = []  # events, in order
         self.live: dict[int, tuple[int, int]] = {}  # addr -> (size, stack id)
         self.by_key: dict[tuple[int, str], list[int]] = {}
         self.by_size: dict[int, list[int]] = {}
@@ -91,26 +93,30 @@ class _Builder:
         return sid
 
     def _event(self, action: str, addr: int, size: int, time_us: int | None, sid: int) -> None:
-        c = self.cols
-        c["device"].append(DEVICE)
-        c["idx"].append(len(c["idx"]))
-        c["action"].append(action)
-        c["addr"].append(addr)
-        c["size"].append(size)
-        c["stream"].append(0)
-        c["time_us"].append(time_us)
-        c["stack_id"].append(sid)
-        c["device_free"].append(None)
+        self.rows.append((action, addr, size, time_us, sid))
+
+    @property
+    def cols(self) -> dict[str, list[Any]]:
+        """The events as columns of EVENT_SCHEMA."""
+        rows = self.rows
+        n = len(rows)
+        return {"device": [DEVICE] * n, "idx": list(range(n)),
+                "action": [r[0] for r in rows], "addr": [r[1] for r in rows],
+                "size": [r[2] for r in rows], "stream": [0] * n,
+                "time_us": [r[3] for r in rows], "stack_id": [r[4] for r in rows],
+                "device_free": [None] * n}
 
     def alloc(self, size: int, category: str, time_us: int | None) -> None:
         self._next += 1
         addr = self._next
-        sid = self.stack_for(category)
+        sid = self._stack.get(category)
+        if sid is None:
+            sid = self.stack_for(category)
         self.live[addr] = (size, sid)
         self.by_key.setdefault((size, category), []).append(addr)
         self.by_size.setdefault(size, []).append(addr)
         self.by_cat.setdefault(category, []).append(addr)
-        self._event("alloc", addr, size, time_us, sid)
+        self.rows.append(("alloc", addr, size, time_us, sid))
 
     def can_free(self, size: int, category: str) -> bool:
         return bool(self._live_addrs(self.by_key.get((size, category))))
@@ -178,7 +184,7 @@ class _Builder:
             devices=[DEVICE],
             warnings=warnings,
             has_trace=True,
-            has_time=any(t is not None for t in self.cols["time_us"]),
+            has_time=any(r[3] is not None for r in self.rows),
             metadata={
                 "device_names": {DEVICE: "device of the export (not recorded)"},
                 "memory_timeline_layout": layout,
@@ -188,37 +194,40 @@ class _Builder:
         )
 
 
-def _raw_capture(path: Path, records: list[tuple[int, int, int, int]]) -> Capture:
+def _raw_capture(path: Path, records: _Records) -> Capture:
     """Raw layout. Within one timestamp, frees of live blocks go first so that no moment shows
     more than the file's own per-time total; frees of blocks created at that same time wait
     until after the creations."""
     b = _Builder()
-    known = [t for t, _, _, _ in records if t >= 0]
+    times, sizes = records.t.tolist(), records.nbytes.tolist()
+    names = {c: category_name(c) for c in set(records.cat)}
+    cats = [names[c] for c in records.cat]
+    known = [t for t in times if t >= 0]
     t_first = min(known) // 1000 if known else None
-    i, n = 0, len(records)
+    i, n = 0, len(times)
     while i < n:
-        t = records[i][0]
+        t = times[i]
         j = i
-        while j < n and records[j][0] == t:
+        while j < n and times[j] == t:
             j += 1
         t_us = t_first if t < 0 else t // 1000
-        group = records[i:j]
         deferred = []
-        for _, _, nbytes, cat in group:
+        for k in range(i, j):
+            nbytes = sizes[k]
             if nbytes < 0:
-                name = category_name(cat)
+                name = cats[k]
                 if b.can_free(-nbytes, name):
                     b.free(-nbytes, name, t_us)
                 else:
                     deferred.append((-nbytes, name))
-        for _, _, nbytes, cat in group:
-            if nbytes > 0:
-                b.alloc(nbytes, category_name(cat), t_us)
+        for k in range(i, j):
+            if sizes[k] > 0:
+                b.alloc(sizes[k], cats[k], t_us)
         for size, name in deferred:
             b.free(size, name, t_us)
         i = j
     warnings = ["memory allocated before profiling (PREEXISTING) is shown as allocated at the "
-                "first timestamp"] if any(t < 0 for t, _, _, _ in records) else []
+                "first timestamp"] if any(t < 0 for t in times) else []
     return b.capture(path, warnings, "raw")
 
 
@@ -244,6 +253,15 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_time(v: Any) -> bool:
+    """A finite number (not a bool) inside ±MAX_TIME (NaN fails every comparison)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and -MAX_TIME < v < MAX_TIME
+
+
+#: Most category slots a plot row may have (PyTorch writes 9).
+MAX_WIDTH = 256
+
+
 def _is_plot(items: list[Any]) -> bool:
     if len(items) != 2 or not isinstance(items[0], list) or not isinstance(items[1], list):
         return False
@@ -253,34 +271,100 @@ def _is_plot(items: list[Any]) -> bool:
             and all(isinstance(r, list) and all(_is_int(v) for v in r) for r in sizes))
 
 
+def _check_plot(path: Path, times: list[Any], sizes: list[Any]) -> None:
+    """Times finite, sizes in [0, 2**62), rows of a sane width, totals inside int64."""
+    for i, t in enumerate(times):
+        if not _is_time(t):
+            raise InputError(f"{path}: invalid memory timeline: times[{i}] is not a usable "
+                             "time")
+    for i, row in enumerate(sizes):
+        if len(row) > MAX_WIDTH:
+            raise InputError(f"{path}: invalid memory timeline: sizes[{i}] has {len(row)} "
+                             f"slots (at most {MAX_WIDTH})")
+        if row and (min(row) < 0 or sum(row) >= MAX_BYTES):
+            raise InputError(f"{path}: invalid memory timeline: sizes[{i}] holds a negative "
+                             "or out-of-range byte count")
+
+
+class _Records:
+    """Raw records, four int64 columns (compact: a long timeline is millions of them)."""
+
+    def __init__(self) -> None:
+        self.t = array("q")
+        self.action = array("q")
+        self.nbytes = array("q")
+        self.cat = array("q")
+        self.moved = 0
+
+    def add(self, rec: tuple[int, int, int, int]) -> None:
+        self.t.append(rec[0])
+        self.action.append(rec[1])
+        self.nbytes.append(rec[2])
+        self.cat.append(rec[3])
+        self.moved += abs(rec[2])
+
+
+def _record_problem(item: Any) -> str | None:
+    """Why `item` is not a raw record [t_ns, action, bytes, category] (None if it is one)."""
+    if not (isinstance(item, list) and len(item) == 4 and all(_is_int(v) for v in item)):
+        return "not four integers"
+    t, action, nbytes, cat = item
+    if action not in ACTIONS:
+        return f"unknown action {action}"
+    if not -MAX_TIME < t < MAX_TIME:
+        return "time out of range"
+    if not -MAX_BYTES < nbytes < MAX_BYTES:
+        return "byte count out of range"
+    if not -MAX_BYTES < cat < MAX_BYTES:
+        return "category out of range"
+    return None
+
+
 def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
     """Read either export_memory_timeline JSON layout into a Capture for device 0."""
     path = Path(path)
     items: list[Any] = []  # the first two, undecided: [times, sizes] is also two lists
-    records: list[tuple[int, int, int, int]] = []
-    bad = [0]
-
-    def as_record(item: Any) -> tuple[int, int, int, int] | None:
-        if (isinstance(item, list) and len(item) == 4 and all(_is_int(v) for v in item)
-                and item[1] in ACTIONS):
-            return (item[0], item[1], item[2], item[3])
-        return None
+    records = _Records()
+    bad: list[Any] = [0, None]  # count, (index, why) of the first
 
     def on_item(item: Any) -> None:
         if len(items) < 2:
             items.append(item)
             return
-        rec = as_record(item)
-        if rec is None:
-            bad[0] += 1
+        why = _record_problem(item)
+        if why is None:
+            records.add(item)
+            if records.moved >= MAX_BYTES:
+                raise InputError(f"{path}: invalid memory timeline: the records move more "
+                                 "than 2**62 bytes")
         else:
-            records.append(rec)
+            if bad[1] is None:
+                bad[1] = (len(items) + len(records.t) + bad[0], why)
+            bad[0] += 1
 
     kind, _ = stream_json(path, progress, on_item)
-    if kind == "array" and not records and _is_plot(items):
+    if kind == "array" and not len(records.t) and _is_plot(items):
+        _check_plot(path, items[0], items[1])
         return _plot_capture(path, items[0], items[1])
-    head = [as_record(item) for item in items]
-    if kind == "array" and head and not bad[0] and all(r is not None for r in head):
-        return _raw_capture(path, [r for r in head if r is not None] + records)
+    head = [(i, _record_problem(item)) for i, item in enumerate(items)]
+    if kind == "array" and head and isinstance(items[0], list) and len(items[0]) == 4 \
+            and not _is_plot(items):  # the raw layout: name the first bad record
+        for i, why in head:
+            if why is not None:
+                raise InputError(f"{path}: invalid memory timeline: record {i}: {why}")
+    if kind == "array" and head and all(why is None for _, why in head):
+        if bad[0]:
+            i, why = bad[1]
+            raise InputError(f"{path}: invalid memory timeline: record {i}: {why}")
+        whole = _Records()
+        for item in items:
+            whole.add(tuple(item))
+        for col in ("t", "action", "nbytes", "cat"):
+            getattr(whole, col).extend(getattr(records, col))
+        whole.moved += records.moved
+        if whole.moved >= MAX_BYTES:
+            raise InputError(f"{path}: invalid memory timeline: the records move more than "
+                             "2**62 bytes")
+        return _raw_capture(path, whole)
     raise InputError(f"{path}: JSON, but not an export_memory_timeline file (expected "
                      "[[t_ns, action, bytes, category], ...] or [times, sizes])")

@@ -22,7 +22,11 @@ bool track_object_lifetimes.
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ import numpy as np
 import polars as pl
 
 from snapana.errors import InputError
+from snapana.limits import MAX_BYTES, MAX_STRING
 from snapana.model import (
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
@@ -39,8 +44,18 @@ from snapana.model import (
     StackTable,
     unsegmented_blocks,
 )
+from snapana.sources._io import (
+    MetaError,
+    check_regular,
+    first_line,
+    open_regular,
+    read_parquet,
+    sanitize,
+)
 
 HOST_DEVICE = -2
+#: Seconds memray may take to read a capture, plus one per MiB of it.
+MEMRAY_SECONDS = 5.0
 MAGIC = b"memray\x00"
 LZ4_MAGIC = b"\x04\x22\x4d\x18"
 PARQUET_MAGIC = b"PAR1"
@@ -142,7 +157,7 @@ def lz4_frame_prefix(data: bytes, limit: int) -> bytes:
 
 def _head(path: Path, size: int = 1 << 16) -> bytes:
     try:
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
             return fh.read(size)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
@@ -225,35 +240,24 @@ def release_format(release: str) -> int | None:
     return next((fmt for fmt, rel in READERS.items() if rel == minor), None)
 
 
-def open_reader(path: Path) -> tuple[Any, MemrayHeader]:
-    """A memray.FileReader for the capture, or InputError saying what to run instead."""
-    header = read_header(path)
-    installed = _installed_memray()
-    if installed is None:
-        raise incompatible_error(path, header, "memray is not installed")
-    own = release_format(installed)
-    if own is not None and own != header.format_version:
-        raise incompatible_error(path, header, f"installed memray {installed} reads format "
-                                 f"{own}")
-    try:
-        import memray
-
-        return memray.FileReader(str(path)), header
-    except ImportError:
-        raise incompatible_error(path, header, "memray cannot be imported") from None
-    except (OSError, RuntimeError, ValueError) as exc:
-        text = str(exc)
-        if "incompatible" in text:
-            raise incompatible_error(path, header, f"installed memray {installed} cannot read "
-                                     "it") from None
-        first = text.splitlines()[0] if text else type(exc).__name__
-        raise InputError(f"{path}: memray could not read the capture (truncated or "
-                         f"corrupt?): {first}") from None
-
-
-def records_frame(reader: Any) -> pl.DataFrame:
-    """One row per allocation site alive at the high-water mark, with its Python stack."""
-    cols: dict[str, list[Any]] = {k: [] for k in RECORD_SCHEMA}
+#: Run by `read_records` in a child process as `python -c _CHILD CAPTURE OUT.json`: memray's
+#: native reader may crash on a corrupt capture, and must not take snapana with it. Plain
+#: Python and memray only; writes {"records": columns, "meta": {...}} or {"error": text}.
+_CHILD = r"""
+import json, sys
+path, out = sys.argv[1], sys.argv[2]
+def done(doc):
+    with open(out, "w") as fh:
+        json.dump(doc, fh)
+    sys.exit(0)
+try:
+    import memray
+except ImportError:
+    done({"error": "memray cannot be imported"})
+try:
+    reader = memray.FileReader(path)
+    cols = {k: [] for k in ("size", "n_allocations", "allocator", "tid", "thread_name",
+                            "frames")}
     for rec in reader.get_high_watermark_allocation_records(merge_threads=True):
         cols["size"].append(int(rec.size))
         cols["n_allocations"].append(int(rec.n_allocations))
@@ -265,45 +269,186 @@ def records_frame(reader: Any) -> pl.DataFrame:
             stack = rec.stack_trace()
         except (NotImplementedError, RuntimeError, ValueError):
             stack = []
-        cols["frames"].append([{"filename": str(f), "name": str(fn), "line": int(ln)}
-                               for fn, f, ln in stack])
-    return pl.DataFrame(cols, schema=RECORD_SCHEMA)
-
-
-def reader_metadata(reader: Any, header: MemrayHeader) -> dict[str, Any]:
-    """Everything besides the records, JSON-ready: memray's metadata, header, RSS series."""
+        cols["frames"].append([[str(f), str(fn), int(ln)] for fn, f, ln in stack])
     md = reader.metadata
     snaps = list(reader.get_memory_snapshots())
-    return {
-        "layout": PARQUET_LAYOUT,
-        "memray_version": _installed_memray(),
-        "header": asdict(header),
+    meta = {
         "peak_memory": int(md.peak_memory),
         "total_allocations": int(md.total_allocations),
         "total_frames": int(md.total_frames),
-        "command_line": md.command_line,
+        "command_line": str(md.command_line),
         "pid": int(md.pid),
-        "python_allocator": md.python_allocator,
+        "python_allocator": str(md.python_allocator),
         "has_native_traces": bool(md.has_native_traces),
         "trace_python_allocators": bool(md.trace_python_allocators),
         "file_format": str(getattr(md.file_format, "name", md.file_format)),
         "start_time": md.start_time.isoformat(),
         "end_time": md.end_time.isoformat(),
-        "snapshots": {
-            "time_ms": [int(s.time) for s in snaps],
-            "rss": [int(s.rss) for s in snaps],
-            "heap": [int(s.heap) for s in snaps],
-        },
+        "snapshots": {"time_ms": [int(s.time) for s in snaps], "rss": [int(s.rss) for s in snaps],
+                      "heap": [int(s.heap) for s in snaps]},
     }
+    close = getattr(reader, "close", None)
+    if close is not None:
+        close()
+except (OSError, RuntimeError, ValueError, OverflowError) as exc:
+    done({"error": str(exc)})
+done({"records": cols, "meta": meta})
+"""
+
+
+def _check_readable(path: Path) -> MemrayHeader:
+    """The header, when the installed memray reads this capture's format; InputError (saying
+    what to run) otherwise."""
+    header = read_header(path)
+    installed = _installed_memray()
+    if installed is None:
+        raise incompatible_error(path, header, "memray is not installed")
+    own = release_format(installed)
+    if own is not None and own != header.format_version:
+        raise incompatible_error(path, header, f"installed memray {installed} reads format "
+                                 f"{own}")
+    return header
+
+
+def _memray_error(path: Path, header: MemrayHeader, text: str) -> InputError:
+    if "incompatible" in text:
+        return incompatible_error(path, header, f"installed memray {_installed_memray()} "
+                                  "cannot read it")
+    if "cannot be imported" in text:
+        return incompatible_error(path, header, "memray cannot be imported")
+    lines = [ln for ln in text.splitlines() if ln.strip() and "Memray ERROR" not in ln]
+    first = first_line(lines[0]) if lines else "unreadable"
+    return InputError(f"{path}: memray could not read the capture (truncated or corrupt?): "
+                      f"{first}")
+
+
+def read_records(path: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """The high-water-mark records and metadata of a `.bin`, read by the installed memray in a
+    child process under a time and memory limit (for `load` and for `snapana convert`): a
+    corrupt capture that crashes memray's native reader is refused, never a crash here."""
+    path = Path(path)
+    check_regular(path)
+    header = _check_readable(path)
+    size = path.stat().st_size
+    with tempfile.TemporaryDirectory(prefix="snapana-memray-") as tmp:
+        out = Path(tmp) / "records.json"
+        memory = (2 << 30) + 64 * size
+
+        def limits() -> None:
+            try:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            except (ImportError, ValueError, OSError):
+                pass
+
+        seconds = MEMRAY_SECONDS + size / (1 << 20)
+        try:
+            proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(out)],
+                                  capture_output=True, timeout=seconds, check=False,
+                                  preexec_fn=limits if os.name == "posix" else None)
+        except subprocess.TimeoutExpired:
+            raise InputError(f"{path}: memray did not finish reading the capture in "
+                             f"{seconds:.0f} s (corrupt?)") from None
+        if proc.returncode != 0 or not out.is_file():
+            sig = -proc.returncode if proc.returncode < 0 else 0
+            err = proc.stderr.decode("utf-8", "replace")
+            if "MemoryError" in err or "bad_alloc" in err:
+                raise InputError(f"{path}: reading the capture needs more memory than a "
+                                 "capture of its size can (corrupt?)")
+            how = f"signal {sig}" if sig else f"exit {proc.returncode}"
+            raise InputError(f"{path}: memray's reader failed on the capture ({how}): "
+                             "truncated or corrupt")
+        try:
+            doc = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: memray's reader gave no result ({first_line(exc)})"
+                             ) from None
+    if "error" in doc:
+        raise _memray_error(path, header, str(doc["error"]))
+    records = _records_frame(path, doc.get("records") or {})
+    meta = doc.get("meta") or {}
+    meta = {"layout": PARQUET_LAYOUT, "memray_version": _installed_memray(),
+            "header": asdict(header), **meta}
+    check_meta(path, meta)
+    return records, meta
+
+
+def _records_frame(path: Path, cols: dict[str, list[Any]]) -> pl.DataFrame:
+    """The child's columns as RECORD_SCHEMA, validated."""
+    n = len(cols.get("size") or [])
+    if any(len(cols.get(k) or []) != n for k in RECORD_SCHEMA):
+        raise InputError(f"{path}: memray's reader gave ragged records")
+    frames = [[{"filename": f, "name": fn, "line": ln} for f, fn, ln in fr]
+              for fr in cols["frames"]]
+    df = pl.DataFrame({**{k: cols[k] for k in RECORD_SCHEMA if k != "frames"},
+                       "frames": frames}, schema=RECORD_SCHEMA) if n else \
+        pl.DataFrame(schema=RECORD_SCHEMA)
+    check_records(path, df)
+    return df
+
+
+def check_records(path: Path | str, records: pl.DataFrame) -> None:
+    """Sizes and counts in [0, 2**62), their total too, lines and thread ids inside int64,
+    strings bounded: what a corrupt capture or an edited Parquet can get wrong."""
+    for col in ("size", "n_allocations"):
+        s = records[col]
+        if s.null_count() or (s.len() and (s.min() < 0 or s.max() >= MAX_BYTES)):  # type: ignore[operator]
+            raise InputError(f"{path}: invalid memray records: `{col}` holds a null, negative "
+                             "or out-of-range value")
+    if records.height and float(records["size"].cast(pl.Float64).sum()) >= MAX_BYTES:
+        raise InputError(f"{path}: invalid memray records: the sizes add up to more than "
+                         "2**62 bytes")
+    for col in ("allocator", "thread_name"):
+        if records.height and (records[col].str.len_chars().max() or 0) > 4096:  # type: ignore[operator]
+            raise InputError(f"{path}: invalid memray records: `{col}` holds an over-long "
+                             "string")
+    frames = records["frames"].explode().struct.unnest() if records.height else None
+    if frames is not None and frames.height:
+        for col in ("filename", "name"):
+            if (frames[col].str.len_chars().max() or 0) > MAX_STRING:  # type: ignore[operator]
+                raise InputError(f"{path}: invalid memray records: a frame `{col}` is "
+                                 "over-long")
+
+
+def check_meta(path: Path | str, meta: dict[str, Any]) -> None:
+    """The capture's metadata: byte figures and the snapshot series are integers in range."""
+    for key in ("peak_memory", "total_allocations", "total_frames"):
+        v = meta.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)
+                              or not 0 <= v < MAX_BYTES):
+            raise InputError(f"{path}: invalid memray metadata: `{key}` is not a byte count")
+    snaps = meta.get("snapshots")
+    if snaps is not None:
+        if not isinstance(snaps, dict):
+            raise InputError(f"{path}: invalid memray metadata: `snapshots` is not a table")
+        for key in ("time_ms", "rss", "heap"):
+            vals = snaps.get(key, [])
+            if not isinstance(vals, list) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and -MAX_BYTES < v < MAX_BYTES
+                    for v in vals):
+                raise InputError(f"{path}: invalid memray metadata: `snapshots.{key}` holds "
+                                 "a value that is not an integer in range")
+    for key, v in meta.items():
+        if isinstance(v, str) and len(v) > MAX_STRING:
+            raise InputError(f"{path}: invalid memray metadata: `{key}` is over-long")
 
 
 def from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any]) -> Capture:
     """The Capture for a high-water mark: one live block per record on the host device."""
+    try:
+        return _from_records(path, records, meta)
+    except MetaError as exc:
+        raise InputError(f"{path}: invalid memray metadata: {exc}") from None
+
+
+def _from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any]) -> Capture:
     table = StackTable()
     live: dict[int, tuple[int, int]] = {}
     for i, (size, frames) in enumerate(records.select("size", "frames").iter_rows()):
-        ids = tuple(table.frame_id((f["filename"], f["name"], int(f["line"])))
-                    for f in frames or [])
+        ids = tuple(table.frame_id((f["filename"] or "", f["name"] or "", int(f["line"] or 0)))
+                    for f in frames or [] if f is not None)
         # memray aggregates by site: there is no address to keep, so number the sites
         live[i + 1] = (int(size), table.stack_id(ids))
     snaps = meta.get("snapshots") or {}
@@ -327,7 +472,7 @@ def from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any]) 
         metadata={
             "device_names": {HOST_DEVICE: "host process"},
             "moment": "high_water_mark",
-            "memray": {k: v for k, v in meta.items() if k != "snapshots"},
+            "memray": sanitize({k: v for k, v in meta.items() if k != "snapshots"}, "memray"),
             "memray_snapshots": {k: np.asarray(snaps.get(k, []), dtype=np.int64)
                                  for k in ("time_ms", "rss", "heap")},
             "size_rounding": 1,
@@ -337,26 +482,29 @@ def from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any]) 
 
 def load_parquet(path: Path) -> Capture:
     """Load what `snapana convert` wrote (any memray, or none, installed)."""
-    try:
-        kv = pl.read_parquet_metadata(path)
-        records = pl.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - polars raises several unrelated types
-        raise InputError(f"{path}: not a readable Parquet file: "
-                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                         ) from None
+    records, kv = read_parquet(path)
     raw = kv.get(PARQUET_META_KEY)
     if raw is None:
         raise InputError(f"{path}: a Parquet file, but not one written by snapana convert")
     try:
         meta = json.loads(raw)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         raise InputError(f"{path}: snapana convert metadata is not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: snapana convert metadata is not an object")
     if meta.get("layout") != PARQUET_LAYOUT:
         raise InputError(f"{path}: converted with an unknown layout {meta.get('layout')!r}; "
                          "convert it again with this snapana")
     missing = set(RECORD_SCHEMA) - set(records.columns)
     if missing:
         raise InputError(f"{path}: converted capture lacks columns {sorted(missing)}")
+    try:
+        records = records.select([pl.col(c).cast(t) for c, t in RECORD_SCHEMA.items()])
+    except (Exception, pl.exceptions.PanicException) as exc:  # noqa: BLE001 - polars
+        raise InputError(f"{path}: converted capture has columns of the wrong type: "
+                         f"{first_line(exc)}") from None
+    check_records(path, records)
+    check_meta(path, meta)
     return from_records(path, records, meta)
 
 
@@ -367,17 +515,3 @@ def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
         return load_parquet(path)
     records, meta = read_records(path)
     return from_records(path, records, meta)
-
-
-def read_records(path: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """The high-water-mark records and metadata of a `.bin`, read by the installed memray
-    (for `load` and for `snapana convert`)."""
-    reader, header = open_reader(path)
-    try:
-        return records_frame(reader), reader_metadata(reader, header)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise InputError(f"{path}: memray could not read the records: {exc}") from None
-    finally:
-        close = getattr(reader, "close", None)
-        if close is not None:
-            close()

@@ -5,22 +5,47 @@ The restricted unpickler below resolves no global at all: every opcode that coul
 call something (GLOBAL, STACK_GLOBAL, INST, OBJ, EXT1/2/4 resolve through `find_class`;
 PERSID/BINPERSID through `persistent_load`) is refused the moment it is read. REDUCE, NEWOBJ,
 NEWOBJ_EX and BUILD can only act on an object obtained that way, so they never get to run.
+
+Builtin data alone can still be hostile while it is decoded: a dict key that is a tuple
+nested 100,000 deep (hashing it overflows the C stack), or shared 60 levels deep (hashing it
+never ends, in a C loop no signal interrupts), or a memo index of 2**30 (the unpickler
+allocates and clears gigabytes). So a pickle is first decoded in a bounded child process —
+the same restricted unpickler, under a time limit and a memory limit proportional to the
+file — and only when that finished is it decoded here. Everything decoded is then validated,
+once, before it becomes columns: types, ranges (sizes and addresses in [0, 2**62), finite
+times, device indices), blocks inside their segment, strings and metadata bounded.
 """
 
 from __future__ import annotations
 
 import gc
-import gzip
 import io
+import json
+import math
+import os
 import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
+from operator import is_not
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
 from snapana.errors import InputError, UnsafePickleError
+from snapana.limits import (
+    MAX_BYTES,
+    MAX_DEVICE,
+    MAX_DEVICES,
+    MAX_STRING,
+    MAX_TIME,
+    decode_memory,
+    decode_seconds,
+    limit_hint,
+)
 from snapana.model import (
     BLOCK_SCHEMA,
     EMPTY_STACK,
@@ -31,8 +56,16 @@ from snapana.model import (
     StackTable,
     pool_key,
 )
+from snapana.sources._checks import first_event_outside_segments
+from snapana.sources._io import MetaError, decompressed_limit, first_line, open_input, sanitize
 
 _STATE_ALIASES = {"active_awaiting_free": "active_pending_free"}
+#: Trace actions PyTorch writes; others are kept but ignored by replay, with a warning.
+KNOWN_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "free",
+                           "segment_alloc", "segment_free", "segment_map", "segment_unmap",
+                           "oom", "snapshot"})
+_MAX_NAME = 256  # longest action, state or segment type
+_INT64 = 2**63
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -53,7 +86,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 class _CountingReader(io.RawIOBase):
     """Wraps a binary file to report bytes consumed, for the progress bar."""
 
-    def __init__(self, raw: io.BufferedIOBase, total: int, progress: ReadProgress) -> None:
+    def __init__(self, raw: Any, total: int, progress: ReadProgress) -> None:
         self._raw = raw
         self._total = total
         self._progress = progress
@@ -85,32 +118,162 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+# ----- decoding --------------------------------------------------------------------------------
+
+#: Run by `_decode_in_child` as `python -I -S -c _CHILD PATH LIMIT MEM_BASE MEM_FACTOR SECONDS
+#: SECONDS_PER_BYTE`: counts the decompressed bytes (bounded), sets its memory limit and an
+#: alarm from that size, decodes with the same restricted unpickler and writes one JSON line.
+#: SIGALRM's default action ends the process even inside a C loop.
+_CHILD = r"""
+import gc, gzip, io, json, os, pickle, sys
+gc.disable()  # millions of dicts and no cycles: collecting would cost more than decoding
+path = sys.argv[1]
+limit, base, factor = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+seconds, per_byte = float(sys.argv[5]), float(sys.argv[6])
+def reply(**kw):
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+    os._exit(0)
+class Refused(Exception):
+    pass
+class Restricted(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise Refused(module + "." + name)
+    def persistent_load(self, pid):
+        raise Refused("persistent id")
+class TooBig(Exception):
+    pass
+class Bounded(io.RawIOBase):
+    def __init__(self, f):
+        self.f, self.n = f, 0
+    def readable(self):
+        return True
+    def readinto(self, b):
+        k = self.f.readinto(b)
+        self.n += k
+        if self.n > limit:
+            raise TooBig()
+        return k
+def stream():
+    f = open(path, "rb")
+    gz = f.read(2) == b"\x1f\x8b"
+    f.seek(0)
+    return Bounded(gzip.GzipFile(fileobj=f) if gz else f), gz
+try:
+    src, gz = stream()
+    if gz:
+        buf = bytearray(1 << 20)
+        while src.readinto(buf):
+            pass
+        size = src.n
+    else:
+        size = os.fstat(src.f.fileno()).st_size
+    try:
+        import resource
+        cap = base + factor * size
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    except (ImportError, ValueError, OSError):
+        pass
+    try:
+        import signal
+        signal.alarm(int(seconds + per_byte * size) + 1)
+    except (ImportError, AttributeError):
+        pass
+    src, _ = stream()
+    Restricted(io.BufferedReader(src, 1 << 20)).load()
+except MemoryError:
+    reply(error="memory")
+except TooBig:
+    reply(error="limit")
+except BaseException as exc:
+    reply(error="decode", detail=type(exc).__name__)
+peak = 0
+try:  # this process's own peak (ru_maxrss would include the parent's, from before exec)
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) * 1024
+except (OSError, ValueError):
+    pass
+reply(ok=True, size=size, peak=peak)
+"""
+
+
+def _decode_in_child(path: Path, size: int, compressed: bool) -> None:
+    """Decode the pickle once in a bounded child process; InputError when that crashes,
+    runs out of its time, or needs memory no snapshot of this size needs. Decoding errors
+    (a refused global, a truncated file) are left to the real decode, which says them."""
+    limit = decompressed_limit(size)[0] if compressed else size
+    base = decode_memory(0)
+    factor = decode_memory(1) - base
+    seconds = decode_seconds(0)
+    per_byte = decode_seconds(1 << 20) - seconds
+    cmd = [sys.executable, "-I", "-S", "-c", _CHILD, str(path), str(limit), str(base),
+           str(factor), repr(seconds), repr(per_byte / (1 << 20))]
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT", "LANG")}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=seconds + per_byte / (1 << 20)
+                              * limit + 30 + limit / (20 << 20), env=env, check=False)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"{path}: decoding the pickle did not finish in time (a hostile or "
+                         f"corrupt structure?); {limit_hint('SNAPANA_DECODE_SECONDS')}"
+                         ) from None
+    except OSError:
+        return  # no child process possible here: decode in-process as before
+    try:
+        reply = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        reply = None
+    if proc.returncode != 0 or not isinstance(reply, dict):
+        sig = -proc.returncode if proc.returncode < 0 else 0
+        if sig == 14:  # SIGALRM: the decode's own time limit
+            raise InputError(f"{path}: decoding the pickle did not finish in "
+                             f"{decode_seconds(size if not compressed else limit):.0f} s "
+                             "(a hostile or corrupt structure?); "
+                             f"{limit_hint('SNAPANA_DECODE_SECONDS')}")
+        raise InputError(f"{path}: the pickle crashed the decoder "
+                         f"({'signal ' + str(sig) if sig else 'exit ' + str(proc.returncode)}"
+                         "): corrupt or hostile data, nothing from it was executed")
+    if reply.get("error") == "memory" or (
+            reply.get("ok") and int(reply.get("peak") or 0) > decode_memory(
+                int(reply.get("size") or 0))):
+        raise InputError(f"{path}: decoding the pickle needs far more memory than a snapshot "
+                         f"of its size (a hostile memo index or structure?); "
+                         f"{limit_hint('SNAPANA_DECODE_MEMORY')}")
+    # "limit" and "decode" errors: the in-process decode below reports them in full
+
+
 def restricted_load(path: Path, progress: ReadProgress | None = None) -> Any:
     """Decode a (possibly gzip-compressed) pickle of builtins only; raise InputError otherwise."""
+    path = Path(path)
+    stream, raw, compressed = open_input(path)
     try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(2)
-            fh.seek(0)
-            raw: Any = gzip.GzipFile(fileobj=fh) if head == b"\x1f\x8b" else fh
-            if progress is not None:
-                raw = io.BufferedReader(_CountingReader(raw, size, progress), 1 << 20)
-            with _gc_paused():
-                data = _RestrictedUnpickler(raw).load()
-            if progress is not None:
-                progress(size, size)
-            return data
+        size = os.fstat(raw.fileno()).st_size
+        _decode_in_child(path, size, compressed)
+        src: Any = stream
+        if progress is not None:
+            src = io.BufferedReader(_CountingReader(stream, size, progress), 1 << 20)
+        with _gc_paused():
+            data = _RestrictedUnpickler(src).load()
+        if progress is not None:
+            progress(size, size)
+        return data
     except UnsafePickleError as exc:
         raise UnsafePickleError(f"{path}: {exc}") from None
-    except (EOFError, pickle.UnpicklingError, gzip.BadGzipFile, ValueError, IndexError,
+    except InputError:
+        raise
+    except (EOFError, pickle.UnpicklingError, ValueError, IndexError,
             KeyError, TypeError, AttributeError, MemoryError, OverflowError,
             UnicodeDecodeError, RecursionError) as exc:
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        detail = first_line(exc)
         raise InputError(
             f"{path}: not a readable pickle (truncated or corrupt?): {detail}"
         ) from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        stream.close()
+        raw.close()
 
 
 def load(path: Path, progress: ReadProgress | None = None) -> Capture:
@@ -123,6 +286,74 @@ def load(path: Path, progress: ReadProgress | None = None) -> Capture:
     return from_snapshot_dict(data, str(path), consume=True)
 
 
+# ----- validation --------------------------------------------------------------------------------
+
+class _Bad(ValueError):
+    """An invalid value: `where` names the field and entry, `what` says what is wrong."""
+
+    def __init__(self, where: str, what: str) -> None:
+        super().__init__(f"{where}: {what}")
+
+
+def _describe(v: Any) -> str:
+    """A short, safe description of a value (never str() of a container: it may be huge)."""
+    if v is None or isinstance(v, (bool, float)):
+        return repr(v)
+    if isinstance(v, int):
+        return repr(v) if abs(v) < 10**30 else f"an integer of {v.bit_length()} bits"
+    if isinstance(v, str):
+        return repr(v[:40]) + ("..." if len(v) > 40 else "")
+    return f"a {type(v).__name__}"
+
+
+def _int(v: Any, where: str, lo: int, hi: int, default: int | None = None,
+         floats: bool = False) -> int | None:
+    """An integer in [lo, hi); None/missing gives `default`; finite floats when allowed."""
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _Bad(where, f"expected an integer, got {_describe(v)}")
+    if isinstance(v, float):
+        if not floats or not math.isfinite(v):
+            raise _Bad(where, f"expected an integer, got {_describe(v)}")
+        v = int(v)
+    if not lo <= v < hi:
+        raise _Bad(where, f"{_describe(v)} is out of range [{lo}, {hi})")
+    return v
+
+
+def _str(v: Any, where: str, default: str = "", limit: int = MAX_STRING) -> str:
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise _Bad(where, f"expected a string, got {_describe(v)}")
+    if len(v) > limit:
+        raise _Bad(where, f"a string of {len(v):,} characters (limit {limit:,})")
+    return v
+
+
+def _bytes(v: Any, where: str, default: int | None = 0) -> int | None:
+    return _int(v, where, 0, MAX_BYTES, default)
+
+
+def _dict(v: Any, where: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise _Bad(where, f"expected a dict, got {_describe(v)}")
+    return v
+
+
+def _list(v: Any, where: str) -> list[Any]:
+    if v is None:
+        return []
+    if not isinstance(v, (list, tuple)):
+        raise _Bad(where, f"expected a list, got {_describe(v)}")
+    return list(v) if isinstance(v, tuple) else v
+
+
+def _flag(v: Any) -> bool:
+    return isinstance(v, (bool, int)) and bool(v)
+
+
 def _is_snapshot(data: Any) -> bool:
     if isinstance(data, list):  # PyTorch 1.13: a bare list of segments
         return all(isinstance(s, dict) and "blocks" in s for s in data)
@@ -130,27 +361,40 @@ def _is_snapshot(data: Any) -> bool:
 
 
 class _Interner:
-    """Turns frame lists into stack ids, caching by object identity since PyTorch shares them."""
+    """Turns frame lists into stack ids, caching by object identity since PyTorch shares them;
+    each distinct list is validated once (frames are dicts of strings and a line number)."""
 
     def __init__(self) -> None:
         self.table = StackTable()
         self._by_list_id: dict[int, int] = {}
+        self._by_frame_dict: dict[int, int] = {}
         self._keepalive: list[Any] = []
 
-    def __call__(self, frames: Any) -> int:
-        if not frames:
+    def __call__(self, frames: Any, where: Any = "frames") -> int:
+        if frames is None or (isinstance(frames, (list, tuple)) and not frames):
             return EMPTY_STACK
         key = id(frames)
         sid = self._by_list_id.get(key)
         if sid is not None:
             return sid
-        fid = self.table.frame_id
-        ids = tuple(
-            fid((str(f.get("filename", "")), str(f.get("name", "")), int(f.get("line", 0) or 0)))
-            for f in frames
-            if isinstance(f, dict)
-        )
-        sid = self.table.stack_id(ids)
+        if not isinstance(frames, list):
+            frames = _list(frames, where() if callable(where) else where)
+        # frame dicts are shared too: each distinct one is validated and interned once
+        by_dict = self._by_frame_dict
+        ids = list(map(by_dict.get, map(id, frames)))
+        if None in ids:
+            at = where() if callable(where) else where
+            fid = self.table.frame_id
+            for k, f in enumerate(frames):
+                if ids[k] is not None:
+                    continue
+                f = _dict(f, f"{at}[{k}]")
+                ids[k] = by_dict[id(f)] = fid((
+                    _str(f.get("filename"), f"{at}[{k}].filename"),
+                    _str(f.get("name"), f"{at}[{k}].name"),
+                    _int(f.get("line"), f"{at}[{k}].line", -_INT64, _INT64, 0) or 0))
+                self._keepalive.append(f)
+        sid = self.table.stack_id(tuple(cast("list[int]", ids)))
         self._by_list_id[key] = sid
         self._keepalive.append(frames)
         return sid
@@ -158,58 +402,85 @@ class _Interner:
 
 #: Trace entries converted to columns at a time (and, when consuming, then freed).
 TRACE_CHUNK = 1 << 18
+_NONE = type(None)
+
+
+def _only(values: list[Any], *types: type) -> bool:
+    """All values are exactly of these types (C-speed: a set of types)."""
+    return set(map(type, values)) <= set(types)
 
 
 def _events_fast(chunk: list[Any], dev: int, start: int, intern: _Interner
                  ) -> pl.DataFrame | None:
     """Trace entries to event columns, one C-level pass per column; None when some value is
-    not of the plain type a snapshot holds (the slow path then converts it as it can)."""
+    not of the plain type a snapshot holds or out of range (the slow path then validates
+    entry by entry and names the first offending one). Types are checked before any value
+    reaches polars, which must only ever see strings and integers."""
     n = len(chunk)
+    if not _only(chunk, dict):
+        return None
     get = dict.get
+    actions = [get(e, "action", "") for e in chunk]
+    ints = {k: [get(e, k) for e in chunk] for k in ("addr", "size", "stream", "time_us",
+                                                      "device_free")}
+    frames = [get(e, "frames") for e in chunk]
+    if not _only(actions, str) or not _only(frames, list, _NONE):
+        return None
+    for v in ints.values():
+        types = set(map(type, v))
+        if not types <= {int, _NONE}:
+            return None
+        # in int64 before polars sees them (polars prints to stderr on an overflow)
+        known: list[Any] = list(filter(partial(is_not, None), v)) if _NONE in types else v
+        if known and (min(known) < -_INT64 or max(known) >= _INT64):
+            return None
     try:
-        frames = [get(e, "frames") for e in chunk]
-        cols = {
-            "device": pl.repeat(dev, n, dtype=pl.Int64, eager=True),
-            "idx": pl.int_range(start, start + n, dtype=pl.Int64, eager=True),
-            "action": pl.Series([get(e, "action", "") for e in chunk], dtype=pl.Utf8),
-            "addr": pl.Series([get(e, "addr") for e in chunk], dtype=pl.Int64),
-            "size": pl.Series([get(e, "size") for e in chunk], dtype=pl.Int64),
-            "stream": pl.Series([get(e, "stream") for e in chunk], dtype=pl.Int64),
-            "time_us": pl.Series([get(e, "time_us") for e in chunk], dtype=pl.Int64),
-            "stack_id": _stack_ids(frames, intern),
-            "device_free": pl.Series([get(e, "device_free") for e in chunk], dtype=pl.Int64),
-        }
+        cols = {k: pl.Series(v, dtype=pl.Int64) for k, v in ints.items()}
+        action = pl.Series(actions, dtype=pl.Utf8)
     except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
         return None
-    if cols["action"].null_count():
-        return None  # a None action: the slow path spells it as str() does
-    df = pl.DataFrame(cols).with_columns(pl.col("addr", "size", "stream").fill_null(0))
+    bad = ((cols["addr"] < 0) | (cols["addr"] >= MAX_BYTES) | (cols["size"] < 0)
+           | (cols["size"] >= MAX_BYTES) | (cols["device_free"] < 0)
+           | (cols["device_free"] >= MAX_BYTES) | (cols["time_us"].abs() >= MAX_TIME)
+           | (action.str.len_chars() > _MAX_NAME))
+    if bad.any():
+        return None
+    df = pl.DataFrame({
+        "device": pl.repeat(dev, n, dtype=pl.Int64, eager=True),
+        "idx": pl.int_range(start, start + n, dtype=pl.Int64, eager=True),
+        "action": action,
+        **cols,
+        "stack_id": _stack_ids(frames, intern, dev, start),
+    }).with_columns(pl.col("addr", "size", "stream").fill_null(0))
     return df.select(list(EVENT_SCHEMA))
 
 
-def _stack_ids(frames: list[Any], intern: _Interner) -> pl.Series:
+def _stack_ids(frames: list[Any], intern: _Interner, dev: int, start: int) -> pl.Series:
     """Stack ids of a column of frame lists: interned once per distinct list object."""
     ids = pl.Series(list(map(id, frames)), dtype=pl.UInt64)
     first = ids.arg_unique()
     keys = ids.gather(first)
-    sids = [intern(frames[p]) for p in first.to_list()]
+    sids = [intern(frames[p], lambda p=p: f"device_traces[{dev}][{start + p}].frames")
+            for p in first.to_list()]
     return ids.replace_strict(keys, pl.Series(sids, dtype=pl.Int64), return_dtype=pl.Int64)
 
 
 def _events_slow(chunk: list[Any], dev: int, start: int, intern: _Interner) -> pl.DataFrame:
     ev_cols: dict[str, list[Any]] = {k: [] for k in EVENT_SCHEMA}
     for i, ev in enumerate(chunk, start):
-        t = ev.get("time_us")
-        free = ev.get("device_free")
+        at = f"device_traces[{dev}][{i}]"
+        ev = _dict(ev, at)
         ev_cols["device"].append(dev)
         ev_cols["idx"].append(i)
-        ev_cols["action"].append(str(ev.get("action", "")))
-        ev_cols["addr"].append(int(ev.get("addr", 0) or 0))
-        ev_cols["size"].append(int(ev.get("size", 0) or 0))
-        ev_cols["stream"].append(int(ev.get("stream", 0) or 0))
-        ev_cols["time_us"].append(int(t) if t is not None else None)
-        ev_cols["stack_id"].append(intern(ev.get("frames")))
-        ev_cols["device_free"].append(int(free) if free is not None else None)
+        ev_cols["action"].append(_str(ev.get("action"), f"{at}.action", "", _MAX_NAME))
+        ev_cols["addr"].append(_bytes(ev.get("addr"), f"{at}.addr"))
+        ev_cols["size"].append(_bytes(ev.get("size"), f"{at}.size"))
+        ev_cols["stream"].append(_int(ev.get("stream"), f"{at}.stream", -_INT64, _INT64, 0))
+        ev_cols["time_us"].append(_int(ev.get("time_us"), f"{at}.time_us", -MAX_TIME,
+                                       MAX_TIME, None, floats=True))
+        ev_cols["stack_id"].append(intern(ev.get("frames"), f"{at}.frames"))
+        ev_cols["device_free"].append(_bytes(ev.get("device_free"), f"{at}.device_free",
+                                             None))
     return pl.DataFrame(ev_cols, schema=EVENT_SCHEMA)
 
 
@@ -226,14 +497,17 @@ def _block_frames(block: dict[str, Any]) -> Any:
 
 
 def from_snapshot_dict(data: Any, path: str, consume: bool = False) -> Capture:
-    """Normalize the decoded snapshot (already known to be builtins only).
+    """Normalize the decoded snapshot (already known to be builtins only), validating it.
 
     With ``consume`` the trace lists inside ``data`` are emptied while they are converted,
     so the decoded entries can be freed early; the caller must not use ``data`` afterwards.
     """
     if not _is_snapshot(data):
         kind = type(data).__name__
-        keys = f" with keys {sorted(map(str, data))[:5]}" if isinstance(data, dict) else ""
+        keys = ""
+        if isinstance(data, dict):  # only string keys are shown: others may be hostile
+            names = sorted(k[:40] for k in list(data)[:1000] if isinstance(k, str))[:5]
+            keys = f" with keys {names}"
         raise InputError(
             f"{path}: a pickle, but not a CUDA memory snapshot ({kind}{keys}; expected the "
             "output of torch.cuda.memory._dump_snapshot)"
@@ -243,48 +517,128 @@ def from_snapshot_dict(data: Any, path: str, consume: bool = False) -> Capture:
     try:
         with _gc_paused():
             return _normalize(data, path, consume)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InputError(f"{path}: malformed snapshot: {type(exc).__name__}: {exc}") from None
+    except _Bad as exc:
+        raise InputError(f"{path}: invalid snapshot: {exc}") from None
+    except MetaError as exc:
+        raise InputError(f"{path}: invalid snapshot metadata: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError,
+            pl.exceptions.PolarsError) as exc:
+        raise InputError(f"{path}: malformed snapshot: {type(exc).__name__}: "
+                         f"{first_line(exc)}") from None
+    except RecursionError:
+        raise InputError(f"{path}: malformed snapshot: nested too deep") from None
+
+
+def _segments(data: dict[str, Any], intern: _Interner
+              ) -> tuple[dict[str, list[Any]], dict[str, list[Any]], set[int]]:
+    seg_cols: dict[str, list[Any]] = {k: [] for k in SEGMENT_SCHEMA}
+    blk_cols: dict[str, list[Any]] = {k: [] for k in BLOCK_SCHEMA}
+    devices: set[int] = set()
+    reserved: dict[int, int] = {}
+    for si, seg in enumerate(data["segments"]):
+        at = f"segments[{si}]"
+        seg = _dict(seg, at)
+        dev = _int(seg.get("device"), f"{at}.device", 0, MAX_DEVICE, 0)
+        assert dev is not None
+        devices.add(dev)
+        seg_addr = _bytes(seg.get("address"), f"{at}.address", None)
+        if seg_addr is None:
+            raise _Bad(f"{at}.address", "missing")
+        total = _bytes(seg.get("total_size"), f"{at}.total_size", None)
+        if total is None:
+            raise _Bad(f"{at}.total_size", "missing")
+        if seg_addr + total > MAX_BYTES:
+            raise _Bad(at, "address + total_size is out of range")
+        reserved[dev] = reserved.get(dev, 0) + total
+        if reserved[dev] >= MAX_BYTES:
+            raise _Bad(at, f"the segments of device {dev} add up to more than 2**62 bytes")
+        seg_cols["device"].append(dev)
+        seg_cols["address"].append(seg_addr)
+        seg_cols["total_size"].append(total)
+        seg_cols["stream"].append(_int(seg.get("stream"), f"{at}.stream", -_INT64, _INT64, 0))
+        pool = seg.get("segment_pool_id")
+        if isinstance(pool, (tuple, list)) and len(pool) == 2:
+            _int(pool[0], f"{at}.segment_pool_id[0]", -_INT64, _INT64)
+            _int(pool[1], f"{at}.segment_pool_id[1]", -_INT64, _INT64)
+        seg_cols["pool"].append(pool_key(pool))
+        seg_cols["segment_type"].append(_str(seg.get("segment_type"), f"{at}.segment_type",
+                                             "", _MAX_NAME))
+        expandable = seg.get("is_expandable", False)
+        if not isinstance(expandable, (bool, int)) and expandable is not None:
+            raise _Bad(f"{at}.is_expandable", f"expected a bool, got {_describe(expandable)}")
+        seg_cols["is_expandable"].append(bool(expandable))
+        addr = seg_addr
+        end = seg_addr + total
+        used = 0
+        for bi, blk in enumerate(_list(seg.get("blocks"), f"{at}.blocks")):
+            bat = f"{at}.blocks[{bi}]"
+            blk = _dict(blk, bat)
+            if "size" not in blk:
+                raise _Bad(f"{bat}.size", "missing")
+            size = _bytes(blk["size"], f"{bat}.size")
+            assert size is not None
+            state = _str(blk.get("state"), f"{bat}.state", "inactive", _MAX_NAME)
+            b_addr = _bytes(blk.get("address"), f"{bat}.address", addr)
+            assert b_addr is not None
+            if b_addr < seg_addr or b_addr + size > end:
+                raise _Bad(bat, f"block [0x{b_addr:x}, +{size}) lies outside its segment "
+                           f"[0x{seg_addr:x}, +{total})")
+            used += size
+            if used > total:
+                raise _Bad(bat, f"the blocks of the segment add up to more than its "
+                           f"total_size {total}")
+            requested = _bytes(blk.get("requested_size"), f"{bat}.requested_size", size)
+            blk_cols["device"].append(dev)
+            blk_cols["address"].append(b_addr)
+            blk_cols["size"].append(size)
+            blk_cols["requested_size"].append(requested or 0)
+            blk_cols["state"].append(_STATE_ALIASES.get(state, state))
+            blk_cols["stack_id"].append(intern(_block_frames(blk), lambda bat=bat: f"{bat}.frames"))
+            blk_cols["segment_address"].append(seg_addr)
+            addr = b_addr + size
+    return seg_cols, blk_cols, devices
+
+
+def _annotations(raw: Any, warnings: list[str]) -> list[dict[str, Any]]:
+    """external_annotations (record_function ranges): dicts with a device, a stage, a name and
+    a finite time; other keys are kept, bounded."""
+    out = []
+    for i, a in enumerate(_list(raw, "external_annotations")):
+        at = f"external_annotations[{i}]"
+        if not isinstance(a, dict):
+            continue  # not an annotation: ignored, as before
+        a = sanitize(a, at, max_depth=8, max_nodes=10_000)
+        if "device" in a:
+            a["device"] = _int(a["device"], f"{at}.device", 0, MAX_DEVICE, None)
+        if "time_us" in a:
+            a["time_us"] = _int(a["time_us"], f"{at}.time_us", -MAX_TIME, MAX_TIME, None,
+                                floats=True)
+        for key in ("stage", "name"):
+            if key in a:
+                a[key] = _str(a[key], f"{at}.{key}", "", 4096)
+        out.append(a)
+    return out
 
 
 def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Capture:
     intern = _Interner()
     warnings: list[str] = []
 
-    seg_cols: dict[str, list[Any]] = {k: [] for k in SEGMENT_SCHEMA}
-    blk_cols: dict[str, list[Any]] = {k: [] for k in BLOCK_SCHEMA}
-    devices: set[int] = set()
-    for seg in data["segments"]:
-        dev = int(seg.get("device", 0))
-        devices.add(dev)
-        seg_addr = int(seg["address"])
-        seg_cols["device"].append(dev)
-        seg_cols["address"].append(seg_addr)
-        seg_cols["total_size"].append(int(seg["total_size"]))
-        seg_cols["stream"].append(int(seg.get("stream", 0) or 0))
-        seg_cols["pool"].append(pool_key(seg.get("segment_pool_id")))
-        seg_cols["segment_type"].append(str(seg.get("segment_type", "")))
-        seg_cols["is_expandable"].append(bool(seg.get("is_expandable", False)))
-        addr = seg_addr
-        for blk in seg.get("blocks", []):
-            size = int(blk["size"])
-            state = str(blk.get("state", "inactive"))
-            blk_cols["device"].append(dev)
-            blk_cols["address"].append(int(blk.get("address", addr)))
-            blk_cols["size"].append(size)
-            blk_cols["requested_size"].append(int(blk.get("requested_size", size) or 0))
-            blk_cols["state"].append(_STATE_ALIASES.get(state, state))
-            blk_cols["stack_id"].append(intern(_block_frames(blk)))
-            blk_cols["segment_address"].append(seg_addr)
-            addr += size
+    seg_cols, blk_cols, devices = _segments(data, intern)
 
     parts: list[pl.DataFrame] = []
-    traces = data.get("device_traces") or []
+    traces = _list(data.get("device_traces") or [], "device_traces")
+    if len(traces) > MAX_DEVICE:
+        raise _Bad("device_traces", f"{len(traces):,} device traces (at most {MAX_DEVICE})")
     has_time = False
+    traced: set[int] = set()
     for dev, trace in enumerate(traces):
         if not trace:
             continue
-        devices.add(dev)
+        trace = _list(trace, f"device_traces[{dev}]")
+        traced.add(dev)
+        if len(devices | traced) > MAX_DEVICES:
+            raise _Bad("device_traces", f"more than {MAX_DEVICES} devices hold data")
         for start in range(0, len(trace), TRACE_CHUNK):
             chunk = trace[start:start + TRACE_CHUNK]
             df = _events_fast(chunk, dev, start, intern)
@@ -294,15 +648,29 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Captur
             del chunk
         if consume:
             trace.clear()
+    devices |= traced
     if parts:
         events = pl.concat(parts, rechunk=True) if len(parts) > 1 else parts[0]
         has_time = events["time_us"].null_count() < events.height
+        _check_event_totals(events)
+        bad = first_event_outside_segments(events, pl.DataFrame(seg_cols, schema=SEGMENT_SCHEMA))
+        if bad is not None:
+            raise _Bad(f"device_traces[{bad['device']}][{bad['idx']}]",
+                       f"{bad['action']} at 0x{bad['addr']:x} lies outside every segment of "
+                       f"device {bad['device']}")
+        unknown = events.filter(~pl.col("action").is_in(list(KNOWN_ACTIONS)))
+        if unknown.height:
+            first = unknown.row(0, named=True)
+            warnings.append(
+                f"{unknown.height} trace entr{'y has' if unknown.height == 1 else 'ies have'} "
+                f"an action snapana does not know (first: {first['action'][:40]!r} at "
+                f"device_traces[{first['device']}][{first['idx']}]); ignored")
     else:
         events = pl.DataFrame(schema=EVENT_SCHEMA)
 
     settings = data.get("allocator_settings")
-    overflowed = bool(data.get("trace_alloc_overflowed")) or bool(
-        isinstance(settings, dict) and settings.get("trace_alloc_overflowed")
+    overflowed = _flag(data.get("trace_alloc_overflowed")) or bool(
+        isinstance(settings, dict) and _flag(settings.get("trace_alloc_overflowed"))
     )
     if overflowed:
         warnings.append(
@@ -311,7 +679,7 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Captur
         )
     if "allocator_settings" not in data:
         warnings.append("older snapshot layout: no allocator_settings recorded")
-    annotations = [a for a in (data.get("external_annotations") or []) if isinstance(a, dict)]
+    annotations = _annotations(data.get("external_annotations") or [], warnings)
 
     capture = Capture(
         source="torch_snapshot",
@@ -321,13 +689,25 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Captur
         blocks=pl.DataFrame(blk_cols, schema=BLOCK_SCHEMA),
         events=events,
         devices=sorted(devices) or [0],
-        allocator_settings=settings if isinstance(settings, dict) else None,
+        allocator_settings=(sanitize(settings, "allocator_settings")
+                            if isinstance(settings, dict) else None),
         annotations=annotations,
         warnings=warnings,
         has_trace=events.height > 0,
         has_time=has_time,
         metadata={
-            k: data[k] for k in ("user_metadata", "compile_context") if k in data
+            k: sanitize(data[k], k) for k in ("user_metadata", "compile_context") if k in data
         },
     )
     return capture
+
+
+def _check_event_totals(events: pl.DataFrame) -> None:
+    """The bytes one device's trace moves stay inside int64 whatever the order: every running
+    sum replay makes is bounded by this total."""
+    totals = events.group_by("device").agg(pl.col("size").cast(pl.Float64).sum().alias("t"))
+    over = totals.filter(pl.col("t") >= float(MAX_BYTES))
+    if over.height:
+        dev = over["device"][0]
+        raise _Bad(f"device_traces[{dev}]", "the sizes of its entries add up to more than "
+                   "2**62 bytes")

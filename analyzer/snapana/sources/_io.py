@@ -1,0 +1,291 @@
+"""Opening inputs safely, shared by every source: regular files only (a FIFO or a device is
+refused before it could block `open`), decompression bounded by a ratio and an absolute cap,
+and free-form metadata copied with bounded depth and size."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import io
+import math
+import os
+import stat
+import zlib
+from pathlib import Path
+from typing import Any, BinaryIO
+
+try:
+    import fcntl
+except ImportError:  # Windows: no FIFOs to worry about
+    fcntl = None  # type: ignore[assignment]
+
+from snapana.errors import InputError
+from snapana.limits import (
+    MAX_BYTES,
+    MAX_META_DEPTH,
+    MAX_META_NODES,
+    RATIO_FREE,
+    limit_hint,
+    max_decompressed,
+    max_ratio,
+)
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
+# ----- inputs read by this process: outputs must never replace them --------------------------
+
+_INPUTS: set[tuple[int, ...]] = set()
+
+
+def _key(st: os.stat_result) -> tuple[int, ...]:
+    """An input's identity: device and inode, plus what tells a reused inode apart (a file's
+    size and mtime, a folder's ctime) so a long-lived process never mistakes a new file."""
+    if stat.S_ISDIR(st.st_mode):
+        return (st.st_dev, st.st_ino, -1, st.st_ctime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def note_input(path: Path, st: os.stat_result | None = None) -> None:
+    """Remember a file or folder this process reads as an input (by device and inode, so a
+    symlink or another spelling of the path is the same input)."""
+    try:
+        st = st or os.stat(path)
+    except OSError:
+        return
+    _INPUTS.add(_key(st))
+
+
+def is_input(path: Path) -> bool:
+    """True when writing `path` would replace or write inside an input read by this
+    process: the same file (through any link), an input folder, or a path inside one."""
+    if not _INPUTS:
+        return False
+    p = Path(os.path.abspath(path))
+    for candidate in (p, *p.parents):
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        if _key(st) in _INPUTS:
+            return True
+    return False
+
+
+def check_regular(path: Path) -> os.stat_result:
+    """The file's stat when it is a regular file; InputError otherwise (missing, a FIFO, a
+    device, a symlink loop), without opening it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(f"{path}: too many levels of symbolic links") from None
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{path}: is {_kind(st.st_mode)}, not a regular file; copy the "
+                         "data into a file first")
+    return st
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """Open a regular file for reading. Opened non-blocking and checked on the open
+    descriptor, so a FIFO swapped in after a check cannot block."""
+    check_regular(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_NOCTTY", 0))
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: is {_kind(st.st_mode)}, not a regular file")
+        note_input(path, st)
+        if fcntl is not None:
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~getattr(os, "O_NONBLOCK", 0))
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def decompressed_limit(compressed_size: int) -> tuple[int, str]:
+    """The most bytes a compressed file of this size may expand to, and the variable that
+    raises that limit."""
+    absolute = max_decompressed()
+    by_ratio = max(RATIO_FREE, max_ratio() * compressed_size)
+    if by_ratio < absolute:
+        return by_ratio, "SNAPANA_MAX_RATIO"
+    return absolute, "SNAPANA_MAX_DECOMPRESSED"
+
+
+class BoundedGzip(io.RawIOBase):
+    """A gzip stream that refuses to expand past its limit and reports corruption as
+    InputError (one line naming the file) instead of zlib/EOF errors."""
+
+    def __init__(self, raw: BinaryIO, path: Path, compressed_size: int) -> None:
+        self._gz = gzip.GzipFile(fileobj=raw)
+        self._raw = raw
+        self._path = path
+        self._size = compressed_size
+        self.limit, self._var = decompressed_limit(compressed_size)
+        self.done = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        try:
+            n = self._gz.readinto(buf)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"{self._path}: corrupt or truncated gzip data "
+                             f"({first_line(exc)})") from None
+        self.done += n
+        # the ratio is checked as the file is read (once past the free allowance), so a
+        # bomb is stopped early, not after expanding to the whole limit
+        if self.done > RATIO_FREE and self._var == "SNAPANA_MAX_RATIO" \
+                and self.done > max_ratio() * max(self._raw.tell(), 1):
+            raise InputError(
+                f"{self._path}: decompresses more than {max_ratio()}x (past "
+                f"{self.done:,} bytes from {self._raw.tell():,}); "
+                f"{limit_hint('SNAPANA_MAX_RATIO')}")
+        if self.done > self.limit:
+            raise InputError(
+                f"{self._path}: decompresses to more than {self.limit:,} bytes "
+                f"({self.limit // max(self._size, 1):,}x its {self._size:,} compressed bytes); "
+                f"{limit_hint(self._var)}")
+        return n
+
+    def close(self) -> None:
+        self._gz.close()
+        super().close()
+
+
+def open_input(path: Path) -> tuple[BinaryIO, BinaryIO, bool]:
+    """(stream of the content, the raw file, compressed?) for a plain or gzip file."""
+    raw = open_regular(path)
+    try:
+        head = raw.read(2)
+        raw.seek(0)
+        if head == GZIP_MAGIC:
+            size = os.fstat(raw.fileno()).st_size
+            return io.BufferedReader(BoundedGzip(raw, path, size), 1 << 20), raw, True
+        return raw, raw, False
+    except OSError as exc:
+        raw.close()
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def first_line(exc: BaseException | str) -> str:
+    """The first line of an error's text (library messages can run over several lines)."""
+    text = str(exc) if not isinstance(exc, str) else exc
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return type(exc).__name__ if not isinstance(exc, str) else ""
+
+
+# ----- free-form metadata --------------------------------------------------------------------
+
+class MetaError(ValueError):
+    """A metadata value beyond the bounds; the message names where."""
+
+
+def sanitize(value: Any, where: str, max_depth: int = MAX_META_DEPTH,
+             max_nodes: int = MAX_META_NODES) -> Any:
+    """A copy of free-form metadata (allocator settings, user metadata, trace metadata)
+    with bounded depth and size, scalars only of plain types, non-finite floats spelled as
+    strings; shared sub-structures are counted each time they are reached, so a "billion
+    laughs" runs into the size bound instead of the memory. MetaError when out of bounds."""
+    budget = [max_nodes]
+
+    def leaf(v: Any, at: str) -> Any:
+        if v is None or isinstance(v, (bool, str)):
+            if isinstance(v, str) and len(v) > (1 << 20):
+                raise MetaError(f"{at}: a string of {len(v):,} characters")
+            return v
+        if isinstance(v, int):
+            if not -MAX_BYTES * 2 <= v < MAX_BYTES * 2:
+                raise MetaError(f"{at}: integer out of range")
+            return v
+        if isinstance(v, float):
+            return v if math.isfinite(v) else repr(v)
+        if isinstance(v, (bytes, bytearray)):
+            if len(v) > (1 << 20):
+                raise MetaError(f"{at}: {len(v):,} bytes of binary data")
+            return bytes(v)
+        raise MetaError(f"{at}: unexpected {type(v).__name__}")
+
+    def walk(v: Any, at: str, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise MetaError(f"{where}: more than {max_nodes:,} values")
+        if depth > max_depth:
+            raise MetaError(f"{at}: nested deeper than {max_depth} levels")
+        if isinstance(v, dict):
+            out = {}
+            for k, x in v.items():
+                if not (k is None or isinstance(k, (str, int, float, bool))):
+                    raise MetaError(f"{at}: a key of type {type(k).__name__}")
+                k = leaf(k, at)
+                out[k] = walk(x, f"{at}.{k}" if isinstance(k, str) else f"{at}[{k!r}]",
+                              depth + 1)
+            return out
+        if isinstance(v, (list, tuple, set, frozenset)):
+            items = [walk(x, f"{at}[{i}]", depth + 1) for i, x in enumerate(v)]
+            if isinstance(v, tuple):
+                return tuple(items)
+            if isinstance(v, (set, frozenset)):
+                return items  # JSON and Parquet have no sets
+            return items
+        return leaf(v, at)
+
+    try:
+        return walk(value, where, 0)
+    except RecursionError:
+        raise MetaError(f"{where}: nested too deep") from None
+
+
+# ----- Parquet ---------------------------------------------------------------------------------
+
+def read_parquet(path: Path) -> tuple[Any, dict[str, str]]:
+    """A Parquet file as a polars DataFrame, with its key-value metadata. Read by pyarrow,
+    which reports a corrupt file as an exception: polars' reader panics on some, and a Rust
+    panic prints a backtrace on stderr before Python sees it."""
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    check_regular(path)
+    try:
+        with open_regular(path) as fh:
+            pf = pq.ParquetFile(fh)
+            kv = pf.metadata.metadata or {}
+            table = pf.read()
+        meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
+                for k, v in kv.items()}
+        return pl.from_arrow(table), meta
+    except InputError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, IndexError, pa.ArrowException,
+            pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
+        raise InputError(f"{path}: not a readable Parquet file: {first_line(exc)}") from None

@@ -1,0 +1,27 @@
+"""A structure-aware fuzzer for snapana's inputs (issue #14).
+
+Layout:
+
+- `mutators.py` — one mutator per input format: snapshot pickles (decoded safely, the tree
+  mutated — types, extreme numbers, deep nesting, shared "billion laughs", hostile dict keys,
+  missing/extra keys, unknown actions, long strings — and re-encoded with protocol 2-5, some
+  gzip'd, some cut or bit-flipped), kineto traces and memory timelines (JSON trees and text:
+  5,000-digit numbers, NaN/Infinity, deep arrays, whitespace runs, long strings, gzip), memray
+  captures (byte flips and truncation), `snapana export` folders (marker JSON, Parquet tables);
+  `generate(i, seed)` is case number i of a campaign, deterministic.
+- `hostile.py` — hand-made hostile inputs per class of the issue (FIFO input, output = input,
+  gzip bombs, memo abuse, ...).
+- `pickle_codec.py` — safe seed decoding and an encoder for shapes pickle.dumps cannot write.
+- `seeds.py` — seeds: sample_snapshots/, ../shared/corpus/ (read in place), synthetic ones.
+- `worker.py` / `runner.py` — a persistent worker subprocess (snapana imported once; cases run
+  through `snapana.cli.main` with fds 1/2 captured) under RLIMIT_AS, a per-case timeout and a
+  restart when it dies; each outcome classified (refused, ok, traceback, internal, multiline,
+  invariant, crash, hang, memory, overwrite); `invariants.py` checks every JSON summary.
+- `minimize.py` — delta reduction of a failing case; `campaign.py` — the loop, counts, saving.
+- `corpus/` — minimised regression cases: `<class>-<n>.<ext>` (a raw input, replayed with
+  `summary FILE -f json`) or `<class>-<n>.case.json` (files, setup and command).
+
+Run: `python -m tests.fuzz --minutes 5 [--seed S] [--jobs 2] [--save] [-v]`;
+`python -m tests.fuzz --replay` runs the corpus and the hostile cases.
+tests/test_fuzz.py runs a deterministic slice and the corpus in CI.
+"""

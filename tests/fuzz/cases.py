@@ -1,0 +1,93 @@
+"""A fuzz case: files to lay out in a fresh folder, a command line, optional setup steps.
+
+Cases are saved into `tests/fuzz/corpus/` either as the raw input file (`<class>-<n>.<ext>`,
+replayed with `summary FILE -f json`) or, when a case needs more than one file, a special
+setup or another command, as `<class>-<n>.case.json` (files base64-encoded).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The input path every single-file case uses, by format (detection is by content anyway).
+INPUT = "input"
+SUMMARY = ["summary", "{input}", "-f", "json"]
+
+
+@dataclass
+class Case:
+    fmt: str
+    name: str
+    files: dict[str, bytes]
+    argv: list[str] = field(default_factory=lambda: list(SUMMARY))
+    #: the path {input} stands for, relative to the case folder
+    input: str = INPUT
+    #: ('fifo', relpath) | ('symlink', relpath, target) | ('dir', relpath)
+    setup: list[tuple[str, ...]] = field(default_factory=list)
+    #: for structure-aware minimisation: the mutated tree and how to turn it into files
+    tree: Any = None
+    encode: Callable[[Any], dict[str, bytes]] | None = None
+    ext: str = ""
+
+    def command(self) -> list[str]:
+        return [a.replace("{input}", self.input) for a in self.argv]
+
+    def materialize(self, folder: Path) -> dict[str, str]:
+        """Write the case into `folder` (empty); return the hashes of the input files."""
+        hashes = {}
+        for rel, data in self.files.items():
+            p = folder / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+            hashes[rel] = hashlib.sha256(data).hexdigest()
+        for step in self.setup:
+            p = folder / step[1]
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if step[0] == "fifo":
+                os.mkfifo(p)
+            elif step[0] == "symlink":
+                os.symlink(step[2], p)
+            elif step[0] == "dir":
+                p.mkdir(exist_ok=True)
+        return hashes
+
+    @property
+    def size(self) -> int:
+        return sum(len(v) for v in self.files.values())
+
+    def is_plain(self) -> bool:
+        """One input file run with the default command: saved as the raw file."""
+        return (list(self.files) == [self.input] and not self.setup
+                and self.argv == SUMMARY)
+
+    def save(self, path_stem: Path) -> Path:
+        if self.is_plain():
+            path = path_stem.with_name(path_stem.name + (self.ext or ".bin"))
+            path.write_bytes(self.files[self.input])
+            return path
+        path = path_stem.with_name(path_stem.name + ".case.json")
+        doc = {"fmt": self.fmt, "name": self.name, "argv": self.argv, "input": self.input,
+               "setup": [list(s) for s in self.setup],
+               "files": {k: base64.b64encode(v).decode("ascii")
+                         for k, v in sorted(self.files.items())}}
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        return path
+
+
+def load_saved(path: Path) -> Case:
+    """A case saved by `Case.save` (a raw input file or a .case.json)."""
+    if path.name.endswith(".case.json"):
+        doc = json.loads(path.read_text())
+        return Case(fmt=doc["fmt"], name=doc.get("name", path.name),
+                    files={k: base64.b64decode(v) for k, v in doc["files"].items()},
+                    argv=list(doc["argv"]), input=doc.get("input", INPUT),
+                    setup=[tuple(s) for s in doc.get("setup", [])])
+    return Case(fmt="saved", name=path.name, files={INPUT: path.read_bytes()},
+                ext="".join(path.suffixes))

@@ -1,0 +1,262 @@
+"""Run cases in persistent worker processes and classify each outcome.
+
+Classes (`CLASSES`): `refused` (exit 2, exactly one stderr line `snapana: error: ...`), `ok`
+(exit 0 and, for `summary -f json`, every invariant holds) are fine; the rest are findings:
+`traceback` (a Python traceback or an exit code other than 0/2/3), `internal` (exit 3: an
+unexpected error the CLI's guard caught), `multiline` (exit 2 with more or less than one
+line), `invariant` (exit 0 with inconsistent figures), `crash` (killed by a signal), `hang`
+(over the per-case timeout), `memory` (the memory limit hit, a MemoryError, or a peak RSS over
+the RSS limit), `overwrite` (an input file changed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cases import Case
+from .invariants import cached_violation, summary_violations
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = ("refused", "ok")
+CLASSES = ("refused", "ok", "traceback", "internal", "multiline", "invariant", "crash", "hang",
+           "memory", "overwrite")
+GIB = 1 << 30
+_FRAME = re.compile(r'File "([^"]*snapana[^"]*)", line (\d+), in (\S+)')
+
+
+@dataclass
+class Outcome:
+    cls: str
+    detail: str = ""
+    code: int | None = None
+    seconds: float = 0.0
+    stderr: str = ""
+    stdout: str = ""
+    peak_rss: int = 0
+    note: str = ""  # e.g. the cached-bytes reading, reported but not a failure
+
+    @property
+    def signature(self) -> tuple[str, str]:
+        """What a reduction must keep: the class and, for tracebacks, the failing site."""
+        return (self.cls, self.detail if self.cls in ("traceback", "internal", "invariant")
+                else "")
+
+    @property
+    def failed(self) -> bool:
+        return self.cls not in GOOD
+
+
+def traceback_site(stderr: str) -> str:
+    """`ExcType at snapana/file.py:line` of the innermost snapana frame of a traceback."""
+    frames = _FRAME.findall(stderr)
+    lines = stderr.splitlines()
+    last = max((i for i, ln in enumerate(lines) if ln.lstrip().startswith("File \"")),
+               default=-1)
+    after = [ln for ln in lines[last + 1:] if ln.strip() and not ln.startswith((" ", "\t"))]
+    exc = after[0].split(":")[0].strip() if after else "?"
+    if frames:
+        f, line, func = frames[-1]
+        short = f.split("analyzer/")[-1] if "analyzer/" in f else f.split("site-packages/")[-1]
+        return f"{exc} at {short}:{line} ({func})"
+    return exc
+
+
+class Worker:
+    """One persistent worker process; restarted by the runner when it dies or hangs."""
+
+    def __init__(self, memory_limit: int, snapana_path: str | None = None) -> None:
+        self.memory_limit = memory_limit
+        self.snapana_path = snapana_path
+        self.proc: subprocess.Popen | None = None
+        self.cases = 0
+
+    def start(self) -> None:
+        limit = self.memory_limit
+
+        def limits() -> None:
+            if limit:
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        env = dict(os.environ)
+        env.setdefault("POLARS_MAX_THREADS", "2")
+        # another snapana tree (e.g. an older commit) goes first on the path
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (self.snapana_path, str(ROOT),
+                                                        env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fuzz.worker"], cwd=ROOT, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            preexec_fn=limits, start_new_session=True, text=True, bufsize=1)
+        line = self._readline(120)
+        if line is None or not json.loads(line).get("ready"):
+            self.kill()
+            raise RuntimeError("fuzz worker did not start (is snapana importable?)")
+        self.cases = 0
+
+    def _readline(self, timeout: float) -> str | None:
+        assert self.proc is not None and self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self.proc.stdout.readline()
+        return line or None
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc = None
+
+    def run(self, cwd: Path, argv: list[str], timeout: float) -> tuple[dict | None, str]:
+        """The worker's reply, or None and why ('hang' or 'died:<signal or code>')."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        assert self.proc is not None and self.proc.stdin is not None
+        self.cases += 1
+        try:
+            self.proc.stdin.write(json.dumps({"cwd": str(cwd), "argv": argv}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self.kill()
+            return None, "died:pipe"
+        line = self._readline(timeout)
+        if line is None:
+            rc = self.proc.poll()
+            if rc is None:
+                self.kill()
+                return None, "hang"
+            self.proc = None
+            return None, f"died:{rc}"
+        return json.loads(line), ""
+
+
+class Runner:
+    """Runs cases one after another in a worker (use one Runner per parallel job)."""
+
+    def __init__(self, timeout: float = 10.0, memory_limit: int = 3 * GIB,
+                 rss_limit: int = 2 * GIB, recycle: int = 300,
+                 snapana_path: str | None = None) -> None:
+        self.timeout = timeout
+        self.rss_limit = rss_limit
+        self.recycle = recycle
+        self.worker = Worker(memory_limit, snapana_path)
+        self.base = Path(tempfile.mkdtemp(prefix="snapana-fuzz-"))
+        self.n = 0
+
+    def close(self) -> None:
+        self.worker.kill()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, case: Case) -> Outcome:
+        self.n += 1
+        folder = self.base / f"case-{self.n}"
+        folder.mkdir()
+        try:
+            hashes = case.materialize(folder)
+            reply, why = self.worker.run(folder, case.command(), self.timeout)
+            out = self._read(folder / "stdout.txt")
+            err = self._read(folder / "stderr.txt")
+            outcome = self._classify(case, folder, reply, why, out, err)
+            if outcome.cls in GOOD and self._changed(folder, hashes):
+                outcome = Outcome("overwrite", "an input file was modified", outcome.code,
+                                  outcome.seconds, err, out)
+            if reply is not None and (self.worker.cases >= self.recycle
+                                      or reply.get("rss", 0) > self.rss_limit // 2):
+                self.worker.kill()  # a fresh worker now and then: no state carried over
+            return outcome
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    @staticmethod
+    def _read(path: Path, limit: int = 256 << 20) -> str:
+        try:
+            with path.open("rb") as fh:
+                return fh.read(limit).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    @staticmethod
+    def _changed(folder: Path, hashes: dict[str, str]) -> bool:
+        for rel, digest in hashes.items():
+            p = folder / rel
+            try:
+                if hashlib.sha256(p.read_bytes()).hexdigest() != digest:
+                    return True
+            except (OSError, IsADirectoryError):
+                return True
+        return False
+
+    def _classify(self, case: Case, folder: Path, reply: dict | None, why: str, out: str,
+                  err: str) -> Outcome:
+        if reply is None:
+            if why == "hang":
+                return Outcome("hang", f"over {self.timeout:g} s", None, self.timeout, err, out)
+            detail = why.split(":", 1)[1]
+            memoryish = any(s in err for s in ("memory allocation of", "bad_alloc",
+                                               "MemoryError", "Cannot allocate memory"))
+            try:
+                sig = -int(detail)
+            except ValueError:
+                sig = 0
+            if memoryish or sig == signal.SIGKILL:
+                return Outcome("memory", f"died ({detail})", None, 0, err, out)
+            name = signal.Signals(sig).name if sig > 0 else f"exit {detail}"
+            return Outcome("crash", name, None, 0, err, out)
+        code, seconds, peak = reply["code"], reply["seconds"], reply.get("peak_rss", 0)
+        base = dict(code=code, seconds=seconds, stderr=err, stdout=out, peak_rss=peak)
+        if reply.get("exception") == "MemoryError" or "MemoryError" in err:
+            return Outcome("memory", "MemoryError", **base)
+        if peak > self.rss_limit:
+            return Outcome("memory", f"peak RSS {peak >> 20} MiB", **base)
+        if "Traceback (most recent call last)" in err or reply.get("exception"):
+            return Outcome("traceback", traceback_site(err), **base)
+        if code == 2:
+            lines = [ln for ln in err.splitlines() if ln.strip()]
+            if len(lines) == 1 and lines[0].startswith("snapana: error: "):
+                return Outcome("refused", lines[0][16:96], **base)
+            return Outcome("multiline", f"{len(lines)} lines", **base)
+        if code == 3:
+            return Outcome("internal", err.strip().splitlines()[-1][:160] if err.strip()
+                           else "", **base)
+        if code != 0:
+            return Outcome("traceback", f"exit {code}", **base)
+        cmd = case.command()
+        if cmd[:1] == ["summary"] and "json" in cmd:
+            bad = summary_violations(out)
+            if bad:
+                return Outcome("invariant", bad[0].split(":")[0], note="; ".join(bad[:3]),
+                               **base)
+            note = cached_violation(out) or ""
+            return Outcome("ok", "", note=note, **base)
+        if cmd[:1] == ["report"] and "-o" in cmd:
+            target = folder / cmd[cmd.index("-o") + 1]
+            if target.is_dir():
+                target = target / (Path(case.input).name.split(".")[0] + ".html")
+            if not target.is_file() or target.stat().st_size == 0:
+                return Outcome("invariant", "report: exit 0 without the report file", **base)
+        return Outcome("ok", "", **base)
