@@ -28,9 +28,12 @@ class PageVisit:
     plots: int = 0
     figure_divs: int = 0
     text: str = ""
+    probed: object = None  # what the page's `probe` expression evaluated to
 
 
-def open_report(path: Path, timeout_ms: int = 30000) -> PageVisit:
+def open_report(path: Path, timeout_ms: int = 30000, probe: str | None = None) -> PageVisit:
+    """Open the report, wait until its figures are drawn, and collect what the page shows;
+    `probe`, a JavaScript expression, is evaluated in the drawn page (e.g. a plot's data)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -50,5 +53,7 @@ def open_report(path: Path, timeout_ms: int = 30000) -> PageVisit:
         visit.plots = page.locator(".js-plotly-plot").count()
         visit.figure_divs = page.locator("div[data-figure]").count()
         visit.text = page.inner_text("body")
+        if probe is not None:
+            visit.probed = page.evaluate(probe)
         browser.close()
     return visit

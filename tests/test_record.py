@@ -88,7 +88,9 @@ def test_dump_at_step_writes_snapshot_sidecar_and_inventory(tmp_path: Path, quie
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "8")
     cuda = FakeCuda()
-    rec = _recorder(tmp_path, cuda, dump_at_step=2)
+    # the walk's deadline is not what this tests: a full suite in one loaded process holds
+    # millions of objects, which the default 3 s may not cover
+    rec = _recorder(tmp_path, cuda, dump_at_step=2, inventory_deadline_s=120.0)
     try:
         assert rec.start()
         assert cuda.calls[0] == ("start_history", (100_000, "python"))

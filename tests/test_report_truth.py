@@ -85,7 +85,14 @@ def formats(request) -> dict[str, Any]:
 
 
 def _loops(data: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for d in data["devices"] for g in d["groups"] for c in g["chunks"]]
+    """Every repeated-copies figure the JSON holds: each family's loops at the moment, and
+    the uniform allocations of a family's growth over the window (`growth`)."""
+    loops = [c for d in data["devices"] for g in d["groups"] for c in g["chunks"]]
+    loops += [{"count": g["allocations"], "chunk_size": g["uniform_size"],
+               "total": g["allocation_bytes"], "uniform": True,
+               "min_size": g["uniform_size"], "max_size": g["uniform_size"]}
+              for d in data["devices"] for g in d.get("growth", []) if g["uniform_size"]]
+    return loops
 
 
 def test_every_printed_statement_holds_and_is_in_the_json(formats) -> None:

@@ -173,6 +173,18 @@ class Analysis:
         """family, site, bytes, blocks, label, rule_id: the drill-down below `families`."""
         return tables.sites(self.device_report)
 
+    @cached_property
+    def timeline(self) -> pl.DataFrame:
+        """event, time_us, family, bytes: each family's live bytes after every event where
+        they change (event -1: before the first event; time_us None without a clock). At
+        any event the families' latest values add up to allocated bytes. Empty without
+        history."""
+        t = self.device_report.timeline
+        if t.families is None:
+            return pl.DataFrame(schema={"event": pl.Int64, "time_us": pl.Int64,
+                                        "family": pl.Utf8, "bytes": pl.Int64})
+        return t.families.frame(t.times_us)
+
     def stack(self, stack_id: int) -> list[tuple[str, str, int]]:
         """The frames of one stack, innermost first: (filename, function, line)."""
         return list(self.capture.stacks.stack(stack_id))
@@ -207,7 +219,8 @@ class Analysis:
 
     # ----- figures and text --------------------------------------------------------------------
     def figure(self, name: FigureName = "families") -> go.Figure:
-        """A plotly figure: 'families' (treemap), 'timeline', 'segments', 'sites' (top sites)."""
+        """A plotly figure: 'families' (treemap), 'timeline', 'families_over_time' (live bytes
+        per family, stacked), 'segments', 'sites' (top sites)."""
         from snapana.render import figures
 
         return figures.figure(name, self._device_view)

@@ -9,7 +9,7 @@ view-model's work (`render/views.py`), not this module's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, TypedDict, get_args
 
 import numpy as np
@@ -19,6 +19,8 @@ from snapana.attribution import chunk_groups, family_label
 from snapana.attribution.assign import AnnotationWindows, Attributor
 from snapana.attribution.chunks import LOOP_FAMILIES
 from snapana.attribution.engine import RuleSet
+from snapana.attribution.lifetimes import attribute_lifetimes
+from snapana.family_timeline import FamilyGrowth, FamilyTimeline, family_timeline
 from snapana.knobs import (
     Knob,
     best_knob,
@@ -152,6 +154,12 @@ class Timeline:
     peak_idx: int  # the event of the peak (-1: before the first event)
     peak_bytes: int
     bands: tuple[Band, ...]  # closed annotation windows (only on a clock)
+    #: each family's live bytes over the trace (None without history)
+    families: FamilyTimeline | None = None
+    #: the families that held or gained most by the moment (see FamilyTimeline.dominant)
+    growth: tuple[FamilyGrowth, ...] = ()
+    #: each family's site that allocated the most bytes over the trace
+    family_sites: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def n_events(self) -> int:
@@ -355,7 +363,8 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         groups=state.groups,
         by_pool_stream=_by_pool_stream(held),
         top_sites=_top_sites(capture, held),
-        timeline=_timeline(capture, dr, peak, peak_bytes),
+        timeline=_timeline(capture, dr, peak, peak_bytes, attributor, held, moment,
+                           (diagnosis.request_family, diagnosis.excess_family)),
         segments=segments,
         live_blocks=live.join(held.select("address", "family"), on="address", how="left"),
         n_events=dr.n_events,
@@ -718,9 +727,12 @@ def _top_sites(capture: Capture, held: pl.DataFrame, limit: int = 15) -> tuple[S
     )
 
 
-def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int) -> Timeline:
-    """The live-bytes series of the whole trace, the events of the OOM and the peak, and on
-    a clock the annotation windows; a view downsamples it."""
+def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
+              attributor: Attributor, held: pl.DataFrame, moment: Moment,
+              named: tuple[str | None, ...]) -> Timeline:
+    """The live-bytes series of the whole trace, per family too (with the growth of the
+    dominant families and of those the verdict `named`), the events of the OOM and the
+    peak, and on a clock the annotation windows; a view downsamples it."""
     on_clock = capture.has_time and dr.n_events > 0
     times = None
     bands: tuple[Band, ...] = ()
@@ -730,6 +742,7 @@ def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int)
         bands = tuple(Band(name, start, end)
                       for start, end, name in AnnotationWindows(capture, dr.device).windows
                       if end < AnnotationWindows.OPEN_END)
+    families, growth, sites = _families(dr, attributor, held, moment, peak, named)
     return Timeline(
         allocated=dr.allocated,
         reserved=dr.reserved,
@@ -738,4 +751,21 @@ def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int)
         peak_idx=peak.idx,
         peak_bytes=peak_bytes,
         bands=bands,
+        families=families,
+        growth=growth,
+        family_sites=sites,
     )
+
+
+def _families(dr: DeviceReplay, attributor: Attributor, held: pl.DataFrame, moment: Moment,
+              peak: Moment, named: tuple[str | None, ...]) -> tuple[
+        FamilyTimeline | None, tuple[FamilyGrowth, ...], dict[str, str]]:
+    """Each family's live bytes over the trace, the growth of the dominant and `named`
+    families, and each family's top site (nothing without history)."""
+    if not dr.n_events:
+        return None, (), {}
+    families = family_timeline(attribute_lifetimes(attributor, dr, held), dr.n_events)
+    growth = families.dominant(moment.idx, peak.idx, dr.allocated_at(moment),
+                               tuple(f for f in named if f))
+    sites = {f: attributor.site(sid) for f, sid in families.top_stacks().items()}
+    return families, growth, sites

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from snapana.attribution import inference
@@ -58,6 +59,22 @@ class AnnotationWindows:
             return ()
         hi = bisect.bisect_right(self._starts, time_us)
         return tuple(sorted({n for s, e, n in self.windows[:hi] if s <= time_us <= e}))
+
+    def at_many(self, times_us: np.ndarray) -> tuple[np.ndarray, list[tuple[str, ...]]]:
+        """`at` for many times in one pass: an index per time into the returned list of
+        window-name tuples (0 is no window). The open set only changes where a window starts
+        or one past where it ends, so it is computed once per such boundary, not per time."""
+        names: list[tuple[str, ...]] = [()]
+        if not self.windows or len(times_us) == 0:
+            return np.zeros(len(times_us), dtype=np.int64), names
+        bounds = np.unique(np.array([w[0] for w in self.windows]
+                                    + [w[1] + 1 for w in self.windows], dtype=np.int64))
+        index: dict[tuple[str, ...], int] = {(): 0}
+        ids = np.array([index.setdefault(self.at(int(b)), len(index)) for b in bounds],
+                       dtype=np.int64)
+        names = list(index)
+        k = np.searchsorted(bounds, times_us, side="right") - 1
+        return np.where(k >= 0, ids[np.maximum(k, 0)], 0), names
 
 
 class TracePhases:
@@ -112,6 +129,17 @@ class TracePhases:
         self._phase = [m[1] for m in marks]
         self._memo: dict[int, str | None] = {}
 
+    def in_backward(self, alloc_idx: np.ndarray) -> np.ndarray:
+        """`at` over an array of event indices: True where it would say ``"backward"``."""
+        codes = {"backward": 1, "forward": 2, "optimizer": 3}
+        phase = np.array([codes.get(p, 4) for p in self._phase] + [0], dtype=np.int8)
+        pos = np.asarray(self._pos, dtype=np.float64)
+        x = np.asarray(alloc_idx, dtype=np.float64)
+        j = np.searchsorted(pos, x, side="left")
+        left = np.where(j > 0, phase[np.maximum(j - 1, 0)], 0)  # 0: no mark on that side
+        right = phase[np.searchsorted(pos, x, side="right")]  # the sentinel past the end
+        return (left == 1) | (right == 1) | ((left == 2) & ((right == 0) | (right == 3)))
+
     def at(self, alloc_idx: int) -> str | None:
         """``"backward"`` when the frameless allocation at event ``alloc_idx`` happened while
         backward was running; None when the trace cannot tell."""
@@ -156,13 +184,23 @@ class Attributor:
         self._sites: dict[int, str] = {}
         self._trace_phases: TracePhases | None = None
 
+    def trace_phases(self) -> TracePhases:
+        """The phases the trace shows around frameless allocations (built on first use)."""
+        if self._trace_phases is None:
+            self._trace_phases = TracePhases(self.capture, self.device, self.rules, self.windows)
+        return self._trace_phases
+
     def trace_phase(self, alloc_idx: int) -> str | None:
         """The phase the trace shows for the frameless allocation at event ``alloc_idx``."""
         if alloc_idx < 0 or not self.capture.has_trace:
             return None
-        if self._trace_phases is None:
-            self._trace_phases = TracePhases(self.capture, self.device, self.rules, self.windows)
-        return self._trace_phases.at(alloc_idx)
+        return self.trace_phases().at(alloc_idx)
+
+    def event_times(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each event's trace time and whether it has one; None without a clock."""
+        if not self.capture.has_time:
+            return None
+        return self._times.fill_null(-1).to_numpy(), self._times.is_not_null().to_numpy()
 
     def context(self, stack_id: int, pool: str, stream: int, state: str, size: int,
                 alloc_idx: int) -> BlockContext:

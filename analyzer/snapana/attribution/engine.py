@@ -18,6 +18,8 @@ from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from .families import UNKNOWN, VOCABULARY_FILE, family_label
 from .rules import (
     PHASES,
@@ -295,6 +297,11 @@ class RuleSet:
             ctx.phase_hint,
             bisect_right(self._size_thresholds, ctx.size),
         )
+
+    def size_bands(self, sizes: np.ndarray) -> np.ndarray:
+        """The size band of each size (what ``context_key`` keeps of a size), vectorised."""
+        return np.searchsorted(np.asarray(self._size_thresholds, dtype=np.int64), sizes,
+                               side="right")
 
     def infer_phase(self, stack: Stack, ctx: BlockContext) -> str:
         """The phase of the allocation (one of :data:`PHASES`)."""

@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
+import numpy as np
 import plotly.graph_objects as go
 
-from snapana.render.views import DeviceView, DiffView, RanksView
+from snapana.render.views import DeviceView, DiffView, RanksView, TimelineView
 from snapana.render.wording import inferred_note, rank_label
 from snapana.units import GiB, fmt_bytes
 
 #: The public names of a device's figures.
-FigureName = Literal["families", "timeline", "segments", "sites"]
+FigureName = Literal["families", "timeline", "families_over_time", "segments", "sites"]
 FIGURE_NAMES: tuple[FigureName, ...] = get_args(FigureName)
 
 _STATE_COLOURS = {"active_allocated": "#d62728", "active_pending_free": "#ff7f0e",
@@ -57,7 +58,10 @@ def families(v: DeviceView) -> go.Figure:
             values.append(sum(s["bytes"] for s in rest))
             text.append("")
             hover.append(fmt_bytes(sum(s["bytes"] for s in rest)))
+    colour = v.colours
+    colours = [""] + [colour.get(i.split(":")[1], "") for i in ids[1:]]
     fig = go.Figure(go.Treemap(ids=ids, labels=labels, parents=parents, values=values,
+                               marker=dict(colors=colours),
                                text=text, customdata=hover, branchvalues="total",
                                hovertemplate="%{label}<br>%{customdata}<extra></extra>",
                                textinfo="label+text", maxdepth=2,
@@ -84,13 +88,7 @@ def timeline(v: DeviceView) -> go.Figure:
                                  line=dict(color="#6baed6", shape="hv", width=3)))
     fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.allocated], name="allocated",
                              mode="lines", line=dict(color="#08519c", shape="hv", width=1.5)))
-    if t.peak_x is not None:
-        fig.add_trace(go.Scatter(x=[x_of(t.peak_x)], y=[t.peak_bytes / GiB], mode="markers",
-                                 name=f"peak {fmt_bytes(t.peak_bytes)}",
-                                 marker=dict(color="#d62728", size=10, symbol="diamond")))
-    if t.oom_x is not None:
-        fig.add_vline(x=x_of(t.oom_x), line=dict(color="#d62728", dash="dash"),
-                      annotation_text="OOM", annotation_position="top left")
+    _mark_moments(fig, t, x_of)
     for b in t.bands:
         fig.add_vrect(x0=x_of(b.start), x1=x_of(b.end), fillcolor="#fdd0a2",
                       opacity=0.35, line_width=0, annotation_text=b.name,
@@ -114,6 +112,62 @@ def timeline(v: DeviceView) -> go.Figure:
                                               "xaxis.autorange": False}]),
                                   dict(label="full range", method="relayout",
                                        args=[{"xaxis.autorange": True}])])])
+    return fig
+
+
+def _mark_moments(fig: go.Figure, t: TimelineView, x_of: Callable[[int], float]) -> None:
+    """The peak (a marker at its bytes) and the OOM (a dashed line) on a time chart."""
+    if t.peak_x is not None:
+        fig.add_trace(go.Scatter(x=[x_of(t.peak_x)], y=[t.peak_bytes / GiB], mode="markers",
+                                 name=f"peak {fmt_bytes(t.peak_bytes)}",
+                                 marker=dict(color="#d62728", size=10, symbol="diamond")))
+    if t.oom_x is not None:
+        fig.add_vline(x=x_of(t.oom_x), line=dict(color="#d62728", dash="dash"),
+                      annotation_text="OOM", annotation_position="top left")
+
+
+def families_over_time(v: DeviceView) -> go.Figure:
+    """Live bytes per family over the trace, stacked (they add up to allocated), with
+    reserved and the capacity above them and the OOM and the peak marked: how memory got
+    to the moment, family by family."""
+    t = v.timeline
+    fig = go.Figure()
+    # float32 arrays travel as packed binary in the page: ten areas stay small at any size
+    x0 = t.x[0]
+    fx = np.asarray(t.family_x, dtype=np.float64)
+    xs = ((fx - x0) / 1e6 if t.x_is_time else fx).astype(np.float32)
+
+    def x_of(value: int) -> float:
+        return (value - t.x[0]) / 1e6 if t.x_is_time else value
+
+    for area in t.families:
+        where = f"<br>most from {area.site}" if area.site else ""
+        fig.add_trace(go.Scatter(
+            x=xs, y=(np.asarray(area.bytes) / GiB).astype(np.float32), name=area.name,
+            mode="lines", stackgroup="families", line=dict(shape="hv", width=0.5,
+                                                           color=area.colour),
+            fillcolor=area.colour,
+            hovertemplate=f"{area.name}: %{{y:.2f}} GiB{where}<extra></extra>"))
+    if t.reserved_known:
+        rx = np.asarray(t.x, dtype=np.float64)
+        rx = ((rx - x0) / 1e6 if t.x_is_time else rx).astype(np.float32)
+        fig.add_trace(go.Scatter(x=rx, y=(np.asarray(t.reserved) / GiB).astype(np.float32),
+                                 name="reserved", mode="lines",
+                                 line=dict(color="#08306b", shape="hv", width=1.5, dash="dot"),
+                                 hovertemplate="reserved: %{y:.2f} GiB<extra></extra>"))
+    if t.capacity is not None:
+        fig.add_hline(y=t.capacity / GiB, line=dict(color="#d62728", width=1),
+                      annotation_text=f"capacity {fmt_bytes(t.capacity)}",
+                      annotation_position="top left")
+    _mark_moments(fig, t, x_of)
+    fig.update_layout(height=420, margin=dict(l=50, r=10, t=30, b=40),
+                      title="Live bytes per family over the recorded trace",
+                      xaxis_title="seconds since first event" if t.x_is_time else "event index",
+                      yaxis_title="GiB", legend=dict(orientation="h", traceorder="reversed"),
+                      hovermode="x unified")
+    if t.zoom is not None:
+        fig.update_layout(xaxis=dict(range=[x_of(t.zoom[0]), x_of(t.zoom[1])],
+                                     autorange=False))
     return fig
 
 
@@ -180,7 +234,8 @@ def sites(v: DeviceView) -> go.Figure:
 
 #: A device's figures under their public names.
 FIGURES: dict[FigureName, Callable[[DeviceView], go.Figure]] = {
-    "families": families, "timeline": timeline, "segments": segments, "sites": sites}
+    "families": families, "timeline": timeline, "families_over_time": families_over_time,
+    "segments": segments, "sites": sites}
 
 
 def figure(name: str, v: DeviceView) -> go.Figure:

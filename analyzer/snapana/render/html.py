@@ -20,7 +20,8 @@ from snapana.units import fmt_bytes
 _TEMPLATES = Path(__file__).parent / "templates"
 _FIGURE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB)\b")
 #: The figures a device section draws, by their public names (`figures.FIGURES`).
-PAGE_FIGURES: tuple[figures.FigureName, ...] = ("families", "timeline", "segments")
+PAGE_FIGURES: tuple[figures.FigureName, ...] = ("families", "timeline", "families_over_time",
+                                                "segments")
 
 
 def _env() -> jinja2.Environment:
@@ -60,7 +61,8 @@ def _device(d: DeviceView) -> tuple[DeviceView, dict[str, str]]:
     segments, no timeline without history)."""
     drawn = [name for name in PAGE_FIGURES
              if (name != "segments" or d.segments) and (name != "timeline" or d.timeline.x)
-             and (name != "families" or d.report.groups)]
+             and (name != "families" or d.report.groups)
+             and (name != "families_over_time" or d.timeline.families)]
     return d, {name: _figure_json(figures.FIGURES[name](d)) for name in drawn}
 
 

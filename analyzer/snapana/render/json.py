@@ -68,6 +68,13 @@ def device_dict(d: DeviceView) -> dict[str, Any]:
             for g in r.groups
         ],
         "diagnosis": _diagnosis(r.diagnosis, d),
+        "growth": [{"family": g.family, "start_bytes": g.start_bytes,
+                    "peak_bytes": g.peak_bytes, "moment_bytes": g.moment_bytes,
+                    "max_bytes": g.max_bytes, "allocations": g.allocations,
+                    "allocation_bytes": g.allocation_bytes, "uniform_size": g.uniform_size,
+                    "phase": g.phase, "text": text}
+                   for g, text in zip(r.timeline.growth if d.growth else (), d.growth,
+                                      strict=True)],
         "by_pool_stream": list(r.by_pool_stream),
         "events": r.n_events,
         "before_recording_bytes": r.before_recording_bytes,

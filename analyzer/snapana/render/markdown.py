@@ -50,6 +50,11 @@ def _device(out: list[str], d: DeviceView) -> None:
         rest = r.groups[TOP_GROUPS:]
         out.append(f"| {len(rest)} more | {fmt_bytes(sum(g.bytes for g in rest))} | "
                    f"{sum(g.blocks for g in rest)} | | | | |")
+    if d.growth:
+        out.append("")
+        out.append("**How it got there** (each family from the first recorded event):")
+        out.append("")
+        out.extend(f"- {esc(line)}" for line in d.growth)
     _table(out, ("without family", "bytes", "would the request fit?", "can go"),
            [(code(f), b, esc(res), esc(c)) for f, b, res, c in d.what_ifs])
     _table(out, ("knob", "cost", "acts on", "effect", "caveat"),

@@ -80,6 +80,10 @@ def _device(out: _Out, d: DeviceView) -> None:
         out.heading("what holds memory: nothing is allocated")
     else:
         _groups(out, d)
+    if d.growth:
+        out.heading("how it got there (each family from the first recorded event)")
+        for line in d.growth:
+            out.para(line, first=INDENT, indent=INDENT * 3)
     if d.what_ifs:
         out.heading("what if a family were gone")
         for family, nbytes, result, can_go in d.what_ifs:

@@ -30,6 +30,7 @@ from snapana.render import ViewKind
 from snapana.render import wording as w
 
 TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
+FAMILY_POINTS = 1000  # points per family area (ten areas: the page stays small)
 SEGMENT_MAP_LIMIT = 60  # segments drawn per pool in the segment map
 SEGMENT_MAP_TOTAL = 120  # segments drawn in all (a capture can have many private pools)
 SEGMENT_BLOCK_LIMIT = 256  # ranges drawn per segment (merged beyond that, see cap_ranges)
@@ -37,6 +38,37 @@ DIFF_SITE_ROWS = 60  # changed sites a diff view holds (largest change first)
 
 
 # ----- the timeline -----------------------------------------------------------------------
+#: Family colours, in the order families are first met (the treemap's order, then the rest);
+#: `unknown` is always grey, so an unattributed share never looks like a family.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
+           "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939")
+UNKNOWN_COLOUR = "#9e9e9e"
+OTHER_COLOUR = "#d9d9d9"
+FAMILY_AREAS = 9  # families drawn in the family timeline; the rest are one "other" area
+
+
+def family_colours(r: DeviceReport) -> dict[str, str]:
+    """One colour per family of the device, shared by the treemap and the family timeline."""
+    order = [g.name for g in r.groups]
+    if r.timeline.families is not None:
+        order += [f for f in r.timeline.families.families if f not in order]
+    named = [f for f in order if f != "unknown"]
+    out = {f: PALETTE[i % len(PALETTE)] for i, f in enumerate(named)}
+    out["unknown"] = UNKNOWN_COLOUR
+    return out
+
+
+@dataclass(frozen=True)
+class FamilyArea:
+    """One family's live bytes at the timeline's points (or several: `other`)."""
+
+    name: str
+    bytes: tuple[int, ...]
+    colour: str
+    site: str  # the site that allocated most of it over the trace ('' for `other`)
+
+
 @dataclass(frozen=True)
 class TimelineView:
     """Live bytes over the trace, downsampled: x is µs on the trace clock or event index."""
@@ -53,6 +85,12 @@ class TimelineView:
     #: them, when a long quiet stretch before them would squeeze them into a sliver.
     zoom: tuple[int, int] | None = None
     reserved_known: bool = True  # False: the source has no reserved figure (not drawn)
+    #: the families' live bytes after the events `family_events` (x: `family_x`), stacked
+    #: bottom first (they add up to allocated bytes at every point)
+    families: tuple[FamilyArea, ...] = ()
+    family_events: tuple[int, ...] = ()
+    family_x: tuple[int, ...] = ()
+    capacity: int | None = None  # the device's capacity, when known
 
 
 #: A quiet gap before the OOM / peak longer than this share of the trace is cut from the
@@ -97,11 +135,15 @@ def downsample_indices(values: np.ndarray, max_points: int) -> np.ndarray:
 
 
 def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
-                  reserved_known: bool = True) -> TimelineView:
-    """The report's timeline at most ~`max_points` points, the peak and the ends kept."""
+                  reserved_known: bool = True, colours: Mapping[str, str] | None = None,
+                  capacity: int | None = None,
+                  family_points: int = FAMILY_POINTS) -> TimelineView:
+    """The report's timeline at most ~`max_points` points, the peak, the OOM and the ends
+    kept; the family areas at ~`family_points` chosen the same way."""
     if t.n_events == 0:
         return TimelineView((), (), (), False, None, None, t.peak_bytes, ())
-    keep = downsample_indices(t.allocated, max_points)
+    keep = _keep(t, max_points)
+    family_keep = _keep(t, family_points)
     times = t.times_us
 
     def x_of(i: int) -> int:
@@ -121,7 +163,44 @@ def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
         bands=t.bands,
         zoom=zoom_window(times, min(i for i in (t.oom_idx, t.peak_idx) if i is not None)),
         reserved_known=reserved_known,
+        families=family_areas(t, family_keep, colours or {}),
+        family_events=tuple(int(i) for i in family_keep),
+        family_x=tuple(int(v) for v in (family_keep if times is None else times[family_keep])),
+        capacity=capacity,
     )
+
+
+def _keep(t: Timeline, max_points: int) -> np.ndarray:
+    """The events a timeline of ~`max_points` draws: the shape, the peak, the ends and the
+    step into the OOM (never smoothed away)."""
+    keep = downsample_indices(t.allocated, max_points)
+    if t.oom_idx is not None:
+        keep = np.union1d(keep, [i for i in (t.oom_idx - 1, t.oom_idx) if i >= 0])
+    return keep
+
+
+def family_areas(t: Timeline, keep: np.ndarray, colours: Mapping[str, str]) -> tuple[
+        FamilyArea, ...]:
+    """The families' bytes at the kept events: the `FAMILY_AREAS` that held the most at
+    their largest, stacked in the order they first held memory (what was there from the
+    start at the bottom, what grew on top), and the rest summed into one `other` area."""
+    ft = t.families
+    if ft is None:
+        return ()
+    values = {f: ft.bytes_at(f, keep) for f in ft.families}
+    shown = list(ft.families[:FAMILY_AREAS])
+    if len(ft.families) == FAMILY_AREAS + 1:  # an "other" of one family is that family
+        shown = list(ft.families)
+    shown.sort(key=lambda f: (ft.first_held(f), -int(values[f].max(initial=0)), f))
+    areas = [FamilyArea(f, tuple(int(v) for v in values[f]),
+                        colours.get(f, UNKNOWN_COLOUR), t.family_sites.get(f, ""))
+             for f in shown]
+    rest = [f for f in ft.families if f not in shown]
+    if rest:
+        total = sum((values[f] for f in rest), np.zeros(len(keep), dtype=np.int64))
+        areas.append(FamilyArea(f"{len(rest)} other families", tuple(int(v) for v in total),
+                                OTHER_COLOUR, ""))
+    return tuple(areas)
 
 
 # ----- the segment map --------------------------------------------------------------------
@@ -254,6 +333,7 @@ class DeviceView:
     knobs: tuple[tuple[str, str, str, str, str], ...]  # knob, cost, acts on, effect, caveat
     causes: tuple[tuple[str, str, str], ...]  # cause, holds / rejected / not measured, why
     group_notes: Mapping[str, str]  # family -> its loop of live copies, checkable ('' none)
+    growth: tuple[str, ...] = ()  # how the dominant families got to the moment, a line each
     host: bool = False  # host memory (memray, the profiler's CPU): no GPU figures or knobs
     oom_rows: tuple[str, ...] = OOM_ROWS
 
@@ -262,7 +342,14 @@ class DeviceView:
         if not self.report.diagnosis.history:
             return timeline_view(Timeline(np.zeros(0, np.int64), np.zeros(0, np.int64), None,
                                           None, -1, self.report.peak_allocated_bytes, ()))
-        return timeline_view(self.report.timeline, reserved_known=self.report.reserved_known)
+        r = self.report
+        return timeline_view(r.timeline, reserved_known=r.reserved_known,
+                             colours=self.colours, capacity=r.diagnosis.capacity_bytes)
+
+    @cached_property
+    def colours(self) -> dict[str, str]:
+        """Each family's colour, the same in every figure of the device."""
+        return family_colours(self.report)
 
     @cached_property
     def segments(self) -> tuple[SegmentView, ...]:
@@ -283,7 +370,8 @@ def device_view(r: DeviceReport) -> DeviceView:
         report=r, name=w.device_text(r), moment=w.moment_text(r), verdict=w.verdict(r),
         headline=tuple(w.headline_rows(r)), what_ifs=tuple(w.what_if_rows(r)),
         knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)),
-        group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r))
+        group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r),
+        growth=tuple(w.growth_lines(r)) if r.diagnosis.history else ())
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from snapana.compare import CaptureDiff, Side, SiteChange
 from snapana.diagnosis import Cause, ChunkLoop, DeviceReport, Diagnosis, Group, WhatIf
+from snapana.family_timeline import FamilyGrowth
 from snapana.knobs import COST_WORDS, Knob
 from snapana.ranks import MultiReport, RankSummary
 from snapana.units import fmt_bytes, parse_bytes
@@ -111,6 +112,33 @@ def repeat_text(c: ChunkLoop) -> str:
         return f"{c['count']} blocks of {size} each, total {total}"
     return (f"{c['count']} blocks, {fmt_bytes(c['min_size'])}–{fmt_bytes(c['max_size'])}, "
             f"total {total}")
+
+
+def growth_text(r: DeviceReport, g: FamilyGrowth) -> str:
+    """How one family got to the moment, checkable against the family timeline:
+    "saved_logprob_softmax: 0 B → 3.32 GiB at the OOM; 7 × 486.00 MiB allocated in the
+    window and still live, in the forward phase"."""
+    when = {"oom": "at the OOM", "peak": "at the peak", "snapshot": "at the end"}.get(
+        r.moment.kind, f"at event {r.moment.idx}")
+    text = f"{g.family}: {fmt_bytes(g.start_bytes)} → {fmt_bytes(g.moment_bytes)} {when}"
+    if fmt_bytes(g.max_bytes) != fmt_bytes(g.moment_bytes):
+        text += f" (at most {fmt_bytes(g.max_bytes)} before it)"
+    if not g.allocations:
+        return text + ("; all of it allocated before recording began" if g.moment_bytes
+                       else "")
+    loop = ChunkLoop(site="", stack_id=0, count=g.allocations, chunk_size=g.uniform_size or 0,
+                     total=g.allocation_bytes, uniform=g.uniform_size is not None,
+                     min_size=g.uniform_size or 0, max_size=g.uniform_size or 0)
+    made = repeat_text(loop) if g.uniform_size else \
+        f"{g.allocations} block{'s' if g.allocations > 1 else ''}, " \
+        f"{fmt_bytes(g.allocation_bytes)}"
+    phase = f", in the {_phase_words(g.phase)}" if g.phase != "unknown" else ""
+    return f"{text}; {made} allocated in the window and still live{phase}"
+
+
+def growth_lines(r: DeviceReport) -> list[str]:
+    """One line per family that held or gained most by the moment (`Timeline.growth`)."""
+    return [growth_text(r, g) for g in r.timeline.growth]
 
 
 def group_note(g: Group) -> str:

@@ -1,0 +1,118 @@
+"""A family for every block the trace ever held, not only those live at one moment.
+
+Why: the family timeline needs each lifetime's family, and a trace holds hundreds of
+thousands of them, so deciding them one by one (as `Attributor.attribute` does for the few
+thousand blocks live at a moment) would cost more than the whole report. A decision depends
+only on the stack and a small context key (pool kind, default stream, size band, whether an
+``alloc`` event exists, the annotation windows open at the allocation, the trace's phase
+hint), so the context of every lifetime is computed with array operations, each distinct
+(stack, key) is decided once, and the decisions are joined back.
+
+Blocks live at the report's moment keep the family the report gave them (`held`): the
+inference stage and the tensor inventory decide those with evidence about that moment, and
+the timeline must agree with the treemap where they meet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from snapana.attribution.assign import Attributor, parse_pool
+from snapana.attribution.stack import BlockContext
+from snapana.replay import DeviceReplay
+
+
+def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
+                        held: pl.DataFrame | None = None) -> pl.DataFrame:
+    """`dr.lifetimes` with `family` and `phase` columns (see the module docstring)."""
+    lt = dr.lifetimes
+    n = lt.height
+    if n == 0:
+        return lt.with_columns(pl.lit("", pl.Utf8).alias("family"),
+                               pl.lit("", pl.Utf8).alias("phase"))
+    capture = attributor.capture
+    alloc_idx = lt["alloc_idx"].to_numpy()
+    stack_ids = lt["stack_id"].to_numpy()
+    ids, stack_code = np.unique(stack_ids, return_inverse=True)
+    framed = np.array([bool(attributor.stacks.stack(int(s))) for s in ids])[stack_code]
+    has_event = alloc_idx >= 0
+
+    ann = np.zeros(n, dtype=np.int64)
+    names: list[tuple[str, ...]] = [()]
+    clock = attributor.event_times()
+    if clock is not None and attributor.windows.windows and len(clock[0]):
+        times, timed = clock
+        at = np.clip(alloc_idx, 0, len(times) - 1)
+        ann, names = attributor.windows.at_many(times[at])
+        ann = np.where(has_event & timed[at], ann, 0)
+    hint = np.zeros(n, dtype=bool)
+    frameless = has_event & ~framed
+    if capture.has_trace and frameless.any():
+        hint[frameless] = attributor.trace_phases().in_backward(alloc_idx[frameless])
+
+    pool_names, pool_code = _pools(dr)
+    parts = (stack_code, pool_code, lt["stream"].to_numpy() == 0,
+             attributor.rules.size_bands(lt["size"].to_numpy()), has_event, ann, hint)
+    first, which = _distinct_rows(parts)
+    sizes = lt["size"].to_numpy()
+    families, phases = [], []
+    for row in first:
+        d = attributor.decide(int(parts[0][row]), BlockContext(
+            pool_id=parse_pool(pool_names[pool_code[row]]),
+            stream=0 if parts[2][row] else 1, size=int(sizes[row]),
+            has_alloc_event=bool(has_event[row]) if capture.has_trace else None,
+            annotations=names[ann[row]], phase_hint="backward" if hint[row] else None))
+        families.append(d.family)
+        phases.append(d.phase)
+    out = lt.with_columns(
+        pl.Series("family", np.array(families, dtype=object)[which], dtype=pl.Utf8),
+        pl.Series("phase", np.array(phases, dtype=object)[which], dtype=pl.Utf8))
+    if held is None or held.is_empty():
+        return out
+    moment = held.select("address", "alloc_idx", pl.col("family").alias("_held"),
+                         pl.col("phase").alias("_held_phase")).unique(
+        subset=["address", "alloc_idx"], keep="first")
+    return (out.join(moment, on=["address", "alloc_idx"], how="left", maintain_order="left")
+            .with_columns(pl.coalesce("_held", "family").alias("family"),
+                          pl.coalesce("_held_phase", "phase").alias("phase"))
+            .drop("_held", "_held_phase"))
+
+
+def _distinct_rows(parts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The first row of each distinct row of the non-negative integer columns `parts`, and
+    each row's distinct-row number. The columns are folded into one code, made dense again
+    only when the next fold could overflow."""
+    code = np.zeros(len(parts[0]), dtype=np.int64)
+    for col in parts:
+        c = col.astype(np.int64)
+        width = int(c.max(initial=0)) + 1
+        if int(code.max(initial=0)) >= (2**62) // width:
+            _, code = np.unique(code, return_inverse=True)
+        code = code * width + c
+    _, first, which = np.unique(code, return_index=True, return_inverse=True)
+    return first, which
+
+
+def _pools(dr: DeviceReplay) -> tuple[list[str], np.ndarray]:
+    """Each lifetime's pool, as a code into the returned names: that of the segment holding
+    its address when it was allocated (the default pool where no recorded segment does).
+    Only segments outside the default pool are looked up, each over the blocks inside its
+    address range."""
+    lt = dr.lifetimes
+    names = ["0,0"]
+    codes = np.zeros(lt.height, dtype=np.int64)
+    private = dr.segment_intervals.filter(pl.col("pool") != "0,0")
+    if private.is_empty():
+        return names, codes
+    order = np.argsort(lt["address"].to_numpy(), kind="stable")
+    addr = lt["address"].to_numpy()[order]
+    born = lt["alloc_idx"].to_numpy()[order]
+    for a, size, pool, opened, closed in private.select(
+            "address", "total_size", "pool", "open_idx", "close_idx").iter_rows():
+        if pool not in names:
+            names.append(pool)
+        lo, hi = np.searchsorted(addr, [a, a + size], side="left")
+        inside = order[lo:hi][(born[lo:hi] >= opened) & (born[lo:hi] < closed)]
+        codes[inside] = names.index(pool)
+    return names, codes

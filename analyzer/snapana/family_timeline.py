@@ -1,0 +1,173 @@
+"""Live bytes per tensor family after every event: how memory got to the OOM, not only what
+held it there.
+
+Why: the treemap answers "what held the memory"; the next question is which family grew, in
+which phase, step by step (the per-chunk softmax piling up until one more chunk does not
+fit). The replay gives every block a lifetime and `attribution.lifetimes` gives every
+lifetime a family, so each family's live bytes are a running sum of its allocations and
+frees, with the same rule as the replay's allocated series (live from `alloc_idx` to
+`free_req_idx`; blocks alive before the first event count from the start). The families
+therefore add up to allocated bytes after every event.
+
+Only the points where a family's bytes change are kept (`changes`), so the cost and the
+size stay linear in the trace; a value at any event is a search in them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import polars as pl
+
+#: A family counts as dominant in the summary when it holds, or grew by, this share of the
+#: allocated bytes at the moment.
+DOMINANT_SHARE = 0.05
+DOMINANT_LINES = 6  # families the summary gives a line, at most
+
+
+@dataclass(frozen=True)
+class FamilyGrowth:
+    """One family over the recorded window, up to the moment of interest."""
+
+    family: str
+    start_bytes: int  # before the first recorded event
+    peak_bytes: int  # at the peak of allocated bytes
+    moment_bytes: int  # at the moment (the OOM, the peak or the end)
+    max_bytes: int  # the most it held at any event up to the moment
+    allocations: int  # its blocks live at the moment that were allocated in the window
+    allocation_bytes: int  # their bytes
+    uniform_size: int | None  # their size when all are one size (a loop's chunks)
+    phase: str  # the phase most of those bytes were allocated in
+
+
+@dataclass(frozen=True, eq=False)
+class FamilyTimeline:
+    """Each family's live bytes over one device's trace."""
+
+    n_events: int
+    #: family, event (-1: before the first event) and the family's bytes after it, at every
+    #: event where they change; sorted by family, then event
+    changes: pl.DataFrame
+    #: the replay's lifetimes with their `family` and `phase` (attribution.lifetimes)
+    lifetimes: pl.DataFrame
+
+    @cached_property
+    def families(self) -> tuple[str, ...]:
+        """Every family the trace held, the largest at its most first."""
+        top = self.changes.group_by("family").agg(pl.col("bytes").max()).sort(
+            ["bytes", "family"], descending=[True, False])
+        return tuple(top["family"].to_list())
+
+    @cached_property
+    def _by_family(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        return {str(f[0]): (g["event"].to_numpy(), g["bytes"].to_numpy())
+                for f, g in self.changes.group_by("family")}
+
+    def bytes_at(self, family: str, events: np.ndarray) -> np.ndarray:
+        """The family's live bytes after each of `events` (-1: before the first event)."""
+        hit = self._by_family.get(family)
+        events = np.asarray(events, dtype=np.int64)
+        if hit is None:
+            return np.zeros(len(events), dtype=np.int64)
+        at, value = hit
+        k = np.searchsorted(at, events, side="right") - 1
+        return np.where(k >= 0, value[np.maximum(k, 0)], 0)
+
+    def first_held(self, family: str) -> int:
+        """The first event after which the family holds memory (-1: from the start)."""
+        at, value = self._by_family.get(family, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        held = at[value > 0]
+        return int(held[0]) if held.size else self.n_events
+
+    def growth(self, moment_idx: int, peak_idx: int) -> list[FamilyGrowth]:
+        """How each family went from the start of the window to the moment."""
+        made = self.lifetimes.filter(
+            (pl.col("alloc_idx") >= 0) & (pl.col("alloc_idx") <= moment_idx)
+            & (pl.col("free_req_idx") > moment_idx))
+        counts = {f: (n, b, lo, hi) for f, n, b, lo, hi in made.group_by("family").agg(
+            pl.len(), pl.col("size").sum(), pl.col("size").min().alias("lo"),
+            pl.col("size").max().alias("hi")).iter_rows()}
+        phases = dict(made.group_by("family", "phase").agg(pl.col("size").sum())
+                      .sort(["size", "phase"], descending=[True, False])
+                      .unique(subset="family", keep="first").select("family", "phase")
+                      .iter_rows())
+        out = []
+        for family in self.families:
+            start, peak, now = (int(v) for v in self.bytes_at(family, np.array(
+                [-1, peak_idx, moment_idx])))
+            at, value = self._by_family[family]
+            n, nbytes, lo, hi = counts.get(family, (0, 0, 0, 0))
+            out.append(FamilyGrowth(
+                family=family, start_bytes=start, peak_bytes=peak, moment_bytes=now,
+                max_bytes=int(value[at <= moment_idx].max(initial=start)), allocations=n,
+                allocation_bytes=int(nbytes), uniform_size=int(lo) if n > 1 and lo == hi
+                else None, phase=str(phases.get(family, "unknown"))))
+        return out
+
+    def dominant(self, moment_idx: int, peak_idx: int, allocated: int,
+                 named: tuple[str, ...] = ()) -> tuple[FamilyGrowth, ...]:
+        """The families that held or gained a large share of the memory by the moment (the
+        ones a reader needs to know how it got there), largest at the moment first, then
+        the `named` ones (those the verdict names) when they are not among them."""
+        floor = DOMINANT_SHARE * max(allocated, 1)
+        rows = self.growth(moment_idx, peak_idx)
+        big = [g for g in rows if g.moment_bytes >= floor
+               or abs(g.moment_bytes - g.start_bytes) >= floor]
+        big.sort(key=lambda g: (-g.moment_bytes, g.family))
+        big = big[:DOMINANT_LINES]
+        big += [g for g in rows if g.family in named and g not in big]
+        return tuple(big)
+
+    def top_stacks(self) -> dict[str, int]:
+        """Each family's stack that allocated the most bytes over the trace."""
+        top = (self.lifetimes.group_by("family", "stack_id").agg(pl.col("size").sum())
+               .sort(["size", "stack_id"], descending=[True, False])
+               .unique(subset="family", keep="first"))
+        return dict(zip(top["family"].to_list(), top["stack_id"].to_list(), strict=True))
+
+    def frame(self, times_us: np.ndarray | None) -> pl.DataFrame:
+        """`changes` for a notebook, in event order: event, time_us (None without a clock),
+        family, bytes."""
+        out = self.changes.select("event", "family", "bytes").sort("event", "family")
+        if times_us is None or not len(times_us):
+            return out.with_columns(pl.lit(None, pl.Int64).alias("time_us")).select(
+                "event", "time_us", "family", "bytes")
+        ev = out["event"].to_numpy()
+        t = np.asarray(times_us, dtype=np.int64)[np.clip(ev, 0, len(times_us) - 1)]
+        return out.with_columns(pl.Series("time_us", t, dtype=pl.Int64)).select(
+            "event", "time_us", "family", "bytes")
+
+
+def family_timeline(lifetimes: pl.DataFrame, n_events: int) -> FamilyTimeline:
+    """Each family's live bytes after every event, from attributed lifetimes (`family`
+    column), counted exactly as `replay` counts allocated bytes."""
+    names, code = np.unique(lifetimes["family"].to_numpy().astype(str), return_inverse=True)
+    size = lifetimes["size"].to_numpy()
+    born = lifetimes["alloc_idx"].to_numpy()
+    freed = lifetimes["free_req_idx"].to_numpy()
+    early = (born < 0) & (freed >= 0)  # alive before the first event: counted from the start
+    made = (born >= 0) & (born < n_events)
+    gone = (freed >= 0) & (freed < n_events)
+    fam = np.concatenate([code[early], code[made], code[gone]])
+    event = np.concatenate([np.full(int(early.sum()), -1, dtype=np.int64), born[made],
+                            freed[gone]])
+    delta = np.concatenate([size[early], size[made], -size[gone]])
+    order = np.lexsort((event, fam))
+    fam, event, delta = fam[order], event[order], delta[order]
+    # one row per (family, event): the sum of its deltas, then a running sum per family
+    first = np.ones(len(fam), dtype=bool)
+    first[1:] = (fam[1:] != fam[:-1]) | (event[1:] != event[:-1])
+    starts = np.flatnonzero(first)
+    fam, event = fam[starts], event[starts]
+    delta = np.add.reduceat(delta, starts) if len(starts) else delta[:0]
+    running = np.cumsum(delta)
+    new_family = np.ones(len(fam), dtype=bool)
+    new_family[1:] = fam[1:] != fam[:-1]
+    base = np.maximum.accumulate(np.where(new_family, np.arange(len(fam)), 0))
+    before = np.where(base > 0, running[np.maximum(base - 1, 0)], 0)
+    changes = pl.DataFrame({"family": names[fam].astype(object) if len(fam) else [],
+                            "event": event, "bytes": running - before},
+                           schema={"family": pl.Utf8, "event": pl.Int64, "bytes": pl.Int64})
+    return FamilyTimeline(n_events, changes, lifetimes)

@@ -1,0 +1,136 @@
+"""The family timeline: each family's live bytes over the trace, stacked in the report.
+
+Checked against what is independent of it: the replay's allocated series (the families must
+add up to it after every event), the report's families at its moment, and for the chunked
+log-prob sample the generator's ground truth (its saved softmax chunks, one step each).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import snapana
+
+from .browser import open_report
+from .conftest import corpus_params, invoke
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = sorted((ROOT / "sample_snapshots").glob("*.pickle"))
+CHUNKED = ROOT / "sample_snapshots" / "slime-tp2-chunked-logprob-oom.pickle"
+
+
+def _dense(frame: pl.DataFrame, n_events: int) -> dict[str, np.ndarray]:
+    """Each family's bytes after every event (index 0: before the first event), rebuilt
+    from the public change table by holding each value until the family's next change."""
+    out = {}
+    for (family,), g in frame.group_by("family"):
+        series = np.zeros(n_events + 1, dtype=np.int64)
+        for event, nbytes in g.sort("event").select("event", "bytes").iter_rows():
+            series[event + 1:] = nbytes
+        out[str(family)] = series
+    return out
+
+
+def _check_sums(path: Path) -> None:
+    a = snapana.load(path)
+    dr = a.replay
+    if not dr.n_events:
+        assert a.timeline.is_empty()
+        return
+    dense = _dense(a.timeline, dr.n_events)
+    total = sum(dense.values())
+    before = dr.allocated_at(dr.at(-1))
+    assert total[0] == before
+    bad = np.flatnonzero(total[1:] != dr.allocated)
+    assert bad.size == 0, f"families != allocated after event {bad[:5]}"
+    # at the report's moment the families are the report's own (the treemap's)
+    m = a.moment.idx
+    at_moment = {f: int(v[m + 1]) for f, v in dense.items() if v[m + 1]}
+    assert at_moment == dict(zip(a.families["family"], a.families["bytes"], strict=True))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_families_add_up_to_allocated_on_samples(path: Path) -> None:
+    _check_sums(path)
+
+
+@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle"))
+def test_families_add_up_to_allocated_on_corpus(path: Path) -> None:
+    _check_sums(path)
+
+
+@pytest.mark.parametrize("path", SAMPLES[:3] + [CHUNKED], ids=lambda p: p.name)
+def test_drawn_areas_add_up_to_allocated(path: Path) -> None:
+    """At every drawn point the areas add up to the replay's allocated bytes after that
+    event, and the figure draws exactly those areas."""
+    a = snapana.load(path)
+    t = a._device_view.timeline
+    assert t.families and len(t.family_events) == len(t.family_x)
+    drawn = np.sum([np.asarray(f.bytes) for f in t.families], axis=0)
+    assert np.array_equal(drawn, a.replay.allocated[list(t.family_events)])
+    fig = a.figure("families_over_time")
+    areas = [tr for tr in fig.data if getattr(tr, "stackgroup", None) == "families"]
+    assert [tr.name for tr in areas] == [f.name for f in t.families]
+    for tr, f in zip(areas, t.families, strict=True):
+        assert np.allclose(np.asarray(tr.y, dtype=np.float64) * 2**30, f.bytes,
+                           rtol=1e-6, atol=2**12)
+
+
+def _softmax_truth() -> tuple[int, int]:
+    """Chunk size and count of the saved softmax at the OOM, from the generator's truth."""
+    truth = json.loads(CHUNKED.with_suffix(".truth.json").read_text())
+    sizes = [b["size"] for b in truth["blocks"] if b["family"] == "saved_logprob_softmax"
+             and b["state"] == "active_allocated"]
+    assert len(set(sizes)) == 1, sizes
+    return sizes[0], len(sizes)
+
+
+def test_softmax_grows_in_steps_of_one_chunk_in_chromium(tmp_path: Path) -> None:
+    """S1 #3: in the drawn report, the saved_logprob_softmax area rises chunk by chunk up
+    to the OOM (from the last moment it held nothing); each step is one chunk, as many
+    steps as chunks the truth says were live at the OOM."""
+    chunk, count = _softmax_truth()
+    out = tmp_path / "report.html"
+    result = invoke("report", str(CHUNKED), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    visit = open_report(out, probe="""(() => {
+        const div = document.querySelector('div[data-figure="families_over_time"]');
+        return div._fullData.map(t => ({name: t.name, x: Array.from(t.x || []),
+                                    y: Array.from(t.y || []), stack: t.stackgroup || null}));
+    })()""")
+    assert visit.console_errors == []
+    traces = {t["name"]: t for t in visit.probed}
+    softmax = traces["saved_logprob_softmax"]
+    assert softmax["stack"] == "families"
+    y = np.asarray(softmax["y"]) * 2**30
+    assert y[0] == 0
+    # the last run from nothing up to the OOM (an earlier micro-batch may have come and gone)
+    y = y[np.flatnonzero(y < 2**16)[-1]:]
+    steps = np.diff(y)
+    rises = steps[np.abs(steps) > 2**20]
+    assert (rises > 0).all(), "the saved softmax only grows up to the OOM"
+    assert len(rises) == count
+    assert np.allclose(rises, chunk, atol=2**16)  # the page holds GiB as float32
+    assert abs(y[-1] - count * chunk) < 2**16
+    assert "OOM" in visit.text
+
+
+def test_summary_says_how_each_family_got_there() -> None:
+    """The text line for the accumulating family states its growth and its chunks, with
+    numbers from the truth."""
+    chunk, count = _softmax_truth()
+    result = invoke("summary", str(CHUNKED), "-f", "json")
+    assert result.returncode == 0, result.stderr
+    dev = json.loads(result.stdout)["devices"][0]
+    growth = {g["family"]: g for g in dev["growth"]}
+    g = growth["saved_logprob_softmax"]
+    assert (g["start_bytes"], g["moment_bytes"]) == (0, chunk * count)
+    assert (g["allocations"], g["uniform_size"]) == (count, chunk)
+    assert g["phase"] == "forward"
+    text = invoke("summary", str(CHUNKED)).stdout
+    assert "how it got there" in text
+    assert f"{count} × 486.00 MiB" in " ".join(text.split())
