@@ -9,12 +9,14 @@ family) and `heatmap` (families × ranks).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
 import numpy as np
 import plotly.graph_objects as go
 
+from snapana.diagnosis import Band
 from snapana.render.views import DeviceView, DiffView, RanksView, TimelineView
 from snapana.render.wording import inferred_note, rank_label
 from snapana.units import GiB, fmt_bytes
@@ -89,14 +91,11 @@ def timeline(v: DeviceView) -> go.Figure:
     fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.allocated], name="allocated",
                              mode="lines", line=dict(color="#08519c", shape="hv", width=1.5)))
     _mark_moments(fig, t, x_of)
-    for b in t.bands:
-        fig.add_vrect(x0=x_of(b.start), x1=x_of(b.end), fillcolor="#fdd0a2",
-                      opacity=0.35, line_width=0, annotation_text=b.name,
-                      annotation_position="top left")
     fig.update_layout(height=380, margin=dict(l=50, r=10, t=30, b=40),
                       title="Live bytes over the recorded trace",
                       xaxis_title="seconds since first event" if t.x_is_time else "event index",
                       yaxis_title="GiB", legend=dict(orientation="h"))
+    add_bands(fig, t.bands, x_of, t.bands_left_out)
     if t.zoom is not None:  # open on the OOM / peak; the whole trace is one click away
         window = [x_of(t.zoom[0]), x_of(t.zoom[1])]
         fig.update_layout(
@@ -165,10 +164,85 @@ def families_over_time(v: DeviceView) -> go.Figure:
                       xaxis_title="seconds since first event" if t.x_is_time else "event index",
                       yaxis_title="GiB", legend=dict(orientation="h", traceorder="reversed"),
                       hovermode="x unified")
+    add_bands(fig, t.bands, x_of, t.bands_left_out)  # the phases beneath the families
     if t.zoom is not None:
         fig.update_layout(xaxis=dict(range=[x_of(t.zoom[0]), x_of(t.zoom[1])],
                                      autorange=False))
     return fig
+
+
+#: Annotation bands: lanes drawn (deeper nesting shares the last), each lane's height in
+#: pixels, and how many of the longest bands carry their name on the bar.
+BAND_LANES, BAND_LANE_PX, BAND_LABELS = 6, 20, 40
+
+
+def add_bands(fig: go.Figure, bands: Sequence[Band], x_of: Callable[[int], float],
+              left_out: int = 0) -> None:
+    """Annotation bands (record_function ranges) in a strip under a time chart, sharing its
+    x axis: one bar trace whatever their number, a lane per nesting depth (the deepest
+    lanes share the last), each band's name and duration on hover, and the names of the
+    `BAND_LABELS` longest on their bars where they fit at the current zoom.
+
+    Call it after the chart's height and margins are set: the strip adds its own height
+    below the plot (the chart's y axis keeps its pixels). `left_out` bands (not drawn, too
+    many) are counted in a note on the strip."""
+    if not bands:
+        return
+    lanes = [min(lane, BAND_LANES - 1) for lane in band_lanes(bands)]
+    n_lanes = max(lanes) + 1
+    longest = set(sorted(range(len(bands)),
+                         key=lambda i: (bands[i].start - bands[i].end, i))[:BAND_LABELS])
+    x0 = [x_of(b.start) for b in bands]
+    fig.add_trace(go.Bar(
+        y=lanes, base=x0, x=[x_of(b.end) - x for b, x in zip(bands, x0, strict=True)],
+        orientation="h", yaxis="y2", width=0.9, name="annotations",
+        marker=dict(color="rgba(253,174,107,0.55)", line=dict(color="#e6550d", width=0.5)),
+        text=[b.name if i in longest else "" for i, b in enumerate(bands)],
+        textposition="inside", insidetextanchor="start", textangle=0,
+        textfont=dict(size=10, color="#7f2704"),
+        customdata=[f"{b.name}<br>{_duration(b.end - b.start)} from {x:.6g} s"
+                    for b, x in zip(bands, x0, strict=True)],
+        hovertemplate="%{customdata}<extra></extra>"))
+    # the strip's pixels come on top of the chart's; the x axis moves under the strip
+    lo = fig.layout
+    height = lo.height or 450
+    margin = (lo.margin.t if lo.margin.t is not None else 100) + (
+        lo.margin.b if lo.margin.b is not None else 80)
+    strip, gap = n_lanes * BAND_LANE_PX, 12
+    plot = height - margin + strip + gap
+    fig.update_layout(
+        height=height + strip + gap, uniformtext=dict(minsize=8, mode="hide"),
+        yaxis=dict(domain=[(strip + gap) / plot, 1]),
+        yaxis2=dict(domain=[0, strip / plot], anchor="x", range=[n_lanes - 0.5, -0.5],
+                    showticklabels=False, showgrid=False, zeroline=False, fixedrange=True),
+        xaxis=dict(anchor="y2"))
+    if left_out:
+        fig.add_annotation(
+            xref="paper", yref="paper", x=1, y=strip / plot, xanchor="right",
+            yanchor="bottom", showarrow=False, font=dict(size=10, color="#7f2704"),
+            text=f"the {len(bands):,} longest of {len(bands) + left_out:,} annotation bands "
+                 f"({left_out:,} shorter ones not drawn)")
+
+
+def band_lanes(bands: Sequence[Band]) -> list[int]:
+    """Each band's lane, 0 the outermost: in start order (outer before inner), the lowest lane
+    free at its start, so a nested range lies below its parent at its depth and no two bands
+    in a lane overlap."""
+    lanes = [0] * len(bands)
+    busy: list[tuple[int, int]] = []  # (end, lane) of the bands still open
+    free: list[int] = []
+    for i in sorted(range(len(bands)), key=lambda i: (bands[i].start, -bands[i].end)):
+        while busy and busy[0][0] <= bands[i].start:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        lanes[i] = heapq.heappop(free) if free else len(busy)
+        heapq.heappush(busy, (bands[i].end, lanes[i]))
+    return lanes
+
+
+def _duration(us: int) -> str:
+    if us < 1000:
+        return f"{us} µs"
+    return f"{us / 1000:.1f} ms" if us < 1_000_000 else f"{us / 1e6:.2f} s"
 
 
 def segments(v: DeviceView) -> go.Figure:

@@ -35,6 +35,7 @@ SEGMENT_MAP_LIMIT = 60  # segments drawn per pool in the segment map
 SEGMENT_MAP_TOTAL = 120  # segments drawn in all (a capture can have many private pools)
 SEGMENT_BLOCK_LIMIT = 256  # ranges drawn per segment (merged beyond that, see cap_ranges)
 DIFF_SITE_ROWS = 60  # changed sites a diff view holds (largest change first)
+BAND_LIMIT = 2000  # annotation bands drawn per timeline (the longest; the rest counted)
 
 
 # ----- the timeline -----------------------------------------------------------------------
@@ -80,7 +81,7 @@ class TimelineView:
     oom_x: int | None
     peak_x: int | None
     peak_bytes: int
-    bands: tuple[Band, ...]
+    bands: tuple[Band, ...]  # at most `BAND_LIMIT`: the longest (see `cap_bands`)
     #: The window the chart opens on (x units): the OOM, the peak and the activity around
     #: them, when a long quiet stretch before them would squeeze them into a sliver.
     zoom: tuple[int, int] | None = None
@@ -91,6 +92,7 @@ class TimelineView:
     family_events: tuple[int, ...] = ()
     family_x: tuple[int, ...] = ()
     capacity: int | None = None  # the device's capacity, when known
+    bands_left_out: int = 0  # annotation bands of the trace not in `bands` (too many to draw)
 
 
 #: A quiet gap before the OOM / peak longer than this share of the trace is cut from the
@@ -113,6 +115,16 @@ def zoom_window(times: np.ndarray | None, first: int | None) -> tuple[int, int] 
     start, end = int(times[j + 1]), int(times[-1])
     margin = max(1, (end - start) // 20)
     return start - margin, end + margin
+
+
+def cap_bands(bands: Sequence[Band], limit: int = BAND_LIMIT) -> tuple[tuple[Band, ...], int]:
+    """At most `limit` of a trace's bands, in their order: the longest (the earlier of
+    equals), and how many shorter ones were left out."""
+    if len(bands) <= limit:
+        return tuple(bands), 0
+    keep = set(sorted(range(len(bands)),
+                      key=lambda i: (bands[i].start - bands[i].end, i))[:limit])
+    return tuple(b for i, b in enumerate(bands) if i in keep), len(bands) - limit
 
 
 def downsample_indices(values: np.ndarray, max_points: int) -> np.ndarray:
@@ -152,6 +164,7 @@ def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
         return int(times[i]) if i >= 0 else int(times[0])
 
     xs = keep if times is None else times[keep]
+    bands, left_out = cap_bands(t.bands)
     return TimelineView(
         x=tuple(int(v) for v in xs),
         allocated=tuple(int(v) for v in t.allocated[keep]),
@@ -160,13 +173,14 @@ def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
         oom_x=x_of(t.oom_idx) if t.oom_idx is not None else None,
         peak_x=x_of(t.peak_idx),
         peak_bytes=t.peak_bytes,
-        bands=t.bands,
+        bands=bands,
         zoom=zoom_window(times, min(i for i in (t.oom_idx, t.peak_idx) if i is not None)),
         reserved_known=reserved_known,
         families=family_areas(t, family_keep, colours or {}),
         family_events=tuple(int(i) for i in family_keep),
         family_x=tuple(int(v) for v in (family_keep if times is None else times[family_keep])),
         capacity=capacity,
+        bands_left_out=left_out,
     )
 
 
