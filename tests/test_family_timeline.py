@@ -36,7 +36,12 @@ def _dense(frame: pl.DataFrame, n_events: int) -> dict[str, np.ndarray]:
 
 
 def _check_sums(path: Path) -> None:
-    a = snapana.load(path)
+    for device in snapana.load(path).capture.devices:
+        _check_device_sums(path, device)
+
+
+def _check_device_sums(path: Path, device: int) -> None:
+    a = snapana.load(path, device=device)
     dr = a.replay
     if not dr.n_events:
         assert a.timeline.is_empty()
@@ -58,8 +63,10 @@ def test_families_add_up_to_allocated_on_samples(path: Path) -> None:
     _check_sums(path)
 
 
-@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle"))
+@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle")
+                         + corpus_params("kineto_traces") + corpus_params("memory_timeline"))
 def test_families_add_up_to_allocated_on_corpus(path: Path) -> None:
+    """Every corpus capture with a time axis: snapshots, profiler traces, memory timelines."""
     _check_sums(path)
 
 
@@ -134,3 +141,19 @@ def test_summary_says_how_each_family_got_there() -> None:
     text = invoke("summary", str(CHUNKED)).stdout
     assert "how it got there" in text
     assert f"{count} × 486.00 MiB" in " ".join(text.split())
+
+
+def test_downsampled_chart_keeps_every_family_peak(tmp_path: Path) -> None:
+    """With far fewer points than events, each drawn family still reaches its own peak and
+    the OOM step is drawn (the step into the OOM and the families' maxima are kept)."""
+    from snapana.render.views import FAMILY_AREAS, timeline_view
+
+    a = snapana.load(CHUNKED)
+    t = a.device_report.timeline
+    view = timeline_view(t, max_points=40, family_points=20)
+    assert len(view.family_events) < t.n_events // 10
+    assert t.oom_idx in view.family_events
+    dense = _dense(a.timeline, t.n_events)
+    for area in view.families[:FAMILY_AREAS]:
+        if area.name in dense:
+            assert max(area.bytes) == int(dense[area.name].max()), area.name

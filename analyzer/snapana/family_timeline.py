@@ -75,6 +75,11 @@ class FamilyTimeline:
         k = np.searchsorted(at, events, side="right") - 1
         return np.where(k >= 0, value[np.maximum(k, 0)], 0)
 
+    def peak_event(self, family: str) -> int:
+        """The first event after which the family holds its most (-1: from the start)."""
+        at, value = self._by_family.get(family, (np.zeros(1, np.int64), np.zeros(1, np.int64)))
+        return int(at[int(np.argmax(value))])
+
     def first_held(self, family: str) -> int:
         """The first event after which the family holds memory (-1: from the start)."""
         at, value = self._by_family.get(family, (np.zeros(0, np.int64), np.zeros(0, np.int64)))

@@ -156,6 +156,9 @@ def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
         return TimelineView((), (), (), False, None, None, t.peak_bytes, ())
     keep = _keep(t, max_points)
     family_keep = _keep(t, family_points)
+    if t.families is not None:  # each drawn family's own peak is never smoothed away either
+        peaks = [t.families.peak_event(f) for f in t.families.families[:FAMILY_AREAS + 1]]
+        family_keep = np.union1d(family_keep, [i for i in peaks if i >= 0])
     times = t.times_us
 
     def x_of(i: int) -> int:
