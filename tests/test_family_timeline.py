@@ -157,3 +157,34 @@ def test_downsampled_chart_keeps_every_family_peak(tmp_path: Path) -> None:
     for area in view.families[:FAMILY_AREAS]:
         if area.name in dense:
             assert max(area.bytes) == int(dense[area.name].max()), area.name
+
+
+@pytest.mark.parametrize("path", SAMPLES + [p for p in (
+    ROOT.parent / "shared" / "corpus" / "torch_snapshots" / "gpt-medium-ctx1024-train.pickle",
+    ROOT.parent / "shared" / "corpus" / "torch_snapshots" / "cnn-cpp-frames.pickle")
+    if p.exists()], ids=lambda p: p.name)
+def test_every_lifetime_gets_the_family_a_block_would(path: Path) -> None:
+    """The timeline decides all lifetimes at once; each must get the family the per-block
+    attribution gives the same block (its stack, pool, stream, size and allocation event),
+    for every lifetime of the trace, not only those live at the report's moment."""
+    from snapana.attribution.lifetimes import attribute_lifetimes
+
+    a = snapana.load(path)
+    dr, attributor = a.replay, a.attributor
+    fast = attribute_lifetimes(attributor, dr)
+    segs = dr.segment_intervals.sort("address")
+    blocks = dr.lifetimes.with_columns(pl.lit("active_allocated").alias("state"))
+    pools = (blocks.sort("address").join_asof(
+        segs.select(pl.col("address").alias("seg"), "total_size", "pool", "open_idx",
+                    "close_idx"), left_on="address", right_on="seg", strategy="backward")
+        .with_columns(pl.when((pl.col("address") < pl.col("seg") + pl.col("total_size"))
+                              & (pl.col("alloc_idx") >= pl.col("open_idx"))
+                              & (pl.col("alloc_idx") < pl.col("close_idx")))
+                      .then(pl.col("pool")).otherwise(pl.lit("0,0")).alias("pool")))
+    slow = attributor.attribute(pools.drop("seg", "total_size", "open_idx", "close_idx"))
+    framed = slow.filter(pl.col("evidence") == "frames")
+    got = fast.select("address", "alloc_idx", pl.col("family").alias("fast"))
+    joined = framed.join(got, on=["address", "alloc_idx"], how="left")
+    wrong = joined.filter(pl.col("family") != pl.col("fast"))
+    assert joined.height == framed.height
+    assert wrong.is_empty(), wrong.select("address", "alloc_idx", "family", "fast").head()

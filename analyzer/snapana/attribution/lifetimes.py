@@ -58,7 +58,7 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
     sizes = lt["size"].to_numpy()
     families, phases = [], []
     for row in first:
-        d = attributor.decide(int(parts[0][row]), BlockContext(
+        d = attributor.decide(int(stack_ids[row]), BlockContext(
             pool_id=parse_pool(pool_names[pool_code[row]]),
             stream=0 if parts[2][row] else 1, size=int(sizes[row]),
             has_alloc_event=bool(has_event[row]) if capture.has_trace else None,
