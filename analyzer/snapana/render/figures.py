@@ -76,13 +76,28 @@ def families(v: DeviceView) -> go.Figure:
     return fig
 
 
+def _x_origin(v: DeviceView) -> int:
+    """Where the device's time axis counts from: the clock its sources share, else its own
+    first event."""
+    return v.origin if v.origin is not None else v.timeline.x[0]
+
+
+def _since(v: DeviceView) -> str:
+    """The time axis in words."""
+    if not v.timeline.x_is_time:
+        return "event index"
+    return ("seconds since the first event of any source" if v.origin is not None
+            else "seconds since first event")
+
+
 def timeline(v: DeviceView) -> go.Figure:
     t = v.timeline
     fig = go.Figure()
-    xs: list[float] = [(x - t.x[0]) / 1e6 for x in t.x] if t.x_is_time else list(t.x)
+    x0 = _x_origin(v)
+    xs: list[float] = [(x - x0) / 1e6 for x in t.x] if t.x_is_time else list(t.x)
 
     def x_of(value: int) -> float:
-        return (value - t.x[0]) / 1e6 if t.x_is_time else value
+        return (value - x0) / 1e6 if t.x_is_time else value
 
     if t.reserved_known:  # a filled band under its own line: visible where it equals allocated
         fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.reserved], name="reserved",
@@ -92,8 +107,7 @@ def timeline(v: DeviceView) -> go.Figure:
                              mode="lines", line=dict(color="#08519c", shape="hv", width=1.5)))
     _mark_moments(fig, t, x_of)
     fig.update_layout(height=380, margin=dict(l=50, r=10, t=30, b=40),
-                      title="Live bytes over the recorded trace",
-                      xaxis_title="seconds since first event" if t.x_is_time else "event index",
+                      title="Live bytes over the recorded trace", xaxis_title=_since(v),
                       yaxis_title="GiB", legend=dict(orientation="h"))
     add_bands(fig, t.bands, x_of, t.bands_left_out)
     if t.zoom is not None:  # open on the OOM / peak; the whole trace is one click away
@@ -132,12 +146,12 @@ def families_over_time(v: DeviceView) -> go.Figure:
     t = v.timeline
     fig = go.Figure()
     # float32 arrays travel as packed binary in the page: ten areas stay small at any size
-    x0 = t.x[0]
+    x0 = _x_origin(v)
     fx = np.asarray(t.family_x, dtype=np.float64)
     xs = ((fx - x0) / 1e6 if t.x_is_time else fx).astype(np.float32)
 
     def x_of(value: int) -> float:
-        return (value - t.x[0]) / 1e6 if t.x_is_time else value
+        return (value - x0) / 1e6 if t.x_is_time else value
 
     for area in t.families:
         where = f"<br>most from {area.site}" if area.site else ""
@@ -161,7 +175,7 @@ def families_over_time(v: DeviceView) -> go.Figure:
     _mark_moments(fig, t, x_of)
     fig.update_layout(height=420, margin=dict(l=50, r=10, t=30, b=40),
                       title="Live bytes per family over the recorded trace",
-                      xaxis_title="seconds since first event" if t.x_is_time else "event index",
+                      xaxis_title=_since(v),
                       yaxis_title="GiB", legend=dict(orientation="h", traceorder="reversed"),
                       hovermode="x unified")
     add_bands(fig, t.bands, x_of, t.bands_left_out)  # the phases beneath the families
@@ -322,7 +336,7 @@ def figure(name: str, v: DeviceView) -> go.Figure:
 
 def together(devices: Sequence[DeviceView]) -> go.Figure:
     """Every source's allocated bytes on one time axis (only for a common clock)."""
-    t0 = min(d.timeline.x[0] for d in devices)
+    t0 = min(_x_origin(d) for d in devices)
     fig = go.Figure()
     for d in devices:
         r, t = d.report, d.timeline

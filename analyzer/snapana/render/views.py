@@ -350,6 +350,9 @@ class DeviceView:
     growth: tuple[str, ...] = ()  # how the dominant families got to the moment, a line each
     host: bool = False  # host memory (memray, the profiler's CPU): no GPU figures or knobs
     oom_rows: tuple[str, ...] = OOM_ROWS
+    #: where time axes count from (µs) when sources share a clock (`clock_origin`); None:
+    #: the device's own first event
+    origin: int | None = None
 
     @cached_property
     def timeline(self) -> TimelineView:
@@ -379,13 +382,13 @@ class DeviceView:
                      if g.bytes / total < SMALL_FAMILY_SHARE)
 
 
-def device_view(r: DeviceReport) -> DeviceView:
+def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
     return DeviceView(
         report=r, name=w.device_text(r), moment=w.moment_text(r), verdict=w.verdict(r),
         headline=tuple(w.headline_rows(r)), what_ifs=tuple(w.what_if_rows(r)),
         knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)),
         group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r),
-        growth=tuple(w.growth_lines(r)) if r.diagnosis.history else ())
+        growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin)
 
 
 @dataclass(frozen=True, eq=False)
@@ -422,17 +425,28 @@ class CaptureView:
     def common_clock(self) -> bool:
         """Sources share an axis only when every one has absolute µs times and their recorded
         spans overlap (a snapshot and a kineto trace of one run share the profiler clock)."""
-        spans = [(d.timeline.x[0], d.timeline.x[-1]) for d in self.devices
-                 if d.timeline.x_is_time and d.timeline.x]
-        if len(spans) != len(self.devices) or len(spans) < 2:
-            return False
-        return max(s[0] for s in spans) <= min(s[1] for s in spans)
+        return clock_origin([d.report for d in self.devices]) is not None
+
+
+def clock_origin(reports: Sequence[DeviceReport]) -> int | None:
+    """Where the clock several reports share starts (the earliest first event, µs), when
+    every one has history on absolute µs times and their recorded spans overlap; else None."""
+    spans = [(int(r.timeline.times_us[0]), int(r.timeline.times_us[-1])) for r in reports
+             if r.diagnosis.history and r.timeline.times_us is not None and r.timeline.n_events]
+    if len(spans) != len(reports) or len(spans) < 2:
+        return None
+    if max(s[0] for s in spans) > min(s[1] for s in spans):
+        return None
+    return min(s[0] for s in spans)
 
 
 def capture_view(reports: Iterable[DeviceReport], title: str,
                  ranks: MultiReport | None = None) -> CaptureView:
-    """Host sections (memray, the profiler's CPU) come after the GPU ones."""
-    views = sorted((device_view(r) for r in reports), key=lambda v: v.host)
+    """Host sections (memray, the profiler's CPU) come after the GPU ones. Sources of one
+    job on a shared clock count their time axes from one origin, so they line up."""
+    reports = list(reports)
+    origin = clock_origin(reports) if len({r.path for r in reports}) > 1 else None
+    views = sorted((device_view(r, origin) for r in reports), key=lambda v: v.host)
     return CaptureView(title, tuple(views), ranks_view(ranks) if ranks is not None else None)
 
 
