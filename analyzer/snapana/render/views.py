@@ -7,7 +7,7 @@ so the terminal, markdown, JSON and HTML cannot disagree, and none of them compu
 
 - `capture_view(reports, title, ranks=None)`: one capture (its devices, or several sources
   of one job), optionally under the rank table of a job.
-- `diff_view(diff)`: before vs after.
+- `diff_view(diff)`: before vs after (and `diff_timelines`: both sides' family timelines).
 - `ranks_view(multi)`: the ranks of a job.
 - `explain_view(items)`: why blocks got their family.
 """
@@ -15,7 +15,7 @@ so the terminal, markdown, JSON and HTML cannot disagree, and none of them compu
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -49,12 +49,14 @@ OTHER_COLOUR = "#d9d9d9"
 FAMILY_AREAS = 9  # families drawn in the family timeline; the rest are one "other" area
 
 
-def family_colours(r: DeviceReport) -> dict[str, str]:
-    """One colour per family of the device, shared by the treemap and the family timeline."""
-    order = [g.name for g in r.groups]
-    if r.timeline.families is not None:
-        order += [f for f in r.timeline.families.families if f not in order]
-    named = [f for f in order if f != "unknown"]
+def family_colours(*reports: DeviceReport) -> dict[str, str]:
+    """One colour per family of the device, shared by the treemap and the family timeline;
+    given several reports (a diff's two sides), one colour per family of any of them, so a
+    family looks the same on every side."""
+    order = [g.name for r in reports for g in r.groups]
+    order += [f for r in reports if r.timeline.families is not None
+              for f in r.timeline.families.families]
+    named = [f for f in dict.fromkeys(order) if f != "unknown"]
     out = {f: PALETTE[i % len(PALETTE)] for i, f in enumerate(named)}
     out["unknown"] = UNKNOWN_COLOUR
     return out
@@ -466,12 +468,57 @@ class DiffView:
     sites: tuple[tuple[str, str, str, str, str, str], ...]  # sites that changed (capped)
 
 
+    #: the families whose growth over the trace differs most, a line each
+    growth: tuple[str, ...] = ()
+    history_note: str = ""  # which side has no history ('' when both have)
+
+    @cached_property
+    def timelines(self) -> DiffTimelines | None:
+        """The two family timelines (None unless both sides have history)."""
+        return diff_timelines(self.diff)
+
+
 def diff_view(d: CaptureDiff, title: str | None = None) -> DiffView:
     before, after = w.side_text(d.before), w.side_text(d.after)
     return DiffView(
         diff=d, title=title or f"{before} → {after}", verdict=w.diff_verdict(d),
         before=before, after=after, totals=tuple(w.total_rows(d)),
-        families=tuple(w.family_rows(d)), sites=tuple(w.site_rows(d, limit=DIFF_SITE_ROWS)))
+        families=tuple(w.family_rows(d)), sites=tuple(w.site_rows(d, limit=DIFF_SITE_ROWS)),
+        growth=tuple(w.growth_change_lines(d)), history_note=w.history_note(d))
+
+
+@dataclass(frozen=True)
+class DiffTimelines:
+    """Each side's family timeline, to draw one above the other on a shared x axis: the
+    same colour for a family on both sides, the same y range."""
+
+    before: TimelineView
+    after: TimelineView
+    axis: str  # the x axis in words (seconds since each side's first event, or event index)
+    axis_note: str  # why the axis is the event index though one side has a clock ('' none)
+    top_bytes: int  # the top of both y axes: the largest peak, reserved or capacity
+
+
+def diff_timelines(d: CaptureDiff, family_points: int = FAMILY_POINTS) -> DiffTimelines | None:
+    """Both sides' timelines at the report's family point budget each; on the event index
+    for both when either side has no clock (a clock and an index cannot share an axis)."""
+    if d.reports is None or not (d.before.history and d.after.history):
+        return None
+    colours = family_colours(*d.reports)
+    clocks = (d.reports[0].timeline.times_us is not None,
+              d.reports[1].timeline.times_us is not None)
+    clocked = all(clocks)
+
+    def side(r: DeviceReport) -> TimelineView:
+        t = r.timeline if clocked else replace(r.timeline, times_us=None, bands=())
+        return timeline_view(t, reserved_known=r.reserved_known, colours=colours,
+                             capacity=r.diagnosis.capacity_bytes, family_points=family_points)
+
+    top = max(max(r.peak_allocated_bytes, r.timeline.peak_bytes,
+                  int(r.timeline.reserved.max(initial=0)) if r.reserved_known else 0,
+                  r.diagnosis.capacity_bytes or 0) for r in d.reports)
+    return DiffTimelines(side(d.reports[0]), side(d.reports[1]), w.diff_axis(clocked),
+                         w.diff_axis_note(*clocks), top)
 
 
 # ----- explanations -----------------------------------------------------------------------
