@@ -8,7 +8,7 @@ import re
 import pytest
 
 from .browser import open_report
-from .conftest import corpus_files, invoke
+from .conftest import corpus_files, invoke, require
 
 MiB = 2**20
 FR = [{"filename": "/job/model.py", "line": 54, "name": "forward"},
@@ -114,3 +114,45 @@ def test_snapshot_and_trace_together(tmp_path, t0, shared):
     assert "Cuda:0" not in visit.text
     assert ("do not share a clock" in visit.text) is (not shared)
     assert ("All sources on one clock" in out.read_text()) is shared
+
+
+#: Each device section's family timeline as drawn: its names and first x values.
+SECTIONS = """Array.from(document.querySelectorAll('section.device')).map(sec => {
+  const div = sec.querySelector('div[data-figure="families_over_time"]');
+  return div ? {names: div._fullData.map(t => t.name), x: Array.from(div._fullData[0].x),
+                axis: div._fullLayout.xaxis.title.text} : null; })"""
+
+
+def test_each_source_draws_its_own_family_timeline_on_the_shared_clock(tmp_path):
+    snap, trace = tmp_path / "oom.pickle", tmp_path / "trace.json"
+    _oom_snapshot(snap)  # events at 10..12 µs
+    _kineto(trace, -2)  # memory events at 8..10 µs: the shared clock starts at 8
+    out = tmp_path / "both.html"
+    assert invoke("report", str(snap), "--trace", str(trace), "-o", str(out)).returncode == 0
+    visit = open_report(out, probe=SECTIONS)
+    assert visit.console_errors == []
+    snapshot, kineto = visit.probed
+    # the snapshot's section draws the snapshot (its family), the trace's the trace (no
+    # stacks in a profiler's memory events: all of it unknown), though both are device 0
+    assert snapshot["names"][0] == "saved_activations" and kineto["names"][0] == "unknown"
+    # one origin, as in "All sources on one clock": they line up one above the other
+    assert kineto["x"][0] == 0 and snapshot["x"][0] == pytest.approx(2e-6, abs=1e-9)
+    assert snapshot["axis"] == kineto["axis"] == "seconds since the first event of any source"
+
+
+def test_a_memray_source_draws_no_family_timeline_and_breaks_nothing(tmp_path):
+    memray = require("memray")
+    snap, capture = tmp_path / "oom.pickle", tmp_path / "run.bin"
+    _oom_snapshot(snap)
+    with memray.Tracker(str(capture)):
+        held = [bytearray(1 << 20) for _ in range(4)]
+        del held
+    out = tmp_path / "with-memray.html"
+    result = invoke("report", str(snap), "--memray", str(capture), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    visit = open_report(out, probe=SECTIONS)
+    assert visit.console_errors == [] and visit.plots == visit.figure_divs
+    gpu, host = visit.probed  # host memory (memray) comes after the GPU
+    assert gpu["names"][0] == "saved_activations"
+    assert gpu["axis"] == "seconds since first event"  # memray has no clock to share
+    assert host is None  # a heap high-water mark: no history, so no family timeline

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from snapana.compare import CaptureDiff
     from snapana.explain import ExplainedSite
     from snapana.render import Format
-    from snapana.render.figures import FigureName
+    from snapana.render.figures import DiffFigureName, FigureName
     from snapana.render.views import CaptureView, DeviceView, DiffView
 
 #: Text in a notebook: the width rich lays tables out in.
@@ -318,11 +318,13 @@ class Comparison:
                                   "before_chunks": pl.Int64, "after_chunks": pl.Int64,
                                   "status": pl.Utf8})
 
-    def figure(self) -> go.Figure:
-        """Change per family, as a bar chart (the diff report's figure)."""
-        from snapana.render.figures import change
+    def figure(self, name: DiffFigureName = "change") -> go.Figure:
+        """A plotly figure of the diff report: 'change' (per family, a bar each) or
+        'families_over_time' (each side's live bytes per family, before above after on one
+        x axis; ValueError when a side has no history)."""
+        from snapana.render import figures
 
-        return change(self.view)
+        return figures.diff_figure(name, self.view)
 
     def summary(self, format: Format = "text") -> str:
         """The `snapana diff` output, in any format of the renderer registry."""

@@ -4,15 +4,23 @@ Each side is taken at its own moment of interest (the OOM, else the peak), which
 honest comparison for "did `--recompute-loss-function` fix it": the crashed run at its crash
 against the fixed run at its worst. Numbers only (ints); the diff view-model and renderers
 (`render/views.py`, one module per format) word and format them.
-Everything comes from two DeviceReports, so any two sources with families can be compared.
+Everything comes from two DeviceReports, so any two sources with families can be compared;
+the diff keeps them (`reports`) for the views that draw each side's family timeline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from snapana.diagnosis import DeviceReport, MomentKind
+from snapana.family_timeline import FamilyGrowth
+
+#: A family's growth over the trace differs notably between the sides when its growth
+#: (start to moment) or the most it held differ by this share of the larger side's
+#: allocated bytes.
+GROWTH_SHARE = 0.005
+GROWTH_CHANGES = 5  # families whose growth the diff names, at most
 
 #: How one family or site changed from before to after.
 ChangeStatus = Literal["new", "vanished", "changed", "same"]
@@ -70,6 +78,39 @@ class SiteChange(_Change):
 
 
 @dataclass(frozen=True)
+class GrowthChange:
+    """One family's growth over each side's recorded trace, from before the first event to
+    the side's moment (`FamilyTimeline.growth`); None: the side's trace never held it."""
+
+    family: str
+    before: FamilyGrowth | None
+    after: FamilyGrowth | None
+
+    @property
+    def change_bytes(self) -> int:
+        """How much more the family grew after than before."""
+        return _grown(self.after) - _grown(self.before)
+
+    @property
+    def max_change_bytes(self) -> int:
+        """How much more the family held at its most after than before."""
+        return _most(self.after) - _most(self.before)
+
+    @property
+    def score(self) -> int:
+        """How much the two sides' growths differ: the larger of the two changes."""
+        return max(abs(self.change_bytes), abs(self.max_change_bytes))
+
+
+def _grown(g: FamilyGrowth | None) -> int:
+    return 0 if g is None else g.moment_bytes - g.start_bytes
+
+
+def _most(g: FamilyGrowth | None) -> int:
+    return 0 if g is None else g.max_bytes
+
+
+@dataclass(frozen=True)
 class Side:
     """What is known about one capture, at its moment of interest."""
 
@@ -83,12 +124,19 @@ class Side:
     peak_allocated_bytes: int
     allocated_bytes: int
     reserved_bytes: int
+    history: bool = False  # the trace records allocations: a family timeline exists
 
     @classmethod
     def of(cls, r: DeviceReport) -> Side:
         return cls(r.path, r.source, r.device, r.diagnosis.kind, r.moment.idx,
                    r.oom is not None, None if r.oom is None else r.oom.requested_bytes,
-                   r.peak_allocated_bytes, r.allocated_bytes, r.reserved_bytes)
+                   r.peak_allocated_bytes, r.allocated_bytes, r.reserved_bytes,
+                   has_history(r))
+
+
+def has_history(r: DeviceReport) -> bool:
+    """Whether the report has a family timeline (its trace records allocations)."""
+    return r.diagnosis.history and r.timeline.families is not None
 
 
 @dataclass(frozen=True)
@@ -97,6 +145,11 @@ class CaptureDiff:
     after: Side
     families: tuple[FamilyChange, ...] = ()  # largest change first
     sites: tuple[SiteChange, ...] = ()
+    #: the families whose growth over the trace differs most (both sides with history)
+    growth: tuple[GrowthChange, ...] = ()
+    #: the two reports compared, for the views that draw each side (not compared)
+    reports: tuple[DeviceReport, DeviceReport] | None = field(
+        default=None, repr=False, compare=False)
 
     @property
     def peak_change_bytes(self) -> int:
@@ -159,7 +212,29 @@ def diff_reports(before: DeviceReport, after: DeviceReport) -> CaptureDiff:
         sites.append(SiteChange(key[0], key[1], b_bytes, a_bytes, b_blocks, a_blocks,
                                 b_chunks, a_chunks))
     sites.sort(key=lambda c: _by_change(c.change_bytes, f"{c.family}\0{c.site}"))
-    return CaptureDiff(Side.of(before), Side.of(after), tuple(families), tuple(sites))
+    return CaptureDiff(Side.of(before), Side.of(after), tuple(families), tuple(sites),
+                       _growth(before, after), (before, after))
+
+
+def _growth(before: DeviceReport, after: DeviceReport) -> tuple[GrowthChange, ...]:
+    """The `GROWTH_CHANGES` families whose growth from the start of the trace to the moment
+    (or the most they held on the way) differs most between the sides, when by at least
+    `GROWTH_SHARE` of the larger side's allocated bytes (none unless both sides have
+    history)."""
+    if not (has_history(before) and has_history(after)):
+        return ()
+    gb, ga = _growths(before), _growths(after)
+    floor = GROWTH_SHARE * max(before.allocated_bytes, after.allocated_bytes, 1)
+    changes = [GrowthChange(f, gb.get(f), ga.get(f)) for f in dict.fromkeys([*gb, *ga])]
+    changes = [c for c in changes if c.score >= floor]
+    changes.sort(key=lambda c: _by_change(c.score, c.family))
+    return tuple(changes[:GROWTH_CHANGES])
+
+
+def _growths(r: DeviceReport) -> dict[str, FamilyGrowth]:
+    t = r.timeline
+    assert t.families is not None
+    return {g.family: g for g in t.families.growth(r.moment.idx, t.peak_idx)}
 
 
 def _sites(r: DeviceReport) -> dict[tuple[str, str], tuple[int, int, int]]:

@@ -3,18 +3,19 @@
 One name per figure. A device's figures are `FIGURES` under their public names (what
 `Analysis.figure(name)` takes and what the HTML report draws): "families" (treemap of what
 holds memory), "timeline", "segments" (fragmentation) and "sites" (top allocation sites).
-Pages also draw `together` (several sources on one clock), `change` (a diff's change per
-family) and `heatmap` (families × ranks).
+Pages also draw `together` (several sources on one clock), a diff's `DIFF_FIGURES` ("change"
+per family, "families_over_time" before above after) and `heatmap` (families × ranks).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
-from typing import Any, Literal, get_args
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from snapana.diagnosis import Band
 from snapana.render.views import DeviceView, DiffView, RanksView, TimelineView
@@ -76,13 +77,28 @@ def families(v: DeviceView) -> go.Figure:
     return fig
 
 
+def _x_origin(v: DeviceView) -> int:
+    """Where the device's time axis counts from: the clock its sources share, else its own
+    first event."""
+    return v.origin if v.origin is not None else v.timeline.x[0]
+
+
+def _since(v: DeviceView) -> str:
+    """The time axis in words."""
+    if not v.timeline.x_is_time:
+        return "event index"
+    return ("seconds since the first event of any source" if v.origin is not None
+            else "seconds since first event")
+
+
 def timeline(v: DeviceView) -> go.Figure:
     t = v.timeline
     fig = go.Figure()
-    xs: list[float] = [(x - t.x[0]) / 1e6 for x in t.x] if t.x_is_time else list(t.x)
+    x0 = _x_origin(v)
+    xs: list[float] = [(x - x0) / 1e6 for x in t.x] if t.x_is_time else list(t.x)
 
     def x_of(value: int) -> float:
-        return (value - t.x[0]) / 1e6 if t.x_is_time else value
+        return (value - x0) / 1e6 if t.x_is_time else value
 
     if t.reserved_known:  # a filled band under its own line: visible where it equals allocated
         fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.reserved], name="reserved",
@@ -92,8 +108,7 @@ def timeline(v: DeviceView) -> go.Figure:
                              mode="lines", line=dict(color="#08519c", shape="hv", width=1.5)))
     _mark_moments(fig, t, x_of)
     fig.update_layout(height=380, margin=dict(l=50, r=10, t=30, b=40),
-                      title="Live bytes over the recorded trace",
-                      xaxis_title="seconds since first event" if t.x_is_time else "event index",
+                      title="Live bytes over the recorded trace", xaxis_title=_since(v),
                       yaxis_title="GiB", legend=dict(orientation="h"))
     add_bands(fig, t.bands, x_of, t.bands_left_out)
     if t.zoom is not None:  # open on the OOM / peak; the whole trace is one click away
@@ -132,12 +147,12 @@ def families_over_time(v: DeviceView) -> go.Figure:
     t = v.timeline
     fig = go.Figure()
     # float32 arrays travel as packed binary in the page: ten areas stay small at any size
-    x0 = t.x[0]
+    x0 = _x_origin(v)
     fx = np.asarray(t.family_x, dtype=np.float64)
     xs = ((fx - x0) / 1e6 if t.x_is_time else fx).astype(np.float32)
 
     def x_of(value: int) -> float:
-        return (value - t.x[0]) / 1e6 if t.x_is_time else value
+        return (value - x0) / 1e6 if t.x_is_time else value
 
     for area in t.families:
         where = f"<br>most from {area.site}" if area.site else ""
@@ -161,7 +176,7 @@ def families_over_time(v: DeviceView) -> go.Figure:
     _mark_moments(fig, t, x_of)
     fig.update_layout(height=420, margin=dict(l=50, r=10, t=30, b=40),
                       title="Live bytes per family over the recorded trace",
-                      xaxis_title="seconds since first event" if t.x_is_time else "event index",
+                      xaxis_title=_since(v),
                       yaxis_title="GiB", legend=dict(orientation="h", traceorder="reversed"),
                       hovermode="x unified")
     add_bands(fig, t.bands, x_of, t.bands_left_out)  # the phases beneath the families
@@ -314,15 +329,26 @@ FIGURES: dict[FigureName, Callable[[DeviceView], go.Figure]] = {
 
 def figure(name: str, v: DeviceView) -> go.Figure:
     """A device's figure by its public name (ValueError for an unknown one)."""
-    for known, make in FIGURES.items():
-        if known == name:
+    return _named("figure", FIGURES.items(), name, v)
+
+
+_View = TypeVar("_View")
+
+
+def _named(what: str, makers: Iterable[tuple[str, Callable[[_View], go.Figure]]], name: str,
+           v: _View) -> go.Figure:
+    """The figure `name` of `makers` for `v`; ValueError naming the known ones."""
+    known = []
+    for key, make in makers:
+        if key == name:
             return make(v)
-    raise ValueError(f"unknown figure {name!r}; one of {', '.join(FIGURE_NAMES)}")
+        known.append(key)
+    raise ValueError(f"unknown {what} {name!r}; one of {', '.join(known)}")
 
 
 def together(devices: Sequence[DeviceView]) -> go.Figure:
     """Every source's allocated bytes on one time axis (only for a common clock)."""
-    t0 = min(d.timeline.x[0] for d in devices)
+    t0 = min(_x_origin(d) for d in devices)
     fig = go.Figure()
     for d in devices:
         r, t = d.report, d.timeline
@@ -350,6 +376,103 @@ def change(v: DiffView) -> go.Figure:
                       margin=dict(l=10, r=10, t=30, b=40),
                       xaxis_title="GiB (after − before)")
     return fig
+
+
+def families_before_after(v: DiffView) -> go.Figure:
+    """Each side's live bytes per family, stacked, the before above the after on a shared x
+    axis and the same y range, a family in the same colour on both: how each run got to its
+    moment. ValueError when a side has no history (`DiffView.history_note` says which)."""
+    tl = v.timelines
+    if tl is None:
+        raise ValueError(v.history_note or "no family timelines in this diff")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        subplot_titles=(f"before: {v.before}", f"after: {v.after}"))
+    shown: set[str] = set()
+    windows = []
+    for row, (side, t) in enumerate((("before", tl.before), ("after", tl.after)), 1):
+        windows.append(_side_families(fig, row, side, t, shown))
+    title = f"Live bytes per family, before and after ({tl.axis})"
+    if tl.axis_note:
+        title += f"<br><sub>{tl.axis_note}</sub>"
+    top = tl.top_bytes / GiB * 1.05
+    fig.update_yaxes(title_text="GiB", range=[0, top])
+    fig.update_xaxes(title_text=tl.axis, row=2, col=1)
+    fig.update_layout(height=760, margin=dict(l=50, r=10, t=90, b=40), title=title,
+                      legend=dict(orientation="h", traceorder="normal"),
+                      hovermode="x unified")
+    if all(windows):  # both quiet before their moments: open on what both sides did
+        window = [min(w[0] for w in windows if w), max(w[1] for w in windows if w)]
+        fig.update_xaxes(range=window, autorange=False)
+        fig.update_layout(updatemenus=[dict(
+            type="buttons", direction="right", x=1, xanchor="right", y=1.06,
+            yanchor="bottom", showactive=True, buttons=[
+                dict(label="around the moments", method="relayout",
+                     args=[{"xaxis.range": window, "xaxis2.range": window}]),
+                dict(label="full range", method="relayout",
+                     args=[{"xaxis.autorange": True, "xaxis2.autorange": True}])])])
+    return fig
+
+
+def _side_families(fig: go.Figure, row: int, side: str, t: TimelineView,
+                   shown: set[str]) -> tuple[float, float] | None:
+    """One side's family areas (the bottom one carries the event of each point), reserved,
+    capacity, the peak and the OOM in subplot `row`; a legend entry per name, once. Returns
+    the side's window around its moments (`TimelineView.zoom`) on the drawn axis."""
+    x0 = t.x[0]
+
+    def x_of(value: int) -> float:
+        return (value - x0) / 1e6 if t.x_is_time else value
+
+    def legend(name: str) -> bool:
+        new = name not in shown
+        shown.add(name)
+        return new
+
+    fx = np.asarray(t.family_x, dtype=np.float64)
+    xs = ((fx - x0) / 1e6 if t.x_is_time else fx).astype(np.float32)
+    events = np.asarray(t.family_events, dtype=np.int32)
+    for i, area in enumerate(t.families):
+        where = f"<br>most from {area.site}" if area.site else ""
+        at = " (event %{customdata})" if i == 0 else ""
+        fig.add_trace(go.Scatter(
+            x=xs, y=(np.asarray(area.bytes) / GiB).astype(np.float32), name=area.name,
+            legendgroup=area.name, showlegend=legend(area.name), mode="lines",
+            stackgroup=side, line=dict(shape="hv", width=0.5, color=area.colour),
+            fillcolor=area.colour, customdata=events if i == 0 else None,
+            hovertemplate=f"{side} · {area.name}: %{{y:.2f}} GiB{at}{where}<extra></extra>"),
+            row=row, col=1)
+    if t.reserved_known:
+        rx = np.asarray(t.x, dtype=np.float64)
+        rx = ((rx - x0) / 1e6 if t.x_is_time else rx).astype(np.float32)
+        fig.add_trace(go.Scatter(
+            x=rx, y=(np.asarray(t.reserved) / GiB).astype(np.float32), name="reserved",
+            legendgroup="reserved", showlegend=legend("reserved"), mode="lines",
+            line=dict(color="#08306b", shape="hv", width=1.5, dash="dot"),
+            hovertemplate=f"{side} · reserved: %{{y:.2f}} GiB<extra></extra>"), row=row, col=1)
+    if t.capacity is not None:
+        fig.add_hline(y=t.capacity / GiB, line=dict(color="#d62728", width=1), row=row, col=1,
+                      annotation_text=f"capacity {fmt_bytes(t.capacity)}",
+                      annotation_position="top left")
+    if t.peak_x is not None:
+        fig.add_trace(go.Scatter(
+            x=[x_of(t.peak_x)], y=[t.peak_bytes / GiB], mode="markers",
+            name=f"{side}: peak {fmt_bytes(t.peak_bytes)}",
+            marker=dict(color="#d62728", size=10, symbol="diamond")), row=row, col=1)
+    if t.oom_x is not None:
+        fig.add_vline(x=x_of(t.oom_x), line=dict(color="#d62728", dash="dash"), row=row,
+                      col=1, annotation_text="OOM", annotation_position="top left")
+    return None if t.zoom is None else (x_of(t.zoom[0]), x_of(t.zoom[1]))
+
+
+#: A diff's figures under their public names (`Comparison.figure(name)`).
+DiffFigureName = Literal["change", "families_over_time"]
+DIFF_FIGURES: dict[DiffFigureName, Callable[[DiffView], go.Figure]] = {
+    "change": change, "families_over_time": families_before_after}
+
+
+def diff_figure(name: str, v: DiffView) -> go.Figure:
+    """A diff's figure by its public name (ValueError for an unknown one)."""
+    return _named("diff figure", DIFF_FIGURES.items(), name, v)
 
 
 def heatmap(v: RanksView) -> go.Figure:

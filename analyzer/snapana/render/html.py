@@ -14,7 +14,7 @@ from markupsafe import Markup, escape
 from snapana.render import Options, figures
 from snapana.render.assets import plotly_js_gzip_b64
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
-from snapana.render.wording import inferred_note
+from snapana.render.wording import GROWTH_HEADING, inferred_note
 from snapana.units import fmt_bytes
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -110,5 +110,10 @@ def diff(view: DiffView, options: Options) -> str:
         families=view.families,
         sites=view.sites,
         fig=_figure_json(figures.change(view)),
+        growth=view.growth,
+        growth_heading=GROWTH_HEADING,
+        history_note=view.history_note,
+        over_time=(_figure_json(figures.families_before_after(view))
+                   if view.timelines is not None else None),
         plotly_b64=plotly_js_gzip_b64(),
     )

@@ -7,6 +7,7 @@ from typing import Any
 
 from snapana.compare import FamilyChange, SiteChange
 from snapana.diagnosis import Diagnosis, OomFinding
+from snapana.family_timeline import FamilyGrowth
 from snapana.model import Frame
 from snapana.render import Options
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
@@ -146,7 +147,20 @@ def diff(view: DiffView, options: Options) -> str:
         "sites": [_site(s) for s in d.sites],
         "new_sites": [[s.family, s.site] for s in d.new_sites],
         "vanished_sites": [[s.family, s.site] for s in d.vanished_sites],
+        "growth": [{"family": c.family, "before": _grew(c.before), "after": _grew(c.after),
+                    "change_bytes": c.change_bytes, "max_change_bytes": c.max_change_bytes,
+                    "text": text}
+                   for c, text in zip(d.growth, view.growth, strict=True)],
+        "history_note": view.history_note,
     })
+
+
+def _grew(g: FamilyGrowth | None) -> dict[str, int] | None:
+    """A side's growth of one family (None: its trace never held the family)."""
+    if g is None:
+        return None
+    return {"start_bytes": g.start_bytes, "moment_bytes": g.moment_bytes,
+            "max_bytes": g.max_bytes}
 
 
 def _family(f: FamilyChange) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from snapana.render import Options
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
-from snapana.render.wording import inferred_note
+from snapana.render.wording import GROWTH_HEADING, inferred_note
 from snapana.units import fmt_bytes
 
 TOP_GROUPS = 10  # families listed, the rest summed in one row
@@ -98,6 +98,11 @@ def diff(view: DiffView, options: Options) -> str:
     if view.families:
         out += ["", "| family | before | after | change | |", "|---|---:|---:|---:|---|"]
         out += [f"| `{f}` | {b} | {a} | {c} | {s} |" for f, b, a, c, s in view.families]
+    if view.growth:
+        out += ["", f"**{GROWTH_HEADING}:**", ""]
+        out += [f"- {esc(line)}" for line in view.growth]
+    if view.history_note:
+        out += ["", esc(view.history_note)]
     sites = view.sites[:TOP_SITES]
     if sites:
         out += ["", "| family | site | before | after | change | |",

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from snapana.render import Options
 from snapana.render.views import CaptureView, DeviceView, DiffView, ExplainView, RanksView
-from snapana.render.wording import inferred_note
+from snapana.render.wording import GROWTH_HEADING, inferred_note
 from snapana.units import fmt_bytes
 
 TOP_GROUPS = 12  # families in the "what holds memory" list
@@ -39,6 +39,15 @@ def _text(console: Console) -> str:
     return out.getvalue()
 
 
+def _wrap(text: str, width: int, first: str, indent: str) -> list[str]:
+    """`text` wrapped at spaces to `width` columns, never inside a word or between a figure
+    and its unit."""
+    glued = _FIGURE.sub("\\1\u00a0\\2", text)
+    return [ln.replace("\u00a0", " ") for ln in textwrap.wrap(
+        glued, width, initial_indent=first, subsequent_indent=indent,
+        break_long_words=False, break_on_hyphens=False) or [first]]
+
+
 class _Out:
     """Lines for a terminal of `width` columns: text wraps at spaces and never inside a word,
     so a knob flag or a site is always whole (a word wider than the terminal runs past it
@@ -53,11 +62,8 @@ class _Out:
 
     def para(self, text: str, indent: str = "", first: str | None = None,
              style: str | None = None) -> None:
-        lead = indent if first is None else first
-        glued = _FIGURE.sub("\\1\u00a0\\2", text)  # a figure and its unit stay on one line
-        for ln in textwrap.wrap(glued, self.width, initial_indent=lead, subsequent_indent=indent,
-                                break_long_words=False, break_on_hyphens=False) or [lead]:
-            self.line(ln.replace("\u00a0", " "), style)
+        for ln in _wrap(text, self.width, indent if first is None else first, indent):
+            self.line(ln, style)
 
     def heading(self, text: str) -> None:
         self.line()
@@ -195,6 +201,12 @@ def diff(view: DiffView, options: Options) -> str:
     if view.families:
         out += ["", *_columns(("family", "before", "after", "change", ""), view.families,
                               numeric)]
+    if view.growth:
+        out += ["", f"{GROWTH_HEADING}:"]
+        for line in view.growth:
+            out += _wrap(line, max(40, options.width), INDENT, INDENT * 3)
+    if view.history_note:
+        out += ["", *_wrap(view.history_note, max(40, options.width), "", "")]
     sites = view.sites[:TOP_SITES]
     if sites:
         out += ["", *_columns(("family", "site", "before", "after", "change", ""), sites,

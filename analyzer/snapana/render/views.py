@@ -7,7 +7,7 @@ so the terminal, markdown, JSON and HTML cannot disagree, and none of them compu
 
 - `capture_view(reports, title, ranks=None)`: one capture (its devices, or several sources
   of one job), optionally under the rank table of a job.
-- `diff_view(diff)`: before vs after.
+- `diff_view(diff)`: before vs after (and `diff_timelines`: both sides' family timelines).
 - `ranks_view(multi)`: the ranks of a job.
 - `explain_view(items)`: why blocks got their family.
 """
@@ -15,7 +15,7 @@ so the terminal, markdown, JSON and HTML cannot disagree, and none of them compu
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -49,12 +49,14 @@ OTHER_COLOUR = "#d9d9d9"
 FAMILY_AREAS = 9  # families drawn in the family timeline; the rest are one "other" area
 
 
-def family_colours(r: DeviceReport) -> dict[str, str]:
-    """One colour per family of the device, shared by the treemap and the family timeline."""
-    order = [g.name for g in r.groups]
-    if r.timeline.families is not None:
-        order += [f for f in r.timeline.families.families if f not in order]
-    named = [f for f in order if f != "unknown"]
+def family_colours(*reports: DeviceReport) -> dict[str, str]:
+    """One colour per family of the device, shared by the treemap and the family timeline;
+    given several reports (a diff's two sides), one colour per family of any of them, so a
+    family looks the same on every side."""
+    order = [g.name for r in reports for g in r.groups]
+    order += [f for r in reports if r.timeline.families is not None
+              for f in r.timeline.families.families]
+    named = [f for f in dict.fromkeys(order) if f != "unknown"]
     out = {f: PALETTE[i % len(PALETTE)] for i, f in enumerate(named)}
     out["unknown"] = UNKNOWN_COLOUR
     return out
@@ -353,6 +355,9 @@ class DeviceView:
     growth: tuple[str, ...] = ()  # how the dominant families got to the moment, a line each
     host: bool = False  # host memory (memray, the profiler's CPU): no GPU figures or knobs
     oom_rows: tuple[str, ...] = OOM_ROWS
+    #: where time axes count from (µs) when sources share a clock (`clock_origin`); None:
+    #: the device's own first event
+    origin: int | None = None
 
     @cached_property
     def timeline(self) -> TimelineView:
@@ -382,13 +387,13 @@ class DeviceView:
                      if g.bytes / total < SMALL_FAMILY_SHARE)
 
 
-def device_view(r: DeviceReport) -> DeviceView:
+def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
     return DeviceView(
         report=r, name=w.device_text(r), moment=w.moment_text(r), verdict=w.verdict(r),
         headline=tuple(w.headline_rows(r)), what_ifs=tuple(w.what_if_rows(r)),
         knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)),
         group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r),
-        growth=tuple(w.growth_lines(r)) if r.diagnosis.history else ())
+        growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin)
 
 
 @dataclass(frozen=True, eq=False)
@@ -425,17 +430,28 @@ class CaptureView:
     def common_clock(self) -> bool:
         """Sources share an axis only when every one has absolute µs times and their recorded
         spans overlap (a snapshot and a kineto trace of one run share the profiler clock)."""
-        spans = [(d.timeline.x[0], d.timeline.x[-1]) for d in self.devices
-                 if d.timeline.x_is_time and d.timeline.x]
-        if len(spans) != len(self.devices) or len(spans) < 2:
-            return False
-        return max(s[0] for s in spans) <= min(s[1] for s in spans)
+        return clock_origin([d.report for d in self.devices]) is not None
+
+
+def clock_origin(reports: Sequence[DeviceReport]) -> int | None:
+    """Where the clock several reports share starts (the earliest first event, µs), when
+    every one has history on absolute µs times and their recorded spans overlap; else None."""
+    spans = [(int(r.timeline.times_us[0]), int(r.timeline.times_us[-1])) for r in reports
+             if r.diagnosis.history and r.timeline.times_us is not None and r.timeline.n_events]
+    if len(spans) != len(reports) or len(spans) < 2:
+        return None
+    if max(s[0] for s in spans) > min(s[1] for s in spans):
+        return None
+    return min(s[0] for s in spans)
 
 
 def capture_view(reports: Iterable[DeviceReport], title: str,
                  ranks: MultiReport | None = None) -> CaptureView:
-    """Host sections (memray, the profiler's CPU) come after the GPU ones."""
-    views = sorted((device_view(r) for r in reports), key=lambda v: v.host)
+    """Host sections (memray, the profiler's CPU) come after the GPU ones. Sources of one
+    job on a shared clock count their time axes from one origin, so they line up."""
+    reports = list(reports)
+    origin = clock_origin(reports) if len({r.path for r in reports}) > 1 else None
+    views = sorted((device_view(r, origin) for r in reports), key=lambda v: v.host)
     return CaptureView(title, tuple(views), ranks_view(ranks) if ranks is not None else None)
 
 
@@ -455,12 +471,57 @@ class DiffView:
     sites: tuple[tuple[str, str, str, str, str, str], ...]  # sites that changed (capped)
 
 
+    #: the families whose growth over the trace differs most, a line each
+    growth: tuple[str, ...] = ()
+    history_note: str = ""  # which side has no history ('' when both have)
+
+    @cached_property
+    def timelines(self) -> DiffTimelines | None:
+        """The two family timelines (None unless both sides have history)."""
+        return diff_timelines(self.diff)
+
+
 def diff_view(d: CaptureDiff, title: str | None = None) -> DiffView:
     before, after = w.side_text(d.before), w.side_text(d.after)
     return DiffView(
         diff=d, title=title or f"{before} → {after}", verdict=w.diff_verdict(d),
         before=before, after=after, totals=tuple(w.total_rows(d)),
-        families=tuple(w.family_rows(d)), sites=tuple(w.site_rows(d, limit=DIFF_SITE_ROWS)))
+        families=tuple(w.family_rows(d)), sites=tuple(w.site_rows(d, limit=DIFF_SITE_ROWS)),
+        growth=tuple(w.growth_change_lines(d)), history_note=w.history_note(d))
+
+
+@dataclass(frozen=True)
+class DiffTimelines:
+    """Each side's family timeline, to draw one above the other on a shared x axis: the
+    same colour for a family on both sides, the same y range."""
+
+    before: TimelineView
+    after: TimelineView
+    axis: str  # the x axis in words (seconds since each side's first event, or event index)
+    axis_note: str  # why the axis is the event index though one side has a clock ('' none)
+    top_bytes: int  # the top of both y axes: the largest peak, reserved or capacity
+
+
+def diff_timelines(d: CaptureDiff, family_points: int = FAMILY_POINTS) -> DiffTimelines | None:
+    """Both sides' timelines at the report's family point budget each; on the event index
+    for both when either side has no clock (a clock and an index cannot share an axis)."""
+    if d.reports is None or not (d.before.history and d.after.history):
+        return None
+    colours = family_colours(*d.reports)
+    clocks = (d.reports[0].timeline.times_us is not None,
+              d.reports[1].timeline.times_us is not None)
+    clocked = all(clocks)
+
+    def side(r: DeviceReport) -> TimelineView:
+        t = r.timeline if clocked else replace(r.timeline, times_us=None, bands=())
+        return timeline_view(t, reserved_known=r.reserved_known, colours=colours,
+                             capacity=r.diagnosis.capacity_bytes, family_points=family_points)
+
+    top = max(max(r.peak_allocated_bytes, r.timeline.peak_bytes,
+                  int(r.timeline.reserved.max(initial=0)) if r.reserved_known else 0,
+                  r.diagnosis.capacity_bytes or 0) for r in d.reports)
+    return DiffTimelines(side(d.reports[0]), side(d.reports[1]), w.diff_axis(clocked),
+                         w.diff_axis_note(*clocks), top)
 
 
 # ----- explanations -----------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from snapana.compare import CaptureDiff, Side, SiteChange
+from snapana.compare import CaptureDiff, GrowthChange, Side, SiteChange
 from snapana.diagnosis import Cause, ChunkLoop, DeviceReport, Diagnosis, Group, WhatIf
 from snapana.family_timeline import FamilyGrowth
 from snapana.knobs import COST_WORDS, Knob
@@ -491,6 +491,61 @@ def diff_verdict(d: CaptureDiff) -> str:
     parts.append(f"peak {signed(d.peak_change_bytes)}")
     parts.append(_oom_phrase(d))
     return "; ".join(parts)
+
+
+#: What the diff's growth lines say, in every format.
+GROWTH_HEADING = "How the families grew, from the start of each trace to its moment"
+
+
+def _grew(g: FamilyGrowth | None, s: Side) -> str:
+    if g is None:
+        return "never held"
+    text = f"{fmt_bytes(g.start_bytes)} → {fmt_bytes(g.moment_bytes)} {_at(s)}"
+    if fmt_bytes(g.max_bytes) != fmt_bytes(g.moment_bytes):
+        text += f" (at most {fmt_bytes(g.max_bytes)} before it)"
+    return text
+
+
+def growth_change_text(d: CaptureDiff, c: GrowthChange) -> str:
+    """One family's growth on each side, checkable against each side's family timeline:
+    "saved_logprob_softmax: before 0 B → 3.32 GiB at the OOM; after never held"."""
+    return f"{c.family}: before {_grew(c.before, d.before)}; after {_grew(c.after, d.after)}"
+
+
+def growth_change_lines(d: CaptureDiff) -> list[str]:
+    """A line per family whose growth differs most between the sides (`CaptureDiff.growth`)."""
+    return [growth_change_text(d, c) for c in d.growth]
+
+
+def history_note(d: CaptureDiff) -> str:
+    """Which side has no allocation history, so no family timeline ('' when both have)."""
+    missing = [f"{k} ({Path(s.path).name})" for k, s in (("before", d.before),
+                                                         ("after", d.after)) if not s.history]
+    if not missing:
+        return ""
+    which = " and ".join(missing)
+    return (f"No family timelines to compare: {which} "
+            f"{'has' if len(missing) == 1 else 'have'} no allocation history, only the state "
+            "at the moment.")
+
+
+def diff_axis(clocked: bool) -> str:
+    return "seconds since each side's first event" if clocked else "event index"
+
+
+def diff_axis_note(clock_before: bool, clock_after: bool) -> str:
+    """Why the diff's family timelines run on the event index ('' when both have a clock)."""
+    if clock_before and clock_after:
+        return ""
+    if clock_before or clock_after:
+        return (f"{'after' if clock_before else 'before'} has no clock, so both sides run on "
+                "the event index from their first event")
+    return ""
+
+
+def _at(s: Side) -> str:
+    return {"oom": "at the OOM", "peak": "at the peak", "snapshot": "at the end"}.get(
+        s.moment_kind, f"at event {s.moment_idx}")
 
 
 def side_text(s: Side) -> str:
