@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,9 +33,11 @@ class PageVisit:
     probed: object = None  # what the page's `probe` expression evaluated to
 
 
-def open_report(path: Path, timeout_ms: int = 30000, probe: str | None = None) -> PageVisit:
+def open_report(path: Path, timeout_ms: int = 30000, probe: str | None = None,
+                act: Callable[[Any], None] | None = None) -> PageVisit:
     """Open the report, wait until its figures are drawn, and collect what the page shows;
-    `probe`, a JavaScript expression, is evaluated in the drawn page (e.g. a plot's data)."""
+    `act`, given the playwright page, does what a person would (a click) before `probe`, a
+    JavaScript expression, is evaluated in the drawn page (e.g. a plot's data)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -52,6 +56,8 @@ def open_report(path: Path, timeout_ms: int = 30000, probe: str | None = None) -
         page.wait_for_function("document.body.dataset.rendered === 'yes'", timeout=timeout_ms)
         visit.plots = page.locator(".js-plotly-plot").count()
         visit.figure_divs = page.locator("div[data-figure]").count()
+        if act is not None:
+            act(page)
         visit.text = page.inner_text("body")
         if probe is not None:
             visit.probed = page.evaluate(probe)

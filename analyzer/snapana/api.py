@@ -220,7 +220,9 @@ class Analysis:
     # ----- figures and text --------------------------------------------------------------------
     def figure(self, name: FigureName = "families") -> go.Figure:
         """A plotly figure: 'families' (treemap), 'timeline', 'families_over_time' (live bytes
-        per family, stacked), 'segments', 'sites' (top sites)."""
+        per family, stacked), 'allocations' (each allocation in the window before the
+        moment, MemoryViz style; hover a band for its family, size and site, its trace's
+        `meta` for its detail and stack), 'segments', 'sites' (top sites)."""
         from snapana.render import figures
 
         return figures.figure(name, self._device_view)

@@ -32,7 +32,7 @@ from snapana.knobs import (
     transient_families,
     working_set_families,
 )
-from snapana.model import Capture, Frame
+from snapana.model import Capture, Frame, StackTable
 from snapana.placement import round_request, segment_size_for, would_fit
 from snapana.replay import DeviceReplay, Moment
 from snapana.units import fmt_bytes
@@ -160,6 +160,8 @@ class Timeline:
     growth: tuple[FamilyGrowth, ...] = ()
     #: each family's site that allocated the most bytes over the trace
     family_sites: Mapping[str, str] = field(default_factory=dict)
+    #: the capture's stacks, to show the frames of a block of `families.lifetimes`
+    stacks: StackTable | None = None
 
     @property
     def n_events(self) -> int:
@@ -754,6 +756,7 @@ def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
         families=families,
         growth=growth,
         family_sites=sites,
+        stacks=capture.stacks,
     )
 
 

@@ -8,9 +8,11 @@ only on the stack and a small context key (pool kind, default stream, size band,
 hint), so the context of every lifetime is computed with array operations, each distinct
 (stack, key) is decided once, and the decisions are joined back.
 
-Blocks live at the report's moment keep the family the report gave them (`held`): the
-inference stage and the tensor inventory decide those with evidence about that moment, and
-the timeline must agree with the treemap where they meet.
+Blocks live at the report's moment keep the family and evidence the report gave them
+(`held`): the inference stage and the tensor inventory decide those with evidence about that
+moment, and the timeline must agree with the treemap where they meet. Every other lifetime's
+evidence follows `Attributor.attribute`: "unknown" when no rule decided it, "frames" when its
+stack has frames, else "inferred" (a rule on the pool or the trace's timeline).
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from snapana.replay import DeviceReplay
 
 def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
                         held: pl.DataFrame | None = None) -> pl.DataFrame:
-    """`dr.lifetimes` with `family` and `phase` columns (see the module docstring)."""
+    """`dr.lifetimes` with `family`, `phase` and `evidence` columns (see the module
+    docstring)."""
     lt = dr.lifetimes
     n = lt.height
     if n == 0:
         return lt.with_columns(pl.lit("", pl.Utf8).alias("family"),
-                               pl.lit("", pl.Utf8).alias("phase"))
+                               pl.lit("", pl.Utf8).alias("phase"),
+                               pl.lit("", pl.Utf8).alias("evidence"))
     capture = attributor.capture
     alloc_idx = lt["alloc_idx"].to_numpy()
     stack_ids = lt["stack_id"].to_numpy()
@@ -65,18 +69,22 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
             annotations=names[ann[row]], phase_hint="backward" if hint[row] else None))
         families.append(d.family)
         phases.append(d.phase)
+    family = np.array(families, dtype=object)[which]
+    evidence = np.where(family == "unknown", "unknown",
+                        np.where(framed, "frames", "inferred")).astype(object)
     out = lt.with_columns(
-        pl.Series("family", np.array(families, dtype=object)[which], dtype=pl.Utf8),
-        pl.Series("phase", np.array(phases, dtype=object)[which], dtype=pl.Utf8))
+        pl.Series("family", family, dtype=pl.Utf8),
+        pl.Series("phase", np.array(phases, dtype=object)[which], dtype=pl.Utf8),
+        pl.Series("evidence", evidence, dtype=pl.Utf8))
     if held is None or held.is_empty():
         return out
-    moment = held.select("address", "alloc_idx", pl.col("family").alias("_held"),
-                         pl.col("phase").alias("_held_phase")).unique(
+    kept = ["family", "phase"] + (["evidence"] if "evidence" in held.columns else [])
+    moment = held.select("address", "alloc_idx", *(pl.col(c).alias(f"_held_{c}")
+                                                   for c in kept)).unique(
         subset=["address", "alloc_idx"], keep="first")
     return (out.join(moment, on=["address", "alloc_idx"], how="left", maintain_order="left")
-            .with_columns(pl.coalesce("_held", "family").alias("family"),
-                          pl.coalesce("_held_phase", "phase").alias("phase"))
-            .drop("_held", "_held_phase"))
+            .with_columns([pl.coalesce(f"_held_{c}", c).alias(c) for c in kept])
+            .drop([f"_held_{c}" for c in kept]))
 
 
 def _distinct_rows(parts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:

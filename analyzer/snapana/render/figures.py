@@ -2,28 +2,32 @@
 
 One name per figure. A device's figures are `FIGURES` under their public names (what
 `Analysis.figure(name)` takes and what the HTML report draws): "families" (treemap of what
-holds memory), "timeline", "segments" (fragmentation) and "sites" (top allocation sites).
+holds memory), "timeline", "families_over_time", "allocations" (each allocation around the
+moment), "segments" (fragmentation) and "sites" (top allocation sites).
 Pages also draw `together` (several sources on one clock), a diff's `DIFF_FIGURES` ("change"
 per family, "families_over_time" before above after) and `heatmap` (families × ranks).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from snapana.diagnosis import Band
 from snapana.render.views import DeviceView, DiffView, RanksView, TimelineView
-from snapana.render.wording import inferred_note, rank_label
+from snapana.render.wording import allocations_note, inferred_note, rank_label
 from snapana.units import GiB, fmt_bytes
 
 #: The public names of a device's figures.
-FigureName = Literal["families", "timeline", "families_over_time", "segments", "sites"]
+FigureName = Literal["families", "timeline", "families_over_time", "allocations", "segments",
+                     "sites"]
 FIGURE_NAMES: tuple[FigureName, ...] = get_args(FigureName)
 
 _STATE_COLOURS = {"active_allocated": "#d62728", "active_pending_free": "#ff7f0e",
@@ -186,6 +190,53 @@ def families_over_time(v: DeviceView) -> go.Figure:
     return fig
 
 
+def allocations(v: DeviceView) -> go.Figure:
+    """The allocations live in the window before the moment, MemoryViz style: one filled
+    outline per allocation stacked on those allocated before it, coloured by family, the
+    rest as one `other` band on top (its top edge is allocated bytes). Hover names a band;
+    the report's page shows a clicked band's `meta` (its detail and stack) under the chart:
+    `meta` is [detail, stack], the stack an index in `layout.meta.stacks` (-1: the
+    allocation has no frames; None: the `other` band), each stack indices into
+    `layout.meta.lines`. What every band shares is said once, in the figure's template."""
+    a = v.allocations
+    fig = go.Figure()
+    if a is None:
+        return fig
+    seen: set[str] = set()
+    traces = []
+    for b in a.bands:
+        px, py = b.outline(a.x, a.start)
+        group = b.family or b.name
+        traces.append(dict(
+            type="scatter", x=px.astype(np.float32), y=(py / GiB).astype(np.float32),
+            fillcolor=b.colour, text=b.hover, name=b.name, legendgroup=group,
+            showlegend=group not in seen,
+            meta=[b.detail, b.stack if b.kind != "other" else None]))
+        seen.add(group)
+    fig.add_traces(traces)
+    fig.add_vline(x=float(a.x[-2]), line=dict(color="#d62728", dash="dash"),
+                  annotation_text=a.moment, annotation_position="top left")
+    fig.update_layout(
+        template=_band_template(), height=480, margin=dict(l=50, r=10, t=64, b=40),
+        hovermode="closest", legend=dict(orientation="h"), yaxis_title="GiB",
+        title=f"Allocations in the last {a.end - a.start + 1:,} events up to the {a.moment}"
+              f"<br><sup>{allocations_note(a)}; click one for its stack</sup>",
+        xaxis=dict(title="seconds since first event" if a.x_is_time else "event index",
+                   range=[float(a.x[0]), float(a.x[-1])]),
+        meta={"lines": list(a.lines), "stacks": [list(st) for st in a.stacks]})
+    return fig
+
+
+@functools.cache
+def _band_template() -> go.layout.Template:
+    """The default template, with what every allocation band shares (a filled outline,
+    hover on the fill, a thin white edge between bands)."""
+    template = go.layout.Template(pio.templates[pio.templates.default])
+    template.data.scatter = [go.Scatter(mode="lines", fill="toself", hoveron="fills",
+                                        hoverinfo="text", line=dict(color="white", width=0.5))]
+    return template
+
+
 #: Annotation bands: lanes drawn (deeper nesting shares the last), each lane's height in
 #: pixels, and how many of the longest bands carry their name on the bar.
 BAND_LANES, BAND_LANE_PX, BAND_LABELS = 6, 20, 40
@@ -324,7 +375,7 @@ def sites(v: DeviceView) -> go.Figure:
 #: A device's figures under their public names.
 FIGURES: dict[FigureName, Callable[[DeviceView], go.Figure]] = {
     "families": families, "timeline": timeline, "families_over_time": families_over_time,
-    "segments": segments, "sites": sites}
+    "allocations": allocations, "segments": segments, "sites": sites}
 
 
 def figure(name: str, v: DeviceView) -> go.Figure:

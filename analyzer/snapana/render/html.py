@@ -21,7 +21,7 @@ _TEMPLATES = Path(__file__).parent / "templates"
 _FIGURE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB)\b")
 #: The figures a device section draws, by their public names (`figures.FIGURES`).
 PAGE_FIGURES: tuple[figures.FigureName, ...] = ("families", "timeline", "families_over_time",
-                                                "segments")
+                                                "allocations", "segments")
 
 
 def _env() -> jinja2.Environment:
@@ -62,7 +62,8 @@ def _device(d: DeviceView) -> tuple[DeviceView, dict[str, str]]:
     drawn = [name for name in PAGE_FIGURES
              if (name != "segments" or d.segments) and (name != "timeline" or d.timeline.x)
              and (name != "families" or d.report.groups)
-             and (name != "families_over_time" or d.timeline.families)]
+             and (name != "families_over_time" or d.timeline.families)
+             and (name != "allocations" or d.allocations is not None)]
     return d, {name: _figure_json(figures.FIGURES[name](d)) for name in drawn}
 
 

@@ -2,7 +2,8 @@
 
 A view holds the findings it shows plus everything display needs that is not a finding: the
 words (`wording.py`), the timeline downsampled to a plottable size, the segment map capped
-so a report stays small whatever the capture. Every renderer of a view reads the same view,
+so a report stays small whatever the capture, the allocations before the moment as bounded
+bands (`allocation_bands.py`). Every renderer of a view reads the same view,
 so the terminal, markdown, JSON and HTML cannot disagree, and none of them computes.
 
 - `capture_view(reports, title, ranks=None)`: one capture (its devices, or several sources
@@ -28,6 +29,7 @@ from snapana.explain import ExplainedSite
 from snapana.ranks import MultiReport
 from snapana.render import ViewKind
 from snapana.render import wording as w
+from snapana.render.allocation_bands import AllocationsView, allocations_view
 
 TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
 FAMILY_POINTS = 1000  # points per family area (ten areas: the page stays small)
@@ -367,6 +369,14 @@ class DeviceView:
         r = self.report
         return timeline_view(r.timeline, reserved_known=r.reserved_known,
                              colours=self.colours, capacity=r.diagnosis.capacity_bytes)
+
+    @cached_property
+    def allocations(self) -> AllocationsView | None:
+        """The allocations live in the window before the moment, as bands (None without
+        history)."""
+        if not self.report.diagnosis.history:
+            return None
+        return allocations_view(self.report, self.colours, OTHER_COLOUR, UNKNOWN_COLOUR)
 
     @cached_property
     def colours(self) -> dict[str, str]:

@@ -13,6 +13,7 @@ from snapana.diagnosis import Cause, ChunkLoop, DeviceReport, Diagnosis, Group, 
 from snapana.family_timeline import FamilyGrowth
 from snapana.knobs import COST_WORDS, Knob
 from snapana.ranks import MultiReport, RankSummary
+from snapana.render.allocation_bands import AllocationsView
 from snapana.units import fmt_bytes, parse_bytes
 
 HOST_SOURCES = ("memray",)  # sources that measure a process's heap, not a caching allocator
@@ -139,6 +140,21 @@ def growth_text(r: DeviceReport, g: FamilyGrowth) -> str:
 def growth_lines(r: DeviceReport) -> list[str]:
     """One line per family that held or gained most by the moment (`Timeline.growth`)."""
     return [growth_text(r, g) for g in r.timeline.growth]
+
+
+def allocations_note(a: AllocationsView) -> str:
+    """What the allocation bands hold, counted: "the 100 largest of 1,447 allocations on
+    their own, 120 held through the window as 3 family bands, 1,227 more as one band"."""
+    n = a.count("allocation")
+    parts = [f"the {n:,} largest of {a.allocations:,} allocations on their own"
+             if n < a.allocations else f"all {n:,} allocations"]
+    held = [b for b in a.bands if b.kind == "held"]
+    if held:
+        parts.append(f"{a.count('held'):,} held through the window as {len(held)} family "
+                     f"band{'s' if len(held) > 1 else ''}")
+    if a.count("other"):
+        parts.append(f"{a.count('other'):,} more as one band")
+    return ", ".join(parts)
 
 
 def group_note(g: Group) -> str:
