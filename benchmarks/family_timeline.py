@@ -1,4 +1,4 @@
-"""What the family timeline costs: `snapana report` with and without it, side by side.
+"""What the views over time cost: `snapana report` with and without them, side by side.
 
     python benchmarks/family_timeline.py [--entries 1000000] [--cache DIR] [--repeat N]
                                          [--file SNAPSHOT]
@@ -6,7 +6,8 @@
 Generates a snapshot of `--entries` trace events (snapana.synth.scale, seed 0; cached), then
 measures in fresh processes the report as shipped and the same report with the family
 timeline stage replaced by "no history per family" (`diagnosis._families` returning nothing,
-so neither the family areas nor the growth lines are made). Prints wall time, peak RSS and
+so none of what it feeds is made: the family areas, the growth lines and the allocations
+around the moment). Prints wall time, peak RSS and
 the HTML size of both, and their ratios. The issue's budget is 10% on a 1M-event snapshot;
 the exit status is 1 when the time or size ratio is over it (peak RSS is printed too).
 Machines are shared and noisy: the ratio is what counts, each the best of `--repeat` runs.
@@ -55,7 +56,7 @@ def main() -> int:
             out = Path(tmp) / f"{label}.html"
             wall, rss = measure(python(code) + [str(path), str(out)], args.repeat)
             rows[label] = (wall, rss, out.stat().st_size)
-    print(f"{path.name}: report with and without the family timeline "
+    print(f"{path.name}: report with and without the family timeline and allocations views "
           f"(best of {args.repeat})")
     print(f"{'':10} {'wall s':>8} {'peak RSS MiB':>13} {'HTML MB':>9}")
     for label, (wall, rss, size) in rows.items():
