@@ -108,7 +108,7 @@ def test_too_many_bands_are_capped_with_a_note_that_counts_them() -> None:
     t = TimelineView(x=(0, 10 * n), allocated=(0, 1), reserved=(0, 1), x_is_time=True,
                      oom_x=None, peak_x=10 * n, peak_bytes=1, bands=kept,
                      bands_left_out=left_out)
-    fig = figures.timeline(SimpleNamespace(timeline=t))  # type: ignore[arg-type]
+    fig = figures.timeline(SimpleNamespace(timeline=t, origin=None))  # type: ignore[arg-type]
     assert len(_band_trace(fig).base) == BAND_LIMIT
     (note,) = fig.layout.annotations
     assert f"{BAND_LIMIT:,} longest of {n:,}" in note.text and "500 shorter" in note.text
