@@ -48,13 +48,17 @@ def _int_or_none(meta: dict[str, Any], key: str, path: Path) -> int | None:
 
 
 def read(path: Path) -> dict[str, Any]:
-    """The sidecar as a checked dict; InputError (one line) when it is not one."""
+    """The sidecar as a checked dict; InputError (one line) when it is not one. Read like
+    any input (a regular file only, remembered so no output replaces it)."""
+    from snapana.sources._io import open_regular
+
     try:
-        size = path.stat().st_size
-        if size > MAX_SIDECAR_BYTES:
-            raise InputError(f"{path}: sidecar of {size} bytes is larger than any real one")
-        meta = json.loads(path.read_text(encoding="utf-8"),
-                          parse_constant=lambda c: math.nan)
+        with open_regular(path) as fh:
+            data = fh.read(MAX_SIDECAR_BYTES + 1)
+        if len(data) > MAX_SIDECAR_BYTES:
+            raise InputError(f"{path}: sidecar larger than {MAX_SIDECAR_BYTES} bytes, "
+                             "larger than any real one")
+        meta = json.loads(data.decode("utf-8"), parse_constant=lambda c: math.nan)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"{path}: not a readable sidecar: {str(exc).splitlines()[0]:.120}"
                          ) from None
