@@ -226,6 +226,14 @@ def hostile_cases(bomb_bytes: int = 24 << 20) -> list[Case]:
         add(Case("hostile", "export marker with a 100 GB dtype",
                  dict(files, **{"ex/snapana-export.json": json.dumps(marker).encode()}),
                  input="ex"))
+        snapshot = seeds.small_snapshot()
+        if snapshot is not None:  # an inventory whose tensor shape is a number, not a list
+            marker = json.loads(export["snapana-export.json"])
+            tensor = seeds.sidecar_seed(snapshot)["inventory"]["tensors"][0] | {"shape": 5}
+            marker["metadata"]["inventory"] = {"$map": [[0, [tensor]]]}
+            add(Case("hostile", "export marker inventory with a shape that is a number",
+                     dict(files, **{"ex/snapana-export.json": json.dumps(marker).encode()}),
+                     input="ex"))
     for case in cases:
         if not case.argv:
             case.argv = list(SUMMARY)

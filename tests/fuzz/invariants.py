@@ -76,6 +76,27 @@ def summary_violations(text: str) -> list[str]:
             elif v < 0 and not path.endswith(SIGNED) and not (
                     flagged and path.endswith("cached_unallocated_bytes")):
                 bad.append(f"negative: {path} = {v}")
+    return _rank_violations(doc.get("inputs")) + bad
+
+
+#: How the rank runner words an input whose analysis raised an unexpected exception (it
+#: reports it and goes on with the other ranks; for the fuzzer that is an internal error).
+UNEXPECTED = ": could not analyse: "
+
+
+def _rank_violations(inputs: Any) -> list[str]:
+    """The rank table of several inputs: an unexpected exception in a rank is a finding
+    (`rank-internal`), and each analysed rank's families add up to its allocated bytes."""
+    bad = []
+    for i, entry in enumerate(inputs if isinstance(inputs, list) else []):
+        error = str(entry.get("error") or "")
+        if UNEXPECTED in error:
+            bad.append(f"rank-internal: {error.split(UNEXPECTED, 1)[1][:160]}")
+        elif not error and _ints(entry.get("allocated_bytes")):
+            total = sum((entry.get("families") or {}).values())
+            if total != entry["allocated_bytes"]:
+                bad.append(f"groups: inputs[{i}] families sum to {total}, allocated_bytes "
+                           f"is {entry['allocated_bytes']}")
     return bad
 
 

@@ -248,6 +248,8 @@ class Runner:
         cmd = case.command()
         if cmd[:1] == ["summary"] and "json" in cmd:
             bad = summary_violations(out)
+            if bad and bad[0].startswith("rank-internal: "):
+                return Outcome("internal", bad[0].split(": ", 1)[1], **base)
             if bad:
                 return Outcome("invariant", bad[0].split(":")[0], note="; ".join(bad[:3]),
                                **base)
