@@ -57,7 +57,8 @@ def _rounded(n):
 
 
 def _raw_replay(raw, device):
-    """Independent replay of the raw trace: (peak index, live blocks and segments there).
+    """Independent replay of the raw trace: (peak index, allocated blocks, segments and
+    pending-free bytes there, peak bytes).
 
     A block's size is the final segments' size when it survives to the end, else its request
     rounded up to 512 bytes (the allocator's rounding). The state before the first event is a
@@ -81,19 +82,21 @@ def _raw_replay(raw, device):
     live = {a: s for a, (s, _, st) in final.items()
             if a not in last_alloc and st == "active_allocated"}
     live.update(freed_before)
-    states = [dict(live)]
-    pending = set()
+    # freed before recording, still waiting on a stream at the end: pending all along
+    pending = {a: s for a, (s, _, st) in final.items()
+               if a not in last_alloc and st != "active_allocated"}
+    states, pendings = [dict(live)], [sum(pending.values())]
     for i, e in enumerate(trace):
         a = e["addr"]
         if e["action"] == "alloc":
             live[a] = final[a][0] if a in final and last_alloc[a] == i else _rounded(e["size"])
         elif e["action"] == "free_requested" or (
                 e["action"] in ("free_completed", "free") and a not in pending):
-            live.pop(a, None)
-            pending.add(a)
+            pending[a] = live.pop(a, 0)
         if e["action"] in ("free_completed", "free"):
-            pending.discard(a)
+            pending.pop(a, None)
         states.append(dict(live))
+        pendings.append(sum(pending.values()))
     totals = [sum(st.values()) for st in states]
     peak_pos = max(range(len(totals)), key=lambda k: (totals[k], -k))
     idx = peak_pos - 1
@@ -103,7 +106,7 @@ def _raw_replay(raw, device):
             seg_now.pop(e["addr"], None)
         elif e["action"] in ("segment_free", "segment_unmap"):
             seg_now[e["addr"]] = e["size"]
-    return (idx if trace else None), states[peak_pos], seg_now, max(totals)
+    return (idx if trace else None), states[peak_pos], seg_now, pendings[peak_pos], max(totals)
 
 
 def _largest_gap(blocks, segs):
@@ -124,7 +127,7 @@ def test_headline_equals_sums_from_raw_pickle(path):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     for dev in summary["devices"]:
-        idx, live, segs, peak = _raw_replay(raw, dev["device"])
+        idx, live, segs, pending, peak = _raw_replay(raw, dev["device"])
         assert dev["oom"] is None  # no corpus file recorded an OOM: the peak is diagnosed
         trace = (raw.get("device_traces") or [[]] * (dev["device"] + 1))[dev["device"]] \
             if isinstance(raw, dict) else []
@@ -137,6 +140,7 @@ def test_headline_equals_sums_from_raw_pickle(path):
                     (raw if isinstance(raw, list) else raw["segments"])
                     if s.get("device", 0) == dev["device"]}
             peak = sum(live.values())
+            pending = sum(s for s, _, st in final.values() if st != "active_allocated")
         else:
             assert (dev["moment"]["kind"], dev["moment"]["event_index"]) == ("peak", idx)
         reserved = sum(segs.values())
@@ -144,7 +148,8 @@ def test_headline_equals_sums_from_raw_pickle(path):
         assert dev["reserved_bytes"] == reserved
         assert dev["allocated_bytes"] == allocated
         assert dev["peak_allocated_bytes"] == peak
-        assert dev["cached_unallocated_bytes"] == reserved - allocated
+        assert dev["pending_free_bytes"] == pending
+        assert dev["cached_unallocated_bytes"] == reserved - allocated - pending
         assert dev["largest_free_block_bytes"] == _largest_gap(live, segs)
         assert sum(g["bytes"] for g in dev["groups"]) == allocated
         assert sum(g["blocks"] for g in dev["groups"]) == len(live)

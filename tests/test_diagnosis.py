@@ -30,15 +30,18 @@ def _raw_oom(path):
     reserved = sum(s["total_size"] for s in raw["segments"])
     allocated = sum(b["size"] for s in raw["segments"] for b in s["blocks"]
                     if b["state"] == "active_allocated")
-    return oom, reserved, allocated
+    pending = sum(b["size"] for s in raw["segments"] for b in s["blocks"]
+                  if b["state"] == "active_pending_free")
+    return oom, reserved, allocated, pending
 
 
 def test_s1_3_chunked_logprob_is_real_demand_and_the_saved_softmax_can_go():
     path, truth, r = _sample("slime-tp2-chunked-logprob-oom")
     d = r.diagnosis
-    oom, reserved, allocated = _raw_oom(path)
+    oom, reserved, allocated, pending = _raw_oom(path)
     assert d.request_bytes == oom["size"] and r.oom.device_free_bytes == oom["device_free"]
-    assert r.cached_unallocated_bytes == reserved - allocated  # the OOM is the last event
+    # the OOM is the last event
+    assert r.cached_unallocated_bytes == reserved - allocated - pending
     assert d.cause("real_demand").holds and not d.cause("fragmentation").holds
     assert d.excess_family == "saved_logprob_softmax"
     w = next(w for w in d.what_ifs if w.family == "saved_logprob_softmax")
@@ -64,7 +67,7 @@ def test_s1_3_chunked_logprob_is_real_demand_and_the_saved_softmax_can_go():
 def test_s1_1_fp32_logits_copy_names_tp_and_max_tokens():
     path, _, r = _sample("slime-tp1-logits-fp32-oom")
     d = r.diagnosis
-    oom, _, _ = _raw_oom(path)
+    oom, *_ = _raw_oom(path)
     assert d.request_bytes == oom["size"]
     assert d.request_family == "logits" and "float16_to_fp32" in d.request_label
     assert not d.cause("fragmentation").holds
@@ -76,8 +79,8 @@ def test_s1_1_fp32_logits_copy_names_tp_and_max_tokens():
 def test_s2_colocated_vllm_is_not_fragmentation():
     path, truth, r = _sample("swift-vllm-colocate-oom")
     d = r.diagnosis
-    oom, reserved, allocated = _raw_oom(path)
-    assert r.cached_unallocated_bytes == reserved - allocated
+    oom, reserved, allocated, pending = _raw_oom(path)
+    assert r.cached_unallocated_bytes == reserved - allocated - pending
     assert round(r.cached_unallocated_bytes / MiB, 2) == 66.45
     assert not d.cause("fragmentation").holds and d.cause("real_demand").holds
     assert d.outside_pytorch_bytes == truth["capacity_bytes"] - reserved - oom["device_free"]
@@ -244,3 +247,42 @@ def test_a_chunk_loop_that_keeps_its_chunks_is_named_before_a_smaller_sufficient
     assert d.knobs[0].id == "torch.checkpoint_loss" and d.knobs[0].knob in text
     assert "areal" in d.frameworks and all(
         k.framework in {"areal", "fsdp", "pytorch", "any"} for k in d.knobs)
+
+
+def _trace_only(entries):
+    """A snapshot whose trace has segment events but whose final segments are missing."""
+    from snapana.sources.torch_snapshot import from_snapshot_dict
+
+    return from_snapshot_dict({"segments": [], "device_traces": [[
+        {"stream": 0, "frames": [], **e} for e in entries]]}, "trace-only")
+
+
+def test_blocks_outside_the_segments_are_flagged_not_printed_silently():
+    (r,) = analyse(_trace_only([
+        {"action": "segment_alloc", "addr": 0x100000, "size": 4096},
+        {"action": "alloc", "addr": 0x100000, "size": 4096},
+        {"action": "alloc", "addr": 0x200000, "size": 8192},  # in no segment
+    ]))
+    assert r.allocated_bytes > r.reserved_bytes
+    (flag,) = [w for w in r.warnings if w.startswith("the figures are inconsistent")]
+    assert "12288 > 4096 bytes after event 2" in flag
+    # one definition even then; the block in no segment makes no free range
+    assert r.cached_unallocated_bytes == (r.reserved_bytes - r.allocated_bytes
+                                          - r.pending_free_bytes)
+    assert r.largest_free_block_bytes == 0
+    assert any("segment events disagree" in w and "0x100000" in w for w in r.warnings)
+
+
+def test_pending_free_blocks_are_not_cached_and_the_figures_add_up():
+    (r,) = analyse(_trace_only([
+        {"action": "segment_alloc", "addr": 0x100000, "size": 2 << 20},
+        {"action": "alloc", "addr": 0x100000, "size": 1 << 20},
+        {"action": "alloc", "addr": 0x100000 + (1 << 20), "size": 512 << 10},
+        {"action": "free_requested", "addr": 0x100000 + (1 << 20), "size": 512 << 10},
+    ]), at="end")
+    assert (r.allocated_bytes, r.pending_free_bytes) == (1 << 20, 512 << 10)
+    assert r.cached_unallocated_bytes == 512 << 10  # 2 MiB - 1 MiB - 512 KiB
+    assert r.reserved_bytes == (r.allocated_bytes + r.pending_free_bytes
+                                + r.cached_unallocated_bytes)
+    assert sum(p.free_bytes for p in r.pools) == r.cached_unallocated_bytes
+    assert not any("inconsistent" in w for w in r.warnings)

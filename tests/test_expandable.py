@@ -57,8 +57,9 @@ def check_report(r: DeviceReport, capacity: int | None = None) -> None:
     what the device could hold (capacity when known, else reserved + device free)."""
     where = f"{r.path} device {r.device}"
     assert sum(p.reserved_bytes for p in r.pools) == r.reserved_bytes, where
-    assert sum(p.free_bytes for p in r.pools) + r.pending_free_bytes == \
-        r.cached_unallocated_bytes, where
+    assert sum(p.free_bytes for p in r.pools) == r.cached_unallocated_bytes, where
+    assert r.reserved_bytes == (r.allocated_bytes + r.pending_free_bytes
+                                + r.cached_unallocated_bytes), where
     for p in r.pools:
         assert 0 <= p.largest_free_bytes <= p.free_bytes <= p.reserved_bytes, (where, p)
     assert r.largest_free_block_bytes <= r.cached_unallocated_bytes, where

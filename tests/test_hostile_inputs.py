@@ -97,7 +97,70 @@ def test_export_over_its_own_input_folder_is_refused(export_dir):
 def test_report_into_an_input_folder_is_refused(export_dir):
     before = _digest(export_dir)
     result = run_cli("report", str(export_dir), "-o", str(export_dir / "blocks.parquet"))
-    assert result.returncode == 2 and "is an input" in result.stderr
+    assert result.returncode == 2 and "is inside the input folder" in result.stderr
+    assert _digest(export_dir) == before
+
+
+def _outputs_case(base, how):
+    """(command line, files that must stay as they are) for each way an output can be an
+    input: the same file through a link, a sidecar, a folder that is, is inside or holds one."""
+    snap = base / "s.pickle"
+    snap.write_bytes(pickle.dumps(_snap(), protocol=4))
+    other = base / "b.pickle"
+    other.write_bytes(snap.read_bytes())
+    if how == "report -o a symlink to the input":
+        (base / "out.html").symlink_to(snap)
+        return ["report", str(snap), "-o", str(base / "out.html")], [snap]
+    if how == "report -o a hard link of the input":
+        os.link(snap, base / "out.html")
+        return ["report", str(snap), "-o", str(base / "out.html")], [snap]
+    if how == "report -o the sidecar":
+        side = base / "s.meta.json"
+        side.write_text(json.dumps({"format": "snapana.record.sidecar", "version": 1,
+                                    "device": 0}))
+        return ["report", str(snap), "-o", str(side)], [snap, side]
+    if how == "report A B -o B":
+        return ["report", str(snap), str(other), "-o", str(other)], [snap, other]
+    if how == "diff A B -o a link to B":
+        (base / "d.html").symlink_to(other)
+        return ["diff", str(snap), str(other), "-o", str(base / "d.html")], [snap, other]
+    if how == "export FILE -o a folder holding FILE":
+        # an earlier export's folder (it has the marker) with the snapshot copied into it
+        old = base / "old-export"
+        assert run_cli("export", str(snap), "-o", str(old)).returncode == 0
+        inside = old / "s.pickle"
+        inside.write_bytes(snap.read_bytes())
+        return ["export", str(inside), "-o", str(old)], [inside]
+    if how == "export FILE -o FILE":
+        return ["export", str(snap), "-o", str(snap)], [snap]
+    if how == "batch DIR -o DIR":
+        ranks = base / "ranks"
+        ranks.mkdir()
+        (ranks / "rank0.pickle").write_bytes(snap.read_bytes())
+        return ["batch", str(ranks), "-o", str(ranks)], [ranks / "rank0.pickle"]
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", [
+    "report -o a symlink to the input", "report -o a hard link of the input",
+    "report -o the sidecar", "report A B -o B", "diff A B -o a link to B",
+    "export FILE -o a folder holding FILE", "export FILE -o FILE", "batch DIR -o DIR"])
+def test_an_output_that_is_or_holds_an_input_is_refused_before_the_work(tmp_path, how):
+    argv, keep = _outputs_case(tmp_path, how)
+    before = {p: p.read_bytes() for p in keep}
+    result = run_cli(*argv)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("snapana: error: "), lines
+    assert ("is an input" in lines[0] or "holds the input" in lines[0]
+            or "inside the input folder" in lines[0]), lines[0]
+    assert {p: p.read_bytes() for p in keep} == before
+
+
+def test_an_export_inside_its_input_folder_is_refused(export_dir):
+    before = _digest(export_dir)
+    result = run_cli("export", str(export_dir), "-o", str(export_dir / "again"))
+    assert result.returncode == 2 and "inside the input folder" in result.stderr
     assert _digest(export_dir) == before
 
 

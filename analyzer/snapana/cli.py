@@ -138,19 +138,34 @@ def _reports(path: Path, device: int | None, rules: list[Path] | None = None,
     return [s.report for s in _sessions(path, device, rules, capacity, at)]
 
 
+def _inputs(paths: list[Path]) -> list[Path]:
+    """The files a command reads: the given ones and the sidecar beside each snapshot."""
+    from snapana import sidecar
+
+    found = (sidecar.find(p) for p in paths if p.is_file())
+    return [*paths, *(s for s in found if s is not None)]
+
+
 def _output_file(output: Path | None, default: Path, inputs: list[Path]) -> Path:
     """Where a single-file output goes: `-o FILE`, or `default`'s name inside `-o DIR`.
-    An output that is one of the inputs is refused: inputs are never modified."""
-    from snapana.output import OutputError
+    An output that is an input or inside an input folder is refused before any work:
+    inputs are never modified."""
+    from snapana.output import refuse_inputs
 
     out = output if output is not None else default
     if out.is_dir():
         out = out / default.name
         err.print(f"{output} is a folder: writing {out}")
-    for inp in inputs:
-        if inp.exists() and (out.exists() and out.samefile(inp) or out.resolve() == inp.resolve()):
-            raise OutputError(f"{out}: is an input; choose another output path")
+    refuse_inputs(out, _inputs(inputs))
     return out
+
+
+def _output_folder(output: Path, inputs: list[Path]) -> None:
+    """A folder output replaces what is there: refused, before any work, when it is an
+    input, lies inside an input folder, or holds an input."""
+    from snapana.output import refuse_inputs
+
+    refuse_inputs(output, _inputs(inputs), folder=True)
 
 
 def _render(view: Any, fmt: str, to_terminal: bool = True) -> str:
@@ -200,25 +215,25 @@ WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N",
 EngineOpt = Annotated[Engine, typer.Option("--engine", help="where the per-file work runs")]
 
 
-def _many(files: list[str], workers: int | None, rules: list[Path] | None,
+def _many(paths: list[Path], workers: int | None, rules: list[Path] | None,
           capacity: str | None, engine: str = "local"):
-    """Summaries of several inputs, a progress bar per file on a terminal."""
-    from snapana.rank_runner import expand_inputs, summarize_many
+    """Summaries of several inputs (expanded: `expand_inputs`), a progress bar per file on a
+    terminal."""
+    from snapana.rank_runner import summarize_many
     from snapana.ranks import aggregate
     from snapana.session import resolve_capacity, resolve_rules
 
-    paths = expand_inputs(files)
     resolve_rules(rules)  # a bad rule file fails once, here, not in every worker
     rule_files = [str(r) for r in rules or ()]
     cap = resolve_capacity(capacity)
     if not err.is_terminal or engine != "local":
-        return paths, aggregate(summarize_many(paths, workers, rule_files, cap, engine))
+        return aggregate(summarize_many(paths, workers, rule_files, cap, engine))
     with Progress("[progress.description]{task.description}", BarColumn(), console=err,
                   transient=True) as bar:
         tasks = {str(p): bar.add_task(p.name, total=1) for p in paths}
         ranks = summarize_many(paths, workers, rule_files, cap, engine,
                                on_done=lambda a, _: bar.update(tasks[a], completed=1))
-    return paths, aggregate(ranks)
+    return aggregate(ranks)
 
 
 def _single(files: list[str]) -> Path | None:
@@ -255,6 +270,7 @@ def report(
 ) -> None:
     """Write a self-contained HTML report (opens offline, attach it to the ticket)."""
     from snapana.output import write_atomic
+    from snapana.rank_runner import expand_inputs
     from snapana.render.views import capture_view
 
     single = _single(files)
@@ -271,7 +287,9 @@ def report(
         return
     if at is not None:
         raise InputError("--at applies to one capture; with several inputs, pick one file")
-    paths, multi = _many(files, workers, rules, capacity)
+    paths = expand_inputs(files)
+    out = _output_file(output, Path("snapana-report.html"), paths)
+    multi = _many(paths, workers, rules, capacity)
     chosen = multi.first_oom
     if rank is not None:
         chosen = next((r for r in multi.ok if r.rank == rank), None)
@@ -279,7 +297,6 @@ def report(
             raise InputError(f"--rank {rank}: no analysed input has that rank")
     chosen = chosen or (multi.ok[0] if multi.ok else None)
     reports = _reports(Path(chosen.file), chosen.device, rules, capacity) if chosen else []
-    out = _output_file(output, Path("snapana-report.html"), paths)
     write_atomic(out, _render(capture_view(reports, title=f"{len(paths)} inputs", ranks=multi),
                               renderers.REPORT_FORMAT, to_terminal=False))
     err.print(f"wrote {out}")
@@ -298,13 +315,15 @@ def summary(
     """Print the verdict and what holds memory: a table, markdown for a ticket, JSON, or the
     HTML page. With several inputs: the rank table, then the failing (else the largest)
     rank in full."""
+    from snapana.rank_runner import expand_inputs
     from snapana.render.views import capture_view
 
     single = _single(files)
     if single is None:
         if at is not None:
             raise InputError("--at applies to one capture; with several inputs, pick one file")
-        paths, multi = _many(files, workers, rules, capacity)
+        paths = expand_inputs(files)
+        multi = _many(paths, workers, rules, capacity)
         chosen = multi.first_oom or max(multi.ok, key=lambda r: r.peak_allocated_bytes,
                                         default=None)
         reports = _reports(Path(chosen.file), chosen.device, rules, capacity) if chosen else []
@@ -330,8 +349,11 @@ def batch(
     """Summarise a whole incident directory into a partitioned Parquet dataset
     (ranks/ and families/, one partition per job and rank); --engine dask|ray for clusters."""
     from snapana import rank_dataset
+    from snapana.rank_runner import expand_inputs
 
-    paths, multi = _many(files, workers, rules, capacity, engine.value)
+    paths = expand_inputs(files)
+    _output_folder(output, paths)
+    multi = _many(paths, workers, rules, capacity, engine.value)
     name = job or (paths[0].parent.name if paths else "job")
     rank_dataset.write(multi, output, name)
     err.print(f"wrote {output} ({len(multi.ranks)} inputs, {len(multi.ok)} analysed)")
@@ -439,6 +461,7 @@ def export(
     from snapana.sources.parquet_dir import MARKER
 
     out = output or Path(file.name.split(".")[0] + "-export")
+    _output_folder(out, [file])
     check_dir_target(out, MARKER, "export")  # refuse before the work, not after
     export_tables(_sessions(file, device, rules, capacity), out)
     err.print(f"wrote {out}")

@@ -34,7 +34,7 @@ from snapana.knobs import (
 )
 from snapana.model import Capture, Frame, StackTable
 from snapana.placement import round_request, segment_size_for, would_fit
-from snapana.replay import DeviceReplay, Moment
+from snapana.replay import OVER_RESERVED, DeviceReplay, Moment
 from snapana.units import fmt_bytes
 
 CHUNK_MIN_BYTES = 16 << 20  # repeated blocks smaller than this are not worth calling chunks
@@ -300,10 +300,13 @@ class _State:
     groups: tuple[Group, ...]
     reserved: int
     allocated: int
+    pending_free: int  # freed, waiting on another stream: still in its segment, not reusable
 
     @property
     def cached_unallocated(self) -> int:
-        return self.reserved - self.allocated
+        """The one definition: reserved = allocated + pending free + cached unallocated, so
+        the report's figures add up (and equal the pools' free bytes)."""
+        return self.reserved - self.allocated - self.pending_free
 
 
 def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
@@ -337,17 +340,12 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
             event_index=o.idx,
             count=len(dr.ooms),
         )
-    state = _State(moment, live, held, segments, pools, _groups(held), reserved, allocated)
+    state = _State(moment, live, held, segments, pools, _groups(held), reserved, allocated,
+                   pending)
     diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history)
     # a snapshot records its segments even when there are none; a trace or a timeline does not
     segmented = not dr.segment_intervals.is_empty() or capture.source == "torch_snapshot"
-    warnings = list(capture.warnings)
-    if dr.mismatches:
-        warnings.append(
-            f"replay disagrees with the final segments in {len(dr.mismatches)} place(s), "
-            f"e.g. {dr.mismatches[0]}"
-        )
-    warnings.extend(caveats)
+    warnings = list(capture.warnings) + _replay_warnings(dr) + caveats
     return DeviceReport(
         path=capture.path,
         source=capture.source,
@@ -355,7 +353,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         moment=moment,
         reserved_bytes=reserved,
         allocated_bytes=allocated,
-        pending_free_bytes=pending,
+        pending_free_bytes=state.pending_free,
         cached_unallocated_bytes=state.cached_unallocated,
         largest_free_block_bytes=max((p.largest_free_bytes for p in pools), default=0),
         pools=pools,
@@ -379,6 +377,20 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         reserved_known=segmented or dr.device in capture.metadata.get("reserved_timeline", {}),
         failed=dr.oom is not None,
     )
+
+
+def _replay_warnings(dr: DeviceReplay) -> list[str]:
+    """Where the replay found the capture at odds with itself: figures that cannot add up
+    get their own warning, then the block and the segment disagreements, one line each."""
+    out = [f"the figures are inconsistent ({m}): reserved and cached bytes are not to be "
+           "trusted" for m in dr.mismatches if m.startswith(OVER_RESERVED)]
+    blocks = [m for m in dr.mismatches if not m.startswith(OVER_RESERVED)]
+    for what, found in (("replay disagrees with the final segments", blocks),
+                        ("the trace's segment events disagree with each other or with the "
+                         "final segments", dr.segment_mismatches)):
+        if found:
+            out.append(f"{what} in {len(found)} place(s), e.g. {found[0]}")
+    return out
 
 
 def _has_history(capture: Capture, dr: DeviceReplay) -> bool:

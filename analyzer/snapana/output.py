@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +23,39 @@ def _refuse_input(path: Path) -> None:
 
     if is_input(path):
         raise OutputError(f"{path}: is an input (or inside one); choose another output path")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _above(real: Path) -> set[tuple[int, int]]:
+    """The identities of the folders above a resolved path."""
+    return {ident for p in real.parents if (ident := _identity(p)) is not None}
+
+
+def refuse_inputs(path: Path, inputs: Iterable[Path], folder: bool = False) -> None:
+    """Checked before any work (atomic_path checks again, by what was read): the output is
+    not an input (the same file through any link or spelling) nor inside an input folder,
+    and a folder output, which replaces what is there, holds no input."""
+    real = Path(os.path.realpath(path))
+    own, above = _identity(real), _above(real)
+    for inp in inputs:
+        ident = _identity(inp)
+        if ident is None:
+            continue
+        if ident == own:
+            raise OutputError(f"{path}: is an input; choose another output path")
+        if ident in above:
+            raise OutputError(f"{path}: is inside the input folder {inp}; choose another "
+                              "output path")
+        if folder and own is not None and own in _above(Path(os.path.realpath(inp))):
+            raise OutputError(f"{path}: holds the input {inp}, which replacing the folder "
+                              "would delete; choose another output folder")
 
 
 def _umask() -> int:

@@ -150,7 +150,8 @@ class DeviceReplay:
 
     # ----- state at a moment ---------------------------------------------------------------
     def blocks_at(self, moment: Moment) -> pl.DataFrame:
-        """Live blocks after event `moment.idx`, with state, pool and stream of their segment."""
+        """Live blocks after event `moment.idx`, with state, pool and stream of their segment
+        (none when no segment live then holds the block's start: an inconsistent trace)."""
         i = moment.idx
         live = self.lifetimes.filter(
             (pl.col("alloc_idx") <= i) & (pl.col("free_done_idx") > i)
@@ -166,12 +167,14 @@ class DeviceReplay:
             "pool",
             pl.col("stream").alias("segment_stream"),
         )
-        return (
-            live.sort("address")
-            .join_asof(segs.sort("segment_address"), left_on="address",
-                       right_on="segment_address", strategy="backward")
-            .with_columns(pl.col("pool").fill_null("0,0"))
-        )
+        joined = live.sort("address").join_asof(
+            segs.sort("segment_address"), left_on="address", right_on="segment_address",
+            strategy="backward")
+        outside = pl.col("address") >= pl.col("segment_address") + pl.col("segment_size")
+        return joined.with_columns(
+            *(pl.when(outside).then(None).otherwise(pl.col(c)).alias(c)
+              for c in ("segment_address", "segment_size", "pool", "segment_stream"))
+        ).with_columns(pl.col("pool").fill_null("0,0"))
 
     def segments_at(self, moment: Moment) -> pl.DataFrame:
         """Segments live after event `moment.idx`: address, total_size, pool, stream,
@@ -230,7 +233,7 @@ class DeviceReplay:
     def reserved_at(self, moment: Moment) -> int:
         if self.n_events == 0:
             if self.segment_intervals.is_empty():  # no allocator state recorded (memray)
-                return self.baseline_allocated
+                return _bytes_timeline(self.lifetimes, 0, "free_done_idx")[0]
             return int(self.segment_intervals["total_size"].sum())
         if moment.idx < 0:
             return int(self.reserved[0] - self._reserved_delta[0])
@@ -407,19 +410,26 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     if extra:
         lifetimes = pl.concat([lifetimes, pl.DataFrame(extra, schema=LIFETIME_SCHEMA,
                                                        orient="row")])
-    allocated = _allocated_timeline(lifetimes, n)
+    _, allocated = _bytes_timeline(lifetimes, n, "free_req_idx")
+    live_before, live = _bytes_timeline(lifetimes, n, "free_done_idx")
     seg_intervals, reserved, reserved_delta, seg_mismatches = _segment_intervals(
         capture, device, events)
-    if n and seg_intervals.is_empty():
-        # No allocator segments (profiler traces, memory timelines): reserved is what the
-        # source recorded after each event, else nothing is known to be cached.
-        series = capture.metadata.get("reserved_timeline", {}).get(device)
-        if series is not None and len(series) == n:
-            reserved = np.maximum(np.asarray(series, dtype=np.int64), allocated)
-        else:
-            reserved = allocated.copy()
-        before = lifetimes.filter((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") >= 0))
-        reserved_delta = np.diff(reserved, prepend=int(before["size"].sum()))
+    if seg_intervals.is_empty():
+        if n:
+            # No allocator segments (profiler traces, memory timelines): reserved is what
+            # the source recorded after each event, else the live blocks (nothing is known
+            # to be cached; a pending-free block still occupies memory).
+            series = capture.metadata.get("reserved_timeline", {}).get(device)
+            if series is not None and len(series) == n:
+                reserved = np.maximum(np.asarray(series, dtype=np.int64), live)
+            else:
+                reserved = live.copy()
+            reserved_delta = np.diff(reserved, prepend=live_before)
+    else:
+        over = _over_reserved(live_before, live, reserved, reserved_delta,
+                              int(seg_intervals["total_size"].sum()))
+        if over:
+            mismatches.append(over)
     if n and (allocated.min() < 0 or reserved.min() < 0):
         mismatches.append("replaying back to the first event goes negative")
     dr = DeviceReplay(capture, device, lifetimes, seg_intervals, allocated, reserved, ooms, n,
@@ -428,19 +438,45 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     return dr
 
 
-def _allocated_timeline(lifetimes: pl.DataFrame, n: int) -> np.ndarray:
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
+def _bytes_timeline(lifetimes: pl.DataFrame, n: int, end: str) -> tuple[int, np.ndarray]:
+    """Bytes of blocks from their alloc to their `end` event (`free_req_idx`: allocated;
+    `free_done_idx`: live, pending frees included): before the first event, and after each."""
     size = lifetimes["size"].to_numpy()
     a_idx = lifetimes["alloc_idx"].to_numpy()
-    f_idx = lifetimes["free_req_idx"].to_numpy()
-    delta = np.zeros(n + 1, dtype=np.int64)
+    f_idx = lifetimes[end].to_numpy()
     started = a_idx >= 0
+    baseline = int(size[~started & (f_idx >= 0)].sum())
+    if n == 0:
+        return baseline, np.zeros(0, dtype=np.int64)
+    delta = np.zeros(n + 1, dtype=np.int64)
     np.add.at(delta, a_idx[started], size[started])
     ended = (f_idx >= 0) & (f_idx < n)
     np.add.at(delta, f_idx[ended], -size[ended])
-    baseline = int(size[~started & (f_idx >= 0)].sum())
-    return baseline + np.cumsum(delta[:n])
+    return baseline, baseline + np.cumsum(delta[:n])
+
+
+#: How a replay says its blocks do not fit in its segments (the report then warns that its
+#: reserved and cached figures are inconsistent; tests/fuzz/invariants.py looks for it).
+OVER_RESERVED = "more bytes in live blocks than the segments reserve"
+
+
+def _over_reserved(live_before: int, live: np.ndarray, reserved: np.ndarray,
+                   reserved_delta: np.ndarray, final_reserved: int) -> str | None:
+    """Blocks live inside segments, so live bytes (allocated + pending free) never exceed
+    reserved; when they do (segment events without the final segments, a trace that lost
+    segment events) say where, rather than print figures that cannot add up."""
+    if not len(live):
+        return (f"{OVER_RESERVED}: {live_before} > {final_reserved} bytes in the snapshot"
+                if live_before > final_reserved else None)
+    before = int(reserved[0] - reserved_delta[0])
+    if live_before > before:
+        return (f"{OVER_RESERVED}: {live_before} > {before} bytes before the first event")
+    over = np.flatnonzero(live > reserved)
+    if not over.size:
+        return None
+    i = int(over[0])
+    return (f"{OVER_RESERVED}: {int(live[i])} > {int(reserved[i])} bytes after event {i} "
+            f"({over.size} event(s) in all)")
 
 
 SEGMENT_INTERVAL_SCHEMA = {"address": pl.Int64, "total_size": pl.Int64, "pool": pl.Utf8,

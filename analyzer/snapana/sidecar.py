@@ -24,6 +24,9 @@ MAX_SIDECAR_BYTES = 256 << 20  # an inventory of 10^5 tensors is ~20 MB of JSON
 #: What an inventory role means as a family.
 ROLE_FAMILY = {"parameter": "parameters", "buffer": "parameters", "gradient": "gradients",
                "optimizer_state": "optimizer_state"}
+ROLES = (*ROLE_FAMILY, "tensor")
+#: The most dimensions a tensor record's shape may list.
+MAX_DIMS = 64
 
 
 def find(snapshot: Path) -> Path | None:
@@ -38,6 +41,31 @@ def find(snapshot: Path) -> Path | None:
     return None
 
 
+def _size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_BYTES
+
+
+def tensor_problem(t: Any) -> str | None:
+    """Why an inventory entry is not a tensor record as `snapana record` writes it (None:
+    it is one). Attribution sorts by `ptr`, sums `nbytes` and puts name, shape and dtype
+    into labels, so each is checked here, once, wherever an inventory is read."""
+    if not isinstance(t, dict):
+        return "is not a tensor record"
+    for key in ("ptr", "nbytes"):
+        if not _size(t.get(key)):
+            return f"`{key}` is not a byte address or count: {t.get(key)!r:.40}"
+    if t.get("role") not in ROLES:
+        return f"`role` {t.get('role')!r:.40} is not one of {', '.join(ROLES)}"
+    for key in ("name", "dtype"):
+        if t.get(key) is not None and not isinstance(t[key], str):
+            return f"`{key}` is not a string"
+    shape = t.get("shape")
+    if shape is not None and not (isinstance(shape, (list, tuple)) and len(shape) <= MAX_DIMS
+                                  and all(_size(d) for d in shape)):
+        return f"`shape` is not a list of at most {MAX_DIMS} sizes"
+    return None
+
+
 def _int_or_none(meta: dict[str, Any], key: str, path: Path) -> int | None:
     value = meta.get(key)
     if value is None:
@@ -48,13 +76,18 @@ def _int_or_none(meta: dict[str, Any], key: str, path: Path) -> int | None:
 
 
 def read(path: Path) -> dict[str, Any]:
-    """The sidecar as a checked dict; InputError (one line) when it is not one."""
+    """The sidecar as a checked dict; InputError (one line) when it is not one. Read like
+    any input (a regular file only, remembered so no output replaces it); its free-form
+    facts (versions, frameworks, ...) bounded like any metadata."""
+    from snapana.sources._io import MetaError, open_regular, sanitize
+
     try:
-        size = path.stat().st_size
-        if size > MAX_SIDECAR_BYTES:
-            raise InputError(f"{path}: sidecar of {size} bytes is larger than any real one")
-        meta = json.loads(path.read_text(encoding="utf-8"),
-                          parse_constant=lambda c: math.nan)
+        with open_regular(path) as fh:
+            data = fh.read(MAX_SIDECAR_BYTES + 1)
+        if len(data) > MAX_SIDECAR_BYTES:
+            raise InputError(f"{path}: sidecar larger than {MAX_SIDECAR_BYTES} bytes, "
+                             "larger than any real one")
+        meta = json.loads(data.decode("utf-8"), parse_constant=lambda c: math.nan)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"{path}: not a readable sidecar: {str(exc).splitlines()[0]:.120}"
                          ) from None
@@ -72,11 +105,14 @@ def read(path: Path) -> dict[str, Any]:
         if not isinstance(tensors, list):
             raise InputError(f"{path}: `inventory.tensors` must be a list")
         for i, t in enumerate(tensors):
-            if not (isinstance(t, dict) and isinstance(t.get("ptr"), int)
-                    and isinstance(t.get("nbytes"), int) and t.get("role") in
-                    (*ROLE_FAMILY, "tensor")):
-                raise InputError(f"{path}: inventory entry {i} is not a tensor record")
-    return meta
+            problem = tensor_problem(t)
+            if problem:
+                raise InputError(f"{path}: inventory entry {i}: {problem}")
+    try:
+        facts = sanitize({k: v for k, v in meta.items() if k != "inventory"}, "sidecar")
+    except MetaError as exc:
+        raise InputError(f"{path}: {exc}") from None
+    return {**facts, "inventory": inventory}
 
 
 def apply(capture: Capture, meta: dict[str, Any], path: Path) -> None:

@@ -9,6 +9,13 @@ Layout:
   5,000-digit numbers, NaN/Infinity, deep arrays, whitespace runs, long strings, gzip), memray
   captures (byte flips and truncation), `snapana export` folders (marker JSON, Parquet tables);
   `generate(i, seed)` is case number i of a campaign, deterministic.
+- `sidecars.py` — a valid snapshot with a corrupt or hostile `record` sidecar beside it
+  (mutated fields and tensor records, broken text and bytes, a FIFO, a folder or a link in
+  its place), run through summary, report, export, explain and diff.
+- `ranks.py` — the multi-input path: a folder of ranks (valid, mutated, truncated, other
+  formats, corrupt sidecars, things that are not files) as a folder, a file list or a glob,
+  through summary, report (--rank) and batch, in-process and through the worker pool; an
+  unexpected exception a rank reports counts as an internal error.
 - `hostile.py` — hand-made hostile inputs per class of the issue (FIFO input, output = input,
   gzip bombs, memo abuse, ...).
 - `pickle_codec.py` — safe seed decoding and an encoder for shapes pickle.dumps cannot write.

@@ -130,6 +130,18 @@ def hostile_cases(bomb_bytes: int = 24 << 20) -> list[Case]:
         device_traces=[[], [{"action": "alloc", "addr": 5, "size": 4 << 20, "frames": []}]])))
     add(_pickle_case("10,000 devices", _snapshot(device_traces=[
         [{"action": "alloc", "addr": 5, "size": 512, "frames": []}]] * 10_000)))
+    seg_only = [{"action": "segment_alloc", "addr": 1 << 20, "size": 4096, "frames": []},
+                {"action": "alloc", "addr": 1 << 20, "size": 4096, "frames": []},
+                {"action": "alloc", "addr": 2 << 20, "size": 8192, "frames": []}]
+    add(_pickle_case("segment events, no final segments: allocated > reserved, flagged",
+                     {"segments": [], "device_traces": [seg_only]}))
+    pending = [{"action": "segment_alloc", "addr": 1 << 20, "size": 2 << 20, "frames": []},
+               {"action": "alloc", "addr": 1 << 20, "size": 1 << 20, "frames": []},
+               {"action": "alloc", "addr": 3 << 19, "size": 1 << 19, "frames": []},
+               {"action": "free_requested", "addr": 3 << 19, "size": 1 << 19, "frames": []}]
+    add(_pickle_case("a pending free is not cached (at the end)",
+                     {"segments": [], "device_traces": [pending]}))
+    cases[-1].argv = [*SUMMARY, "--at", "end"]
     add(_pickle_case("unknown actions", _snapshot(device_traces=[[
         {"action": "teleport", "addr": 1, "size": 512, "frames": []}]])))
     # --- pickles the old way (protocol 0/1) and with every protocol ----------------------------
@@ -211,6 +223,13 @@ def hostile_cases(bomb_bytes: int = 24 << 20) -> list[Case]:
                  argv=["export", "{input}", "-o", "{input}"]))
         add(Case("hostile", "report DIR -o a table inside DIR", dict(files), input="ex",
                  argv=["report", "{input}", "-o", "ex/blocks.parquet"]))
+        add(Case("hostile", "export FILE -o an earlier export folder holding FILE",
+                 dict(files, **{"ex/s.pickle": snap[INPUT]}), input="ex/s.pickle",
+                 argv=["export", "{input}", "-o", "ex"]))
+        add(Case("hostile", "report FILE -o its sidecar",
+                 {"run/s.pickle": snap[INPUT], "run/s.meta.json": json.dumps(
+                     {"format": "snapana.record.sidecar", "version": 1, "device": 0}).encode()},
+                 input="run/s.pickle", argv=["report", "{input}", "-o", "run/s.meta.json"]))
         marker = json.loads(export["snapana-export.json"])
         marker["devices"] = list(range(100_000))
         add(Case("hostile", "export marker with 100,000 devices",
@@ -226,6 +245,14 @@ def hostile_cases(bomb_bytes: int = 24 << 20) -> list[Case]:
         add(Case("hostile", "export marker with a 100 GB dtype",
                  dict(files, **{"ex/snapana-export.json": json.dumps(marker).encode()}),
                  input="ex"))
+        snapshot = seeds.small_snapshot()
+        if snapshot is not None:  # an inventory whose tensor shape is a number, not a list
+            marker = json.loads(export["snapana-export.json"])
+            tensor = seeds.sidecar_seed(snapshot)["inventory"]["tensors"][0] | {"shape": 5}
+            marker["metadata"]["inventory"] = {"$map": [[0, [tensor]]]}
+            add(Case("hostile", "export marker inventory with a shape that is a number",
+                     dict(files, **{"ex/snapana-export.json": json.dumps(marker).encode()}),
+                     input="ex"))
     for case in cases:
         if not case.argv:
             case.argv = list(SUMMARY)

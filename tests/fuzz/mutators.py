@@ -597,14 +597,16 @@ def _maybe_command(r: random.Random, case: Case) -> None:
 
 # ----- the generator -------------------------------------------------------------------------
 
-FORMATS = {"pickle": 0.45, "kineto": 0.17, "timeline": 0.13, "memray": 0.1, "export": 0.1,
-           "hostile": 0.05}
+FORMATS = {"pickle": 0.40, "kineto": 0.15, "timeline": 0.11, "memray": 0.08, "export": 0.08,
+           "sidecar": 0.07, "ranks": 0.07, "hostile": 0.04}
 
 
 def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
              corpus: bool = True) -> Case:
     """Case number `index` of the campaign with `seed`."""
     from .hostile import hostile_cases
+    from .ranks import ranks_case
+    from .sidecars import sidecar_case
 
     r = _rng(seed, index)
     names = [f for f in FORMATS if f in formats]
@@ -620,5 +622,9 @@ def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
         if case is not None:
             return case
         return pickle_case(r, corpus)
+    if fmt == "sidecar":
+        return sidecar_case(r) or pickle_case(r, corpus)
+    if fmt == "ranks":
+        return ranks_case(r)
     cases = hostile_cases()
     return cases[r.randrange(len(cases))]

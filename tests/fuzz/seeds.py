@@ -260,23 +260,83 @@ def memray_seeds() -> tuple[bytes, ...]:
     return tuple(seeds)
 
 
-# ----- snapana export folders ----------------------------------------------------------------
+# ----- a small valid snapshot, its sidecar --------------------------------------------------
 
 @cache
-def export_seed() -> dict[str, bytes] | None:
-    """The files of `snapana export` run on the smallest sample (None if it fails)."""
+def small_snapshot() -> bytes | None:
+    """The smallest sample cut to its trace's last entries: a snapshot of a few KB (saved
+    regression cases stay small) that every command analyses (None: no samples)."""
     samples = sorted(_files(SAMPLES, "*.pickle"), key=lambda p: p.stat().st_size)
     if not samples:
         return None
-    work = _workdir()
-    # the smallest sample cut to a few segments and its trace's last entries: an export of
-    # a few KB (saved regression cases stay small), every table non-empty
     import pickle
     import random
 
     tree = reduce_snapshot(safe_loads(samples[0].read_bytes()), 24, random.Random(0))
+    return pickle.dumps(tree, protocol=4)
+
+
+@cache
+def rank_snapshot(rank: int, oom: bool) -> bytes:
+    """A snapshot of about 2 KB from the allocator simulator, one per rank of a job: a few
+    blocks (sizes differ by rank), one freed while another stream uses it (pending free),
+    and, with `oom`, a request the 256 MiB device cannot hold."""
+    import pickle
+
+    from snapana.synth.allocator import CachingAllocatorSim, SimulatedOOM
+
+    mib = 1 << 20
+    stack = (("/app/model.py", 40 + rank, "forward"), ("/app/train.py", 12, "main"))
+    sim = CachingAllocatorSim(256 * mib, outside_pytorch=16 * mib)
+    keep = [sim.malloc((3 + rank) * mib, stack), sim.malloc(700 * 1024, stack)]
+    shared = sim.malloc(5 * mib, stack)
+    sim.record_stream(shared, 7)
+    sim.free(shared)
+    keep.append(sim.malloc((40 + 8 * rank) * mib, stack))
+    if oom:
+        try:
+            sim.malloc(1 << 30, stack)
+        except SimulatedOOM:
+            pass
+    return pickle.dumps(sim.snapshot(), protocol=4)
+
+
+#: Roles a sidecar's tensor inventory names (snapana.sidecar.ROLE_FAMILY, plus "tensor").
+ROLES = ("parameter", "buffer", "gradient", "optimizer_state", "tensor")
+
+
+def sidecar_seed(snapshot: bytes, rank: int = 0) -> dict[str, Any]:
+    """The sidecar `snapana record` writes beside `snapshot` (format 1): capacity, run
+    facts, and an inventory naming a tensor in each of the first live blocks."""
+    tree = safe_loads(snapshot)
+    segs = tree.get("segments", []) if isinstance(tree, dict) else tree
+    blocks = [b for s in segs for b in s.get("blocks", [])
+              if b.get("state") == "active_allocated"][:8]
+    tensors = [{"ptr": b["address"], "nbytes": b["requested_size"], "role": ROLES[i % 5],
+                "name": f"layers.{i}.weight", "shape": [b["requested_size"] // 4],
+                "dtype": "torch.float32"} for i, b in enumerate(blocks)]
+    return {"format": "snapana.record.sidecar", "version": 1, "reason": "oom", "device": 0,
+            "device_name": "NVIDIA H100 80GB HBM3", "device_total_bytes": 85_045_379_072,
+            "device_free_bytes": 1 << 30, "rank": rank, "local_rank": rank,
+            "world_size": 2, "hostname": "node-1", "pid": 4242, "step": 3,
+            "wall_time": 1.7e9, "pytorch_cuda_alloc_conf": "expandable_segments:False",
+            "versions": {"torch": "2.5.1", "cuda": "12.4"}, "argv": ["train.py"],
+            "frameworks": {"megatron": "0.9.0"},
+            "inventory": {"complete": True, "stopped": None, "seconds": 0.01,
+                          "tensors": tensors}}
+
+
+# ----- snapana export folders ----------------------------------------------------------------
+
+@cache
+def export_seed() -> dict[str, bytes] | None:
+    """The files of `snapana export` run on the small snapshot (None if it fails)."""
+    snapshot = small_snapshot()
+    if snapshot is None:
+        return None
+    work = _workdir()
     small = work / "small.pickle"
-    small.write_bytes(pickle.dumps(tree, protocol=4))
+    small.write_bytes(snapshot)
     out = work / "export"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "analyzer"))
     try:

@@ -92,7 +92,7 @@ def run_case(req: dict) -> dict:
     os.close(saved_out)
     os.close(saved_err)
     return {"code": code, "exception": exc_name, "seconds": seconds,
-            "peak_rss": _status("VmHWM"), "rss": _status("VmRSS")}
+            "peak_rss": _status("VmHWM"), "rss": _status("VmRSS"), "vm": _status("VmSize")}
 
 
 def main() -> None:

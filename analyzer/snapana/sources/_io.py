@@ -270,7 +270,9 @@ def sanitize(value: Any, where: str, max_depth: int = MAX_META_DEPTH,
 def read_parquet(path: Path) -> tuple[Any, dict[str, str]]:
     """A Parquet file as a polars DataFrame, with its key-value metadata. Read by pyarrow,
     which reports a corrupt file as an exception: polars' reader panics on some, and a Rust
-    panic prints a backtrace on stderr before Python sees it."""
+    panic prints a backtrace on stderr before Python sees it. The table goes to polars
+    without schema or field metadata (read here already), whose bytes polars would decode
+    as UTF-8 and panic on."""
     import polars as pl
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -283,7 +285,8 @@ def read_parquet(path: Path) -> tuple[Any, dict[str, str]]:
             table = pf.read()
         meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
                 for k, v in kv.items()}
-        return pl.from_arrow(table), meta
+        bare = pa.schema([f.remove_metadata() for f in table.schema])
+        return pl.from_arrow(pa.Table.from_arrays(table.columns, schema=bare)), meta
     except InputError:
         raise
     except (OSError, ValueError, TypeError, KeyError, IndexError, pa.ArrowException,

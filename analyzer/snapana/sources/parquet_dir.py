@@ -33,6 +33,7 @@ from snapana.model import (
     ReadProgress,
     StackTable,
 )
+from snapana.sidecar import tensor_problem
 from snapana.sources._checks import first_event_outside_segments
 from snapana.sources._io import check_regular, first_line, open_regular, read_parquet
 
@@ -386,12 +387,12 @@ def _check_metadata(md: Any) -> dict[str, Any]:
             _int_array(series, f"metadata.memray_snapshots.{k}")
     if "inventory" in md:
         for dev, tensors in _int_keys(md["inventory"], "metadata.inventory").items():
-            if not isinstance(tensors, list) or not all(
-                    isinstance(t, dict) and isinstance(t.get("ptr"), int)
-                    and isinstance(t.get("nbytes"), int) and 0 <= t["ptr"] < 2**63
-                    and 0 <= t["nbytes"] < MAX_BYTES and isinstance(t.get("role"), str)
-                    for t in tensors):
+            if not isinstance(tensors, list):
                 raise CodecError(f"metadata.inventory[{dev}]: not a list of tensor records")
+            for i, t in enumerate(tensors):
+                problem = tensor_problem(t)
+                if problem:
+                    raise CodecError(f"metadata.inventory[{dev}][{i}]: {problem}")
     for key in ("moment", "memory_timeline_layout"):
         if key in md and not isinstance(md[key], str):
             raise CodecError(f"metadata.{key}: not a string")

@@ -190,6 +190,11 @@ class CachingAllocatorSim:
         return sum(b.size for b in self._live.values() if b.allocated)
 
     @property
+    def pending_free(self) -> int:
+        """Bytes in blocks freed but waiting on another stream: they still hold their place."""
+        return sum(b.size for b in self._live.values() if b.pending)
+
+    @property
     def device_free(self) -> int:
         """What cudaMemGetInfo would report as free."""
         return self.capacity - self.reserved - self.outside_pytorch

@@ -100,7 +100,7 @@ def truth(name: str, out: Outcome) -> dict[str, object]:
         },
         "reserved_bytes": sim.reserved,
         "allocated_bytes": allocated,
-        "cached_unallocated_bytes": sim.reserved - allocated,
+        "cached_unallocated_bytes": sim.reserved - allocated - sim.pending_free,
         "peak_allocated_bytes": sim.peak_allocated,
         "blocks": [
             {"address": b.address, "size": b.size, "family": b.family,
