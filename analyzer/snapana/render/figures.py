@@ -30,6 +30,8 @@ FigureName = Literal["families", "timeline", "families_over_time", "allocations"
                      "sites"]
 FIGURE_NAMES: tuple[FigureName, ...] = get_args(FigureName)
 
+#: A time chart's legend: a row under the x axis title, not on it.
+LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.16)
 _STATE_COLOURS = {"active_allocated": "#d62728", "active_pending_free": "#ff7f0e",
                   "free": "#c7e9c0"}
 _UP, _DOWN = "#d62728", "#2ca02c"  # in a diff, more memory is bad news
@@ -111,9 +113,9 @@ def timeline(v: DeviceView) -> go.Figure:
     fig.add_trace(go.Scatter(x=xs, y=[v / GiB for v in t.allocated], name="allocated",
                              mode="lines", line=dict(color="#08519c", shape="hv", width=1.5)))
     _mark_moments(fig, t, x_of)
-    fig.update_layout(height=380, margin=dict(l=50, r=10, t=30, b=40),
+    fig.update_layout(height=400, margin=dict(l=50, r=10, t=30, b=60),
                       title="Live bytes over the recorded trace", xaxis_title=_since(v),
-                      yaxis_title="GiB", legend=dict(orientation="h"))
+                      yaxis_title="GiB", legend=LEGEND_BELOW)
     add_bands(fig, t.bands, x_of, t.bands_left_out)
     if t.zoom is not None:  # open on the OOM / peak; the whole trace is one click away
         window = [x_of(t.zoom[0]), x_of(t.zoom[1])]
@@ -178,10 +180,10 @@ def families_over_time(v: DeviceView) -> go.Figure:
                       annotation_text=f"capacity {fmt_bytes(t.capacity)}",
                       annotation_position="top left")
     _mark_moments(fig, t, x_of)
-    fig.update_layout(height=420, margin=dict(l=50, r=10, t=30, b=40),
+    fig.update_layout(height=440, margin=dict(l=50, r=10, t=30, b=60),
                       title="Live bytes per family over the recorded trace",
                       xaxis_title=_since(v),
-                      yaxis_title="GiB", legend=dict(orientation="h", traceorder="reversed"),
+                      yaxis_title="GiB", legend=dict(LEGEND_BELOW, traceorder="reversed"),
                       hovermode="x unified")
     add_bands(fig, t.bands, x_of, t.bands_left_out)  # the phases beneath the families
     if t.zoom is not None:
@@ -217,8 +219,8 @@ def allocations(v: DeviceView) -> go.Figure:
     fig.add_vline(x=float(a.x[-2]), line=dict(color="#d62728", dash="dash"),
                   annotation_text=a.moment, annotation_position="top left")
     fig.update_layout(
-        template=_band_template(), height=480, margin=dict(l=50, r=10, t=64, b=40),
-        hovermode="closest", legend=dict(orientation="h"), yaxis_title="GiB",
+        template=_band_template(), height=500, margin=dict(l=50, r=10, t=64, b=60),
+        hovermode="closest", legend=LEGEND_BELOW, yaxis_title="GiB",
         title=f"Allocations in the last {a.end - a.start + 1:,} events up to the {a.moment}"
               f"<br><sup>{allocations_note(a)}; click one for its stack</sup>",
         xaxis=dict(title="seconds since first event" if a.x_is_time else "event index",
