@@ -188,3 +188,16 @@ def test_every_lifetime_gets_the_family_a_block_would(path: Path) -> None:
     wrong = joined.filter(pl.col("family") != pl.col("fast"))
     assert joined.height == framed.height
     assert wrong.is_empty(), wrong.select("address", "alloc_idx", "family", "fast").head()
+
+
+@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "llm-1.3b-no-history.pickle"))
+def test_figures_over_time_of_a_capture_without_history_say_so(path: Path) -> None:
+    """A notebook asking for a chart over time of a snapshot without history gets an empty
+    chart that says why, not an IndexError; the report draws none of them."""
+    a = snapana.load(path)
+    assert not a.diagnosis.history
+    for name in ("timeline", "families_over_time", "allocations"):
+        fig = a.figure(name)
+        assert not fig.data and "No allocation history" in fig.layout.title.text
+    result = invoke("summary", str(path))
+    assert result.returncode == 0 and "how it got there" not in result.stdout

@@ -22,7 +22,7 @@ from plotly.subplots import make_subplots
 
 from snapana.diagnosis import Band
 from snapana.render.views import DeviceView, DiffView, RanksView, TimelineView
-from snapana.render.wording import allocations_note, inferred_note, rank_label
+from snapana.render.wording import RECORD_HISTORY, allocations_note, inferred_note, rank_label
 from snapana.units import GiB, fmt_bytes
 
 #: The public names of a device's figures.
@@ -380,8 +380,21 @@ FIGURES: dict[FigureName, Callable[[DeviceView], go.Figure]] = {
     "allocations": allocations, "segments": segments, "sites": sites}
 
 
+#: Figures drawn over the recorded trace: a capture without history has nothing to draw.
+OVER_TIME: tuple[FigureName, ...] = ("timeline", "families_over_time", "allocations")
+
+
 def figure(name: str, v: DeviceView) -> go.Figure:
-    """A device's figure by its public name (ValueError for an unknown one)."""
+    """A device's figure by its public name (ValueError for an unknown one). A figure over
+    time of a capture without history is an empty chart that says so."""
+    if name in OVER_TIME and not v.timeline.x:
+        fig = go.Figure()
+        fig.update_layout(height=200, xaxis=dict(visible=False), yaxis=dict(visible=False),
+                          title="No allocation history recorded: nothing to draw over time",
+                          annotations=[dict(text=RECORD_HISTORY.replace(" (or ", "<br>(or "),
+                                            showarrow=False,
+                                            xref="paper", yref="paper", x=0.5, y=0.5)])
+        return fig
     return _named("figure", FIGURES.items(), name, v)
 
 
