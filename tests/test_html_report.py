@@ -138,6 +138,8 @@ def test_each_source_draws_its_own_family_timeline_on_the_shared_clock(tmp_path)
     # one origin, as in "All sources on one clock": they line up one above the other
     assert kineto["x"][0] == 0 and snapshot["x"][0] == pytest.approx(2e-6, abs=1e-9)
     assert snapshot["axis"] == kineto["axis"] == "seconds since the first event of any source"
+    ids = re.findall(r'\bid="([^"]+)"', out.read_text())
+    assert len(ids) == len(set(ids)), "element ids repeat across the sources' sections"
 
 
 def test_a_memray_source_draws_no_family_timeline_and_breaks_nothing(tmp_path):
