@@ -182,7 +182,9 @@ def mutate_snapshot(r: random.Random, tree: Any) -> list[str]:
         field = r.choice(SNAPSHOT_FIELDS[kind])
         special = r.random()
         if kind == "top" and field == "device_traces" and special < 0.3:
-            traces = node.get("device_traces") or [[]]
+            traces = node.get("device_traces")
+            if not isinstance(traces, list) or not traces:  # an earlier mutation replaced it
+                traces = [[]]
             n = r.choice((2, 17, 100, 5000))
             node["device_traces"] = (traces + [list(traces[0]) if traces and r.random() < 0.5
                                                else [] for _ in range(n)])
