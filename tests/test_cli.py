@@ -14,7 +14,7 @@ from snapana.cli import app
 from snapana.replay import replay
 from snapana.sources import load
 
-from .conftest import SAMPLES, invoke, run_cli
+from .conftest import SAMPLES, invoke, raw_load, run_cli
 
 OOM = SAMPLES / "slime-tp2-chunked-logprob-oom.pickle"
 OK = SAMPLES / "slime-tp2-recompute-loss-ok.pickle"
@@ -203,3 +203,19 @@ def test_an_internal_error_is_one_line_and_exit_3(args, tmp_path: Path, monkeypa
     assert "ZeroDivisionError: a bug" in lines[0] and "Traceback" not in run.stderr
     debug = invoke("--debug", *argv)
     assert debug.returncode == 3 and "Traceback" in debug.stderr
+
+
+def test_synth_lists_and_writes_every_scenario_the_registry_has(tmp_path: Path) -> None:
+    """`synth --list` names the bundled samples and the multi-GPU captures, and a listed
+    multi-GPU scenario is written with its truth (its devices in the snapshot)."""
+    from snapana.synth.scenarios import MULTI_DEVICE, SCENARIOS
+
+    listed = invoke("synth", "--list")
+    assert listed.returncode == 0
+    names = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+    assert names == [*SCENARIOS, *MULTI_DEVICE]
+    name = next(iter(MULTI_DEVICE))
+    out = tmp_path / "dp.pickle"
+    assert invoke("synth", name, "-o", str(out)).returncode == 0
+    truth = json.loads(out.with_suffix(".truth.json").read_text())
+    assert len(raw_load(out)["device_traces"]) == len(truth["devices"]) > 1

@@ -402,7 +402,7 @@ def synth(
 ) -> None:
     """Write a simulated snapshot (and its ground-truth sidecar) for a seed incident, or a
     large one (--entries N) for benchmarks."""
-    from snapana.synth.scenarios import SCENARIOS, write_sample
+    from snapana.synth.scenarios import MULTI_DEVICE, SCENARIOS, write_sample
 
     if entries is not None:
         from snapana.synth.scale import write_scale_snapshot
@@ -414,12 +414,13 @@ def synth(
         err.print(f"wrote {out}")
         return
 
+    known = [*SCENARIOS, *MULTI_DEVICE]  # the bundled samples, then multi-GPU captures
     if list_ or scenario is None:
-        for name in SCENARIOS:
-            typer.echo(name)
+        for name in known:
+            typer.echo(name + ("  (several devices)" if name in MULTI_DEVICE else ""))
         return
-    if scenario not in SCENARIOS:
-        raise InputError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    if scenario not in known:
+        raise InputError(f"unknown scenario {scenario!r}; known: {', '.join(known)}")
     pickle_path, truth = write_sample(scenario,
                                       _output_file(output, Path(f"{scenario}.pickle"), []))
     err.print(f"wrote {pickle_path} and {truth}")
