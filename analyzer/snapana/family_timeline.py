@@ -9,12 +9,13 @@ frees, with the same rule as the replay's allocated series (live from `alloc_idx
 `free_req_idx`; blocks alive before the first event count from the start). The families
 therefore add up to allocated bytes after every event.
 
-Only the points where a family's bytes change are kept (`changes`), so the cost and the
-size stay linear in the trace; a value at any event is a search in them.
+Only the points where a family's bytes change are kept, so the cost and the size stay linear
+in the trace; a value at any event is a search in them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -47,27 +48,31 @@ class FamilyTimeline:
     """Each family's live bytes over one device's trace."""
 
     n_events: int
-    #: family, event (-1: before the first event) and the family's bytes after it, at every
-    #: event where they change; sorted by family, then event
-    changes: pl.DataFrame
+    #: family -> (events, bytes): the events (-1: before the first event) after which the
+    #: family's bytes change, in order, and its bytes after each
+    by_family: Mapping[str, tuple[np.ndarray, np.ndarray]]
     #: the replay's lifetimes with their `family` and `phase` (attribution.lifetimes)
     lifetimes: pl.DataFrame
 
     @cached_property
     def families(self) -> tuple[str, ...]:
         """Every family the trace held, the largest at its most first."""
-        top = self.changes.group_by("family").agg(pl.col("bytes").max()).sort(
-            ["bytes", "family"], descending=[True, False])
-        return tuple(top["family"].to_list())
+        most = {f: int(v.max(initial=0)) for f, (_, v) in self.by_family.items()}
+        return tuple(sorted(most, key=lambda f: (-most[f], f)))
 
     @cached_property
-    def _by_family(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        return {str(f[0]): (g["event"].to_numpy(), g["bytes"].to_numpy())
-                for f, g in self.changes.group_by("family")}
+    def changes(self) -> pl.DataFrame:
+        """family, event, bytes at every change, by family then event."""
+        fams = sorted(self.by_family)
+        return pl.DataFrame({
+            "family": [f for f in fams for _ in range(len(self.by_family[f][0]))],
+            "event": np.concatenate([self.by_family[f][0] for f in fams] or [np.zeros(0)]),
+            "bytes": np.concatenate([self.by_family[f][1] for f in fams] or [np.zeros(0)]),
+        }, schema={"family": pl.Utf8, "event": pl.Int64, "bytes": pl.Int64})
 
     def bytes_at(self, family: str, events: np.ndarray) -> np.ndarray:
         """The family's live bytes after each of `events` (-1: before the first event)."""
-        hit = self._by_family.get(family)
+        hit = self.by_family.get(family)
         events = np.asarray(events, dtype=np.int64)
         if hit is None:
             return np.zeros(len(events), dtype=np.int64)
@@ -77,12 +82,12 @@ class FamilyTimeline:
 
     def peak_event(self, family: str) -> int:
         """The first event after which the family holds its most (-1: from the start)."""
-        at, value = self._by_family.get(family, (np.zeros(1, np.int64), np.zeros(1, np.int64)))
+        at, value = self.by_family.get(family, (np.zeros(1, np.int64), np.zeros(1, np.int64)))
         return int(at[int(np.argmax(value))])
 
     def first_held(self, family: str) -> int:
         """The first event after which the family holds memory (-1: from the start)."""
-        at, value = self._by_family.get(family, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        at, value = self.by_family.get(family, (np.zeros(0, np.int64), np.zeros(0, np.int64)))
         held = at[value > 0]
         return int(held[0]) if held.size else self.n_events
 
@@ -102,7 +107,7 @@ class FamilyTimeline:
         for family in self.families:
             start, peak, now = (int(v) for v in self.bytes_at(family, np.array(
                 [-1, peak_idx, moment_idx])))
-            at, value = self._by_family[family]
+            at, value = self.by_family[family]
             n, nbytes, lo, hi = counts.get(family, (0, 0, 0, 0))
             out.append(FamilyGrowth(
                 family=family, start_bytes=start, peak_bytes=peak, moment_bytes=now,
@@ -148,7 +153,8 @@ class FamilyTimeline:
 def family_timeline(lifetimes: pl.DataFrame, n_events: int) -> FamilyTimeline:
     """Each family's live bytes after every event, from attributed lifetimes (`family`
     column), counted exactly as `replay` counts allocated bytes."""
-    names, code = np.unique(lifetimes["family"].to_numpy().astype(str), return_inverse=True)
+    names = sorted(lifetimes["family"].unique().to_list())
+    code = lifetimes["family"].cast(pl.Enum(names)).to_physical().to_numpy().astype(np.int64)
     size = lifetimes["size"].to_numpy()
     born = lifetimes["alloc_idx"].to_numpy()
     freed = lifetimes["free_req_idx"].to_numpy()
@@ -172,7 +178,7 @@ def family_timeline(lifetimes: pl.DataFrame, n_events: int) -> FamilyTimeline:
     new_family[1:] = fam[1:] != fam[:-1]
     base = np.maximum.accumulate(np.where(new_family, np.arange(len(fam)), 0))
     before = np.where(base > 0, running[np.maximum(base - 1, 0)], 0)
-    changes = pl.DataFrame({"family": names[fam].astype(object) if len(fam) else [],
-                            "event": event, "bytes": running - before},
-                           schema={"family": pl.Utf8, "event": pl.Int64, "bytes": pl.Int64})
-    return FamilyTimeline(n_events, changes, lifetimes)
+    bounds = np.append(np.flatnonzero(new_family), len(fam))
+    by_family = {names[int(fam[a])]: (event[a:b], (running - before)[a:b])
+                 for a, b in zip(bounds[:-1], bounds[1:], strict=True)}
+    return FamilyTimeline(n_events, by_family, lifetimes)

@@ -69,13 +69,13 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
             annotations=names[ann[row]], phase_hint="backward" if hint[row] else None))
         families.append(d.family)
         phases.append(d.phase)
-    family = np.array(families, dtype=object)[which]
-    evidence = np.where(family == "unknown", "unknown",
-                        np.where(framed, "frames", "inferred")).astype(object)
+    rows = pl.Series(which, dtype=pl.Int64)
+    family = pl.Series("family", families, dtype=pl.Utf8).gather(rows)
     out = lt.with_columns(
-        pl.Series("family", family, dtype=pl.Utf8),
-        pl.Series("phase", np.array(phases, dtype=object)[which], dtype=pl.Utf8),
-        pl.Series("evidence", evidence, dtype=pl.Utf8))
+        family, pl.Series("phase", phases, dtype=pl.Utf8).gather(rows),
+        pl.when(family == "unknown").then(pl.lit("unknown"))
+        .when(pl.Series(framed)).then(pl.lit("frames")).otherwise(pl.lit("inferred"))
+        .alias("evidence"))
     if held is None or held.is_empty():
         return out
     kept = ["family", "phase"] + (["evidence"] if "evidence" in held.columns else [])

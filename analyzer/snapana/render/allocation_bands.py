@@ -40,8 +40,8 @@ from snapana.units import fmt_bytes
 
 WINDOW_EVENTS = 1000  # the most events the window holds (the moment is the last)
 MIN_WINDOW_EVENTS = 100  # the fewest, when the trace has them
-BAND_COUNT = 80  # allocations drawn as bands of their own: the largest
-POINT_LIMIT = 4_000  # outline points of the allocations' bands (the page stays small)
+BAND_COUNT = 60  # allocations drawn as bands of their own: the largest
+POINT_LIMIT = 3_000  # outline points of the allocations' bands (the page stays small)
 STACK_FRAMES = 30  # frames shown per stack (innermost first)
 TAIL_SHARE = 0.02  # the state at the moment is drawn this share of the window wide
 

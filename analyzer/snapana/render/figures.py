@@ -169,9 +169,7 @@ def families_over_time(v: DeviceView) -> go.Figure:
             fillcolor=area.colour,
             hovertemplate=f"{area.name}: %{{y:.2f}} GiB{where}<extra></extra>"))
     if t.reserved_known:
-        rx = np.asarray(t.x, dtype=np.float64)
-        rx = ((rx - x0) / 1e6 if t.x_is_time else rx).astype(np.float32)
-        fig.add_trace(go.Scatter(x=rx, y=(np.asarray(t.reserved) / GiB).astype(np.float32),
+        fig.add_trace(go.Scatter(x=xs, y=(np.asarray(t.family_reserved) / GiB).astype(np.float32),
                                  name="reserved", mode="lines",
                                  line=dict(color="#08306b", shape="hv", width=1.5, dash="dot"),
                                  hovertemplate="reserved: %{y:.2f} GiB<extra></extra>"))

@@ -32,7 +32,7 @@ from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
 
 TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
-FAMILY_POINTS = 1000  # points per family area (ten areas: the page stays small)
+FAMILY_POINTS = 700  # points per family area (ten areas: the page stays small)
 SEGMENT_MAP_LIMIT = 60  # segments drawn per pool in the segment map
 SEGMENT_MAP_TOTAL = 120  # segments drawn in all (a capture can have many private pools)
 SEGMENT_BLOCK_LIMIT = 256  # ranges drawn per segment (merged beyond that, see cap_ranges)
@@ -95,6 +95,7 @@ class TimelineView:
     families: tuple[FamilyArea, ...] = ()
     family_events: tuple[int, ...] = ()
     family_x: tuple[int, ...] = ()
+    family_reserved: tuple[int, ...] = ()  # reserved after the same events
     capacity: int | None = None  # the device's capacity, when known
     bands_left_out: int = 0  # annotation bands of the trace not in `bands` (too many to draw)
 
@@ -185,6 +186,7 @@ def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
         reserved_known=reserved_known,
         families=family_areas(t, family_keep, colours or {}),
         family_events=tuple(int(i) for i in family_keep),
+        family_reserved=tuple(int(v) for v in t.reserved[family_keep]),
         family_x=tuple(int(v) for v in (family_keep if times is None else times[family_keep])),
         capacity=capacity,
         bands_left_out=left_out,
