@@ -10,14 +10,12 @@ per family, "families_over_time" before above after) and `heatmap` (families × 
 
 from __future__ import annotations
 
-import functools
 import heapq
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from snapana.diagnosis import Band
@@ -197,7 +195,7 @@ def allocations(v: DeviceView) -> go.Figure:
     the report's page shows a clicked band's `meta` (its detail and stack) under the chart:
     `meta` is [detail, stack], the stack an index in `layout.meta.stacks` (-1: the
     allocation has no frames; None: the `other` band), each stack indices into
-    `layout.meta.lines`. What every band shares is said once, in the figure's template."""
+    `layout.meta.lines`."""
     a = v.allocations
     fig = go.Figure()
     if a is None:
@@ -209,7 +207,8 @@ def allocations(v: DeviceView) -> go.Figure:
         group = b.family or b.name
         traces.append(dict(
             type="scatter", x=px.astype(np.float32), y=(py / GiB).astype(np.float32),
-            fillcolor=b.colour, text=b.hover, name=b.name, legendgroup=group,
+            mode="lines", fill="toself", hoveron="fills", hoverinfo="text",
+            line=_BAND_EDGE, fillcolor=b.colour, text=b.hover, name=b.name, legendgroup=group,
             showlegend=group not in seen,
             meta=[b.detail, b.stack if b.kind != "other" else None]))
         seen.add(group)
@@ -217,7 +216,7 @@ def allocations(v: DeviceView) -> go.Figure:
     fig.add_vline(x=float(a.x[-2]), line=dict(color="#d62728", dash="dash"),
                   annotation_text=a.moment, annotation_position="top left")
     fig.update_layout(
-        template=_band_template(), height=500, margin=dict(l=50, r=10, t=64, b=60),
+        height=500, margin=dict(l=50, r=10, t=64, b=60),
         hovermode="closest", legend=LEGEND_BELOW, yaxis_title="GiB",
         title=f"Allocations in the last {a.end - a.start + 1:,} events up to the {a.moment}"
               f"<br><sup>{allocations_note(a)}; click one for its stack</sup>",
@@ -227,14 +226,8 @@ def allocations(v: DeviceView) -> go.Figure:
     return fig
 
 
-@functools.cache
-def _band_template() -> go.layout.Template:
-    """The default template, with what every allocation band shares (a filled outline,
-    hover on the fill, a thin white edge between bands)."""
-    template = go.layout.Template(pio.templates[pio.templates.default])
-    template.data.scatter = [go.Scatter(mode="lines", fill="toself", hoveron="fills",
-                                        hoverinfo="text", line=dict(color="white", width=0.5))]
-    return template
+#: The thin white edge between allocation bands.
+_BAND_EDGE = dict(color="white", width=0.5)
 
 
 #: Annotation bands: lanes drawn (deeper nesting shares the last), each lane's height in
