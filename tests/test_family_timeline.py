@@ -8,6 +8,7 @@ log-prob sample the generator's ground truth (its saved softmax chunks, one step
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -201,3 +202,22 @@ def test_figures_over_time_of_a_capture_without_history_say_so(path: Path) -> No
         assert not fig.data and "No allocation history" in fig.layout.title.text
     result = invoke("summary", str(path))
     assert result.returncode == 0 and "how it got there" not in result.stdout
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_every_sample_report_draws_the_family_timeline(path: Path) -> None:
+    """Every bundled sample has history, so its committed report (kept current by
+    test_reports) draws the family chart, one area per family the trace held (or the
+    largest of them and one 'other')."""
+    from snapana.render.views import FAMILY_AREAS
+
+    html = (ROOT / "reports" / f"{path.stem}.html").read_text()
+    assert 'data-figure="families_over_time"' in html
+    held = snapana.load(path).timeline["family"].unique().to_list()
+    fig = json.loads(re.search(r'id="data-families_over_time-0">(.*?)</script>', html,
+                               re.S).group(1).replace("<\\/", "</"))
+    areas = [t["name"] for t in fig["data"] if t.get("stackgroup") == "families"]
+    if len(held) <= FAMILY_AREAS + 1:
+        assert sorted(areas) == sorted(held)
+    else:
+        assert len(areas) == FAMILY_AREAS + 1 and areas[-1].endswith("other families")
