@@ -221,3 +221,29 @@ def test_every_sample_report_draws_the_family_timeline(path: Path) -> None:
         assert sorted(areas) == sorted(held)
     else:
         assert len(areas) == FAMILY_AREAS + 1 and areas[-1].endswith("other families")
+
+
+def test_open_annotation_windows_match_a_brute_force_reading() -> None:
+    """Which record_function windows are open at a time (inclusive ends, repeated and
+    nested names, windows never closed), against a direct reading of the annotations."""
+    import random
+    from types import SimpleNamespace
+
+    from snapana.attribution.assign import AnnotationWindows
+
+    rng = random.Random(7)
+    events = []
+    for _ in range(300):
+        name = rng.choice(["fwd", "bwd", "ProfilerStep#1", "ProfilerStep#2", "opt"])
+        start = rng.randrange(0, 1000)
+        events.append({"name": name, "stage": "START", "time_us": start, "device": 0})
+        if rng.random() < 0.9:
+            events.append({"name": name, "stage": "END", "device": 0,
+                           "time_us": start + rng.randrange(0, 200)})
+    events.sort(key=lambda a: (a["time_us"], a["stage"] == "START"))
+    windows = AnnotationWindows(SimpleNamespace(annotations=events), 0)  # type: ignore[arg-type]
+    times = np.arange(-5, 1300)
+    ids, sets = windows.at_many(times)
+    for t, k in zip(times, ids, strict=True):
+        expected = tuple(sorted({n for s, e, n in windows.windows if s <= t <= e}))
+        assert windows.at(int(t)) == expected == sets[k], t

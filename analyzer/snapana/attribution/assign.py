@@ -14,6 +14,7 @@ is given and the block stays ``unknown`` with its reason.
 from __future__ import annotations
 
 import bisect
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -52,29 +53,43 @@ class AnnotationWindows:
         for name, starts in open_.items():  # never closed: open until the end
             windows.extend((s, self.OPEN_END, name) for s in starts)
         self.windows = sorted(windows)
-        self._starts = [w[0] for w in self.windows]
+
+    @cached_property
+    def _sweep(self) -> tuple[list[int], list[int], list[tuple[str, ...]]]:
+        """The open set only changes where a window starts or one past where it ends: those
+        boundaries in order, the open set's index after each, and the distinct open sets
+        (0: none), from one sweep over the windows (sorted start and end events)."""
+        edges = sorted([(s, 1, n) for s, _, n in self.windows]
+                       + [(e + 1, -1, n) for _, e, n in self.windows])
+        count: dict[str, int] = {}
+        index: dict[tuple[str, ...], int] = {(): 0}
+        bounds: list[int] = []
+        ids: list[int] = []
+        for k, (at, step, name) in enumerate(edges):
+            count[name] = count.get(name, 0) + step
+            if not count[name]:
+                del count[name]
+            if k + 1 < len(edges) and edges[k + 1][0] == at:
+                continue  # the set after every change at this boundary is what counts
+            bounds.append(at)
+            ids.append(index.setdefault(tuple(sorted(count)), len(index)))
+        return bounds, ids, list(index)
 
     def at(self, time_us: int | None) -> tuple[str, ...]:
         if time_us is None or not self.windows:
             return ()
-        hi = bisect.bisect_right(self._starts, time_us)
-        return tuple(sorted({n for s, e, n in self.windows[:hi] if s <= time_us <= e}))
+        bounds, ids, sets = self._sweep
+        k = bisect.bisect_right(bounds, time_us) - 1
+        return sets[ids[k]] if k >= 0 else ()
 
     def at_many(self, times_us: np.ndarray) -> tuple[np.ndarray, list[tuple[str, ...]]]:
-        """`at` for many times in one pass: an index per time into the returned list of
-        window-name tuples (0 is no window). The open set only changes where a window starts
-        or one past where it ends, so it is computed once per such boundary, not per time."""
-        names: list[tuple[str, ...]] = [()]
+        """`at` for many times at once: an index per time into the returned list of open
+        sets (0 is no window)."""
         if not self.windows or len(times_us) == 0:
-            return np.zeros(len(times_us), dtype=np.int64), names
-        bounds = np.unique(np.array([w[0] for w in self.windows]
-                                    + [w[1] + 1 for w in self.windows], dtype=np.int64))
-        index: dict[tuple[str, ...], int] = {(): 0}
-        ids = np.array([index.setdefault(self.at(int(b)), len(index)) for b in bounds],
-                       dtype=np.int64)
-        names = list(index)
-        k = np.searchsorted(bounds, times_us, side="right") - 1
-        return np.where(k >= 0, ids[np.maximum(k, 0)], 0), names
+            return np.zeros(len(times_us), dtype=np.int64), [()]
+        bounds, ids, sets = self._sweep
+        k = np.searchsorted(np.asarray(bounds, dtype=np.int64), times_us, side="right") - 1
+        return np.where(k >= 0, np.asarray(ids, dtype=np.int64)[np.maximum(k, 0)], 0), sets
 
 
 class TracePhases:

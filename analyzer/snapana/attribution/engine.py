@@ -221,6 +221,7 @@ class RuleSet:
         self._size_thresholds = tuple(sorted(thresholds))
         self._memo: dict[tuple[Stack, tuple[object, ...]], Decision] = {}
         self._phase_memo: dict[tuple[Stack, tuple[object, ...]], tuple[str, str | None]] = {}
+        self._annotation_memo: dict[tuple[str, ...], tuple[str | None, ...]] = {}
         # (stack being matched, id(pattern) -> candidates); patterns live as long as self
         self._cand_cache: list = [None, {}]
 
@@ -293,10 +294,31 @@ class RuleSet:
             ctx.stream == 0,
             normalize_state(ctx.state),
             ctx.has_alloc_event,
-            ctx.annotations,
+            self.annotation_key(ctx.annotations),
             ctx.phase_hint,
             bisect_right(self._size_thresholds, ctx.size),
         )
+
+    @cached_property
+    def _annotation_patterns(self) -> tuple[re.Pattern[str], ...]:
+        found: dict[str, re.Pattern[str]] = {}
+        for r in (*self.rules, *self.phase_rules):
+            if r.annotation is not None:
+                found.setdefault(r.annotation.pattern, r.annotation)
+        return tuple(found.values())
+
+    def annotation_key(self, annotations: tuple[str, ...]) -> tuple[str | None, ...]:
+        """What of the open annotations a decision can see: for each annotation pattern of
+        the rules, the first open annotation it finds (rules test and quote no more). A
+        thousand distinct `ProfilerStep#N` windows are then one key when no rule looks."""
+        if not annotations:
+            return ()
+        hit = self._annotation_memo.get(annotations)
+        if hit is None:
+            hit = tuple(next((a for a in annotations if p.search(a)), None)
+                        for p in self._annotation_patterns)
+            self._annotation_memo[annotations] = hit
+        return hit
 
     def size_bands(self, sizes: np.ndarray) -> np.ndarray:
         """The size band of each size (what ``context_key`` keeps of a size), vectorised."""

@@ -49,7 +49,11 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
         times, timed = clock
         at = np.clip(alloc_idx, 0, len(times) - 1)
         ann, names = attributor.windows.at_many(times[at])
-        ann = np.where(has_event & timed[at], ann, 0)
+        # windows no rule can tell apart share a key (rules.annotation_key)
+        seen: dict[tuple[str | None, ...], int] = {}
+        same = np.array([seen.setdefault(attributor.rules.annotation_key(n), i)
+                         for i, n in enumerate(names)], dtype=np.int64)
+        ann = np.where(has_event & timed[at], same[ann], 0)
     hint = np.zeros(n, dtype=bool)
     frameless = has_event & ~framed
     if capture.has_trace and frameless.any():
