@@ -158,18 +158,10 @@ class TracePhases:
     def at(self, alloc_idx: int) -> str | None:
         """``"backward"`` when the frameless allocation at event ``alloc_idx`` happened while
         backward was running; None when the trace cannot tell."""
-        hit = self._memo.get(alloc_idx, "?")
-        if hit != "?":
-            return hit
-        j = bisect.bisect_left(self._pos, float(alloc_idx))
-        left = self._phase[j - 1] if j > 0 else None
-        k = bisect.bisect_right(self._pos, float(alloc_idx))
-        right = self._phase[k] if k < len(self._phase) else None
-        out = None
-        if "backward" in (left, right) or (left == "forward" and right in (None, "optimizer")):
-            out = "backward"
-        self._memo[alloc_idx] = out
-        return out
+        if alloc_idx not in self._memo:
+            self._memo[alloc_idx] = "backward" if self.in_backward(
+                np.array([alloc_idx]))[0] else None
+        return self._memo[alloc_idx]
 
 
 #: Rule families that say more than an inventory role of the same kind.
