@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,16 +20,71 @@ SNAPSHOTS = CORPUS / "torch_snapshots"
 SAMPLES = ROOT / "sample_snapshots"
 
 
+# The outside judges a test may need. Each is a pytest marker of the same name: a test that
+# needs one says so (`@pytest.mark.torch`), is skipped with the judge's name where it is absent,
+# and fails where the run demands it (SNAPANA_JUDGES, set by .ci/run's second phase).
+# A test with no judge marker must pass on the README's install alone.
+JUDGES: dict[str, str] = {
+    "torch": "the CPU build of PyTorch (pip install torch==2.13.0)",
+    "chromium": "Debian's headless chromium (apt-get install chromium) driven by playwright",
+    "memray": "memray (in the dev extra)",
+    "ray": "Ray (in the dev extra)",
+    "dask": "Dask (in the dev extra)",
+}
+_current: list[pytest.Item] = []  # the test being run, for require()'s marker check
+
+
+def judge_present(name: str) -> bool:
+    """Whether the judge `name` can be used here (imports nothing but the module finder)."""
+    if name == "chromium":
+        return (importlib.util.find_spec("playwright") is not None
+                and any(shutil.which(b) for b in ("chromium", "chromium-browser",
+                                                    "google-chrome")))
+    return importlib.util.find_spec(name) is not None
+
+
+def demanded_judges() -> set[str]:
+    """Judges whose absence is a failure in this run, not a skip (.ci/run sets them)."""
+    return {j.strip() for j in os.environ.get("SNAPANA_JUDGES", "").split(",") if j.strip()}
+
+
+def judge_of(module: str) -> str | None:
+    top = module.split(".")[0]
+    if top == "playwright":
+        return "chromium"
+    return top if top in JUDGES else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in JUDGES.items():
+        config.addinivalue_line("markers", f"{name}: needs {what}; skipped, naming it, "
+                                           "where absent")
+    unknown = demanded_judges() - set(JUDGES)
+    if unknown:
+        raise pytest.UsageError(f"SNAPANA_JUDGES names unknown judges: {sorted(unknown)}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A marked test whose judge is absent: skipped with its name, or failed where demanded."""
+    _current[:] = [item]
+    for name in JUDGES:
+        if item.get_closest_marker(name) is None or judge_present(name):
+            continue
+        if name in demanded_judges():
+            pytest.fail(f"judge {name} is missing but this run demands it "
+                        f"(SNAPANA_JUDGES): {JUDGES[name]}")
+        pytest.skip(f"judge {name} not installed: {JUDGES[name]}")
+
+
 def require(module: str) -> Any:
-    """Import a test-only dependency (torch as an independent judge, memray, dask, ...).
-    Missing on a user's machine: skip, naming it. Missing in CI (.ci/run installs all of
-    them): a failure, so a broken install can never turn a run green by skipping."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail(f"{module} is not installed: .ci/run must install it")
-        pytest.skip(f"{module} not installed")
+    """Import what a test needs. A judge's module (torch, memray, ...) may only be required by
+    a test marked with that judge — so no test can skip itself into green for want of a
+    marker; anything else (the dev tools) is part of the README's install and must import."""
+    judge = judge_of(module)
+    item = _current[0] if _current else None
+    if judge is not None and item is not None and item.get_closest_marker(judge) is None:
+        pytest.fail(f"{item.nodeid} needs {judge} but is not marked @pytest.mark.{judge}")
+    return importlib.import_module(module)
 
 
 def corpus_files(folder: str, pattern: str = "*") -> list[Path]:

@@ -153,6 +153,7 @@ def _raw_alloc(path: Path, band: ab.AllocationBand) -> tuple[list[dict], int]:
     return entry["frames"], sizes[0]
 
 
+@pytest.mark.chromium
 def test_clicking_a_band_shows_its_stack_in_chromium(tmp_path: Path) -> None:
     """A real click on the largest allocation made in the window and live at the OOM
     fills the panel with its size, family, evidence and frames (as the raw snapshot has

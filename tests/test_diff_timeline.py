@@ -47,6 +47,7 @@ def _sides(probed: dict) -> dict[str, list[dict]]:
             for side in ("before", "after")}
 
 
+@pytest.mark.chromium
 def test_before_above_after_on_one_x_axis_and_one_y_range(page) -> None:
     _, probed = page
     sides = _sides(probed)
@@ -61,6 +62,7 @@ def test_before_above_after_on_one_x_axis_and_one_y_range(page) -> None:
 
 
 @pytest.mark.parametrize("side,path", [("before", BEFORE), ("after", AFTER)])
+@pytest.mark.chromium
 def test_each_sides_areas_add_up_to_its_allocated_bytes(page, side: str, path: Path) -> None:
     _, probed = page
     areas = _sides(probed)[side]
@@ -78,6 +80,7 @@ def test_each_sides_areas_add_up_to_its_allocated_bytes(page, side: str, path: P
     assert len(events) <= 1.1 * len(a.figure("families_over_time").data[0].x)
 
 
+@pytest.mark.chromium
 def test_a_family_has_one_colour_on_both_sides(page) -> None:
     _, probed = page
     sides = _sides(probed)
@@ -106,6 +109,7 @@ def _expected(a: snapana.Analysis, family: str) -> str:
                    if fmt_bytes(most) != fmt_bytes(now) else "")
 
 
+@pytest.mark.chromium
 def test_growth_lines_are_each_sides_numbers_in_every_format(page) -> None:
     out, _ = page
     before, after = snapana.load(BEFORE), snapana.load(AFTER)

@@ -77,6 +77,7 @@ def test_round_trip_corpus(path: Path, tmp_path: Path) -> None:
     _round_trip(path, tmp_path)
 
 
+@pytest.mark.memray
 def test_round_trip_memray_capture(tmp_path: Path) -> None:
     memray = require("memray")
     run = tmp_path / "run.bin"

@@ -97,6 +97,7 @@ def _softmax_truth() -> tuple[int, int]:
     return sizes[0], len(sizes)
 
 
+@pytest.mark.chromium
 def test_softmax_grows_in_steps_of_one_chunk_in_chromium(tmp_path: Path) -> None:
     """S1 #3: in the drawn report, the saved_logprob_softmax area rises chunk by chunk up
     to the OOM (from the last moment it held nothing); each step is one chunk, as many

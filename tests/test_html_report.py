@@ -53,6 +53,7 @@ URL_REF = re.compile(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", re.I)
 CSS_URL = re.compile(r"""url\(\s*["']?\s*(https?:)?//|@import""", re.I)
 
 
+@pytest.mark.chromium
 def test_report_renders_offline_in_chromium(tmp_path):
     for snap in _inputs(tmp_path):
         out = tmp_path / (snap.stem + ".html")
@@ -100,6 +101,7 @@ def _kineto(path, t0):
 
 
 @pytest.mark.parametrize("t0,shared", [(0, True), (10_000_000, False)])
+@pytest.mark.chromium
 def test_snapshot_and_trace_together(tmp_path, t0, shared):
     snap, trace = tmp_path / "oom.pickle", tmp_path / "trace.json"
     _oom_snapshot(snap)  # events at 10..12 µs
@@ -123,6 +125,7 @@ SECTIONS = """Array.from(document.querySelectorAll('section.device')).map(sec =>
                 axis: div._fullLayout.xaxis.title.text} : null; })"""
 
 
+@pytest.mark.chromium
 def test_each_source_draws_its_own_family_timeline_on_the_shared_clock(tmp_path):
     snap, trace = tmp_path / "oom.pickle", tmp_path / "trace.json"
     _oom_snapshot(snap)  # events at 10..12 µs
@@ -142,6 +145,8 @@ def test_each_source_draws_its_own_family_timeline_on_the_shared_clock(tmp_path)
     assert len(ids) == len(set(ids)), "element ids repeat across the sources' sections"
 
 
+@pytest.mark.chromium
+@pytest.mark.memray
 def test_a_memray_source_draws_no_family_timeline_and_breaks_nothing(tmp_path):
     memray = require("memray")
     snap, capture = tmp_path / "oom.pickle", tmp_path / "run.bin"

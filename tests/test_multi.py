@@ -90,6 +90,7 @@ def test_summary_json_has_one_entry_per_input(incident):
     assert entries[IMBALANCED]["outlier_families"] == ["saved_activations"]
 
 
+@pytest.mark.chromium
 def test_multi_report_renders(incident, tmp_path):
     out = tmp_path / "all.html"
     result = invoke("report", str(incident / "*.pickle"), "-o", str(out))
@@ -100,6 +101,7 @@ def test_multi_report_renders(incident, tmp_path):
     assert visit.plots == visit.figure_divs >= 4  # heatmap + the failing rank's charts
 
 
+@pytest.mark.dask
 def test_dask_engine_in_local_mode(incident, tmp_path):
     require("dask")
     out = tmp_path / "dataset"

@@ -83,6 +83,7 @@ def _train(steps: int) -> tuple[Any, Any]:
     return model, opt
 
 
+@pytest.mark.torch
 def test_dump_at_step_writes_snapshot_sidecar_and_inventory(tmp_path: Path, quiet_exit,
                                                             monkeypatch) -> None:
     monkeypatch.setenv("RANK", "3")
@@ -123,8 +124,10 @@ def test_dump_at_step_writes_snapshot_sidecar_and_inventory(tmp_path: Path, quie
 
 def test_oom_dumps_once_and_never_overwrites(tmp_path: Path, quiet_exit) -> None:
     cuda = FakeCuda()
-    first = _recorder(tmp_path, cuda)
-    second = _recorder(tmp_path, cuda)  # e.g. a restarted rank writing to the same folder
+    # no tensor inventory: what is tested is the dump-once rule, and the inventory needs torch
+    first = _recorder(tmp_path, cuda, inventory=False)
+    # a second recorder: e.g. a restarted rank writing to the same folder
+    second = _recorder(tmp_path, cuda, inventory=False)
     assert first.start() and second.start()
     first.on_oom(0, 2 * GiB, 70 * GiB, GiB)
     first.on_oom(0, 2 * GiB, 70 * GiB, GiB)  # the allocator's retry: no second dump
@@ -174,6 +177,7 @@ def test_injection_leaves_a_job_without_torch_untouched(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.torch
 def test_injection_arms_when_torch_is_imported(tmp_path: Path) -> None:
     require("torch")
     run = _child("import torch, sys; import snapana.record as r; "

@@ -10,7 +10,6 @@ import numpy as np
 import polars as pl
 import pytest
 from snapana.errors import InputError
-from snapana.model import BLOCK_SCHEMA, EVENT_SCHEMA, SEGMENT_SCHEMA, Capture, StackTable
 from snapana.replay import replay
 from snapana.session import analyse
 from snapana.sources import kineto_trace
@@ -40,33 +39,6 @@ def _memory_by_device(trace: dict) -> dict[tuple[int, int], list[dict]]:
     return out
 
 
-def replay_keeps_exact_bytes() -> bool:
-    """True once replay honours `metadata['size_rounding']` (proposed in issue 6); until then
-    it rounds every traced size up to 512 bytes, as the CUDA caching allocator does."""
-    ev = {k: [] for k in EVENT_SCHEMA}
-    for i, act in enumerate(("alloc", "free_requested", "free_completed")):
-        for k, v in zip(EVENT_SCHEMA, (0, i, act, 64, 1, 0, i, 0, None), strict=True):
-            ev[k].append(v)
-    probe = Capture("probe", "probe", StackTable(), pl.DataFrame(schema=SEGMENT_SCHEMA),
-                    pl.DataFrame(schema=BLOCK_SCHEMA), pl.DataFrame(ev, schema=EVENT_SCHEMA),
-                    [0], has_trace=True, metadata={"size_rounding": 1})
-    return replay(probe, 0).peak_allocated_bytes == 1
-
-
-def exact_peak(actual: int, expected: int, sizes: list[int]) -> bool:
-    """Exact when every size is a multiple of 512; otherwise exact once replay stops rounding.
-
-    Returns False (for the caller to xfail after its other checks) only in the known case.
-    """
-    if actual != expected and any(s % 512 for s in sizes) and not replay_keeps_exact_bytes():
-        return False
-    assert actual == expected
-    return True
-
-
-ROUNDING = "replay rounds CPU allocation sizes up to 512 bytes (fix proposed in issue 6)"
-
-
 @pytest.mark.parametrize("path", corpus_params("kineto_traces"))
 def test_corpus_trace_loads_replays_and_analyses(path):
     capture = kineto_trace.load(path)
@@ -88,16 +60,13 @@ def test_a100_peak_is_max_total_allocated():
         pytest.skip("../shared/corpus absent")
     raw = _memory_by_device(_raw_trace(path))
     capture = kineto_trace.load(path)
-    pending = []
     for (dtype, did), evs in sorted(raw.items(), reverse=True):  # GPU first
         dev = -1 if dtype == 0 else did
         expected = max(e["args"]["Total Allocated"] for e in evs)
         totals = capture.metadata["kineto_totals"][dev]["allocated"]
         assert int(totals.max()) == expected
         dr = replay(capture, dev)
-        sizes = [abs(e["args"]["Bytes"]) for e in evs]
-        if not exact_peak(dr.peak_allocated_bytes, expected, sizes):
-            pending.append(dev)
+        assert dr.peak_allocated_bytes == expected  # exact bytes: replay honours size_rounding
         if dev == 0:  # every event: replay's running total is the profiler's own
             allocs = dr.allocated[capture.device_events(dev)["action"].to_numpy() != "oom"]
             ta = np.repeat([e["args"]["Total Allocated"] for e in evs],
@@ -106,8 +75,6 @@ def test_a100_peak_is_max_total_allocated():
     assert "NVIDIA A100" in capture.metadata["device_names"][0]
     assert capture.capacity_bytes[0] == 84987740160
     assert not capture.warnings
-    if pending:
-        pytest.xfail(f"devices {pending}: {ROUNDING}")
 
 
 def test_a100_large_allocations_have_op_and_python_frames():
@@ -129,19 +96,15 @@ def test_2021_trace_peak_is_max_running_sum_of_bytes():
     raw = _memory_by_device(_raw_trace(path))
     capture = kineto_trace.load(path)
     assert any("relative to the start of profiling" in w for w in capture.warnings)
-    pending = []
     for (dtype, did), evs in sorted(raw.items(), reverse=True):  # GPU first
         dev = -1 if dtype == 0 else did
         running = np.cumsum([e["args"]["Bytes"] for e in evs])
         dr = replay(capture, dev)
         assert dr.mismatches == []
-        if not exact_peak(dr.peak_allocated_bytes, int(running.max()),
-                          [abs(e["args"]["Bytes"]) for e in evs]):
-            pending.append(dev)
-    if pending:
-        pytest.xfail(f"devices {pending}: {ROUNDING}")
+        assert dr.peak_allocated_bytes == int(running.max())
 
 
+@pytest.mark.torch
 def test_profiled_cpu_model_attributes_allocations_to_ops(tmp_path):
     torch = require("torch")
     from torch.profiler import ProfilerActivity, profile
@@ -323,8 +286,7 @@ def test_cli_summary_reads_a_trace():
     path = TRACES / "switch-transformer-cpu.json"
     if not path.exists():
         pytest.skip("../shared/corpus absent")
-    if sources.sniff(path) != "kineto_trace":
-        pytest.skip("sources.sniff does not route profiler traces yet (issue 6 proposal)")
+    assert sources.sniff(path) == "kineto_trace"
     result = invoke("summary", str(path), "--format", "json")
     assert result.returncode == 0, result.stderr
     json.loads(result.stdout)

@@ -15,7 +15,6 @@ from snapana.session import analyse
 from snapana.sources import memory_timeline
 
 from .conftest import corpus_params, invoke, require
-from .test_source_kineto import ROUNDING, exact_peak
 
 
 def _raw(path: Path) -> list[list[int]]:
@@ -65,9 +64,7 @@ def _check_raw(path: Path) -> None:
     assert _live_by_category(capture) == {k: v for k, v in end.items() if v}
     dr = replay(capture, 0)
     assert dr.mismatches == []
-    sizes = capture.events["size"].to_list()
-    if not exact_peak(dr.peak_allocated_bytes, max(totals.values()), sizes):
-        pytest.xfail(ROUNDING)
+    assert dr.peak_allocated_bytes == max(totals.values())
     analyse(capture)
 
 
@@ -81,6 +78,7 @@ def test_corpus_timeline(path):
     _check_raw(path)
 
 
+@pytest.mark.torch
 def test_category_order_matches_installed_torch():
     mp = require("torch.profiler._memory_profiler")
     order = sorted(mp._CATEGORY_TO_INDEX.items(), key=lambda kv: kv[1])
@@ -113,6 +111,7 @@ def exported(tmp_path_factory):
     return out
 
 
+@pytest.mark.torch
 def test_exported_raw_timeline(exported):
     capture = memory_timeline.load(exported / "t.raw.json.gz")
     names = {capture.stacks.stack(s)[0][1] for s in capture.events["stack_id"].unique()}
@@ -120,6 +119,7 @@ def test_exported_raw_timeline(exported):
     _check_raw(exported / "t.raw.json.gz")
 
 
+@pytest.mark.torch
 def test_exported_plot_timeline(exported):
     times, sizes = json.loads((exported / "t.json").read_text())
     capture = memory_timeline.load(exported / "t.json")
@@ -205,12 +205,12 @@ def test_plot_ending_empty_leaves_no_blocks(tmp_path):
                                                             "free_completed"]
 
 
+@pytest.mark.torch
 def test_cli_summary_reads_a_timeline(exported):
     from snapana import sources
 
     path = exported / "t.raw.json.gz"
-    if sources.sniff(path) != "memory_timeline":
-        pytest.skip("sources.sniff does not route memory timelines yet (issue 6 proposal)")
+    assert sources.sniff(path) == "memory_timeline"
     result = invoke("summary", str(path), "--format", "json")
     assert result.returncode == 0, result.stderr
     json.loads(result.stdout)

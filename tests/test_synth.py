@@ -92,6 +92,7 @@ def test_sample_is_small_builtin_pickle(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ALL)
+@pytest.mark.torch
 def test_pytorch_tools_read_the_sample(name: str) -> None:
     mv = require("torch.cuda._memory_viz")
     d = load(name)

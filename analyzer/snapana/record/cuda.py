@@ -38,8 +38,8 @@ class CudaBackend:
     def attach_oom_observer(self, observer: OomObserver) -> None:
         import torch
 
-        # present only in CUDA builds of torch, so its CPU build's stubs do not declare it
-        torch._C._cuda_attach_out_of_memory_observer(observer)  # type: ignore[attr-defined]
+        # present only in CUDA builds of torch (mypy reads torch as Any: see pyproject.toml)
+        torch._C._cuda_attach_out_of_memory_observer(observer)
 
     def mem_get_info(self, device: int) -> tuple[int, int]:
         """(free, total) bytes on `device`, as the driver reports them."""
