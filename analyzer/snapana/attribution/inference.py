@@ -13,13 +13,27 @@ Only blocks that the recorded window never frees are candidates: a window with g
 it holds a backward, which frees the activations saved before recording began; what
 survives it is model state. A size with more such blocks than a parameter and two states
 per gradient could explain is left unknown.
+- window: blocks alive before recording that no gradient mirrors are named by what the
+  window does with them. A window with no backward and no optimizer step whose stacks show
+  it runs without autograd (`[[no_grad]]` in the table) saved nothing for a backward, so the
+  blocks it inherited and keeps are the model's weights; a window with a backward frees the
+  activations saved before it, so what survives it unmirrored is frozen weights. Both name
+  only sizes that repeat like a layered model's weights and that the window never allocates
+  for another family; the same sizes with the same lifetimes get the same family whatever
+  the precision or the moment recording began.
+- autograd thread: allocations without Python frames (the autograd thread) in a window with
+  a backward, never freed, whose sizes mirror blocks held since before recording, are the
+  gradients; they join the gradient evidence the mirror uses.
+Every candidate no method names keeps `unknown`, labelled with what is known about it
+(persistent since before recording, freed in the window, likely the model's weights, ...).
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -51,7 +65,8 @@ class Method:
 
 @dataclass(frozen=True)
 class Inferred:
-    """The conclusion for one block: family, the method and the evidence in words."""
+    """The conclusion for one block: family, the method and the evidence in words. Family
+    `unknown` with no method is a label: what is known about a block no method names."""
 
     family: str
     method: str
@@ -59,14 +74,28 @@ class Inferred:
 
 
 @lru_cache(maxsize=1)
-def _table() -> tuple[dict[str, Method], dict[str, Any]]:
+def _raw() -> dict[str, Any]:
     with INFERENCE_FILE.open("rb") as fh:
-        raw = tomllib.load(fh)
+        return tomllib.load(fh)
+
+
+@lru_cache(maxsize=1)
+def _table() -> tuple[dict[str, Method], dict[str, Any]]:
+    raw = _raw()
     methods = {m["id"]: Method(m["id"], m["family"], int(m["strength"]), m["why"],
                                m.get("freed_in_phase"), tuple(m.get("if_function", ())),
                                tuple(m.get("unless_function", ())))
                for m in raw["method"]}
     return methods, dict(raw["limits"])
+
+
+def _labels() -> dict[str, str]:
+    return dict(_raw()["label"])
+
+
+def no_grad_markers() -> tuple[tuple[str, str], ...]:
+    """(file suffix, function) of frames that show a stack runs without autograd."""
+    return tuple((m["file"], m["function"]) for m in _raw().get("no_grad", ()))
 
 
 @dataclass(frozen=True)
@@ -77,14 +106,19 @@ class Evidence:
     other_sizes: frozenset[int]  # sizes frame rules gave to any other family
     recorded_allocs: int  # all allocations in the recorded window
     freed_share: float  # bytes the window frees / bytes it allocates: ~1 for a steady loop
+    backward: bool = False  # the window shows a backward or an optimizer step
+    no_grad_site: str = ""  # a site whose stack runs without autograd ("" when none)
+    other_family: Mapping[int, str] = field(default_factory=dict)  # size -> a family it got
 
 
 def gather(gradients: dict[int, int], others: list[tuple[int, str]], recorded_allocs: int,
-           freed_share: float) -> Evidence:
+           freed_share: float, backward: bool = False, no_grad_site: str = "") -> Evidence:
     """Evidence from recorded allocations of the candidates' sizes: how many gradients of
-    each size were alive at once, and the (size, family) of the other allocations."""
-    other_sizes = {size for size, family in others if family not in MIRRORED}
-    return Evidence(Counter(gradients), frozenset(other_sizes), recorded_allocs, freed_share)
+    each size were alive at once, and the (size, family) of the other allocations (live
+    blocks with frames whose allocation fell out of the trace count as allocations too)."""
+    other = {size: family for size, family in others if family not in MIRRORED}
+    return Evidence(Counter(gradients), frozenset(other), recorded_allocs, freed_share,
+                    backward or bool(gradients), no_grad_site, other)
 
 
 @dataclass(frozen=True)
@@ -101,17 +135,39 @@ def infer(candidates: pl.DataFrame, evidence: Evidence,
           freed: dict[int, Freed] | None = None) -> dict[int, Inferred]:
     """Conclusions by address for `candidates`: blocks the rules left unknown for lack of
     frames (columns address, requested_size, alloc_idx, free_req_idx); `freed` tells, by
-    address, how the window freed those it frees."""
+    address, how the window freed those it frees. Candidates no method names get a label
+    (family `unknown`, no method)."""
     methods, limits = _table()
     out = _by_freeing_stack(candidates, freed or {}, methods)
     # alive before recording and never freed in the recorded window: model state, when the
     # window holds a backward (gradients) that freed the step's own activations
     before = candidates.filter((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") == NEVER))
-    if before.is_empty():
-        return out
-    if evidence.gradient_sizes:
-        return out | _mirror(before, evidence, methods, limits)
-    return out | _persistent(before, evidence, methods, limits)
+    if not before.is_empty():
+        grads = _autograd_persistent(candidates, before, evidence, methods)
+        out |= grads
+        if grads:
+            more = Counter(int(s) for s in candidates.filter(
+                pl.col("address").is_in(list(grads)))["requested_size"].to_list())
+            evidence = Evidence(evidence.gradient_sizes + more, evidence.other_sizes,
+                                evidence.recorded_allocs, evidence.freed_share, True,
+                                evidence.no_grad_site, evidence.other_family)
+        out |= _model_state(before, evidence, methods, limits)
+    return out | _label(candidates, out, evidence, freed or {}, limits)
+
+
+def _model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
+                 limits: dict[str, Any]) -> dict[int, Inferred]:
+    """Parameters (and optimizer state) among the blocks alive since before recording."""
+    if ev.gradient_sizes:
+        frozen = _window(before, ev, methods, limits, "lifetime:frozen-weights")
+        rest = before.filter(~pl.col("address").is_in(list(frozen)))
+        return frozen | _mirror(rest, ev, methods, limits)
+    if ev.backward:
+        return {}  # parameters, kept gradients and optimizer state look alike: a label
+    steady = _persistent(before, ev, methods, limits)
+    if steady or not ev.no_grad_site:
+        return steady
+    return _window(before, ev, methods, limits, "lifetime:persistent-no-grad")
 
 
 def _by_freeing_stack(candidates: pl.DataFrame, freed: dict[int, Freed],
@@ -151,6 +207,85 @@ def _mirror(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
         for i, a in enumerate(addrs):
             m = param if i < n_params else state
             out[a] = Inferred(m.family, m.id, m.why.format(**words))
+    return out
+
+
+def _layered(before: pl.DataFrame, ev: Evidence,
+             limits: dict[str, Any]) -> tuple[frozenset[int], dict[str, Any]]:
+    """The sizes among `before` that repeat like a layered model's weights (and that no
+    gradient or other allocation of the window has), with the words that describe them;
+    nothing when they do not make up such a model."""
+    sizes = before["requested_size"].cast(pl.Int64).to_list()
+    counts = Counter(sizes)
+    repeated = frozenset(s for s, n in counts.items()
+                         if n >= limits["min_layer_repeats"]
+                         and s not in ev.gradient_sizes and s not in ev.other_sizes)
+    held = sum(counts[s] for s in repeated)
+    if (len(repeated) < limits["min_layer_sizes"]
+            or held < limits["min_layer_share"] * max(len(sizes), 1)):
+        return frozenset(), {}
+    return repeated, {"sizes": len(repeated), "blocks": held, "share": held / len(sizes),
+                      "site": ev.no_grad_site}
+
+
+def _window(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
+            limits: dict[str, Any], method: str) -> dict[int, Inferred]:
+    sizes, words = _layered(before, ev, limits)
+    if not sizes:
+        return {}
+    m = methods[method]
+    why = m.why.format(**words)
+    return {int(a): Inferred(m.family, m.id, why) for a in before.filter(
+        pl.col("requested_size").is_in(list(sizes)))["address"].to_list()}
+
+
+def _autograd_persistent(candidates: pl.DataFrame, before: pl.DataFrame, ev: Evidence,
+                         methods: dict[str, Method]) -> dict[int, Inferred]:
+    """Frameless allocations of a window with a backward that it never frees, in sizes of
+    blocks held since before recording: the gradients the autograd thread created."""
+    if not ev.backward:
+        return {}
+    held = set(before["requested_size"].to_list())
+    made = candidates.filter((pl.col("alloc_idx") >= 0) & (pl.col("free_req_idx") == NEVER)
+                             & pl.col("requested_size").is_in(list(held)))
+    if made.is_empty():
+        return {}
+    m = methods["lifetime:autograd-thread-persistent"]
+    why = m.why.format(matched=made.height)
+    return {int(a): Inferred(m.family, m.id, why) for a in made["address"].to_list()}
+
+
+def _label(candidates: pl.DataFrame, named: dict[int, Inferred], ev: Evidence,
+           freed: dict[int, Freed], limits: dict[str, Any]) -> dict[int, Inferred]:
+    """What is known about each candidate from before recording that no method names."""
+    words = _labels()
+    out: dict[int, Inferred] = {}
+    for address, size, free_idx in candidates.filter(pl.col("alloc_idx") < 0).select(
+            "address", "requested_size", "free_req_idx").iter_rows():
+        if int(address) in named:
+            continue
+        if free_idx is not None and free_idx != NEVER:
+            how = freed.get(int(address))
+            why = words["freed_in_window"].format(
+                event=free_idx, site=how.site if how else "a stack without frames")
+        else:
+            caveat = ""
+            other = ev.other_family.get(int(size))
+            if other is not None:
+                caveat = words["caveat_other_sizes"].format(family=other)
+            if ev.backward and not ev.gradient_sizes:
+                why = words["persistent_model_state"]
+            elif ev.backward:
+                why = words["persistent_training"].format(caveat=caveat or (
+                    words["caveat_too_many"] if int(size) in ev.gradient_sizes
+                    else words["caveat_not_repeated"]))
+            elif not ev.recorded_allocs:
+                why = words["persistent_no_window"]
+            else:
+                if not caveat and ev.freed_share < limits["min_freed_share"]:
+                    caveat = words["caveat_forward_keeps"].format(freed=ev.freed_share)
+                why = words["persistent_forward"].format(caveat=caveat)
+        out[int(address)] = Inferred("unknown", "", why)
     return out
 
 
