@@ -329,14 +329,14 @@ class Attributor:
             cols["method"][i] = t["role"]
 
     def _freed(self, candidates: pl.DataFrame) -> dict[int, inference.Freed]:
-        """For candidates alive before recording that the window frees: the phase, the
-        function names and the site of the stack that freed them."""
+        """For candidates that the window frees: the phase, the function names and the site
+        of the stack that freed them."""
         if "free_req_idx" not in candidates.columns:
             return {}
         ev = self.capture.device_events(self.device)
         out = {}
         for address, free_idx, size in candidates.filter(
-            (pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") < ev.height)
+            pl.col("free_req_idx") < ev.height
         ).select("address", "free_req_idx", "size").iter_rows():
             sid = int(ev["stack_id"][int(free_idx)])
             stack = self.stacks.stack(sid)

@@ -58,9 +58,10 @@ class Method:
     family: str
     strength: int
     why: str
-    freed_in_phase: str | None = None  # lifetime methods: the phase of the freeing stack
+    freed_in_phase: str | None = None  # lifetime methods: the freeing stack's phase ("any")
     if_function: tuple[str, ...] = ()  # ... with one of these functions on it
     unless_function: tuple[str, ...] = ()  # ... with none of these on it
+    in_window: bool = False  # lifetime methods: also for frameless allocations of the window
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def _table() -> tuple[dict[str, Method], dict[str, Any]]:
     raw = _raw()
     methods = {m["id"]: Method(m["id"], m["family"], int(m["strength"]), m["why"],
                                m.get("freed_in_phase"), tuple(m.get("if_function", ())),
-                               tuple(m.get("unless_function", ())))
+                               tuple(m.get("unless_function", ())),
+                               bool(m.get("in_window", False)))
                for m in raw["method"]}
     return methods, dict(raw["limits"])
 
@@ -173,16 +175,20 @@ def _model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
 def _by_freeing_stack(candidates: pl.DataFrame, freed: dict[int, Freed],
                       methods: dict[str, Method]) -> dict[int, Inferred]:
     lifetime = [m for m in methods.values() if m.freed_in_phase is not None]
+    words = _labels()
     out: dict[int, Inferred] = {}
-    for address in candidates.filter(pl.col("alloc_idx") < 0)["address"].to_list():
+    for address, alloc_idx in candidates.select("address", "alloc_idx").iter_rows():
         how = freed.get(int(address))
         if how is None:
             continue
+        window = alloc_idx is not None and alloc_idx >= 0
+        origin = words["origin_window" if window else "origin_before"]
         for m in lifetime:
-            if (m.freed_in_phase == how.phase
+            if (m.freed_in_phase in (how.phase, "any") and (m.in_window or not window)
                     and (not m.if_function or how.functions & set(m.if_function))
                     and not how.functions & set(m.unless_function)):
-                out[int(address)] = Inferred(m.family, m.id, m.why.format(site=how.site))
+                out[int(address)] = Inferred(m.family, m.id,
+                                             m.why.format(site=how.site, origin=origin))
                 break
     return out
 
@@ -221,10 +227,12 @@ def _layered(before: pl.DataFrame, ev: Evidence,
                          if n >= limits["min_layer_repeats"]
                          and s not in ev.gradient_sizes and s not in ev.other_sizes)
     held = sum(counts[s] for s in repeated)
+    # of the blocks no gradient can mirror (those that can are the mirror's to explain)
+    unmirrored = sum(n for s, n in counts.items() if s not in ev.gradient_sizes)
     if (len(repeated) < limits["min_layer_sizes"]
-            or held < limits["min_layer_share"] * max(len(sizes), 1)):
+            or held < limits["min_layer_share"] * max(unmirrored, 1)):
         return frozenset(), {}
-    return repeated, {"sizes": len(repeated), "blocks": held, "share": held / len(sizes),
+    return repeated, {"sizes": len(repeated), "blocks": held, "share": held / unmirrored,
                       "site": ev.no_grad_site}
 
 
@@ -276,9 +284,8 @@ def _label(candidates: pl.DataFrame, named: dict[int, Inferred], ev: Evidence,
             if ev.backward and not ev.gradient_sizes:
                 why = words["persistent_model_state"]
             elif ev.backward:
-                why = words["persistent_training"].format(caveat=caveat or (
-                    words["caveat_too_many"] if int(size) in ev.gradient_sizes
-                    else words["caveat_not_repeated"]))
+                why = words["persistent_training"].format(caveat=caveat or _mirror_caveat(
+                    candidates, int(size), ev, words))
             elif not ev.recorded_allocs:
                 why = words["persistent_no_window"]
             else:
@@ -287,6 +294,17 @@ def _label(candidates: pl.DataFrame, named: dict[int, Inferred], ev: Evidence,
                 why = words["persistent_forward"].format(caveat=caveat)
         out[int(address)] = Inferred("unknown", "", why)
     return out
+
+
+def _mirror_caveat(candidates: pl.DataFrame, size: int, ev: Evidence,
+                   words: dict[str, str]) -> str:
+    """Why a block held since before recording through a backward is not mirrored."""
+    if size not in ev.gradient_sizes:
+        return words["caveat_not_repeated"]
+    same = candidates.filter((pl.col("requested_size") == size) & (pl.col("alloc_idx") < 0))
+    if same.height > 3 * ev.gradient_sizes[size]:
+        return words["caveat_too_many"]
+    return words["caveat_mirror_thin"]
 
 
 def _persistent(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
