@@ -157,11 +157,13 @@ def test_diff_of_sibling_captures_invents_no_change(tmp_path: Path) -> None:
 
 
 class Generation:
-    """Inference: weights loaded before recording, then `generate` (no autograd) runs
-    `tokens` decoding steps, each allocating and freeing its temporaries; `prompt` is an
-    input tensor put on the device before recording."""
+    """Inference: weights loaded before recording, then `tokens` decoding steps, each
+    allocating and freeing its temporaries; `prompt` is an input tensor put on the device
+    before recording. `no_grad_frames`: the steps run under `generate` (no autograd).
+    `kept_sizes`: each step also keeps blocks of these sizes (a forward that saves them)."""
 
-    def __init__(self, tokens: int, no_grad_frames: bool = True) -> None:
+    def __init__(self, tokens: int, no_grad_frames: bool = True,
+                 kept_sizes: tuple[int, ...] = ()) -> None:
         self.sim = sim = CachingAllocatorSim(80 * 1024 * MiB)
         for s in WEIGHTS:
             sim.malloc(s, INIT, family="parameters")
@@ -169,6 +171,8 @@ class Generation:
         self.mark = len(sim.trace)
         stack = GENERATE if no_grad_frames else FORWARD
         for _ in range(tokens):
+            for s in kept_sizes:
+                sim.malloc(s, stack, family="saved_activations")
             tmp = [sim.malloc(s, stack, family="activation_temporaries")
                    for s in (96 * 1024, 256 * 1024, 96 * 1024)]
             for t in tmp:
@@ -207,14 +211,27 @@ def test_a_long_inference_window_agrees_with_a_short_one(tmp_path: Path) -> None
     assert set(named["family"].to_list()) == {"parameters"}
 
 
-def test_without_evidence_of_no_grad_the_weights_are_a_labelled_unknown(
+def test_a_forward_window_that_allocates_none_of_their_sizes_names_the_weights(
         tmp_path: Path) -> None:
-    """The same window without frames that show it runs without autograd (it could be a
-    forward that saves activations of the weights' sizes): nothing is named, everything
+    """No frames say the window runs without autograd, but it is a recorded forward whose
+    allocations have none of the layer-repeating sizes held since before recording: no
+    forward it continued left those (its later layers would allocate them again)."""
+    run = Generation(tokens=8, no_grad_frames=False)
+    blocks = _at_end(_save(tmp_path, start_late(run.sim.snapshot(), run.mark), "fwd"))
+    params = blocks.filter(pl.col("family") == "parameters")
+    assert set(params["method"].to_list()) == {"lifetime:persistent-forward"}
+    assert params.height == sum(1 for s in WEIGHTS if WEIGHTS.count(s) >= 4)
+    assert "allocates none of those sizes" in params["reason"][0]
+
+
+def test_a_forward_that_keeps_the_weights_sizes_leaves_them_a_labelled_unknown(
+        tmp_path: Path) -> None:
+    """The same window keeping blocks of the weights' sizes (a forward that saves
+    activations, which could have begun before recording): nothing is named, everything
     held since before recording is labelled "persistent since before recording; ... likely
     the model's weights"."""
-    run = Generation(tokens=5, no_grad_frames=False)
-    blocks = _at_end(_save(tmp_path, start_late(run.sim.snapshot(), run.mark), "plain"))
+    run = Generation(tokens=8, no_grad_frames=False, kept_sizes=(4 * MiB, 6 * MiB, 16 * 1024))
+    blocks = _at_end(_save(tmp_path, start_late(run.sim.snapshot(), run.mark), "keeps"))
     early = blocks.filter(pl.col("alloc_idx") < 0)
     assert set(early["family"].to_list()) == {"unknown"}
     for label in early["label"].to_list():
@@ -247,7 +264,7 @@ def test_adapter_fine_tune_frozen_base_weights(tmp_path: Path) -> None:
 
 def test_every_frameless_unknown_is_labelled(tmp_path: Path) -> None:
     """Across these captures, no frameless unknown block is left with a bare reason."""
-    runs = [(Generation(tokens=5, no_grad_frames=False), None),
+    runs = [(Generation(tokens=5, no_grad_frames=False, kept_sizes=(4 * MiB,)), None),
             (Training(steps=2, mixed=True, adapters=True), "after_first_step"),
             (Training(steps=1, mixed=False), "after_model")]
     bare = {"no rule matched (no frames)", "no frames: allocated before recording began"}

@@ -285,7 +285,7 @@ class Attributor:
         live = [(int(blocks["requested_size"][i] or blocks["size"][i]), cols["family"][i],
                  cols["phase"][i], int(blocks["stack_id"][i])) for i in framed]
         found = inference.infer(candidates, self._evidence(candidates, live),
-                                self._freed(candidates))
+                                self._freed(candidates), label=self.capture.has_trace)
         for i, address in zip(rows, candidates["address"], strict=True):
             hit = found.get(int(address))
             if hit is None:

@@ -16,7 +16,9 @@ per gradient could explain is left unknown.
 - window: blocks alive before recording that no gradient mirrors are named by what the
   window does with them. A window with no backward and no optimizer step whose stacks show
   it runs without autograd (`[[no_grad]]` in the table) saved nothing for a backward, so the
-  blocks it inherited and keeps are the model's weights; a window with a backward frees the
+  blocks it inherited and keeps are the model's weights; so are they in a recorded forward
+  window that allocates none of their sizes (a forward it continued would allocate its
+  activations' sizes again in later layers); a window with a backward frees the
   activations saved before it, so what survives it unmirrored is frozen weights. Both name
   only sizes that repeat like a layered model's weights and that the window never allocates
   for another family; the same sizes with the same lifetimes get the same family whatever
@@ -134,11 +136,12 @@ class Freed:
 
 
 def infer(candidates: pl.DataFrame, evidence: Evidence,
-          freed: dict[int, Freed] | None = None) -> dict[int, Inferred]:
+          freed: dict[int, Freed] | None = None, label: bool = True) -> dict[int, Inferred]:
     """Conclusions by address for `candidates`: blocks the rules left unknown for lack of
     frames (columns address, requested_size, alloc_idx, free_req_idx); `freed` tells, by
-    address, how the window freed those it frees. Candidates no method names get a label
-    (family `unknown`, no method)."""
+    address, how the window freed those it frees. With `label` (a capture that recorded a
+    trace), candidates no method names get a label (family `unknown`, no method); without a
+    trace the rules' "no allocation history was recorded" is all there is to say."""
     methods, limits = _table()
     out = _by_freeing_stack(candidates, freed or {}, methods)
     # alive before recording and never freed in the recorded window: model state, when the
@@ -154,6 +157,8 @@ def infer(candidates: pl.DataFrame, evidence: Evidence,
                                 evidence.recorded_allocs, evidence.freed_share, True,
                                 evidence.no_grad_site, evidence.other_family)
         out |= _model_state(before, evidence, methods, limits)
+    if not label:
+        return out
     return out | _label(candidates, out, evidence, freed or {}, limits)
 
 
@@ -167,9 +172,13 @@ def _model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
     if ev.backward:
         return {}  # parameters, kept gradients and optimizer state look alike: a label
     steady = _persistent(before, ev, methods, limits)
-    if steady or not ev.no_grad_site:
+    if steady:
         return steady
-    return _window(before, ev, methods, limits, "lifetime:persistent-no-grad")
+    if ev.no_grad_site:
+        return _window(before, ev, methods, limits, "lifetime:persistent-no-grad")
+    if ev.recorded_allocs >= limits["min_forward_allocs"]:
+        return _window(before, ev, methods, limits, "lifetime:persistent-forward")
+    return {}
 
 
 def _by_freeing_stack(candidates: pl.DataFrame, freed: dict[int, Freed],
@@ -233,7 +242,7 @@ def _layered(before: pl.DataFrame, ev: Evidence,
             or held < limits["min_layer_share"] * max(unmirrored, 1)):
         return frozenset(), {}
     return repeated, {"sizes": len(repeated), "blocks": held, "share": held / unmirrored,
-                      "site": ev.no_grad_site}
+                      "site": ev.no_grad_site, "recorded": ev.recorded_allocs}
 
 
 def _window(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
