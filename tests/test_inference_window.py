@@ -163,7 +163,7 @@ class Generation:
     `kept_sizes`: each step also keeps blocks of these sizes (a forward that saves them)."""
 
     def __init__(self, tokens: int, no_grad_frames: bool = True,
-                 kept_sizes: tuple[int, ...] = ()) -> None:
+                 kept_sizes: tuple[int, ...] = (), frameless: int = 0) -> None:
         self.sim = sim = CachingAllocatorSim(80 * 1024 * MiB)
         for s in WEIGHTS:
             sim.malloc(s, INIT, family="parameters")
@@ -173,6 +173,8 @@ class Generation:
         for _ in range(tokens):
             for s in kept_sizes:
                 sim.malloc(s, stack, family="saved_activations")
+            if frameless:  # a thread without a Python stack (no autograd thread here)
+                sim.malloc(frameless, None, family="unknown")
             tmp = [sim.malloc(s, stack, family="activation_temporaries")
                    for s in (96 * 1024, 256 * 1024, 96 * 1024)]
             for t in tmp:
@@ -183,7 +185,7 @@ def test_inference_window_names_the_weights_it_keeps(tmp_path: Path) -> None:
     """No backward, no optimizer step, a window under `generate` (no autograd): the blocks
     held since before recording in layer-repeating sizes are the weights (inferred, with
     why); the one-off input stays unknown, labelled."""
-    run = Generation(tokens=5)  # a short window: too few allocations for a steady loop
+    run = Generation(tokens=5, frameless=20 * 1024)  # too few allocations for a steady loop
     blocks = _at_end(_save(tmp_path, start_late(run.sim.snapshot(), run.mark), "gen"))
     params = blocks.filter(pl.col("family") == "parameters")
     assert params.height == sum(1 for s in WEIGHTS if WEIGHTS.count(s) >= 4)
@@ -191,6 +193,11 @@ def test_inference_window_names_the_weights_it_keeps(tmp_path: Path) -> None:
     assert set(params["evidence"].to_list()) == {"inferred"}
     why = params["reason"][0]
     assert "`generate`" in why and "no backward" in why and "repeated per layer" in why
+    # frameless allocations of a window with no backward are not called the autograd's
+    late = blocks.filter((pl.col("alloc_idx") >= 0) & (pl.col("requested_size") == 20 * 1024))
+    assert late.height == 5 and set(late["family"].to_list()) == {"unknown"}
+    assert all("not by the autograd thread" in r for r in late["reason"].to_list())
+    assert not any("during backward" in r for r in late["label"].to_list())
     prompt = blocks.filter(pl.col("address") == run.prompt)
     assert prompt["family"][0] == "unknown"
     assert "persistent since before recording" in prompt["reason"][0]

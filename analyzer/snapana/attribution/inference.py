@@ -274,35 +274,43 @@ def _autograd_persistent(candidates: pl.DataFrame, before: pl.DataFrame, ev: Evi
 
 def _label(candidates: pl.DataFrame, named: dict[int, Inferred], ev: Evidence,
            freed: dict[int, Freed], limits: dict[str, Any]) -> dict[int, Inferred]:
-    """What is known about each candidate from before recording that no method names."""
+    """What is known about each candidate no method names."""
     words = _labels()
     out: dict[int, Inferred] = {}
-    for address, size, free_idx in candidates.filter(pl.col("alloc_idx") < 0).select(
-            "address", "requested_size", "free_req_idx").iter_rows():
+    for address, size, alloc_idx, free_idx in candidates.select(
+            "address", "requested_size", "alloc_idx", "free_req_idx").iter_rows():
         if int(address) in named:
+            continue
+        if alloc_idx is not None and alloc_idx >= 0:
+            if not ev.backward:  # the rules' "on the autograd thread during backward" is not
+                out[int(address)] = Inferred("unknown", "", words["window_no_backward"])
             continue
         if free_idx is not None and free_idx != NEVER:
             how = freed.get(int(address))
             why = words["freed_in_window"].format(
-                event=free_idx, site=how.site if how else "a stack without frames")
+                event=free_idx, site=how.site if how else "by a stack without frames")
         else:
-            caveat = ""
-            other = ev.other_family.get(int(size))
-            if other is not None:
-                caveat = words["caveat_other_sizes"].format(family=other)
-            if ev.backward and not ev.gradient_sizes:
-                why = words["persistent_model_state"]
-            elif ev.backward:
-                why = words["persistent_training"].format(caveat=caveat or _mirror_caveat(
-                    candidates, int(size), ev, words))
-            elif not ev.recorded_allocs:
-                why = words["persistent_no_window"]
-            else:
-                if not caveat and ev.freed_share < limits["min_freed_share"]:
-                    caveat = words["caveat_forward_keeps"].format(freed=ev.freed_share)
-                why = words["persistent_forward"].format(caveat=caveat)
+            why = _persistent_words(candidates, int(size), ev, words, limits)
         out[int(address)] = Inferred("unknown", "", why)
     return out
+
+
+def _persistent_words(candidates: pl.DataFrame, size: int, ev: Evidence,
+                      words: dict[str, str], limits: dict[str, Any]) -> str:
+    """The label of a block held since before recording and never freed, no method naming
+    it: what the window did around it, and why it is not named."""
+    other = ev.other_family.get(size)
+    caveat = words["caveat_other_sizes"].format(family=other) if other is not None else ""
+    if ev.backward and not ev.gradient_sizes:
+        return words["persistent_model_state"]
+    if ev.backward:
+        return words["persistent_training"].format(
+            caveat=caveat or _mirror_caveat(candidates, size, ev, words))
+    if not ev.recorded_allocs and not ev.no_grad_site:
+        return words["persistent_no_window"]
+    if not caveat and ev.recorded_allocs and ev.freed_share < limits["min_freed_share"]:
+        caveat = words["caveat_forward_keeps"].format(freed=ev.freed_share)
+    return words["persistent_forward"].format(caveat=caveat or words["caveat_not_repeated"])
 
 
 def _mirror_caveat(candidates: pl.DataFrame, size: int, ev: Evidence,
