@@ -301,3 +301,17 @@ def test_allocations_lost_from_the_trace_are_not_called_pre_recording(
                 if g.startswith("optimizer_state"))
     assert "allocation events are not in the trace" in line and "max_entries" in line
     assert "before recording began" not in line
+
+
+def test_without_history_layered_blocks_say_likely_weights_but_stay_unknown(
+        tmp_path: Path) -> None:
+    """No trace entries at all: nothing is named; the blocks whose sizes repeat like a
+    layered model's weights say so in their label, the rest keep "no allocation history"."""
+    run = Generation(tokens=2)
+    snap = start_late(run.sim.snapshot(), len(run.sim.trace))  # every entry dropped
+    blocks = _at_end(_save(tmp_path, snap, "nohistory"))
+    assert set(blocks["family"].to_list()) == {"unknown"}
+    layered = {s for s in WEIGHTS if WEIGHTS.count(s) >= 4}
+    for size, label in blocks.select("requested_size", "label").iter_rows():
+        assert "no allocation history was recorded" in label
+        assert ("likely the model's weights" in label) == (size in layered), (size, label)

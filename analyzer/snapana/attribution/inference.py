@@ -158,8 +158,20 @@ def infer(candidates: pl.DataFrame, evidence: Evidence,
                                 evidence.no_grad_site, evidence.other_family)
         out |= _model_state(before, evidence, methods, limits)
     if not label:
-        return out
+        return out | _no_history(before, evidence, limits)
     return out | _label(candidates, out, evidence, freed or {}, limits)
+
+
+def _no_history(before: pl.DataFrame, ev: Evidence,
+                limits: dict[str, Any]) -> dict[int, Inferred]:
+    """Without a trace nothing says what a block was; when the blocks repeat in size like a
+    layered model's weights, their label says so (they stay unknown)."""
+    sizes, words = _layered(before, ev, limits)
+    if not sizes:
+        return {}
+    why = _labels()["no_history_layered"].format(**words)
+    return {int(a): Inferred("unknown", "", why) for a in before.filter(
+        pl.col("requested_size").is_in(list(sizes)))["address"].to_list()}
 
 
 def _model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
