@@ -336,7 +336,7 @@ class Attributor:
         ev = self.capture.device_events(self.device)
         out = {}
         for address, free_idx, size in candidates.filter(
-            pl.col("free_req_idx") < ev.height
+            (pl.col("free_req_idx") >= 0) & (pl.col("free_req_idx") < ev.height)
         ).select("address", "free_req_idx", "size").iter_rows():
             sid = int(ev["stack_id"][int(free_idx)])
             stack = self.stacks.stack(sid)

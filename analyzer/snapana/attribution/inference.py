@@ -300,6 +300,8 @@ def _label(candidates: pl.DataFrame, named: dict[int, Inferred], ev: Evidence,
             if not ev.backward:  # the rules' "on the autograd thread during backward" is not
                 out[int(address)] = Inferred("unknown", "", words["window_no_backward"])
             continue
+        if free_idx is not None and free_idx < 0:
+            continue  # freed before the first event (pending on a stream): the rules' words
         if free_idx is not None and free_idx != NEVER:
             how = freed.get(int(address))
             why = words["freed_in_window"].format(
