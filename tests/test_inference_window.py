@@ -14,10 +14,14 @@ from collections import Counter
 from pathlib import Path
 
 import polars as pl
+import pytest
 import snapana
+from snapana.errors import InputError
 from snapana.render.wording import growth_lines
 from snapana.synth.allocator import CachingAllocatorSim
 from snapana.synth.recording import ring_buffer, start_late
+
+from .conftest import corpus_params
 
 MiB = 1 << 20
 TORCH = "/usr/lib/python3/site-packages/torch"
@@ -315,3 +319,27 @@ def test_without_history_layered_blocks_say_likely_weights_but_stay_unknown(
     for size, label in blocks.select("requested_size", "label").iter_rows():
         assert "no allocation history was recorded" in label
         assert ("likely the model's weights" in label) == (size in layered), (size, label)
+
+
+#: what a frameless unknown block must never be left with: words that say nothing of it
+BARE = ("no rule matched (no frames)", "no frames: allocated before recording began")
+
+
+@pytest.mark.parametrize("path", corpus_params("torch_snapshots"))
+def test_every_frameless_unknown_of_a_corpus_capture_is_labelled(path: Path) -> None:
+    """On every real capture: each frameless block left unknown says what is known about it
+    (persistent since before recording, freed in the window, no history recorded, likely
+    the model's weights, ...), and every inferred one says how (a method and its why)."""
+    try:
+        a = snapana.load(path)
+    except InputError as exc:  # the boundary's own corpus test counts refusals
+        pytest.skip(f"refused at the boundary: {exc}")
+    blocks = a.blocks
+    frameless = blocks.filter(pl.col("stack_id").map_elements(
+        lambda s: not a.stack(s), return_dtype=pl.Boolean))
+    unknown = frameless.filter(pl.col("family") == "unknown")
+    for reason, label in unknown.select("reason", "label").iter_rows():
+        assert not reason.endswith(BARE) and not label.endswith(BARE), reason
+    inferred = frameless.filter(pl.col("evidence") == "inferred")
+    for method, reason in inferred.select("method", "reason").iter_rows():
+        assert method and len(reason) > len(method), (method, reason)
