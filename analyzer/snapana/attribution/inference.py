@@ -244,9 +244,9 @@ def _layered(before: pl.DataFrame, ev: Evidence,
     nothing when they do not make up such a model."""
     sizes = before["requested_size"].cast(pl.Int64).to_list()
     counts = Counter(sizes)
-    # twice a gradient's size is a half-precision parameter's fp32 master copy or its
-    # optimizer state: model state, but not a weight without a gradient
-    doubled = {2 * g for g in ev.gradient_sizes}
+    # a half-precision parameter's fp32 master copy and optimizer state are `master_copy_ratio`
+    # times its gradient's size: model state, but not a weight without a gradient
+    doubled = {limits["master_copy_ratio"] * g for g in ev.gradient_sizes}
     repeated = frozenset(s for s, n in counts.items()
                          if n >= limits["min_layer_repeats"] and s not in doubled
                          and s not in ev.gradient_sizes and s not in ev.other_sizes)
