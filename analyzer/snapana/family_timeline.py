@@ -41,6 +41,10 @@ class FamilyGrowth:
     allocation_bytes: int  # their bytes
     uniform_size: int | None  # their size when all are one size (a loop's chunks)
     phase: str  # the phase most of those bytes were allocated in
+    #: of its bytes at the moment from before the first event, those whose blocks have
+    #: frames: allocated while recording, their allocation events lost from the trace
+    #: (the ring buffer wrapped or recording restarted), not allocated before recording
+    untraced_bytes: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +107,12 @@ class FamilyTimeline:
                       .sort(["size", "phase"], descending=[True, False])
                       .unique(subset="family", keep="first").select("family", "phase")
                       .iter_rows())
+        untraced: dict[str, int] = {}
+        if "framed" in self.lifetimes.columns:
+            untraced = dict(self.lifetimes.filter(
+                (pl.col("alloc_idx") < 0) & pl.col("framed")
+                & (pl.col("free_req_idx") > moment_idx)).group_by("family").agg(
+                pl.col("size").sum()).iter_rows())
         out = []
         for family in self.families:
             start, peak, now = (int(v) for v in self.bytes_at(family, np.array(
@@ -113,7 +123,8 @@ class FamilyTimeline:
                 family=family, start_bytes=start, peak_bytes=peak, moment_bytes=now,
                 max_bytes=int(value[at <= moment_idx].max(initial=start)), allocations=n,
                 allocation_bytes=int(nbytes), uniform_size=int(lo) if n > 1 and lo == hi
-                else None, phase=str(phases.get(family, "unknown"))))
+                else None, phase=str(phases.get(family, "unknown")),
+                untraced_bytes=int(untraced.get(family, 0))))
         return out
 
     def dominant(self, moment_idx: int, peak_idx: int, allocated: int,

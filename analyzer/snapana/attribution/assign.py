@@ -14,6 +14,7 @@ is given and the block stays ``unknown`` with its reason.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
@@ -155,6 +156,11 @@ class TracePhases:
         right = phase[np.searchsorted(pos, x, side="right")]  # the sentinel past the end
         return (left == 1) | (right == 1) | ((left == 2) & ((right == 0) | (right == 3)))
 
+    def has_phase(self, *phases: str) -> bool:
+        """Whether any allocation or annotation window of the trace infers one of
+        `phases`."""
+        return any(p in phases for p in self._phase)
+
     def at(self, alloc_idx: int) -> str | None:
         """``"backward"`` when the frameless allocation at event ``alloc_idx`` happened while
         backward was running; None when the trace cannot tell."""
@@ -267,23 +273,30 @@ class Attributor:
         )
 
     def _infer(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
-        """The inference stage, on the blocks the rules left unknown for lack of frames."""
+        """The inference stage, on the blocks the rules left unknown for lack of frames;
+        those it cannot name get a label saying what is known about them."""
         rows = [i for i, (fam, sid) in enumerate(zip(cols["family"], blocks["stack_id"],
                                                      strict=True))
                 if fam == "unknown" and not self.stacks.stack(sid)]
         if not rows or "requested_size" not in blocks.columns:
             return
         candidates = blocks[rows]
-        found = inference.infer(candidates, self._evidence(candidates),
-                                self._freed(candidates))
+        framed = [i for i, sid in enumerate(blocks["stack_id"]) if self.stacks.stack(sid)]
+        live = [(int(blocks["requested_size"][i] or blocks["size"][i]), cols["family"][i],
+                 cols["phase"][i], int(blocks["stack_id"][i])) for i in framed]
+        found = inference.infer(candidates, self._evidence(candidates, live),
+                                self._freed(candidates), label=self.capture.has_trace)
         for i, address in zip(rows, candidates["address"], strict=True):
             hit = found.get(int(address))
             if hit is None:
                 continue
+            cols["reason"][i] = hit.why
+            if hit.family == "unknown":  # a label: what is known, no family
+                cols["label"][i] = f"{family_label('unknown')}: {hit.why}"
+                continue
             cols["family"][i] = hit.family
             cols["label"][i] = f"{family_label(hit.family)} (inferred: {hit.method})"
             cols["rule_id"][i] = ""
-            cols["reason"][i] = hit.why
             cols["evidence"][i] = "inferred"
             cols["method"][i] = hit.method
 
@@ -316,14 +329,14 @@ class Attributor:
             cols["method"][i] = t["role"]
 
     def _freed(self, candidates: pl.DataFrame) -> dict[int, inference.Freed]:
-        """For candidates alive before recording that the window frees: the phase, the
-        function names and the site of the stack that freed them."""
+        """For candidates that the window frees: the phase, the function names and the site
+        of the stack that freed them."""
         if "free_req_idx" not in candidates.columns:
             return {}
         ev = self.capture.device_events(self.device)
         out = {}
         for address, free_idx, size in candidates.filter(
-            (pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") < ev.height)
+            (pl.col("free_req_idx") >= 0) & (pl.col("free_req_idx") < ev.height)
         ).select("address", "free_req_idx", "size").iter_rows():
             sid = int(ev["stack_id"][int(free_idx)])
             stack = self.stacks.stack(sid)
@@ -335,35 +348,52 @@ class Attributor:
                                                 self.site(sid))
         return out
 
-    def _evidence(self, candidates: pl.DataFrame) -> inference.Evidence:
+    def _evidence(self, candidates: pl.DataFrame,
+                  live: Sequence[tuple[int, str, str, int]] = ()) -> inference.Evidence:
         """What the recorded allocations of this device say about the candidates' sizes:
         only allocations of those sizes are decided (memoised), so it stays cheap. Gradients
         are counted as the most alive at once per size (one step's worth), not summed over
-        the steps of the window."""
+        the steps of the window. `live` are the blocks at the moment that have frames
+        (size, family, phase, stack): allocations of the window too, even when their
+        event fell out of the trace."""
         sizes = set(candidates["requested_size"].to_list())
         ev = self.capture.device_events(self.device).with_row_index("pos")
         allocs = ev.filter(pl.col("action") == "alloc")
         same = ev.filter(pl.col("action").is_in(["alloc", "free_requested"])
                          & pl.col("size").is_in(list(sizes)))
-        live: dict[int, int] = {}  # size -> gradients of that size alive now
+        live_n: dict[int, int] = {}  # size -> gradients of that size alive now
         grad_at: dict[int, int] = {}  # address -> size, for gradients alive now
         most: dict[int, int] = {}
-        others: list[tuple[int, str]] = []
+        others: list[tuple[int, str]] = [(s, f) for s, f, _, _ in live if s in sizes]
         for action, address, sid, stream, size, pos in same.select(
                 "action", "addr", "stack_id", "stream", "size", "pos").iter_rows():
             if action == "free_requested":
                 if grad_at.pop(int(address), None) is not None:
-                    live[int(size)] -= 1
+                    live_n[int(size)] -= 1
                 continue
             family = self.decide(sid, self.context(sid, "0,0", stream or 0, "active_allocated",
                                                    size, int(pos))).family
             if family in inference.MIRROR_FAMILIES:
                 grad_at[int(address)] = int(size)
-                live[int(size)] = live.get(int(size), 0) + 1
-                most[int(size)] = max(most.get(int(size), 0), live[int(size)])
+                live_n[int(size)] = live_n.get(int(size), 0) + 1
+                most[int(size)] = max(most.get(int(size), 0), live_n[int(size)])
             else:
                 others.append((int(size), family))
         allocated = int(allocs["size"].sum())
         freed = int(ev.filter(pl.col("action") == "free_requested")["size"].sum())
+        backward = any(p in ("backward", "optimizer") for _, _, p, _ in live) or (
+            self.capture.has_trace and self.trace_phases().has_phase("backward", "optimizer"))
+        no_grad = "" if backward else self._no_grad_site(
+            {sid for _, _, _, sid in live} | set(allocs["stack_id"].drop_nulls().to_list()))
         return inference.gather(most, others, allocs.height,
-                                freed / allocated if allocated else 0.0)
+                                freed / allocated if allocated else 0.0, backward, no_grad)
+
+    def _no_grad_site(self, stack_ids: set[int]) -> str:
+        """The site of the first of `stack_ids` (in id order) with a frame that shows it
+        runs without autograd (inference.no_grad_markers), or ""."""
+        markers = inference.no_grad_markers()
+        for sid in sorted(stack_ids):
+            for path, name, _ in self.stacks.stack(int(sid)):
+                if any(name == f and path.endswith(p) for p, f in markers):
+                    return f"`{name}` in {self.site(int(sid))}"
+        return ""

@@ -13,13 +13,29 @@ Only blocks that the recorded window never frees are candidates: a window with g
 it holds a backward, which frees the activations saved before recording began; what
 survives it is model state. A size with more such blocks than a parameter and two states
 per gradient could explain is left unknown.
+- window: blocks alive before recording that no gradient mirrors are named by what the
+  window does with them. A window with no backward and no optimizer step whose stacks show
+  it runs without autograd (`[[no_grad]]` in the table) saved nothing for a backward, so the
+  blocks it inherited and keeps are the model's weights; so are they in a recorded forward
+  window that allocates none of their sizes (a forward it continued would allocate its
+  activations' sizes again in later layers); a window with a backward frees the
+  activations saved before it, so what survives it unmirrored is frozen weights. Both name
+  only sizes that repeat like a layered model's weights and that the window never allocates
+  for another family; the same sizes with the same lifetimes get the same family whatever
+  the precision or the moment recording began.
+- autograd thread: allocations without Python frames (the autograd thread) in a window with
+  a backward, never freed, whose sizes mirror blocks held since before recording, are the
+  gradients; they join the gradient evidence the mirror uses.
+Every candidate no method names keeps `unknown`, labelled with what is known about it
+(persistent since before recording, freed in the window, likely the model's weights, ...).
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -44,14 +60,16 @@ class Method:
     family: str
     strength: int
     why: str
-    freed_in_phase: str | None = None  # lifetime methods: the phase of the freeing stack
+    freed_in_phase: str | None = None  # lifetime methods: the freeing stack's phase ("any")
     if_function: tuple[str, ...] = ()  # ... with one of these functions on it
     unless_function: tuple[str, ...] = ()  # ... with none of these on it
+    in_window: bool = False  # lifetime methods: also for frameless allocations of the window
 
 
 @dataclass(frozen=True)
 class Inferred:
-    """The conclusion for one block: family, the method and the evidence in words."""
+    """The conclusion for one block: family, the method and the evidence in words. Family
+    `unknown` with no method is a label: what is known about a block no method names."""
 
     family: str
     method: str
@@ -59,14 +77,29 @@ class Inferred:
 
 
 @lru_cache(maxsize=1)
-def _table() -> tuple[dict[str, Method], dict[str, Any]]:
+def _raw() -> dict[str, Any]:
     with INFERENCE_FILE.open("rb") as fh:
-        raw = tomllib.load(fh)
+        return tomllib.load(fh)
+
+
+@lru_cache(maxsize=1)
+def _table() -> tuple[dict[str, Method], dict[str, Any]]:
+    raw = _raw()
     methods = {m["id"]: Method(m["id"], m["family"], int(m["strength"]), m["why"],
                                m.get("freed_in_phase"), tuple(m.get("if_function", ())),
-                               tuple(m.get("unless_function", ())))
+                               tuple(m.get("unless_function", ())),
+                               bool(m.get("in_window", False)))
                for m in raw["method"]}
     return methods, dict(raw["limits"])
+
+
+def _labels() -> dict[str, str]:
+    return dict(_raw()["label"])
+
+
+def no_grad_markers() -> tuple[tuple[str, str], ...]:
+    """(file suffix, function) of frames that show a stack runs without autograd."""
+    return tuple((m["file"], m["function"]) for m in _raw().get("no_grad", ()))
 
 
 @dataclass(frozen=True)
@@ -77,14 +110,19 @@ class Evidence:
     other_sizes: frozenset[int]  # sizes frame rules gave to any other family
     recorded_allocs: int  # all allocations in the recorded window
     freed_share: float  # bytes the window frees / bytes it allocates: ~1 for a steady loop
+    backward: bool = False  # the window shows a backward or an optimizer step
+    no_grad_site: str = ""  # a site whose stack runs without autograd ("" when none)
+    other_family: Mapping[int, str] = field(default_factory=dict)  # size -> a family it got
 
 
 def gather(gradients: dict[int, int], others: list[tuple[int, str]], recorded_allocs: int,
-           freed_share: float) -> Evidence:
+           freed_share: float, backward: bool = False, no_grad_site: str = "") -> Evidence:
     """Evidence from recorded allocations of the candidates' sizes: how many gradients of
-    each size were alive at once, and the (size, family) of the other allocations."""
-    other_sizes = {size for size, family in others if family not in MIRRORED}
-    return Evidence(Counter(gradients), frozenset(other_sizes), recorded_allocs, freed_share)
+    each size were alive at once, and the (size, family) of the other allocations (live
+    blocks with frames whose allocation fell out of the trace count as allocations too)."""
+    other = {size: family for size, family in others if family not in MIRRORED}
+    return Evidence(Counter(gradients), frozenset(other), recorded_allocs, freed_share,
+                    backward or bool(gradients), no_grad_site, other)
 
 
 @dataclass(frozen=True)
@@ -98,35 +136,80 @@ class Freed:
 
 
 def infer(candidates: pl.DataFrame, evidence: Evidence,
-          freed: dict[int, Freed] | None = None) -> dict[int, Inferred]:
+          freed: dict[int, Freed] | None = None, label: bool = True) -> dict[int, Inferred]:
     """Conclusions by address for `candidates`: blocks the rules left unknown for lack of
     frames (columns address, requested_size, alloc_idx, free_req_idx); `freed` tells, by
-    address, how the window freed those it frees."""
+    address, how the window freed those it frees. With `label` (a capture that recorded a
+    trace), candidates no method names get a label (family `unknown`, no method); without a
+    trace the rules' "no allocation history was recorded" is all there is to say."""
     methods, limits = _table()
     out = _by_freeing_stack(candidates, freed or {}, methods)
     # alive before recording and never freed in the recorded window: model state, when the
     # window holds a backward (gradients) that freed the step's own activations
     before = candidates.filter((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") == NEVER))
-    if before.is_empty():
-        return out
-    if evidence.gradient_sizes:
-        return out | _mirror(before, evidence, methods, limits)
-    return out | _persistent(before, evidence, methods, limits)
+    if not before.is_empty():
+        grads = _autograd_persistent(candidates, before, evidence, methods)
+        out |= grads
+        if grads:
+            more = Counter(int(s) for s in candidates.filter(
+                pl.col("address").is_in(list(grads)))["requested_size"].to_list())
+            evidence = Evidence(evidence.gradient_sizes + more, evidence.other_sizes,
+                                evidence.recorded_allocs, evidence.freed_share, True,
+                                evidence.no_grad_site, evidence.other_family)
+        out |= _model_state(before, evidence, methods, limits)
+    if not label:
+        return out | _no_history(before, evidence, limits)
+    return out | _label(candidates, out, evidence, freed or {}, limits)
+
+
+def _no_history(before: pl.DataFrame, ev: Evidence,
+                limits: dict[str, Any]) -> dict[int, Inferred]:
+    """Without a trace nothing says what a block was; when the blocks repeat in size like a
+    layered model's weights, their label says so (they stay unknown)."""
+    sizes, words = _layered(before, ev, limits)
+    if not sizes:
+        return {}
+    why = _labels()["no_history_layered"].format(**words)
+    return {int(a): Inferred("unknown", "", why) for a in before.filter(
+        pl.col("requested_size").is_in(list(sizes)))["address"].to_list()}
+
+
+def _model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
+                 limits: dict[str, Any]) -> dict[int, Inferred]:
+    """Parameters (and optimizer state) among the blocks alive since before recording."""
+    if ev.gradient_sizes:
+        frozen = _window(before, ev, methods, limits, "lifetime:frozen-weights")
+        rest = before.filter(~pl.col("address").is_in(list(frozen)))
+        return frozen | _mirror(rest, ev, methods, limits)
+    if ev.backward:
+        return {}  # parameters, kept gradients and optimizer state look alike: a label
+    steady = _persistent(before, ev, methods, limits)
+    if steady:
+        return steady
+    if ev.no_grad_site:
+        return _window(before, ev, methods, limits, "lifetime:persistent-no-grad")
+    if ev.recorded_allocs >= limits["min_forward_allocs"]:
+        return _window(before, ev, methods, limits, "lifetime:persistent-forward")
+    return {}
 
 
 def _by_freeing_stack(candidates: pl.DataFrame, freed: dict[int, Freed],
                       methods: dict[str, Method]) -> dict[int, Inferred]:
     lifetime = [m for m in methods.values() if m.freed_in_phase is not None]
+    words = _labels()
     out: dict[int, Inferred] = {}
-    for address in candidates.filter(pl.col("alloc_idx") < 0)["address"].to_list():
+    for address, alloc_idx in candidates.select("address", "alloc_idx").iter_rows():
         how = freed.get(int(address))
         if how is None:
             continue
+        window = alloc_idx is not None and alloc_idx >= 0
+        origin = words["origin_window" if window else "origin_before"]
         for m in lifetime:
-            if (m.freed_in_phase == how.phase
+            if (m.freed_in_phase in (how.phase, "any") and (m.in_window or not window)
                     and (not m.if_function or how.functions & set(m.if_function))
                     and not how.functions & set(m.unless_function)):
-                out[int(address)] = Inferred(m.family, m.id, m.why.format(site=how.site))
+                out[int(address)] = Inferred(m.family, m.id,
+                                             m.why.format(site=how.site, origin=origin))
                 break
     return out
 
@@ -152,6 +235,110 @@ def _mirror(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
             m = param if i < n_params else state
             out[a] = Inferred(m.family, m.id, m.why.format(**words))
     return out
+
+
+def _layered(before: pl.DataFrame, ev: Evidence,
+             limits: dict[str, Any]) -> tuple[frozenset[int], dict[str, Any]]:
+    """The sizes among `before` that repeat like a layered model's weights (and that no
+    gradient or other allocation of the window has), with the words that describe them;
+    nothing when they do not make up such a model."""
+    sizes = before["requested_size"].cast(pl.Int64).to_list()
+    counts = Counter(sizes)
+    # a half-precision parameter's fp32 master copy and optimizer state are `master_copy_ratio`
+    # times its gradient's size: model state, but not a weight without a gradient
+    doubled = {limits["master_copy_ratio"] * g for g in ev.gradient_sizes}
+    repeated = frozenset(s for s, n in counts.items()
+                         if n >= limits["min_layer_repeats"] and s not in doubled
+                         and s not in ev.gradient_sizes and s not in ev.other_sizes)
+    held = sum(counts[s] for s in repeated)
+    # of the blocks no gradient can mirror (those that can are the mirror's to explain)
+    unmirrored = sum(n for s, n in counts.items() if s not in ev.gradient_sizes)
+    if (len(repeated) < limits["min_layer_sizes"]
+            or held < limits["min_layer_share"] * max(unmirrored, 1)):
+        return frozenset(), {}
+    return repeated, {"sizes": len(repeated), "blocks": held, "share": held / unmirrored,
+                      "site": ev.no_grad_site, "recorded": ev.recorded_allocs}
+
+
+def _window(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
+            limits: dict[str, Any], method: str) -> dict[int, Inferred]:
+    sizes, words = _layered(before, ev, limits)
+    if not sizes:
+        return {}
+    m = methods[method]
+    why = m.why.format(**words)
+    return {int(a): Inferred(m.family, m.id, why) for a in before.filter(
+        pl.col("requested_size").is_in(list(sizes)))["address"].to_list()}
+
+
+def _autograd_persistent(candidates: pl.DataFrame, before: pl.DataFrame, ev: Evidence,
+                         methods: dict[str, Method]) -> dict[int, Inferred]:
+    """Frameless allocations of a window with a backward that it never frees, in sizes of
+    blocks held since before recording: the gradients the autograd thread created."""
+    if not ev.backward:
+        return {}
+    held = set(before["requested_size"].to_list())
+    made = candidates.filter((pl.col("alloc_idx") >= 0) & (pl.col("free_req_idx") == NEVER)
+                             & pl.col("requested_size").is_in(list(held)))
+    if made.is_empty():
+        return {}
+    m = methods["lifetime:autograd-thread-persistent"]
+    why = m.why.format(matched=made.height)
+    return {int(a): Inferred(m.family, m.id, why) for a in made["address"].to_list()}
+
+
+def _label(candidates: pl.DataFrame, named: dict[int, Inferred], ev: Evidence,
+           freed: dict[int, Freed], limits: dict[str, Any]) -> dict[int, Inferred]:
+    """What is known about each candidate no method names."""
+    words = _labels()
+    out: dict[int, Inferred] = {}
+    for address, size, alloc_idx, free_idx in candidates.select(
+            "address", "requested_size", "alloc_idx", "free_req_idx").iter_rows():
+        if int(address) in named:
+            continue
+        if alloc_idx is not None and alloc_idx >= 0:
+            if not ev.backward:  # the rules' "on the autograd thread during backward" is not
+                out[int(address)] = Inferred("unknown", "", words["window_no_backward"])
+            continue
+        if free_idx is not None and free_idx < 0:
+            continue  # freed before the first event (pending on a stream): the rules' words
+        if free_idx is not None and free_idx != NEVER:
+            how = freed.get(int(address))
+            why = words["freed_in_window"].format(
+                event=free_idx, site=how.site if how else "by a stack without frames")
+        else:
+            why = _persistent_words(candidates, int(size), ev, words, limits)
+        out[int(address)] = Inferred("unknown", "", why)
+    return out
+
+
+def _persistent_words(candidates: pl.DataFrame, size: int, ev: Evidence,
+                      words: dict[str, str], limits: dict[str, Any]) -> str:
+    """The label of a block held since before recording and never freed, no method naming
+    it: what the window did around it, and why it is not named."""
+    other = ev.other_family.get(size)
+    caveat = words["caveat_other_sizes"].format(family=other) if other is not None else ""
+    if ev.backward and not ev.gradient_sizes:
+        return words["persistent_model_state"]
+    if ev.backward:
+        return words["persistent_training"].format(
+            caveat=caveat or _mirror_caveat(candidates, size, ev, words))
+    if not ev.recorded_allocs and not ev.no_grad_site:
+        return words["persistent_no_window"]
+    if not caveat and ev.recorded_allocs and ev.freed_share < limits["min_freed_share"]:
+        caveat = words["caveat_forward_keeps"].format(freed=ev.freed_share)
+    return words["persistent_forward"].format(caveat=caveat or words["caveat_not_repeated"])
+
+
+def _mirror_caveat(candidates: pl.DataFrame, size: int, ev: Evidence,
+                   words: dict[str, str]) -> str:
+    """Why a block held since before recording through a backward is not mirrored."""
+    if size not in ev.gradient_sizes:
+        return words["caveat_not_repeated"]
+    same = candidates.filter((pl.col("requested_size") == size) & (pl.col("alloc_idx") < 0))
+    if same.height > 3 * ev.gradient_sizes[size]:
+        return words["caveat_too_many"]
+    return words["caveat_mirror_thin"]
 
 
 def _persistent(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],

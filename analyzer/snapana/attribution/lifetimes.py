@@ -28,13 +28,15 @@ from snapana.replay import DeviceReplay
 def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
                         held: pl.DataFrame | None = None) -> pl.DataFrame:
     """`dr.lifetimes` with `family`, `phase` and `evidence` columns (see the module
-    docstring)."""
+    docstring), and `framed`: whether its stack has frames (one alive before the first
+    event with frames was allocated while recording, its event lost from the trace)."""
     lt = dr.lifetimes
     n = lt.height
     if n == 0:
         return lt.with_columns(pl.lit("", pl.Utf8).alias("family"),
                                pl.lit("", pl.Utf8).alias("phase"),
-                               pl.lit("", pl.Utf8).alias("evidence"))
+                               pl.lit("", pl.Utf8).alias("evidence"),
+                               pl.lit(False).alias("framed"))
     capture = attributor.capture
     alloc_idx = lt["alloc_idx"].to_numpy()
     stack_ids = lt["stack_id"].to_numpy()
@@ -79,7 +81,7 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
         family, pl.Series("phase", phases, dtype=pl.Utf8).gather(rows),
         pl.when(family == "unknown").then(pl.lit("unknown"))
         .when(pl.Series(framed)).then(pl.lit("frames")).otherwise(pl.lit("inferred"))
-        .alias("evidence"))
+        .alias("evidence"), pl.Series("framed", framed, dtype=pl.Boolean))
     if held is None or held.is_empty():
         return out
     kept = ["family", "phase"] + (["evidence"] if "evidence" in held.columns else [])

@@ -247,7 +247,10 @@ class _Words:
         row = self.lt.row(i, named=True)
         alloc, free, sid = int(row["alloc_idx"]), int(row["free_req_idx"]), int(row["stack_id"])
         frames = self.stacks.stack(sid)
-        born = "before the recording" if alloc < 0 else f"at event {alloc}{self._when(alloc)}"
+        born = f"at event {alloc}{self._when(alloc)}" if alloc >= 0 else (
+            "while recording; its allocation event is not in the trace (the ring buffer "
+            "wrapped or recording restarted: raise max_entries)" if frames
+            else "before the recording")
         freed = f"freed at event {free}{self._when(free)}" if free <= self.end else \
             f"live at the {self.moment}"
         return (str(row["family"]), int(row["size"]), str(row["evidence"]), site_of(frames),

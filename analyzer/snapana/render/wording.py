@@ -125,8 +125,7 @@ def growth_text(r: DeviceReport, g: FamilyGrowth) -> str:
     if fmt_bytes(g.max_bytes) != fmt_bytes(g.moment_bytes):
         text += f" (at most {fmt_bytes(g.max_bytes)} before it)"
     if not g.allocations:
-        return text + ("; all of it allocated before recording began" if g.moment_bytes
-                       else "")
+        return text + (before_window_text(g) if g.moment_bytes else "")
     loop = ChunkLoop(site="", stack_id=0, count=g.allocations, chunk_size=g.uniform_size or 0,
                      total=g.allocation_bytes, uniform=g.uniform_size is not None,
                      min_size=g.uniform_size or 0, max_size=g.uniform_size or 0)
@@ -135,6 +134,22 @@ def growth_text(r: DeviceReport, g: FamilyGrowth) -> str:
         f"{fmt_bytes(g.allocation_bytes)}"
     phase = f", in the {_phase_words(g.phase)}" if g.phase != "unknown" else ""
     return f"{text}; {made} allocated in the window and still live{phase}"
+
+
+#: why a block with frames has no allocation event in the trace
+UNTRACED = ("allocated while recording, but its allocation events are not in the trace (the "
+            "ring buffer wrapped or recording restarted: raise max_entries)")
+
+
+def before_window_text(g: FamilyGrowth) -> str:
+    """Where a family's bytes from before the trace's first event came from: blocks without
+    frames predate recording; blocks with frames were recorded, their events lost."""
+    if g.untraced_bytes >= g.moment_bytes:
+        return f"; all of it {UNTRACED}"
+    if not g.untraced_bytes:
+        return "; all of it allocated before recording began"
+    return (f"; {fmt_bytes(g.untraced_bytes)} of it {UNTRACED}, the rest allocated before "
+            "recording began")
 
 
 def growth_lines(r: DeviceReport) -> list[str]:
