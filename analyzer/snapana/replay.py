@@ -97,8 +97,10 @@ class DeviceReplay:
 
     @property
     def baseline_allocated(self) -> int:
-        """Allocated bytes before the first recorded event (blocks alive before recording)."""
-        return int(self.lifetimes.filter(pl.col("alloc_idx") < 0)["size"].sum())
+        """Allocated bytes before the first recorded event (blocks alive before recording);
+        a block whose free was requested before then (pending free) is live, not allocated."""
+        return int(self.lifetimes.filter((pl.col("alloc_idx") < 0)
+                                         & (pl.col("free_req_idx") >= 0))["size"].sum())
 
     def moment_of_interest(self) -> Moment:
         """The OOM point when there is one, else the peak of the recorded trace, else the
