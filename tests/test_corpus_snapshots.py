@@ -57,8 +57,9 @@ def _rounded(n):
 
 
 def _raw_replay(raw, device):
-    """Independent replay of the raw trace: (peak index, allocated blocks, segments and
-    pending-free bytes there, peak bytes).
+    """Independent replay of the raw trace: (moment index, allocated blocks, segments and
+    pending-free bytes there, peak bytes). The moment is the last `oom` entry when the trace
+    has one (an OOM changes no block), else the peak.
 
     A block's size is the final segments' size when it survives to the end, else its request
     rounded up to 512 bytes (the allocator's rounding). The state before the first event is a
@@ -72,7 +73,7 @@ def _raw_replay(raw, device):
     last_alloc = {e["addr"]: i for i, e in enumerate(trace) if e["action"] == "alloc"}
     freed_before, seen_alloc = {}, set()  # blocks freed before any alloc of their address
     for e in trace:
-        a = e["addr"]
+        a = e.get("addr")
         if e["action"] == "alloc":
             seen_alloc.add(a)
         elif e["action"] in ("free_requested", "free_completed", "free") and (
@@ -87,7 +88,7 @@ def _raw_replay(raw, device):
                if a not in last_alloc and st != "active_allocated"}
     states, pendings = [dict(live)], [sum(pending.values())]
     for i, e in enumerate(trace):
-        a = e["addr"]
+        a = e.get("addr")
         if e["action"] == "alloc":
             live[a] = final[a][0] if a in final and last_alloc[a] == i else _rounded(e["size"])
         elif e["action"] == "free_requested" or (
@@ -98,7 +99,8 @@ def _raw_replay(raw, device):
         states.append(dict(live))
         pendings.append(sum(pending.values()))
     totals = [sum(st.values()) for st in states]
-    peak_pos = max(range(len(totals)), key=lambda k: (totals[k], -k))
+    ooms = [i for i, e in enumerate(trace) if e["action"] == "oom"]
+    peak_pos = ooms[-1] + 1 if ooms else max(range(len(totals)), key=lambda k: (totals[k], -k))
     idx = peak_pos - 1
     seg_now = dict(final_segs)
     for e in trace[idx + 1:][::-1]:  # undo segment events after the moment
@@ -128,9 +130,10 @@ def test_headline_equals_sums_from_raw_pickle(path):
     summary = json.loads(result.stdout)
     for dev in summary["devices"]:
         idx, live, segs, pending, peak = _raw_replay(raw, dev["device"])
-        assert dev["oom"] is None  # no corpus file recorded an OOM: the peak is diagnosed
         trace = (raw.get("device_traces") or [[]] * (dev["device"] + 1))[dev["device"]] \
             if isinstance(raw, dict) else []
+        oom = any(e["action"] == "oom" for e in trace)
+        assert (dev["oom"] is not None) == oom  # an OOM is diagnosed there, else the peak
         if not any(e["action"] == "alloc" for e in trace):
             # no history: the snapshot is the state, and its peak
             assert dev["moment"]["kind"] == "snapshot" and not dev["history"]
@@ -142,7 +145,8 @@ def test_headline_equals_sums_from_raw_pickle(path):
             peak = sum(live.values())
             pending = sum(s for s, _, st in final.values() if st != "active_allocated")
         else:
-            assert (dev["moment"]["kind"], dev["moment"]["event_index"]) == ("peak", idx)
+            assert (dev["moment"]["kind"], dev["moment"]["event_index"]) == (
+                "oom" if oom else "peak", idx)
         reserved = sum(segs.values())
         allocated = sum(live.values())
         assert dev["reserved_bytes"] == reserved
