@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from snapana.limits import MAX_LINE
 from snapana.replay import replay
 from snapana.session import analyse
 from snapana.sources import load
@@ -30,6 +31,40 @@ def _raw_active_blocks(raw, device):
 
 
 SAMPLE_FILES = [pytest.param(p, id=p.name) for p in sorted(SAMPLES.glob("*.pickle"))]
+#: every snapshot of the corpus, whatever its extension (*.pickle, *.pkl, *.pickle.gz)
+ALL_SNAPSHOTS = [p for p in corpus_params("torch_snapshots")
+                 if p.values[0] is None or p.values[0].suffix != ".md"]
+
+
+def _raw_frames(raw):
+    """Every frame dict of a decoded snapshot that describes a block or a trace entry (a
+    legacy block's stack is its newest history entry's)."""
+    segs = raw if isinstance(raw, list) else raw["segments"]
+    for seg in segs:
+        for b in seg.get("blocks") or []:
+            history = b.get("history") or [{}]
+            yield from b.get("frames") or history[-1].get("frames") or []
+    if isinstance(raw, dict):
+        for trace in raw.get("device_traces") or []:
+            for e in trace:
+                yield from e.get("frames") or []
+
+
+@pytest.mark.parametrize("path", ALL_SNAPSHOTS)
+def test_no_real_snapshot_is_refused(path):
+    """A real capture is never refused for a value PyTorch can write: each loads, and a
+    frame whose line PyTorch wrote as "none" (2**64 - 1 or -1) is read as line 0 with a
+    warning that the report shows."""
+    capture = load(path)  # raises InputError when refused
+    raw = raw_load(path)
+    odd = {id(f) for f in _raw_frames(raw) if not 0 <= f.get("line", 0) < MAX_LINE}
+    warned = [w for w in capture.warnings if "no line number" in w]
+    if odd:
+        assert warned and warned[0].startswith(f"{len(odd)} stack frame"), capture.warnings
+        lines = [f[2] for f in capture.stacks.frames]
+        assert all(0 <= ln < MAX_LINE for ln in lines)
+    else:
+        assert not warned
 
 
 @pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle") + SAMPLE_FILES)
