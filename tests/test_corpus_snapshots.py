@@ -92,8 +92,8 @@ def _rounded(n):
 
 
 def _raw_replay(raw, device):
-    """Independent replay of the raw trace: (peak index, allocated blocks, segments and
-    pending-free bytes there, peak bytes).
+    """Independent replay of the raw trace: (index of the moment — the last OOM, else the
+    peak —, allocated blocks, segments and pending-free bytes there, peak bytes).
 
     A block's size is the final segments' size when it survives to the end, else its request
     rounded up to 512 bytes (the allocator's rounding). The state before the first event is a
@@ -107,7 +107,7 @@ def _raw_replay(raw, device):
     last_alloc = {e["addr"]: i for i, e in enumerate(trace) if e["action"] == "alloc"}
     freed_before, seen_alloc = {}, set()  # blocks freed before any alloc of their address
     for e in trace:
-        a = e["addr"]
+        a = e.get("addr")  # an oom entry has none (device_free instead)
         if e["action"] == "alloc":
             seen_alloc.add(a)
         elif e["action"] in ("free_requested", "free_completed", "free") and (
@@ -122,7 +122,7 @@ def _raw_replay(raw, device):
                if a not in last_alloc and st != "active_allocated"}
     states, pendings = [dict(live)], [sum(pending.values())]
     for i, e in enumerate(trace):
-        a = e["addr"]
+        a = e.get("addr")
         if e["action"] == "alloc":
             live[a] = final[a][0] if a in final and last_alloc[a] == i else _rounded(e["size"])
         elif e["action"] == "free_requested" or (
@@ -134,6 +134,9 @@ def _raw_replay(raw, device):
         pendings.append(sum(pending.values()))
     totals = [sum(st.values()) for st in states]
     peak_pos = max(range(len(totals)), key=lambda k: (totals[k], -k))
+    ooms = [i for i, e in enumerate(trace) if e["action"] == "oom"]
+    if ooms:  # the report's moment is the (last) OOM
+        peak_pos = ooms[-1] + 1
     idx = peak_pos - 1
     seg_now = dict(final_segs)
     for e in trace[idx + 1:][::-1]:  # undo segment events after the moment
@@ -163,9 +166,10 @@ def test_headline_equals_sums_from_raw_pickle(path):
     summary = json.loads(result.stdout)
     for dev in summary["devices"]:
         idx, live, segs, pending, peak = _raw_replay(raw, dev["device"])
-        assert dev["oom"] is None  # no corpus file recorded an OOM: the peak is diagnosed
         trace = (raw.get("device_traces") or [[]] * (dev["device"] + 1))[dev["device"]] \
             if isinstance(raw, dict) else []
+        oom = any(e["action"] == "oom" for e in trace)
+        assert (dev["oom"] is not None) == oom  # with no OOM, the peak is diagnosed
         if not any(e["action"] == "alloc" for e in trace):
             # no history: the snapshot is the state, and its peak
             assert dev["moment"]["kind"] == "snapshot" and not dev["history"]
@@ -177,7 +181,8 @@ def test_headline_equals_sums_from_raw_pickle(path):
             peak = sum(live.values())
             pending = sum(s for s, _, st in final.values() if st != "active_allocated")
         else:
-            assert (dev["moment"]["kind"], dev["moment"]["event_index"]) == ("peak", idx)
+            kind = "oom" if oom else "peak"
+            assert (dev["moment"]["kind"], dev["moment"]["event_index"]) == (kind, idx)
         reserved = sum(segs.values())
         allocated = sum(live.values())
         assert dev["reserved_bytes"] == reserved

@@ -97,8 +97,11 @@ class DeviceReplay:
 
     @property
     def baseline_allocated(self) -> int:
-        """Allocated bytes before the first recorded event (blocks alive before recording)."""
-        return int(self.lifetimes.filter(pl.col("alloc_idx") < 0)["size"].sum())
+        """Allocated bytes before the first recorded event: blocks alive before recording,
+        less those whose free was requested before it too (pending free at the snapshot,
+        request index -1), which are pending-free bytes, not allocated ones."""
+        return int(self.lifetimes.filter((pl.col("alloc_idx") < 0)
+                                         & (pl.col("free_req_idx") >= 0))["size"].sum())
 
     def moment_of_interest(self) -> Moment:
         """The OOM point when there is one, else the peak of the recorded trace, else the

@@ -323,7 +323,9 @@ class Attributor:
         ev = self.capture.device_events(self.device)
         out = {}
         for address, free_idx, size in candidates.filter(
-            (pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") < ev.height)
+            # a free request in the trace: -1 is one made before it (a block still pending
+            # free in a capture without history), NEVER one not made
+            (pl.col("alloc_idx") < 0) & pl.col("free_req_idx").is_between(0, ev.height - 1)
         ).select("address", "free_req_idx", "size").iter_rows():
             sid = int(ev["stack_id"][int(free_idx)])
             stack = self.stacks.stack(sid)
