@@ -95,6 +95,16 @@ def test_every_builtin_pack_loads_with_rules(rules):
         "phases",
         "memory_timeline",
         "generic",
+        "transformers",
+        "peft",
+        "accelerate",
+        "diffusers",
+        "bitsandbytes",
+        "trl",
+        "lightning",
+        "torchtitan",
+        "liger_kernel",
+        "flash_attn",
     }
     assert set(builtin_pack_names()) == expected
     per_pack = {p: 0 for p in expected}
