@@ -67,7 +67,7 @@ def test_no_real_snapshot_is_refused(path):
         assert not warned
 
 
-@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle") + SAMPLE_FILES)
+@pytest.mark.parametrize("path", ALL_SNAPSHOTS + SAMPLE_FILES)
 def test_replayed_final_state_equals_segments(path):
     raw = raw_load(path)
     capture = load(path)
@@ -158,7 +158,7 @@ def _largest_gap(blocks, segs):
     return best
 
 
-@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle"))
+@pytest.mark.parametrize("path", ALL_SNAPSHOTS)
 def test_headline_equals_sums_from_raw_pickle(path):
     raw = raw_load(path)
     result = invoke("summary", str(path), "--format", "json")
@@ -195,7 +195,7 @@ def test_headline_equals_sums_from_raw_pickle(path):
         assert sum(g["blocks"] for g in dev["groups"]) == len(live)
 
 
-@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.pickle"))
+@pytest.mark.parametrize("path", ALL_SNAPSHOTS)
 def test_report_succeeds(path, tmp_path):
     out = tmp_path / "r.html"
     result = invoke("report", str(path), "-o", str(out))
