@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT.parent / "shared" / "corpus"
+#: ../shared/corpus next to the checkout; SNAPANA_CORPUS points elsewhere (a git worktree)
+CORPUS = Path(os.environ.get("SNAPANA_CORPUS") or ROOT.parent / "shared" / "corpus")
 SNAPSHOTS = CORPUS / "torch_snapshots"
 SAMPLES = ROOT / "sample_snapshots"
 

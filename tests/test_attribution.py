@@ -95,6 +95,16 @@ def test_every_builtin_pack_loads_with_rules(rules):
         "phases",
         "memory_timeline",
         "generic",
+        "transformers",
+        "peft",
+        "accelerate",
+        "diffusers",
+        "bitsandbytes",
+        "trl",
+        "lightning",
+        "torchtitan",
+        "liger_kernel",
+        "flash_attn",
     }
     assert set(builtin_pack_names()) == expected
     per_pack = {p: 0 for p in expected}
@@ -119,6 +129,7 @@ def test_family_table_has_the_stable_ids():
         "cuda_graph_pool",
         "weight_update_buffer",
         "comm_buffer",
+        "workspace",
         "recompute",
         "unknown",
     }
@@ -149,8 +160,13 @@ def test_framework_rules_default_above_generic_pytorch(rules):
         r.priority for r in rules.rules
         if not r.id.startswith(("pytorch.", "generic.")) and r.family != "unknown"
     ]
-    generic = [r.priority for r in rules.rules if r.id.startswith("pytorch.")]
+    generic = [r.priority for r in rules.rules
+               if r.id.startswith("pytorch.") and r.family != "workspace"]
     assert min(framework) > max(generic)
+    # a library workspace is named by the C++ frame that allocates it, whatever framework
+    # code ran the op: it wins over every framework rule
+    workspace = [r.priority for r in rules.rules if r.family == "workspace"]
+    assert workspace and min(workspace) > max(framework)
     by_name = [r.priority for r in rules.rules if r.id.startswith("generic.")]
     assert by_name and max(by_name) < min(framework)  # a name-based guess never wins
     by_name = [r.priority for r in rules.rules if r.id.startswith("generic.")]

@@ -246,6 +246,27 @@ def test_invalid_snapshot_fields_are_named(tmp_path, mutate, words):
     assert "\n" not in msg and str(p) in msg and "invalid snapshot" in msg and words in msg, msg
 
 
+@pytest.mark.parametrize("mutate,warning", [
+    # py_symbolize writes a frame's line as uint64: CPython's "no line" (-1) is 2**64 - 1
+    (lambda d: d["device_traces"][0][0].update(
+        frames=[{"filename": "/app/t.py", "line": 2**64 - 1, "name": "f"}]), "no line number"),
+    # the C++ pickler (memory_snapshot.cpp) casts the same line to int64: -1
+    (lambda d: d["segments"][0]["blocks"][0].update(
+        frames=[{"filename": "??", "line": -1, "name": "at::empty"}]), "no line number"),
+    # MempoolId_t is a pair of unsigned long long
+    (lambda d: d["segments"][0].update(segment_pool_id=(2**64 - 1, 0)), None),
+    # a trace time PyTorch cannot mean (int64 µs since the epoch is ~2**51): dropped, not fatal
+    (lambda d: d["device_traces"][0][0].update(time_us=2**63 - 1), "time outside"),
+])
+def test_values_pytorch_can_write_are_normalised_not_refused(mutate, warning):
+    data = _snap()
+    mutate(data)
+    capture = from_snapshot_dict(data, "x")
+    if warning:
+        assert sum(warning in w for w in capture.warnings) == 1, capture.warnings
+    assert all(0 <= f[2] < 2**31 for f in capture.stacks.frames)
+
+
 def test_a_device_without_timestamps_still_loads():
     data = _snap()
     data["segments"].append(dict(json.loads(json.dumps(SEG)), device=1))

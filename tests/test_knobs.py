@@ -62,7 +62,7 @@ def test_family_lifetimes_come_from_the_vocabulary() -> None:
         "saved_logprob_softmax", "logits", "saved_activations", "comm_buffer",
         "weight_update_buffer", "kv_cache", "cuda_graph_pool",
     }
-    assert working_set_families() == {"activation_temporaries", "recompute"}
+    assert working_set_families() == {"activation_temporaries", "recompute", "workspace"}
 
 
 def test_knobs_for_ranks_the_frameworks_own_knob_first() -> None:

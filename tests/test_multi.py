@@ -129,4 +129,6 @@ def test_unrelated_corpus_files_are_said_to_be_unrelated(tmp_path):
     assert "do not look like one job" in text
     summary = json.loads(invoke("summary", str(SNAPSHOTS), "--format", "json").stdout)
     assert summary["one_job"] is False and summary["outliers"] == []
-    assert len(summary["inputs"]) == len(list(SNAPSHOTS.glob("*.pickle")))
+    # every snapshot of the folder is an input, whatever its extension (.pickle, .pkl)
+    assert len(summary["inputs"]) == len([p for p in SNAPSHOTS.iterdir()
+                                          if p.suffix in (".pickle", ".pkl", ".gz")])

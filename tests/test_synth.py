@@ -20,7 +20,7 @@ FAMILIES = {
     "saved_logprob_softmax", "logits", "saved_activations", "activation_temporaries",
     "gradients", "grad_buffer", "param_buffer", "parameters", "main_params_fp32",
     "optimizer_state", "kv_cache", "cuda_graph_pool", "weight_update_buffer", "comm_buffer",
-    "recompute", "unknown",
+    "workspace", "recompute", "unknown",
 }
 V_HALF = 248320 // 2  # Qwen3.5-4B vocab at TP=2
 

@@ -323,7 +323,7 @@ class Comparison:
     def figure(self, name: DiffFigureName = "change") -> go.Figure:
         """A plotly figure of the diff report: 'change' (per family, a bar each) or
         'families_over_time' (each side's live bytes per family, before above after on one
-        x axis; ValueError when a side has no history)."""
+        x axis; when a side has no history, an empty chart that says which)."""
         from snapana.render import figures
 
         return figures.diff_figure(name, self.view)

@@ -372,7 +372,8 @@ def explain(
     rules: RulesOpt = None,
     at: AtOpt = None,
 ) -> None:
-    """Why a block (or a family, or a site) got its family: rule, frames, near misses."""
+    """Why a block (or a family, or a site; none: the largest sites) got its family: rule,
+    frames, near misses."""
     from snapana.render.views import explain_view
     from snapana.session import Session, resolve_rules
 

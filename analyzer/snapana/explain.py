@@ -32,7 +32,8 @@ def explain(capture: Capture, attributor: Attributor, live: pl.DataFrame, when: 
             block: int | None = None, family: str | None = None, site: str | None = None,
             limit: int = 10) -> list[ExplainedSite]:
     """Explain the attributed live blocks `live` (at the moment `when` names) that match the
-    selection, one entry per distinct stack and context."""
+    selection, one entry per distinct stack and context, largest first. Without a selection,
+    all live blocks (the `limit` largest groups; none live: an empty list)."""
     if block is not None:
         sel = live.filter((pl.col("address") <= block)
                           & (pl.col("address") + pl.col("size") > block))
@@ -44,8 +45,8 @@ def explain(capture: Capture, attributor: Attributor, live: pl.DataFrame, when: 
         sel = live.filter(pl.col("site").str.contains(site, literal=True))
         what = f"no live block's site contains {site!r}"
     else:
-        raise InputError("explain: give --block ADDR, --family F or --site TEXT")
-    if sel.is_empty():
+        sel, what = live, ""
+    if sel.is_empty() and what:
         raise InputError(f"{capture.path}: {what} {when}")
     out = []
     groups = (

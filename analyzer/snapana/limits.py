@@ -4,6 +4,17 @@ Inputs come from other machines and tickets: each source checks them against the
 its boundary, before anything recursive, quadratic or native runs on them. The limits that a
 genuine file could plausibly exceed (decompressed size, JSON value size, decoding time and
 memory) can be raised with an environment variable, which the error message names.
+
+Snapshot bounds are derived from what PyTorch's writers put in a pickle (every version since
+1.13): the Python path ``torch/csrc/cuda/Module.cpp`` ``THCPModule_memorySnapshot`` (what
+``torch.cuda.memory._snapshot`` / ``_dump_snapshot`` pickle), the C++ path
+``torch/csrc/cuda/memory_snapshot.cpp`` ``_memory_snapshot_pickled`` (int64 casts), the frame
+symbolizer ``torch/csrc/profiler/python/combined_traceback.cpp`` ``py_symbolize`` and the
+allocator's ``SegmentInfo`` / ``BlockInfo`` / ``TraceEntry`` in
+``c10/cuda/CUDACachingAllocator.h``. A value a writer can produce is never refused: where it
+carries no information (an unknown line number) it is normalised and the capture gets a
+warning; only values no writer can produce, or that would make the analysis meaningless, are
+refused.
 """
 
 from __future__ import annotations
@@ -11,13 +22,30 @@ from __future__ import annotations
 import os
 
 #: Largest byte count or address accepted from an input (sizes, addresses, totals). Keeps
-#: every sum of a few of them inside int64, the type of every byte column.
+#: every sum of a few of them inside int64, the type of every byte column. PyTorch writes
+#: sizes and addresses as ``size_t`` (Python path) or ``int64_t`` (C++ path), but they are
+#: device virtual addresses and byte counts of one GPU: CUDA's unified address space is 49
+#: bits wide and no device holds 2**62 bytes, so a larger value is no real capture.
 MAX_BYTES = 2**62
-#: Largest magnitude of a timestamp (µs or ns) accepted from an input.
+#: Largest magnitude of a timestamp (µs or ns) accepted from an input. PyTorch's
+#: ``TraceEntry`` time is an int64 of microseconds since the epoch (about 2**51 today); a
+#: snapshot trace time outside this bound is dropped with a warning, not refused.
 MAX_TIME = 2**62
 #: Device indices accepted (0 .. MAX_DEVICE - 1), and the most devices one capture may hold.
+#: ``c10::DeviceIndex`` is an int8 (int16 in older releases): real indices are below 128.
 MAX_DEVICE = 4096
 MAX_DEVICES = 1024
+#: Range of a stack frame's ``line`` PyTorch can write: ``py_symbolize`` stores the
+#: ``uint64_t`` lineno of ``unwind::Frame`` (so CPython's "no line" -1 from
+#: ``PyCode_Addr2Line`` arrives as 2**64 - 1), the C++ pickler casts it to ``int64_t`` (-1).
+#: Lines outside [0, MAX_LINE) carry no line and are read as 0 (unknown), with a warning.
+LINE_RANGE = (-(2**63), 2**64)
+MAX_LINE = 2**31
+#: Range of each half of a ``segment_pool_id``: ``MempoolId_t`` is a pair of
+#: ``unsigned long long`` (Python path) or of ``int64_t`` (C++ path).
+POOL_ID_RANGE = (-(2**63), 2**64)
+#: Range of a ``stream``: ``int64_t(cudaStream_t)`` on both paths.
+STREAM_RANGE = (-(2**63), 2**63)
 #: Longest string a snapshot field (frame file or name, state, action) may hold.
 MAX_STRING = 1 << 20
 #: Deepest nesting kept from free-form metadata (allocator settings, user metadata, trace

@@ -97,8 +97,9 @@ class DeviceReplay:
 
     @property
     def baseline_allocated(self) -> int:
-        """Allocated bytes before the first recorded event (blocks alive before recording);
-        a block whose free was requested before then (pending free) is live, not allocated."""
+        """Allocated bytes before the first recorded event: blocks alive before recording,
+        less those whose free was requested before it too (pending free at the snapshot,
+        request index -1), which are pending-free bytes, not allocated ones."""
         return int(self.lifetimes.filter((pl.col("alloc_idx") < 0)
                                          & (pl.col("free_req_idx") >= 0))["size"].sum())
 

@@ -379,14 +379,20 @@ def figure(name: str, v: DeviceView) -> go.Figure:
     """A device's figure by its public name (ValueError for an unknown one). A figure over
     time of a capture without history is an empty chart that says so."""
     if name in OVER_TIME and not v.timeline.x:
-        fig = go.Figure()
-        fig.update_layout(height=200, xaxis=dict(visible=False), yaxis=dict(visible=False),
-                          title="No allocation history recorded: nothing to draw over time",
-                          annotations=[dict(text=RECORD_HISTORY.replace(" (or ", "<br>(or "),
-                                            showarrow=False,
-                                            xref="paper", yref="paper", x=0.5, y=0.5)])
-        return fig
+        return _nothing_over_time("No allocation history recorded: nothing to draw over time")
     return _named("figure", FIGURES.items(), name, v)
+
+
+def _nothing_over_time(title: str) -> go.Figure:
+    """An empty chart for a figure over time of a capture without history: says so, and how
+    to record it."""
+    fig = go.Figure()
+    fig.update_layout(height=200, xaxis=dict(visible=False), yaxis=dict(visible=False),
+                      title=title,
+                      annotations=[dict(text=RECORD_HISTORY.replace(" (or ", "<br>(or "),
+                                        showarrow=False,
+                                        xref="paper", yref="paper", x=0.5, y=0.5)])
+    return fig
 
 
 _View = TypeVar("_View")
@@ -438,10 +444,11 @@ def change(v: DiffView) -> go.Figure:
 def families_before_after(v: DiffView) -> go.Figure:
     """Each side's live bytes per family, stacked, the before above the after on a shared x
     axis and the same y range, a family in the same colour on both: how each run got to its
-    moment. ValueError when a side has no history (`DiffView.history_note` says which)."""
+    moment. When a side has no history: an empty chart whose title says which side
+    (`DiffView.history_note`), as a device's figures over time do."""
     tl = v.timelines
     if tl is None:
-        raise ValueError(v.history_note or "no family timelines in this diff")
+        return _nothing_over_time(v.history_note or "No family timelines in this diff")
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
                         subplot_titles=(f"before: {v.before}", f"after: {v.after}"))
     shown: set[str] = set()

@@ -13,7 +13,10 @@ allocates and clears gigabytes). So a pickle is first decoded in a bounded child
 the same restricted unpickler, under a time limit and a memory limit proportional to the
 file — and only when that finished is it decoded here. Everything decoded is then validated,
 once, before it becomes columns: types, ranges (sizes and addresses in [0, 2**62), finite
-times, device indices), blocks inside their segment, strings and metadata bounded.
+times, device indices), blocks inside their segment, strings and metadata bounded. The ranges
+are those of PyTorch's own writers (see `snapana.limits`): a value PyTorch can write is never
+refused; one that carries nothing (a frame's unknown line, 2**64 - 1) is normalised and the
+capture says so in its warnings.
 """
 
 from __future__ import annotations
@@ -37,11 +40,15 @@ import polars as pl
 
 from snapana.errors import InputError, UnsafePickleError
 from snapana.limits import (
+    LINE_RANGE,
     MAX_BYTES,
     MAX_DEVICE,
     MAX_DEVICES,
+    MAX_LINE,
     MAX_STRING,
     MAX_TIME,
+    POOL_ID_RANGE,
+    STREAM_RANGE,
     decode_memory,
     decode_seconds,
     limit_hint,
@@ -369,6 +376,8 @@ class _Interner:
         self._by_list_id: dict[int, int] = {}
         self._by_frame_dict: dict[int, int] = {}
         self._keepalive: list[Any] = []
+        #: distinct frames whose line PyTorch wrote as "none" (2**64 - 1, -1), read as 0
+        self.unknown_lines = 0
 
     def __call__(self, frames: Any, where: Any = "frames") -> int:
         if frames is None or (isinstance(frames, (list, tuple)) and not frames):
@@ -392,12 +401,21 @@ class _Interner:
                 ids[k] = by_dict[id(f)] = fid((
                     _str(f.get("filename"), f"{at}[{k}].filename"),
                     _str(f.get("name"), f"{at}[{k}].name"),
-                    _int(f.get("line"), f"{at}[{k}].line", -_INT64, _INT64, 0) or 0))
+                    self._line(f.get("line"), f"{at}[{k}].line")))
                 self._keepalive.append(f)
         sid = self.table.stack_id(tuple(cast("list[int]", ids)))
         self._by_list_id[key] = sid
         self._keepalive.append(frames)
         return sid
+
+    def _line(self, v: Any, where: str) -> int:
+        """A frame's line: PyTorch writes "no line" as 2**64 - 1 (uint64, Python path) or -1
+        (int64, C++ path); those, and any line past MAX_LINE, are read as 0 and counted."""
+        line = _int(v, where, *LINE_RANGE, 0) or 0
+        if not 0 <= line < MAX_LINE:
+            self.unknown_lines += 1
+            return 0
+        return line
 
 
 #: Trace entries converted to columns at a time (and, when consuming, then freed).
@@ -465,7 +483,20 @@ def _stack_ids(frames: list[Any], intern: _Interner, dev: int, start: int) -> pl
     return ids.replace_strict(keys, pl.Series(sids, dtype=pl.Int64), return_dtype=pl.Int64)
 
 
-def _events_slow(chunk: list[Any], dev: int, start: int, intern: _Interner) -> pl.DataFrame:
+def _time(v: Any, where: str, dropped: list[int]) -> int | None:
+    """A trace entry's time: an integer (PyTorch writes int64 µs) or a finite float; one
+    outside ±MAX_TIME is dropped (counted in ``dropped``), not refused."""
+    if isinstance(v, int) and not isinstance(v, bool) and not -MAX_TIME < v < MAX_TIME:
+        dropped[0] += 1
+        return None
+    if isinstance(v, float) and math.isfinite(v) and not -MAX_TIME < v < MAX_TIME:
+        dropped[0] += 1
+        return None
+    return _int(v, where, -MAX_TIME, MAX_TIME, None, floats=True)
+
+
+def _events_slow(chunk: list[Any], dev: int, start: int, intern: _Interner,
+                 dropped: list[int]) -> pl.DataFrame:
     ev_cols: dict[str, list[Any]] = {k: [] for k in EVENT_SCHEMA}
     for i, ev in enumerate(chunk, start):
         at = f"device_traces[{dev}][{i}]"
@@ -475,9 +506,8 @@ def _events_slow(chunk: list[Any], dev: int, start: int, intern: _Interner) -> p
         ev_cols["action"].append(_str(ev.get("action"), f"{at}.action", "", _MAX_NAME))
         ev_cols["addr"].append(_bytes(ev.get("addr"), f"{at}.addr"))
         ev_cols["size"].append(_bytes(ev.get("size"), f"{at}.size"))
-        ev_cols["stream"].append(_int(ev.get("stream"), f"{at}.stream", -_INT64, _INT64, 0))
-        ev_cols["time_us"].append(_int(ev.get("time_us"), f"{at}.time_us", -MAX_TIME,
-                                       MAX_TIME, None, floats=True))
+        ev_cols["stream"].append(_int(ev.get("stream"), f"{at}.stream", *STREAM_RANGE, 0))
+        ev_cols["time_us"].append(_time(ev.get("time_us"), f"{at}.time_us", dropped))
         ev_cols["stack_id"].append(intern(ev.get("frames"), f"{at}.frames"))
         ev_cols["device_free"].append(_bytes(ev.get("device_free"), f"{at}.device_free",
                                              None))
@@ -555,11 +585,11 @@ def _segments(data: dict[str, Any], intern: _Interner
         seg_cols["device"].append(dev)
         seg_cols["address"].append(seg_addr)
         seg_cols["total_size"].append(total)
-        seg_cols["stream"].append(_int(seg.get("stream"), f"{at}.stream", -_INT64, _INT64, 0))
+        seg_cols["stream"].append(_int(seg.get("stream"), f"{at}.stream", *STREAM_RANGE, 0))
         pool = seg.get("segment_pool_id")
         if isinstance(pool, (tuple, list)) and len(pool) == 2:
-            _int(pool[0], f"{at}.segment_pool_id[0]", -_INT64, _INT64)
-            _int(pool[1], f"{at}.segment_pool_id[1]", -_INT64, _INT64)
+            _int(pool[0], f"{at}.segment_pool_id[0]", *POOL_ID_RANGE)
+            _int(pool[1], f"{at}.segment_pool_id[1]", *POOL_ID_RANGE)
         seg_cols["pool"].append(pool_key(pool))
         seg_cols["segment_type"].append(_str(seg.get("segment_type"), f"{at}.segment_type",
                                              "", _MAX_NAME))
@@ -631,6 +661,7 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Captur
     if len(traces) > MAX_DEVICE:
         raise _Bad("device_traces", f"{len(traces):,} device traces (at most {MAX_DEVICE})")
     has_time = False
+    dropped_times = [0]
     traced: set[int] = set()
     for dev, trace in enumerate(traces):
         if not trace:
@@ -642,7 +673,8 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Captur
         for start in range(0, len(trace), TRACE_CHUNK):
             chunk = trace[start:start + TRACE_CHUNK]
             df = _events_fast(chunk, dev, start, intern)
-            parts.append(df if df is not None else _events_slow(chunk, dev, start, intern))
+            parts.append(df if df is not None
+                         else _events_slow(chunk, dev, start, intern, dropped_times))
             if consume:  # drop the decoded entries now: only the columns are needed
                 trace[start:start + len(chunk)] = [None] * len(chunk)
             del chunk
@@ -668,6 +700,15 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Captur
     else:
         events = pl.DataFrame(schema=EVENT_SCHEMA)
 
+    if dropped_times[0]:
+        n = dropped_times[0]
+        warnings.append(f"{n} trace entr{'y has' if n == 1 else 'ies have'} a time outside "
+                        f"±2**62 µs; {'its time was' if n == 1 else 'their times were'} ignored")
+    if intern.unknown_lines:
+        n = intern.unknown_lines
+        warnings.append(
+            f"{n} stack frame{'s' if n > 1 else ''} carr{'y' if n > 1 else 'ies'} no line number "
+            "(PyTorch writes an unknown line as 2**64-1 or -1); shown as line 0")
     settings = data.get("allocator_settings")
     overflowed = _flag(data.get("trace_alloc_overflowed")) or bool(
         isinstance(settings, dict) and _flag(settings.get("trace_alloc_overflowed"))
