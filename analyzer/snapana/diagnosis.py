@@ -33,7 +33,7 @@ from snapana.knobs import (
     working_set_families,
 )
 from snapana.model import Capture, Frame, StackTable
-from snapana.placement import round_request, segment_size_for, would_fit
+from snapana.placement import SpareTerms, round_request, segment_size_for, would_fit
 from snapana.replay import OVER_RESERVED, DeviceReplay, Moment
 from snapana.units import fmt_bytes
 
@@ -209,6 +209,8 @@ class WhatIf:
     #: (an engine's sleep mode), and whether the request's new segment would then fit.
     private_pool_reserved_bytes: int = 0
     fits_if_pool_released: bool | None = None
+    #: The terms `spare_bytes` is the sum of (placement.Fit.spare_terms), for the report.
+    spare_terms: SpareTerms = ()
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,8 @@ class Diagnosis:
     frameworks: tuple[str, ...]
     #: The failing request's family holds live copies from one loop (see `_accumulation`).
     accumulating: ChunkLoop | None = None
+    #: The request placed without exactly those copies (the rest of the family kept).
+    without_copies: WhatIf | None = None
     #: The cheapest family other than the first one whose removal also makes the request fit.
     alternative_family: str | None = None
     #: The knobs the verdict names for `excess_family` (for an accumulating family: the one
@@ -446,6 +450,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     excess = alternative = None
     excess_knob = alternative_knob = None
     accumulating: ChunkLoop | None = None
+    without_copies: WhatIf | None = None
     reloading = False
     lead: list[Knob] = []
     if oom is not None and dr.oom is not None:
@@ -480,8 +485,19 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
             what_ifs.append(WhatIf(
                 g.name, g.bytes, g.blocks, fit.fits, fit.spare_bytes, fit.how,
                 _removable(g.name, fw, rules), int(private["size"].sum()), pools, released,
-                segment_size_for(request) <= device_free + released if pools else None))
+                segment_size_for(request) <= device_free + released if pools else None,
+                fit.spare_terms))
         accumulating = _accumulation(state.groups, req_family, o.stack_id)
+        if accumulating is not None and req_family:
+            copies = held.filter((pl.col("family") == req_family)
+                                 & (pl.col("stack_id") == accumulating["stack_id"]))
+            fit = would_fit(request, device_free, segments,
+                            live.filter(~pl.col("address").is_in(copies["address"].implode())),
+                            stream=o.stream)
+            without_copies = WhatIf(req_family, int(copies["size"].sum()), copies.height,
+                                    fit.fits, fit.spare_bytes, fit.how,
+                                    _removable(req_family, fw, rules),
+                                    spare_terms=fit.spare_terms)
         stop = (stop_knob(req_family, fw, phase, rules, offload=not reloading)
                 if accumulating is not None and req_family else None)
         if accumulating is not None:
@@ -518,7 +534,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         excess_knob=excess_knob if prescribe else None,
         alternative_knob=alternative_knob if prescribe else None,
         knobs=tuple(knobs[:MAX_KNOBS]) if prescribe else (),
-        frameworks=tuple(frameworks), accumulating=accumulating,
+        frameworks=tuple(frameworks), accumulating=accumulating, without_copies=without_copies,
         alternative_family=alternative, reloading=reloading, headroom_bytes=headroom,
         prescribe=prescribe, history=history,
     )
@@ -617,8 +633,8 @@ def _causes(state: _State, request: int, device_free: int, capacity: int | None,
         # Natural signs: "short by" is request minus device free (the headline's figure);
         # what compaction of the request's pool would leave is short or spare, never negative.
         Cause("real_demand", not fits_if_compacted or not fragmentation, {
-            "requested_bytes": request, "device_free_bytes": device_free,
-            "short_by_bytes": max(0, request - device_free),
+            "requested_bytes": request, "rounded_request_bytes": rounded,
+            "device_free_bytes": device_free, "short_by_bytes": max(0, request - device_free),
             "allocated_bytes": state.allocated, "cached_unallocated_bytes": cached,
             "default_pool_free_bytes": usable_free,
             "short_after_compaction_bytes": max(0, rounded - device_free - usable_free),

@@ -180,9 +180,20 @@ def _what_if(d: Diagnosis, family: str | None) -> WhatIf | None:
     return next((w for w in d.what_ifs if w.family == family), None) if family else None
 
 
+def spare_sum(w: WhatIf) -> str:
+    """The spare as the sum it is ("device free 7.02 GiB + releasable cached 13.00 GiB −
+    new segment 13.00 GiB = 7.02 GiB"), every term from placement."""
+    text = ""
+    for i, (what, n, sign) in enumerate(w.spare_terms):
+        op = "− " if sign < 0 else ("+ " if i else "")
+        text += f"{' ' if i else ''}{op}{what} {fmt_bytes(n)}"
+    return f"{text} = {fmt_bytes(w.spare_bytes)}" if text else fmt_bytes(w.spare_bytes)
+
+
 def _fit_words(w: WhatIf) -> str:
     if w.fits:
-        return f"without it the request fits with {fmt_bytes(w.spare_bytes)} to spare"
+        return (f"without it the request fits with {fmt_bytes(w.spare_bytes)} to spare "
+                f"({spare_sum(w)})")
     return f"even without it the request is still short by {fmt_bytes(-(w.spare_bytes or 0))}"
 
 
@@ -273,8 +284,9 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
             named.add(stop.id)
         else:
             sentence += ": no knob of a framework in use stops it"
-        if first is not None and first.fits is not None:
-            sentence += "; " + _fit_words(first).replace("without it", "without those copies")
+        copies = d.without_copies
+        if copies is not None and copies.fits is not None:
+            sentence += "; " + _fit_words(copies).replace("without it", "without those copies")
         parts.append(sentence + ".")
     elif first is not None and d.excess_family:
         note = group_note(next(g for g in r.groups if g.name == first.family))
@@ -391,7 +403,7 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
             result = (f"peak lower by {fmt_bytes(w.bytes)}" if d.history else
                       f"{fmt_bytes(w.bytes)} less at the snapshot")
         elif w.fits:
-            result = f"fits ({w.how}), {fmt_bytes(w.spare_bytes)} to spare"
+            result = f"fits ({w.how}), {fmt_bytes(w.spare_bytes)} to spare: {spare_sum(w)}"
         else:
             result = f"still short by {fmt_bytes(-(w.spare_bytes or 0))}"
         if w.private_pool_bytes and w.fits is not None:
@@ -421,8 +433,11 @@ def _cause_reason(c: Cause, r: DeviceReport) -> str:
         if c.holds:
             frag = r.diagnosis.cause("fragmentation")
             share = float(frag.numbers["cached_share"]) if frag else 0.0
-            return (f"{head}; the {b('default_pool_free_bytes')} cached free in its pool would "
-                    f"cover it ({b('spare_after_compaction_bytes')} to spare), but that is "
+            return (f"{head}; with the {b('default_pool_free_bytes')} cached free in its pool "
+                    f"it would fit (device free {b('device_free_bytes')} + cached free "
+                    f"{b('default_pool_free_bytes')} − request "
+                    f"{b('rounded_request_bytes')} = "
+                    f"{b('spare_after_compaction_bytes')} to spare), but that is "
                     f"{_pct(share)} of reserved: the memory is in use, not stranded")
         return f"{head}, yet enough is cached free: see fragmentation"
     if c.id == "fragmentation":
