@@ -113,6 +113,15 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
         "reloading": d.reloading,
         "headroom_bytes": d.headroom_bytes,
         "prescribe": d.prescribe,
+        "empty": d.empty,
+        "large_cache": d.large_cache,
+        "workload": d.workload,
+        "knob_families": list(d.knob_families),
+        "shortfall_bytes": d.shortfall_bytes,
+        "without_copies": None if d.without_copies is None else {
+            "bytes": d.without_copies.bytes, "blocks": d.without_copies.blocks,
+            "fits": d.without_copies.fits, "spare_bytes": d.without_copies.spare_bytes,
+            "spare_terms": [list(t) for t in d.without_copies.spare_terms]},
         "what_ifs": [{"family": w.family, "bytes": w.bytes, "blocks": w.blocks,
                       "fits": w.fits, "spare_bytes": w.spare_bytes,
                       "short_bytes": None if w.fits is None or w.fits else -(w.spare_bytes or 0),
@@ -121,12 +130,13 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
                       "private_pools": list(w.private_pools),
                       "private_pool_reserved_bytes": w.private_pool_reserved_bytes,
                       "fits_if_pool_released": w.fits_if_pool_released,
+                      "spare_terms": [list(t) for t in w.spare_terms],
                       "result": row[2], "can_go": row[3]}
                      for w, row in zip(d.what_ifs, view.what_ifs, strict=True)],
         "knobs": [{"id": k.id, "framework": k.framework, "knob": k.knob,
                    "families": list(k.families), "causes": list(k.causes),
                    "direction": k.direction, "cost": k.cost, "effect": k.effect,
-                   "caveat": k.caveat}
+                   "caveat": k.caveat, "workload": k.workload}
                   for k in d.knobs],
         "frameworks": list(d.frameworks),
     }

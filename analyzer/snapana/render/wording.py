@@ -338,6 +338,9 @@ def verdict(r: DeviceReport) -> str:
     d = r.diagnosis
     parts: list[str] = []
     named: set[str] = set()
+    if d.empty:
+        return (f"{device_text(r)} holds nothing {moment_text(r).removeprefix('at ')}: "
+                "0 B allocated, 0 B reserved. There is nothing on this device to diagnose.")
     if d.kind == "oom" and r.oom is not None:
         named = _oom_verdict(r, parts)
     elif not d.history and r.at is None:
@@ -345,16 +348,26 @@ def verdict(r: DeviceReport) -> str:
         state = f"{fmt_bytes(r.allocated_bytes)} allocated in {blocks} blocks"
         if r.reserved_known:
             state += f", {fmt_bytes(r.reserved_bytes)} reserved"
-        parts.append(
-            "No allocation history was recorded: this snapshot holds only the final state, so "
-            "there is no OOM, peak or timeline to show, and no block can be tied to the phase "
-            f"that made it. At the snapshot: {state}.")
+        if r.n_events and any(s.stack for s in r.top_sites):
+            n = r.n_events
+            parts.append(
+                "History recording was on (the blocks carry the stacks that allocated them), "
+                f"but the trace kept only {n} entr{'y' if n == 1 else 'ies'} and no "
+                "allocation, so there is no OOM, peak or timeline to show, and no block can be "
+                f"tied to the phase that made it. At the snapshot: {state}.")
+        else:
+            parts.append(
+                "No allocation history was recorded: this snapshot holds only the final state, "
+                "so there is no OOM, peak or timeline to show, and no block can be tied to the "
+                f"phase that made it. At the snapshot: {state}.")
         if r.groups:
             framed = any(g.name != "unknown" for g in r.groups)
             parts.append(f"Largest: {_top(r)}" + (
                 " (families from the blocks' own frames)." if framed else
                 " (no frames: sites cannot be named)."))
-        parts.append(f"To see how memory got here, record history next time: {RECORD_HISTORY}.")
+        parts.append(f"To see how memory got here, record history next time: {RECORD_HISTORY}"
+                     + (" (with max_entries large enough to hold the step)." if r.n_events
+                        else "."))
     else:
         where = ("the high-water mark" if r.source in HOST_SOURCES else
                  "the peak" if d.kind == "peak" else "the snapshot")
@@ -372,6 +385,8 @@ def verdict(r: DeviceReport) -> str:
             f"Far from capacity: {fmt_bytes(used)} {what} of {fmt_bytes(d.capacity_bytes)}"
             f" ({_pct(used / d.capacity_bytes)}), {fmt_bytes(d.headroom_bytes)} of "
             "headroom: nothing needs to shrink.")
+    if d.large_cache and not is_host(r):
+        parts.append(_cache_words(r))
     if d.knobs and d.knobs[0].id not in named:
         k = d.knobs[0]
         lead = ("Knob" if d.kind == "oom" and r.oom is not None else
@@ -383,6 +398,21 @@ def verdict(r: DeviceReport) -> str:
     return " ".join(parts)
 
 
+def _cache_words(r: DeviceReport) -> str:
+    """A large cache, said with what acts on it (the knobs on it the diagnosis offers)."""
+    d = r.diagnosis
+    share = r.cached_unallocated_bytes / r.reserved_bytes
+    text = (f"The cache is large: {fmt_bytes(r.cached_unallocated_bytes)} of the "
+            f"{fmt_bytes(r.reserved_bytes)} PyTorch reserved ({_pct(share)}) is cached but "
+            "unallocated")
+    if d.capacity_bytes and r.reserved_bytes >= 0.9 * d.capacity_bytes:
+        text += f", with the device near its {fmt_bytes(d.capacity_bytes)} capacity"
+    knobs = [k.knob for k in d.knobs if "large_cache" in k.causes]
+    if knobs:
+        text += "; acting on it: " + "; ".join(knobs) + " (caveats in the knob list)"
+    return text + "."
+
+
 KNOB_COLUMNS = ("knob", "cost", "acts on", "effect", "caveat")
 
 
@@ -392,7 +422,8 @@ def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str]]:
             for k in r.diagnosis.knobs]
 
 
-_CAN_GO = {"yes": "yes", "offload": "by offloading", "shrink": "only shrink (op in flight)"}
+_CAN_GO = {"yes": "yes", "offload": "by offloading", "shrink": "only shrink (op in flight)",
+           "unknown": "not known (what it is is not known)"}
 
 
 def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
@@ -408,7 +439,7 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
             result = f"still short by {fmt_bytes(-(w.spare_bytes or 0))}"
         if w.private_pool_bytes and w.fits is not None:
             result += f" — {_pool_words(w)}"
-        can_go = _CAN_GO.get(w.removable, "no" if w.family == "unknown" else "no (model state)")
+        can_go = _CAN_GO.get(w.removable, "no (model state)")
         if w.removable == "offload" and d.reloading:
             can_go = "by offloading (not offered: the OOM is in the reload)"
         rows.append((w.family, fmt_bytes(w.bytes), result, can_go))
