@@ -130,6 +130,9 @@ class Group:
     sites: tuple[GroupSite, ...] = ()
     chunks: tuple[ChunkLoop, ...] = ()
     inferred_bytes: int = 0  # of `bytes`, decided without a stack rule (evidence "inferred")
+    #: Of `bytes`, how much each kind of evidence decided (inventory / frames / inferred /
+    #: unknown), the most first.
+    evidence: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -794,8 +797,12 @@ def _groups(held: pl.DataFrame) -> tuple[Group, ...]:
             for site, b, n, label, rule_id in sub.iter_rows()
         )
         chunks = _loops(str(name), mine)
+        evidence = () if "evidence" not in mine.columns else tuple(
+            (str(e), int(b)) for e, b in mine.group_by("evidence").agg(pl.col("size").sum())
+            .sort(["size", "evidence"], descending=[True, False]).iter_rows())
         groups.append(Group(str(name), int(nbytes), int(blocks), label=family_label(name),
-                            sites=sites, chunks=chunks, inferred_bytes=int(inferred_bytes or 0)))
+                            sites=sites, chunks=chunks, inferred_bytes=int(inferred_bytes or 0),
+                            evidence=evidence))
     return tuple(groups)
 
 

@@ -28,6 +28,16 @@ def capture(view: CaptureView, options: Options) -> str:
     data: dict[str, Any] = {}
     if view.ranks is not None:
         data.update(ranks_dict(view.ranks))
+    if view.device_rows:
+        gpus = [d.report for d in view.devices if not d.host]
+        data["device_table"] = {
+            "columns": list(view.device_columns), "rows": [list(r) for r in view.device_rows],
+            "note": view.device_note,
+            "devices": [{"device": r.device, "peak_allocated_bytes": r.peak_allocated_bytes,
+                         "oom_requested_bytes": r.oom.requested_bytes if r.oom else None,
+                         "top_family": r.groups[0].name if r.groups else None,
+                         "top_family_bytes": r.groups[0].bytes if r.groups else 0}
+                        for r in gpus]}
     data["devices"] = [device_dict(d) for d in view.devices]
     return _dump(data)
 

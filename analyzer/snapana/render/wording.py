@@ -339,8 +339,8 @@ def verdict(r: DeviceReport) -> str:
     parts: list[str] = []
     named: set[str] = set()
     if d.empty:
-        return (f"{device_text(r)} holds nothing {moment_text(r).removeprefix('at ')}: "
-                "0 B allocated, 0 B reserved. There is nothing on this device to diagnose.")
+        return (f"{device_text(r)} holds nothing {moment_text(r)}: 0 B allocated, 0 B "
+                "reserved. There is nothing on this device to diagnose.")
     if d.kind == "oom" and r.oom is not None:
         named = _oom_verdict(r, parts)
     elif not d.history and r.at is None:
@@ -423,7 +423,7 @@ def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str]]:
 
 
 _CAN_GO = {"yes": "yes", "offload": "by offloading", "shrink": "only shrink (op in flight)",
-           "unknown": "not known (what it is is not known)"}
+           "unknown": "not known"}
 
 
 def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
@@ -515,6 +515,52 @@ def cause_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
             reason += f" ({EXPANDABLE_RULE})"
         rows.append((CAUSE_NAMES.get(c.id, c.id), status, reason))
     return rows
+
+
+# ----- the devices of one process ----------------------------------------------------------
+
+DEVICE_COLUMNS = ("device", "shown at", "peak allocated", "OOM", "top family")
+#: Peaks further apart than this factor are called uneven.
+SKEW_FACTOR = 1.5
+
+
+def _family_bytes(r: DeviceReport, family: str) -> int:
+    return next((g.bytes for g in r.groups if g.name == family), 0)
+
+
+def device_rows(reports: list[DeviceReport]) -> list[tuple[str, str, str, str, str]]:
+    """A row per GPU of one process: its peak, its OOM and the family holding most."""
+    return [(device_text(r), _MOMENT_NAMES.get(r.moment.kind, f"event {r.moment.idx}"),
+             fmt_bytes(r.peak_allocated_bytes),
+             f"yes, {fmt_bytes(r.oom.requested_bytes)} request" if r.oom is not None else "no",
+             f"{r.groups[0].name} {fmt_bytes(r.groups[0].bytes)}" if r.groups else "-")
+            for r in reports]
+
+
+def skew_text(reports: list[DeviceReport]) -> str:
+    """How far apart the devices' peaks are, and what an uneven spread implies."""
+    hi = max(reports, key=lambda r: r.peak_allocated_bytes)
+    lo = min(reports, key=lambda r: r.peak_allocated_bytes)
+    if hi.peak_allocated_bytes <= SKEW_FACTOR * lo.peak_allocated_bytes:
+        return (f"The {len(reports)} devices peak alike ({fmt_bytes(lo.peak_allocated_bytes)}"
+                f" to {fmt_bytes(hi.peak_allocated_bytes)}).")
+    others = ", ".join(f"{device_text(r)} at {fmt_bytes(r.peak_allocated_bytes)}"
+                       for r in sorted(reports, key=lambda r: -r.peak_allocated_bytes)
+                       if r is not hi)
+    ran_out = " and ran out of memory" if hi.oom is not None else ""
+    ratio = (f"{hi.peak_allocated_bytes / lo.peak_allocated_bytes:.1f}× the smallest"
+             if lo.peak_allocated_bytes else "the smallest holds nothing")
+    text = (f"Uneven: {device_text(hi)} peaked at {fmt_bytes(hi.peak_allocated_bytes)}"
+            f"{ran_out} while {others} ({ratio}).")
+    if hi.groups:
+        top = hi.groups[0].name
+        text += (f" Devices holding replicas of one model (nn.DataParallel, data parallel) "
+                 f"should peak alike, so look at what {device_text(hi)} holds beyond the "
+                 f"others: {top} {fmt_bytes(hi.groups[0].bytes)} there, "
+                 f"{fmt_bytes(_family_bytes(lo, top))} on {device_text(lo)}; if the model is "
+                 f"split across them (pipeline or manual placement), moving layers off "
+                 f"{device_text(hi)} evens them out.")
+    return text
 
 
 # ----- a diff ------------------------------------------------------------------------------
@@ -736,3 +782,15 @@ def inferred_note(g: Group) -> str:
     if g.inferred_bytes == g.bytes:
         return "all inferred"
     return f"{fmt_bytes(g.inferred_bytes)} inferred"
+
+
+_EVIDENCE_WORDS = {"inventory": "named tensor (sidecar)", "frames": "stack frames (a rule)",
+                   "inferred": "inferred", "unknown": "none: no rule decided it"}
+
+
+def evidence_note(g: Group) -> str:
+    """What decided the family's bytes: "stack frames (a rule)" when one kind did it all,
+    else each kind with its bytes ("stack frames (a rule) 3.10 GiB, inferred 1.00 GiB")."""
+    if len(g.evidence) == 1:
+        return _EVIDENCE_WORDS.get(g.evidence[0][0], g.evidence[0][0])
+    return ", ".join(f"{_EVIDENCE_WORDS.get(e, e)} {fmt_bytes(b)}" for e, b in g.evidence)
