@@ -387,6 +387,9 @@ def verdict(r: DeviceReport) -> str:
             "headroom: nothing needs to shrink.")
     if d.large_cache and not is_host(r):
         parts.append(_cache_words(r))
+    if d.workload == "inference" and any(k.workload == "inference" for k in d.knobs):
+        parts.append("No backward was recorded (no gradients, optimizer state or backward "
+                     "phase), so the knobs are those for inference.")
     if d.knobs and d.knobs[0].id not in named:
         k = d.knobs[0]
         lead = ("Knob" if d.kind == "oom" and r.oom is not None else
