@@ -553,6 +553,11 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         alternative, alternative_knob = _excess([w for w in what_ifs if w.family != excess],
                                                 fw, phase, rules, not reloading,
                                                 avoid=excess_knob, workload=workload)
+        if accumulating is not None and _cheaper(alternative_knob, excess_knob):
+            # a sufficient fix that costs less (last step's gradients freed before this
+            # forward, at no cost) comes before stopping the accumulation (recompute)
+            excess, excess_knob, alternative, alternative_knob = (
+                alternative, alternative_knob, excess, excess_knob)
         lead = [k for k in (excess_knob, alternative_knob) if k is not None]
         what_ifs.sort(key=lambda w: (w.family != excess, w.family != alternative))
     else:
@@ -596,6 +601,12 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         large_cache=cached,
     )
     return diagnosis, warnings
+
+
+def _cheaper(k: Knob | None, than: Knob | None) -> bool:
+    """Knob `k` is of a cheaper cost class than `than` (free before extra compute, ...; see
+    `knobs.preference`), or `than` is none: `k` should be named first."""
+    return k is not None and (than is None or preference(k)[2] < preference(than)[2])
 
 
 def large_cache(reserved: int, cached_unallocated: int) -> bool:

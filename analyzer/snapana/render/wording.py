@@ -275,7 +275,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
         parts.append(f"{fmt_bytes(int(pool.numbers['private_pool_free_bytes']))} sits free "
                      "in private pools the request cannot use.")
     acc, first = d.accumulating, _what_if(d, d.excess_family)
-    if acc is not None and d.excess_family:
+    if acc is not None and d.excess_family and d.excess_family == d.request_family:
         stop = d.excess_knob
         sentence = (f"The failing request's own family, {d.excess_family}, already holds "
                     f"{repeat_text(acc)} live from one site ({acc['site']})")
