@@ -298,22 +298,26 @@ FORWARD = [("/job/model.py", 54, "forward"),
            ("/job/train.py", 30, "main")]
 
 
+def _forward_oom(tmp_path, grads: bool):
+    """A forward that runs out of memory after parameters (and last step's gradients)."""
+    sim = CachingAllocatorSim(capacity=(2048 + 2048 * grads + 6 * 512 + 512) * MiB)
+    for stack, family, n in ((PARAMS, "parameters", 4), (GRADS, "gradients", 4 * grads),
+                             (FORWARD, "saved_activations", 6)):
+        for _ in range(n):
+            sim.malloc(512 * MiB, stack, family=family)
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(1024 * MiB, FORWARD, family="saved_activations")
+    path = tmp_path / "forward.pickle"
+    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
+    (r,) = analyse(load(path))
+    return r
+
+
 def test_gradients_held_through_the_forward_are_freed_before_it(tmp_path) -> None:
     """A forward OOM while last step's gradients are still live: they can go (zero_grad
     before the forward frees them, at no cost), and that is the verdict's knob rather than
     recomputing activations."""
-    sim = CachingAllocatorSim(capacity=2048 * MiB + 2048 * MiB + 6 * 512 * MiB + 512 * MiB)
-    for _ in range(4):
-        sim.malloc(512 * MiB, PARAMS, family="parameters")
-    for _ in range(4):
-        sim.malloc(512 * MiB, GRADS, family="gradients")
-    for _ in range(6):
-        sim.malloc(512 * MiB, FORWARD, family="saved_activations")
-    with pytest.raises(SimulatedOOM):
-        sim.malloc(1024 * MiB, FORWARD, family="saved_activations")
-    path = tmp_path / "grads.pickle"
-    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
-    (r,) = analyse(load(path))
+    r = _forward_oom(tmp_path, grads=True)
     d = r.diagnosis
     assert d.workload == "training" and d.phase == "forward"
     grads = next(w for w in d.what_ifs if w.family == "gradients")
@@ -326,16 +330,7 @@ def test_gradients_held_through_the_forward_are_freed_before_it(tmp_path) -> Non
 def test_a_forward_without_a_backward_gets_inference_knobs(tmp_path) -> None:
     """No gradient, optimizer state or backward anywhere: the knobs are inference's
     (inference_mode), never activation checkpointing or gradient accumulation."""
-    sim = CachingAllocatorSim(capacity=2048 * MiB + 6 * 512 * MiB + 512 * MiB)
-    for _ in range(4):
-        sim.malloc(512 * MiB, PARAMS, family="parameters")
-    for _ in range(6):
-        sim.malloc(512 * MiB, FORWARD, family="saved_activations")
-    with pytest.raises(SimulatedOOM):
-        sim.malloc(1024 * MiB, FORWARD, family="saved_activations")
-    path = tmp_path / "infer.pickle"
-    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
-    (r,) = analyse(load(path))
+    r = _forward_oom(tmp_path, grads=False)
     d = r.diagnosis
     assert d.workload == "inference"
     ids = [k.id for k in d.knobs]
