@@ -419,3 +419,20 @@ def test_an_optimizer_step_peak_leads_with_optimizer_state_and_its_knob() -> Non
     assert "optimizer_state" in d["knobs"][0]["families"]
     assert d["verdict"].index("optimizer_state") < d["verdict"].index(d["knobs"][0]["knob"])
     assert not any(k["id"] == "torch.activation_checkpointing" for k in d["knobs"])
+
+
+def test_one_palette_every_report(formats) -> None:
+    """A family has one colour in every report (the treemap, the legend under it): the same
+    colour whatever else the capture holds, so gradients never change colour between reports
+    or against a diff."""
+    from snapana.render.views import family_colour
+
+    page = formats["html"]
+    for key, figure in re.findall(r'id="data-families-(\d+)">(.*?)</script>', page, flags=re.S):
+        trace = json.loads(figure.replace("<\\/", "</"))["data"][0]
+        for ident, colour in zip(trace["ids"], trace["marker"]["colors"], strict=True):
+            if ident.count(":") >= 1:
+                assert colour == family_colour(ident.split(":")[1]), (key, ident, colour)
+    for colour, name in re.findall(r'<span class="swatch" style="background:(#[0-9a-f]{6})">'
+                                   r'</span><code>([^<]+)</code>', page):
+        assert colour == family_colour(name), (name, colour)
