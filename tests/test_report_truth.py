@@ -436,3 +436,18 @@ def test_one_palette_every_report(formats) -> None:
     for colour, name in re.findall(r'<span class="swatch" style="background:(#[0-9a-f]{6})">'
                                    r'</span><code>([^<]+)</code>', page):
         assert colour == family_colour(name), (name, colour)
+
+
+def test_a_trace_that_kept_too_little_is_not_called_no_history(formats) -> None:
+    """Blocks that carry their stacks were recorded with history on: a trace holding a few
+    entries but no allocation is said to have kept too little, not to have recorded none."""
+    for dev in formats["json"]["devices"]:
+        verdict = dev["diagnosis"]["verdict"]
+        if dev["history"] or dev["diagnosis"]["empty"] or dev["moment"]["asked_for"]:
+            continue
+        framed = any(not s["site"].startswith("<") for g in dev["groups"] for s in g["sites"])
+        if dev["events"] and framed:
+            assert "History recording was on" in verdict
+            assert "No allocation history was recorded" not in verdict
+        else:
+            assert "No allocation history was recorded" in verdict
