@@ -72,15 +72,25 @@ def _check(path: Path) -> None:
     assert sum(b.size for b in held) <= int(through["size"].sum())
     for b in held:
         assert len(b.events) == 1 and b.top[0] - b.base[0] == b.size
-    # the largest are drawn: nothing summed into `other` that changes in the window is
-    # larger than the smallest drawn
+    # the verdict's families are drawn first, then the largest: nothing summed into `other`
+    # that changes in the window is of a named family (while there is room), or larger than
+    # the smallest drawn of the others
+    d = a.device_report.diagnosis
+    named = {f for f in (d.excess_family, d.request_family) if f}
     if other and drawn:
         shown = {(b.address, b.alloc_idx) for b in drawn}
+        lives = a.device_report.timeline.families.lifetimes
+        fam = dict(zip(zip(lives["address"], lives["alloc_idx"], strict=True),
+                       lives["family"], strict=True))
         moving = lt.filter(~((pl.col("alloc_idx") <= av.start)
                              & (pl.col("free_req_idx") > av.end)))
-        rest = [s for ad, al, s in moving.select("address", "alloc_idx", "size").iter_rows()
+        rest = [(s, fam[(ad, al)]) for ad, al, s in
+                moving.select("address", "alloc_idx", "size").iter_rows()
                 if (ad, al) not in shown]
-        assert max(rest, default=0) <= min(b.size for b in drawn)
+        unnamed = [b.size for b in drawn if b.family not in named]
+        if unnamed:
+            assert not [f for _, f in rest if f in named]
+            assert max((s for s, _ in rest), default=0) <= min(unnamed)
     # after every event the bands tile 0..allocated: the top edge is allocated bytes
     for i in range(av.start, av.end + 1):
         spans = sorted(s for b in av.bands if (s := _span(b, i)) is not None)
@@ -122,6 +132,21 @@ def test_fewer_bands_when_the_points_would_be_too_many() -> None:
     assert small.points("allocation") <= 200 < full.points("allocation")
     assert small.count("allocation") < full.count("allocation")
     assert small.count("other") > full.count("other")
+
+
+def test_the_verdicts_family_has_bands_of_its_own() -> None:
+    """S1 #3: the 7 saved softmax chunks the verdict names are drawn, never in `other`,
+    though 60 larger allocations live in the window."""
+    a = snapana.load(CHUNKED)
+    d = a.device_report.diagnosis
+    av = a._device_view.allocations
+    assert d.excess_family == "saved_logprob_softmax" and d.accumulating is not None
+    mine = [b for b in av.bands if b.family == "saved_logprob_softmax"]
+    live = [b for b in mine if b.end > av.end]  # live at the OOM
+    assert len(live) == d.accumulating["count"]
+    assert all(b.size == d.accumulating["chunk_size"] for b in live)
+    other = next(b for b in av.bands if b.kind == "other")
+    assert "saved_logprob_softmax" not in other.detail
 
 
 def test_figure_draws_the_bands() -> None:

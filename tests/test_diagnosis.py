@@ -286,3 +286,54 @@ def test_pending_free_blocks_are_not_cached_and_the_figures_add_up():
                                 + r.cached_unallocated_bytes)
     assert sum(p.free_bytes for p in r.pools) == r.cached_unallocated_bytes
     assert not any("inconsistent" in w for w in r.warnings)
+
+
+# ----- last step's gradients held through this forward ----------------------------------------
+GRADS = [(f"{SITE}/torch/autograd/graph.py", 768, "_engine_run_backward"),
+         (f"{SITE}/torch/autograd/__init__.py", 347, "backward"),
+         (f"{SITE}/torch/_tensor.py", 581, "backward"), ("/job/train.py", 50, "main")]
+PARAMS = [(f"{SITE}/torch/nn/modules/module.py", 1174, "to"), ("/job/train.py", 12, "main")]
+FORWARD = [("/job/model.py", 54, "forward"),
+           (f"{SITE}/torch/nn/modules/module.py", 1790, "_call_impl"),
+           ("/job/train.py", 30, "main")]
+
+
+def _forward_oom(tmp_path, grads: bool):
+    """A forward that runs out of memory after parameters (and last step's gradients)."""
+    sim = CachingAllocatorSim(capacity=(2048 + 2048 * grads + 6 * 512 + 512) * MiB)
+    for stack, family, n in ((PARAMS, "parameters", 4), (GRADS, "gradients", 4 * grads),
+                             (FORWARD, "saved_activations", 6)):
+        for _ in range(n):
+            sim.malloc(512 * MiB, stack, family=family)
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(1024 * MiB, FORWARD, family="saved_activations")
+    path = tmp_path / "forward.pickle"
+    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
+    (r,) = analyse(load(path))
+    return r
+
+
+def test_gradients_held_through_the_forward_are_freed_before_it(tmp_path) -> None:
+    """A forward OOM while last step's gradients are still live: they can go (zero_grad
+    before the forward frees them, at no cost), and that is the verdict's knob rather than
+    recomputing activations."""
+    r = _forward_oom(tmp_path, grads=True)
+    d = r.diagnosis
+    assert d.workload == "training" and d.phase == "forward"
+    grads = next(w for w in d.what_ifs if w.family == "gradients")
+    assert grads.removable == "yes" and grads.fits
+    assert d.excess_family == "gradients"
+    assert d.knobs[0].id == "torch.zero_grad_before_forward"
+    assert "zero_grad(set_to_none=True)" in verdict(r)
+
+
+def test_a_forward_without_a_backward_gets_inference_knobs(tmp_path) -> None:
+    """No gradient, optimizer state or backward anywhere: the knobs are inference's
+    (inference_mode), never activation checkpointing or gradient accumulation."""
+    r = _forward_oom(tmp_path, grads=False)
+    d = r.diagnosis
+    assert d.workload == "inference"
+    ids = [k.id for k in d.knobs]
+    assert ids[0] == "torch.inference_mode"
+    assert "torch.activation_checkpointing" not in ids and "torch.micro_batch" not in ids
+    assert "No backward was recorded" in verdict(r)

@@ -9,6 +9,7 @@ from snapana.knobs import (
     can_release,
     framework_markers,
     frameworks_in,
+    frees_in_phase,
     knobs_for,
     load_knobs,
     transient_families,
@@ -77,8 +78,29 @@ def test_knobs_for_ranks_the_frameworks_own_knob_first() -> None:
     assert "slime.log_probs_max_tokens_per_gpu" not in ids
     ids = {k.id for k in knobs_for(["logits"], [], {"slime"}, "logprobs")}
     assert "slime.log_probs_max_tokens_per_gpu" in ids
-    assert can_release("optimizer_state", {"megatron"})
-    assert not can_release("optimizer_state", {"slime"})
+    assert can_release("main_params_fp32", {"megatron"})
+    assert not can_release("main_params_fp32", {"slime"})
+    # plain PyTorch offloads optimizer state (FSDP CPUOffload), for a training capture only
+    assert can_release("optimizer_state", set(), workload="training")
+    assert not can_release("optimizer_state", set(), workload="inference")
+
+
+def test_knobs_follow_the_workload() -> None:
+    """Training knobs (checkpointing, optimizer) are not offered to a capture without a
+    backward; inference knobs (inference_mode, KV cache size) only to one."""
+    train = {k.id for k in knobs_for(["saved_activations", "optimizer_state", "kv_cache"], [],
+                                     set(), "forward", workload="training")}
+    infer = {k.id for k in knobs_for(["saved_activations", "optimizer_state", "kv_cache"], [],
+                                     set(), "forward", workload="inference")}
+    assert "torch.activation_checkpointing" in train and "torch.optimizer_8bit" in train
+    assert "torch.inference_mode" not in train and "torch.kv_cache_size" not in train
+    assert "torch.inference_mode" in infer and "torch.kv_cache_size" in infer
+    assert not {k.id for k in load_knobs() if k.workload == "training"} & infer
+    # gradients held through the forward: freeing them before it is the knob, not offload
+    assert frees_in_phase("gradients", "forward", set(), workload="training")
+    assert not frees_in_phase("gradients", "backward", set(), workload="training")
+    cache = {k.id for k in knobs_for([], ["large_cache"], set(), "forward")}
+    assert {"torch.expandable_segments", "torch.gc_threshold", "torch.empty_cache"} <= cache
 
 
 USER_PACK = """
@@ -151,7 +173,10 @@ def test_stop_and_best_knobs_follow_direction_then_cost() -> None:
     assert best_knob("saved_activations", set(), "forward").framework in ("pytorch", "any")
     # no framework detected: the framework-neutral one (checkpoint the loss yourself)
     assert stop_knob("saved_logprob_softmax", set(), "forward").id == "torch.checkpoint_loss"
-    assert stop_knob("kv_cache", set(), "rollout") is None
+    # a KV cache in a training job is an engine's: no neutral knob; in an inference job its size
+    assert stop_knob("kv_cache", set(), "rollout", workload="training") is None
+    assert stop_knob("kv_cache", set(), "rollout", workload="inference").id == \
+        "torch.kv_cache_size"
 
 
 def test_verl_has_its_own_knobs_and_no_other_frameworks_spelling() -> None:

@@ -11,7 +11,15 @@ walked, and
 - "allocated" is one figure (headline, groups, JSON), the peak is never below it, and a
   capture without history has its peak at the snapshot;
 - text wraps at 80 columns instead of cutting (no line is longer unless it is one word), and
-  markdown shows no raw `<…>`.
+  markdown shows no raw `<…>`;
+- every spare is possible: at most device free + cached free + what the what-if frees − the
+  request, and at most capacity − request; every printed sum ("a + b − c = s") adds up;
+- every knob acts on a family meeting the share rule (no OOM: 10% of allocated) or the
+  shortfall rule (OOM: the request's family, a family whose removal fits it, or families that
+  together hold the shortfall), or on a cause that holds; no training knob (per the packs'
+  own data) without a backward, and a capture holding a training-only family is training;
+- a cache over 20% of reserved is said in the verdict; an empty device gets no verdict; the
+  GPUs of one process get a device table in every format.
 """
 
 from __future__ import annotations
@@ -24,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 from snapana.errors import SnapanaError
 from snapana.render import Options, render
 from snapana.render.views import capture_view
 from snapana.session import analyse, open_capture
 from snapana.units import fmt_bytes, parse_bytes
 
-from .conftest import SAMPLES, corpus_files
+from .conftest import SAMPLES, SNAPSHOTS, corpus_files, raw_load
 
 WIDTH = 80
 SIZE = r"\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)"
@@ -147,14 +156,15 @@ def test_no_negative_byte_figure(formats) -> None:
 
 
 def _text_sections(text: str) -> list[str]:
-    return [s for s in re.split(r"^── ", text, flags=re.M) if s.strip()]
+    """Each device's section (what comes before the first: the rank or device table)."""
+    return [s for s in re.split(r"^── ", text, flags=re.M)[1:] if s.strip()]
 
 
 def test_verdict_first_what_if_and_knobs_agree_across_formats(formats) -> None:
     data, text, md, page = (formats["json"], formats["text"], formats["markdown"],
                             formats["html"])
     sections = _text_sections(text)
-    md_sections = [s for s in md.split("### Memory on ") if s.strip()]
+    md_sections = [s for s in md.split("### Memory on ")[1:] if s.strip()]
     html_sections = page.split('<section class="device"')[1:]
     assert len(sections) == len(md_sections) == len(html_sections) == len(data["devices"])
     for dev, txt, mds, hts in zip(data["devices"], sections, md_sections, html_sections,
@@ -207,7 +217,8 @@ def test_one_definition_of_allocated(formats) -> None:
         if not dev["history"]:
             assert dev["peak_allocated_bytes"] == dev["allocated_bytes"]
             assert "peak allocated" not in rows
-            assert "record history next time" in dev["diagnosis"]["verdict"]
+            if not dev["diagnosis"]["empty"]:
+                assert "record history next time" in dev["diagnosis"]["verdict"]
         if dev["pending_free_bytes"]:
             assert rows.get("pending free (freed, waiting on a stream)") == \
                 fmt_bytes(dev["pending_free_bytes"])
@@ -237,3 +248,212 @@ def test_sources_show_what_they_have(formats) -> None:
             assert 'data-figure="timeline"' not in section
     hosts = [d["host"] for d in formats["json"]["devices"]]
     assert hosts == sorted(hosts)  # host sections after the GPU ones
+
+
+# ----- verdicts that are physically possible and proportionate ------------------------------
+
+PACKS = Path(__file__).resolve().parent.parent / "analyzer" / "snapana" / "attribution" / "packs"
+KNOB_SHARE = 0.10  # without an OOM, a knob's family holds at least this share of allocated
+LARGE_CACHE = 0.20  # a cache over this share of reserved is said
+SUM = re.compile(rf"((?:(?:[+−] )?[a-z][a-z ]*? {SIZE} )+)= ({SIZE})")
+TERM = re.compile(rf"(?:([+−]) )?[a-z][a-z ]*? ({SIZE})")
+
+
+@cache
+def _pack_data() -> tuple[dict[str, str], frozenset[str]]:
+    """Each knob's workload and the training-only families, read from the packs' TOML."""
+    workload = {}
+    for path in PACKS.glob("*.toml"):
+        data = tomllib.loads(path.read_text())
+        workload.update({k["id"]: k.get("workload", "") for k in data.get("knob", [])})
+    vocab = tomllib.loads((PACKS / "vocabulary.toml").read_text())
+    return workload, frozenset(f["id"] for f in vocab["family"]
+                               if f.get("workload") == "training")
+
+
+def _gpu(dev: dict[str, Any]) -> bool:
+    return not dev["host"] and dev["device"] >= 0
+
+
+def test_every_spare_is_possible_and_every_printed_sum_adds_up(formats) -> None:
+    for dev in formats["json"]["devices"]:
+        d, oom = dev["diagnosis"], dev["oom"]
+        if oom is None or oom["device_free_bytes"] is None:
+            continue
+        request, free = oom["requested_bytes"], oom["device_free_bytes"]
+        cached = dev["cached_unallocated_bytes"] or 0
+        checked = [(w, w["bytes"]) for w in d["what_ifs"]]
+        if d["without_copies"] is not None:
+            checked.append((d["without_copies"], d["without_copies"]["bytes"]))
+        for w, freed in checked:
+            if w["fits"] is None:
+                continue
+            spare = w["spare_bytes"]
+            assert spare <= free + cached + freed - request, (w, free, cached, request)
+            if d["capacity_bytes"] is not None:
+                assert spare <= d["capacity_bytes"] - request
+            assert sum(n * sign for _, n, sign in w["spare_terms"]) == spare
+    texts = (_flat(formats["text"]), _flat(_md_text(formats["markdown"])),
+             _flat(_html_text(formats["html"])))
+    for text in texts:
+        for terms, total in SUM.findall(text):
+            parts = TERM.findall(terms)
+            got = sum((-1 if op == "−" else 1) * parse_bytes(n) for op, n in parts)
+            # each printed figure is rounded to 2 decimals of its unit
+            slack = sum(0.005 * (1 << (10 * (1 + "KMGT".index(n.split()[1][0]))))
+                        for _, n in parts + [("", total)] if n.split()[1] != "B")
+            assert abs(got - parse_bytes(total)) <= slack + 1, (terms, total)
+
+
+def test_every_knob_meets_the_share_or_shortfall_rule(formats) -> None:
+    workload, training = _pack_data()
+    for dev in formats["json"]["devices"]:
+        d = dev["diagnosis"]
+        groups = {g["family"]: g["bytes"] for g in dev["groups"]}
+        fits = {w["family"] for w in d["what_ifs"] if w["fits"] or w["fits_if_pool_released"]}
+        request = (d["request"] or {}).get("family")
+        eligible = set(d["knob_families"])
+        if dev["oom"] is None:
+            for f in eligible:
+                assert groups[f] >= KNOB_SHARE * dev["allocated_bytes"], (f, groups[f])
+        else:
+            together = eligible - fits  # the request's own family counts with them
+            if together - {request}:
+                assert sum(groups.get(f, 0) for f in together) >= d["shortfall_bytes"], \
+                    together
+        held = {c["id"] for c in d["causes"] if c["holds"]} | (
+            {"large_cache"} if d["large_cache"] else set())
+        for k in d["knobs"]:
+            assert set(k["families"]) & eligible or set(k["causes"]) & held, k["id"]
+            if d["workload"] != "training":
+                assert workload[k["id"]] != "training", k["id"]
+            if workload[k["id"]]:
+                assert workload[k["id"]] == d["workload"], k["id"]
+        if set(groups) & training:
+            assert d["workload"] == "training", set(groups) & training
+        if dev["diagnosis"]["empty"]:
+            assert not d["knobs"]
+
+
+def test_a_large_cache_is_said(formats) -> None:
+    text = _flat(formats["text"])
+    for dev in formats["json"]["devices"]:
+        reserved, cached = dev["reserved_bytes"], dev["cached_unallocated_bytes"]
+        if not _gpu(dev) or not reserved or cached is None:
+            continue
+        big = cached > LARGE_CACHE * reserved
+        assert dev["diagnosis"]["large_cache"] == big
+        if big:
+            verdict = dev["diagnosis"]["verdict"]
+            assert f"{fmt_bytes(cached)} of the {fmt_bytes(reserved)} PyTorch reserved" in verdict
+            assert _flat(verdict) in text
+
+
+def test_an_empty_device_gets_no_verdict(formats) -> None:
+    for dev in formats["json"]["devices"]:
+        d = dev["diagnosis"]
+        empty = (dev["allocated_bytes"] == 0 and not dev["reserved_bytes"]
+                 and dev["oom"] is None and _gpu(dev))
+        assert d["empty"] == empty
+        if empty:
+            assert "nothing on this device to diagnose" in d["verdict"]
+            assert "record history" not in d["verdict"] and not d["knobs"]
+            assert not d["what_ifs"]
+
+
+def test_the_gpus_of_one_process_get_a_device_table(formats) -> None:
+    data = formats["json"]
+    gpus = [d for d in data["devices"] if _gpu(d)]
+    if len(gpus) < 2 or len({d["file"] for d in gpus}) > 1:
+        assert "device_table" not in data
+        return
+    table = data["device_table"]
+    assert len(table["rows"]) == len(gpus)
+    for dev in gpus:
+        row = next(r for r in table["rows"] if r[0] == dev["device_name"])
+        assert row[2] == fmt_bytes(dev["peak_allocated_bytes"])
+        assert row[3].startswith("yes") == (dev["oom"] is not None)
+    peaks = sorted(d["peak_allocated_bytes"] for d in gpus)
+    assert ("Uneven" in table["note"]) == (peaks[-1] > 1.5 * peaks[0])
+    note = _flat(table["note"])
+    assert "devices of this process" in formats["text"] and note in _flat(formats["text"])
+    assert "**Devices of this process.**" in formats["markdown"]
+    assert note in _flat(_md_text(formats["markdown"]))
+    assert 'class="device-table"' in formats["html"]
+    assert note in _flat(_html_text(formats["html"]))
+
+
+def _device(path: Path, device: int = 0) -> dict[str, Any]:
+    got = _formats(path)
+    assert got is not None
+    return next(d for d in got["json"]["devices"] if d["device"] == device)
+
+
+def test_long_episode_spare_is_the_arithmetic_of_the_raw_file() -> None:
+    """Without the fp32 logits the 13 GiB request fits with about 7 GiB to spare: device
+    free + the logits block it frees − the request (rounded to its 2 MiB segment)."""
+    path = SAMPLES / "slime-tp1-long-episode-softmax-oom.pickle"
+    raw = raw_load(path)
+    oom = [e for e in raw["device_traces"][0] if e["action"] == "oom"][-1]
+    logits = sum(b["size"] for s in raw["segments"] for b in s["blocks"]
+                 if b["state"] == "active_allocated"
+                 and any(f["name"] == "float_conversion" for f in b.get("frames", [])))
+    segment = -(-oom["size"] // (2 << 20)) * (2 << 20)
+    expected = oom["device_free"] + logits - segment
+    assert 6.9 * (1 << 30) < expected < 7.1 * (1 << 30)
+    dev = _device(path)
+    w = next(w for w in dev["diagnosis"]["what_ifs"] if w["family"] == "logits")
+    assert w["fits"] and w["spare_bytes"] == expected
+    assert f"fits with {fmt_bytes(expected)} to spare" in dev["diagnosis"]["verdict"]
+
+
+def test_s1_3_still_leads_with_the_saved_softmax_and_its_knob() -> None:
+    d = _device(SAMPLES / "slime-tp2-chunked-logprob-oom.pickle")["diagnosis"]
+    assert d["excess_family"] == "saved_logprob_softmax"
+    assert d["knobs"][0]["knob"] == "--recompute-loss-function"
+    assert d["verdict"].index("saved_logprob_softmax") < d["verdict"].index("--recompute")
+
+
+def test_an_optimizer_step_peak_leads_with_optimizer_state_and_its_knob() -> None:
+    path = SNAPSHOTS / "kkaitlyn111+cs336-a2-systems__memory_files_memory_ctx512_fullstep_.pickle"
+    if not path.exists():
+        pytest.skip("../shared/corpus absent")
+    dev = _device(path)
+    d = dev["diagnosis"]
+    assert dev["groups"][0]["family"] == "optimizer_state"
+    assert d["workload"] == "training" and d["phase"] == "optimizer"
+    assert "optimizer_state" in d["knobs"][0]["families"]
+    assert d["verdict"].index("optimizer_state") < d["verdict"].index(d["knobs"][0]["knob"])
+    assert not any(k["id"] == "torch.activation_checkpointing" for k in d["knobs"])
+
+
+def test_one_palette_every_report(formats) -> None:
+    """A family has one colour in every report (the treemap, the legend under it): the same
+    colour whatever else the capture holds, so gradients never change colour between reports
+    or against a diff."""
+    from snapana.render.views import family_colour
+
+    page = formats["html"]
+    for key, figure in re.findall(r'id="data-families-(\d+)">(.*?)</script>', page, flags=re.S):
+        trace = json.loads(figure.replace("<\\/", "</"))["data"][0]
+        for ident, colour in zip(trace["ids"], trace["marker"]["colors"], strict=True):
+            if ident.count(":") >= 1:
+                assert colour == family_colour(ident.split(":")[1]), (key, ident, colour)
+    for colour, name in re.findall(r'<span class="swatch" style="background:(#[0-9a-f]{6})">'
+                                   r'</span><code>([^<]+)</code>', page):
+        assert colour == family_colour(name), (name, colour)
+
+
+def test_a_trace_that_kept_too_little_is_not_called_no_history(formats) -> None:
+    """Blocks that carry their stacks were recorded with history on: a trace holding a few
+    entries but no allocation is said to have kept too little, not to have recorded none."""
+    for dev in formats["json"]["devices"]:
+        verdict = dev["diagnosis"]["verdict"]
+        if dev["history"] or dev["diagnosis"]["empty"] or dev["moment"]["asked_for"]:
+            continue
+        framed = any(not s["site"].startswith("<") for g in dev["groups"] for s in g["sites"])
+        if dev["events"] and framed:
+            assert "History recording was on" in verdict
+            assert "No allocation history was recorded" not in verdict
+        else:
+            assert "No allocation history was recorded" in verdict

@@ -19,6 +19,7 @@ from snapana.attribution import chunk_groups, family_label
 from snapana.attribution.assign import AnnotationWindows, Attributor
 from snapana.attribution.chunks import LOOP_FAMILIES
 from snapana.attribution.engine import RuleSet
+from snapana.attribution.families import training_marks
 from snapana.attribution.lifetimes import attribute_lifetimes
 from snapana.family_timeline import FamilyGrowth, FamilyTimeline, family_timeline
 from snapana.knobs import (
@@ -26,6 +27,7 @@ from snapana.knobs import (
     best_knob,
     can_release,
     frameworks_in,
+    frees_in_phase,
     knobs_for,
     preference,
     stop_knob,
@@ -33,7 +35,7 @@ from snapana.knobs import (
     working_set_families,
 )
 from snapana.model import Capture, Frame, StackTable
-from snapana.placement import round_request, segment_size_for, would_fit
+from snapana.placement import SpareTerms, round_request, segment_size_for, would_fit
 from snapana.replay import OVER_RESERVED, DeviceReplay, Moment
 from snapana.units import fmt_bytes
 
@@ -47,6 +49,11 @@ OUTSIDE_SHARE = 0.05
 WHATIF_FAMILIES = 8
 #: Knobs a diagnosis names (every format shows the same list, in this order).
 MAX_KNOBS = 6
+#: Without an OOM a knob is offered only for a family holding at least this share of the
+#: allocated bytes at the moment: a knob for 0.2% of the peak is noise.
+KNOB_SHARE = 0.10
+#: Cached but unallocated above this share of reserved is worth saying, with what acts on it.
+LARGE_CACHE_SHARE = 0.20
 #: Without an OOM, a capture whose reserved memory is below this share of a known capacity is
 #: far from it: the report states the headroom instead of prescribing a knob.
 FAR_FROM_CAPACITY = 0.75
@@ -57,8 +64,9 @@ CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytor
 #: Which moment a report shows: the OOM, the peak, the snapshot, or one asked for (--at).
 MomentKind = Literal["oom", "peak", "snapshot", "event", "time"]
 #: Whether a family can go: "yes" (kept by the step), "offload" (model state a knob moves),
-#: "shrink" (working set of the op in flight) or "no".
-Removable = Literal["yes", "offload", "shrink", "no"]
+#: "shrink" (working set of the op in flight), "no", or "unknown" (the unknown family: what it
+#: is, and so whether it can go, is not known).
+Removable = Literal["yes", "offload", "shrink", "no", "unknown"]
 
 MOMENT_KINDS: tuple[MomentKind, ...] = get_args(MomentKind)
 
@@ -122,6 +130,9 @@ class Group:
     sites: tuple[GroupSite, ...] = ()
     chunks: tuple[ChunkLoop, ...] = ()
     inferred_bytes: int = 0  # of `bytes`, decided without a stack rule (evidence "inferred")
+    #: Of `bytes`, how much each kind of evidence decided (inventory / frames / inferred /
+    #: unknown), the most first.
+    evidence: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,6 +220,8 @@ class WhatIf:
     #: (an engine's sleep mode), and whether the request's new segment would then fit.
     private_pool_reserved_bytes: int = 0
     fits_if_pool_released: bool | None = None
+    #: The terms `spare_bytes` is the sum of (placement.Fit.spare_terms), for the report.
+    spare_terms: SpareTerms = ()
 
 
 @dataclass(frozen=True)
@@ -230,6 +243,8 @@ class Diagnosis:
     frameworks: tuple[str, ...]
     #: The failing request's family holds live copies from one loop (see `_accumulation`).
     accumulating: ChunkLoop | None = None
+    #: The request placed without exactly those copies (the rest of the family kept).
+    without_copies: WhatIf | None = None
     #: The cheapest family other than the first one whose removal also makes the request fit.
     alternative_family: str | None = None
     #: The knobs the verdict names for `excess_family` (for an accumulating family: the one
@@ -245,6 +260,19 @@ class Diagnosis:
     prescribe: bool = True
     #: The capture records allocation history (alloc/free events), not only the final state.
     history: bool = True
+    #: "training" (a backward shows: a family or phase the vocabulary marks so) or
+    #: "inference": knobs for the other are not offered.
+    workload: str = "inference"
+    #: The families the knobs were chosen for: at an OOM those whose removal makes the request
+    #: fit, the request's own, or together enough for `shortfall_bytes`; else those holding at
+    #: least `KNOB_SHARE` of the allocated bytes.
+    knob_families: tuple[str, ...] = ()
+    #: At an OOM, how far the replayed state is from placing the request (0: it would fit).
+    shortfall_bytes: int | None = None
+    #: Nothing is allocated or reserved on the device: there is nothing to diagnose.
+    empty: bool = False
+    #: More than `LARGE_CACHE_SHARE` of reserved is cached but unallocated (see `large_cache`).
+    large_cache: bool = False
 
     def cause(self, cause_id: CauseId) -> Cause | None:
         return next((c for c in self.causes if c.id == cause_id), None)
@@ -342,7 +370,9 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         )
     state = _State(moment, live, held, segments, pools, _groups(held), reserved, allocated,
                    pending)
-    diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history)
+    lifetimes = attribute_lifetimes(attributor, dr, held) if dr.n_events else None
+    diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history,
+                                  _workload(held, lifetimes))
     # a snapshot records its segments even when there are none; a trace or a timeline does not
     segmented = not dr.segment_intervals.is_empty() or capture.source == "torch_snapshot"
     warnings = list(capture.warnings) + _replay_warnings(dr) + caveats
@@ -364,7 +394,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
         by_pool_stream=_by_pool_stream(held),
         top_sites=_top_sites(capture, held),
         timeline=_timeline(capture, dr, peak, peak_bytes, attributor, held, moment,
-                           (diagnosis.request_family, diagnosis.excess_family)),
+                           (diagnosis.request_family, diagnosis.excess_family), lifetimes),
         segments=segments,
         live_blocks=live.join(held.select("address", "family"), on="address", how="left"),
         n_events=dr.n_events,
@@ -391,6 +421,20 @@ def _replay_warnings(dr: DeviceReplay) -> list[str]:
         if found:
             out.append(f"{what} in {len(found)} place(s), e.g. {found[0]}")
     return out
+
+
+def _workload(held: pl.DataFrame, lifetimes: pl.DataFrame | None) -> str:
+    """"training" when any block the capture shows (live at the moment, or over the trace)
+    is of a family or phase only a training step makes (the vocabulary's `workload`);
+    else "inference" (a forward without a backward)."""
+    families, phases = training_marks()
+    for table in (held, lifetimes):
+        if table is None or table.is_empty():
+            continue
+        if table["family"].is_in(sorted(families)).any() or (
+                "phase" in table.columns and table["phase"].is_in(sorted(phases)).any()):
+            return "training"
+    return "inference"
 
 
 def _has_history(capture: Capture, dr: DeviceReplay) -> bool:
@@ -429,7 +473,8 @@ def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity
 
 def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: _State,
              oom: OomFinding | None, capacity: int | None,
-             history: bool = True) -> tuple[Diagnosis, list[str]]:
+             history: bool = True, workload: str = "inference"
+             ) -> tuple[Diagnosis, list[str]]:
     """Why it failed, what would have made it fit, and which knobs change that; with the
     warnings the diagnosis adds to the report (its input is left as it was)."""
     moment = state.moment
@@ -446,8 +491,10 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     excess = alternative = None
     excess_knob = alternative_knob = None
     accumulating: ChunkLoop | None = None
+    without_copies: WhatIf | None = None
     reloading = False
     lead: list[Knob] = []
+    shortfall: int | None = None
     if oom is not None and dr.oom is not None:
         o = dr.oom
         request = o.requested_bytes
@@ -463,6 +510,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
             outside = capacity - state.reserved - o.device_free_bytes
         causes = _causes(state, request, device_free, capacity, outside)
         baseline = would_fit(request, device_free, segments, live, stream=o.stream)
+        shortfall = max(0, -baseline.spare_bytes)
         if baseline.fits:
             warnings.append(
                 "the replayed state would have fit the request: device_free or the "
@@ -479,35 +527,63 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
             released = sum(p.reserved_bytes for p in state.pools if p.pool in pools)
             what_ifs.append(WhatIf(
                 g.name, g.bytes, g.blocks, fit.fits, fit.spare_bytes, fit.how,
-                _removable(g.name, fw, rules), int(private["size"].sum()), pools, released,
-                segment_size_for(request) <= device_free + released if pools else None))
+                _removable(g.name, fw, rules, phase, workload), int(private["size"].sum()),
+                pools, released,
+                segment_size_for(request) <= device_free + released if pools else None,
+                fit.spare_terms))
         accumulating = _accumulation(state.groups, req_family, o.stack_id)
-        stop = (stop_knob(req_family, fw, phase, rules, offload=not reloading)
+        if accumulating is not None and req_family:
+            copies = held.filter((pl.col("family") == req_family)
+                                 & (pl.col("stack_id") == accumulating["stack_id"]))
+            fit = would_fit(request, device_free, segments,
+                            live.filter(~pl.col("address").is_in(copies["address"].implode())),
+                            stream=o.stream)
+            without_copies = WhatIf(req_family, int(copies["size"].sum()), copies.height,
+                                    fit.fits, fit.spare_bytes, fit.how,
+                                    _removable(req_family, fw, rules, phase, workload),
+                                    spare_terms=fit.spare_terms)
+        stop = (stop_knob(req_family, fw, phase, rules, offload=not reloading,
+                          workload=workload)
                 if accumulating is not None and req_family else None)
         if accumulating is not None:
             excess, excess_knob = req_family, stop
         else:
-            excess, excess_knob = _excess(what_ifs, fw, phase, rules, not reloading)
+            excess, excess_knob = _excess(what_ifs, fw, phase, rules, not reloading,
+                                          workload=workload)
         alternative, alternative_knob = _excess([w for w in what_ifs if w.family != excess],
                                                 fw, phase, rules, not reloading,
-                                                avoid=excess_knob)
+                                                avoid=excess_knob, workload=workload)
+        if accumulating is not None and _cheaper(alternative_knob, excess_knob):
+            # a sufficient fix that costs less (last step's gradients freed before this
+            # forward, at no cost) comes before stopping the accumulation (recompute)
+            excess, excess_knob, alternative, alternative_knob = (
+                alternative, alternative_knob, excess, excess_knob)
         lead = [k for k in (excess_knob, alternative_knob) if k is not None]
         what_ifs.sort(key=lambda w: (w.family != excess, w.family != alternative))
     else:
         for g in state.groups[:WHATIF_FAMILIES]:
             what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
-                                   _removable(g.name, fw, rules)))
+                                   _removable(g.name, fw, rules, phase, workload)))
     headroom = capacity - state.reserved if capacity is not None else None
-    prescribe = dr.device >= 0 and (
+    empty = state.allocated == 0 and state.reserved == 0 and oom is None
+    prescribe = dr.device >= 0 and not empty and (
         oom is not None or headroom is None or capacity is None
         or state.reserved >= FAR_FROM_CAPACITY * capacity)
+    eligible = _knob_families(state, what_ifs, req_family, shortfall)
     order = ([excess] if excess else []) + ([req_family] if req_family else [])
     order += [w.family for w in what_ifs if w.removable != "no" and w.fits]
     order += [w.family for w in what_ifs if w.removable != "no"]
-    order = list(dict.fromkeys(order))
+    order += [g.name for g in state.groups]
+    order = [f for f in dict.fromkeys(order) if f in eligible]
     held_causes: list[str] = [c.id for c in causes if c.holds]
     knobs = list(dict.fromkeys(
-        lead + knobs_for(order, held_causes, fw, phase, rules, offload=not reloading)))
+        lead + knobs_for(order, held_causes, fw, phase, rules, offload=not reloading,
+                         workload=workload)))
+    cached = large_cache(state.reserved, state.cached_unallocated)
+    if cached:
+        cache = [k for k in knobs_for([], ["large_cache"], fw, phase, rules,
+                                      workload=workload) if k not in knobs]
+        knobs = knobs[:MAX_KNOBS - len(cache)] + cache
     diagnosis = Diagnosis(
         kind=moment_kind(moment), phase=phase, request_bytes=request,
         request_rounded_bytes=round_request(request) if request is not None else None,
@@ -518,11 +594,47 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         excess_knob=excess_knob if prescribe else None,
         alternative_knob=alternative_knob if prescribe else None,
         knobs=tuple(knobs[:MAX_KNOBS]) if prescribe else (),
-        frameworks=tuple(frameworks), accumulating=accumulating,
+        frameworks=tuple(frameworks), accumulating=accumulating, without_copies=without_copies,
         alternative_family=alternative, reloading=reloading, headroom_bytes=headroom,
-        prescribe=prescribe, history=history,
+        prescribe=prescribe, history=history, workload=workload,
+        knob_families=tuple(order), shortfall_bytes=shortfall, empty=empty,
+        large_cache=cached,
     )
     return diagnosis, warnings
+
+
+def _cheaper(k: Knob | None, than: Knob | None) -> bool:
+    """Knob `k` is of a cheaper cost class than `than` (free before extra compute, ...; see
+    `knobs.preference`), or `than` is none: `k` should be named first."""
+    return k is not None and (than is None or preference(k)[2] < preference(than)[2])
+
+
+def large_cache(reserved: int, cached_unallocated: int) -> bool:
+    """More than `LARGE_CACHE_SHARE` of reserved is cached but unallocated."""
+    return reserved > 0 and cached_unallocated > LARGE_CACHE_SHARE * reserved
+
+
+def _knob_families(state: _State, what_ifs: list[WhatIf], request_family: str | None,
+                   shortfall: int | None) -> set[str]:
+    """The families a knob may be offered for. At an OOM (`shortfall` known): the request's
+    own family, each family whose removal alone makes the request fit, and the largest
+    families that can go (or shrink) until together they hold the shortfall, if they can.
+    Without an OOM: the families holding at least `KNOB_SHARE` of the allocated bytes."""
+    if shortfall is None:
+        return {g.name for g in state.groups
+                if state.allocated and g.bytes >= KNOB_SHARE * state.allocated}
+    out = {w.family for w in what_ifs if w.fits or w.fits_if_pool_released}
+    if request_family:
+        out.add(request_family)
+    together, total = [], 0
+    for w in sorted(what_ifs, key=lambda w: -w.bytes):
+        if w.fits or w.removable not in ("yes", "offload", "shrink"):
+            continue
+        together.append(w.family)
+        total += w.bytes
+        if total >= shortfall:
+            return out | set(together)
+    return out
 
 
 def _reloading(phase_rule_id: str | None) -> bool:
@@ -543,12 +655,17 @@ def _accumulation(groups: tuple[Group, ...], family: str | None,
     return (same or list(group.chunks))[0]
 
 
-def _removable(family: str, frameworks: set[str], rules: RuleSet) -> Removable:
+def _removable(family: str, frameworks: set[str], rules: RuleSet, phase: str,
+               workload: str) -> Removable:
     if family in transient_families():
         return "yes"
     if family in working_set_families():
         return "shrink"
-    if family != "unknown" and can_release(family, frameworks, rules):
+    if family == "unknown":
+        return "unknown"
+    if frees_in_phase(family, phase, frameworks, rules, workload):
+        return "yes"  # e.g. last step's gradients, held through this forward
+    if can_release(family, frameworks, rules, workload):
         return "offload"
     return "no"
 
@@ -557,7 +674,8 @@ _REMOVABLE_ORDER = {"yes": 0, "offload": 1}
 
 
 def _excess(what_ifs: list[WhatIf], frameworks: set[str], phase: str, rules: RuleSet,
-            offload: bool = True, avoid: Knob | None = None) -> tuple[str | None, Knob | None]:
+            offload: bool = True, avoid: Knob | None = None,
+            workload: str | None = None) -> tuple[str | None, Knob | None]:
     """The cheapest sufficient fix: among families that can go (step-transient, or model
     state an offload knob of a framework in use moves) and whose removal makes the request
     fit, the one whose knob ranks first (`knobs.preference`: a framework's own, lowering
@@ -572,12 +690,14 @@ def _excess(what_ifs: list[WhatIf], frameworks: set[str], phase: str, rules: Rul
         if w.removable not in _REMOVABLE_ORDER:
             continue
         if w.fits:
-            k = best_knob(w.family, frameworks, phase, rules, offload=offload)
+            k = best_knob(w.family, frameworks, phase, rules, offload=offload,
+                          workload=workload)
             if w.removable == "offload" and not offload:
                 k = None  # offloading is the path that failed: no knob, still the state
         elif w.fits_if_pool_released:  # only if a knob releases its pool (engine sleep)
             k = next((k for k in knobs_for([w.family], [], frameworks, phase, rules,
-                                           offload=offload) if k.direction == "releases"), None)
+                                           offload=offload, workload=workload)
+                      if k.direction == "releases"), None)
             if k is None:
                 continue
         else:
@@ -617,8 +737,8 @@ def _causes(state: _State, request: int, device_free: int, capacity: int | None,
         # Natural signs: "short by" is request minus device free (the headline's figure);
         # what compaction of the request's pool would leave is short or spare, never negative.
         Cause("real_demand", not fits_if_compacted or not fragmentation, {
-            "requested_bytes": request, "device_free_bytes": device_free,
-            "short_by_bytes": max(0, request - device_free),
+            "requested_bytes": request, "rounded_request_bytes": rounded,
+            "device_free_bytes": device_free, "short_by_bytes": max(0, request - device_free),
             "allocated_bytes": state.allocated, "cached_unallocated_bytes": cached,
             "default_pool_free_bytes": usable_free,
             "short_after_compaction_bytes": max(0, rounded - device_free - usable_free),
@@ -688,8 +808,12 @@ def _groups(held: pl.DataFrame) -> tuple[Group, ...]:
             for site, b, n, label, rule_id in sub.iter_rows()
         )
         chunks = _loops(str(name), mine)
+        evidence = () if "evidence" not in mine.columns else tuple(
+            (str(e), int(b)) for e, b in mine.group_by("evidence").agg(pl.col("size").sum())
+            .sort(["size", "evidence"], descending=[True, False]).iter_rows())
         groups.append(Group(str(name), int(nbytes), int(blocks), label=family_label(name),
-                            sites=sites, chunks=chunks, inferred_bytes=int(inferred_bytes or 0)))
+                            sites=sites, chunks=chunks, inferred_bytes=int(inferred_bytes or 0),
+                            evidence=evidence))
     return tuple(groups)
 
 
@@ -743,7 +867,7 @@ def _top_sites(capture: Capture, held: pl.DataFrame, limit: int = 15) -> tuple[S
 
 def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
               attributor: Attributor, held: pl.DataFrame, moment: Moment,
-              named: tuple[str | None, ...]) -> Timeline:
+              named: tuple[str | None, ...], lifetimes: pl.DataFrame | None) -> Timeline:
     """The live-bytes series of the whole trace, per family too (with the growth of the
     dominant families and of those the verdict `named`), the events of the OOM and the
     peak, and on a clock the annotation windows; a view downsamples it."""
@@ -756,7 +880,7 @@ def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
         bands = tuple(Band(name, start, end)
                       for start, end, name in AnnotationWindows(capture, dr.device).windows
                       if end < AnnotationWindows.OPEN_END)
-    families, growth, sites = _families(dr, attributor, held, moment, peak, named)
+    families, growth, sites = _families(dr, attributor, lifetimes, moment, peak, named)
     return Timeline(
         allocated=dr.allocated,
         reserved=dr.reserved,
@@ -772,14 +896,14 @@ def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
     )
 
 
-def _families(dr: DeviceReplay, attributor: Attributor, held: pl.DataFrame, moment: Moment,
-              peak: Moment, named: tuple[str | None, ...]) -> tuple[
+def _families(dr: DeviceReplay, attributor: Attributor, lifetimes: pl.DataFrame | None,
+              moment: Moment, peak: Moment, named: tuple[str | None, ...]) -> tuple[
         FamilyTimeline | None, tuple[FamilyGrowth, ...], dict[str, str]]:
     """Each family's live bytes over the trace, the growth of the dominant and `named`
     families, and each family's top site (nothing without history)."""
-    if not dr.n_events:
+    if not dr.n_events or lifetimes is None:
         return None, (), {}
-    families = family_timeline(attribute_lifetimes(attributor, dr, held), dr.n_events)
+    families = family_timeline(lifetimes, dr.n_events)
     growth = families.dominant(moment.idx, peak.idx, dr.allocated_at(moment),
                                tuple(f for f in named if f))
     sites = {f: attributor.site(sid) for f, sid in families.top_stacks().items()}

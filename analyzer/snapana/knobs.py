@@ -20,6 +20,7 @@ __all__ = [
     "Knob",
     "best_knob",
     "can_release",
+    "frees_in_phase",
     "framework_markers",
     "frameworks_in",
     "knobs_for",
@@ -69,12 +70,23 @@ def frameworks_in(filenames: list[str], rules: RuleSet | None = None) -> set[str
             if any(part in p for p in paths for part in parts)}
 
 
-def can_release(family: str, frameworks: set[str], rules: RuleSet | None = None) -> bool:
+def can_release(family: str, frameworks: set[str], rules: RuleSet | None = None,
+                workload: str | None = None) -> bool:
     """A family of model state can go only if a knob of a framework in use moves it off the
     GPU (offload); resharding (TP) shrinks it but does not make it go."""
     allowed = frameworks | set(_ALWAYS)
     return any(family in k.families and k.framework in allowed and k.direction == "releases"
+               and not k.phases and (workload is None or k.workload in ("", workload))
                for k in load_knobs(rules))
+
+
+def frees_in_phase(family: str, phase: str, frameworks: set[str],
+                   rules: RuleSet | None = None, workload: str | None = None) -> bool:
+    """A knob meant for this phase frees the family outright (last step's gradients freed
+    before the forward: ``zero_grad(set_to_none=True)``): it can go, not only by offloading."""
+    allowed = frameworks | set(_ALWAYS)
+    return any(family in k.families and k.direction == "releases" and phase in k.phases
+               and _applies(k, allowed, phase, True, workload) for k in load_knobs(rules))
 
 
 def _offloads_model_state(knob: Knob) -> bool:
@@ -83,16 +95,19 @@ def _offloads_model_state(knob: Knob) -> bool:
     return knob.direction == "releases" and any(f not in lived for f in knob.families)
 
 
-def _applies(knob: Knob, allowed: set[str], phase: str | None, offload: bool) -> bool:
-    """A knob of a framework in use, for this phase; with ``offload=False`` not one that
-    offloads model state (releasing an engine's KV cache is still offered)."""
+def _applies(knob: Knob, allowed: set[str], phase: str | None, offload: bool,
+             workload: str | None = None) -> bool:
+    """A knob of a framework in use, for this phase and what the capture does (`workload`,
+    None: not known, any); with ``offload=False`` not one that offloads model state
+    (releasing an engine's KV cache is still offered)."""
     return (knob.framework in allowed and (not knob.phases or phase in knob.phases)
-            and (offload or not _offloads_model_state(knob)))
+            and (offload or not _offloads_model_state(knob))
+            and (workload is None or not knob.workload or knob.workload == workload))
 
 
 def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
               phase: str | None, rules: RuleSet | None = None, *,
-              offload: bool = True) -> list[Knob]:
+              offload: bool = True, workload: str | None = None) -> list[Knob]:
     """Knobs acting on the given families (in that order of importance) or causes.
 
     ``offload=False`` leaves out knobs that offload model state: an OOM raised while
@@ -100,7 +115,7 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
     allowed = frameworks | set(_ALWAYS)
     chosen: list[Knob] = []
     for knob in load_knobs(rules):
-        if not _applies(knob, allowed, phase, offload):
+        if not _applies(knob, allowed, phase, offload, workload):
             continue
         if set(knob.families) & set(families) or set(knob.causes) & set(causes):
             chosen.append(knob)
@@ -125,23 +140,26 @@ def preference(k: Knob) -> tuple[bool, bool, int, int]:
 
 
 def best_knob(family: str, frameworks: set[str], phase: str | None,
-              rules: RuleSet | None = None, *, offload: bool = True) -> Knob | None:
+              rules: RuleSet | None = None, *, offload: bool = True,
+              workload: str | None = None) -> Knob | None:
     """The knob to name for `family`: of a framework in use, lowering, releasing or bounding
     it, first by `preference`."""
     allowed = frameworks | set(_ALWAYS)
     acting = [k for k in load_knobs(rules) if family in k.families
               and k.direction in ("lowers", "releases", "bounds")
-              and _applies(k, allowed, phase, offload)]
+              and _applies(k, allowed, phase, offload, workload)]
     return min(acting, key=preference) if acting else None
 
 
 def stop_knob(family: str, frameworks: set[str], phase: str | None,
-              rules: RuleSet | None = None, *, offload: bool = True) -> Knob | None:
+              rules: RuleSet | None = None, *, offload: bool = True,
+              workload: str | None = None) -> Knob | None:
     """The knob that stops a family from accumulating live copies: the cheapest one that
     lowers (or releases) it; a knob that only bounds it (chunk size, token budget) lowers
     the size of each copy, not how many are kept. None when no framework in use has one.
     First by `preference`."""
     allowed = frameworks | set(_ALWAYS)
     acting = [k for k in load_knobs(rules) if family in k.families
-              and k.direction in ("lowers", "releases") and _applies(k, allowed, phase, offload)]
+              and k.direction in ("lowers", "releases")
+              and _applies(k, allowed, phase, offload, workload)]
     return min(acting, key=preference) if acting else None

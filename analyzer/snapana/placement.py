@@ -58,15 +58,46 @@ MAP_PAGES = "maps pages at the end of an expandable segment"
 NO_FIT = "no"
 
 
+#: The terms of a spare, each (what, bytes, sign): the sum a report spells out.
+SpareTerms = tuple[tuple[str, int, int], ...]
+
+
 @dataclass(frozen=True)
 class Fit:
     fits: bool
     how: str  # CACHED_BLOCK | NEW_SEGMENT | MAP_PAGES | NO_FIT
-    spare_bytes: int  # headroom left after placing the request (negative: short by)
+    #: Free space left once the request is placed: how much larger it could have been and
+    #: still fit (negative: short by). The one definition; `spare_terms` adds up to it.
+    spare_bytes: int
     largest_free_block: int
     releasable_bytes: int  # what the allocator would give back to the device before failing
     expandable: bool = False  # placed by the expandable-segments rule
     map_bytes: int = 0  # pages it maps (expandable) or the segment it asks for
+    spare_terms: SpareTerms = ()
+
+
+def _spare(*terms: tuple[str, int, int]) -> tuple[int, SpareTerms]:
+    """A spare and its terms (zero terms other than the first two dropped)."""
+    kept = tuple(t for i, t in enumerate(terms) if t[1] or i == 0 or t[2] < 0)
+    return sum(n * sign for _, n, sign in kept), kept
+
+
+def _grow(device_free: int, releasable: int, largest: int, r: int, need: int,
+          remnant: int | None) -> tuple[int, SpareTerms]:
+    """Spare after placing the request, one way for every placement: the larger of what the
+    largest free cached block leaves (when it holds the request) and what the device could
+    still hand out — device free plus the cached memory the allocator releases before
+    failing, minus what the request takes from them (its new segment, or with expandable
+    segments its pages beyond the sub-page free end it starts in, `remnant`)."""
+    if remnant is None:
+        grown = _spare(("device free", device_free, 1),
+                       ("releasable cached", releasable, 1), ("new segment", need, -1))
+    else:
+        grown = _spare(("device free", device_free, 1), ("releasable cached", releasable, 1),
+                       ("partial free page", remnant, 1), ("request", r, -1))
+    if largest >= r and largest - r > grown[0]:
+        return _spare(("largest free block", largest, 1), ("request", r, -1))
+    return grown
 
 
 def would_fit(
@@ -115,9 +146,10 @@ def would_fit(
     available = device_free + releasable
     expandable_pool = (bool(own["expandable"].any()) if own.height
                        else _pool_expandable(segs, pool))
-    if largest >= r:
-        return Fit(True, CACHED_BLOCK, max(largest - r, available), largest, releasable,
-                   expandable_pool)
+    if largest >= r and not expandable_pool:
+        spare, terms = _grow(device_free, releasable, largest, r, segment_size_for(request),
+                             None)
+        return Fit(True, CACHED_BLOCK, spare, largest, releasable, False, 0, terms)
     if expandable_pool:
         # Map after the free end of a segment when the unmapped space there (up to the next
         # mapped range) has room; the last range of a segment has its whole unmapped rest.
@@ -130,18 +162,21 @@ def would_fit(
                 remnants.append(tail - _whole_pages(a, a + t - tail, a + t, page))
         need_now = _pages(r - max(tails), page)
         need_after = _pages(r - max(remnants), page)  # once whole free pages are unmapped
+        spare, terms = _grow(device_free, releasable, largest, r, 0, max(remnants))
+        if largest >= r:
+            return Fit(True, CACHED_BLOCK, spare, largest, releasable, True, 0, terms)
         if need_now <= device_free:
-            return Fit(True, MAP_PAGES, available - need_now, largest, releasable, True,
-                       need_now)
-        fits = need_after <= available
-        return Fit(fits, MAP_PAGES if fits else NO_FIT, available - need_after, largest,
-                   releasable, True, need_after)
+            return Fit(True, MAP_PAGES, spare, largest, releasable, True, need_now, terms)
+        if need_after <= available:
+            return Fit(True, MAP_PAGES, spare, largest, releasable, True, need_after, terms)
+        short, terms = _spare(("device free", device_free, 1),
+                              ("releasable cached", releasable, 1),
+                              ("pages to map", need_after, -1))
+        return Fit(False, NO_FIT, short, largest, releasable, True, need_after, terms)
     need = segment_size_for(request)
-    # Headroom after placing it: the bigger of what is left of the block it lands in and
-    # what the driver could still hand out.
-    if need <= available:
-        return Fit(True, NEW_SEGMENT, available - need, largest, releasable, False, need)
-    return Fit(False, NO_FIT, available - need, largest, releasable, False, need)
+    spare, terms = _grow(device_free, releasable, largest, r, need, None)
+    return Fit(need <= available, NEW_SEGMENT if need <= available else NO_FIT, spare,
+               largest, releasable, False, need, terms)
 
 
 def _room(runs: list[tuple[int, int, list[tuple[int, int]]]], k: int, tail: int) -> int:

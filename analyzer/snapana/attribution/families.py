@@ -26,6 +26,11 @@ FAMILIES_FILE = VOCABULARY_FILE
 
 UNKNOWN = "unknown"
 
+WORKLOADS = ("training", "inference")
+"""What a capture does: a ``training`` one has a backward (a family or phase marked
+``workload = "training"`` in the vocabulary shows it); any other is ``inference``. Knobs that
+only make sense for one (activation checkpointing, ``inference_mode``) say which."""
+
 LIFETIMES = ("transient", "working_set")
 """Values of a family's optional ``lifetime``: ``transient`` families are built and dropped
 within one step (a knob can make them go), ``working_set`` families belong to the operation
@@ -41,6 +46,8 @@ class Family:
     description: str
     lifetime: str | None = None
     """``"transient"``, ``"working_set"`` or None (model state, or not known)."""
+    workload: str | None = None
+    """``"training"``: a capture holding it trains (see :data:`WORKLOADS`); None: either."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,8 @@ class Phase:
     id: str
     label: str
     description: str
+    workload: str | None = None
+    """``"training"``: a capture with this phase trains (backward, optimizer step)."""
 
 
 @dataclass(frozen=True)
@@ -69,8 +78,8 @@ class Vocabulary:
 
 _TABLES: dict[str, tuple[set[str], set[str]]] = {
     # table -> (required fields, optional fields)
-    "family": ({"id", "label", "description"}, {"lifetime"}),
-    "phase": ({"id", "label", "description"}, set()),
+    "family": ({"id", "label", "description"}, {"lifetime", "workload"}),
+    "phase": ({"id", "label", "description"}, {"workload"}),
     "cause": ({"id", "description"}, set()),
 }
 
@@ -98,6 +107,8 @@ def _entries(data: Mapping[str, Any], table: str, source: str) -> list[dict[str,
         seen.add(raw["id"])
         if raw.get("lifetime", LIFETIMES[0]) not in LIFETIMES:
             raise ValueError(f"{where}: `lifetime` must be one of {LIFETIMES}")
+        if raw.get("workload", WORKLOADS[0]) != WORKLOADS[0]:
+            raise ValueError(f"{where}: `workload` can only be {WORKLOADS[0]!r}")
     return entries
 
 
@@ -111,12 +122,12 @@ def parse_vocabulary(text: str, source: str = VOCABULARY_FILE) -> Vocabulary:
     if extra:
         raise ValueError(f"{source}: unknown table {extra[0]!r} (allowed: family, phase, cause)")
     fams = tuple(
-        Family(f["id"], f["label"], f["description"], f.get("lifetime"))
+        Family(f["id"], f["label"], f["description"], f.get("lifetime"), f.get("workload"))
         for f in _entries(data, "family", source)
     )
     if UNKNOWN not in {f.id for f in fams}:
         raise ValueError(f"{source}: the family table needs the {UNKNOWN!r} family")
-    phases = tuple(Phase(p["id"], p["label"], p["description"])
+    phases = tuple(Phase(p["id"], p["label"], p["description"], p.get("workload"))
                    for p in _entries(data, "phase", source))
     if UNKNOWN not in {p.id for p in phases}:
         raise ValueError(f"{source}: the phase table needs the {UNKNOWN!r} phase")
@@ -163,6 +174,14 @@ def family_label(family_id: str) -> str:
 def families_with_lifetime(lifetime: str) -> frozenset[str]:
     """Ids of the families whose ``lifetime`` is ``lifetime`` (one of :data:`LIFETIMES`)."""
     return frozenset(f.id for f in vocabulary().families if f.lifetime == lifetime)
+
+
+def training_marks() -> tuple[frozenset[str], frozenset[str]]:
+    """The families and the phases whose presence shows a capture trains (a backward ran or
+    is to run): those the vocabulary marks ``workload = "training"``."""
+    v = vocabulary()
+    return (frozenset(f.id for f in v.families if f.workload == "training"),
+            frozenset(p.id for p in v.phases if p.workload == "training"))
 
 
 # -- phases and causes ------------------------------------------------------------------

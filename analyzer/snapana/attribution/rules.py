@@ -25,7 +25,7 @@ from typing import Any
 
 from snapana.units import MAX_BYTES, parse_bytes
 
-from .families import cause_ids, family_ids, phase_ids
+from .families import WORKLOADS, cause_ids, family_ids, phase_ids
 from .stack import BLOCK_STATES, BlockContext, NormStack, Stack, normalize_state, path_has_suffix
 
 if sys.version_info >= (3, 11):
@@ -240,6 +240,9 @@ class Knob:
     """Only suggested when the OOM happened in one of these (empty: in any phase)."""
     cost: str
     """One of :data:`KNOB_COSTS`."""
+    workload: str = ""
+    """``training`` / ``inference``: only offered for a capture that does that (see
+    `attribution.families.WORKLOADS`); empty: for either."""
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,7 @@ _KNOB_KEYS = {
     "caveat",
     "phases",
     "cost",
+    "workload",
 }
 _EXAMPLE_KEYS = {
     "description",
@@ -726,6 +730,9 @@ def _knobs(data: Mapping[str, Any], pack: str, ctx: _Ctx) -> list[Knob]:
         cost = _string(raw, "cost", ctx)
         if cost not in KNOB_COSTS:
             raise ctx.fail(f"`cost` must be one of {KNOB_COSTS}, got {cost!r}")
+        workload = _string(raw, "workload", ctx, "")
+        if workload and workload not in WORKLOADS:
+            raise ctx.fail(f"`workload` must be one of {WORKLOADS}, got {workload!r}")
         out.append(
             Knob(
                 id=knob_id,
@@ -738,6 +745,7 @@ def _knobs(data: Mapping[str, Any], pack: str, ctx: _Ctx) -> list[Knob]:
                 caveat=_string(raw, "caveat", ctx, ""),
                 phases=_ids(raw, "phases", PHASES, "phase", ctx),
                 cost=cost,
+                workload=workload,
             )
         )
     return out

@@ -13,7 +13,8 @@ distance, so a last sharp step still shows what led to it.
 Bounded whatever the capture, and spent on what moves: allocations held through the whole
 window (parameters, optimizer state: flat rectangles that say nothing about the climb) are
 one band per family at the bottom (a family with one such allocation keeps it as its own
-band). Of the others, the `BAND_COUNT` largest are bands of their own, stacked above in the
+band). Of the others, the `BAND_COUNT` largest are bands of their own (those of the families
+the verdict names first, so its family is never hidden in `other`), stacked above in the
 order they were allocated, and the rest are summed into one `other` band on top, so the top
 edge is allocated bytes after every event. A band's outline needs a point only where
 something below it starts or ends; when the allocations' outlines would need more than
@@ -118,7 +119,9 @@ def allocations_view(r: DeviceReport, colours: Mapping[str, str], other_colour: 
                      unknown_colour: str, count: int = BAND_COUNT,
                      point_limit: int = POINT_LIMIT) -> AllocationsView | None:
     """The window before the report's moment with its allocations as bands (None without
-    a recorded history, or when the moment is before the first event)."""
+    a recorded history, or when the moment is before the first event). The families the
+    verdict names (the excess, the failing request's) come first among the bands of their
+    own, so the chart never folds them into `other`."""
     t = r.timeline
     ft = t.families
     end = r.moment.idx
@@ -139,8 +142,10 @@ def allocations_view(r: DeviceReport, colours: Mapping[str, str], other_colour: 
     groups, in_group = _held_through(family, size, (born == start) & (gone == end + 1))
     base = sum(nbytes for _, _, nbytes in groups)
     candidates = np.flatnonzero(~in_group)
-    shown = candidates[np.lexsort((row[candidates], alloc[candidates],
-                                   -size[candidates]))][:count]  # the largest
+    named = np.isin(family, [f for f in (r.diagnosis.excess_family,
+                                         r.diagnosis.request_family) if f])
+    shown = candidates[np.lexsort((row[candidates], alloc[candidates], -size[candidates],
+                                   ~named[candidates]))][:count]  # named, then the largest
     while True:  # fewer when their outlines would need too many points
         drawn = shown[np.lexsort((row[shown], alloc[shown]))]  # in allocation order
         live = (events[None, :] >= born[drawn, None]) & (events[None, :] < gone[drawn, None])

@@ -19,7 +19,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from snapana.diagnosis import Band
-from snapana.render.views import DeviceView, DiffView, RanksView, TimelineView
+from snapana.render.views import (
+    UNKNOWN_COLOUR,
+    DeviceView,
+    DiffView,
+    RanksView,
+    TimelineView,
+)
 from snapana.render.wording import RECORD_HISTORY, allocations_note, inferred_note, rank_label
 from snapana.units import GiB, fmt_bytes
 
@@ -73,8 +79,8 @@ def families(v: DeviceView) -> go.Figure:
                                hovertemplate="%{label}<br>%{customdata}<extra></extra>",
                                textinfo="label+text", maxdepth=2,
                                pathbar=dict(visible=True)))
-    # A label too small to read is hidden rather than shrunk to a smudge; the page lists
-    # those families under the map, linked to their table rows (`DeviceView.small_families`).
+    # A label too small to read is hidden rather than shrunk to a smudge; the page names
+    # every family with its colour under the map, linked to its table row (`DeviceView.legend`).
     fig.update_layout(margin=dict(l=4, r=4, t=30, b=4), height=460,
                       uniformtext=dict(minsize=11, mode="hide"),
                       title="What holds memory " + v.moment.split(" (")[0])
@@ -353,7 +359,8 @@ def sites(v: DeviceView) -> go.Figure:
     for family, shown in by_family.items():
         fig.add_trace(go.Bar(
             y=[s.site for s in shown], x=[s.bytes / GiB for s in shown], name=family,
-            orientation="h", text=[f"{fmt_bytes(s.bytes)} in {s.blocks} blocks" for s in shown],
+            marker=dict(color=v.colours.get(family, UNKNOWN_COLOUR)), orientation="h",
+            text=[f"{fmt_bytes(s.bytes)} in {s.blocks} blocks" for s in shown],
             hovertemplate="%{y}<br>%{text}<extra>%{fullData.name}</extra>",
             textposition="none"))
     order = [s.site for s in r.top_sites]

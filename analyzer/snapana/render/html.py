@@ -14,7 +14,7 @@ from markupsafe import Markup, escape
 from snapana.render import Options, figures
 from snapana.render.assets import plotly_js_gzip_b64
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
-from snapana.render.wording import GROWTH_HEADING, inferred_note
+from snapana.render.wording import GROWTH_HEADING, evidence_note
 from snapana.units import fmt_bytes
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -32,7 +32,7 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["bytes"] = fmt_bytes
-    env.filters["inferred"] = inferred_note
+    env.filters["evidence"] = evidence_note
     env.filters["short"] = _short_frame
     env.filters["whole"] = _whole_words
     return env
@@ -74,10 +74,12 @@ def _ranks(v: RanksView | None) -> dict[str, Any] | None:
 
 
 def _page(title: str, devices: tuple[DeviceView, ...], ranks: RanksView | None,
-          together: dict[str, Any] | None) -> str:
+          together: dict[str, Any] | None, device_table: CaptureView | None = None) -> str:
     return _env().get_template("report.html.j2").render(
         title=title,
         multi=_ranks(ranks),
+        device_table=device_table if device_table is not None and device_table.device_rows
+        else None,
         together=together,
         devices=[_device(d) for d in devices],
         plotly_b64=plotly_js_gzip_b64(),
@@ -92,7 +94,7 @@ def capture(view: CaptureView, options: Options) -> str:
         shared = view.common_clock
         together = {"shared": shared,
                     "figure": _figure_json(figures.together(view.devices)) if shared else None}
-    return _page(view.title, view.devices, view.ranks, together)
+    return _page(view.title, view.devices, view.ranks, together, view)
 
 
 def ranks(view: RanksView, options: Options) -> str:

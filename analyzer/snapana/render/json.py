@@ -28,6 +28,16 @@ def capture(view: CaptureView, options: Options) -> str:
     data: dict[str, Any] = {}
     if view.ranks is not None:
         data.update(ranks_dict(view.ranks))
+    if view.device_rows:
+        gpus = [d.report for d in view.devices if not d.host]
+        data["device_table"] = {
+            "columns": list(view.device_columns), "rows": [list(r) for r in view.device_rows],
+            "note": view.device_note,
+            "devices": [{"device": r.device, "peak_allocated_bytes": r.peak_allocated_bytes,
+                         "oom_requested_bytes": r.oom.requested_bytes if r.oom else None,
+                         "top_family": r.groups[0].name if r.groups else None,
+                         "top_family_bytes": r.groups[0].bytes if r.groups else 0}
+                        for r in gpus]}
     data["devices"] = [device_dict(d) for d in view.devices]
     return _dump(data)
 
@@ -113,6 +123,15 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
         "reloading": d.reloading,
         "headroom_bytes": d.headroom_bytes,
         "prescribe": d.prescribe,
+        "empty": d.empty,
+        "large_cache": d.large_cache,
+        "workload": d.workload,
+        "knob_families": list(d.knob_families),
+        "shortfall_bytes": d.shortfall_bytes,
+        "without_copies": None if d.without_copies is None else {
+            "bytes": d.without_copies.bytes, "blocks": d.without_copies.blocks,
+            "fits": d.without_copies.fits, "spare_bytes": d.without_copies.spare_bytes,
+            "spare_terms": [list(t) for t in d.without_copies.spare_terms]},
         "what_ifs": [{"family": w.family, "bytes": w.bytes, "blocks": w.blocks,
                       "fits": w.fits, "spare_bytes": w.spare_bytes,
                       "short_bytes": None if w.fits is None or w.fits else -(w.spare_bytes or 0),
@@ -121,12 +140,13 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
                       "private_pools": list(w.private_pools),
                       "private_pool_reserved_bytes": w.private_pool_reserved_bytes,
                       "fits_if_pool_released": w.fits_if_pool_released,
+                      "spare_terms": [list(t) for t in w.spare_terms],
                       "result": row[2], "can_go": row[3]}
                      for w, row in zip(d.what_ifs, view.what_ifs, strict=True)],
         "knobs": [{"id": k.id, "framework": k.framework, "knob": k.knob,
                    "families": list(k.families), "causes": list(k.causes),
                    "direction": k.direction, "cost": k.cost, "effect": k.effect,
-                   "caveat": k.caveat}
+                   "caveat": k.caveat, "workload": k.workload}
                   for k in d.knobs],
         "frameworks": list(d.frameworks),
     }

@@ -74,6 +74,10 @@ def capture(view: CaptureView, options: Options) -> str:
         if view.devices:
             out.append(f"The full report of {code(view.devices[0].report.path)}:")
             out.append("")
+    if view.device_rows:
+        out.append("**Devices of this process.**")
+        _table(out, view.device_columns, [[esc(c) for c in row] for row in view.device_rows])
+        out += ["", esc(view.device_note), ""]
     for d in view.devices:
         _device(out, d)
     return "\n".join(out) + "\n"

@@ -142,6 +142,16 @@ def capture(view: CaptureView, options: Options) -> str:
         if view.devices:
             out.heading(f"the full report of {view.devices[0].report.path}")
             out.line()
+    if view.device_rows:
+        out.heading("devices of this process")
+        lines = _columns(view.device_columns[:4], [row[:4] for row in view.device_rows],
+                         numeric={"peak allocated"})
+        out.line(INDENT + lines[0], "bold")
+        for row, ln in zip(view.device_rows, lines[1:], strict=True):
+            out.line(INDENT + ln)
+            out.para(f"{view.device_columns[4]} {row[4]}", indent=INDENT * 3)
+        out.para(view.device_note, indent=INDENT)
+        out.line()
     for i, d in enumerate(view.devices):
         if i:
             out.line()

@@ -15,6 +15,7 @@ so the terminal, markdown, JSON and HTML cannot disagree, and none of them compu
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -23,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
+from snapana.attribution.families import family_ids
 from snapana.compare import CaptureDiff
 from snapana.diagnosis import Band, DeviceReport, Timeline
 from snapana.explain import ExplainedSite
@@ -41,8 +43,9 @@ BAND_LIMIT = 2000  # annotation bands drawn per timeline (the longest; the rest 
 
 
 # ----- the timeline -----------------------------------------------------------------------
-#: Family colours, in the order families are first met (the treemap's order, then the rest);
-#: `unknown` is always grey, so an unattributed share never looks like a family.
+#: Family colours: one per family id, the same in every report, figure and diff — a
+#: vocabulary family by its place in the vocabulary, any other (a user pack's) by a hash of its
+#: name; `unknown` is always grey, so an unattributed share never looks like a family.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
            "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939")
@@ -51,15 +54,24 @@ OTHER_COLOUR = "#d9d9d9"
 FAMILY_AREAS = 9  # families drawn in the family timeline; the rest are one "other" area
 
 
+def family_colour(family: str) -> str:
+    """The one colour of a family, whatever the report (see `PALETTE`)."""
+    if family == "unknown":
+        return UNKNOWN_COLOUR
+    known = [f for f in family_ids() if f != "unknown"]
+    if family in known:
+        return PALETTE[known.index(family) % len(PALETTE)]
+    return PALETTE[zlib.crc32(family.encode()) % len(PALETTE)]
+
+
 def family_colours(*reports: DeviceReport) -> dict[str, str]:
-    """One colour per family of the device, shared by the treemap and the family timeline;
-    given several reports (a diff's two sides), one colour per family of any of them, so a
-    family looks the same on every side."""
+    """The colour of every family of the reports (`family_colour`): a family looks the same
+    in the treemap, the timelines, the allocations, the sites chart and on both sides of a
+    diff."""
     order = [g.name for r in reports for g in r.groups]
     order += [f for r in reports if r.timeline.families is not None
               for f in r.timeline.families.families]
-    named = [f for f in dict.fromkeys(order) if f != "unknown"]
-    out = {f: PALETTE[i % len(PALETTE)] for i, f in enumerate(named)}
+    out = {f: family_colour(f) for f in dict.fromkeys(order)}
     out["unknown"] = UNKNOWN_COLOUR
     return out
 
@@ -337,7 +349,6 @@ def cap_ranges(blocks: Sequence[SegmentRange], seg_size: int,
 
 # ----- one capture ------------------------------------------------------------------------
 #: Families below this share of allocated are listed under the treemap (too small to label).
-SMALL_FAMILY_SHARE = 0.05
 #: Headline rows about the failed request (highlighted).
 OOM_ROWS = ("requested (failed allocation)", "device free at the OOM", "short by")
 
@@ -390,13 +401,12 @@ class DeviceView:
         return segment_map(self.report) if self.report.has_segments else ()
 
     @property
-    def small_families(self) -> tuple[tuple[str, int, float], ...]:
-        """Families too small to carry a readable label in the treemap: name, bytes, share."""
+    def legend(self) -> tuple[tuple[str, str, int, float], ...]:
+        """Every family of the treemap with its colour, bytes and share: the map hides a label
+        that does not fit its box, so the page names every box's family here."""
         total = self.report.allocated_bytes
-        if not total:
-            return ()
-        return tuple((g.name, g.bytes, g.bytes / total) for g in self.report.groups
-                     if g.bytes / total < SMALL_FAMILY_SHARE)
+        return tuple((g.name, self.colours.get(g.name, UNKNOWN_COLOUR), g.bytes,
+                      g.bytes / total if total else 0.0) for g in self.report.groups)
 
 
 def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
@@ -432,6 +442,10 @@ class CaptureView:
     title: str
     devices: tuple[DeviceView, ...]
     ranks: RanksView | None = None
+    #: Several GPUs of one process: a row each (`wording.DEVICE_COLUMNS`) and their skew.
+    device_rows: tuple[tuple[str, ...], ...] = ()
+    device_note: str = ""
+    device_columns: tuple[str, ...] = w.DEVICE_COLUMNS
 
     @property
     def several_sources(self) -> bool:
@@ -464,7 +478,11 @@ def capture_view(reports: Iterable[DeviceReport], title: str,
     reports = list(reports)
     origin = clock_origin(reports) if len({r.path for r in reports}) > 1 else None
     views = sorted((device_view(r, origin) for r in reports), key=lambda v: v.host)
-    return CaptureView(title, tuple(views), ranks_view(ranks) if ranks is not None else None)
+    gpus = [v.report for v in views if not v.host]
+    one_process = len(gpus) > 1 and len({r.path for r in gpus}) == 1
+    return CaptureView(title, tuple(views), ranks_view(ranks) if ranks is not None else None,
+                       tuple(w.device_rows(gpus)) if one_process else (),
+                       w.skew_text(gpus) if one_process else "")
 
 
 # ----- a diff -----------------------------------------------------------------------------

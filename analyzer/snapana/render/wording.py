@@ -195,9 +195,20 @@ def _what_if(d: Diagnosis, family: str | None) -> WhatIf | None:
     return next((w for w in d.what_ifs if w.family == family), None) if family else None
 
 
+def spare_sum(w: WhatIf) -> str:
+    """The spare as the sum it is ("device free 7.02 GiB + releasable cached 13.00 GiB −
+    new segment 13.00 GiB = 7.02 GiB"), every term from placement."""
+    text = ""
+    for i, (what, n, sign) in enumerate(w.spare_terms):
+        op = "− " if sign < 0 else ("+ " if i else "")
+        text += f"{' ' if i else ''}{op}{what} {fmt_bytes(n)}"
+    return f"{text} = {fmt_bytes(w.spare_bytes)}" if text else fmt_bytes(w.spare_bytes)
+
+
 def _fit_words(w: WhatIf) -> str:
     if w.fits:
-        return f"without it the request fits with {fmt_bytes(w.spare_bytes)} to spare"
+        return (f"without it the request fits with {fmt_bytes(w.spare_bytes)} to spare "
+                f"({spare_sum(w)})")
     return f"even without it the request is still short by {fmt_bytes(-(w.spare_bytes or 0))}"
 
 
@@ -279,7 +290,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
         parts.append(f"{fmt_bytes(int(pool.numbers['private_pool_free_bytes']))} sits free "
                      "in private pools the request cannot use.")
     acc, first = d.accumulating, _what_if(d, d.excess_family)
-    if acc is not None and d.excess_family:
+    if acc is not None and d.excess_family and d.excess_family == d.request_family:
         stop = d.excess_knob
         sentence = (f"The failing request's own family, {d.excess_family}, already holds "
                     f"{repeat_text(acc)} live from one site ({acc['site']})")
@@ -288,8 +299,9 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
             named.add(stop.id)
         else:
             sentence += ": no knob of a framework in use stops it"
-        if first is not None and first.fits is not None:
-            sentence += "; " + _fit_words(first).replace("without it", "without those copies")
+        copies = d.without_copies
+        if copies is not None and copies.fits is not None:
+            sentence += "; " + _fit_words(copies).replace("without it", "without those copies")
         parts.append(sentence + ".")
     elif first is not None and d.excess_family:
         note = group_note(next(g for g in r.groups if g.name == first.family))
@@ -341,6 +353,9 @@ def verdict(r: DeviceReport) -> str:
     d = r.diagnosis
     parts: list[str] = []
     named: set[str] = set()
+    if d.empty:
+        return (f"{device_text(r)} holds nothing {moment_text(r)}: 0 B allocated, 0 B "
+                "reserved. There is nothing on this device to diagnose.")
     if d.kind == "oom" and r.oom is not None:
         named = _oom_verdict(r, parts)
     elif not d.history and r.at is None:
@@ -348,16 +363,26 @@ def verdict(r: DeviceReport) -> str:
         state = f"{fmt_bytes(r.allocated_bytes)} allocated in {blocks} blocks"
         if r.reserved_known:
             state += f", {fmt_bytes(r.reserved_bytes)} reserved"
-        parts.append(
-            "No allocation history was recorded: this snapshot holds only the final state, so "
-            "there is no OOM, peak or timeline to show, and no block can be tied to the phase "
-            f"that made it. At the snapshot: {state}.")
+        if r.n_events and any(s.stack for s in r.top_sites):
+            n = r.n_events
+            parts.append(
+                "History recording was on (the blocks carry the stacks that allocated them), "
+                f"but the trace kept only {n} entr{'y' if n == 1 else 'ies'} and no "
+                "allocation, so there is no OOM, peak or timeline to show, and no block can be "
+                f"tied to the phase that made it. At the snapshot: {state}.")
+        else:
+            parts.append(
+                "No allocation history was recorded: this snapshot holds only the final state, "
+                "so there is no OOM, peak or timeline to show, and no block can be tied to the "
+                f"phase that made it. At the snapshot: {state}.")
         if r.groups:
             framed = any(g.name != "unknown" for g in r.groups)
             parts.append(f"Largest: {_top(r)}" + (
                 " (families from the blocks' own frames)." if framed else
                 " (no frames: sites cannot be named)."))
-        parts.append(f"To see how memory got here, record history next time: {RECORD_HISTORY}.")
+        parts.append(f"To see how memory got here, record history next time: {RECORD_HISTORY}"
+                     + (" (with max_entries large enough to hold the step)." if r.n_events
+                        else "."))
     else:
         where = ("the high-water mark" if r.source in HOST_SOURCES else
                  "the peak" if d.kind == "peak" else "the snapshot")
@@ -375,6 +400,11 @@ def verdict(r: DeviceReport) -> str:
             f"Far from capacity: {fmt_bytes(used)} {what} of {fmt_bytes(d.capacity_bytes)}"
             f" ({_pct(used / d.capacity_bytes)}), {fmt_bytes(d.headroom_bytes)} of "
             "headroom: nothing needs to shrink.")
+    if d.large_cache and not is_host(r):
+        parts.append(_cache_words(r))
+    if d.workload == "inference" and any(k.workload == "inference" for k in d.knobs):
+        parts.append("No backward was recorded (no gradients, optimizer state or backward "
+                     "phase), so the knobs are those for inference.")
     if d.knobs and d.knobs[0].id not in named:
         k = d.knobs[0]
         lead = ("Knob" if d.kind == "oom" and r.oom is not None else
@@ -386,6 +416,21 @@ def verdict(r: DeviceReport) -> str:
     return " ".join(parts)
 
 
+def _cache_words(r: DeviceReport) -> str:
+    """A large cache, said with what acts on it (the knobs on it the diagnosis offers)."""
+    d = r.diagnosis
+    share = r.cached_unallocated_bytes / r.reserved_bytes
+    text = (f"The cache is large: {fmt_bytes(r.cached_unallocated_bytes)} of the "
+            f"{fmt_bytes(r.reserved_bytes)} PyTorch reserved ({_pct(share)}) is cached but "
+            "unallocated")
+    if d.capacity_bytes and r.reserved_bytes >= 0.9 * d.capacity_bytes:
+        text += f", with the device near its {fmt_bytes(d.capacity_bytes)} capacity"
+    knobs = [k.knob for k in d.knobs if "large_cache" in k.causes]
+    if knobs:
+        text += "; acting on it: " + "; ".join(knobs) + " (caveats in the knob list)"
+    return text + "."
+
+
 KNOB_COLUMNS = ("knob", "cost", "acts on", "effect", "caveat")
 
 
@@ -395,7 +440,8 @@ def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str]]:
             for k in r.diagnosis.knobs]
 
 
-_CAN_GO = {"yes": "yes", "offload": "by offloading", "shrink": "only shrink (op in flight)"}
+_CAN_GO = {"yes": "yes", "offload": "by offloading", "shrink": "only shrink (op in flight)",
+           "unknown": "not known"}
 
 
 def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
@@ -406,12 +452,12 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
             result = (f"peak lower by {fmt_bytes(w.bytes)}" if d.history else
                       f"{fmt_bytes(w.bytes)} less at the snapshot")
         elif w.fits:
-            result = f"fits ({w.how}), {fmt_bytes(w.spare_bytes)} to spare"
+            result = f"fits ({w.how}), {fmt_bytes(w.spare_bytes)} to spare: {spare_sum(w)}"
         else:
             result = f"still short by {fmt_bytes(-(w.spare_bytes or 0))}"
         if w.private_pool_bytes and w.fits is not None:
             result += f" — {_pool_words(w)}"
-        can_go = _CAN_GO.get(w.removable, "no" if w.family == "unknown" else "no (model state)")
+        can_go = _CAN_GO.get(w.removable, "no (model state)")
         if w.removable == "offload" and d.reloading:
             can_go = "by offloading (not offered: the OOM is in the reload)"
         rows.append((w.family, fmt_bytes(w.bytes), result, can_go))
@@ -436,8 +482,11 @@ def _cause_reason(c: Cause, r: DeviceReport) -> str:
         if c.holds:
             frag = r.diagnosis.cause("fragmentation")
             share = float(frag.numbers["cached_share"]) if frag else 0.0
-            return (f"{head}; the {b('default_pool_free_bytes')} cached free in its pool would "
-                    f"cover it ({b('spare_after_compaction_bytes')} to spare), but that is "
+            return (f"{head}; with the {b('default_pool_free_bytes')} cached free in its pool "
+                    f"it would fit (device free {b('device_free_bytes')} + cached free "
+                    f"{b('default_pool_free_bytes')} − request "
+                    f"{b('rounded_request_bytes')} = "
+                    f"{b('spare_after_compaction_bytes')} to spare), but that is "
                     f"{_pct(share)} of reserved: the memory is in use, not stranded")
         return f"{head}, yet enough is cached free: see fragmentation"
     if c.id == "fragmentation":
@@ -484,6 +533,52 @@ def cause_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
             reason += f" ({EXPANDABLE_RULE})"
         rows.append((CAUSE_NAMES.get(c.id, c.id), status, reason))
     return rows
+
+
+# ----- the devices of one process ----------------------------------------------------------
+
+DEVICE_COLUMNS = ("device", "shown at", "peak allocated", "OOM", "top family")
+#: Peaks further apart than this factor are called uneven.
+SKEW_FACTOR = 1.5
+
+
+def _family_bytes(r: DeviceReport, family: str) -> int:
+    return next((g.bytes for g in r.groups if g.name == family), 0)
+
+
+def device_rows(reports: list[DeviceReport]) -> list[tuple[str, str, str, str, str]]:
+    """A row per GPU of one process: its peak, its OOM and the family holding most."""
+    return [(device_text(r), _MOMENT_NAMES.get(r.moment.kind, f"event {r.moment.idx}"),
+             fmt_bytes(r.peak_allocated_bytes),
+             f"yes, {fmt_bytes(r.oom.requested_bytes)} request" if r.oom is not None else "no",
+             f"{r.groups[0].name} {fmt_bytes(r.groups[0].bytes)}" if r.groups else "-")
+            for r in reports]
+
+
+def skew_text(reports: list[DeviceReport]) -> str:
+    """How far apart the devices' peaks are, and what an uneven spread implies."""
+    hi = max(reports, key=lambda r: r.peak_allocated_bytes)
+    lo = min(reports, key=lambda r: r.peak_allocated_bytes)
+    if hi.peak_allocated_bytes <= SKEW_FACTOR * lo.peak_allocated_bytes:
+        return (f"The {len(reports)} devices peak alike ({fmt_bytes(lo.peak_allocated_bytes)}"
+                f" to {fmt_bytes(hi.peak_allocated_bytes)}).")
+    others = ", ".join(f"{device_text(r)} at {fmt_bytes(r.peak_allocated_bytes)}"
+                       for r in sorted(reports, key=lambda r: -r.peak_allocated_bytes)
+                       if r is not hi)
+    ran_out = " and ran out of memory" if hi.oom is not None else ""
+    ratio = (f"{hi.peak_allocated_bytes / lo.peak_allocated_bytes:.1f}× the smallest"
+             if lo.peak_allocated_bytes else "the smallest holds nothing")
+    text = (f"Uneven: {device_text(hi)} peaked at {fmt_bytes(hi.peak_allocated_bytes)}"
+            f"{ran_out} while {others} ({ratio}).")
+    if hi.groups:
+        top = hi.groups[0].name
+        text += (f" Devices holding replicas of one model (nn.DataParallel, data parallel) "
+                 f"should peak alike, so look at what {device_text(hi)} holds beyond the "
+                 f"others: {top} {fmt_bytes(hi.groups[0].bytes)} there, "
+                 f"{fmt_bytes(_family_bytes(lo, top))} on {device_text(lo)}; if the model is "
+                 f"split across them (pipeline or manual placement), moving layers off "
+                 f"{device_text(hi)} evens them out.")
+    return text
 
 
 # ----- a diff ------------------------------------------------------------------------------
@@ -705,3 +800,15 @@ def inferred_note(g: Group) -> str:
     if g.inferred_bytes == g.bytes:
         return "all inferred"
     return f"{fmt_bytes(g.inferred_bytes)} inferred"
+
+
+_EVIDENCE_WORDS = {"inventory": "named tensor (sidecar)", "frames": "stack frames (a rule)",
+                   "inferred": "inferred", "unknown": "none: no rule decided it"}
+
+
+def evidence_note(g: Group) -> str:
+    """What decided the family's bytes: "stack frames (a rule)" when one kind did it all,
+    else each kind with its bytes ("stack frames (a rule) 3.10 GiB, inferred 1.00 GiB")."""
+    if len(g.evidence) == 1:
+        return _EVIDENCE_WORDS.get(g.evidence[0][0], g.evidence[0][0])
+    return ", ".join(f"{_EVIDENCE_WORDS.get(e, e)} {fmt_bytes(b)}" for e, b in g.evidence)
