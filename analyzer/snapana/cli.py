@@ -46,6 +46,8 @@ class _Guarded(TyperGroup):
         try:
             return super().invoke(ctx)
         except SnapanaError as exc:
+            if _DEBUG and exc.detail:
+                err.print(exc.detail.rstrip(), markup=False, highlight=False, soft_wrap=True)
             err.print(f"snapana: error: {exc}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
@@ -102,7 +104,8 @@ def _main(
         "--version", "-V", callback=_version, is_eager=True, help="print the version and exit")
     ] = False,
     debug: Annotated[bool, typer.Option(
-        "--debug", help="on an internal error, print the traceback")] = False,
+        "--debug", help="on an internal error, print the traceback (and a reader child's "
+        "own output when it fails)")] = False,
 ) -> None:
     """Explain GPU out-of-memory incidents from PyTorch memory snapshots."""
     global _DEBUG
@@ -431,17 +434,22 @@ def convert(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="memray capture (.bin)")],
     output: Annotated[Path | None, typer.Option(
         "-o", "--output", metavar="PATH", help="Parquet file to write")] = None,
+    memray_python: Annotated[Path | None, typer.Option(
+        "--memray-python", metavar="PYTHON",
+        help="the python of an environment where the memray release that reads the capture "
+        "is installed (memray alone is enough there)")] = None,
 ) -> None:
     """Turn a memray capture into a Parquet file that snapana reads with any memray installed.
 
     Run it where the memray release that wrote the capture is installed (snapana's error
-    message names it).
+    message names it), or point --memray-python at such an environment's python.
     """
     from snapana.convert import convert_memray
 
     out = convert_memray(file, _output_file(output, Path(file.with_suffix(".parquet").name)
                                             if output is not None else
-                                            file.with_suffix(".parquet"), [file]))
+                                            file.with_suffix(".parquet"), [file]),
+                         python=str(memray_python) if memray_python is not None else None)
     err.print(f"wrote {out}")
 
 

@@ -498,10 +498,14 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
             what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
                                    _removable(g.name, fw, rules)))
     headroom = capacity - state.reserved if capacity is not None else None
-    prescribe = dr.device >= 0 and (
+    # a process's heap (memray) gets the host packs' knobs for the families that hold it
+    host = capture.metadata.get("memory") == "host"
+    prescribe = host or dr.device >= 0 and (
         oom is not None or headroom is None or capacity is None
         or state.reserved >= FAR_FROM_CAPACITY * capacity)
     order = ([excess] if excess else []) + ([req_family] if req_family else [])
+    if host:
+        order += [g.name for g in state.groups if g.name != "unknown"]
     order += [w.family for w in what_ifs if w.removable != "no" and w.fits]
     order += [w.family for w in what_ifs if w.removable != "no"]
     order = list(dict.fromkeys(order))

@@ -236,6 +236,18 @@ class RuleSet:
             contents=self.contents,
         )
 
+    def for_memory(self, memory: str) -> RuleSet:
+        """A copy whose family rules are those of the packs describing ``memory`` ("device":
+        a GPU allocator's blocks, "host": a process's heap) or any memory; phase rules,
+        knobs and markers are kept (a stack's phase reads the same on either side)."""
+        keep = {r.id for p in self.contents if p.memory in (memory, "any") for r in p.rules}
+        packed = {r.id for p in self.contents for r in p.rules}
+        rules = [r for r in self.rules if r.id in keep or r.id not in packed]
+        if len(rules) == len(self.rules):
+            return self
+        return RuleSet((*rules, *self.phase_rules), self.sites, self.packs,
+                       contents=self.contents)
+
     @cached_property
     def knobs(self) -> tuple[Knob, ...]:
         """Every pack's ``[[knob]]`` entries, in load order."""
@@ -254,7 +266,9 @@ class RuleSet:
     def run_example(self, example: Example) -> Decision:
         """The decision for an example's stack and context, with the sites of its own stack
         indexed (as the Attributor indexes a snapshot's)."""
-        return self.with_sites([example.stack]).classify(example.stack, example.context)
+        memory = next((p.memory for p in self.contents if example in p.examples), "device")
+        return (self.for_memory(memory).with_sites([example.stack])
+                .classify(example.stack, example.context))
 
     def check_examples(self) -> list[str]:
         """One line per example whose stack does not get the family (rule, phase) it

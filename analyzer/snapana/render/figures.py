@@ -382,7 +382,8 @@ def figure(name: str, v: DeviceView) -> go.Figure:
         fig = go.Figure()
         fig.update_layout(height=200, xaxis=dict(visible=False), yaxis=dict(visible=False),
                           title="No allocation history recorded: nothing to draw over time",
-                          annotations=[dict(text=RECORD_HISTORY.replace(" (or ", "<br>(or "),
+                          annotations=[dict(text=(v.history_note or RECORD_HISTORY)
+                                            .replace(" (or ", "<br>(or "),
                                             showarrow=False,
                                             xref="paper", yref="paper", x=0.5, y=0.5)])
         return fig

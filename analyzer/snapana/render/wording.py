@@ -321,6 +321,40 @@ def _top(r: DeviceReport, n: int = 3) -> str:
     return ", ".join(f"{g.name} {fmt_bytes(g.bytes)}" for g in r.groups[:n])
 
 
+def uses_torch(r: DeviceReport) -> bool:
+    """PyTorch is in the stacks of the sites the report shows: only then is PyTorch's own
+    capture advice worth giving for a host capture."""
+    return any("torch/" in f[0].replace("\\", "/") for s in r.top_sites for f in s.stack)
+
+
+def host_history_note(r: DeviceReport) -> str:
+    """What a heap capture has instead of an allocation timeline, and (for a PyTorch job
+    only) how to record the GPU side too."""
+    note = ("memray keeps the heap's high-water mark (the most host memory the process held "
+            "at once) and samples of RSS and heap size, not a per-allocation timeline: the "
+            "state above is that high-water mark.")
+    if uses_torch(r):
+        note += f" For the GPU side of this PyTorch job, record its history: {RECORD_HISTORY}."
+    return note
+
+
+def _site_words(g: Group) -> str:
+    return f" (top site {g.sites[0]['site']})" if g.sites else ""
+
+
+def _host_verdict(r: DeviceReport, parts: list[str]) -> None:
+    """A heap's high-water mark (memray): the bytes at it and who holds them, each family
+    with its top site, so code no rule knows is still named by where it allocates."""
+    sites = sum(g.blocks for g in r.groups)
+    parts.append(f"At the heap's high-water mark (the most host memory the process held at "
+                 f"once): {fmt_bytes(r.allocated_bytes)} in {sites} allocation sites.")
+    if r.groups:
+        parts.append("Largest: " + ", ".join(f"{g.name} {fmt_bytes(g.bytes)}{_site_words(g)}"
+                                             for g in r.groups[:3]) + ".")
+    else:
+        parts.append("Nothing is allocated.")
+
+
 def verdict(r: DeviceReport) -> str:
     """One paragraph a tired engineer can act on; the evidence follows it in every report."""
     d = r.diagnosis
@@ -328,6 +362,8 @@ def verdict(r: DeviceReport) -> str:
     named: set[str] = set()
     if d.kind == "oom" and r.oom is not None:
         named = _oom_verdict(r, parts)
+    elif r.source in HOST_SOURCES and r.at is None:
+        _host_verdict(r, parts)
     elif not d.history and r.at is None:
         blocks = sum(g.blocks for g in r.groups)
         state = f"{fmt_bytes(r.allocated_bytes)} allocated in {blocks} blocks"
@@ -352,7 +388,8 @@ def verdict(r: DeviceReport) -> str:
         parts.append(f"{opening} ({fmt_bytes(r.allocated_bytes)} allocated, "
                      f"{_phase_words(d.phase)}).{largest}")
     if r.oom is None and is_host(r):
-        parts.append("This is host memory: no GPU knob applies.")
+        parts.append("This is host memory: no GPU knob applies" + (
+            "; the knobs below act on the host side." if d.knobs else "."))
     elif r.oom is None and d.capacity_bytes and d.headroom_bytes is not None and not d.prescribe:
         what = "reserved" if r.reserved_known else "allocated"
         used = r.reserved_bytes if r.reserved_known else r.allocated_bytes
