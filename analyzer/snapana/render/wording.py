@@ -347,7 +347,8 @@ def _host_verdict(r: DeviceReport, parts: list[str]) -> None:
     with its top site, so code no rule knows is still named by where it allocates."""
     sites = sum(g.blocks for g in r.groups)
     parts.append(f"At the heap's high-water mark (the most host memory the process held at "
-                 f"once): {fmt_bytes(r.allocated_bytes)} in {sites} allocation sites.")
+                 f"once): {fmt_bytes(r.allocated_bytes)} in {sites} allocation "
+                 f"site{'s' if sites != 1 else ''}.")
     if r.groups:
         parts.append("Largest: " + ", ".join(f"{g.name} {fmt_bytes(g.bytes)}{_site_words(g)}"
                                              for g in r.groups[:3]) + ".")
