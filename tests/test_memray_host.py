@@ -315,6 +315,7 @@ def test_a_gpu_capture_never_gets_host_families():
              ("/v/site-packages/torch/optim/optimizer.py", "wrapper", 526),
              ("/home/u/train.py", "main", 40))
     rules = load_rules()
+    assert rules.classify(stack, BlockContext()).family == "optimizer_state"  # device: default
     assert rules.for_memory("device").classify(stack, BlockContext()).family == \
         "optimizer_state"
     assert rules.for_memory("host").classify(stack, BlockContext()).family == \

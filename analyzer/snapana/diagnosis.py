@@ -436,7 +436,9 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     segments, live, held = state.segments, state.live, state.held
     rules = attributor.rules  # the built-in packs plus any --rules file: knobs and markers too
     frameworks = sorted(frameworks_in(sorted({f[0] for f in capture.stacks.frames}), rules))
-    fw = set(frameworks)
+    # a process's heap (memray) gets the host pack's knobs for the families that hold it
+    host = capture.metadata.get("memory") == "host"
+    fw = set(frameworks) | ({"host"} if host else set())
     request = req_family = req_label = req_site = None
     phase = _dominant_phase(held)
     outside = None
@@ -495,11 +497,12 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         what_ifs.sort(key=lambda w: (w.family != excess, w.family != alternative))
     else:
         for g in state.groups[:WHATIF_FAMILIES]:
+            removable = _removable(g.name, fw, rules)
+            if host and removable == "no" and knobs_for([g.name], [], fw, phase, rules):
+                removable = "yes"  # a host knob stops keeping it (its caveat says the cost)
             what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
-                                   _removable(g.name, fw, rules)))
+                                   removable))
     headroom = capacity - state.reserved if capacity is not None else None
-    # a process's heap (memray) gets the host packs' knobs for the families that hold it
-    host = capture.metadata.get("memory") == "host"
     prescribe = host or dr.device >= 0 and (
         oom is not None or headroom is None or capacity is None
         or state.reserved >= FAR_FROM_CAPACITY * capacity)

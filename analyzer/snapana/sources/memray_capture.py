@@ -21,6 +21,7 @@ int32 pid, uint64 main_tid, uint64 skipped_frames_on_main_tid, uint8 python_allo
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -351,6 +352,7 @@ done({"records": cols, "meta": meta})
 """
 
 
+@functools.lru_cache(maxsize=8)
 def _installed_release(python: str | None) -> str | None:
     """The memray release the reader will use: this interpreter's (from its metadata, no
     import) or, for another interpreter, what its memray says."""
@@ -368,9 +370,9 @@ def _installed_release(python: str | None) -> str | None:
 
 
 def _check_readable(path: Path, python: str | None = None,
-                    out: Path | str | None = None) -> tuple[MemrayHeader, str | None]:
-    """The header and the reading release, when that release reads this capture's format;
-    InputError (saying what to run) otherwise."""
+                    out: Path | str | None = None) -> MemrayHeader:
+    """The header, when the reading release (this interpreter's memray, or `python`'s) reads
+    this capture's format; InputError (saying what to run) otherwise."""
     header = read_header(path)
     installed = _installed_release(python)
     if installed is None:
@@ -379,7 +381,7 @@ def _check_readable(path: Path, python: str | None = None,
     if own is not None and own != header.format_version:
         raise incompatible_error(path, header, f"installed memray {installed} reads format "
                                  f"{own}", out)
-    return header, installed
+    return header
 
 
 def _memray_error(path: Path, header: MemrayHeader, text: str, installed: str | None,
@@ -479,7 +481,8 @@ def read_records(path: Path, progress: ReadProgress | None = None, python: str |
     capture that crashes memray's native reader is refused, never a crash here."""
     path = Path(path)
     check_regular(path)
-    header, installed = _check_readable(path, python, out)
+    header = _check_readable(path, python, out)
+    installed = _installed_release(python)
     size = path.stat().st_size
     with tempfile.TemporaryDirectory(prefix="snapana-memray-") as tmp:
         result = Path(tmp) / "records.json"
