@@ -23,9 +23,10 @@ from snapana.sources import memray_capture
 
 from .conftest import corpus_params, invoke, require
 
-#: Releases whose captures the tests write: the oldest the `memray>=1.10` extra allows, and
-#: the one the corpus's captures (format 12) come from. The installed memray is the newest.
-RELEASES = {"1.10.0": 10, "1.19.3": 12}
+#: Releases whose captures the tests write, one per capture format: the oldest the
+#: `memray>=1.10` extra allows (format 10), the last of format 11, and the one the corpus's
+#: captures (format 12) come from. The installed memray (format 13) is the newest.
+RELEASES = {"1.10.0": 10, "1.18.0": 11, "1.19.3": 12}
 
 WRITE = """
 import os, sys, memray

@@ -427,6 +427,8 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
     for w in d.what_ifs:
         if w.fits is None:
             result = (f"peak lower by {fmt_bytes(w.bytes)}" if d.history else
+                      f"{fmt_bytes(w.bytes)} less at the high-water mark"
+                      if r.source in HOST_SOURCES else
                       f"{fmt_bytes(w.bytes)} less at the snapshot")
         elif w.fits:
             result = f"fits ({w.how}), {fmt_bytes(w.spare_bytes)} to spare"
