@@ -352,12 +352,15 @@ done({"records": cols, "meta": meta})
 """
 
 
-@functools.lru_cache(maxsize=8)
 def _installed_release(python: str | None) -> str | None:
     """The memray release the reader will use: this interpreter's (from its metadata, no
     import) or, for another interpreter, what its memray says."""
-    if python is None:
-        return _installed_memray()
+    return _installed_memray() if python is None else _release_of(python)
+
+
+@functools.lru_cache(maxsize=8)
+def _release_of(python: str) -> str | None:
+    """What `python`'s memray says its release is (asked once per interpreter)."""
     with tempfile.TemporaryDirectory(prefix="snapana-memray-") as tmp:
         out = Path(tmp) / "version.json"
         try:
