@@ -178,6 +178,17 @@ def test_a_reader_that_stops_reading_is_stopped(tmp_path, monkeypatch):
     assert seen and seen[-1] == (10, size)
 
 
+def test_a_reader_that_spins_is_stopped_by_cpu_time(tmp_path, monkeypatch):
+    """Work is bounded in CPU seconds (proportional to the capture), not wall-clock ones."""
+    monkeypatch.setattr(memray_capture, "memray_cpu_seconds", lambda size: 1.0)
+    cap = tmp_path / "run.bin"
+    cap.write_bytes(b"x" * 64)
+    spin = "import sys\nopen(sys.argv[1], 'rb').read()\nwhile True:\n    pass\n"
+    with pytest.raises(InputError) as info:
+        memray_capture._run_reader([sys.executable, "-c", spin, str(cap)], cap, 64, None, None)
+    assert "more than 1 s of CPU" in str(info.value)
+
+
 # ----- the corpus ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -327,8 +338,9 @@ def test_a_gpu_capture_never_gets_host_families():
 
 def test_read_bound_grows_with_the_capture(monkeypatch):
     """No fixed wall-clock limit: the bound on memray's reader grows with the capture."""
-    from snapana.limits import memray_read_seconds
+    from snapana.limits import memray_cpu_seconds, memray_read_seconds
 
     monkeypatch.delenv("SNAPANA_MEMRAY_SECONDS_PER_MIB", raising=False)
-    assert memray_read_seconds(100 << 20) > 20 * memray_read_seconds(1 << 20)
-    assert memray_read_seconds(1_777_664) > 600  # C-killer's 1.7 MB: ~30 s of real work
+    assert memray_cpu_seconds(100 << 20) > 20 * memray_cpu_seconds(1 << 20)
+    assert memray_cpu_seconds(1_777_664) > 600  # C-killer's 1.7 MB: ~30 s of real work
+    assert memray_read_seconds(1_777_664) > memray_cpu_seconds(1_777_664)

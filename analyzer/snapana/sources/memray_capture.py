@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import struct
 import subprocess
 import sys
@@ -39,7 +40,13 @@ import numpy as np
 import polars as pl
 
 from snapana.errors import InputError
-from snapana.limits import MAX_BYTES, MAX_STRING, memray_read_seconds, memray_stall_seconds
+from snapana.limits import (
+    MAX_BYTES,
+    MAX_STRING,
+    memray_cpu_seconds,
+    memray_read_seconds,
+    memray_stall_seconds,
+)
 from snapana.model import (
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
@@ -432,13 +439,25 @@ def _read_position(pid: int, path: Path) -> int | None:
 
 def _run_reader(cmd: list[str], path: Path, size: int, progress: ReadProgress | None,
                 preexec: Any) -> tuple[int, str]:
-    """Run the reader child with hang protection proportional to the capture: it must keep
-    reading (a stall of `memray_stall_seconds` before the end of the file stops it) and
-    finish within `memray_read_seconds(size)`. Progress is its read offset in the file."""
-    limit, stall = memray_read_seconds(size), memray_stall_seconds()
+    """Run the reader child with hang protection proportional to the capture: at most
+    `memray_cpu_seconds(size)` of CPU (RLIMIT_CPU), it must keep reading (a stall of
+    `memray_stall_seconds` before the end of the file stops it), and finish within
+    `memray_read_seconds(size)`. Progress is its read offset in the file."""
+    limit, stall, cpu = memray_read_seconds(size), memray_stall_seconds(), memray_cpu_seconds(size)
+
+    def bounded() -> None:
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CPU, (int(cpu) + 1, int(cpu) + 6))
+        except (ImportError, ValueError, OSError):
+            pass
+        if preexec is not None:
+            preexec()
+
     with tempfile.TemporaryFile() as errf:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf,
-                                preexec_fn=preexec)
+                                preexec_fn=bounded if os.name == "posix" else None)
         start = last_move = time.monotonic()
         best = -1
         try:
@@ -469,6 +488,11 @@ def _run_reader(cmd: list[str], path: Path, size: int, progress: ReadProgress | 
                 proc.kill()
                 proc.wait()
             raise
+        if rc in (-getattr(signal, "SIGXCPU", 24), -signal.SIGKILL) and \
+                time.monotonic() - start >= cpu:
+            raise InputError(f"{path}: memray's reader used more than {cpu:.0f} s of CPU, the "
+                             "bound for a capture of this size (corrupt? raise "
+                             "SNAPANA_MEMRAY_SECONDS_PER_MIB for a genuine one)")
         if progress is not None:
             progress(size, size)
         errf.seek(0)
