@@ -94,4 +94,4 @@ def memray_read_seconds(size: int) -> float:
 def memray_stall_seconds() -> float:
     """How long memray's reader may go without reading further into the capture before the
     end of the file (a hang on a hostile file, not work)."""
-    return float(_env_int("SNAPANA_MEMRAY_STALL_SECONDS", 60))
+    return float(_env_int("SNAPANA_MEMRAY_STALL_SECONDS", 120))

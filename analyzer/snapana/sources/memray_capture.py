@@ -418,23 +418,26 @@ def _child_failure(stderr: str) -> str:
 
 
 def _read_position(pid: int, path: Path) -> int | None:
-    """How far the child has read the capture: the offset of its descriptor on the file
-    (Linux /proc); None where that cannot be seen."""
-    fd_dir = Path(f"/proc/{pid}/fd")
+    """How far the child has read the capture: the furthest offset of its descriptors on the
+    file (Linux /proc; memray opens it more than once); None where that cannot be seen."""
     try:
         target = str(path.resolve())
-        for fd in fd_dir.iterdir():
-            try:
-                if os.readlink(fd) == target:
-                    info = (Path(f"/proc/{pid}/fdinfo") / fd.name).read_text()
-                    for line in info.splitlines():
-                        if line.startswith("pos:"):
-                            return int(line.split()[1])
-            except (OSError, ValueError):
-                continue
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
         return None
-    return None
+    best = None
+    for fd in fds:
+        try:
+            if os.readlink(fd) != target:
+                continue
+            info = (Path(f"/proc/{pid}/fdinfo") / fd.name).read_text()
+        except (OSError, ValueError):
+            continue
+        for line in info.splitlines():
+            if line.startswith("pos:"):
+                pos = int(line.split()[1])
+                best = pos if best is None else max(best, pos)
+    return best
 
 
 def _run_reader(cmd: list[str], path: Path, size: int, progress: ReadProgress | None,
