@@ -105,10 +105,11 @@ def test_every_builtin_pack_loads_with_rules(rules):
         "torchtitan",
         "liger_kernel",
         "flash_attn",
+        "host",
     }
     assert set(builtin_pack_names()) == expected
     per_pack = {p: 0 for p in expected}
-    for r in (*rules.rules, *rules.phase_rules):
+    for r in (*rules.rules, *rules.phase_rules, *rules.for_memory("host").rules):
         per_pack[r.id.split(".")[0]] += 1
     assert all(n > 0 for n in per_pack.values()), per_pack
 
@@ -131,6 +132,11 @@ def test_family_table_has_the_stable_ids():
         "comm_buffer",
         "workspace",
         "recompute",
+        "host_optimizer_state",
+        "host_weight_backup",
+        "pinned_buffer",
+        "host_data",
+        "host_dataset_cache",
         "unknown",
     }
 

@@ -373,7 +373,7 @@ def test_timeline_record_bomb_is_refused_quickly(tmp_path):
 
 def test_a_crashing_memray_reader_is_a_refusal(tmp_path, monkeypatch):
     header = memray_capture.MemrayHeader(13, False)
-    monkeypatch.setattr(memray_capture, "_check_readable", lambda path: header)
+    monkeypatch.setattr(memray_capture, "_check_readable", lambda path, *_: header)
     monkeypatch.setattr(memray_capture, "_CHILD",
                         "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     p = tmp_path / "c.bin"

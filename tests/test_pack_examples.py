@@ -35,7 +35,7 @@ def test_every_pack_with_family_rules_has_an_example() -> None:
 
 
 def test_examples_name_rules_that_exist() -> None:
-    ids = {r.id for r in (*RULES.rules, *RULES.phase_rules)}
+    ids = {r.id for r in (*RULES.rules, *RULES.phase_rules, *RULES.for_memory("host").rules)}
     for e in EXAMPLES:
         assert e.rule is None or e.rule in ids, e.name
 

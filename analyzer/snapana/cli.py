@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -22,6 +23,8 @@ from snapana.errors import InputError, SnapanaError
 
 err = Console(stderr=True)
 
+
+_T = TypeVar("_T")
 
 #: Exit code of an error that is snapana's fault, not the input's (which exits 2).
 INTERNAL_ERROR = 3
@@ -46,6 +49,8 @@ class _Guarded(TyperGroup):
         try:
             return super().invoke(ctx)
         except SnapanaError as exc:
+            if _DEBUG and exc.detail:
+                err.print(exc.detail.rstrip(), markup=False, highlight=False, soft_wrap=True)
             err.print(f"snapana: error: {exc}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
@@ -102,24 +107,30 @@ def _main(
         "--version", "-V", callback=_version, is_eager=True, help="print the version and exit")
     ] = False,
     debug: Annotated[bool, typer.Option(
-        "--debug", help="on an internal error, print the traceback")] = False,
+        "--debug", help="on an internal error, print the traceback (and a reader child's "
+        "own output when it fails)")] = False,
 ) -> None:
     """Explain GPU out-of-memory incidents from PyTorch memory snapshots."""
     global _DEBUG
     _DEBUG = debug
 
 
+def _reading(path: Path, read: Callable[[Callable[[int, int], None] | None], _T]) -> _T:
+    """Run `read(progress)` with a progress bar on stderr when it is a terminal (quiet
+    otherwise): bytes of `path` read so far."""
+    if not err.is_terminal:
+        return read(None)
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
+        task = bar.add_task(f"reading {path.name}", total=None)
+        return read(lambda done, total: bar.update(task, completed=done, total=total))
+
+
 def _open(path: Path) -> Capture:
     """Read with a progress bar on stderr when it is a terminal (quiet otherwise)."""
     from snapana.session import open_capture
 
-    if not err.is_terminal:
-        return open_capture(path)
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TimeRemainingColumn(), console=err, transient=True) as bar:
-        task = bar.add_task(f"reading {path.name}", total=None)
-        return open_capture(path, lambda done, total: bar.update(task, completed=done,
-                                                                  total=total))
+    return _reading(path, lambda progress: open_capture(path, progress))
 
 
 def _sessions(path: Path, device: int | None, rules: list[Path] | None = None,
@@ -432,17 +443,23 @@ def convert(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="memray capture (.bin)")],
     output: Annotated[Path | None, typer.Option(
         "-o", "--output", metavar="PATH", help="Parquet file to write")] = None,
+    memray_python: Annotated[Path | None, typer.Option(
+        "--memray-python", metavar="PYTHON",
+        help="the python of an environment where the memray release that reads the capture "
+        "is installed (memray alone is enough there)")] = None,
 ) -> None:
     """Turn a memray capture into a Parquet file that snapana reads with any memray installed.
 
     Run it where the memray release that wrote the capture is installed (snapana's error
-    message names it).
+    message names it), or point --memray-python at such an environment's python.
     """
     from snapana.convert import convert_memray
 
-    out = convert_memray(file, _output_file(output, Path(file.with_suffix(".parquet").name)
-                                            if output is not None else
-                                            file.with_suffix(".parquet"), [file]))
+    target = _output_file(output, Path(file.with_suffix(".parquet").name)
+                          if output is not None else file.with_suffix(".parquet"), [file])
+    python = str(memray_python) if memray_python is not None else None
+    out = _reading(file, lambda progress: convert_memray(file, target, python=python,
+                                                         progress=progress))
     err.print(f"wrote {out}")
 
 

@@ -14,6 +14,8 @@ longer depends on memray:
   layout version, and the RSS/heap series over time (`snapshots`).
 
 `snapana.sources.memray_capture.load` reads it back into the same Capture as the `.bin`.
+The reader needs only memray, so `--memray-python` can point at any environment where the
+right release is installed (`pip install memray==X` in a bare venv is enough).
 """
 
 from __future__ import annotations
@@ -21,16 +23,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from snapana.model import ReadProgress
 from snapana.output import atomic_path
 from snapana.sources import memray_capture
 from snapana.sources._io import check_regular
 
 
-def convert_memray(path: Path | str, out_parquet: Path | str) -> Path:
-    """Write the high-water mark of a memray capture as Parquet (atomically); return it."""
+def convert_memray(path: Path | str, out_parquet: Path | str, python: str | None = None,
+                   progress: ReadProgress | None = None) -> Path:
+    """Write the high-water mark of a memray capture as Parquet (atomically); return it.
+    `python`: an interpreter where the memray release that reads the capture is installed
+    (memray alone is enough there), when it is not the one running snapana."""
     path, out = Path(path), Path(out_parquet)
     check_regular(path)  # missing, a FIFO or a device: refused before anything opens it
-    records, meta = memray_capture.read_records(path)
+    records, meta = memray_capture.read_records(path, progress, python=python, out=out)
     with atomic_path(out) as tmp:
         records.write_parquet(
             tmp, metadata={memray_capture.PARQUET_META_KEY: json.dumps(meta)}

@@ -481,7 +481,9 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     segments, live, held = state.segments, state.live, state.held
     rules = attributor.rules  # the built-in packs plus any --rules file: knobs and markers too
     frameworks = sorted(frameworks_in(sorted({f[0] for f in capture.stacks.frames}), rules))
-    fw = set(frameworks)
+    # a process's heap (memray) gets the host pack's knobs for the families that hold it
+    host = capture.metadata.get("memory") == "host"
+    fw = set(frameworks) | ({"host"} if host else set())
     request = req_family = req_label = req_site = None
     phase = _dominant_phase(held)
     outside = None
@@ -562,15 +564,21 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         what_ifs.sort(key=lambda w: (w.family != excess, w.family != alternative))
     else:
         for g in state.groups[:WHATIF_FAMILIES]:
+            removable = _removable(g.name, fw, rules, phase, workload)
+            if host and removable == "no" and knobs_for([g.name], [], fw, phase, rules,
+                                                        workload=workload):
+                removable = "yes"  # a host knob stops keeping it (its caveat says the cost)
             what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
-                                   _removable(g.name, fw, rules, phase, workload)))
+                                   removable))
     headroom = capacity - state.reserved if capacity is not None else None
     empty = state.allocated == 0 and state.reserved == 0 and oom is None
-    prescribe = dr.device >= 0 and not empty and (
+    prescribe = host or dr.device >= 0 and not empty and (
         oom is not None or headroom is None or capacity is None
         or state.reserved >= FAR_FROM_CAPACITY * capacity)
     eligible = _knob_families(state, what_ifs, req_family, shortfall)
     order = ([excess] if excess else []) + ([req_family] if req_family else [])
+    if host:
+        order += [g.name for g in state.groups if g.name != "unknown"]
     order += [w.family for w in what_ifs if w.removable != "no" and w.fits]
     order += [w.family for w in what_ifs if w.removable != "no"]
     order += [g.name for g in state.groups]

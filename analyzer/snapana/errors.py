@@ -8,6 +8,11 @@ class SnapanaError(Exception):
 
     exit_code = 2
 
+    def __init__(self, *args: object, detail: str | None = None) -> None:
+        super().__init__(*args)
+        #: What a child process or library said in full (a traceback): shown with --debug.
+        self.detail = detail
+
 
 class InputError(SnapanaError):
     """The file is missing, unreadable, of the wrong format, truncated or unsafe."""

@@ -101,3 +101,25 @@ def decode_memory(size: int) -> int:
 
 def limit_hint(var: str) -> str:
     return f"if the file is genuine, raise the limit with the environment variable {var}"
+
+
+def memray_cpu_seconds(size: int) -> float:
+    """CPU time memray's reader may use on a capture of `size` bytes: work grows with the
+    records a capture holds, and a compressed MiB holds millions (a 1.7 MB capture of 88
+    million allocations takes memray ~30 s of CPU), so the bound is generous per MiB and only
+    stops what no legitimate file needs. CPU time, not wall time: a busy machine does not
+    make a genuine capture fail."""
+    per_mib = _env_int("SNAPANA_MEMRAY_SECONDS_PER_MIB", 600)
+    return 30.0 + per_mib * size / (1 << 20)
+
+
+def memray_read_seconds(size: int) -> float:
+    """Wall-clock time memray's reader may take: far above its CPU bound (a shared machine
+    may give it a tenth of a core); only a reader that neither reads nor computes meets it."""
+    return 10 * memray_cpu_seconds(size)
+
+
+def memray_stall_seconds() -> float:
+    """How long memray's reader may go without reading further into the capture before the
+    end of the file (a hang on a hostile file, not work)."""
+    return float(_env_int("SNAPANA_MEMRAY_STALL_SECONDS", 120))

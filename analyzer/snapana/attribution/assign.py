@@ -188,7 +188,9 @@ class Attributor:
             capture.events.filter(pl.col("action").is_in(["alloc", "oom"]))["stack_id"]
             .unique().to_list()
         )
-        self.rules = rules.with_sites(self.stacks.stack(s) for s in stack_ids)
+        # a source that measures a process's heap (memray) says so: host packs decide there
+        memory = str(capture.metadata.get("memory", "device"))
+        self.rules = rules.for_memory(memory).with_sites(self.stacks.stack(s) for s in stack_ids)
         self.windows = AnnotationWindows(capture, device)
         ev = capture.device_events(device)
         # a Series, not a list: only the few live blocks' times are ever read

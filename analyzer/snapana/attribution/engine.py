@@ -201,11 +201,18 @@ class RuleSet:
         packs: Sequence[str] = (),
         *,
         contents: Sequence[Pack] = (),
+        memory: str = "device",
     ) -> None:
         self.contents: tuple[Pack, ...] = tuple(contents)
+        #: the memory the blocks classified are in ("device" or "host"): only the family
+        #: rules of packs describing it (or any memory) decide (see `for_memory`)
+        self.memory = memory
+        self._all_rules = tuple(rules)
+        pack_memory = {r.id: p.memory for p in self.contents for r in p.rules}
         key = lambda r: (-r.priority, r.order)  # noqa: E731 - tiny sort key
         self.rules: tuple[Rule, ...] = tuple(
-            sorted((r for r in rules if r.kind == "family"), key=key)
+            sorted((r for r in rules if r.kind == "family"
+                    and pack_memory.get(r.id, "device") in (memory, "any")), key=key)
         )
         self.phase_rules: tuple[Rule, ...] = tuple(
             sorted((r for r in rules if r.kind == "phase"), key=key)
@@ -230,11 +237,22 @@ class RuleSet:
     def with_sites(self, stacks: Iterable[Stack]) -> RuleSet:
         """A copy of this rule set that resolves ``line_rank`` against ``stacks``."""
         return RuleSet(
-            (*self.rules, *self.phase_rules),
+            self._all_rules,
             SiteIndex.from_stacks(stacks),
             self.packs,
             contents=self.contents,
+            memory=self.memory,
         )
+
+    def for_memory(self, memory: str) -> RuleSet:
+        """This rule set for blocks in ``memory`` ("device": a GPU allocator's blocks, the
+        default; "host": a process's heap): its family rules are those of the packs that
+        describe that memory (``[pack] memory``) or any; phase rules, knobs and markers are
+        kept (a stack's phase reads the same on either side)."""
+        if memory == self.memory:
+            return self
+        return RuleSet(self._all_rules, self.sites, self.packs, contents=self.contents,
+                       memory=memory)
 
     @cached_property
     def knobs(self) -> tuple[Knob, ...]:
@@ -254,7 +272,9 @@ class RuleSet:
     def run_example(self, example: Example) -> Decision:
         """The decision for an example's stack and context, with the sites of its own stack
         indexed (as the Attributor indexes a snapshot's)."""
-        return self.with_sites([example.stack]).classify(example.stack, example.context)
+        memory = next((p.memory for p in self.contents if example in p.examples), "device")
+        return (self.for_memory(memory).with_sites([example.stack])
+                .classify(example.stack, example.context))
 
     def check_examples(self) -> list[str]:
         """One line per example whose stack does not get the family (rule, phase) it

@@ -282,12 +282,19 @@ class Pack:
     rules: tuple[Rule, ...]
     knobs: tuple[Knob, ...]
     examples: tuple[Example, ...]
+    memory: str = "device"
+    """``[pack] memory``: the memory its family rules describe (one of MEMORY_KINDS); a
+    host pack's rules never decide a GPU block, nor a GPU pack's a heap allocation."""
 
 
 # --------------------------------------------------------------------------------------
 # parsing
 
-_PACK_KEYS = {"name", "description", "default_priority", "versions", "notes", "markers"}
+_PACK_KEYS = {"name", "description", "default_priority", "versions", "notes", "markers",
+              "memory"}
+#: What memory a pack's family rules describe: a GPU caching allocator's blocks ("device",
+#: the default), a process's heap as memray records it ("host"), or both ("any").
+MEMORY_KINDS = ("device", "host", "any")
 _TOP_KEYS = {"pack", "rule", "phase_rule", "knob", "example"}
 _KNOB_KEYS = {
     "id",
@@ -609,6 +616,9 @@ def parse_pack_text(text: str, source: str, *, user: bool = False, order_start: 
         if not all(markers):
             raise ctx.fail("`markers` entries must be non-empty path fragments")
         markers = tuple(m.replace("\\", "/") for m in markers)
+    memory = pack_raw.get("memory", "device")
+    if memory not in MEMORY_KINDS:
+        raise ctx.fail(f"`memory` must be one of {MEMORY_KINDS}, got {memory!r}")
     default_priority = _int(
         pack_raw.get("default_priority", USER_DEFAULT_PRIORITY if user else DEFAULT_PRIORITY),
         ctx,
@@ -674,7 +684,7 @@ def parse_pack_text(text: str, source: str, *, user: bool = False, order_start: 
             )
     knobs = tuple(_knobs(data, name, ctx))
     examples = tuple(_examples(data, name, source, ctx))
-    return Pack(name, source, description, markers, tuple(rules), knobs, examples)
+    return Pack(name, source, description, markers, tuple(rules), knobs, examples, memory)
 
 
 def _entries(data: Mapping[str, Any], key: str, ctx: _Ctx) -> list[Mapping[str, Any]]:

@@ -386,17 +386,18 @@ def figure(name: str, v: DeviceView) -> go.Figure:
     """A device's figure by its public name (ValueError for an unknown one). A figure over
     time of a capture without history is an empty chart that says so."""
     if name in OVER_TIME and not v.timeline.x:
-        return _nothing_over_time("No allocation history recorded: nothing to draw over time")
+        return _nothing_over_time("No allocation history recorded: nothing to draw over time",
+                                  v.history_note)
     return _named("figure", FIGURES.items(), name, v)
 
 
-def _nothing_over_time(title: str) -> go.Figure:
+def _nothing_over_time(title: str, how: str | None = None) -> go.Figure:
     """An empty chart for a figure over time of a capture without history: says so, and how
-    to record it."""
+    to record it (`how`: the capture's own advice, else torch's history recording)."""
     fig = go.Figure()
     fig.update_layout(height=200, xaxis=dict(visible=False), yaxis=dict(visible=False),
                       title=title,
-                      annotations=[dict(text=RECORD_HISTORY.replace(" (or ", "<br>(or "),
+                      annotations=[dict(text=(how or RECORD_HISTORY).replace(" (or ", "<br>(or "),
                                         showarrow=False,
                                         xref="paper", yref="paper", x=0.5, y=0.5)])
     return fig

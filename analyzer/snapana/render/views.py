@@ -369,6 +369,8 @@ class DeviceView:
     group_notes: Mapping[str, str]  # family -> its loop of live copies, checkable ('' none)
     growth: tuple[str, ...] = ()  # how the dominant families got to the moment, a line each
     host: bool = False  # host memory (memray, the profiler's CPU): no GPU figures or knobs
+    #: what a heap capture (memray) has instead of an allocation timeline ('' otherwise)
+    history_note: str = ""
     oom_rows: tuple[str, ...] = OOM_ROWS
     #: where time axes count from (µs) when sources share a clock (`clock_origin`); None:
     #: the device's own first event
@@ -415,6 +417,7 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
         headline=tuple(w.headline_rows(r)), what_ifs=tuple(w.what_if_rows(r)),
         knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)),
         group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r),
+        history_note=w.host_history_note(r) if r.source in w.HOST_SOURCES else "",
         growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin)
 
 

@@ -348,6 +348,41 @@ def _top(r: DeviceReport, n: int = 3) -> str:
     return ", ".join(f"{g.name} {fmt_bytes(g.bytes)}" for g in r.groups[:n])
 
 
+def uses_torch(r: DeviceReport) -> bool:
+    """PyTorch is in the stacks of the sites the report shows: only then is PyTorch's own
+    capture advice worth giving for a host capture."""
+    return any("torch/" in f[0].replace("\\", "/") for s in r.top_sites for f in s.stack)
+
+
+def host_history_note(r: DeviceReport) -> str:
+    """What a heap capture has instead of an allocation timeline, and (for a PyTorch job
+    only) how to record the GPU side too."""
+    note = ("memray keeps the heap's high-water mark (the most host memory the process held "
+            "at once) and samples of RSS and heap size, not a per-allocation timeline: the "
+            "state above is that high-water mark.")
+    if uses_torch(r):
+        note += f" For the GPU side of this PyTorch job, record its history: {RECORD_HISTORY}."
+    return note
+
+
+def _site_words(g: Group) -> str:
+    return f" (top site {g.sites[0]['site']})" if g.sites else ""
+
+
+def _host_verdict(r: DeviceReport, parts: list[str]) -> None:
+    """A heap's high-water mark (memray): the bytes at it and who holds them, each family
+    with its top site, so code no rule knows is still named by where it allocates."""
+    sites = sum(g.blocks for g in r.groups)
+    parts.append(f"At the heap's high-water mark (the most host memory the process held at "
+                 f"once): {fmt_bytes(r.allocated_bytes)} in {sites} allocation "
+                 f"site{'s' if sites != 1 else ''}.")
+    if r.groups:
+        parts.append("Largest: " + ", ".join(f"{g.name} {fmt_bytes(g.bytes)}{_site_words(g)}"
+                                             for g in r.groups[:3]) + ".")
+    else:
+        parts.append("Nothing is allocated.")
+
+
 def verdict(r: DeviceReport) -> str:
     """One paragraph a tired engineer can act on; the evidence follows it in every report."""
     d = r.diagnosis
@@ -358,6 +393,8 @@ def verdict(r: DeviceReport) -> str:
                 "reserved. There is nothing on this device to diagnose.")
     if d.kind == "oom" and r.oom is not None:
         named = _oom_verdict(r, parts)
+    elif r.source in HOST_SOURCES and r.at is None:
+        _host_verdict(r, parts)
     elif not d.history and r.at is None:
         blocks = sum(g.blocks for g in r.groups)
         state = f"{fmt_bytes(r.allocated_bytes)} allocated in {blocks} blocks"
@@ -392,7 +429,8 @@ def verdict(r: DeviceReport) -> str:
         parts.append(f"{opening} ({fmt_bytes(r.allocated_bytes)} allocated, "
                      f"{_phase_words(d.phase)}).{largest}")
     if r.oom is None and is_host(r):
-        parts.append("This is host memory: no GPU knob applies.")
+        parts.append("This is host memory: no GPU knob applies" + (
+            "; the knobs below act on the host side." if d.knobs else "."))
     elif r.oom is None and d.capacity_bytes and d.headroom_bytes is not None and not d.prescribe:
         what = "reserved" if r.reserved_known else "allocated"
         used = r.reserved_bytes if r.reserved_known else r.allocated_bytes
@@ -450,6 +488,8 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
     for w in d.what_ifs:
         if w.fits is None:
             result = (f"peak lower by {fmt_bytes(w.bytes)}" if d.history else
+                      f"{fmt_bytes(w.bytes)} less at the high-water mark"
+                      if r.source in HOST_SOURCES else
                       f"{fmt_bytes(w.bytes)} less at the snapshot")
         elif w.fits:
             result = f"fits ({w.how}), {fmt_bytes(w.spare_bytes)} to spare: {spare_sum(w)}"

@@ -11,22 +11,27 @@ The model gets the high-water mark: one block per aggregated allocation site ali
 peak (memray's `get_high_watermark_allocation_records`), with its Python stack, on the host
 pseudo-device -2. The RSS/heap series over time goes into `metadata['memray_snapshots']`.
 
-Header layout (records.h `HeaderRecord`, record_writer.cpp `writeHeaderCommon`, format 12):
-magic "memray\\0", int32 version, int32 python_version (PY_VERSION_HEX), bool native_traces,
-uint8 file_format (0 all allocations, 1 aggregated), stats {uint64 n_allocations, n_frames,
-int64 start_time_ms, end_time_ms}, command line (NUL-terminated), int32 pid, uint64 main_tid,
-uint64 skipped_frames_on_main_tid, uint8 python_allocator, bool trace_python_allocators,
-bool track_object_lifetimes.
+Header layout (records.h `HeaderRecord`, record_writer.cpp `writeHeaderCommon`): magic
+"memray\\0", int32 version, [format >= 12: int32 python_version (PY_VERSION_HEX)], bool
+native_traces, uint8 file_format (0 all allocations, 1 aggregated), stats {uint64
+n_allocations, n_frames, int64 start_time_ms, end_time_ms}, command line (NUL-terminated),
+int32 pid, uint64 main_tid, uint64 skipped_frames_on_main_tid, uint8 python_allocator,
+[format >= 11: bool trace_python_allocators], [format >= 12: bool track_object_lifetimes].
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import shlex
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +40,13 @@ import numpy as np
 import polars as pl
 
 from snapana.errors import InputError
-from snapana.limits import MAX_BYTES, MAX_STRING
+from snapana.limits import (
+    MAX_BYTES,
+    MAX_STRING,
+    memray_cpu_seconds,
+    memray_read_seconds,
+    memray_stall_seconds,
+)
 from snapana.model import (
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
@@ -54,18 +65,20 @@ from snapana.sources._io import (
 )
 
 HOST_DEVICE = -2
-#: Seconds memray may take to read a capture, plus one per MiB of it.
-MEMRAY_SECONDS = 5.0
 MAGIC = b"memray\x00"
 LZ4_MAGIC = b"\x04\x22\x4d\x18"
 PARQUET_MAGIC = b"PAR1"
 #: Key of the Parquet file metadata that holds the capture's metadata as JSON.
 PARQUET_META_KEY = "snapana.memray"
 PARQUET_LAYOUT = 1
-#: Capture format (header version) -> memray releases that read it. Checked by writing and
-#: reading captures with each release: 1.18.0 rejects format 12, 1.19.0 and 1.19.3 read it,
-#: 1.20.0 writes 13 and rejects 12.
-READERS = {11: "1.18.x", 12: "1.19.x", 13: "1.20.x"}
+#: Capture format (header version) -> the first and last memray release that writes and reads
+#: it. memray's reader accepts only its own `CURRENT_HEADER_VERSION` (record_reader.cpp
+#: `readHeader`); the values are that constant in records.h at each release tag.
+FORMAT_RELEASES: dict[int, tuple[str, str]] = {
+    6: ("1.0.0", "1.0.3"), 7: ("1.1.0", "1.1.0"), 8: ("1.2.0", "1.3.1"),
+    9: ("1.4.0", "1.6.0"), 10: ("1.7.0", "1.10.0"), 11: ("1.11.0", "1.18.0"),
+    12: ("1.19.0", "1.19.3"), 13: ("1.20.0", "1.20.0"),
+}
 _ALLOCATORS = {1: "pymalloc", 2: "pymalloc_debug", 3: "malloc", 4: "other", 5: "mimalloc",
                6: "mimalloc_debug"}
 FRAME_STRUCT = pl.Struct({"filename": pl.Utf8, "name": pl.Utf8, "line": pl.Int64})
@@ -98,7 +111,17 @@ class MemrayHeader:
 
     @property
     def readers(self) -> str | None:
-        return READERS.get(self.format_version)
+        """The memray releases that read this capture, e.g. "1.11.0 to 1.18.0"."""
+        span = FORMAT_RELEASES.get(self.format_version)
+        if span is None:
+            return None
+        return span[0] if span[0] == span[1] else f"{span[0]} to {span[1]}"
+
+    @property
+    def pin(self) -> str | None:
+        """The newest release that reads this capture, as a pip requirement."""
+        span = FORMAT_RELEASES.get(self.format_version)
+        return f"memray=={span[1]}" if span else None
 
 
 def _lz4_length(block: bytes, i: int, nibble: int) -> tuple[int, int]:
@@ -179,7 +202,7 @@ def read_header(path: Path) -> MemrayHeader:
         raise InputError(f"{path}: memray capture truncated inside its header")
     (version,) = struct.unpack_from("<i", raw, len(MAGIC))
     header = MemrayHeader(version, compressed)
-    if version in (12, 13):  # layouts checked against captures of memray 1.19 and 1.20
+    if 10 <= version <= 13:  # layouts checked against captures of memray 1.10 to 1.20
         try:
             _parse_rest(raw, len(MAGIC) + 4, header)
         except (struct.error, UnicodeDecodeError, ValueError):
@@ -188,14 +211,17 @@ def read_header(path: Path) -> MemrayHeader:
 
 
 def _parse_rest(raw: bytes, pos: int, h: MemrayHeader) -> None:
-    (pyver,) = struct.unpack_from("<i", raw, pos)
-    h.python_version = f"{(pyver >> 24) & 0xFF}.{(pyver >> 16) & 0xFF}.{(pyver >> 8) & 0xFF}"
-    native, fmt = struct.unpack_from("<?B", raw, pos + 4)
+    if h.format_version >= 12:
+        (pyver,) = struct.unpack_from("<i", raw, pos)
+        h.python_version = (f"{(pyver >> 24) & 0xFF}.{(pyver >> 16) & 0xFF}."
+                            f"{(pyver >> 8) & 0xFF}")
+        pos += 4
+    native, fmt = struct.unpack_from("<?B", raw, pos)
     h.native_traces = native
     h.file_format = {0: "all_allocations", 1: "aggregated_allocations"}.get(fmt, str(fmt))
-    n_alloc, n_frames, t0, t1 = struct.unpack_from("<QQqq", raw, pos + 6)
+    n_alloc, n_frames, t0, t1 = struct.unpack_from("<QQqq", raw, pos + 2)
     h.n_allocations, h.n_frames, h.start_time_ms, h.end_time_ms = n_alloc, n_frames, t0, t1
-    pos += 6 + 32
+    pos += 2 + 32
     end = raw.index(b"\x00", pos)
     h.command_line = raw[pos:end].decode("utf-8")
     pos = end + 1
@@ -204,24 +230,27 @@ def _parse_rest(raw: bytes, pos: int, h: MemrayHeader) -> None:
     h.python_allocator = _ALLOCATORS.get(alloc, str(alloc))
 
 
-def convert_hint(path: Path | str) -> str:
-    """The command that turns a capture into a Parquet snapana reads with any memray."""
+def convert_hint(path: Path | str, out: Path | str | None = None) -> str:
+    """The command that turns a capture into a Parquet snapana reads with any memray: the
+    user's own output path when they gave one."""
     p = Path(path)
-    return f"snapana convert {p} -o {p.with_suffix('.parquet')}"
+    target = Path(out) if out is not None else p.with_suffix(".parquet")
+    return f"snapana convert {shlex.quote(str(p))} -o {shlex.quote(str(target))}"
 
 
-def incompatible_error(path: Path, header: MemrayHeader, why: str) -> InputError:
+def incompatible_error(path: Path, header: MemrayHeader, why: str,
+                       out: Path | str | None = None) -> InputError:
     """One line: the format, the releases that read it, and exactly what to run."""
-    rel = header.readers
-    pin = f"memray=={rel[:-1]}*" if rel else None
-    if pin:
+    if header.pin:
         return InputError(
             f"{path}: memray capture format {header.format_version} ({why}); it is read by "
-            f"memray {rel}: run pip install '{pin}' && {convert_hint(path)}"
+            f"memray {header.readers}: run pip install '{header.pin}' && "
+            f"{convert_hint(path, out)}"
         )
     return InputError(
-        f"{path}: memray capture format {header.format_version} ({why}); install the memray "
-        f"release that wrote it, then run {convert_hint(path)}"
+        f"{path}: memray capture format {header.format_version} ({why}); no memray release "
+        f"this snapana knows reads it: install the memray release that wrote it, then run "
+        f"{convert_hint(path, out)}"
     )
 
 
@@ -234,15 +263,30 @@ def _installed_memray() -> str | None:
         return None
 
 
+def _release_key(release: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a release string such as "1.19.3" or "1.20.0rc1"."""
+    nums = [int(m.group()) if (m := re.match(r"\d+", part)) else 0
+            for part in release.split(".")[:3]]
+    return (nums + [0, 0, 0])[0], (nums + [0, 0, 0])[1], (nums + [0, 0, 0])[2]
+
+
 def release_format(release: str) -> int | None:
-    """The capture format a memray release writes and reads, when this module knows it."""
-    minor = ".".join(release.split(".")[:2]) + ".x"
-    return next((fmt for fmt, rel in READERS.items() if rel == minor), None)
+    """The capture format a memray release writes and reads, when this module knows it
+    (None for a release newer than the table: its reader decides)."""
+    key = _release_key(release)
+    for fmt, (first, last) in FORMAT_RELEASES.items():
+        if _release_key(first) <= key <= _release_key(last):
+            return fmt
+    return None
 
 
 #: Run by `read_records` in a child process as `python -c _CHILD CAPTURE OUT.json`: memray's
 #: native reader may crash on a corrupt capture, and must not take snapana with it. Plain
-#: Python and memray only; writes {"records": columns, "meta": {...}} or {"error": text}.
+#: Python and memray only (it may run under another interpreter, the one where the release
+#: that reads the capture is installed); writes {"records": columns, "meta": {...}} or
+#: {"error": text, "version": memray's}. Every attribute of memray's objects is read by
+#: capability: releases differ (1.10's Metadata has no `trace_python_allocators` nor
+#: `file_format`). Anything else that goes wrong leaves its traceback on stderr.
 _CHILD = r"""
 import json, sys
 path, out = sys.argv[1], sys.argv[2]
@@ -252,86 +296,226 @@ def done(doc):
     sys.exit(0)
 try:
     import memray
-except ImportError:
-    done({"error": "memray cannot be imported"})
+except ImportError as exc:
+    done({"error": "memray cannot be imported: %s" % exc, "version": None})
+version = str(getattr(memray, "__version__", "") or "")
+if path == "--version":
+    done({"version": version})
+def attr(obj, name, default=None):
+    value = getattr(obj, name, default)
+    return default if value is None else value
+def text(value):
+    return str(getattr(value, "name", value))
 try:
     reader = memray.FileReader(path)
     cols = {k: [] for k in ("size", "n_allocations", "allocator", "tid", "thread_name",
                             "frames")}
-    for rec in reader.get_high_watermark_allocation_records(merge_threads=True):
+    try:
+        records = reader.get_high_watermark_allocation_records(merge_threads=True)
+    except TypeError:  # a release whose method takes no keyword
+        records = reader.get_high_watermark_allocation_records()
+    for rec in records:
         cols["size"].append(int(rec.size))
-        cols["n_allocations"].append(int(rec.n_allocations))
-        alloc = rec.allocator
-        cols["allocator"].append(str(getattr(alloc, "name", alloc)).lower())
-        cols["tid"].append(int(rec.tid))
-        cols["thread_name"].append(str(getattr(rec, "thread_name", "") or ""))
+        cols["n_allocations"].append(int(attr(rec, "n_allocations", 1)))
+        cols["allocator"].append(text(attr(rec, "allocator", "")).lower())
+        cols["tid"].append(int(attr(rec, "tid", 0)))
+        cols["thread_name"].append(str(attr(rec, "thread_name", "")))
         try:
             stack = rec.stack_trace()
         except (NotImplementedError, RuntimeError, ValueError):
             stack = []
         cols["frames"].append([[str(f), str(fn), int(ln)] for fn, f, ln in stack])
     md = reader.metadata
-    snaps = list(reader.get_memory_snapshots())
-    meta = {
-        "peak_memory": int(md.peak_memory),
-        "total_allocations": int(md.total_allocations),
-        "total_frames": int(md.total_frames),
-        "command_line": str(md.command_line),
-        "pid": int(md.pid),
-        "python_allocator": str(md.python_allocator),
-        "has_native_traces": bool(md.has_native_traces),
-        "trace_python_allocators": bool(md.trace_python_allocators),
-        "file_format": str(getattr(md.file_format, "name", md.file_format)),
-        "start_time": md.start_time.isoformat(),
-        "end_time": md.end_time.isoformat(),
-        "snapshots": {"time_ms": [int(s.time) for s in snaps], "rss": [int(s.rss) for s in snaps],
-                      "heap": [int(s.heap) for s in snaps]},
-    }
+    try:
+        snaps = list(reader.get_memory_snapshots())
+    except (AttributeError, NotImplementedError):
+        snaps = []
+    meta = {"memray_version": version}
+    for key in ("peak_memory", "total_allocations", "total_frames", "pid"):
+        value = attr(md, key)
+        if value is not None:
+            meta[key] = int(value)
+    for key in ("command_line", "python_allocator", "file_format"):
+        value = attr(md, key)
+        if value is not None:
+            meta[key] = text(value)
+    for key in ("has_native_traces", "trace_python_allocators"):
+        value = attr(md, key)
+        if value is not None:
+            meta[key] = bool(value)
+    for key in ("start_time", "end_time"):
+        value = attr(md, key)
+        if value is not None:
+            meta[key] = value.isoformat() if hasattr(value, "isoformat") else str(value)
+    meta["snapshots"] = {"time_ms": [int(s.time) for s in snaps],
+                         "rss": [int(s.rss) for s in snaps],
+                         "heap": [int(attr(s, "heap", 0)) for s in snaps]}
     close = getattr(reader, "close", None)
     if close is not None:
         close()
 except (OSError, RuntimeError, ValueError, OverflowError) as exc:
-    done({"error": str(exc)})
+    done({"error": str(exc), "version": version})
 done({"records": cols, "meta": meta})
 """
 
 
-def _check_readable(path: Path) -> MemrayHeader:
-    """The header, when the installed memray reads this capture's format; InputError (saying
-    what to run) otherwise."""
+def _installed_release(python: str | None) -> str | None:
+    """The memray release the reader will use: this interpreter's (from its metadata, no
+    import) or, for another interpreter, what its memray says."""
+    return _installed_memray() if python is None else _release_of(python)
+
+
+@functools.lru_cache(maxsize=8)
+def _release_of(python: str) -> str | None:
+    """What `python`'s memray says its release is (asked once per interpreter)."""
+    with tempfile.TemporaryDirectory(prefix="snapana-memray-") as tmp:
+        out = Path(tmp) / "version.json"
+        try:
+            subprocess.run([python, "-c", _CHILD, "--version", str(out)], capture_output=True,
+                           timeout=120, check=False)
+            doc = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            raise InputError(f"{python}: cannot run it to read memray captures") from None
+    return doc.get("version") or None
+
+
+def _check_readable(path: Path, python: str | None = None,
+                    out: Path | str | None = None) -> MemrayHeader:
+    """The header, when the reading release (this interpreter's memray, or `python`'s) reads
+    this capture's format; InputError (saying what to run) otherwise."""
     header = read_header(path)
-    installed = _installed_memray()
+    installed = _installed_release(python)
     if installed is None:
-        raise incompatible_error(path, header, "memray is not installed")
+        raise incompatible_error(path, header, "memray is not installed", out)
     own = release_format(installed)
     if own is not None and own != header.format_version:
         raise incompatible_error(path, header, f"installed memray {installed} reads format "
-                                 f"{own}")
+                                 f"{own}", out)
     return header
 
 
-def _memray_error(path: Path, header: MemrayHeader, text: str) -> InputError:
+def _memray_error(path: Path, header: MemrayHeader, text: str, installed: str | None,
+                  out: Path | str | None) -> InputError:
     if "incompatible" in text:
-        return incompatible_error(path, header, f"installed memray {_installed_memray()} "
-                                  "cannot read it")
+        return incompatible_error(path, header, f"installed memray {installed} cannot read "
+                                  "it", out)
     if "cannot be imported" in text:
-        return incompatible_error(path, header, "memray cannot be imported")
+        return incompatible_error(path, header, "memray cannot be imported", out)
     lines = [ln for ln in text.splitlines() if ln.strip() and "Memray ERROR" not in ln]
     first = first_line(lines[0]) if lines else "unreadable"
-    return InputError(f"{path}: memray could not read the capture (truncated or corrupt?): "
-                      f"{first}")
+    return InputError(f"{path}: memray {installed} could not read the capture (truncated or "
+                      f"corrupt?): {first}")
 
 
-def read_records(path: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """The high-water-mark records and metadata of a `.bin`, read by the installed memray in a
-    child process under a time and memory limit (for `load` and for `snapana convert`): a
-    corrupt capture that crashes memray's native reader is refused, never a crash here."""
+def _child_failure(stderr: str) -> str:
+    """What failed in the reader child, in one line: the exception its traceback ends with,
+    else the last line it printed that is not memray's own log noise."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", ln):
+            return first_line(ln)
+    return first_line(lines[-1]) if lines else "no message"
+
+
+def _read_position(pid: int, path: Path) -> int | None:
+    """How far the child has read the capture: the furthest offset of its descriptors on the
+    file (Linux /proc; memray opens it more than once); None where that cannot be seen."""
+    try:
+        target = str(path.resolve())
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    best = None
+    for fd in fds:
+        try:
+            if os.readlink(fd) != target:
+                continue
+            info = (Path(f"/proc/{pid}/fdinfo") / fd.name).read_text()
+        except (OSError, ValueError):
+            continue
+        for line in info.splitlines():
+            if line.startswith("pos:"):
+                pos = int(line.split()[1])
+                best = pos if best is None else max(best, pos)
+    return best
+
+
+def _run_reader(cmd: list[str], path: Path, size: int, progress: ReadProgress | None,
+                preexec: Any) -> tuple[int, str]:
+    """Run the reader child with hang protection proportional to the capture: at most
+    `memray_cpu_seconds(size)` of CPU (RLIMIT_CPU), it must keep reading (a stall of
+    `memray_stall_seconds` before the end of the file stops it), and finish within
+    `memray_read_seconds(size)`. Progress is its read offset in the file."""
+    limit, stall, cpu = memray_read_seconds(size), memray_stall_seconds(), memray_cpu_seconds(size)
+
+    def bounded() -> None:
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CPU, (int(cpu) + 1, int(cpu) + 6))
+        except (ImportError, ValueError, OSError):
+            pass
+        if preexec is not None:
+            preexec()
+
+    with tempfile.TemporaryFile() as errf:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf,
+                                preexec_fn=bounded if os.name == "posix" else None)
+        start = last_move = time.monotonic()
+        best = -1
+        try:
+            while True:
+                try:
+                    rc = proc.wait(timeout=0.25)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                pos = _read_position(proc.pid, path)
+                if pos is not None and pos > best:
+                    best, last_move = pos, now
+                    if progress is not None:
+                        progress(min(pos, size), size)
+                reading = pos is not None and pos < size
+                if now - start > limit or (reading and now - last_move > stall):
+                    proc.kill()
+                    proc.wait()
+                    why = (f"stopped reading at byte {best} of {size} for {stall:.0f} s"
+                           if reading and now - last_move > stall else
+                           f"did not finish in {limit:.0f} s, the bound for a capture of "
+                           f"this size")
+                    raise InputError(f"{path}: memray's reader {why} (corrupt? raise "
+                                     "SNAPANA_MEMRAY_SECONDS_PER_MIB for a genuine one)")
+        except BaseException:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            raise
+        if rc in (-getattr(signal, "SIGXCPU", 24), -signal.SIGKILL) and \
+                time.monotonic() - start >= cpu:
+            raise InputError(f"{path}: memray's reader used more than {cpu:.0f} s of CPU, the "
+                             "bound for a capture of this size (corrupt? raise "
+                             "SNAPANA_MEMRAY_SECONDS_PER_MIB for a genuine one)")
+        if progress is not None:
+            progress(size, size)
+        errf.seek(0)
+        return rc, errf.read(1 << 20).decode("utf-8", "replace")
+
+
+def read_records(path: Path, progress: ReadProgress | None = None, python: str | None = None,
+                 out: Path | str | None = None) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """The high-water-mark records and metadata of a `.bin`, read by memray in a child
+    process (this interpreter's, or `python`'s: one where the release that reads the capture
+    is installed) under a memory limit and a time bound proportional to the capture (for
+    `load` and for `snapana convert`, whose output `out` any advice names): a corrupt
+    capture that crashes memray's native reader is refused, never a crash here."""
     path = Path(path)
     check_regular(path)
-    header = _check_readable(path)
+    header = _check_readable(path, python, out)
+    installed = _installed_release(python)
     size = path.stat().st_size
     with tempfile.TemporaryDirectory(prefix="snapana-memray-") as tmp:
-        out = Path(tmp) / "records.json"
+        result = Path(tmp) / "records.json"
         memory = (2 << 30) + 64 * size
 
         def limits() -> None:
@@ -343,33 +527,26 @@ def read_records(path: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
             except (ImportError, ValueError, OSError):
                 pass
 
-        seconds = MEMRAY_SECONDS + size / (1 << 20)
-        try:
-            proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(out)],
-                                  capture_output=True, timeout=seconds, check=False,
-                                  preexec_fn=limits if os.name == "posix" else None)
-        except subprocess.TimeoutExpired:
-            raise InputError(f"{path}: memray did not finish reading the capture in "
-                             f"{seconds:.0f} s (corrupt?)") from None
-        if proc.returncode != 0 or not out.is_file():
-            sig = -proc.returncode if proc.returncode < 0 else 0
-            err = proc.stderr.decode("utf-8", "replace")
+        rc, err = _run_reader([python or sys.executable, "-c", _CHILD, str(path), str(result)],
+                              path, size, progress, limits if os.name == "posix" else None)
+        if rc != 0 or not result.is_file():
             if "MemoryError" in err or "bad_alloc" in err:
                 raise InputError(f"{path}: reading the capture needs more memory than a "
-                                 "capture of its size can (corrupt?)")
-            how = f"signal {sig}" if sig else f"exit {proc.returncode}"
-            raise InputError(f"{path}: memray's reader failed on the capture ({how}): "
-                             "truncated or corrupt")
+                                 "capture of its size can (corrupt?)", detail=err)
+            how = f"signal {-rc}" if rc < 0 else f"exit {rc}"
+            what = _child_failure(err) if rc > 0 else "it crashed (truncated or corrupt?)"
+            raise InputError(f"{path}: memray {installed}'s reader failed on the capture "
+                             f"({how}): {what}", detail=err)
         try:
-            doc = json.loads(out.read_text(encoding="utf-8"))
+            doc = json.loads(result.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise InputError(f"{path}: memray's reader gave no result ({first_line(exc)})"
                              ) from None
     if "error" in doc:
-        raise _memray_error(path, header, str(doc["error"]))
+        raise _memray_error(path, header, str(doc["error"]), installed, out)
     records = _records_frame(path, doc.get("records") or {})
     meta = doc.get("meta") or {}
-    meta = {"layout": PARQUET_LAYOUT, "memray_version": _installed_memray(),
+    meta = {"layout": PARQUET_LAYOUT, "memray_version": installed,
             "header": asdict(header), **meta}
     check_meta(path, meta)
     return records, meta
@@ -472,6 +649,7 @@ def _from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any])
         metadata={
             "device_names": {HOST_DEVICE: "host process"},
             "moment": "high_water_mark",
+            "memory": "host",  # a heap, not a caching allocator: the host packs decide
             "memray": sanitize({k: v for k, v in meta.items() if k != "snapshots"}, "memray"),
             "memray_snapshots": {k: np.asarray(snaps.get(k, []), dtype=np.int64)
                                  for k in ("time_ms", "rss", "heap")},
@@ -513,5 +691,5 @@ def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
     path = Path(path)
     if _head(path, 4) == PARQUET_MAGIC:
         return load_parquet(path)
-    records, meta = read_records(path)
+    records, meta = read_records(path, progress)
     return from_records(path, records, meta)
