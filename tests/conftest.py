@@ -31,12 +31,17 @@ JUDGES: dict[str, str] = {
     "memray": "memray (in the dev extra)",
     "ray": "Ray (in the dev extra)",
     "dask": "Dask (in the dev extra)",
+    # older memray releases, each pip-installed into a venv of its own by the test (minutes
+    # the first time): built only where a run demands them (.ci/run's second phase)
+    "memray_releases": "memray 1.10.0, 1.18.0 and 1.19.3 in venvs of their own",
 }
 _current: list[pytest.Item] = []  # the test being run, for require()'s marker check
 
 
 def judge_present(name: str) -> bool:
     """Whether the judge `name` can be used here (imports nothing but the module finder)."""
+    if name == "memray_releases":  # present once built, and built only where demanded
+        return name in demanded_judges()
     if name == "chromium":
         return (importlib.util.find_spec("playwright") is not None
                 and any(shutil.which(b) for b in ("chromium", "chromium-browser",
@@ -75,6 +80,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.fail(f"judge {name} is missing but this run demands it "
                         f"(SNAPANA_JUDGES): {JUDGES[name]}")
         pytest.skip(f"judge {name} not installed: {JUDGES[name]}")
+
+
+def judge_missing(name: str, why: str) -> None:
+    """A judge that turned out absent while a test ran (a release pip could not install):
+    a skip naming it, or a failure where the run demands it."""
+    if name in demanded_judges():
+        pytest.fail(f"judge {name} is missing but this run demands it (SNAPANA_JUDGES): {why}")
+    pytest.skip(f"judge {name} not installed: {why}")
 
 
 def require(module: str) -> Any:

@@ -2,8 +2,9 @@
 their stacks attributed by the host pack, and a real PyTorch training job's host families.
 
 Captures of older releases are written at test time by those releases, each installed alone
-in a venv of its own (cached under the temp folder); a release pip cannot install here skips
-its cases, naming it. Expected bytes come from memray's own reader, run in the test.
+in a venv of its own (cached under the temp folder): the judge `memray_releases`, built where a
+run demands it (a release pip cannot install there fails its cases; elsewhere they skip, naming
+it). Expected bytes come from memray's own reader, run in the test.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from snapana.render import views
 from snapana.session import analyse
 from snapana.sources import memray_capture
 
-from .conftest import corpus_params, invoke, require
+from .conftest import corpus_params, invoke, judge_missing, require
 
 #: Releases whose captures the tests write, one per capture format: the oldest the
 #: `memray>=1.10` extra allows (format 10), the last of format 11, and the one the corpus's
@@ -74,7 +75,7 @@ def _venv_with(release: str) -> Path | None:
 def release_venv(request):
     py = _venv_with(request.param)
     if py is None:
-        pytest.skip(f"memray {request.param} cannot be installed here (pip failed)")
+        judge_missing("memray_releases", f"memray {request.param} (pip failed)")
     return request.param, py
 
 
@@ -93,6 +94,8 @@ def test_release_table_names_each_format():
     assert memray_capture.release_format("9.0.0") is None  # newer than the table: memray decides
 
 
+@pytest.mark.memray
+@pytest.mark.memray_releases
 def test_capture_of_each_release_is_read_or_names_its_release(release_venv, tmp_path):
     release, py = release_venv
     cap = tmp_path / f"written by {release}.bin"
@@ -195,10 +198,12 @@ def test_a_reader_that_spins_is_stopped_by_cpu_time(tmp_path, monkeypatch):
 def reader_119():
     py = _venv_with("1.19.3")
     if py is None:
-        pytest.skip("memray 1.19.3 cannot be installed here (pip failed)")
+        judge_missing("memray_releases", "memray 1.19.3 (pip failed)")
     return py
 
 
+@pytest.mark.memray
+@pytest.mark.memray_releases
 @pytest.mark.parametrize("path", corpus_params("memray", "*.bin"))
 def test_corpus_capture_is_read_and_its_sites_named(path, reader_119, tmp_path):
     from snapana import render as renderers
@@ -267,6 +272,8 @@ def _train(torch, steps: int = 3):
     return model, opt, backup, batch
 
 
+@pytest.mark.torch
+@pytest.mark.memray
 def test_training_capture_names_host_families_with_relax_knobs(tmp_path):
     torch = require("torch")
     memray = require("memray")
