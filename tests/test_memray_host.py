@@ -259,13 +259,16 @@ def _train(torch, steps: int = 3):
     from torch.utils.data._utils.pin_memory import pin_memory
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
-                                torch.nn.Linear(1024, 512))
+    # wide input, narrow hidden layer: weights and batch large enough that each family holds
+    # over 10% of the heap beside the interpreter's and torch's own (~30 MB), activations
+    # small (a family needs that share for a knob without an OOM)
+    model = torch.nn.Sequential(torch.nn.Linear(16384, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     backup = copy.deepcopy(model.state_dict())
     batch = None
     for _ in range(steps):
-        batch = pin_memory(_Batch(torch.randn(2048, 512)))
+        batch = pin_memory(_Batch(torch.randn(256, 16384)))
         model(batch.x).pow(2).mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
