@@ -9,9 +9,11 @@ NEWOBJ_EX and BUILD can only act on an object obtained that way, so they never g
 Builtin data alone can still be hostile while it is decoded: a dict key that is a tuple
 nested 100,000 deep (hashing it overflows the C stack), or shared 60 levels deep (hashing it
 never ends, in a C loop no signal interrupts), or a memo index of 2**30 (the unpickler
-allocates and clears gigabytes). So a pickle is first decoded in a bounded child process —
-the same restricted unpickler, under a time limit and a memory limit proportional to the
-file — and only when that finished is it decoded here. Everything decoded is then validated,
+allocates and clears gigabytes). So a pickle is decoded in a bounded child process — the
+same restricted unpickler, under a time limit and a memory limit proportional to the file —
+which hands the traces back as flat columns and the rest re-pickled as builtins (`load`);
+only a file the child cannot turn into plain columns is decoded a second time, here, once
+the child has finished within its limits. Everything decoded is then validated,
 once, before it becomes columns: types, ranges (sizes and addresses in [0, 2**62), finite
 times, device indices), blocks inside their segment, strings and metadata bounded. The ranges
 are those of PyTorch's own writers (see `snapana.limits`): a value PyTorch can write is never
@@ -127,6 +129,89 @@ def _gc_paused() -> Iterator[None]:
 
 # ----- decoding --------------------------------------------------------------------------------
 
+#: Appended to `_CHILD` when the parent asks for columns (argv[7] == "columns"): each device
+#: trace that holds only plain entries (dicts of ints, strings, frame lists) becomes flat
+#: int32/int64 buffers, built by C-level passes (map over dict.get, array from a list), so
+#: the parent never decodes the trace itself. The rest of the snapshot (segments, blocks,
+#: metadata) and, per trace, its distinct action strings and distinct frame lists travel as
+#: a builtins-only pickle the parent reads with the restricted unpickler. Anything else (a
+#: float time, a bool, a value past int64, a non-dict entry) and the reply is `plain: false`:
+#: the parent then decodes and validates in-process, naming the offending entry.
+_CHILD_COLUMNS = r"""
+from array import array
+from itertools import repeat
+NONE = type(None)
+NULL = -(1 << 63)  # marks None in time_us / device_free: outside both columns' valid ranges
+def columns(data):
+    if type(data) is not dict:
+        return None
+    traces = data.get("device_traces")
+    if traces is None:
+        traces = []
+    if type(traces) is not list:
+        return None
+    get, contains, metas, bufs = dict.get, dict.__contains__, [], []
+    for trace in traces:
+        if not trace:
+            metas.append(None)
+            continue
+        if type(trace) is not list or set(map(type, trace)) != {dict}:
+            return None
+        n = len(trace)
+        def col(key, default):  # a missing key reads as `default`
+            return list(map(get, trace, repeat(key, n), repeat(default, n)))
+        acts = col("action", "")
+        table = list(dict.fromkeys(acts))  # types checked on the distinct values only
+        if not set(map(type, table)) <= {str, NONE}:
+            return None
+        code = dict(zip(table, range(len(table))))
+        bufs.append(array("i", map(code.__getitem__, acts)))
+        table = ["" if a is None else a for a in table]
+        del acts
+        for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1),
+                              ("device_free", 1)):
+            fill = NULL if nullable else 0
+            v = col(key, fill)
+            kinds = set(map(type, v))
+            if not kinds <= {int, NONE}:
+                return None
+            if nullable and v.count(NULL) != n - sum(map(contains, trace, repeat(key, n))):
+                return None  # the value NULL itself in the file: let the parent judge it
+            if NONE in kinds:
+                v = [fill if x is None else x for x in v]
+            bufs.append(array("q", v))
+        frames = col("frames", None)
+        ids = list(map(id, frames))
+        distinct = dict(zip(ids, frames))
+        if not set(map(type, distinct.values())) <= {list, NONE}:
+            return None
+        pos = dict(zip(distinct, range(len(distinct))))
+        bufs.append(array("i", map(pos.__getitem__, ids)))
+        metas.append((n, table, list(distinct.values())))
+        del frames, ids, distinct, pos
+    rest = dict(data)
+    if "device_traces" in data:
+        rest["device_traces"] = [[] if m else t for m, t in zip(metas, traces)]
+    return pickle.dumps((rest, metas), protocol=4), bufs
+try:
+    got = columns(data)
+except (ValueError, TypeError, OverflowError, RecursionError, MemoryError):
+    got = None
+if got is None:
+    reply(ok=True, size=size, peak=peak, plain=False)
+blob, bufs = got
+del data
+head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
+                       bufs=[len(b) * b.itemsize for b in bufs]))
+out = sys.stdout.buffer
+out.write(head.encode() + b"\n")
+out.write(blob)
+for b in bufs:
+    out.write(memoryview(b).cast("B"))
+out.flush()
+os._exit(0)
+"""
+
 #: Run by `_decode_in_child` as `python -I -S -c _CHILD PATH LIMIT MEM_BASE MEM_FACTOR SECONDS
 #: SECONDS_PER_BYTE`: counts the decompressed bytes (bounded), sets its memory limit and an
 #: alarm from that size, decodes with the same restricted unpickler and writes one JSON line.
@@ -187,7 +272,7 @@ try:
     except (ImportError, AttributeError):
         pass
     src, _ = stream()
-    Restricted(io.BufferedReader(src, 1 << 20)).load()
+    data = Restricted(io.BufferedReader(src, 1 << 20)).load()
 except MemoryError:
     reply(error="memory")
 except TooBig:
@@ -202,34 +287,48 @@ try:  # this process's own peak (ru_maxrss would include the parent's, from befo
                 peak = int(line.split()[1]) * 1024
 except (OSError, ValueError):
     pass
-reply(ok=True, size=size, peak=peak)
-"""
+if sys.argv[7] != "columns":
+    reply(ok=True, size=size, peak=peak)
+try:  # making columns is linear work: it gets a time limit of its own, as long again
+    signal.alarm(int(seconds + per_byte * size) + 1)
+except (NameError, AttributeError):
+    pass
+""" + _CHILD_COLUMNS
 
 
-def _decode_in_child(path: Path, size: int, compressed: bool) -> None:
+def _decode_in_child(path: Path, size: int, compressed: bool, columns: bool = False
+                     ) -> tuple[dict[str, Any], memoryview] | None:
     """Decode the pickle once in a bounded child process; InputError when that crashes,
     runs out of its time, or needs memory no snapshot of this size needs. Decoding errors
-    (a refused global, a truncated file) are left to the real decode, which says them."""
+    (a refused global, a truncated file) are left to the real decode, which says them.
+
+    With ``columns``, the child's reply and payload when the snapshot is plain
+    (`_CHILD_COLUMNS`: the rest as a pickle, then the trace buffers), else None: the caller
+    decodes in-process."""
     limit = decompressed_limit(size)[0] if compressed else size
     base = decode_memory(0)
     factor = decode_memory(1) - base
     seconds = decode_seconds(0)
     per_byte = decode_seconds(1 << 20) - seconds
     cmd = [sys.executable, "-I", "-S", "-c", _CHILD, str(path), str(limit), str(base),
-           str(factor), repr(seconds), repr(per_byte / (1 << 20))]
+           str(factor), repr(seconds), repr(per_byte / (1 << 20)),
+           "columns" if columns else "check"]
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT", "LANG")}
     try:
-        proc = subprocess.run(cmd, capture_output=True, timeout=seconds + per_byte / (1 << 20)
-                              * limit + 30 + limit / (20 << 20), env=env, check=False)
+        budget = seconds + per_byte / (1 << 20) * limit
+        proc = subprocess.run(cmd, capture_output=True, timeout=budget * (2 if columns else 1)
+                              + 30 + limit / (20 << 20), env=env, check=False)
     except subprocess.TimeoutExpired:
         raise InputError(f"{path}: decoding the pickle did not finish in time (a hostile or "
                          f"corrupt structure?); {limit_hint('SNAPANA_DECODE_SECONDS')}"
                          ) from None
     except OSError:
-        return  # no child process possible here: decode in-process as before
+        return None  # no child process possible here: decode in-process as before
+    out = proc.stdout
+    head = out.find(b"\n")
     try:
-        reply = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        reply = json.loads(out[:head if head >= 0 else len(out)].decode("utf-8", "replace"))
+    except ValueError:
         reply = None
     if proc.returncode != 0 or not isinstance(reply, dict):
         sig = -proc.returncode if proc.returncode < 0 else 0
@@ -247,16 +346,22 @@ def _decode_in_child(path: Path, size: int, compressed: bool) -> None:
         raise InputError(f"{path}: decoding the pickle needs far more memory than a snapshot "
                          f"of its size (a hostile memo index or structure?); "
                          f"{limit_hint('SNAPANA_DECODE_MEMORY')}")
-    # "limit" and "decode" errors: the in-process decode below reports them in full
+    # "limit" and "decode" errors: the in-process decode reports them in full
+    if columns and reply.get("ok") and reply.get("plain"):
+        return reply, memoryview(out)[head + 1:]
+    return None
 
 
-def restricted_load(path: Path, progress: ReadProgress | None = None) -> Any:
-    """Decode a (possibly gzip-compressed) pickle of builtins only; raise InputError otherwise."""
+def restricted_load(path: Path, progress: ReadProgress | None = None,
+                    checked: bool = False) -> Any:
+    """Decode a (possibly gzip-compressed) pickle of builtins only; raise InputError otherwise.
+    ``checked``: the bounded child has already decoded this file within its limits."""
     path = Path(path)
     stream, raw, compressed = open_input(path)
     try:
         size = os.fstat(raw.fileno()).st_size
-        _decode_in_child(path, size, compressed)
+        if not checked:
+            _decode_in_child(path, size, compressed)
         src: Any = stream
         if progress is not None:
             src = io.BufferedReader(_CountingReader(stream, size, progress), 1 << 20)
@@ -286,11 +391,86 @@ def restricted_load(path: Path, progress: ReadProgress | None = None) -> Any:
 def load(path: Path, progress: ReadProgress | None = None) -> Capture:
     """Read a snapshot pickle into a Capture, accepting every layout PyTorch has written.
 
-    The decoded trace entries are released chunk by chunk as they become columns, so peak
-    memory stays close to the decoded pickle's own.
+    The pickle is decoded once, in the bounded child, which hands back the traces as flat
+    columns (`_CHILD_COLUMNS`); only a snapshot whose trace holds values of another type
+    than PyTorch writes (or one the columns then find out of range) is decoded again here,
+    by the entry-by-entry path that names the offending value. On that path the decoded
+    entries are released chunk by chunk as they become columns.
     """
-    data = restricted_load(path, progress)
+    path = Path(path)
+    got = _load_columns(path, progress)
+    if got is not None:
+        try:
+            return from_snapshot_dict(got[0], str(path), columns=got[1])
+        except _NotPlain:
+            pass  # decoded again below, where the offending entry is named
+    data = restricted_load(path, progress, checked=True)
     return from_snapshot_dict(data, str(path), consume=True)
+
+
+class _NotPlain(Exception):
+    """Trace columns from the child hold a value the entry-by-entry path must judge."""
+
+
+class _TraceColumns:
+    """One device trace as the child sent it: `n` entries, distinct action strings and
+    distinct frame lists (in order of first use), and flat arrays indexing them."""
+
+    def __init__(self, n: int, actions: list[Any], frames: list[Any],
+                 arrays: list[Any]) -> None:
+        self.n, self.actions, self.frames = n, actions, frames
+        (self.action, self.addr, self.size, self.stream, self.time_us, self.device_free,
+         self.stack) = arrays
+
+
+def _load_columns(path: Path, progress: ReadProgress | None
+                  ) -> tuple[dict[str, Any], dict[int, _TraceColumns]] | None:
+    """The snapshot decoded once by the bounded child: everything but the traces as builtins,
+    the traces as columns; None when the child could not make columns (decode in-process)."""
+    import numpy as np
+
+    stream, raw, compressed = open_input(path)
+    try:
+        size = os.fstat(raw.fileno()).st_size
+        if progress is not None:
+            progress(0, size)
+        payload = _decode_in_child(path, size, compressed, columns=True)
+    finally:
+        stream.close()
+        raw.close()
+    if payload is None:
+        return None
+    reply, body = payload
+    try:
+        lengths = [int(n) for n in reply["bufs"]]
+        rest_len = int(reply["rest"])
+        if rest_len + sum(lengths) != len(body):
+            return None
+        with _gc_paused():
+            data, metas = _RestrictedUnpickler(io.BytesIO(body[:rest_len])).load()
+        arrays: list[Any] = []
+        at = rest_len
+        for n in lengths:
+            chunk = body[at:at + n]
+            arrays.append(np.frombuffer(chunk, dtype=np.int64 if len(arrays) % 7 in range(1, 6)
+                                        else np.int32))
+            at += n
+        traces: dict[int, _TraceColumns] = {}
+        k = 0
+        for dev, meta in enumerate(metas):
+            if meta is None:
+                continue
+            n, actions, frames = meta
+            cols = arrays[7 * k:7 * k + 7]
+            if any(len(c) != n for c in cols):
+                return None
+            traces[dev] = _TraceColumns(n, actions, frames, cols)
+            k += 1
+    except (KeyError, TypeError, ValueError, pickle.UnpicklingError, EOFError):
+        return None  # not what the child writes: decode in-process
+    if progress is not None:
+        progress(size, size)
+    return data, traces
 
 
 # ----- validation --------------------------------------------------------------------------------
@@ -473,6 +653,41 @@ def _events_fast(chunk: list[Any], dev: int, start: int, intern: _Interner
     return df.select(list(EVENT_SCHEMA))
 
 
+def _events_columns(tc: _TraceColumns, dev: int, intern: _Interner) -> pl.DataFrame:
+    """Event columns from the child's arrays: the same checks as `_events_fast`, on whole
+    columns; `_NotPlain` when a value is out of range (the caller then decodes in-process
+    so the entry-by-entry path names it). Distinct frame lists are interned once each."""
+    import numpy as np
+
+    if any(len(a) > _MAX_NAME for a in tc.actions):
+        raise _NotPlain
+    null = -(1 << 63)
+    try:
+        sids = [intern(f, f"device_traces[{dev}].frames") for f in tc.frames]
+    except _Bad:
+        raise _NotPlain from None
+    df = pl.DataFrame({
+        "device": pl.repeat(dev, tc.n, dtype=pl.Int64, eager=True),
+        "idx": pl.int_range(0, tc.n, dtype=pl.Int64, eager=True),
+        "action": pl.Series(tc.actions, dtype=pl.Utf8).gather(
+            pl.Series(tc.action, dtype=pl.Int32)),
+        "addr": pl.Series(tc.addr, dtype=pl.Int64),
+        "size": pl.Series(tc.size, dtype=pl.Int64),
+        "stream": pl.Series(tc.stream, dtype=pl.Int64),
+        "time_us": pl.Series(tc.time_us, dtype=pl.Int64),
+        "stack_id": pl.Series(np.asarray(sids, dtype=np.int64)[tc.stack], dtype=pl.Int64),
+        "device_free": pl.Series(tc.device_free, dtype=pl.Int64),
+    }).with_columns(pl.col("time_us", "device_free").replace(null, None))
+    bad = df.select(
+        ((pl.col("addr") < 0) | (pl.col("addr") >= MAX_BYTES) | (pl.col("size") < 0)
+         | (pl.col("size") >= MAX_BYTES) | (pl.col("device_free") < 0)
+         | (pl.col("device_free") >= MAX_BYTES) | (pl.col("time_us").abs() >= MAX_TIME)
+         ).any()).item()
+    if bad:
+        raise _NotPlain
+    return df.select(list(EVENT_SCHEMA))
+
+
 def _stack_ids(frames: list[Any], intern: _Interner, dev: int, start: int) -> pl.Series:
     """Stack ids of a column of frame lists: interned once per distinct list object."""
     ids = pl.Series(list(map(id, frames)), dtype=pl.UInt64)
@@ -526,11 +741,13 @@ def _block_frames(block: dict[str, Any]) -> Any:
     return []
 
 
-def from_snapshot_dict(data: Any, path: str, consume: bool = False) -> Capture:
+def from_snapshot_dict(data: Any, path: str, consume: bool = False,
+                       columns: dict[int, _TraceColumns] | None = None) -> Capture:
     """Normalize the decoded snapshot (already known to be builtins only), validating it.
 
     With ``consume`` the trace lists inside ``data`` are emptied while they are converted,
     so the decoded entries can be freed early; the caller must not use ``data`` afterwards.
+    ``columns``: device traces the bounded child already turned into columns (`load`).
     """
     if not _is_snapshot(data):
         kind = type(data).__name__
@@ -546,7 +763,7 @@ def from_snapshot_dict(data: Any, path: str, consume: bool = False) -> Capture:
         data = {"segments": data}
     try:
         with _gc_paused():
-            return _normalize(data, path, consume)
+            return _normalize(data, path, consume, columns or {})
     except _Bad as exc:
         raise InputError(f"{path}: invalid snapshot: {exc}") from None
     except MetaError as exc:
@@ -650,7 +867,8 @@ def _annotations(raw: Any, warnings: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Capture:
+def _normalize(data: dict[str, Any], path: str, consume: bool = False,
+               columns: dict[int, _TraceColumns] | None = None) -> Capture:
     intern = _Interner()
     warnings: list[str] = []
 
@@ -664,6 +882,12 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Captur
     dropped_times = [0]
     traced: set[int] = set()
     for dev, trace in enumerate(traces):
+        if columns and dev in columns:
+            traced.add(dev)
+            if len(devices | traced) > MAX_DEVICES:
+                raise _Bad("device_traces", f"more than {MAX_DEVICES} devices hold data")
+            parts.append(_events_columns(columns.pop(dev), dev, intern))
+            continue
         if not trace:
             continue
         trace = _list(trace, f"device_traces[{dev}]")

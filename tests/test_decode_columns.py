@@ -1,0 +1,82 @@
+"""The trace columns the bounded child hands back (`torch_snapshot.load`) are the capture the
+entry-by-entry path builds from an independent decode, and a value that path refuses is
+still refused, naming the entry."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+
+import pytest
+from snapana.errors import InputError
+from snapana.sources import torch_snapshot
+from snapana.sources.torch_snapshot import from_snapshot_dict, load
+
+from .conftest import raw_load
+
+
+def _snapshot() -> dict:
+    frames_a = [{"filename": "train.py", "name": "step", "line": 10}]
+    frames_b = [frames_a[0], {"filename": "model.py", "name": "forward", "line": 3}]
+    seg = {"device": 1, "address": 4096, "total_size": 8192, "stream": 0,
+           "segment_type": "large", "blocks": [
+               {"address": 4096, "size": 1024, "state": "active_allocated",
+                "requested_size": 1000, "frames": frames_b},
+               {"address": 5120, "size": 7168, "state": "inactive"}]}
+    trace = [
+        {"action": "segment_alloc", "addr": 4096, "size": 8192, "stream": 0, "time_us": 1},
+        {"action": "alloc", "addr": 4096, "size": 1024, "stream": 0, "time_us": 2,
+         "frames": frames_a},
+        {"action": "free_requested", "addr": 4096, "size": 1024, "stream": None,
+         "time_us": None, "frames": frames_a},
+        {"action": None, "addr": 4096, "size": 1024, "time_us": 4, "frames": []},
+        {"action": "alloc", "addr": 4096, "size": 1024, "stream": 7, "time_us": 5,
+         "frames": frames_b},
+        {"action": "oom", "size": 1 << 20, "device_free": 0, "stream": 0, "time_us": 6},
+        {"action": "made_up", "addr": 4096, "size": 1, "frames": None},
+    ]
+    return {"segments": [seg], "device_traces": [[], trace],
+            "allocator_settings": {"expandable_segments": False}}
+
+
+def _same(a, b) -> None:
+    assert a.events.equals(b.events)
+    assert a.blocks.equals(b.blocks) and a.segments.equals(b.segments)
+    assert a.stacks.stacks == b.stacks.stacks and a.stacks.frames == b.stacks.frames
+    assert a.warnings == b.warnings and a.devices == b.devices
+    assert a.has_time == b.has_time and a.allocator_settings == b.allocator_settings
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_columns_equal_the_entry_path(tmp_path, compress):
+    path = tmp_path / "s.pickle"
+    body = pickle.dumps(_snapshot(), protocol=4)
+    path.write_bytes(gzip.compress(body) if compress else body)
+    assert torch_snapshot._load_columns(path, None) is not None  # the one-decode path ran
+    _same(load(path), from_snapshot_dict(raw_load(path), str(path)))
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("device_free", -(1 << 63), "device_traces[1][1].device_free"),  # the child's null marker
+    ("time_us", -(1 << 63), "device_traces[1][1].time_us"),
+    ("size", True, "device_traces[1][1].size"),
+    ("addr", 1 << 62, "device_traces[1][1].addr"),
+    ("action", "x" * 300, "device_traces[1][1].action"),
+    ("frames", [{"filename": 3}], "device_traces[1][1].frames[0].filename"),
+])
+def test_values_the_entry_path_refuses_are_refused(tmp_path, field, value, named):
+    data = _snapshot()
+    data["device_traces"][1][1][field] = value
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    with pytest.raises(InputError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        load(path)
+
+
+def test_float_times_take_the_entry_path_and_read_alike(tmp_path):
+    data = _snapshot()
+    data["device_traces"][1][1]["time_us"] = 2.5
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    assert torch_snapshot._load_columns(path, None) is None
+    _same(load(path), from_snapshot_dict(raw_load(path), str(path)))
