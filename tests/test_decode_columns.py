@@ -58,7 +58,6 @@ def test_columns_equal_the_entry_path(tmp_path, compress):
 
 @pytest.mark.parametrize(("field", "value", "named"), [
     ("device_free", -(1 << 63), "device_traces[1][1].device_free"),  # the child's null marker
-    ("time_us", -(1 << 63), "device_traces[1][1].time_us"),
     ("size", True, "device_traces[1][1].size"),
     ("addr", 1 << 62, "device_traces[1][1].addr"),
     ("action", "x" * 300, "device_traces[1][1].action"),
@@ -71,6 +70,21 @@ def test_values_the_entry_path_refuses_are_refused(tmp_path, field, value, named
     path.write_bytes(pickle.dumps(data, protocol=4))
     with pytest.raises(InputError, match=named.replace("[", r"\[").replace("]", r"\]")):
         load(path)
+
+
+def test_a_time_out_of_range_is_dropped_alike_on_both_paths(tmp_path):
+    """A trace time PyTorch can write (an int64) but outside ±2**62 is no clock: both paths
+    drop it with a warning rather than refuse the capture (int64's minimum included, where
+    polars' abs() wraps)."""
+    data = _snapshot()
+    data["device_traces"][1][1]["time_us"] = -(1 << 63)
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    got = load(path)
+    _same(got, from_snapshot_dict(raw_load(path), str(path)))
+    plain = from_snapshot_dict(_snapshot(), "plain")
+    assert got.events["time_us"].null_count() == plain.events["time_us"].null_count() + 1
+    assert len(got.warnings) == len(plain.warnings) + 1  # one more: the time dropped
 
 
 def test_float_times_take_the_entry_path_and_read_alike(tmp_path):
