@@ -283,10 +283,6 @@ class DeviceReport:
     failed: bool = False  # this device's trace records an OOM (reports list it first)
     reserved_known: bool = True  # reserved is measured (segments or a reserved series)
 
-    @property
-    def total_blocks(self) -> int:
-        return sum(g.blocks for g in self.groups)
-
 
 @dataclass(frozen=True, eq=False)
 class _State:

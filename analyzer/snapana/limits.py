@@ -24,8 +24,6 @@ MAX_STRING = 1 << 20
 #: metadata, annotations) and the most values kept from it.
 MAX_META_DEPTH = 32
 MAX_META_NODES = 100_000
-#: Most digits of an integer in JSON (int64 has 19).
-MAX_JSON_DIGITS = 40
 
 
 def _env_int(name: str, default: int) -> int:

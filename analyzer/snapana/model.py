@@ -118,13 +118,6 @@ class StackTable:
                     "line": pl.Int64, "is_python": pl.Boolean},
         )
 
-    def stacks_df(self) -> pl.DataFrame:
-        return pl.DataFrame(
-            {"stack_id": list(range(len(self.stacks))),
-             "frame_ids": [list(s) for s in self.stacks]},
-            schema={"stack_id": pl.Int64, "frame_ids": pl.List(pl.Int64)},
-        )
-
 
 def is_python_file(filename: str) -> bool:
     """True for frames the Python interpreter ran: `.py` files and pseudo-files such as

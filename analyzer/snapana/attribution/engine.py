@@ -277,10 +277,6 @@ class RuleSet:
                 return r
         raise KeyError(rule_id)
 
-    def clear_cache(self) -> None:
-        self._memo.clear()
-        self._phase_memo.clear()
-
     @property
     def cache_size(self) -> int:
         return len(self._memo)

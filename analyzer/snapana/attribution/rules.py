@@ -96,10 +96,6 @@ class FramePattern:
     """(path, name) or C++ symbol -> whether the line-independent checks hold. Paths and
     symbols repeat across a snapshot's stacks, so each regex runs once per distinct one."""
 
-    @property
-    def is_cpp(self) -> bool:
-        return self.symbol_re is not None
-
     def _static_ok(self, path: str, name: str) -> bool:
         if self.function_re is not None and not self.function_re.fullmatch(name):
             return False
@@ -200,10 +196,6 @@ class Rule:
     phase_hints: frozenset[str] | None = None
     """``phase_hint`` condition: the phase the caller established from the timeline
     (:attr:`BlockContext.phase_hint`), as opposed to the phase inferred from the stack."""
-
-    @property
-    def uses_line_rank(self) -> bool:
-        return any(p.line_rank is not None for p in self.frames)
 
     @property
     def identifying(self) -> int:
@@ -829,12 +821,6 @@ def read_pack(path: Path, *, user: bool, order_start: int) -> Pack:
     except (OSError, UnicodeDecodeError) as exc:
         raise RuleError(f"{path}: cannot read rule file: {exc}") from None
     return parse_pack_text(text, str(path), user=user, order_start=order_start)
-
-
-def read_pack_file(path: Path, *, user: bool, order_start: int) -> tuple[str, list[Rule]]:
-    """Read and parse one pack file's rules: ``(pack_name, rules)`` (see :func:`read_pack`)."""
-    pack = read_pack(path, user=user, order_start=order_start)
-    return pack.name, list(pack.rules)
 
 
 def check_unique(rules: Sequence[Rule], packs: Sequence[Pack] = ()) -> None:

@@ -108,11 +108,6 @@ class AllocationsView:
         """Allocations in the bands of a kind."""
         return sum(b.count for b in self.bands if b.kind == kind)
 
-    def stack_text(self, band: AllocationBand) -> str:
-        """The band's stack as the page shows it ('' for none)."""
-        return "\n".join(self.lines[i] for i in self.stacks[band.stack]) \
-            if band.stack >= 0 else ""
-
 
 def allocations_view(r: DeviceReport, colours: Mapping[str, str], other_colour: str,
                      unknown_colour: str, count: int = BAND_COUNT,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import plotly.graph_objects as go
@@ -26,7 +26,6 @@ from snapana.units import GiB, fmt_bytes
 #: The public names of a device's figures.
 FigureName = Literal["families", "timeline", "families_over_time", "allocations", "segments",
                      "sites"]
-FIGURE_NAMES: tuple[FigureName, ...] = get_args(FigureName)
 
 #: A time chart's legend: a row under the x axis title, not on it.
 LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.16)

@@ -156,10 +156,6 @@ def _hashable(v: Any, where: str = "metadata") -> Any:
 
 
 # ----- reader ---------------------------------------------------------------------------------
-def is_export(path: Path) -> bool:
-    return path.is_dir() and (path / MARKER).is_file()
-
-
 #: Largest marker file read (it holds metadata, never tables).
 MAX_MARKER_BYTES = 64 << 20
 
