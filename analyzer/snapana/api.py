@@ -21,7 +21,7 @@ import polars as pl
 from snapana import tables
 from snapana.attribution.assign import Attributor
 from snapana.attribution.engine import RuleSet
-from snapana.diagnosis import DeviceReport, Diagnosis
+from snapana.findings import DeviceReport, Diagnosis
 from snapana.model import Capture
 from snapana.replay import DeviceReplay, Moment
 from snapana.session import Progress, RulesLike, Session, open_capture

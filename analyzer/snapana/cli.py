@@ -13,7 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 from typer.core import TyperGroup
 
 if TYPE_CHECKING:  # the pipeline is imported by the commands that run it: -h and -V stay fast
-    from snapana.diagnosis import DeviceReport
+    from snapana.findings import DeviceReport
     from snapana.model import Capture
     from snapana.session import Session
 

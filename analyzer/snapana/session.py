@@ -17,9 +17,10 @@ import polars as pl
 from snapana.attribution import RuleError, load_rules
 from snapana.attribution.assign import Attributor
 from snapana.attribution.engine import RuleSet
-from snapana.diagnosis import DeviceReport, device_report
+from snapana.diagnosis import device_report
 from snapana.errors import InputError
 from snapana.explain import ExplainedSite, explain
+from snapana.findings import DeviceReport
 from snapana.model import Capture, ReadProgress
 from snapana.replay import DeviceReplay, Moment, replay
 from snapana.units import parse_capacity

@@ -7,7 +7,7 @@ from __future__ import annotations
 import polars as pl
 
 from snapana.attribution import family_label
-from snapana.diagnosis import DeviceReport
+from snapana.findings import DeviceReport
 from snapana.replay import NEVER
 from snapana.session import Session
 

@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from snapana.attribution.sites import format_frame, site_of
-from snapana.diagnosis import DeviceReport
+from snapana.findings import DeviceReport
 from snapana.model import Frame, StackTable, is_python_frame
 from snapana.units import fmt_bytes
 

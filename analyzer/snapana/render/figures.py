@@ -18,7 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from snapana.diagnosis import Band
+from snapana.findings import Band
 from snapana.render.views import DeviceView, DiffView, RanksView, TimelineView
 from snapana.render.wording import RECORD_HISTORY, allocations_note, inferred_note, rank_label
 from snapana.units import GiB, fmt_bytes

@@ -24,8 +24,8 @@ import numpy as np
 import polars as pl
 
 from snapana.compare import CaptureDiff
-from snapana.diagnosis import Band, DeviceReport, Timeline
 from snapana.explain import ExplainedSite
+from snapana.findings import Band, DeviceReport, Timeline
 from snapana.ranks import MultiReport
 from snapana.render import ViewKind
 from snapana.render import wording as w
