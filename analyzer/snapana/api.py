@@ -208,13 +208,11 @@ class Analysis:
     def _moment(self, dr: DeviceReplay, event: int | None, time: int | None,
                 moment: str | None) -> Moment:
         if event is not None:
-            return dr.resolve(f"event:{event}")
+            return dr.event(event)
         if time is not None:
-            return dr.resolve(f"time:{time}")
+            return dr.time(time)
         if moment not in ("oom", "peak", "end", "interest"):
             raise ValueError(f"unknown moment {moment!r} (oom, peak, end, interest)")
-        if moment == "interest":  # the report's own moment: one definition everywhere
-            return self.device_report.moment
         return dr.resolve(moment)
 
     # ----- figures and text --------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import polars as pl
 
 from snapana.attribution import chunk_groups, family_label
@@ -34,7 +33,6 @@ from snapana.findings import (
     Site,
     Timeline,
     WhatIf,
-    moment_kind,
 )
 from snapana.knobs import (
     Knob,
@@ -88,15 +86,12 @@ class _AtMoment:
         return self.reserved - self.allocated - self.pending_free
 
 
-def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
+def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, moment: Moment,
                   capacity: int | None = None, at: str | None = None) -> DeviceReport:
-    history = _has_history(capture, dr)
-    peak, peak_bytes = _peak(dr, history)
-    moment = dr.resolve(at)
-    if at is None and not history and dr.oom is None:
-        moment = dr.final  # nothing was recorded before it: the snapshot is the state
-    elif at is None and moment.kind == "peak":
-        moment = peak
+    """The findings at `moment` (the replay's: the session resolves it, this never does);
+    `at` is what the user typed for it, shown as given (None: the moment of interest)."""
+    history = dr.has_history
+    peak, peak_bytes = dr.peak, dr.peak_allocated_bytes
     live = dr.blocks_at(moment)
     held = attributor.attribute(live.filter(pl.col("state") == "active_allocated"))
     reserved = dr.reserved_at(moment)
@@ -170,23 +165,6 @@ def _replay_warnings(dr: DeviceReplay) -> list[str]:
         if found:
             out.append(f"{what} in {len(found)} place(s), e.g. {found[0]}")
     return out
-
-
-def _has_history(capture: Capture, dr: DeviceReplay) -> bool:
-    """Whether the device's trace records allocations, not just the final state."""
-    return dr.n_events > 0 and bool(
-        (capture.device_events(dr.device)["action"] == "alloc").any())
-
-
-def _peak(dr: DeviceReplay, history: bool) -> tuple[Moment, int]:
-    """The peak of allocated bytes, counted as everywhere else: blocks in use, not blocks
-    already freed and waiting on a stream (pending free)."""
-    before = dr.lifetimes.filter((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") >= 0))
-    base = int(before["size"].sum())
-    if not history or dr.n_events == 0 or base > int(dr.allocated.max()):
-        return Moment("peak", -1), base
-    i = int(np.argmax(dr.allocated))
-    return dr.at(i, "peak"), int(dr.allocated[i])
 
 
 def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity: int,
@@ -288,7 +266,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     knobs = list(dict.fromkeys(
         lead + knobs_for(order, held_causes, fw, phase, rules, offload=not reloading)))
     diagnosis = Diagnosis(
-        kind=moment_kind(moment), phase=phase, request_bytes=request,
+        kind=moment.kind, phase=phase, request_bytes=request,
         request_rounded_bytes=round_request(request) if request is not None else None,
         request_segment_bytes=segment_size_for(request) if request is not None else None,
         request_family=req_family, request_label=req_label, request_site=req_site,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict, get_args
+from typing import Literal, TypedDict
 
 import numpy as np
 import polars as pl
@@ -18,26 +18,14 @@ import polars as pl
 from snapana.family_timeline import FamilyGrowth, FamilyTimeline
 from snapana.knobs import Knob
 from snapana.model import Frame, StackTable
-from snapana.replay import Moment
+from snapana.replay import Moment, MomentKind
 
 #: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
 CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",
                   "capacity_unknown"]
-#: Which moment a report shows: the OOM, the peak, the snapshot, or one asked for (--at).
-MomentKind = Literal["oom", "peak", "snapshot", "event", "time"]
 #: Whether a family can go: "yes" (kept by the step), "offload" (model state a knob moves),
 #: "shrink" (working set of the op in flight) or "no".
 Removable = Literal["yes", "offload", "shrink", "no"]
-
-MOMENT_KINDS: tuple[MomentKind, ...] = get_args(MomentKind)
-
-
-def moment_kind(m: Moment) -> MomentKind:
-    """A replay Moment's kind as the Literal findings use (replay spells it as a str)."""
-    if m.kind not in MOMENT_KINDS:
-        raise ValueError(f"unknown moment kind {m.kind!r}")
-    return m.kind
-
 
 @dataclass(frozen=True)
 class PoolFree:

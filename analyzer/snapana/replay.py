@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Literal
 
 import numpy as np
 import polars as pl
@@ -36,11 +37,17 @@ class MomentError(InputError, ValueError):
 NEVER = np.iinfo(np.int64).max  # free index of a block still live at the end
 
 
+#: Which moment a report shows: the OOM, the peak, the snapshot, or one asked for (--at).
+MomentKind = Literal["oom", "peak", "snapshot", "event", "time"]
+
+
 @dataclass(frozen=True)
 class Moment:
-    """A point in the capture: `idx` is the event index it is taken after (-1: before all)."""
+    """A point in the capture: `idx` is the event index it is taken after (-1: before all).
+    The replay alone makes them (`DeviceReplay.interest`, `.peak`, `.oom_moment`, `.final`,
+    `.event`, `.time`, `.resolve`); later stages receive one and never recompute it."""
 
-    kind: str  # "oom" | "peak" | "snapshot" | "event" | "time" (the last two: asked for)
+    kind: MomentKind  # "event" and "time": a moment asked for
     idx: int
     time_us: int | None = None
 
@@ -83,44 +90,86 @@ class DeviceReplay:
         return self.ooms[-1] if self.ooms else None
 
     @cached_property
+    def has_history(self) -> bool:
+        """Whether the trace records allocations, not just the final state (without, there is
+        no peak to find: the snapshot is the state)."""
+        return self.n_events > 0 and bool(
+            (self.capture.device_events(self.device)["action"] == "alloc").any())
+
+    @cached_property
     def peak(self) -> Moment:
-        if self.n_events == 0 or self.baseline_allocated > int(self.allocated.max()):
-            return Moment("peak", -1)  # highest before the first recorded event
+        """The peak of allocated bytes, counted as everywhere else: blocks in use, not blocks
+        already freed and waiting on a stream (pending free). Before the first recorded event
+        (-1) when nothing recorded rises above what was there before recording."""
+        if not self.has_history or self._baseline_in_use > int(self.allocated.max()):
+            return Moment("peak", -1)
         i = int(np.argmax(self.allocated))
         return Moment("peak", i, self._time_at(i))
 
     @property
     def peak_allocated_bytes(self) -> int:
-        if self.n_events == 0:
-            return self.baseline_allocated
-        return int(max(self.allocated.max(), self.baseline_allocated))
+        """Allocated bytes at `peak` (what every report calls the peak)."""
+        if self.peak.idx < 0:
+            return self._baseline_in_use
+        return int(self.allocated[self.peak.idx])
 
     @property
     def baseline_allocated(self) -> int:
-        """Allocated bytes before the first recorded event (blocks alive before recording)."""
+        """Bytes live before the first recorded event (blocks alive before recording)."""
         return int(self.lifetimes.filter(pl.col("alloc_idx") < 0)["size"].sum())
 
-    def moment_of_interest(self) -> Moment:
-        """The OOM point when there is one, else the peak of the recorded trace, else the
-        snapshot moment (no history recorded)."""
-        if self.oom is not None:
-            return Moment("oom", self.oom.idx, self.oom.time_us)
-        return self.peak if self.n_events else self.final
+    @cached_property
+    def _baseline_in_use(self) -> int:
+        """Of `baseline_allocated`, the blocks in use (not pending free): the start of the
+        `allocated` series."""
+        return int(self.lifetimes.filter((pl.col("alloc_idx") < 0)
+                                         & (pl.col("free_req_idx") >= 0))["size"].sum())
 
-    def at(self, idx: int, kind: str = "event") -> Moment:
+    @property
+    def oom_moment(self) -> Moment | None:
+        """The moment of the OOM that ended the job (None: no OOM)."""
+        if self.oom is None:
+            return None
+        return Moment("oom", self.oom.idx, self.oom.time_us)
+
+    @cached_property
+    def interest(self) -> Moment:
+        """The moment of interest, the one definition every report, table and explanation
+        uses: the OOM when there is one, else the peak of the recorded allocations, else (no
+        history recorded) the snapshot."""
+        if self.oom_moment is not None:
+            return self.oom_moment
+        return self.peak if self.has_history else self.final
+
+    def at(self, idx: int, kind: MomentKind = "event") -> Moment:
         return Moment(kind, idx, self._time_at(idx))
 
+    def event(self, n: int) -> Moment:
+        """The state after event `n` (-1: before the first)."""
+        if not -1 <= n < self.n_events:
+            raise MomentError(f"event {n} out of range (-1..{self.n_events - 1})")
+        return self.at(n)
+
+    def time(self, time_us: int) -> Moment:
+        """The state after the last event at or before trace time `time_us` (µs)."""
+        if not self.capture.has_time:
+            raise MomentError(f"{self.capture.path} device {self.device}: no timestamps "
+                              "recorded; use an event index")
+        times = self._times.fill_null(strategy="forward")
+        return self.at(int((times <= time_us).sum()) - 1, "time")
+
     def resolve(self, at: str | None) -> Moment:
-        """The moment a user named: None (the moment of interest), 'oom', 'peak', 'end',
-        'interest', 'event:N' (after event N; -1 is before the first) or 'time:US' (after
-        the last event at or before that trace time, in µs)."""
+        """The moment a user typed (--at): None or 'interest' (the moment of interest), 'oom',
+        'peak', 'end', 'event:N' (after event N; -1 is before the first) or 'time:US' (after
+        the last event at or before that trace time, in µs). Typed callers use `interest`,
+        `peak`, `final`, `event` and `time` directly."""
         if at is None or at == "interest":
-            return self.moment_of_interest()
+            return self.interest
         where = f"{self.capture.path} device {self.device}"
         if at == "oom":
-            if self.oom is None:
+            if self.oom_moment is None:
                 raise MomentError(f"{where} has no OOM; try --at peak or --at end")
-            return Moment("oom", self.oom.idx, self.oom.time_us)
+            return self.oom_moment
         if at == "peak":
             return self.peak
         if at == "end":
@@ -135,8 +184,7 @@ class DeviceReplay:
             return self.at(n)
         if not self.capture.has_time:
             raise MomentError(f"{where}: no timestamps recorded; use --at event:N")
-        times = self._times.fill_null(strategy="forward")
-        return self.at(int((times <= n).sum()) - 1, "time")
+        return self.time(n)
 
     def _time_at(self, idx: int) -> int | None:
         if idx < 0 or not self.capture.has_time:

@@ -146,18 +146,16 @@ class Session:
         return self.capture.capacity_bytes.get(self.device)
 
     @cached_property
+    def moment(self) -> Moment:
+        """This session's moment, the replay's answer to `at` (None: the moment of
+        interest); the diagnosis receives it, never recomputes it."""
+        return self.replay.resolve(self.at)
+
+    @cached_property
     def report(self) -> DeviceReport:
         """Everything the renderers show for this device at this session's moment."""
-        return device_report(self.capture, self.replay, self.attributor,
+        return device_report(self.capture, self.replay, self.attributor, self.moment,
                              self.device_capacity, self.at)
-
-    @property
-    def moment(self) -> Moment:
-        return self.report.moment
-
-    def moment_named(self, at: str | None) -> Moment:
-        """Any other moment of this device (see DeviceReplay.resolve)."""
-        return self.replay.resolve(at)
 
     def attributed_blocks(self, moment: Moment) -> pl.DataFrame:
         """Blocks live at `moment` (allocated and pending-free), each with its family."""
@@ -166,9 +164,8 @@ class Session:
     def explain(self, *, block: int | None = None, family: str | None = None,
                 site: str | None = None, limit: int = 10) -> list[ExplainedSite]:
         """Why the selected blocks at this session's moment got their families."""
-        moment = self.moment_named(self.at)
-        when = f"at event {moment.idx}" if self.at else "at the moment of interest"
-        return explain(self.capture, self.attributor, self.attributed_blocks(moment), when,
+        when = f"at event {self.moment.idx}" if self.at else "at the moment of interest"
+        return explain(self.capture, self.attributor, self.attributed_blocks(self.moment), when,
                        block=block, family=family, site=site, limit=limit)
 
 
