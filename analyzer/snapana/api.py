@@ -21,6 +21,7 @@ import polars as pl
 from snapana import tables
 from snapana.attribution.assign import Attributor
 from snapana.attribution.engine import RuleSet
+from snapana.caching_allocator import ACTIVE_PENDING_FREE
 from snapana.findings import DeviceReport, Diagnosis
 from snapana.model import Capture
 from snapana.replay import DeviceReplay, Moment
@@ -201,7 +202,7 @@ class Analysis:
         dr = self.replay
         m = self._moment(dr, event, time, moment or ("interest" if given == 0 else None))
         live = self.session.attributed_blocks(m)
-        pending = int(live.filter(pl.col("state") == "active_pending_free")["size"].sum())
+        pending = int(live.filter(pl.col("state") == ACTIVE_PENDING_FREE)["size"].sum())
         return State(m, tables.public_blocks(live, self.device), dr.segments_at(m),
                      dr.allocated_at(m), dr.reserved_at(m), pending)
 

@@ -238,9 +238,10 @@ def _many(paths: list[Path], workers: int | None, rules: list[Path] | None,
 
 def _single(files: list[str]) -> Path | None:
     from snapana.rank_runner import expand_inputs
+    from snapana.sources.parquet_dir import MARKER
 
     only = Path(files[0]) if len(files) == 1 else None
-    if only is not None and (not only.is_dir() or (only / "snapana-export.json").is_file()):
+    if only is not None and (not only.is_dir() or (only / MARKER).is_file()):
         paths = expand_inputs(files)
         return paths[0] if len(paths) == 1 else None
     return None

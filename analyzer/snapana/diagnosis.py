@@ -17,6 +17,7 @@ from snapana.attribution.assign import AnnotationWindows, Attributor
 from snapana.attribution.chunks import LOOP_FAMILIES
 from snapana.attribution.engine import RuleSet
 from snapana.attribution.lifetimes import attribute_lifetimes
+from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
 from snapana.family_timeline import FamilyGrowth, FamilyTimeline, family_timeline
 from snapana.findings import (
     Band,
@@ -93,12 +94,12 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
     history = dr.has_history
     peak, peak_bytes = dr.peak, dr.peak_allocated_bytes
     live = dr.blocks_at(moment)
-    held = attributor.attribute(live.filter(pl.col("state") == "active_allocated"))
+    held = attributor.attribute(live.filter(pl.col("state") == ACTIVE_ALLOCATED))
     reserved = dr.reserved_at(moment)
     if capacity is not None:
         _check_capacity(capture, dr, moment, capacity, reserved)
     allocated = int(held["size"].sum())
-    pending = int(live.filter(pl.col("state") == "active_pending_free")["size"].sum())
+    pending = int(live.filter(pl.col("state") == ACTIVE_PENDING_FREE)["size"].sum())
     segments = dr.segments_at(moment)
     pools = _pools(segments, dr.free_blocks_at(moment))
     oom = None
@@ -208,7 +209,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     if oom is not None and dr.oom is not None:
         o = dr.oom
         request = o.requested_bytes
-        ctx = attributor.context(o.stack_id, "0,0", o.stream, "active_allocated", request,
+        ctx = attributor.context(o.stack_id, "0,0", o.stream, ACTIVE_ALLOCATED, request,
                                  o.idx)
         decision = attributor.decide(o.stack_id, ctx)
         req_family, req_label, phase = decision.family, decision.label, decision.phase

@@ -10,20 +10,30 @@ from __future__ import annotations
 
 import os
 
-#: Largest byte count or address accepted from an input (sizes, addresses, totals). Keeps
-#: every sum of a few of them inside int64, the type of every byte column.
-MAX_BYTES = 2**62
+from snapana.units import MAX_BYTES as MAX_BYTES
+from snapana.units import parse_bytes
+
+#: MAX_BYTES (imported above): the largest byte count or address accepted from an input
+#: (sizes, addresses, totals); keeps every sum of a few of them inside int64, the type of every
+#: byte column. Defined once, with the byte units (`units.py` sits below this module: the
+#: limits below are read with its parser); every input check imports it from here.
+
 #: Largest magnitude of a timestamp (µs or ns) accepted from an input.
 MAX_TIME = 2**62
 #: Device indices accepted (0 .. MAX_DEVICE - 1), and the most devices one capture may hold.
 MAX_DEVICE = 4096
 MAX_DEVICES = 1024
-#: Longest string a snapshot field (frame file or name, state, action) may hold.
+#: Longest string a snapshot field (frame file or name, state, action) or a metadata value
+#: may hold (a binary metadata value: this many bytes).
 MAX_STRING = 1 << 20
 #: Deepest nesting kept from free-form metadata (allocator settings, user metadata, trace
 #: metadata, annotations) and the most values kept from it.
 MAX_META_DEPTH = 32
 MAX_META_NODES = 100_000
+#: Largest sidecar read (an inventory of 10^5 tensors is ~20 MB of JSON).
+MAX_SIDECAR_BYTES = 256 << 20
+#: Largest export marker file read (`snapana-export.json`: metadata, never tables).
+MAX_MARKER_BYTES = 64 << 20
 
 
 def _env_int(name: str, default: int) -> int:
@@ -31,10 +41,8 @@ def _env_int(name: str, default: int) -> int:
     if not raw:
         return default
     try:
-        from snapana.units import parse_bytes
-
         return parse_bytes(raw) if not raw.isdigit() else int(raw)
-    except (ValueError, ImportError):
+    except ValueError:
         return default
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from snapana.errors import InputError, SnapanaError
 from snapana.ranks import RankSummary, rank_of
+from snapana.sources.parquet_dir import MARKER as EXPORT_MARKER
 
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".pt", ".snapshot")
 
@@ -24,7 +25,7 @@ def expand_inputs(args: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for arg in args:
         p = Path(arg)
-        if p.is_dir() and not (p / "snapana-export.json").exists():
+        if p.is_dir() and not (p / EXPORT_MARKER).exists():
             found = sorted(f for f in p.iterdir()
                            if f.is_file() and f.name.lower().endswith(SNAPSHOT_SUFFIXES))
             if not found:

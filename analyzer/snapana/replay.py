@@ -26,6 +26,14 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
+from snapana.caching_allocator import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    ACTIVE_STATES,
+    LARGE_PAGE,
+    ROUND_BYTES,
+    SMALL_PAGE,
+)
 from snapana.errors import InputError
 from snapana.model import EMPTY_STACK, Capture
 
@@ -205,8 +213,8 @@ class DeviceReplay:
             (pl.col("alloc_idx") <= i) & (pl.col("free_done_idx") > i)
         ).with_columns(
             pl.when(pl.col("free_req_idx") > i)
-            .then(pl.lit("active_allocated"))
-            .otherwise(pl.lit("active_pending_free"))
+            .then(pl.lit(ACTIVE_ALLOCATED))
+            .otherwise(pl.lit(ACTIVE_PENDING_FREE))
             .alias("state")
         )
         segs = self.segments_at(moment).select(
@@ -288,17 +296,6 @@ class DeviceReplay:
         return int(self.reserved[moment.idx])
 
     _reserved_delta: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-
-def round_size(requested: int, granularity: int = 512) -> int:
-    """The caching allocator's minimum rounding: up to a multiple of 512 bytes.
-
-    Sources whose sizes are already exact (profiler traces, memory timelines, memray) say so
-    with `metadata['size_rounding'] = 1`.
-    """
-    if granularity <= 1:
-        return requested
-    return max(granularity, -(-requested // granularity) * granularity)
 
 
 def _append_free(rows: dict, address: int, size: int, pool: str, stream: int, seg: int) -> None:
@@ -411,7 +408,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     """Pair the trace's events into lifetimes and check them against the final segments."""
     events = capture.device_events(device)
     n = events.height
-    gran = int(capture.metadata.get("size_rounding", 512))
+    gran = int(capture.metadata.get("size_rounding", ROUND_BYTES))
 
     # Lifetimes: trace sizes are the requested bytes; the block holds them rounded up to 512
     # (exact for final blocks, which take their size from the segments).
@@ -426,7 +423,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
 
     # Final blocks: live ones must match the trace's open blocks exactly.
     final_blocks = capture.device_blocks(device).filter(
-        pl.col("state").is_in(["active_allocated", "active_pending_free"])
+        pl.col("state").is_in(ACTIVE_STATES)
     )
     open_rows = np.flatnonzero(cols["free_done_idx"] == NEVER)
     open_blocks = {int(cols["address"][r]): int(r) for r in open_rows}
@@ -437,7 +434,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     ).iter_rows():
         r = open_blocks.pop(a, None)
         if r is None:
-            extra.append([a, s, sid, 0, -1, NEVER if state == "active_allocated" else -1, NEVER,
+            extra.append([a, s, sid, 0, -1, NEVER if state == ACTIVE_ALLOCATED else -1, NEVER,
                           req])
             continue
         if int(req_c[r]) != req:
@@ -448,7 +445,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
         if stack_c[r] == EMPTY_STACK:
             stack_c[r] = sid
         pending_in_trace = cols["free_req_idx"][r] != NEVER
-        if pending_in_trace != (state == "active_pending_free"):
+        if pending_in_trace != (state == ACTIVE_PENDING_FREE):
             mismatches.append(f"block 0x{a:x}: state {state} disagrees with the trace")
     for a, r in open_blocks.items():  # in the order the rows were opened
         mismatches.append(f"block 0x{a:x} is live in the trace but not in the segments")
@@ -531,9 +528,6 @@ SEGMENT_INTERVAL_SCHEMA = {"address": pl.Int64, "total_size": pl.Int64, "pool": 
                            "stream": pl.Int64, "open_idx": pl.Int64, "close_idx": pl.Int64,
                            "segment_type": pl.Utf8, "expandable": pl.Boolean,
                            "vseg": pl.Int64}
-#: Pages of an expandable segment: kSmallBuffer in the small pool, kLargeBuffer in the large.
-SMALL_PAGE = 2 << 20
-LARGE_PAGE = 20 << 20
 
 
 class _Row:

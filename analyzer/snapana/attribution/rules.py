@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from snapana.units import MAX_BYTES, parse_bytes
+from snapana.caching_allocator import BLOCK_STATES, normalize_state
+from snapana.limits import MAX_BYTES
+from snapana.units import parse_bytes
 
 from .families import cause_ids, family_ids, phase_ids
-from .stack import BLOCK_STATES, BlockContext, NormStack, Stack, normalize_state, path_has_suffix
+from .stack import BlockContext, NormStack, Stack, path_has_suffix
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -18,6 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
 from snapana.findings import Band
 from snapana.render.views import DeviceView, DiffView, RanksView, TimelineView
 from snapana.render.wording import RECORD_HISTORY, allocations_note, inferred_note, rank_label
@@ -29,7 +30,7 @@ FigureName = Literal["families", "timeline", "families_over_time", "allocations"
 
 #: A time chart's legend: a row under the x axis title, not on it.
 LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.16)
-_STATE_COLOURS = {"active_allocated": "#d62728", "active_pending_free": "#ff7f0e",
+_STATE_COLOURS = {ACTIVE_ALLOCATED: "#d62728", ACTIVE_PENDING_FREE: "#ff7f0e",
                   "free": "#c7e9c0"}
 _UP, _DOWN = "#d62728", "#2ca02c"  # in a diff, more memory is bad news
 
