@@ -23,9 +23,9 @@ from snapana.attribution.assign import Attributor
 from snapana.attribution.engine import RuleSet
 from snapana.caching_allocator import ACTIVE_PENDING_FREE
 from snapana.findings import DeviceReport, Diagnosis
-from snapana.model import Capture
+from snapana.model import Capture, ReadProgress
 from snapana.replay import DeviceReplay, Moment
-from snapana.session import Progress, RulesLike, Session, open_capture
+from snapana.session import RulesLike, Session, open_capture
 from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ _WIDTH = 120
 
 
 def load(path: str | Path, *, device: int | None = None, rules: RulesLike = None,
-         capacity: int | str | None = None, progress: Progress | None = None) -> Analysis:
+         capacity: int | str | None = None, progress: ReadProgress | None = None) -> Analysis:
     """Read any supported artefact (snapshot pickle, profiler trace, memory timeline, memray
     capture, a `snapana export` folder) and analyse one device of it.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 import polars as pl
 
@@ -27,8 +27,6 @@ from snapana.units import parse_capacity
 
 #: Rules as a caller may give them: a loaded RuleSet, extra pack files, or None (built-ins).
 RulesLike: TypeAlias = RuleSet | Iterable[str | Path] | None
-#: Bytes read so far and the total: how sources report progress.
-Progress: TypeAlias = ReadProgress
 
 
 def resolve_rules(rules: RulesLike) -> RuleSet:
@@ -51,13 +49,22 @@ def resolve_capacity(capacity: int | str | None) -> int | None:
         raise InputError(f"capacity: {exc}") from None
 
 
-def open_capture(path: str | Path, progress: Progress | None = None) -> Capture:
+def find_sidecar(path: str | Path) -> Path | None:
+    """The sidecar `snapana record` wrote beside a capture file, if there is one."""
+    from snapana import sidecar
+
+    return sidecar.find(Path(path)) if Path(path).is_file() else None
+
+
+def open_capture(path: str | Path, progress: ReadProgress | None = None, *,
+                 sidecar_path: Path | None | Literal["find"] = "find") -> Capture:
     """Read any supported artefact into the common model (format detected by content),
-    with the sidecar `snapana record` wrote beside it, when there is one."""
+    with the sidecar `snapana record` wrote beside it (`sidecar_path`: the one a caller
+    already found, None for none; by default looked up here)."""
     from snapana import sidecar, sources
 
     capture = sources.load(Path(path), progress)
-    found = sidecar.find(Path(path)) if Path(path).is_file() else None
+    found = find_sidecar(path) if sidecar_path == "find" else sidecar_path
     if found is not None:
         sidecar.apply(capture, sidecar.read(found), found)
     return capture
@@ -112,7 +119,7 @@ class Session:
     @classmethod
     def open(cls, path: str | Path, device: int | None = None, *, rules: RulesLike = None,
              capacity: int | str | None = None, at: str | None = None,
-             progress: Progress | None = None) -> Session:
+             progress: ReadProgress | None = None) -> Session:
         return cls(open_capture(path, progress), device, rules=rules, capacity=capacity, at=at)
 
     def for_device(self, device: int) -> Session:
