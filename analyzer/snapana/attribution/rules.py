@@ -4,7 +4,7 @@ Rules are data (TOML). Each file is a *pack*; the built-in packs live in ``packs
 per framework) and users add their own files. A pack holds everything about its framework:
 how to detect it in a capture (``[pack] markers``), its ``[[rule]]`` and ``[[phase_rule]]``
 entries, its ``[[knob]]`` entries and ``[[example]]`` stacks with the family they must get.
-The schema is documented in ``analyzer/snapana/attribution/__init__.py``; this module enforces
+The schema is documented in this package's ``__init__.py``; this module enforces
 it: an unknown field, an unknown family, phase or cause, a bad regular expression or a
 malformed value is a :class:`RuleError` whose message is one line naming the file, the entry
 and the problem — a rule file is user input and must never produce a traceback.
@@ -239,7 +239,8 @@ class Knob:
 @dataclass(frozen=True)
 class Example:
     """A stack with the family the rules must give it (a pack's ``[[example]]``), run by the
-    test suite (and by :meth:`~snapana.attribution.RuleSet.check_examples` for user packs)."""
+    test suite (and by :meth:`~snapana.attribution.RuleSet.check_examples` for user
+    packs)."""
 
     pack: str
     index: int
