@@ -131,6 +131,7 @@ ALGORITHMS = {
     "snapana.rank_runner",
 } | {m for m in MODULES if m.startswith("snapana.attribution")} - {
     "snapana.attribution.sites",  # how a stack is named: the renderers' vocabulary too
+    "snapana.attribution.families",  # the family vocabulary (ids, labels): data, not a stage
 }
 #: Modules that hold types beside the code that makes them: a renderer imports their types and
 #: constants (capitalised names) only, never a function.
