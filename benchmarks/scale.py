@@ -49,10 +49,10 @@ for name, make in (("rules", load_rules), ("empty", lambda: RuleSet([]))):
     for _ in range(3):
         rules = make()
         t = time.perf_counter()
-        device_report(cap, dr, Attributor(cap, dr.device, rules))
+        device_report(cap, dr, Attributor(cap, dr.device, rules), dr.interest)
         best = min(best, time.perf_counter() - t)
     out[name] = best
-live = dr.blocks_at(dr.moment_of_interest()).filter(pl.col("state") == "active_allocated")
+live = dr.blocks_at(dr.interest).filter(pl.col("state") == "active_allocated")
 t = time.perf_counter()
 Attributor(cap, dr.device, load_rules()).attribute(live)
 out["attribute"] = time.perf_counter() - t

@@ -80,8 +80,11 @@ def test_no_import_cycle() -> None:
     assert not cycles, f"import cycles: {cycles}"
 
 
-FACES = {"snapana.cli", "snapana.api", "snapana.__main__"}
+FACES = {"snapana.cli", "snapana.api", "snapana.__main__"} | {
+    m for m in MODULES if m.startswith("snapana.commands")}
 DRIVERS = {"snapana.session", "snapana.rank_runner", "snapana.export_tables"}
+#: The command line: the typer app and the commands it registers.
+CLI = {"snapana.cli"} | {m for m in MODULES if m.startswith("snapana.commands")}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -90,10 +93,18 @@ def test_stages_import_only_earlier_stages(name: str) -> None:
     if name.startswith("snapana.render"):
         assert not deps & (FACES | DRIVERS), f"{name} imports {deps & (FACES | DRIVERS)}"
     if name.startswith("snapana.sources"):
-        later = {d for d in deps if d.startswith(("snapana.render", "snapana.attribution",
-                                                  "snapana.diagnosis", "snapana.session"))}
+        later = {d for d in deps if d.startswith((
+            "snapana.render",
+            "snapana.attribution",
+            "snapana.diagnosis",
+            "snapana.findings",
+            "snapana.replay",
+            "snapana.session",
+            "snapana.knobs",
+            "snapana.compare",
+        ))}
         assert not later, f"a source imports a later stage: {later}"
-    if not name.startswith("snapana.synth") and name != "snapana.cli":
+    if not name.startswith("snapana.synth") and name not in CLI:
         assert not {d for d in deps if d.startswith("snapana.synth")}, \
             f"{name}: the pipeline never imports the simulator"
     if name not in ("snapana.__main__", "snapana.cli"):
@@ -103,6 +114,74 @@ def test_stages_import_only_earlier_stages(name: str) -> None:
     if name.startswith("snapana.record"):  # runs inside the user's job: stdlib and torch
         assert all(d.startswith("snapana.record") for d in deps), \
             f"the capture side imports the analyzer: {deps}"
-    elif name != "snapana.cli":
+    elif name not in CLI:
         assert not {d for d in deps if d.startswith("snapana.record")}, \
             f"{name}: the analyzer never imports the capture code"
+
+
+# ----- one home per idea: findings apart from the algorithm, one wiring ---------------------------
+#: The algorithm of the diagnosis and the stage entry points only the session may call.
+DIAGNOSIS_ALGORITHM = "snapana.diagnosis"
+#: Modules whose code runs an analysis stage; a renderer imports none of them.
+ALGORITHMS = {
+    DIAGNOSIS_ALGORITHM,
+    "snapana.replay",
+    "snapana.placement",
+    "snapana.session",
+    "snapana.rank_runner",
+} | {m for m in MODULES if m.startswith("snapana.attribution")} - {
+    "snapana.attribution.sites",  # how a stack is named: the renderers' vocabulary too
+    "snapana.attribution.families",  # the family vocabulary (ids, labels): data, not a stage
+}
+#: Modules that hold types beside the code that makes them: a renderer imports their types and
+#: constants (capitalised names) only, never a function.
+TYPES_BESIDE_CODE = {
+    "snapana.compare",
+    "snapana.explain",
+    "snapana.family_timeline",
+    "snapana.knobs",
+    "snapana.ranks",
+}
+#: The calls that run a stage: replay, attribution, diagnosis.
+STAGE_CALLS = {"replay", "Attributor", "device_report", "diagnose"}
+#: Who may make them: the session (the one wiring) and the stages themselves.
+STAGE_CALLERS = {
+    "snapana.session",
+    DIAGNOSIS_ALGORITHM,
+    "snapana.replay",
+} | {m for m in MODULES if m.startswith("snapana.attribution")}
+
+
+def _imported_names(name: str) -> list[tuple[str, str]]:
+    """(module, name) for every `from snapana... import name` in a module, resolved."""
+    tree = ast.parse(MODULES[name].read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out += [(node.module, a.name) for a in node.names]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m.startswith("snapana.render")))
+def test_no_renderer_imports_an_algorithm(name: str) -> None:
+    algorithms = GRAPH[name] & ALGORITHMS
+    assert not algorithms, f"{name} imports the algorithm module(s) {sorted(algorithms)}"
+    functions = [f"{module}.{n}" for module, n in _imported_names(name)
+                 if module in TYPES_BESIDE_CODE and not n[:1].isupper()]
+    assert not functions, f"{name} imports code, not types: {functions}"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_only_the_session_runs_the_stages(name: str) -> None:
+    if name in STAGE_CALLERS:
+        return
+    tree = ast.parse(MODULES[name].read_text())
+    calls = sorted({
+        f.id if isinstance(f, ast.Name) else f.attr
+        for node in ast.walk(tree) if isinstance(node, ast.Call)
+        for f in [node.func]
+        if (isinstance(f, ast.Name) and f.id in STAGE_CALLS)
+        or (isinstance(f, ast.Attribute) and f.attr in STAGE_CALLS)})
+    assert not calls, f"{name} runs a stage itself ({calls}); go through snapana.session"
+    assert DIAGNOSIS_ALGORITHM not in GRAPH[name], \
+        f"{name} imports the diagnosis algorithm; the session is its only caller"

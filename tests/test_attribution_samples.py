@@ -40,7 +40,7 @@ def attributed(path: Path, oom: bool) -> Any:
     """Live blocks at the OOM (or, without one, at the snapshot), with their families."""
     capture = load(path)
     dr = replay(capture, 0)
-    moment = dr.moment_of_interest() if oom else dr.final
+    moment = dr.interest if oom else dr.final
     if oom:
         assert moment.kind == "oom"
     return Attributor(capture, 0, load_rules()).attribute(dr.blocks_at(moment))

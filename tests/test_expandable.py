@@ -17,7 +17,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from snapana.diagnosis import DeviceReport
+from snapana.findings import DeviceReport
 from snapana.placement import MAP_PAGES, would_fit
 from snapana.replay import replay
 from snapana.session import Session, analyse, device_order, sessions

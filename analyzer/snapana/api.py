@@ -21,10 +21,11 @@ import polars as pl
 from snapana import tables
 from snapana.attribution.assign import Attributor
 from snapana.attribution.engine import RuleSet
-from snapana.diagnosis import DeviceReport, Diagnosis
-from snapana.model import Capture
+from snapana.caching_allocator import ACTIVE_PENDING_FREE
+from snapana.findings import DeviceReport, Diagnosis
+from snapana.model import Capture, ReadProgress
 from snapana.replay import DeviceReplay, Moment
-from snapana.session import Progress, RulesLike, Session, open_capture
+from snapana.session import RulesLike, Session, open_capture
 from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ _WIDTH = 120
 
 
 def load(path: str | Path, *, device: int | None = None, rules: RulesLike = None,
-         capacity: int | str | None = None, progress: Progress | None = None) -> Analysis:
+         capacity: int | str | None = None, progress: ReadProgress | None = None) -> Analysis:
     """Read any supported artefact (snapshot pickle, profiler trace, memory timeline, memray
     capture, a `snapana export` folder) and analyse one device of it.
 
@@ -201,20 +202,18 @@ class Analysis:
         dr = self.replay
         m = self._moment(dr, event, time, moment or ("interest" if given == 0 else None))
         live = self.session.attributed_blocks(m)
-        pending = int(live.filter(pl.col("state") == "active_pending_free")["size"].sum())
+        pending = int(live.filter(pl.col("state") == ACTIVE_PENDING_FREE)["size"].sum())
         return State(m, tables.public_blocks(live, self.device), dr.segments_at(m),
                      dr.allocated_at(m), dr.reserved_at(m), pending)
 
     def _moment(self, dr: DeviceReplay, event: int | None, time: int | None,
                 moment: str | None) -> Moment:
         if event is not None:
-            return dr.resolve(f"event:{event}")
+            return dr.event(event)
         if time is not None:
-            return dr.resolve(f"time:{time}")
+            return dr.time(time)
         if moment not in ("oom", "peak", "end", "interest"):
             raise ValueError(f"unknown moment {moment!r} (oom, peak, end, interest)")
-        if moment == "interest":  # the report's own moment: one definition everywhere
-            return self.device_report.moment
         return dr.resolve(moment)
 
     # ----- figures and text --------------------------------------------------------------------

@@ -1,18 +1,15 @@
-"""Findings for one device of a capture: the numbers every renderer shows, computed once.
+"""The diagnosis: the findings (`findings.py`) for one device of a capture at the moment the
+session gives it, computed once.
 
-Findings are typed and frozen, and a DeviceReport is built whole (its diagnosis included).
-Every figure in it is a sum over replayed blocks, so a test can recompute it from the model.
-Shaping for display (downsampling the timeline, capping the segment map, wording) is the
-view-model's work (`render/views.py`), not this module's.
+A DeviceReport is built whole (its diagnosis included): why the allocation failed, which
+families dominate, what-ifs and the knobs that change them. The types live in `findings.py`,
+the vocabulary renderers read; this module is the algorithm.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal, TypedDict, get_args
+from dataclasses import dataclass
 
-import numpy as np
 import polars as pl
 
 from snapana.attribution import chunk_groups, family_label
@@ -21,7 +18,24 @@ from snapana.attribution.chunks import LOOP_FAMILIES
 from snapana.attribution.engine import RuleSet
 from snapana.attribution.families import training_marks
 from snapana.attribution.lifetimes import attribute_lifetimes
+from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
 from snapana.family_timeline import FamilyGrowth, FamilyTimeline, family_timeline
+from snapana.findings import (
+    Band,
+    Cause,
+    ChunkLoop,
+    DeviceReport,
+    Diagnosis,
+    Group,
+    GroupSite,
+    OomFinding,
+    PoolFree,
+    PoolStreamBytes,
+    Removable,
+    Site,
+    Timeline,
+    WhatIf,
+)
 from snapana.knobs import (
     Knob,
     best_knob,
@@ -34,8 +48,8 @@ from snapana.knobs import (
     transient_families,
     working_set_families,
 )
-from snapana.model import Capture, Frame, StackTable
-from snapana.placement import SpareTerms, round_request, segment_size_for, would_fit
+from snapana.model import Capture
+from snapana.placement import round_request, segment_size_for, would_fit
 from snapana.replay import OVER_RESERVED, DeviceReplay, Moment
 from snapana.units import fmt_bytes
 
@@ -58,266 +72,9 @@ LARGE_CACHE_SHARE = 0.20
 #: far from it: the report states the headroom instead of prescribing a knob.
 FAR_FROM_CAPACITY = 0.75
 
-#: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
-CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",
-                  "capacity_unknown"]
-#: Which moment a report shows: the OOM, the peak, the snapshot, or one asked for (--at).
-MomentKind = Literal["oom", "peak", "snapshot", "event", "time"]
-#: Whether a family can go: "yes" (kept by the step), "offload" (model state a knob moves),
-#: "shrink" (working set of the op in flight), "no", or "unknown" (the unknown family: what it
-#: is, and so whether it can go, is not known).
-Removable = Literal["yes", "offload", "shrink", "no", "unknown"]
-
-MOMENT_KINDS: tuple[MomentKind, ...] = get_args(MomentKind)
-
-
-def moment_kind(m: Moment) -> MomentKind:
-    """A replay Moment's kind as the Literal findings use (replay spells it as a str)."""
-    if m.kind not in MOMENT_KINDS:
-        raise ValueError(f"unknown moment kind {m.kind!r}")
-    return m.kind
-
-
-@dataclass(frozen=True)
-class PoolFree:
-    pool: str
-    stream: int
-    reserved_bytes: int  # mapped bytes when expandable: unmapped address space is not reserved
-    free_bytes: int
-    largest_free_bytes: int
-    expandable: bool = False  # expandable segments: grows by mapping pages, see placement
-
-
-class GroupSite(TypedDict):
-    """One site of a family: bytes and blocks it holds, its usual label and rule."""
-
-    site: str
-    bytes: int
-    blocks: int
-    label: str | None
-    rule_id: str | None
-
-
-class ChunkLoop(TypedDict):
-    """Live blocks one stack (one site, one loop) allocated repeatedly, in block bytes (what
-    the family's bytes count). `uniform`: all the same size, so count × chunk_size == total."""
-
-    site: str
-    stack_id: int
-    count: int
-    chunk_size: int  # the most common size (== min_size == max_size when uniform)
-    total: int
-    uniform: bool
-    min_size: int
-    max_size: int
-
-
-class PoolStreamBytes(TypedDict):
-    pool: str
-    stream: int
-    bytes: int
-    blocks: int
-
-
-@dataclass(frozen=True)
-class Group:
-    """Bytes held by one tensor family, with its sites and any chunk loops in it."""
-
-    name: str
-    bytes: int
-    blocks: int
-    label: str = ""
-    sites: tuple[GroupSite, ...] = ()
-    chunks: tuple[ChunkLoop, ...] = ()
-    inferred_bytes: int = 0  # of `bytes`, decided without a stack rule (evidence "inferred")
-    #: Of `bytes`, how much each kind of evidence decided (inventory / frames / inferred /
-    #: unknown), the most first.
-    evidence: tuple[tuple[str, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class Site:
-    site: str
-    bytes: int
-    blocks: int
-    stack: tuple[Frame, ...]
-    family: str = ""
-
-
-@dataclass(frozen=True)
-class Band:
-    """An annotation window (record_function range) on the trace clock, in µs."""
-
-    name: str
-    start: int
-    end: int
-
 
 @dataclass(frozen=True, eq=False)
-class Timeline:
-    """Live bytes after every event of the device's trace, at full resolution (a view
-    downsamples it for display)."""
-
-    allocated: np.ndarray  # allocated bytes after each event
-    reserved: np.ndarray  # reserved bytes after each event
-    times_us: np.ndarray | None  # each event's trace time; None: no clock (x is the index)
-    oom_idx: int | None  # the event of the OOM that ended the job, if any
-    peak_idx: int  # the event of the peak (-1: before the first event)
-    peak_bytes: int
-    bands: tuple[Band, ...]  # closed annotation windows (only on a clock)
-    #: each family's live bytes over the trace (None without history)
-    families: FamilyTimeline | None = None
-    #: the families that held or gained most by the moment (see FamilyTimeline.dominant)
-    growth: tuple[FamilyGrowth, ...] = ()
-    #: each family's site that allocated the most bytes over the trace
-    family_sites: Mapping[str, str] = field(default_factory=dict)
-    #: the capture's stacks, to show the frames of a block of `families.lifetimes`
-    stacks: StackTable | None = None
-
-    @property
-    def n_events(self) -> int:
-        return len(self.allocated)
-
-
-@dataclass(frozen=True)
-class OomFinding:
-    """The failed allocation that ended the job (the last `oom` entry of the device)."""
-
-    requested_bytes: int
-    device_free_bytes: int | None
-    gap_bytes: int | None  # requested minus device free: how far short the device was
-    stream: int
-    stack: tuple[Frame, ...]
-    event_index: int
-    count: int  # OOM entries in the device's trace
-
-
-@dataclass(frozen=True)
-class Cause:
-    """One reason the allocation failed, with the numbers that show it (bytes as ints)."""
-
-    id: CauseId
-    holds: bool
-    numbers: Mapping[str, int | float | bool]
-
-
-@dataclass(frozen=True)
-class WhatIf:
-    """The state at the moment without one family: would the request have fit?"""
-
-    family: str
-    bytes: int
-    blocks: int
-    fits: bool | None  # None at a peak: there is no failed request to place
-    spare_bytes: int | None
-    how: str
-    removable: Removable
-    #: Of `bytes`, those in private pools (not the pool the request needed): freeing them
-    #: frees memory for that pool only, not for the request.
-    private_pool_bytes: int = 0
-    private_pools: tuple[str, ...] = ()
-    #: Those private pools' reserved bytes: what the device gets back if the pools are released
-    #: (an engine's sleep mode), and whether the request's new segment would then fit.
-    private_pool_reserved_bytes: int = 0
-    fits_if_pool_released: bool | None = None
-    #: The terms `spare_bytes` is the sum of (placement.Fit.spare_terms), for the report.
-    spare_terms: SpareTerms = ()
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    kind: MomentKind
-    phase: str
-    request_bytes: int | None
-    request_rounded_bytes: int | None
-    request_segment_bytes: int | None
-    request_family: str | None
-    request_label: str | None
-    request_site: str | None
-    capacity_bytes: int | None
-    outside_pytorch_bytes: int | None
-    causes: tuple[Cause, ...]
-    what_ifs: tuple[WhatIf, ...]
-    excess_family: str | None  # the family to take away first: see _excess
-    knobs: tuple[Knob, ...]
-    frameworks: tuple[str, ...]
-    #: The failing request's family holds live copies from one loop (see `_accumulation`).
-    accumulating: ChunkLoop | None = None
-    #: The request placed without exactly those copies (the rest of the family kept).
-    without_copies: WhatIf | None = None
-    #: The cheapest family other than the first one whose removal also makes the request fit.
-    alternative_family: str | None = None
-    #: The knobs the verdict names for `excess_family` (for an accumulating family: the one
-    #: that stops it) and for `alternative_family`; None where no knob of a framework in use
-    #: applies. Both lead `knobs`.
-    excess_knob: Knob | None = None
-    alternative_knob: Knob | None = None
-    #: The OOM happened while reloading offloaded state: no offload knob is offered.
-    reloading: bool = False
-    #: Capacity minus reserved at the moment (None: capacity unknown).
-    headroom_bytes: int | None = None
-    #: False when nothing needs fixing (no OOM, far from a known capacity; or host memory).
-    prescribe: bool = True
-    #: The capture records allocation history (alloc/free events), not only the final state.
-    history: bool = True
-    #: "training" (a backward shows: a family or phase the vocabulary marks so) or
-    #: "inference": knobs for the other are not offered.
-    workload: str = "inference"
-    #: The families the knobs were chosen for: at an OOM those whose removal makes the request
-    #: fit, the request's own, or together enough for `shortfall_bytes`; else those holding at
-    #: least `KNOB_SHARE` of the allocated bytes.
-    knob_families: tuple[str, ...] = ()
-    #: At an OOM, how far the replayed state is from placing the request (0: it would fit).
-    shortfall_bytes: int | None = None
-    #: Nothing is allocated or reserved on the device: there is nothing to diagnose.
-    empty: bool = False
-    #: More than `LARGE_CACHE_SHARE` of reserved is cached but unallocated (see `large_cache`).
-    large_cache: bool = False
-
-    def cause(self, cause_id: CauseId) -> Cause | None:
-        return next((c for c in self.causes if c.id == cause_id), None)
-
-
-@dataclass(frozen=True, eq=False)
-class DeviceReport:
-    """Everything a report shows about one device at its moment of interest."""
-
-    path: str
-    source: str
-    device: int
-    moment: Moment
-    reserved_bytes: int
-    allocated_bytes: int
-    pending_free_bytes: int
-    cached_unallocated_bytes: int
-    largest_free_block_bytes: int
-    pools: tuple[PoolFree, ...]
-    peak_allocated_bytes: int
-    peak: Moment
-    oom: OomFinding | None
-    groups: tuple[Group, ...]
-    by_pool_stream: tuple[PoolStreamBytes, ...]
-    top_sites: tuple[Site, ...]
-    timeline: Timeline
-    segments: pl.DataFrame  # the segments at the moment (pool, stream, address, total_size)
-    live_blocks: pl.DataFrame  # blocks live at the moment (allocated, pending free), by family
-    n_events: int
-    warnings: tuple[str, ...]
-    before_recording_bytes: int
-    diagnosis: Diagnosis
-    device_name: str = ""  # e.g. "host process" (memray), "GPU 0" / "CPU" (profiler)
-    at: str | None = None  # the moment the user asked for (--at); None: the default moment
-    has_segments: bool = True  # the source records allocator segments (pools, cached bytes)
-    failed: bool = False  # this device's trace records an OOM (reports list it first)
-    reserved_known: bool = True  # reserved is measured (segments or a reserved series)
-
-    @property
-    def total_blocks(self) -> int:
-        return sum(g.blocks for g in self.groups)
-
-
-@dataclass(frozen=True, eq=False)
-class _State:
+class _AtMoment:
     """The allocator state at the moment, as diagnosis reads it."""
 
     moment: Moment
@@ -337,22 +94,19 @@ class _State:
         return self.reserved - self.allocated - self.pending_free
 
 
-def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
+def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, moment: Moment,
                   capacity: int | None = None, at: str | None = None) -> DeviceReport:
-    history = _has_history(capture, dr)
-    peak, peak_bytes = _peak(dr, history)
-    moment = dr.resolve(at)
-    if at is None and not history and dr.oom is None:
-        moment = dr.final  # nothing was recorded before it: the snapshot is the state
-    elif at is None and moment.kind == "peak":
-        moment = peak
+    """The findings at `moment` (the replay's: the session resolves it, this never does);
+    `at` is what the user typed for it, shown as given (None: the moment of interest)."""
+    history = dr.has_history
+    peak, peak_bytes = dr.peak, dr.peak_allocated_bytes
     live = dr.blocks_at(moment)
-    held = attributor.attribute(live.filter(pl.col("state") == "active_allocated"))
+    held = attributor.attribute(live.filter(pl.col("state") == ACTIVE_ALLOCATED))
     reserved = dr.reserved_at(moment)
     if capacity is not None:
         _check_capacity(capture, dr, moment, capacity, reserved)
     allocated = int(held["size"].sum())
-    pending = int(live.filter(pl.col("state") == "active_pending_free")["size"].sum())
+    pending = int(live.filter(pl.col("state") == ACTIVE_PENDING_FREE)["size"].sum())
     segments = dr.segments_at(moment)
     pools = _pools(segments, dr.free_blocks_at(moment))
     oom = None
@@ -368,7 +122,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor,
             event_index=o.idx,
             count=len(dr.ooms),
         )
-    state = _State(moment, live, held, segments, pools, _groups(held), reserved, allocated,
+    state = _AtMoment(moment, live, held, segments, pools, _groups(held), reserved, allocated,
                    pending)
     lifetimes = attribute_lifetimes(attributor, dr, held) if dr.n_events else None
     diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history,
@@ -437,23 +191,6 @@ def _workload(held: pl.DataFrame, lifetimes: pl.DataFrame | None) -> str:
     return "inference"
 
 
-def _has_history(capture: Capture, dr: DeviceReplay) -> bool:
-    """Whether the device's trace records allocations, not just the final state."""
-    return dr.n_events > 0 and bool(
-        (capture.device_events(dr.device)["action"] == "alloc").any())
-
-
-def _peak(dr: DeviceReplay, history: bool) -> tuple[Moment, int]:
-    """The peak of allocated bytes, counted as everywhere else: blocks in use, not blocks
-    already freed and waiting on a stream (pending free)."""
-    before = dr.lifetimes.filter((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") >= 0))
-    base = int(before["size"].sum())
-    if not history or dr.n_events == 0 or base > int(dr.allocated.max()):
-        return Moment("peak", -1), base
-    i = int(np.argmax(dr.allocated))
-    return dr.at(i, "peak"), int(dr.allocated[i])
-
-
 def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity: int,
                     reserved: int) -> None:
     """A device capacity that contradicts the capture would make every "outside PyTorch"
@@ -471,7 +208,7 @@ def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity
                              f"free at the OOM ({fmt_bytes(floor)}) on device {dr.device}")
 
 
-def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: _State,
+def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: _AtMoment,
              oom: OomFinding | None, capacity: int | None,
              history: bool = True, workload: str = "inference"
              ) -> tuple[Diagnosis, list[str]]:
@@ -500,7 +237,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     if oom is not None and dr.oom is not None:
         o = dr.oom
         request = o.requested_bytes
-        ctx = attributor.context(o.stack_id, "0,0", o.stream, "active_allocated", request,
+        ctx = attributor.context(o.stack_id, "0,0", o.stream, ACTIVE_ALLOCATED, request,
                                  o.idx)
         decision = attributor.decide(o.stack_id, ctx)
         req_family, req_label, phase = decision.family, decision.label, decision.phase
@@ -593,7 +330,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
                                       workload=workload) if k not in knobs]
         knobs = knobs[:MAX_KNOBS - len(cache)] + cache
     diagnosis = Diagnosis(
-        kind=moment_kind(moment), phase=phase, request_bytes=request,
+        kind=moment.kind, phase=phase, request_bytes=request,
         request_rounded_bytes=round_request(request) if request is not None else None,
         request_segment_bytes=segment_size_for(request) if request is not None else None,
         request_family=req_family, request_label=req_label, request_site=req_site,
@@ -622,7 +359,7 @@ def large_cache(reserved: int, cached_unallocated: int) -> bool:
     return reserved > 0 and cached_unallocated > LARGE_CACHE_SHARE * reserved
 
 
-def _knob_families(state: _State, what_ifs: list[WhatIf], request_family: str | None,
+def _knob_families(state: _AtMoment, what_ifs: list[WhatIf], request_family: str | None,
                    shortfall: int | None) -> set[str]:
     """The families a knob may be offered for. At an OOM (`shortfall` known): the request's
     own family, each family whose removal alone makes the request fit, and the largest
@@ -729,7 +466,7 @@ def _dominant_phase(held: pl.DataFrame) -> str:
     return str(by["phase"][0])
 
 
-def _causes(state: _State, request: int, device_free: int, capacity: int | None,
+def _causes(state: _AtMoment, request: int, device_free: int, capacity: int | None,
             outside: int | None) -> list[Cause]:
     rounded = round_request(request)
     default_free = [p for p in state.pools if p.pool == "0,0"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import polars as pl
 
-from snapana import tables as views
+from snapana import tables
 from snapana.model import Capture
 from snapana.output import atomic_dir, check_dir_target
 from snapana.session import RulesLike, Session, open_capture, sessions
@@ -45,13 +45,13 @@ def export(analysed: list[Session], out_dir: Path) -> Path:
     capture = analysed[0].capture
     caps = dict(capture.capacity_bytes)
     caps.update({s.device: s.capacity for s in analysed if s.capacity is not None})
-    tables = {
+    written = {
         "frames": capture.stacks.frames_df(),
-        "stacks": views.stacks(analysed[0]),
+        "stacks": tables.stacks(analysed[0]),
         "segments": capture.segments,
         "events": capture.events,
         "blocks": _blocks(capture, analysed),
-        "families": pl.concat([views.families(s.report).select(
+        "families": pl.concat([tables.families(s.report).select(
             pl.lit(s.device, dtype=pl.Int64).alias("device"), pl.all()) for s in analysed],
             how="vertical"),
     }
@@ -70,9 +70,9 @@ def export(analysed: list[Session], out_dir: Path) -> Path:
         "metadata": encode(capture.metadata),
         "moments": {str(s.device): {"kind": s.moment.kind, "event_index": s.moment.idx}
                     for s in analysed},
-        "tables": {name: f"{name}.parquet" for name in tables},
+        "tables": {name: f"{name}.parquet" for name in written},
     }
-    _write_dir(out_dir, tables, meta)
+    _write_dir(out_dir, written, meta)
     return out_dir
 
 
@@ -89,7 +89,7 @@ def _blocks(capture: Capture, analysed: list[Session]) -> pl.DataFrame:
         parts.append(final.with_columns(pl.lit(FINAL).alias("at"),
                                         pl.lit("end").alias("moment"),
                                         pl.lit(s.replay.final.idx).alias("moment_idx")))
-        moi = views.public_blocks(s.attributed_blocks(s.moment), s.device)
+        moi = tables.public_blocks(s.attributed_blocks(s.moment), s.device)
         parts.append(moi.with_columns(pl.lit(AT_MOMENT).alias("at"),
                                       pl.lit(s.moment.kind).alias("moment"),
                                       pl.lit(s.moment.idx).alias("moment_idx")))

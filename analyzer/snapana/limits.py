@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import os
 
-#: Largest byte count or address accepted from an input (sizes, addresses, totals). Keeps
-#: every sum of a few of them inside int64, the type of every byte column. PyTorch writes
-#: sizes and addresses as ``size_t`` (Python path) or ``int64_t`` (C++ path), but they are
-#: device virtual addresses and byte counts of one GPU: CUDA's unified address space is 49
-#: bits wide and no device holds 2**62 bytes, so a larger value is no real capture.
-MAX_BYTES = 2**62
+from snapana.units import MAX_BYTES as MAX_BYTES
+from snapana.units import parse_bytes
+
+#: MAX_BYTES (defined with the byte units, imported here: every input check reads it from
+#: this module): the largest byte count or address accepted from an input (sizes, addresses,
+#: totals). Keeps every sum of a few of them inside int64, the type of every byte column.
+#: PyTorch writes sizes and addresses as ``size_t`` (Python path) or ``int64_t`` (C++ path),
+#: but they are device virtual addresses and byte counts of one GPU: CUDA's unified address
+#: space is 49 bits wide and no device holds 2**62 bytes, so a larger value is no real capture.
+
 #: Largest magnitude of a timestamp (µs or ns) accepted from an input. PyTorch's
 #: ``TraceEntry`` time is an int64 of microseconds since the epoch (about 2**51 today); a
 #: snapshot trace time outside this bound is dropped with a warning, not refused.
@@ -46,14 +50,17 @@ MAX_LINE = 2**31
 POOL_ID_RANGE = (-(2**63), 2**64)
 #: Range of a ``stream``: ``int64_t(cudaStream_t)`` on both paths.
 STREAM_RANGE = (-(2**63), 2**63)
-#: Longest string a snapshot field (frame file or name, state, action) may hold.
+#: Longest string a snapshot field (frame file or name, state, action) or a metadata value
+#: may hold (a binary metadata value: this many bytes).
 MAX_STRING = 1 << 20
 #: Deepest nesting kept from free-form metadata (allocator settings, user metadata, trace
 #: metadata, annotations) and the most values kept from it.
 MAX_META_DEPTH = 32
 MAX_META_NODES = 100_000
-#: Most digits of an integer in JSON (int64 has 19).
-MAX_JSON_DIGITS = 40
+#: Largest sidecar read (an inventory of 10^5 tensors is ~20 MB of JSON).
+MAX_SIDECAR_BYTES = 256 << 20
+#: Largest export marker file read (`snapana-export.json`: metadata, never tables).
+MAX_MARKER_BYTES = 64 << 20
 
 
 def _env_int(name: str, default: int) -> int:
@@ -61,10 +68,8 @@ def _env_int(name: str, default: int) -> int:
     if not raw:
         return default
     try:
-        from snapana.units import parse_bytes
-
         return parse_bytes(raw) if not raw.isdigit() else int(raw)
-    except (ValueError, ImportError):
+    except ValueError:
         return default
 
 

@@ -12,6 +12,8 @@ from typing import Any, TypeAlias
 
 import polars as pl
 
+from snapana.caching_allocator import ACTIVE_ALLOCATED
+
 #: How a source reports reading: bytes done so far and the total (the file's size).
 ReadProgress: TypeAlias = Callable[[int, int], None]
 
@@ -59,14 +61,10 @@ def unsegmented_blocks(device: int, live: dict[int, tuple[int, int]]) -> pl.Data
     return pl.DataFrame(
         {"device": [device] * n, "address": list(live),
          "size": [s for s, _ in live.values()], "requested_size": [s for s, _ in live.values()],
-         "state": ["active_allocated"] * n, "stack_id": [sid for _, sid in live.values()],
+         "state": [ACTIVE_ALLOCATED] * n, "stack_id": [sid for _, sid in live.values()],
          "segment_address": [None] * n},
         schema=BLOCK_SCHEMA,
     )
-
-
-#: Block states that hold memory. `active_awaiting_free` is the docstring's spelling.
-ACTIVE_STATES = ("active_allocated", "active_pending_free")
 
 
 def pool_key(pool_id: Any) -> str:
@@ -116,13 +114,6 @@ class StackTable:
             },
             schema={"frame_id": pl.Int64, "filename": pl.Utf8, "name": pl.Utf8,
                     "line": pl.Int64, "is_python": pl.Boolean},
-        )
-
-    def stacks_df(self) -> pl.DataFrame:
-        return pl.DataFrame(
-            {"stack_id": list(range(len(self.stacks))),
-             "frame_ids": [list(s) for s in self.stacks]},
-            schema={"stack_id": pl.Int64, "frame_ids": pl.List(pl.Int64)},
         )
 
 

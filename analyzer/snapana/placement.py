@@ -21,14 +21,16 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from snapana.replay import round_size
-
-MiB = 1 << 20
-SMALL_REQUEST = 1 * MiB
-SMALL_SEGMENT = 2 * MiB
-LARGE_SEGMENT = 20 * MiB
-MIN_LARGE_ALLOC = 10 * MiB
-ROUND_LARGE = 2 * MiB
+from snapana.caching_allocator import (
+    LARGE_PAGE,
+    LARGE_SEGMENT,
+    MIN_LARGE_ALLOC,
+    ROUND_LARGE,
+    SMALL_PAGE,
+    SMALL_REQUEST,
+    SMALL_SEGMENT,
+    round_size,
+)
 
 
 def round_request(size: int) -> int:
@@ -45,10 +47,6 @@ def segment_size_for(request: int) -> int:
         return LARGE_SEGMENT
     return (r + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
 
-
-#: Pages of an expandable segment (kSmallBuffer in the small pool, kLargeBuffer in the large).
-SMALL_PAGE = SMALL_SEGMENT
-LARGE_PAGE = LARGE_SEGMENT
 
 #: How a request is placed (Fit.how): a cached free block, a new cudaMalloc'd segment, more
 #: pages mapped into an expandable segment, or not at all.

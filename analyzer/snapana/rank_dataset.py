@@ -5,6 +5,7 @@ families/job=J/rank=R/part-0.parquet. A file writer, not a renderer."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import polars as pl
@@ -15,9 +16,10 @@ from snapana.ranks import MultiReport
 MARKER = "snapana-dataset.json"
 
 
-def write(m: MultiReport, out: Path, job: str) -> None:
+def write(m: MultiReport, out: Path, job: str, verdicts: Mapping[str, str]) -> None:
     """Write atomically: build the dataset in a temp folder beside `out`, then swap it in
-    (replacing only an earlier dataset)."""
+    (replacing only an earlier dataset). `verdicts`: each input file's verdict, worded by
+    the face (a writer never words)."""
     with atomic_dir(out, MARKER, "dataset") as tmp:
         for r in m.ranks:
             rank = r.rank if r.rank is not None else -1
@@ -29,7 +31,7 @@ def write(m: MultiReport, out: Path, job: str) -> None:
                    "oom_time_us": (r.oom or {}).get("time_us"),
                    "reserved_bytes": r.reserved_bytes, "allocated_bytes": r.allocated_bytes,
                    "peak_allocated_bytes": r.peak_allocated_bytes, "top_family": r.top_family,
-                   "first_oom": m.first_oom is r, "verdict": r.verdict,
+                   "first_oom": m.first_oom is r, "verdict": verdicts.get(r.file, ""),
                    "outliers": json.dumps([o["family"] for o in m.outliers
                                            if o["file"] == r.file])}
             (tmp / "ranks" / part).mkdir(parents=True)

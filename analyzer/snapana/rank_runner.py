@@ -1,6 +1,12 @@
 """Many inputs at once: expand files, folders and globs, then reduce each input to a small
 RankSummary in worker processes (local processes, dask or ray), so the parent holds a few
 kilobytes per rank and memory stays bounded by the files in flight, not their sum.
+
+Workers return findings (a RankSummary with the device's findings, minus the per-event
+series), never wording: the face words and renders them. Run in this process, the runner also
+keeps the full report of the rank `ranks.selection_key` puts first, so the rank shown in full
+is not analysed twice; from worker processes only summaries travel, and the face analyses
+that one rank again (the price of bounded memory).
 """
 
 from __future__ import annotations
@@ -10,11 +16,17 @@ import multiprocessing
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapana.errors import InputError, SnapanaError
-from snapana.ranks import RankSummary, rank_of
+from snapana.ranks import RankSummary, rank_of, selection_key
+from snapana.sources.parquet_dir import MARKER as EXPORT_MARKER
+
+if TYPE_CHECKING:
+    from snapana.attribution.engine import RuleSet
+    from snapana.findings import DeviceReport
 
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".pt", ".snapshot")
 
@@ -24,7 +36,7 @@ def expand_inputs(args: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for arg in args:
         p = Path(arg)
-        if p.is_dir() and not (p / "snapana-export.json").exists():
+        if p.is_dir() and not (p / EXPORT_MARKER).exists():
             found = sorted(f for f in p.iterdir()
                            if f.is_file() and f.name.lower().endswith(SNAPSHOT_SUFFIXES))
             if not found:
@@ -43,21 +55,27 @@ def expand_inputs(args: Iterable[str | Path]) -> list[Path]:
 def summarize_file(path: str, rule_files: list[str] | None = None,
                    capacity: int | None = None) -> dict[str, Any]:
     """Worker: analyse one file and reduce it to a RankSummary dict (picklable, small)."""
+    return vars(_analyse_file(path, rule_files, capacity)[0])
+
+
+def _analyse_file(path: str, rules: Any = None, capacity: int | None = None
+                  ) -> tuple[RankSummary, DeviceReport | None]:
+    """One file's RankSummary and the full report of the device it summarises (None when the
+    file could not be analysed). `rules`: rule files or a loaded RuleSet."""
     from snapana.attribution import RuleError
-    from snapana.render.wording import verdict
     from snapana.session import analyse, open_capture
 
     p = Path(path)
     summary = RankSummary(file=str(p), rank=rank_of(p))
     try:
         capture = open_capture(p)
-        reports = analyse(capture, rules=rule_files or (), capacity=capacity)
+        reports = analyse(capture, rules=rules or (), capacity=capacity)
     except (SnapanaError, RuleError) as exc:
         summary.error = str(exc)
-        return vars(summary)
+        return summary, None
     except Exception as exc:  # a worker must report, not die: one bad rank is not the job
         summary.error = f"{p}: could not analyse: {type(exc).__name__}: {exc}"
-        return vars(summary)
+        return summary, None
     r = next((r for r in reports if r.oom is not None), reports[0])
     summary.device = r.device
     summary.devices = list(capture.devices)
@@ -66,7 +84,7 @@ def summarize_file(path: str, rule_files: list[str] | None = None,
     summary.peak_allocated_bytes = r.peak_allocated_bytes
     summary.families = {g.name: g.bytes for g in r.groups}
     summary.top_family = r.groups[0].name if r.groups else None
-    summary.verdict = verdict(r)
+    summary.findings = _without_series(r)
     summary.moment = r.moment.kind
     if r.oom is not None:
         summary.oom = {"requested_bytes": r.oom.requested_bytes,
@@ -75,11 +93,32 @@ def summarize_file(path: str, rule_files: list[str] | None = None,
     settings = capture.allocator_settings or {}
     summary.settings = str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "")) + (
         " expandable" if settings.get("expandable_segments") else "")
-    return vars(summary)
+    return summary, r
+
+
+def _without_series(r: DeviceReport) -> DeviceReport:
+    """A report's findings without what grows with the trace or the blocks (the per-event
+    series, the segments and the live blocks): kilobytes, enough to word it."""
+    import numpy as np
+
+    empty = np.zeros(0, dtype=np.int64)
+    timeline = replace(r.timeline, allocated=empty, reserved=empty, times_us=None, bands=(),
+                       families=None, stacks=None)
+    return replace(r, timeline=timeline, segments=r.segments.clear(),
+                   live_blocks=r.live_blocks.clear())
 
 
 #: Told of each input as its summary arrives (input path, summary dict).
 RankDone = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class RankRun:
+    """The summaries of a run over many inputs, in input order, and the full report of the
+    rank `selection_key` puts first when the run kept it (in this process only)."""
+
+    summaries: list[RankSummary]
+    kept: dict[str, DeviceReport] = field(default_factory=dict)  # file -> full report
 
 
 def summarize_many(paths: list[Path], workers: int | None = None,
@@ -87,20 +126,45 @@ def summarize_many(paths: list[Path], workers: int | None = None,
                    engine: str = "local", on_done: RankDone | None = None
                    ) -> list[RankSummary]:
     """Map summarize_file over the inputs with the chosen engine; order follows `paths`."""
+    return run_many(paths, workers, rule_files, capacity, engine, on_done).summaries
+
+
+def run_many(paths: list[Path], workers: int | None = None,
+             rule_files: list[str] | None = None, capacity: int | None = None,
+             engine: str = "local", on_done: RankDone | None = None,
+             ruleset: RuleSet | None = None) -> RankRun:
+    """Summaries of the inputs with the chosen engine; order follows `paths`. Worker
+    processes load `rule_files` themselves; a run in this process uses `ruleset` when given
+    (the same files, already loaded) and keeps the best rank's full report."""
     args = [str(p) for p in paths]
+    if engine == "local" and (workers == 1 or len(args) == 1):
+        return _run_here(args, ruleset if ruleset is not None else rule_files, capacity,
+                         on_done)
     if engine == "dask":
         results = _map_dask(args, rule_files, capacity, workers)
     elif engine == "ray":
         results = _map_ray(args, rule_files, capacity)
-    elif workers == 1 or len(args) == 1:
-        results = {}
-        for a in args:
-            results[a] = summarize_file(a, rule_files, capacity)
-            if on_done:
-                on_done(a, results[a])
     else:
         results = _map_local(args, rule_files, capacity, workers, on_done)
-    return [RankSummary(**results[a]) for a in args]
+    return RankRun([RankSummary(**results[a]) for a in args])
+
+
+def _run_here(args: list[str], rules: Any, capacity: int | None,
+              on_done: RankDone | None) -> RankRun:
+    """One input after another in this process, keeping only the full report of the best
+    rank so far (`selection_key`): memory stays one report, not one per rank."""
+    run = RankRun([])
+    best: tuple[Any, str, DeviceReport] | None = None
+    for a in args:
+        summary, full = _analyse_file(a, rules, capacity)
+        run.summaries.append(summary)
+        if full is not None and (best is None or selection_key(summary) < best[0]):
+            best = (selection_key(summary), a, full)
+        if on_done:
+            on_done(a, vars(summary))
+    if best is not None:
+        run.kept[best[1]] = best[2]
+    return run
 
 
 def _map_local(args: list[str], rule_files: list[str] | None, capacity: int | None,

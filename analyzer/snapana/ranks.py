@@ -1,4 +1,5 @@
 """Rank statistics over many inputs of one job: which rank ran out of memory first, which
+rank a report shows in full (`shown_in_full`, the one rule every command uses), which
 families are outliers against the median of the ranks. Pure functions over small summaries
 (RankSummary), which the rank runner makes in worker processes."""
 
@@ -8,7 +9,12 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from snapana.errors import InputError
+
+if TYPE_CHECKING:
+    from snapana.findings import DeviceReport
 
 #: How ranks are spelled in snapshot file names (Megatron-Bridge `snapshot_oom_rank-3`,
 #: `oom_rank3`, `rank_3`, `r3`), tried in order.
@@ -43,9 +49,27 @@ class RankSummary:
     peak_allocated_bytes: int = 0
     top_family: str | None = None
     families: dict[str, int] = field(default_factory=dict)
-    verdict: str = ""
     settings: str = ""
     moment: str = ""
+    #: The findings of the device summarised, without the per-event series, segments and
+    #: blocks (kilobytes): what the face words (the verdict); None when the input failed.
+    findings: DeviceReport | None = None
+
+
+def _order(r: RankSummary) -> tuple[bool, int, str]:
+    """Ranks in rank order (inputs without a rank last), then by file."""
+    return (r.rank is None, r.rank if r.rank is not None else 0, r.file)
+
+
+def selection_key(r: RankSummary) -> tuple[Any, ...]:
+    """The one rule for which rank a report shows in full, as a sort key (smallest first):
+    the first rank to run out of memory (by the OOM's time when the traces share a clock,
+    else by rank), else the rank with the largest peak, ties in rank order. Total, so a
+    runner can keep the best so far without holding every rank."""
+    time = r.oom.get("time_us") if r.oom is not None else None
+    if r.oom is not None:
+        return (0, time is None, time or 0, _order(r))
+    return (1, False, -r.peak_allocated_bytes, _order(r))
 
 
 @dataclass
@@ -64,18 +88,21 @@ class MultiReport:
         return [r for r in self.ranks if r.error is None]
 
 
+def shown_in_full(m: MultiReport, rank: int | None = None) -> RankSummary | None:
+    """The rank a report shows in full: `rank` when given (InputError when no analysed input
+    has it), else the smallest `selection_key` (None: no input could be analysed)."""
+    if rank is not None:
+        chosen = next((r for r in m.ok if r.rank == rank), None)
+        if chosen is None:
+            raise InputError(f"--rank {rank}: no analysed input has that rank")
+        return chosen
+    return min(m.ok, key=selection_key, default=None)
+
+
 def aggregate(ranks: list[RankSummary]) -> MultiReport:
     ok = [r for r in ranks if r.error is None]
-    ranks = sorted(ranks, key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0,
-                                         r.file))
-    failed = [r for r in ok if r.oom is not None]
-    timed = [(r.oom["time_us"], r) for r in failed
-             if r.oom is not None and r.oom.get("time_us") is not None]
-    first: RankSummary | None
-    if timed:
-        first = min(timed, key=lambda t: t[0])[1]
-    else:
-        first = min(failed, key=lambda r: (r.rank is None, r.rank or 0), default=None)
+    ranks = sorted(ranks, key=_order)
+    first = min((r for r in ok if r.oom is not None), key=selection_key, default=None)
     totals: dict[str, int] = {}
     for r in ok:
         for fam, b in r.families.items():

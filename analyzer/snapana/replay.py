@@ -21,10 +21,19 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Literal
 
 import numpy as np
 import polars as pl
 
+from snapana.caching_allocator import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    ACTIVE_STATES,
+    LARGE_PAGE,
+    ROUND_BYTES,
+    SMALL_PAGE,
+)
 from snapana.errors import InputError
 from snapana.model import EMPTY_STACK, Capture
 
@@ -36,11 +45,17 @@ class MomentError(InputError, ValueError):
 NEVER = np.iinfo(np.int64).max  # free index of a block still live at the end
 
 
+#: Which moment a report shows: the OOM, the peak, the snapshot, or one asked for (--at).
+MomentKind = Literal["oom", "peak", "snapshot", "event", "time"]
+
+
 @dataclass(frozen=True)
 class Moment:
-    """A point in the capture: `idx` is the event index it is taken after (-1: before all)."""
+    """A point in the capture: `idx` is the event index it is taken after (-1: before all).
+    The replay alone makes them (`DeviceReplay.interest`, `.peak`, `.oom_moment`, `.final`,
+    `.event`, `.time`, `.resolve`); later stages receive one and never recompute it."""
 
-    kind: str  # "oom" | "peak" | "snapshot" | "event" | "time" (the last two: asked for)
+    kind: MomentKind  # "event" and "time": a moment asked for
     idx: int
     time_us: int | None = None
 
@@ -83,17 +98,28 @@ class DeviceReplay:
         return self.ooms[-1] if self.ooms else None
 
     @cached_property
+    def has_history(self) -> bool:
+        """Whether the trace records allocations, not just the final state (without, there is
+        no peak to find: the snapshot is the state)."""
+        return self.n_events > 0 and bool(
+            (self.capture.device_events(self.device)["action"] == "alloc").any())
+
+    @cached_property
     def peak(self) -> Moment:
-        if self.n_events == 0 or self.baseline_allocated > int(self.allocated.max()):
-            return Moment("peak", -1)  # highest before the first recorded event
+        """The peak of allocated bytes, counted as everywhere else: blocks in use, not blocks
+        already freed and waiting on a stream (pending free). Before the first recorded event
+        (-1) when nothing recorded rises above what was there before recording."""
+        if not self.has_history or self.baseline_allocated > int(self.allocated.max()):
+            return Moment("peak", -1)
         i = int(np.argmax(self.allocated))
         return Moment("peak", i, self._time_at(i))
 
     @property
     def peak_allocated_bytes(self) -> int:
-        if self.n_events == 0:
+        """Allocated bytes at `peak` (what every report calls the peak)."""
+        if self.peak.idx < 0:
             return self.baseline_allocated
-        return int(max(self.allocated.max(), self.baseline_allocated))
+        return int(self.allocated[self.peak.idx])
 
     @property
     def baseline_allocated(self) -> int:
@@ -103,27 +129,51 @@ class DeviceReplay:
         return int(self.lifetimes.filter((pl.col("alloc_idx") < 0)
                                          & (pl.col("free_req_idx") >= 0))["size"].sum())
 
-    def moment_of_interest(self) -> Moment:
-        """The OOM point when there is one, else the peak of the recorded trace, else the
-        snapshot moment (no history recorded)."""
-        if self.oom is not None:
-            return Moment("oom", self.oom.idx, self.oom.time_us)
-        return self.peak if self.n_events else self.final
+    @property
+    def oom_moment(self) -> Moment | None:
+        """The moment of the OOM that ended the job (None: no OOM)."""
+        if self.oom is None:
+            return None
+        return Moment("oom", self.oom.idx, self.oom.time_us)
 
-    def at(self, idx: int, kind: str = "event") -> Moment:
+    @cached_property
+    def interest(self) -> Moment:
+        """The moment of interest, the one definition every report, table and explanation
+        uses: the OOM when there is one, else the peak of the recorded allocations, else (no
+        history recorded) the snapshot."""
+        if self.oom_moment is not None:
+            return self.oom_moment
+        return self.peak if self.has_history else self.final
+
+    def at(self, idx: int, kind: MomentKind = "event") -> Moment:
         return Moment(kind, idx, self._time_at(idx))
 
+    def event(self, n: int) -> Moment:
+        """The state after event `n` (-1: before the first)."""
+        if not -1 <= n < self.n_events:
+            raise MomentError(f"event {n} out of range (-1..{self.n_events - 1})")
+        return self.at(n)
+
+    def time(self, time_us: int) -> Moment:
+        """The state after the last event at or before trace time `time_us` (µs)."""
+        if not self.capture.has_time:
+            raise MomentError(f"{self.capture.path} device {self.device}: no timestamps "
+                              "recorded; use an event index")
+        times = self._times.fill_null(strategy="forward")
+        return self.at(int((times <= time_us).sum()) - 1, "time")
+
     def resolve(self, at: str | None) -> Moment:
-        """The moment a user named: None (the moment of interest), 'oom', 'peak', 'end',
-        'interest', 'event:N' (after event N; -1 is before the first) or 'time:US' (after
-        the last event at or before that trace time, in µs)."""
+        """The moment a user typed (--at): None or 'interest' (the moment of interest), 'oom',
+        'peak', 'end', 'event:N' (after event N; -1 is before the first) or 'time:US' (after
+        the last event at or before that trace time, in µs). Typed callers use `interest`,
+        `peak`, `final`, `event` and `time` directly."""
         if at is None or at == "interest":
-            return self.moment_of_interest()
+            return self.interest
         where = f"{self.capture.path} device {self.device}"
         if at == "oom":
-            if self.oom is None:
+            if self.oom_moment is None:
                 raise MomentError(f"{where} has no OOM; try --at peak or --at end")
-            return Moment("oom", self.oom.idx, self.oom.time_us)
+            return self.oom_moment
         if at == "peak":
             return self.peak
         if at == "end":
@@ -138,8 +188,7 @@ class DeviceReplay:
             return self.at(n)
         if not self.capture.has_time:
             raise MomentError(f"{where}: no timestamps recorded; use --at event:N")
-        times = self._times.fill_null(strategy="forward")
-        return self.at(int((times <= n).sum()) - 1, "time")
+        return self.time(n)
 
     def _time_at(self, idx: int) -> int | None:
         if idx < 0 or not self.capture.has_time:
@@ -160,8 +209,8 @@ class DeviceReplay:
             (pl.col("alloc_idx") <= i) & (pl.col("free_done_idx") > i)
         ).with_columns(
             pl.when(pl.col("free_req_idx") > i)
-            .then(pl.lit("active_allocated"))
-            .otherwise(pl.lit("active_pending_free"))
+            .then(pl.lit(ACTIVE_ALLOCATED))
+            .otherwise(pl.lit(ACTIVE_PENDING_FREE))
             .alias("state")
         )
         segs = self.segments_at(moment).select(
@@ -243,17 +292,6 @@ class DeviceReplay:
         return int(self.reserved[moment.idx])
 
     _reserved_delta: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-
-def round_size(requested: int, granularity: int = 512) -> int:
-    """The caching allocator's minimum rounding: up to a multiple of 512 bytes.
-
-    Sources whose sizes are already exact (profiler traces, memory timelines, memray) say so
-    with `metadata['size_rounding'] = 1`.
-    """
-    if granularity <= 1:
-        return requested
-    return max(granularity, -(-requested // granularity) * granularity)
 
 
 def _append_free(rows: dict, address: int, size: int, pool: str, stream: int, seg: int) -> None:
@@ -366,7 +404,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     """Pair the trace's events into lifetimes and check them against the final segments."""
     events = capture.device_events(device)
     n = events.height
-    gran = int(capture.metadata.get("size_rounding", 512))
+    gran = int(capture.metadata.get("size_rounding", ROUND_BYTES))
 
     # Lifetimes: trace sizes are the requested bytes; the block holds them rounded up to 512
     # (exact for final blocks, which take their size from the segments).
@@ -381,7 +419,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
 
     # Final blocks: live ones must match the trace's open blocks exactly.
     final_blocks = capture.device_blocks(device).filter(
-        pl.col("state").is_in(["active_allocated", "active_pending_free"])
+        pl.col("state").is_in(ACTIVE_STATES)
     )
     open_rows = np.flatnonzero(cols["free_done_idx"] == NEVER)
     open_blocks = {int(cols["address"][r]): int(r) for r in open_rows}
@@ -392,7 +430,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     ).iter_rows():
         r = open_blocks.pop(a, None)
         if r is None:
-            extra.append([a, s, sid, 0, -1, NEVER if state == "active_allocated" else -1, NEVER,
+            extra.append([a, s, sid, 0, -1, NEVER if state == ACTIVE_ALLOCATED else -1, NEVER,
                           req])
             continue
         if int(req_c[r]) != req:
@@ -403,7 +441,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
         if stack_c[r] == EMPTY_STACK:
             stack_c[r] = sid
         pending_in_trace = cols["free_req_idx"][r] != NEVER
-        if pending_in_trace != (state == "active_pending_free"):
+        if pending_in_trace != (state == ACTIVE_PENDING_FREE):
             mismatches.append(f"block 0x{a:x}: state {state} disagrees with the trace")
     for a, r in open_blocks.items():  # in the order the rows were opened
         mismatches.append(f"block 0x{a:x} is live in the trace but not in the segments")
@@ -486,9 +524,6 @@ SEGMENT_INTERVAL_SCHEMA = {"address": pl.Int64, "total_size": pl.Int64, "pool": 
                            "stream": pl.Int64, "open_idx": pl.Int64, "close_idx": pl.Int64,
                            "segment_type": pl.Utf8, "expandable": pl.Boolean,
                            "vseg": pl.Int64}
-#: Pages of an expandable segment: kSmallBuffer in the small pool, kLargeBuffer in the large.
-SMALL_PAGE = 2 << 20
-LARGE_PAGE = 20 << 20
 
 
 class _Row:

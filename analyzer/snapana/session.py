@@ -10,24 +10,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 import polars as pl
 
 from snapana.attribution import RuleError, load_rules
 from snapana.attribution.assign import Attributor
 from snapana.attribution.engine import RuleSet
-from snapana.diagnosis import DeviceReport, device_report
+from snapana.diagnosis import device_report
 from snapana.errors import InputError
 from snapana.explain import ExplainedSite, explain
+from snapana.findings import DeviceReport
 from snapana.model import Capture, ReadProgress
 from snapana.replay import DeviceReplay, Moment, replay
 from snapana.units import parse_capacity
 
 #: Rules as a caller may give them: a loaded RuleSet, extra pack files, or None (built-ins).
 RulesLike: TypeAlias = RuleSet | Iterable[str | Path] | None
-#: Bytes read so far and the total: how sources report progress.
-Progress: TypeAlias = ReadProgress
 
 
 def resolve_rules(rules: RulesLike) -> RuleSet:
@@ -50,13 +49,22 @@ def resolve_capacity(capacity: int | str | None) -> int | None:
         raise InputError(f"capacity: {exc}") from None
 
 
-def open_capture(path: str | Path, progress: Progress | None = None) -> Capture:
+def find_sidecar(path: str | Path) -> Path | None:
+    """The sidecar `snapana record` wrote beside a capture file, if there is one."""
+    from snapana import sidecar
+
+    return sidecar.find(Path(path)) if Path(path).is_file() else None
+
+
+def open_capture(path: str | Path, progress: ReadProgress | None = None, *,
+                 sidecar_path: Path | None | Literal["find"] = "find") -> Capture:
     """Read any supported artefact into the common model (format detected by content),
-    with the sidecar `snapana record` wrote beside it, when there is one."""
+    with the sidecar `snapana record` wrote beside it (`sidecar_path`: the one a caller
+    already found, None for none; by default looked up here)."""
     from snapana import sidecar, sources
 
     capture = sources.load(Path(path), progress)
-    found = sidecar.find(Path(path)) if Path(path).is_file() else None
+    found = find_sidecar(path) if sidecar_path == "find" else sidecar_path
     if found is not None:
         sidecar.apply(capture, sidecar.read(found), found)
     return capture
@@ -111,7 +119,7 @@ class Session:
     @classmethod
     def open(cls, path: str | Path, device: int | None = None, *, rules: RulesLike = None,
              capacity: int | str | None = None, at: str | None = None,
-             progress: Progress | None = None) -> Session:
+             progress: ReadProgress | None = None) -> Session:
         return cls(open_capture(path, progress), device, rules=rules, capacity=capacity, at=at)
 
     def for_device(self, device: int) -> Session:
@@ -145,18 +153,16 @@ class Session:
         return self.capture.capacity_bytes.get(self.device)
 
     @cached_property
+    def moment(self) -> Moment:
+        """This session's moment, the replay's answer to `at` (None: the moment of
+        interest); the diagnosis receives it, never recomputes it."""
+        return self.replay.resolve(self.at)
+
+    @cached_property
     def report(self) -> DeviceReport:
         """Everything the renderers show for this device at this session's moment."""
-        return device_report(self.capture, self.replay, self.attributor,
+        return device_report(self.capture, self.replay, self.attributor, self.moment,
                              self.device_capacity, self.at)
-
-    @property
-    def moment(self) -> Moment:
-        return self.report.moment
-
-    def moment_named(self, at: str | None) -> Moment:
-        """Any other moment of this device (see DeviceReplay.resolve)."""
-        return self.replay.resolve(at)
 
     def attributed_blocks(self, moment: Moment) -> pl.DataFrame:
         """Blocks live at `moment` (allocated and pending-free), each with its family."""
@@ -165,9 +171,8 @@ class Session:
     def explain(self, *, block: int | None = None, family: str | None = None,
                 site: str | None = None, limit: int = 10) -> list[ExplainedSite]:
         """Why the selected blocks at this session's moment got their families."""
-        moment = self.moment_named(self.at)
-        when = f"at event {moment.idx}" if self.at else "at the moment of interest"
-        return explain(self.capture, self.attributor, self.attributed_blocks(moment), when,
+        when = f"at event {self.moment.idx}" if self.at else "at the moment of interest"
+        return explain(self.capture, self.attributor, self.attributed_blocks(self.moment), when,
                        block=block, family=family, site=site, limit=limit)
 
 

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from snapana.errors import InputError
+from snapana.limits import MAX_BYTES, MAX_SIDECAR_BYTES
 from snapana.model import Capture
-from snapana.units import MAX_BYTES
 
 FORMAT = "snapana.record.sidecar"
 VERSIONS = (1,)
-MAX_SIDECAR_BYTES = 256 << 20  # an inventory of 10^5 tensors is ~20 MB of JSON
 #: What an inventory role means as a family.
 ROLE_FAMILY = {"parameter": "parameters", "buffer": "parameters", "gradient": "gradients",
                "optimizer_state": "optimizer_state"}

@@ -7,7 +7,8 @@ from __future__ import annotations
 import polars as pl
 
 from snapana.attribution import family_label
-from snapana.diagnosis import DeviceReport
+from snapana.caching_allocator import ACTIVE_ALLOCATED
+from snapana.findings import DeviceReport
 from snapana.replay import NEVER
 from snapana.session import Session
 
@@ -27,7 +28,7 @@ def public_blocks(blocks: pl.DataFrame, device: int) -> pl.DataFrame:
 def families_of_blocks(blocks: pl.DataFrame) -> pl.DataFrame:
     """Bytes and blocks per family over the allocated blocks of an attributed table (what
     the report's groups count: pending-free blocks are freed tensors, not holders)."""
-    held = blocks.filter(pl.col("state") == "active_allocated")
+    held = blocks.filter(pl.col("state") == ACTIVE_ALLOCATED)
     total = int(held["size"].sum())
     out = (
         held.group_by("family")

@@ -16,7 +16,8 @@ _UNITS = {"b": 1,
           "kib": KiB, "mib": MiB, "gib": GiB, "tib": 1024**4,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*")
-#: Larger than any device or host memory; keeps every byte figure inside int64.
+#: Larger than any device or host memory; keeps every byte figure inside int64. The input
+#: checks read it from `limits`, the home of every bound.
 MAX_BYTES = 1 << 62
 
 

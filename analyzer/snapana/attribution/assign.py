@@ -26,6 +26,7 @@ from snapana.attribution.engine import Decision, RuleSet
 from snapana.attribution.families import family_label
 from snapana.attribution.sites import site_of
 from snapana.attribution.stack import BlockContext
+from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import EMPTY_STACK, Capture
 from snapana.sidecar import ROLE_FAMILY
 
@@ -344,7 +345,7 @@ class Attributor:
             stack = self.stacks.stack(sid)
             if not stack:
                 continue
-            phase = self.decide(sid, self.context(sid, "0,0", 0, "active_allocated", size,
+            phase = self.decide(sid, self.context(sid, "0,0", 0, ACTIVE_ALLOCATED, size,
                                                   int(free_idx))).phase
             out[int(address)] = inference.Freed(phase, frozenset(f[1] for f in stack),
                                                 self.site(sid))
@@ -373,7 +374,7 @@ class Attributor:
                 if grad_at.pop(int(address), None) is not None:
                     live_n[int(size)] -= 1
                 continue
-            family = self.decide(sid, self.context(sid, "0,0", stream or 0, "active_allocated",
+            family = self.decide(sid, self.context(sid, "0,0", stream or 0, ACTIVE_ALLOCATED,
                                                    size, int(pos))).family
             if family in inference.MIRROR_FAMILIES:
                 grad_at[int(address)] = int(size)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from snapana.caching_allocator import normalize_state
+
 from .families import UNKNOWN, VOCABULARY_FILE, family_label
 from .rules import (
     PHASES,
@@ -39,7 +41,6 @@ from .stack import (
     Stack,
     cpp_symbol,
     normalize_stack,
-    normalize_state,
     short_path,
 )
 
@@ -296,10 +297,6 @@ class RuleSet:
             if r.id == rule_id:
                 return r
         raise KeyError(rule_id)
-
-    def clear_cache(self) -> None:
-        self._memo.clear()
-        self._phase_memo.clear()
 
     @property
     def cache_size(self) -> int:

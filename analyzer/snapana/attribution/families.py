@@ -21,8 +21,6 @@ else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
     import tomli as tomllib
 
 VOCABULARY_FILE = "vocabulary.toml"
-FAMILIES_FILE = VOCABULARY_FILE
-"""Old name of :data:`VOCABULARY_FILE` (the family table used to be ``families.toml``)."""
 
 UNKNOWN = "unknown"
 

@@ -4,7 +4,7 @@ Rules are data (TOML). Each file is a *pack*; the built-in packs live in ``packs
 per framework) and users add their own files. A pack holds everything about its framework:
 how to detect it in a capture (``[pack] markers``), its ``[[rule]]`` and ``[[phase_rule]]``
 entries, its ``[[knob]]`` entries and ``[[example]]`` stacks with the family they must get.
-The schema is documented in ``analyzer/snapana/attribution/__init__.py``; this module enforces
+The schema is documented in this package's ``__init__.py``; this module enforces
 it: an unknown field, an unknown family, phase or cause, a bad regular expression or a
 malformed value is a :class:`RuleError` whose message is one line naming the file, the entry
 and the problem — a rule file is user input and must never produce a traceback.
@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from snapana.units import MAX_BYTES, parse_bytes
+from snapana.caching_allocator import BLOCK_STATES, normalize_state
+from snapana.limits import MAX_BYTES
+from snapana.units import parse_bytes
 
 from .families import WORKLOADS, cause_ids, family_ids, phase_ids
-from .stack import BLOCK_STATES, BlockContext, NormStack, Stack, normalize_state, path_has_suffix
+from .stack import BlockContext, NormStack, Stack, path_has_suffix
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -95,10 +97,6 @@ class FramePattern:
     memo: dict[object, bool] = field(default_factory=dict, compare=False, hash=False, repr=False)
     """(path, name) or C++ symbol -> whether the line-independent checks hold. Paths and
     symbols repeat across a snapshot's stacks, so each regex runs once per distinct one."""
-
-    @property
-    def is_cpp(self) -> bool:
-        return self.symbol_re is not None
 
     def _static_ok(self, path: str, name: str) -> bool:
         if self.function_re is not None and not self.function_re.fullmatch(name):
@@ -202,10 +200,6 @@ class Rule:
     (:attr:`BlockContext.phase_hint`), as opposed to the phase inferred from the stack."""
 
     @property
-    def uses_line_rank(self) -> bool:
-        return any(p.line_rank is not None for p in self.frames)
-
-    @property
     def identifying(self) -> int:
         """How many conditions identify a site (frames, symbols, annotation): a rule with
         none of them is a pure context rule and only a near miss when one condition fails."""
@@ -248,7 +242,8 @@ class Knob:
 @dataclass(frozen=True)
 class Example:
     """A stack with the family the rules must give it (a pack's ``[[example]]``), run by the
-    test suite (and by :meth:`~snapana.attribution.RuleSet.check_examples` for user packs)."""
+    test suite (and by :meth:`~snapana.attribution.RuleSet.check_examples` for user
+    packs)."""
 
     pack: str
     index: int
@@ -847,12 +842,6 @@ def read_pack(path: Path, *, user: bool, order_start: int) -> Pack:
     except (OSError, UnicodeDecodeError) as exc:
         raise RuleError(f"{path}: cannot read rule file: {exc}") from None
     return parse_pack_text(text, str(path), user=user, order_start=order_start)
-
-
-def read_pack_file(path: Path, *, user: bool, order_start: int) -> tuple[str, list[Rule]]:
-    """Read and parse one pack file's rules: ``(pack_name, rules)`` (see :func:`read_pack`)."""
-    pack = read_pack(path, user=user, order_start=order_start)
-    return pack.name, list(pack.rules)
 
 
 def check_unique(rules: Sequence[Rule], packs: Sequence[Pack] = ()) -> None:

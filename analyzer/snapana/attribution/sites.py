@@ -7,7 +7,7 @@ fallback grouping when no rule pack names a family.
 from __future__ import annotations
 
 from snapana.attribution.stack import short_path
-from snapana.model import Frame, StackTable, is_python_frame
+from snapana.model import Frame, is_python_frame
 
 #: Path fragments of code that allocates on behalf of its caller.
 _INTERNAL = ("/torch/", "/site-packages/torch/", "/dist-packages/torch/", "<frozen ",
@@ -42,7 +42,3 @@ def site_of(stack: tuple[Frame, ...]) -> str:
 def format_frame(frame: Frame) -> str:
     return f"{short_path(frame[0])}:{frame[2]} {frame[1]}"
 
-
-def sites_for(table: StackTable, stack_ids: list[int]) -> dict[int, str]:
-    """Site of each distinct stack id, computed once per stack."""
-    return {sid: site_of(table.stack(sid)) for sid in set(stack_ids)}

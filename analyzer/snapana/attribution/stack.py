@@ -19,22 +19,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
+from snapana.caching_allocator import ACTIVE_ALLOCATED
+
 Frame = tuple[str, str, int]
 """(filename, function name, line) — one frame as recorded by the allocator."""
 
 Stack = tuple[Frame, ...]
 """Frames innermost first (index 0 is the frame closest to the allocation)."""
-
-#: Block states as written by PyTorch. ``active_awaiting_free`` is the docstring's spelling of
-#: ``active_pending_free``; both are accepted and folded to the latter.
-BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
-_STATE_ALIASES = {"active_awaiting_free": "active_pending_free"}
-
-
-def normalize_state(state: str) -> str:
-    """Fold the documented alias of ``active_pending_free`` onto the code's spelling."""
-    return _STATE_ALIASES.get(state, state)
-
 
 @dataclass(frozen=True)
 class BlockContext:
@@ -50,7 +41,7 @@ class BlockContext:
     (n,0) a pool a CUDA-graph capture made itself."""
     stream: int = 0
     """Stream handle of the segment; 0 is the default (legacy) stream."""
-    state: str = "active_allocated"
+    state: str = ACTIVE_ALLOCATED
     size: int = 0
     has_alloc_event: bool | None = None
     """True: an ``alloc`` trace event exists for the block; False: the block predates

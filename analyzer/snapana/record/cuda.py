@@ -70,9 +70,3 @@ _backend: CudaBackend = CudaBackend()
 def backend() -> CudaBackend:
     return _backend
 
-
-def use_backend(new: CudaBackend) -> CudaBackend:
-    """Replace the backend (tests use a fake); returns the previous one."""
-    global _backend
-    old, _backend = _backend, new
-    return old

@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from snapana.attribution.sites import format_frame, site_of
-from snapana.diagnosis import DeviceReport
+from snapana.findings import DeviceReport
 from snapana.model import Frame, StackTable, is_python_frame
 from snapana.units import fmt_bytes
 
@@ -108,11 +108,6 @@ class AllocationsView:
     def count(self, kind: BandKind) -> int:
         """Allocations in the bands of a kind."""
         return sum(b.count for b in self.bands if b.kind == kind)
-
-    def stack_text(self, band: AllocationBand) -> str:
-        """The band's stack as the page shows it ('' for none)."""
-        return "\n".join(self.lines[i] for i in self.stacks[band.stack]) \
-            if band.stack >= 0 else ""
 
 
 def allocations_view(r: DeviceReport, colours: Mapping[str, str], other_colour: str,

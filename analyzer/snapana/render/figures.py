@@ -18,7 +18,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from snapana.diagnosis import Band
+from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
+from snapana.findings import Band
 from snapana.render.views import (
     UNKNOWN_COLOUR,
     DeviceView,
@@ -36,7 +37,7 @@ FIGURE_NAMES: tuple[FigureName, ...] = get_args(FigureName)
 
 #: A time chart's legend: a row under the x axis title, not on it.
 LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.16)
-_STATE_COLOURS = {"active_allocated": "#d62728", "active_pending_free": "#ff7f0e",
+_STATE_COLOURS = {ACTIVE_ALLOCATED: "#d62728", ACTIVE_PENDING_FREE: "#ff7f0e",
                   "free": "#c7e9c0"}
 _UP, _DOWN = "#d62728", "#2ca02c"  # in a diff, more memory is bad news
 

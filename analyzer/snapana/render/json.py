@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from snapana.compare import FamilyChange, SiteChange
-from snapana.diagnosis import Diagnosis, OomFinding
 from snapana.family_timeline import FamilyGrowth
+from snapana.findings import Diagnosis, OomFinding
 from snapana.model import Frame
 from snapana.render import Options
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from snapana.render import Options
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
-from snapana.render.wording import GROWTH_HEADING, inferred_note
+from snapana.render.wording import GROWTH_HEADING, KNOB_COLUMNS, inferred_note
 from snapana.units import fmt_bytes
 
 TOP_GROUPS = 10  # families listed, the rest summed in one row
@@ -57,7 +57,7 @@ def _device(out: list[str], d: DeviceView) -> None:
         out.extend(f"- {esc(line)}" for line in d.growth)
     _table(out, ("without family", "bytes", "would the request fit?", "can go"),
            [(code(f), b, esc(res), esc(c)) for f, b, res, c in d.what_ifs])
-    _table(out, ("knob", "cost", "acts on", "effect", "caveat"),
+    _table(out, KNOB_COLUMNS,
            [(code(k), esc(cost), esc(on), esc(eff), esc(cav))
             for k, cost, on, eff, cav in d.knobs])
     _table(out, ("cause", "verdict", "why"),

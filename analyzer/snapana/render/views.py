@@ -26,8 +26,8 @@ import polars as pl
 
 from snapana.attribution.families import family_ids
 from snapana.compare import CaptureDiff
-from snapana.diagnosis import Band, DeviceReport, Timeline
 from snapana.explain import ExplainedSite
+from snapana.findings import Band, DeviceReport, Timeline
 from snapana.ranks import MultiReport
 from snapana.render import ViewKind
 from snapana.render import wording as w

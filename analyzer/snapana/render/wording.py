@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 from snapana.compare import CaptureDiff, GrowthChange, Side, SiteChange
-from snapana.diagnosis import Cause, ChunkLoop, DeviceReport, Diagnosis, Group, WhatIf
 from snapana.family_timeline import FamilyGrowth
+from snapana.findings import Cause, ChunkLoop, DeviceReport, Diagnosis, Group, WhatIf
 from snapana.knobs import COST_WORDS, Knob
 from snapana.ranks import MultiReport, RankSummary
 from snapana.render.allocation_bands import AllocationsView

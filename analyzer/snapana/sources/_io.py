@@ -24,6 +24,7 @@ from snapana.limits import (
     MAX_BYTES,
     MAX_META_DEPTH,
     MAX_META_NODES,
+    MAX_STRING,
     RATIO_FREE,
     limit_hint,
     max_decompressed,
@@ -31,6 +32,8 @@ from snapana.limits import (
 )
 
 GZIP_MAGIC = b"\x1f\x8b"
+#: Bytes a decompressing reader asks for at once (a buffer size, not a bound).
+READ_BUFFER = 1 << 20
 
 
 def _kind(mode: int) -> str:
@@ -188,7 +191,7 @@ def open_input(path: Path) -> tuple[BinaryIO, BinaryIO, bool]:
         raw.seek(0)
         if head == GZIP_MAGIC:
             size = os.fstat(raw.fileno()).st_size
-            return io.BufferedReader(BoundedGzip(raw, path, size), 1 << 20), raw, True
+            return io.BufferedReader(BoundedGzip(raw, path, size), READ_BUFFER), raw, True
         return raw, raw, False
     except OSError as exc:
         raw.close()
@@ -220,7 +223,7 @@ def sanitize(value: Any, where: str, max_depth: int = MAX_META_DEPTH,
 
     def leaf(v: Any, at: str) -> Any:
         if v is None or isinstance(v, (bool, str)):
-            if isinstance(v, str) and len(v) > (1 << 20):
+            if isinstance(v, str) and len(v) > MAX_STRING:
                 raise MetaError(f"{at}: a string of {len(v):,} characters")
             return v
         if isinstance(v, int):
@@ -230,7 +233,7 @@ def sanitize(value: Any, where: str, max_depth: int = MAX_META_DEPTH,
         if isinstance(v, float):
             return v if math.isfinite(v) else repr(v)
         if isinstance(v, (bytes, bytearray)):
-            if len(v) > (1 << 20):
+            if len(v) > MAX_STRING:
                 raise MetaError(f"{at}: {len(v):,} bytes of binary data")
             return bytes(v)
         raise MetaError(f"{at}: unexpected {type(v).__name__}")

@@ -24,7 +24,14 @@ import numpy as np
 import polars as pl
 
 from snapana.errors import InputError
-from snapana.limits import MAX_BYTES, MAX_DEVICE, MAX_DEVICES, MAX_STRING, MAX_TIME
+from snapana.limits import (
+    MAX_BYTES,
+    MAX_DEVICE,
+    MAX_DEVICES,
+    MAX_MARKER_BYTES,
+    MAX_STRING,
+    MAX_TIME,
+)
 from snapana.model import (
     BLOCK_SCHEMA,
     EVENT_SCHEMA,
@@ -156,12 +163,6 @@ def _hashable(v: Any, where: str = "metadata") -> Any:
 
 
 # ----- reader ---------------------------------------------------------------------------------
-def is_export(path: Path) -> bool:
-    return path.is_dir() and (path / MARKER).is_file()
-
-
-#: Largest marker file read (it holds metadata, never tables).
-MAX_MARKER_BYTES = 64 << 20
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from typing import Any, cast
 
 import polars as pl
 
+from snapana.caching_allocator import normalize_state
 from snapana.errors import InputError, UnsafePickleError
 from snapana.limits import (
     LINE_RANGE,
@@ -68,7 +69,6 @@ from snapana.model import (
 from snapana.sources._checks import first_event_outside_segments
 from snapana.sources._io import MetaError, decompressed_limit, first_line, open_input, sanitize
 
-_STATE_ALIASES = {"active_awaiting_free": "active_pending_free"}
 #: Trace actions PyTorch writes; others are kept but ignored by replay, with a warning.
 KNOWN_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "free",
                            "segment_alloc", "segment_free", "segment_map", "segment_unmap",
@@ -839,7 +839,7 @@ def _segments(data: dict[str, Any], intern: _Interner
             blk_cols["address"].append(b_addr)
             blk_cols["size"].append(size)
             blk_cols["requested_size"].append(requested or 0)
-            blk_cols["state"].append(_STATE_ALIASES.get(state, state))
+            blk_cols["state"].append(normalize_state(state))
             blk_cols["stack_id"].append(intern(_block_frames(blk), lambda bat=bat: f"{bat}.frames"))
             blk_cols["segment_address"].append(seg_addr)
             addr = b_addr + size

@@ -199,9 +199,6 @@ class CachingAllocatorSim:
         """What cudaMemGetInfo would report as free."""
         return self.capacity - self.reserved - self.outside_pytorch
 
-    def block_at(self, addr: int) -> Block:
-        return self._live[addr]
-
     def live_blocks(self) -> list[Block]:
         """Allocated and pending-free blocks, by address."""
         return sorted(self._live.values(), key=lambda b: b.address)
@@ -258,10 +255,6 @@ class CachingAllocatorSim:
         pending, self._pending = self._pending, []
         for block in pending:
             self._free_block(block, block.frames)
-
-    def delete_pool(self, pool: tuple[int, int]) -> None:
-        """The MemPool / graph pool is gone: its cached segments may now be released."""
-        self._freeable_pools.add(pool)
 
     def empty_cache(self, stack: Stack = None) -> None:
         """``torch.cuda.empty_cache()``."""

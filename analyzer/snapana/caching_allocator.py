@@ -1,0 +1,49 @@
+"""PyTorch's caching allocator as snapana models it, in one place: its sizes
+(c10/cuda/CUDACachingAllocator.cpp) and the block states a snapshot spells. Replay, placement,
+attribution, the sources and the tables read them from here; the simulator (`synth/`) keeps its
+own copy on purpose, as independent ground truth.
+"""
+
+from __future__ import annotations
+
+MiB = 1 << 20
+#: Every block holds its request rounded up to a multiple of this (kMinBlockSize).
+ROUND_BYTES = 512
+#: Requests of at most this use the small pool (kSmallSize).
+SMALL_REQUEST = 1 * MiB
+#: A small-pool segment (kSmallBuffer); a large-pool one below MIN_LARGE_ALLOC (kLargeBuffer).
+SMALL_SEGMENT = 2 * MiB
+LARGE_SEGMENT = 20 * MiB
+#: From this request size on, a new segment is the request rounded up to ROUND_LARGE.
+MIN_LARGE_ALLOC = 10 * MiB
+ROUND_LARGE = 2 * MiB
+#: Pages of an expandable segment: kSmallBuffer in the small pool, kLargeBuffer in the large.
+SMALL_PAGE = SMALL_SEGMENT
+LARGE_PAGE = LARGE_SEGMENT
+
+#: Block states, as snapshots spell them: in use, freed but waiting on another stream (still
+#: in its segment, not reusable), and cached free space.
+ACTIVE_ALLOCATED = "active_allocated"
+ACTIVE_PENDING_FREE = "active_pending_free"
+INACTIVE = "inactive"
+#: The states that hold memory (a live block is in one of them).
+ACTIVE_STATES = (ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE)
+BLOCK_STATES = (*ACTIVE_STATES, INACTIVE)
+#: `active_awaiting_free` is the spelling of PyTorch's docstring; the code writes pending.
+STATE_ALIASES = {"active_awaiting_free": ACTIVE_PENDING_FREE}
+
+
+def normalize_state(state: str) -> str:
+    """Fold the documented alias of ``active_pending_free`` onto the code's spelling."""
+    return STATE_ALIASES.get(state, state)
+
+
+def round_size(requested: int, granularity: int = ROUND_BYTES) -> int:
+    """The caching allocator's minimum rounding: up to a multiple of 512 bytes.
+
+    Sources whose sizes are already exact (profiler traces, memory timelines, memray) say so
+    with `metadata['size_rounding'] = 1`.
+    """
+    if granularity <= 1:
+        return requested
+    return max(granularity, -(-requested // granularity) * granularity)

@@ -1,0 +1,55 @@
+"""The options and arguments the commands share, spelled once."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from snapana import render as renderers
+
+#: The output formats a user may choose: those of the renderer registry
+#: (`snapana.render.FORMATS`, a Literal), as the Enum typer needs for a choice.
+FormatChoice = Enum(  # type: ignore[misc]
+    "FormatChoice", {f: f for f in renderers.formats()}, type=str)
+DEFAULT_FORMAT = FormatChoice(renderers.DEFAULT_FORMAT)
+
+
+class Engine(str, Enum):
+    local = "local"
+    dask = "dask"
+    ray = "ray"
+
+
+RulesOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--rules", metavar="RULES.toml",
+                 help="extra rule pack (TOML); repeatable; wins over built-ins"),
+]
+CapacityOpt = Annotated[
+    str | None,
+    typer.Option("--capacity", metavar="SIZE",
+                 help="device memory with its unit, e.g. 80GiB (2^30) or 80GB (10^9): "
+                 "measures memory outside PyTorch"),
+]
+AtOpt = Annotated[
+    str | None,
+    typer.Option("--at", metavar="MOMENT",
+                 help="moment to show: oom, peak, end, event:N or time:US "
+                 "(default: the OOM, else the peak)"),
+]
+FileArg = Annotated[Path, typer.Argument(
+    metavar="FILE",
+    help="snapshot pickle, profiler trace, memory timeline or memray capture (optionally gzip)")]
+DeviceOpt = Annotated[int | None, typer.Option("--device", metavar="N",
+                                               help="only this device")]
+OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", metavar="PATH")]
+FilesArg = Annotated[list[str], typer.Argument(
+    metavar="FILE",
+    help="snapshot file(s), directories of snapshots, or globs (one report for all ranks)")]
+WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N",
+                                                help="worker processes (default: all cores)")]
+EngineOpt = Annotated[Engine, typer.Option("--engine", help="where the per-file work runs")]
+FormatOpt = Annotated[FormatChoice, typer.Option("--format", "-f")]

@@ -1,0 +1,212 @@
+"""The one input/output policy every command follows: check the rules and the capacity once,
+refuse an output that is an input before any work, read the inputs (a progress bar on a
+terminal), make a session per device, choose the rank shown in full by one rule
+(`ranks.shown_in_full`), render through the registry, write atomically."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from rich.console import Console
+
+from snapana import render as renderers
+from snapana.errors import InputError
+
+if TYPE_CHECKING:  # the pipeline is imported when a command runs: -h and -V stay fast
+    from snapana.attribution.engine import RuleSet
+    from snapana.findings import DeviceReport
+    from snapana.model import Capture
+    from snapana.rank_runner import RankRun
+    from snapana.ranks import MultiReport
+    from snapana.session import Session
+
+err = Console(stderr=True)
+_T = TypeVar("_T")
+
+
+@dataclass
+class Inputs:
+    """What the command line names: one capture shown alone (`single`), or many inputs of
+    one job (`paths`, expanded from files, folders and globs), each with its sidecar."""
+
+    paths: list[Path]
+    single: Path | None = None
+    sidecars: dict[Path, Path | None] = field(default_factory=dict)
+
+    @property
+    def files(self) -> list[Path]:
+        """Every file the command reads: the inputs and their sidecars (never an output)."""
+        return [*self.paths, *(s for s in self.sidecars.values() if s is not None)]
+
+    @property
+    def title(self) -> str:
+        return self.single.name if self.single is not None else f"{len(self.paths)} inputs"
+
+
+def inputs(files: list[str], at: str | None = None) -> Inputs:
+    """The inputs named: one capture (a file, or an export folder) or many; `--at` applies
+    to one capture only."""
+    from snapana.rank_runner import expand_inputs
+    from snapana.sources.parquet_dir import MARKER
+
+    only = Path(files[0]) if len(files) == 1 else None
+    single = None
+    if only is not None and (not only.is_dir() or (only / MARKER).is_file()):
+        paths = expand_inputs(files)
+        single = paths[0] if len(paths) == 1 else None
+    if single is None and at is not None:
+        raise InputError("--at applies to one capture; with several inputs, pick one file")
+    paths = [single] if single is not None else expand_inputs(files)
+    return with_sidecars(paths, single)
+
+
+def with_sidecars(paths: list[Path], single: Path | None = None) -> Inputs:
+    """The inputs with the sidecar beside each, looked up once."""
+    from snapana.session import find_sidecar
+
+    return Inputs(paths, single, {p: find_sidecar(p) for p in paths})
+
+
+def check_rules(rules: list[Path] | None, capacity: str | None) -> tuple[RuleSet, int | None]:
+    """The rule set and the capacity, checked once, before a large capture is read."""
+    from snapana.session import resolve_capacity, resolve_rules
+
+    return resolve_rules(rules), resolve_capacity(capacity)
+
+
+def reading(path: Path, read: Callable[[Callable[[int, int], None] | None], _T]) -> _T:
+    """Run `read(progress)` with a progress bar on stderr when it is a terminal (quiet
+    otherwise): bytes of `path` read so far."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    if not err.is_terminal:
+        return read(None)
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
+        task = bar.add_task(f"reading {path.name}", total=None)
+        return read(lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def open_shown(path: Path, sidecar: Path | None | str = "find") -> Capture:
+    """Read with a progress bar on stderr when it is a terminal (quiet otherwise)."""
+    from snapana.session import open_capture
+
+    found: Any = sidecar
+    return reading(path, lambda progress: open_capture(path, progress, sidecar_path=found))
+
+
+def sessions_of(path: Path, device: int | None, ruleset: RuleSet, capacity: int | None,
+                at: str | None = None, sidecar: Path | None | str = "find") -> list[Session]:
+    """A session per device of the file (or the one asked for), in report order."""
+    from snapana.session import sessions
+
+    return sessions(open_shown(path, sidecar), device, rules=ruleset, capacity=capacity, at=at)
+
+
+def output_file(output: Path | None, default: Path, read: list[Path]) -> Path:
+    """Where a single-file output goes: `-o FILE`, or `default`'s name inside `-o DIR`.
+    An output that is an input (`read`: inputs and sidecars) or inside an input folder is
+    refused before any work: inputs are never modified."""
+    from snapana.output import refuse_inputs
+
+    out = output if output is not None else default
+    if out.is_dir():
+        out = out / default.name
+        err.print(f"{output} is a folder: writing {out}")
+    refuse_inputs(out, read)
+    return out
+
+
+def output_folder(output: Path, read: list[Path]) -> None:
+    """A folder output replaces what is there: refused, before any work, when it is an
+    input, lies inside an input folder, or holds an input."""
+    from snapana.output import refuse_inputs
+
+    refuse_inputs(output, read, folder=True)
+
+
+def render_view(view: Any, fmt: str, to_terminal: bool = True) -> str:
+    """`view` through the renderer registry: for stdout, laid out for the terminal there."""
+    options = renderers.Options()
+    if to_terminal:
+        console = Console()
+        options = renderers.Options(width=console.width, color=console.is_terminal)
+    try:
+        return renderers.render(view, fmt, options)
+    except renderers.UnknownFormat as exc:
+        raise InputError(str(exc)) from None
+
+
+def write(out: Path, text: str) -> None:
+    """Write atomically and say where."""
+    from snapana.output import write_atomic
+
+    write_atomic(out, text)
+    err.print(f"wrote {out}")
+
+
+def analyse_many(paths: list[Path], workers: int | None, rules: list[Path] | None,
+                 ruleset: RuleSet, capacity: int | None, engine: str = "local"
+                 ) -> tuple[MultiReport, RankRun]:
+    """Summaries of several inputs (rules already checked), a progress bar per file on a
+    terminal, and their aggregate."""
+    from rich.progress import BarColumn, Progress
+
+    from snapana.rank_runner import run_many
+    from snapana.ranks import aggregate
+
+    rule_files = [str(r) for r in rules or ()]
+    if not err.is_terminal or engine != "local":
+        run = run_many(paths, workers, rule_files, capacity, engine, ruleset=ruleset)
+        return aggregate(run.summaries), run
+    with Progress("[progress.description]{task.description}", BarColumn(), console=err,
+                  transient=True) as bar:
+        tasks = {str(p): bar.add_task(p.name, total=1) for p in paths}
+        run = run_many(paths, workers, rule_files, capacity, engine,
+                       on_done=lambda a, _: bar.update(tasks[a], completed=1), ruleset=ruleset)
+    return aggregate(run.summaries), run
+
+
+@dataclass
+class Shown:
+    """What a report or a summary shows: the device reports in full, and over many inputs
+    the rank table they sit under."""
+
+    reports: list[DeviceReport]
+    ranks: MultiReport | None = None
+
+
+def shown(ins: Inputs, device: int | None, rules: list[Path] | None, capacity: str | None,
+          at: str | None = None, workers: int | None = None, rank: int | None = None,
+          extras: list[Path] | None = None) -> Shown:
+    """One capture (every device, or the one asked for, at `at`; plus any `extras` of the
+    same job), or many inputs: the rank table and the rank `ranks.shown_in_full` chooses,
+    its report kept from the run when it was made in this process, else analysed once."""
+    from snapana.ranks import shown_in_full
+
+    ruleset, cap = check_rules(rules, capacity)
+    if ins.single is not None:
+        reports = [s.report for s in sessions_of(ins.single, device, ruleset, cap, at,
+                                                  ins.sidecars.get(ins.single))]
+        for extra in extras or ():
+            reports += [s.report for s in sessions_of(extra, None, ruleset, cap)]
+        return Shown(reports)
+    multi, run = analyse_many(ins.paths, workers, rules, ruleset, cap)
+    chosen = shown_in_full(multi, rank)
+    if chosen is None:
+        return Shown([], multi)
+    kept = run.kept.get(chosen.file)
+    if kept is not None:
+        return Shown([kept], multi)
+    return Shown([s.report for s in sessions_of(Path(chosen.file), chosen.device, ruleset,
+                                                 cap)], multi)
+
+
+def verdicts(run: RankRun) -> dict[str, str]:
+    """Each analysed input's verdict, worded here from the findings its worker returned."""
+    from snapana.render.wording import verdict
+
+    return {r.file: verdict(r.findings) for r in run.summaries if r.findings is not None}

@@ -1,0 +1,53 @@
+"""`snapana report`: the self-contained HTML report of one capture, or of many ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from snapana import render as renderers
+from snapana.commands import _policy as policy
+from snapana.commands._options import (
+    AtOpt,
+    CapacityOpt,
+    DeviceOpt,
+    FilesArg,
+    RulesOpt,
+    WorkersOpt,
+)
+
+
+def report(
+    files: FilesArg,
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", metavar="PATH", help="HTML file to write (or a folder to write it in)")
+    ] = None,
+    device: DeviceOpt = None,
+    rules: RulesOpt = None,
+    capacity: CapacityOpt = None,
+    at: AtOpt = None,
+    workers: WorkersOpt = None,
+    rank: Annotated[int | None, typer.Option(
+        "--rank", metavar="N",
+        help="with several inputs: the rank shown in full (default: first OOM)")
+    ] = None,
+    trace: Annotated[list[Path] | None, typer.Option(
+        "--trace", metavar="FILE",
+        help="a torch.profiler trace or memory timeline of the same job")] = None,
+    memray: Annotated[list[Path] | None, typer.Option(
+        "--memray", metavar="FILE", help="a memray capture (host memory) of the same job")
+    ] = None,
+) -> None:
+    """Write a self-contained HTML report (opens offline, attach it to the ticket)."""
+    from snapana.render.views import capture_view
+
+    ins = policy.inputs(files, at)
+    extras = [*(trace or ()), *(memray or ())] if ins.single is not None else []
+    default = (Path(ins.single.name.split(".")[0] + ".html") if ins.single is not None
+               else Path("snapana-report.html"))
+    out = policy.output_file(output, default, [*ins.files, *policy.with_sidecars(extras).files])
+    shown = policy.shown(ins, device, rules, capacity, at, workers, rank, extras)
+    view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
+    policy.write(out, policy.render_view(view, renderers.REPORT_FORMAT, to_terminal=False))

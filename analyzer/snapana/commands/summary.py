@@ -1,0 +1,37 @@
+"""`snapana summary`: the verdict and what holds memory, in any format of the registry."""
+
+from __future__ import annotations
+
+import sys
+
+from snapana.commands import _policy as policy
+from snapana.commands._options import (
+    DEFAULT_FORMAT,
+    AtOpt,
+    CapacityOpt,
+    DeviceOpt,
+    FilesArg,
+    FormatOpt,
+    RulesOpt,
+    WorkersOpt,
+)
+
+
+def summary(
+    files: FilesArg,
+    format: FormatOpt = DEFAULT_FORMAT,
+    device: DeviceOpt = None,
+    rules: RulesOpt = None,
+    capacity: CapacityOpt = None,
+    at: AtOpt = None,
+    workers: WorkersOpt = None,
+) -> None:
+    """Print the verdict and what holds memory: a table, markdown for a ticket, JSON, or the
+    HTML page. With several inputs: the rank table, then the failing (else the largest)
+    rank in full."""
+    from snapana.render.views import capture_view
+
+    ins = policy.inputs(files, at)
+    shown = policy.shown(ins, device, rules, capacity, at, workers)
+    view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
+    sys.stdout.write(policy.render_view(view, format.value))

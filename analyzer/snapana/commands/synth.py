@@ -1,0 +1,48 @@
+"""`snapana synth`: a simulated snapshot with its ground truth, or a large one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from snapana.commands import _policy as policy
+from snapana.commands._options import OutputOpt
+from snapana.errors import InputError
+
+
+def synth(
+    scenario: Annotated[str | None, typer.Argument(
+        metavar="[SCENARIO]", help="scenario name (see --list)")] = None,
+    output: OutputOpt = None,
+    list_: Annotated[bool, typer.Option("--list", help="list the scenarios")] = False,
+    entries: Annotated[int | None, typer.Option(
+        "--entries", metavar="N",
+        help="instead of a scenario: a training run with N trace entries")] = None,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="with --entries")] = 0,
+) -> None:
+    """Write a simulated snapshot (and its ground-truth sidecar) for a seed incident, or a
+    large one (--entries N) for benchmarks."""
+    from snapana.synth.scenarios import MULTI_DEVICE, SCENARIOS, write_sample
+
+    if entries is not None:
+        from snapana.synth.scale import write_scale_snapshot
+
+        if not 1 <= entries <= 50_000_000:
+            raise InputError(f"--entries {entries}: give 1 to 50000000")
+        out = write_scale_snapshot(
+            entries, policy.output_file(output, Path(f"scale-{entries}.pickle"), []), seed=seed)
+        policy.err.print(f"wrote {out}")
+        return
+
+    known = [*SCENARIOS, *MULTI_DEVICE]  # the bundled samples, then multi-GPU captures
+    if list_ or scenario is None:
+        for name in known:
+            typer.echo(name + ("  (several devices)" if name in MULTI_DEVICE else ""))
+        return
+    if scenario not in known:
+        raise InputError(f"unknown scenario {scenario!r}; known: {', '.join(known)}")
+    pickle_path, truth = write_sample(
+        scenario, policy.output_file(output, Path(f"{scenario}.pickle"), []))
+    policy.err.print(f"wrote {pickle_path} and {truth}")

@@ -1,0 +1,263 @@
+"""The findings: the typed, frozen vocabulary every renderer reads (a DeviceReport and its
+parts). Only types live here; `diagnosis.py` computes them, and no renderer imports it.
+
+Every figure in a DeviceReport is a sum over replayed blocks, so a test can recompute it from
+the model. Shaping for display (downsampling, capping, wording) is the view-model's work
+(`render/views.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, TypedDict
+
+import numpy as np
+import polars as pl
+
+from snapana.family_timeline import FamilyGrowth, FamilyTimeline
+from snapana.knobs import Knob
+from snapana.model import Frame, StackTable
+from snapana.placement import SpareTerms
+from snapana.replay import Moment, MomentKind
+
+#: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
+CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",
+                  "capacity_unknown"]
+#: Whether a family can go: "yes" (kept by the step), "offload" (model state a knob moves),
+#: "shrink" (working set of the op in flight), "no", or "unknown" (the unknown family: what it
+#: is, and so whether it can go, is not known).
+Removable = Literal["yes", "offload", "shrink", "no", "unknown"]
+
+@dataclass(frozen=True)
+class PoolFree:
+    pool: str
+    stream: int
+    reserved_bytes: int  # mapped bytes when expandable: unmapped address space is not reserved
+    free_bytes: int
+    largest_free_bytes: int
+    expandable: bool = False  # expandable segments: grows by mapping pages, see placement
+
+
+class GroupSite(TypedDict):
+    """One site of a family: bytes and blocks it holds, its usual label and rule."""
+
+    site: str
+    bytes: int
+    blocks: int
+    label: str | None
+    rule_id: str | None
+
+
+class ChunkLoop(TypedDict):
+    """Live blocks one stack (one site, one loop) allocated repeatedly, in block bytes (what
+    the family's bytes count). `uniform`: all the same size, so count × chunk_size == total."""
+
+    site: str
+    stack_id: int
+    count: int
+    chunk_size: int  # the most common size (== min_size == max_size when uniform)
+    total: int
+    uniform: bool
+    min_size: int
+    max_size: int
+
+
+class PoolStreamBytes(TypedDict):
+    pool: str
+    stream: int
+    bytes: int
+    blocks: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """Bytes held by one tensor family, with its sites and any chunk loops in it."""
+
+    name: str
+    bytes: int
+    blocks: int
+    label: str = ""
+    sites: tuple[GroupSite, ...] = ()
+    chunks: tuple[ChunkLoop, ...] = ()
+    inferred_bytes: int = 0  # of `bytes`, decided without a stack rule (evidence "inferred")
+    #: Of `bytes`, how much each kind of evidence decided (inventory / frames / inferred /
+    #: unknown), the most first.
+    evidence: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Site:
+    site: str
+    bytes: int
+    blocks: int
+    stack: tuple[Frame, ...]
+    family: str = ""
+
+
+@dataclass(frozen=True)
+class Band:
+    """An annotation window (record_function range) on the trace clock, in µs."""
+
+    name: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, eq=False)
+class Timeline:
+    """Live bytes after every event of the device's trace, at full resolution (a view
+    downsamples it for display)."""
+
+    allocated: np.ndarray  # allocated bytes after each event
+    reserved: np.ndarray  # reserved bytes after each event
+    times_us: np.ndarray | None  # each event's trace time; None: no clock (x is the index)
+    oom_idx: int | None  # the event of the OOM that ended the job, if any
+    peak_idx: int  # the event of the peak (-1: before the first event)
+    peak_bytes: int
+    bands: tuple[Band, ...]  # closed annotation windows (only on a clock)
+    #: each family's live bytes over the trace (None without history)
+    families: FamilyTimeline | None = None
+    #: the families that held or gained most by the moment (see FamilyTimeline.dominant)
+    growth: tuple[FamilyGrowth, ...] = ()
+    #: each family's site that allocated the most bytes over the trace
+    family_sites: Mapping[str, str] = field(default_factory=dict)
+    #: the capture's stacks, to show the frames of a block of `families.lifetimes`
+    stacks: StackTable | None = None
+
+    @property
+    def n_events(self) -> int:
+        return len(self.allocated)
+
+
+@dataclass(frozen=True)
+class OomFinding:
+    """The failed allocation that ended the job (the last `oom` entry of the device)."""
+
+    requested_bytes: int
+    device_free_bytes: int | None
+    gap_bytes: int | None  # requested minus device free: how far short the device was
+    stream: int
+    stack: tuple[Frame, ...]
+    event_index: int
+    count: int  # OOM entries in the device's trace
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One reason the allocation failed, with the numbers that show it (bytes as ints)."""
+
+    id: CauseId
+    holds: bool
+    numbers: Mapping[str, int | float | bool]
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The state at the moment without one family: would the request have fit?"""
+
+    family: str
+    bytes: int
+    blocks: int
+    fits: bool | None  # None at a peak: there is no failed request to place
+    spare_bytes: int | None
+    how: str
+    removable: Removable
+    #: Of `bytes`, those in private pools (not the pool the request needed): freeing them
+    #: frees memory for that pool only, not for the request.
+    private_pool_bytes: int = 0
+    private_pools: tuple[str, ...] = ()
+    #: Those private pools' reserved bytes: what the device gets back if the pools are released
+    #: (an engine's sleep mode), and whether the request's new segment would then fit.
+    private_pool_reserved_bytes: int = 0
+    fits_if_pool_released: bool | None = None
+    #: The terms `spare_bytes` is the sum of (placement.Fit.spare_terms), for the report.
+    spare_terms: SpareTerms = ()
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    kind: MomentKind
+    phase: str
+    request_bytes: int | None
+    request_rounded_bytes: int | None
+    request_segment_bytes: int | None
+    request_family: str | None
+    request_label: str | None
+    request_site: str | None
+    capacity_bytes: int | None
+    outside_pytorch_bytes: int | None
+    causes: tuple[Cause, ...]
+    what_ifs: tuple[WhatIf, ...]
+    excess_family: str | None  # the family to take away first: see _excess
+    knobs: tuple[Knob, ...]
+    frameworks: tuple[str, ...]
+    #: The failing request's family holds live copies from one loop (see `_accumulation`).
+    accumulating: ChunkLoop | None = None
+    #: The request placed without exactly those copies (the rest of the family kept).
+    without_copies: WhatIf | None = None
+    #: The cheapest family other than the first one whose removal also makes the request fit.
+    alternative_family: str | None = None
+    #: The knobs the verdict names for `excess_family` (for an accumulating family: the one
+    #: that stops it) and for `alternative_family`; None where no knob of a framework in use
+    #: applies. Both lead `knobs`.
+    excess_knob: Knob | None = None
+    alternative_knob: Knob | None = None
+    #: The OOM happened while reloading offloaded state: no offload knob is offered.
+    reloading: bool = False
+    #: Capacity minus reserved at the moment (None: capacity unknown).
+    headroom_bytes: int | None = None
+    #: False when nothing needs fixing (no OOM, far from a known capacity; or host memory).
+    prescribe: bool = True
+    #: The capture records allocation history (alloc/free events), not only the final state.
+    history: bool = True
+    #: "training" (a backward shows: a family or phase the vocabulary marks so) or
+    #: "inference": knobs for the other are not offered.
+    workload: str = "inference"
+    #: The families the knobs were chosen for: at an OOM those whose removal makes the request
+    #: fit, the request's own, or together enough for `shortfall_bytes`; else those holding at
+    #: least `KNOB_SHARE` of the allocated bytes.
+    knob_families: tuple[str, ...] = ()
+    #: At an OOM, how far the replayed state is from placing the request (0: it would fit).
+    shortfall_bytes: int | None = None
+    #: Nothing is allocated or reserved on the device: there is nothing to diagnose.
+    empty: bool = False
+    #: More than `LARGE_CACHE_SHARE` of reserved is cached but unallocated (see `large_cache`).
+    large_cache: bool = False
+
+    def cause(self, cause_id: CauseId) -> Cause | None:
+        return next((c for c in self.causes if c.id == cause_id), None)
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceReport:
+    """Everything a report shows about one device at its moment of interest."""
+
+    path: str
+    source: str
+    device: int
+    moment: Moment
+    reserved_bytes: int
+    allocated_bytes: int
+    pending_free_bytes: int
+    cached_unallocated_bytes: int
+    largest_free_block_bytes: int
+    pools: tuple[PoolFree, ...]
+    peak_allocated_bytes: int
+    peak: Moment
+    oom: OomFinding | None
+    groups: tuple[Group, ...]
+    by_pool_stream: tuple[PoolStreamBytes, ...]
+    top_sites: tuple[Site, ...]
+    timeline: Timeline
+    segments: pl.DataFrame  # the segments at the moment (pool, stream, address, total_size)
+    live_blocks: pl.DataFrame  # blocks live at the moment (allocated, pending free), by family
+    n_events: int
+    warnings: tuple[str, ...]
+    before_recording_bytes: int
+    diagnosis: Diagnosis
+    device_name: str = ""  # e.g. "host process" (memray), "GPU 0" / "CPU" (profiler)
+    at: str | None = None  # the moment the user asked for (--at); None: the default moment
+    has_segments: bool = True  # the source records allocator segments (pools, cached bytes)
+    failed: bool = False  # this device's trace records an OOM (reports list it first)
+    reserved_known: bool = True  # reserved is measured (segments or a reserved series)
