@@ -71,5 +71,19 @@ def decode_memory(size: int) -> int:
     return _env_int("SNAPANA_DECODE_MEMORY", 0) or (512 << 20) + 48 * size
 
 
+#: Rows (segments, blocks, trace entries, annotations) a decoded snapshot may hold whatever
+#: its size, and the fewest bytes each further row must take in the decompressed pickle. A row
+#: PyTorch writes is its own dict (tens of bytes: the corpus holds 40+ per row); a pickle can
+#: reference one dict thousands of times for 2-5 bytes each, and every later stage costs per
+#: row, so rows beyond the size's worth are a memo amplification, not a capture.
+ROWS_FREE = 1 << 14
+MIN_ROW_BYTES = 8
+
+
+def max_rows(decoded_bytes: int) -> int:
+    """Most rows a snapshot pickle of `decoded_bytes` (decompressed) may decode to."""
+    return _env_int("SNAPANA_MAX_ROWS", 0) or ROWS_FREE + decoded_bytes // MIN_ROW_BYTES
+
+
 def limit_hint(var: str) -> str:
     return f"if the file is genuine, raise the limit with the environment variable {var}"

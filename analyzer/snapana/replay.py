@@ -343,6 +343,18 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarr
         last = np.ones(len(rpos), dtype=bool)
         last[:-1] = rrows[1:] != rrows[:-1]
         req_idx[rrows[last]] = i[rpos[last]]
+    # a row a clashing alloc ended is no longer allocated from then on either: the
+    # allocated timeline and the blocks at a moment must count the same rows
+    req_idx = np.minimum(req_idx, done_idx)
+    sizes_all = kinds["size"].to_numpy()[order]
+    # a free that names another size than its alloc: the trace contradicts itself
+    freed = np.flatnonzero(~new_row & (kind != _ALLOC) & (sizes_all > 0)
+                           & is_alloc[starts[row]]
+                           & (_round_sizes(sizes_all, gran)
+                              != _round_sizes(sizes_all[starts[row]], gran)))
+    mismatches += [(int(i[p]), f"event {int(i[p])}: free at 0x{int(addr[p]):x} of "
+                    f"{int(sizes_all[p])} bytes, allocated as {int(sizes_all[starts[row[p]]])}")
+                   for p in freed]
 
     cols = {
         "address": addr[starts],
