@@ -657,7 +657,7 @@ def _check_segments_apart(seg_cols: dict[str, list[Any]]) -> None:
     returns memory twice); two that overlap would count the same bytes twice."""
     order = sorted(range(len(seg_cols["address"])),
                    key=lambda i: (seg_cols["device"][i], seg_cols["address"][i]))
-    for a, b in zip(order, order[1:]):
+    for a, b in zip(order, order[1:], strict=False):
         if seg_cols["device"][a] != seg_cols["device"][b]:
             continue
         end = seg_cols["address"][a] + seg_cols["total_size"][a]
