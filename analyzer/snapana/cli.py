@@ -46,7 +46,11 @@ class _Guarded(TyperGroup):
         try:
             return super().invoke(ctx)
         except SnapanaError as exc:
-            err.print(f"snapana: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            from snapana.units import inert
+
+            # one line, inert: an error may quote text from the input
+            err.print(f"snapana: error: {inert(str(exc), lines=False)}", markup=False,
+                      highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
@@ -58,7 +62,9 @@ class _Guarded(TyperGroup):
 
                 traceback.print_exc()
             inputs = " ".join(getattr(self, "_inputs", []))
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            from snapana.units import inert
+
+            first = inert(str(exc).splitlines()[0][:200], lines=False) if str(exc) else ""
             err.print(f"snapana: internal error on {inputs or 'this command'}: "
                       f"{type(exc).__name__}: {first} — please report this with the file "
                       "(--debug shows the traceback)", markup=False, highlight=False,
@@ -150,13 +156,14 @@ def _output_file(output: Path | None, default: Path, inputs: list[Path]) -> Path
     """Where a single-file output goes: `-o FILE`, or `default`'s name inside `-o DIR`.
     An output that is an input or inside an input folder is refused before any work:
     inputs are never modified."""
-    from snapana.output import refuse_inputs
+    from snapana.output import check_file_target, refuse_inputs
 
     out = output if output is not None else default
     if out.is_dir():
         out = out / default.name
         err.print(f"{output} is a folder: writing {out}")
     refuse_inputs(out, _inputs(inputs))
+    check_file_target(out)
     return out
 
 
@@ -199,10 +206,26 @@ AtOpt = Annotated[
 ]
 
 
+def _integer(option: str, lo: int, hi: int) -> Any:
+    """The parser of an integer option: `units.parse_int` (ASCII digits, one sign, range),
+    its refusal one line and exit 2 (click's own int takes other scripts' digits)."""
+    from snapana.units import parse_int
+
+    def parse(text: Any) -> int:
+        if isinstance(text, int):  # a default
+            return text
+        try:
+            return parse_int(text, option, lo, hi)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    return parse
+
+
 FileArg = Annotated[Path, typer.Argument(
     metavar="FILE",
     help="snapshot pickle, profiler trace, memory timeline or memray capture (optionally gzip)")]
 DeviceOpt = Annotated[int | None, typer.Option("--device", metavar="N",
+                                               parser=_integer("--device", 0, 4095),
                                                help="only this device")]
 OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", metavar="PATH")]
 
@@ -211,6 +234,7 @@ FilesArg = Annotated[list[str], typer.Argument(
     metavar="FILE",
     help="snapshot file(s), directories of snapshots, or globs (one report for all ranks)")]
 WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N",
+                                                parser=_integer("--workers", 1, 4096),
                                                 help="worker processes (default: all cores)")]
 EngineOpt = Annotated[Engine, typer.Option("--engine", help="where the per-file work runs")]
 
@@ -258,7 +282,7 @@ def report(
     at: AtOpt = None,
     workers: WorkersOpt = None,
     rank: Annotated[int | None, typer.Option(
-        "--rank", metavar="N",
+        "--rank", metavar="N", parser=_integer("--rank", 0, 2**31 - 1),
         help="with several inputs: the rank shown in full (default: first OOM)")
     ] = None,
     trace: Annotated[list[Path] | None, typer.Option(
@@ -378,11 +402,12 @@ def explain(
 
     address = None
     if block is not None:
+        from snapana.units import parse_address
+
         try:
-            address = int(block, 0)
-        except ValueError:
-            raise InputError(f"--block: {block!r} is not an address (e.g. 0x7f3a00000000)"
-                             ) from None
+            address = parse_address(block, "--block")
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
     ruleset = resolve_rules(rules)
     session = Session(_open(file), device, rules=ruleset, at=at)
     items = session.explain(block=address, family=family, site=site)
@@ -396,9 +421,11 @@ def synth(
     output: OutputOpt = None,
     list_: Annotated[bool, typer.Option("--list", help="list the scenarios")] = False,
     entries: Annotated[int | None, typer.Option(
-        "--entries", metavar="N",
+        "--entries", metavar="N", parser=_integer("--entries", 1, 10**9),
         help="instead of a scenario: a training run with N trace entries")] = None,
-    seed: Annotated[int, typer.Option("--seed", metavar="N", help="with --entries")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N",
+                                      parser=_integer("--seed", 0, 2**63 - 1),
+                                      help="with --entries")] = 0,
 ) -> None:
     """Write a simulated snapshot (and its ground-truth sidecar) for a seed incident, or a
     large one (--entries N) for benchmarks."""

@@ -12,6 +12,8 @@ from typing import Any, TypeAlias
 
 import polars as pl
 
+from snapana.units import inert
+
 #: How a source reports reading: bytes done so far and the total (the file's size).
 ReadProgress: TypeAlias = Callable[[int, int], None]
 
@@ -76,6 +78,10 @@ def pool_key(pool_id: Any) -> str:
     return "0,0"
 
 
+def _inert_field(v: Any) -> Any:
+    return inert(v, lines=False) if isinstance(v, str) else v
+
+
 class StackTable:
     """Interns frames and stacks: each distinct frame and each distinct stack is stored once."""
 
@@ -88,8 +94,14 @@ class StackTable:
     def frame_id(self, frame: Frame) -> int:
         fid = self._frame_ids.get(frame)
         if fid is None:
-            fid = len(self.frames)
-            self.frames.append(frame)
+            # every source's frames arrive here: their text is made inert once (controls,
+            # escape sequences, unpaired surrogates shown escaped), for every later stage
+            safe = (_inert_field(frame[0]), _inert_field(frame[1]), frame[2])
+            fid = self._frame_ids.get(safe)
+            if fid is None:
+                fid = len(self.frames)
+                self.frames.append(safe)
+                self._frame_ids[safe] = fid
             self._frame_ids[frame] = fid
         return fid
 

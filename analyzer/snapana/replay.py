@@ -26,7 +26,9 @@ import numpy as np
 import polars as pl
 
 from snapana.errors import InputError
+from snapana.limits import MAX_TIME
 from snapana.model import EMPTY_STACK, Capture
+from snapana.units import parse_int, quote
 
 
 class MomentError(InputError, ValueError):
@@ -126,12 +128,14 @@ class DeviceReplay:
         if at == "end":
             return self.final
         kind, _, value = at.partition(":")
-        if kind not in ("event", "time") or not value.lstrip("-").isdigit() or len(value) > 20:
-            raise MomentError(f"--at {at!r}: use oom, peak, end, event:N or time:US")
-        n = int(value)
+        if kind not in ("event", "time"):
+            raise MomentError(f"--at {quote(at)}: use oom, peak, end, event:N or time:US")
+        try:  # ASCII digits, one sign, in range: the command line's one integer parser
+            n = (parse_int(value, "--at event:", -1, self.n_events - 1) if kind == "event"
+                 else parse_int(value, "--at time:", -MAX_TIME, MAX_TIME))
+        except ValueError as exc:
+            raise MomentError(f"{exc}; use oom, peak, end, event:N or time:US") from None
         if kind == "event":
-            if not -1 <= n < self.n_events:
-                raise MomentError(f"--at {at}: event out of range (-1..{self.n_events - 1})")
             return self.at(n)
         if not self.capture.has_time:
             raise MomentError(f"{where}: no timestamps recorded; use --at event:N")
