@@ -66,6 +66,7 @@ from snapana.sources._io import (
     open_input,
     sanitize,
 )
+from snapana.units import inert
 
 _STATE_ALIASES = {"active_awaiting_free": "active_pending_free"}
 #: Trace actions PyTorch writes; others are kept but ignored by replay, with a warning.
@@ -344,7 +345,7 @@ def _str(v: Any, where: str, default: str = "", limit: int = MAX_STRING) -> str:
         raise _Bad(where, f"expected a string, got {_describe(v)}")
     if len(v) > limit:
         raise _Bad(where, f"a string of {len(v):,} characters (limit {limit:,})")
-    return v
+    return inert(v, lines=False)  # controls and unpaired surrogates escaped, once
 
 
 def _bytes(v: Any, where: str, default: int | None = 0) -> int | None:
