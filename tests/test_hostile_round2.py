@@ -129,6 +129,19 @@ def test_every_real_snapshot_holds_far_fewer_rows_than_the_bound():
         assert rows * MIN_ROW_BYTES * 4 < len(raw) + 4096, path.name
 
 
+def test_one_frame_repeated_a_million_times_is_one_bounded_stack():
+    """A frames list of one dict referenced 10^6 times (2 MB of pickle): validated once,
+    the stack cut to its innermost MAX_STACK_FRAMES frames, and the capture says so."""
+    from snapana.limits import MAX_STACK_FRAMES
+
+    frames = [FRAMES[0]] * 1_000_000
+    cap = from_snapshot_dict(_snap([_segment([_block(BASE, 2 * MiB) | {"frames": frames}])],
+                                   [_entry("alloc", BASE, 2 * MiB, 5, frames)]), "deep")
+    (stack,) = {cap.stacks.stack(sid) for sid in cap.blocks["stack_id"]}
+    assert len(stack) == MAX_STACK_FRAMES and len(cap.stacks.frames) == 1
+    assert any(f"deeper than {MAX_STACK_FRAMES} frames" in w for w in cap.warnings)
+
+
 def test_repeated_addresses_in_a_trace_do_not_multiply_rows():
     """Thousands of distinct allocs at one address (each ends the one before): one live
     block at the end, the report built without a join that multiplies them."""

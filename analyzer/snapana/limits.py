@@ -24,6 +24,9 @@ MAX_STRING = 1 << 20
 #: metadata, annotations) and the most values kept from it.
 MAX_META_DEPTH = 32
 MAX_META_NODES = 100_000
+#: Deepest stack kept (innermost frames): Python stops at 1,000 frames by default and real
+#: snapshots hold tens to hundreds; deeper is a pickle's memo repeating one frame.
+MAX_STACK_FRAMES = 4096
 #: Most digits of an integer in JSON (int64 has 19).
 MAX_JSON_DIGITS = 40
 

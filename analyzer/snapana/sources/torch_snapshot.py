@@ -404,6 +404,10 @@ class _Interner:
             for k, f in enumerate(frames):
                 if ids[k] is not None:
                     continue
+                known = by_dict.get(id(f))  # the same dict earlier in this very list
+                if known is not None:
+                    ids[k] = known
+                    continue
                 f = _dict(f, f"{at}[{k}]")
                 ids[k] = by_dict[id(f)] = fid((
                     _str(f.get("filename"), f"{at}[{k}].filename"),
