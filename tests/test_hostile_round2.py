@@ -158,7 +158,7 @@ def test_repeated_addresses_in_a_trace_do_not_multiply_rows():
     assert r.allocated_bytes == r.peak_allocated_bytes == 512  # one block at a time
 
 
-# ----- impossible allocator states ---------------------------------------------------------------
+# ----- impossible allocator states ------------------------------------------------------------
 
 def _block(address, size, state="active_allocated"):
     return {"address": address, "size": size, "requested_size": size, "state": state,
@@ -267,7 +267,7 @@ def test_time_at_the_int64_minimum_is_refused():
                                  [_entry("alloc", BASE, 2 * MiB, -2**63)]), "tmin")
 
 
-# ----- inert text ----------------------------------------------------------------------------------
+# ----- inert text -----------------------------------------------------------------------------
 
 HOSTILE = "train\ud800\x1b[2J\x1b]52;c;SGVsbG8=\x07\u202e\x9b31m\n.py"
 
@@ -370,7 +370,7 @@ def test_count_options_refuse_in_one_line(args, tmp_path):
     assert result.returncode == 2 and len(lines) == 1, lines
 
 
-# ----- outputs are regular files or folders -----------------------------------------------------
+# ----- outputs are regular files or folders ---------------------------------------------------
 
 def _chardev(path):
     """A copy of /dev/null where this user may mknod; a link to it elsewhere."""
