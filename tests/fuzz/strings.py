@@ -97,7 +97,7 @@ def _pickle_case(r: random.Random, corpus: bool) -> Case:
     files = {INPUT: pickle.dumps(tree, protocol=r.choice((2, 4, 5)))}
     name = f"seed{pick}: {n} strings hostile (share {share})"
     if r.random() < 0.2 and pick < len(seeds.pickle_seed_bytes(False)):  # a sample: sidecar
-        sidecar = seeds.sidecar_seed(files[INPUT])
+        sidecar = seeds.sidecar_seed(seed_bytes[pick])  # before its keys were changed
         for k in ("device_name", "hostname", "pytorch_cuda_alloc_conf"):
             sidecar[k] = hostile_text(r, sidecar[k])
         _strings(sidecar["inventory"]["tensors"], r, 0.5, set())
