@@ -142,6 +142,17 @@ def test_one_frame_repeated_a_million_times_is_one_bounded_stack():
     assert any(f"deeper than {MAX_STACK_FRAMES} frames" in w for w in cap.warnings)
 
 
+def test_devices_beyond_one_nodes_are_refused():
+    """Each device is a full report: 1,024 devices of one block each (128 KB) would take
+    minutes; a capture holds at most MAX_DEVICES (one process sees one node's devices)."""
+    from snapana.limits import MAX_DEVICES
+
+    segs = [_segment([_block(BASE, MiB)]) | {"device": d} for d in range(MAX_DEVICES + 1)]
+    with pytest.raises(InputError, match=f"more than {MAX_DEVICES} devices"):
+        from_snapshot_dict(_snap(segs), "many")
+    assert len(from_snapshot_dict(_snap(segs[:MAX_DEVICES]), "ok").devices) == MAX_DEVICES
+
+
 def test_repeated_addresses_in_a_trace_do_not_multiply_rows():
     """Thousands of distinct allocs at one address (each ends the one before): one live
     block at the end, the report built without a join that multiplies them."""

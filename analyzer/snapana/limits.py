@@ -15,9 +15,11 @@ import os
 MAX_BYTES = 2**62
 #: Largest magnitude of a timestamp (µs or ns) accepted from an input.
 MAX_TIME = 2**62
-#: Device indices accepted (0 .. MAX_DEVICE - 1), and the most devices one capture may hold.
+#: Device indices accepted (0 .. MAX_DEVICE - 1), and the most devices one capture may hold:
+#: a process sees one node's devices (8, at most 16 today); each device is a full report
+#: (replay, attribution, figures), so a few hundred bytes per device must not buy seconds.
 MAX_DEVICE = 4096
-MAX_DEVICES = 1024
+MAX_DEVICES = 64
 #: Longest string a snapshot field (frame file or name, state, action) may hold.
 MAX_STRING = 1 << 20
 #: Deepest nesting kept from free-form metadata (allocator settings, user metadata, trace

@@ -698,6 +698,8 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False) -> Captur
     warnings: list[str] = []
 
     seg_cols, blk_cols, devices = _segments(data, intern)
+    if len(devices) > MAX_DEVICES:
+        raise _Bad("segments", f"more than {MAX_DEVICES} devices hold data")
 
     parts: list[pl.DataFrame] = []
     traces = _list(data.get("device_traces") or [], "device_traces")
