@@ -109,14 +109,23 @@ def test_report_is_compact_and_keeps_the_peak(scale_file):
 # ----- the vectorised pairing against the per-event state machine it replaces -------------
 
 def _reference_rows(actions, addrs, sizes, stacks, streams, gran=512):
-    """The original per-event loop of replay(): rows in creation order, and mismatches."""
+    """The original per-event loop of replay(): rows in creation order, and mismatches.
+    A clashing alloc ends the live row (no longer allocated either, issue #27), and a free
+    of another (rounded) size than its alloc is a mismatch."""
     rows, open_blocks, mismatches = [], {}, []
     for i, act in enumerate(actions):
         a = addrs[i]
+        row = open_blocks.get(a)
+        if (act in ("free_requested", "free_completed", "free") and row is not None
+                and row[4] >= 0 and sizes[i] > 0 and round_size(sizes[i], gran) != row[1]):
+            mismatches.append(f"event {i}: free at 0x{a:x} of {sizes[i]} bytes, allocated "
+                              f"as {row[7]}")
         if act == "alloc":
             if a in open_blocks:
                 mismatches.append(f"event {i}: alloc at 0x{a:x} which is already live")
-                open_blocks.pop(a)[6] = i
+                ended = open_blocks.pop(a)
+                ended[6] = i
+                ended[5] = min(ended[5], i)
             row = [a, round_size(sizes[i], gran), stacks[i], streams[i], i, NEVER, NEVER,
                    sizes[i]]
             rows.append(row)

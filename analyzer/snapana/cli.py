@@ -46,9 +46,14 @@ class _Guarded(TyperGroup):
         try:
             return super().invoke(ctx)
         except SnapanaError as exc:
+            from snapana.units import inert
+
             if _DEBUG and exc.detail:
-                err.print(exc.detail.rstrip(), markup=False, highlight=False, soft_wrap=True)
-            err.print(f"snapana: error: {exc}", markup=False, highlight=False, soft_wrap=True)
+                err.print(inert(exc.detail.rstrip()), markup=False, highlight=False,
+                          soft_wrap=True)
+            # one line, inert: an error may quote text from the input
+            err.print(f"snapana: error: {inert(str(exc), lines=False)}", markup=False,
+                      highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
@@ -60,7 +65,9 @@ class _Guarded(TyperGroup):
 
                 traceback.print_exc()
             inputs = " ".join(getattr(self, "_inputs", []))
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            from snapana.units import inert
+
+            first = inert(str(exc).splitlines()[0][:200], lines=False) if str(exc) else ""
             err.print(f"snapana: internal error on {inputs or 'this command'}: "
                       f"{type(exc).__name__}: {first} — please report this with the file "
                       "(--debug shows the traceback)", markup=False, highlight=False,

@@ -86,6 +86,8 @@ class _AtMoment:
     reserved: int
     allocated: int
     pending_free: int  # freed, waiting on another stream: still in its segment, not reusable
+    #: why the state at the moment cannot exist (see `_impossible`); None: it can
+    impossible: str | None = None
 
     @property
     def cached_unallocated(self) -> int:
@@ -122,11 +124,15 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
             event_index=o.idx,
             count=len(dr.ooms),
         )
+    impossible = _impossible(segments, live, pools, reserved - allocated - pending)
     state = _AtMoment(moment, live, held, segments, pools, _groups(held), reserved, allocated,
-                   pending)
+                      pending, impossible)
     lifetimes = attribute_lifetimes(attributor, dr, held) if dr.n_events else None
     diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history,
                                   _workload(held, lifetimes))
+    if impossible is not None:
+        caveats.insert(0, f"the state at this moment cannot exist ({impossible}): the "
+                       "cached and free figures are not computable")
     # a snapshot records its segments even when there are none; a trace or a timeline does not
     segmented = not dr.segment_intervals.is_empty() or capture.source == "torch_snapshot"
     warnings = list(capture.warnings) + _replay_warnings(dr) + caveats
@@ -138,9 +144,10 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
         reserved_bytes=reserved,
         allocated_bytes=allocated,
         pending_free_bytes=state.pending_free,
-        cached_unallocated_bytes=state.cached_unallocated,
-        largest_free_block_bytes=max((p.largest_free_bytes for p in pools), default=0),
-        pools=pools,
+        cached_unallocated_bytes=None if impossible else state.cached_unallocated,
+        largest_free_block_bytes=None if impossible
+        else max((p.largest_free_bytes for p in pools), default=0),
+        pools=() if impossible else pools,
         peak_allocated_bytes=max(peak_bytes, allocated) if history else allocated,
         peak=peak if history else moment,
         oom=oom,
@@ -150,7 +157,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
         timeline=_timeline(capture, dr, peak, peak_bytes, attributor, held, moment,
                            (diagnosis.request_family, diagnosis.excess_family), lifetimes),
         segments=segments,
-        live_blocks=live.join(held.select("address", "family"), on="address", how="left"),
+        live_blocks=_with_family(live, held),
         n_events=dr.n_events,
         warnings=tuple(warnings),
         before_recording_bytes=int(held.filter(pl.col("alloc_idx") < 0)["size"].sum()),
@@ -161,6 +168,36 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
         reserved_known=segmented or dr.device in capture.metadata.get("reserved_timeline", {}),
         failed=dr.oom is not None,
     )
+
+
+def _impossible(segments: pl.DataFrame, live: pl.DataFrame, pools: tuple[PoolFree, ...],
+                cached: int) -> str | None:
+    """Why the replayed state at a moment cannot be an allocator's, or None: segments that
+    overlap, two live blocks at one address, more bytes live than reserved, a free block
+    larger than all free bytes. Figures computed on such a state would be impossible
+    (negative, or larger than their whole), so the report says "not computable" instead."""
+    if cached < 0:
+        return f"{-cached:,} bytes more live than reserved"
+    if segments.height > 1:
+        ordered = segments.sort("address")
+        ends = (ordered["address"] + ordered["total_size"]).shift(1)
+        if (ordered["address"] < ends).any():
+            return "segments overlap"
+    if live.height > 1 and live["address"].is_duplicated().any():
+        return "several live blocks at one address"
+    largest = max((p.largest_free_bytes for p in pools), default=0)
+    if largest > cached:
+        return f"a free block of {largest:,} bytes with {cached:,} bytes free"
+    return None
+
+
+def _with_family(live: pl.DataFrame, held: pl.DataFrame) -> pl.DataFrame:
+    """The live blocks with the family of the allocated block at their address. One family
+    per address (the first), so the join is one-to-one: an inconsistent capture can hold
+    several live blocks at one address, and joining on a repeated key multiplies rows."""
+    families = held.select("address", "family").unique("address", keep="first",
+                                                        maintain_order=True)
+    return live.join(families, on="address", how="left", maintain_order="left")
 
 
 def _replay_warnings(dr: DeviceReplay) -> list[str]:
@@ -324,7 +361,8 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     knobs = list(dict.fromkeys(
         lead + knobs_for(order, held_causes, fw, phase, rules, offload=not reloading,
                          workload=workload)))
-    cached = large_cache(state.reserved, state.cached_unallocated)
+    # a state that cannot exist has no computable cache (`_impossible`): nothing to say of it
+    cached = not state.impossible and large_cache(state.reserved, state.cached_unallocated)
     if cached:
         cache = [k for k in knobs_for([], ["large_cache"], fw, phase, rules,
                                       workload=workload) if k not in knobs]
@@ -474,27 +512,30 @@ def _causes(state: _AtMoment, request: int, device_free: int, capacity: int | No
     usable_largest = max((p.largest_free_bytes for p in default_free), default=0)
     other_free = sum(p.free_bytes for p in state.pools if p.pool != "0,0")
     cached = state.cached_unallocated
-    share = cached / state.reserved if state.reserved else 0.0
+    share = cached / state.reserved if state.reserved and not state.impossible else 0.0
     fits_if_compacted = rounded <= device_free + usable_free
     fragmentation = (fits_if_compacted and usable_largest < rounded
                      and share >= FRAGMENTATION_SHARE)
+    if state.impossible:  # cached figures are not computable: no fragmentation verdict
+        fragmentation = False
     causes = [
         # Natural signs: "short by" is request minus device free (the headline's figure);
         # what compaction of the request's pool would leave is short or spare, never negative.
         Cause("real_demand", not fits_if_compacted or not fragmentation, {
             "requested_bytes": request, "rounded_request_bytes": rounded,
             "device_free_bytes": device_free, "short_by_bytes": max(0, request - device_free),
-            "allocated_bytes": state.allocated, "cached_unallocated_bytes": cached,
+            "allocated_bytes": state.allocated,
+            **({} if state.impossible else {"cached_unallocated_bytes": cached}),
             "default_pool_free_bytes": usable_free,
             "short_after_compaction_bytes": max(0, rounded - device_free - usable_free),
             "spare_after_compaction_bytes": max(0, device_free + usable_free - rounded),
         }),
-        Cause("fragmentation", fragmentation, {
+        *(() if state.impossible else (Cause("fragmentation", fragmentation, {
             "cached_unallocated_bytes": cached, "cached_share": round(share, 4),
             "share_threshold": FRAGMENTATION_SHARE,
             "largest_free_block_bytes": usable_largest, "rounded_request_bytes": rounded,
             "fits_if_compacted": fits_if_compacted,
-        }),
+        }),)),
         Cause("private_pool", other_free > 0 and rounded <= device_free + usable_free
               + other_free and not fits_if_compacted, {
             "private_pool_free_bytes": other_free, "default_pool_free_bytes": usable_free,

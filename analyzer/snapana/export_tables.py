@@ -83,9 +83,10 @@ def _blocks(capture: Capture, analysed: list[Session]) -> pl.DataFrame:
         end = s.attributed_blocks(s.replay.final)
         attributed = end.select("address", "alloc_idx", "pool", "segment_stream", "family",
                                 "label", "rule_id", "phase", "reason", "site")
+        # one attribution per address: a repeated key would multiply the rows
         final = capture.device_blocks(s.device).with_row_index("row").join(
-            attributed, on="address", how="left"
-        ).sort("row").drop("row")
+            attributed.unique("address", keep="first", maintain_order=True), on="address",
+            how="left").sort("row").drop("row")
         parts.append(final.with_columns(pl.lit(FINAL).alias("at"),
                                         pl.lit("end").alias("moment"),
                                         pl.lit(s.replay.final.idx).alias("moment_idx")))

@@ -240,8 +240,9 @@ class DeviceReport:
     reserved_bytes: int
     allocated_bytes: int
     pending_free_bytes: int
-    cached_unallocated_bytes: int
-    largest_free_block_bytes: int
+    #: None: not computable (the state at the moment cannot exist; a warning says why)
+    cached_unallocated_bytes: int | None
+    largest_free_block_bytes: int | None
     pools: tuple[PoolFree, ...]
     peak_allocated_bytes: int
     peak: Moment

@@ -35,10 +35,12 @@ from snapana.units import parse_bytes
 #: ``TraceEntry`` time is an int64 of microseconds since the epoch (about 2**51 today); a
 #: snapshot trace time outside this bound is dropped with a warning, not refused.
 MAX_TIME = 2**62
-#: Device indices accepted (0 .. MAX_DEVICE - 1), and the most devices one capture may hold.
-#: ``c10::DeviceIndex`` is an int8 (int16 in older releases): real indices are below 128.
+#: Device indices accepted (0 .. MAX_DEVICE - 1), and the most devices one capture may hold:
+#: ``c10::DeviceIndex`` is an int8 (int16 in older releases): real indices are below 128, and
+#: a process sees one node's devices (8, at most 16 today); each device is a full report
+#: (replay, attribution, figures), so a few hundred bytes per device must not buy seconds.
 MAX_DEVICE = 4096
-MAX_DEVICES = 1024
+MAX_DEVICES = 64
 #: Range of a stack frame's ``line`` PyTorch can write: ``py_symbolize`` stores the
 #: ``uint64_t`` lineno of ``unwind::Frame`` (so CPython's "no line" -1 from
 #: ``PyCode_Addr2Line`` arrives as 2**64 - 1), the C++ pickler casts it to ``int64_t`` (-1).
@@ -61,6 +63,9 @@ MAX_META_NODES = 100_000
 MAX_SIDECAR_BYTES = 256 << 20
 #: Largest export marker file read (`snapana-export.json`: metadata, never tables).
 MAX_MARKER_BYTES = 64 << 20
+#: Deepest stack kept (innermost frames): Python stops at 1,000 frames by default and real
+#: snapshots hold tens to hundreds; deeper is a pickle's memo repeating one frame.
+MAX_STACK_FRAMES = 4096
 
 
 def _env_int(name: str, default: int) -> int:
@@ -102,6 +107,20 @@ def decode_memory(size: int) -> int:
     """Peak memory decoding a pickle of `size` (decompressed) bytes may take: real snapshots
     take under 10x their size (shared frames); anything far beyond is not a snapshot."""
     return _env_int("SNAPANA_DECODE_MEMORY", 0) or (512 << 20) + 48 * size
+
+
+#: Rows (segments, blocks, trace entries, annotations) a decoded snapshot may hold whatever
+#: its size, and the fewest bytes each further row must take in the decompressed pickle. A row
+#: PyTorch writes is its own dict (tens of bytes: the corpus holds 40+ per row); a pickle can
+#: reference one dict thousands of times for 2-5 bytes each, and every later stage costs per
+#: row, so rows beyond the size's worth are a memo amplification, not a capture.
+ROWS_FREE = 1 << 14
+MIN_ROW_BYTES = 8
+
+
+def max_rows(decoded_bytes: int) -> int:
+    """Most rows a snapshot pickle of `decoded_bytes` (decompressed) may decode to."""
+    return _env_int("SNAPANA_MAX_ROWS", 0) or ROWS_FREE + decoded_bytes // MIN_ROW_BYTES
 
 
 def limit_hint(var: str) -> str:

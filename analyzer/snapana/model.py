@@ -13,6 +13,8 @@ from typing import Any, TypeAlias
 import polars as pl
 
 from snapana.caching_allocator import ACTIVE_ALLOCATED
+from snapana.limits import MAX_STACK_FRAMES
+from snapana.units import inert
 
 #: How a source reports reading: bytes done so far and the total (the file's size).
 ReadProgress: TypeAlias = Callable[[int, int], None]
@@ -74,6 +76,10 @@ def pool_key(pool_id: Any) -> str:
     return "0,0"
 
 
+def _inert_field(v: Any) -> Any:
+    return inert(v, lines=False) if isinstance(v, str) else v
+
+
 class StackTable:
     """Interns frames and stacks: each distinct frame and each distinct stack is stored once."""
 
@@ -82,16 +88,31 @@ class StackTable:
         self._frame_ids: dict[Frame, int] = {}
         self.stacks: list[tuple[int, ...]] = [()]
         self._stack_ids: dict[tuple[int, ...], int] = {(): EMPTY_STACK}
+        self._frames_of: dict[int, tuple[Frame, ...]] = {}
+        #: stacks cut to their innermost MAX_STACK_FRAMES frames (see `stack_id`)
+        self.truncated = 0
 
     def frame_id(self, frame: Frame) -> int:
         fid = self._frame_ids.get(frame)
         if fid is None:
-            fid = len(self.frames)
-            self.frames.append(frame)
+            # every source's frames arrive here: their text is made inert once (controls,
+            # escape sequences, unpaired surrogates shown escaped), for every later stage
+            safe = (_inert_field(frame[0]), _inert_field(frame[1]), frame[2])
+            fid = self._frame_ids.get(safe)
+            if fid is None:
+                fid = len(self.frames)
+                self.frames.append(safe)
+                self._frame_ids[safe] = fid
             self._frame_ids[frame] = fid
         return fid
 
     def stack_id(self, frame_ids: tuple[int, ...]) -> int:
+        if len(frame_ids) > MAX_STACK_FRAMES:
+            # one frame referenced a million times through a pickle's memo is a stack no
+            # program has; every later stage walks a stack per block, so it is cut (innermost
+            # frames kept: they decide the family) and the capture's warnings say so
+            frame_ids = tuple(frame_ids[:MAX_STACK_FRAMES])
+            self.truncated += 1
         sid = self._stack_ids.get(frame_ids)
         if sid is None:
             sid = len(self.stacks)
@@ -100,8 +121,13 @@ class StackTable:
         return sid
 
     def stack(self, stack_id: int) -> tuple[Frame, ...]:
-        """The frames of a stack, innermost first."""
-        return tuple(self.frames[f] for f in self.stacks[stack_id])
+        """The frames of a stack, innermost first (built once per stack: every block of the
+        capture asks for its stack)."""
+        got = self._frames_of.get(stack_id)
+        if got is None:
+            got = self._frames_of[stack_id] = tuple(self.frames[f]
+                                                    for f in self.stacks[stack_id])
+        return got
 
     def frames_df(self) -> pl.DataFrame:
         return pl.DataFrame(
@@ -146,6 +172,12 @@ class Capture:
     has_time: bool = False
     capacity_bytes: dict[int, int] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.stacks.truncated:
+            self.warnings.append(
+                f"{self.stacks.truncated} stack(s) deeper than {MAX_STACK_FRAMES} frames were "
+                f"cut to their innermost {MAX_STACK_FRAMES}")
 
     def device_events(self, device: int) -> pl.DataFrame:
         return self.events.filter(pl.col("device") == device).sort("idx")

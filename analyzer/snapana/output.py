@@ -25,6 +25,29 @@ def _refuse_input(path: Path) -> None:
         raise OutputError(f"{path}: is an input (or inside one); choose another output path")
 
 
+def check_file_target(path: Path) -> None:
+    """An output file replaces what is at its path: only a regular file (or nothing) may be
+    there. A device, a FIFO or a socket (or a link to one: `/dev/null`, `/proc/self/fd/1`)
+    would be replaced by a regular file, which for `/dev/null` run as root breaks the
+    system; refused instead."""
+    import stat
+
+    from snapana.sources._io import _kind
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return  # nothing there, or a dangling link: the new file takes its place
+    except (OSError, ValueError) as exc:
+        raise OutputError(f"{path}: cannot write: {getattr(exc, 'strerror', None) or exc}"
+                          ) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{path}: is a folder; name a file to write")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputError(f"{path}: is {_kind(st.st_mode)}, not a regular file; snapana "
+                          "writes regular files only (a report replaces what is there)")
+
+
 def _identity(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -71,6 +94,7 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     _refuse_input(path)
+    check_file_target(path)
     if not folder.is_dir():
         raise OutputError(f"{path}: folder {folder} does not exist")
     try:
@@ -94,7 +118,9 @@ def write_atomic(path: Path | str, data: str | bytes) -> None:
         if isinstance(data, bytes):
             tmp.write_bytes(data)
         else:
-            tmp.write_text(data, encoding="utf-8")
+            # an unpaired surrogate (legal in a pickle's strings) is written escaped, never
+            # a UnicodeEncodeError after the work is done
+            tmp.write_text(data, encoding="utf-8", errors="backslashreplace")
 
 
 def check_dir_target(path: Path, marker: str, kind: str) -> None:

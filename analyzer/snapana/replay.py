@@ -35,7 +35,9 @@ from snapana.caching_allocator import (
     SMALL_PAGE,
 )
 from snapana.errors import InputError
+from snapana.limits import MAX_TIME
 from snapana.model import EMPTY_STACK, Capture
+from snapana.units import parse_int, quote
 
 
 class MomentError(InputError, ValueError):
@@ -179,12 +181,14 @@ class DeviceReplay:
         if at == "end":
             return self.final
         kind, _, value = at.partition(":")
-        if kind not in ("event", "time") or not value.lstrip("-").isdigit() or len(value) > 20:
-            raise MomentError(f"--at {at!r}: use oom, peak, end, event:N or time:US")
-        n = int(value)
+        if kind not in ("event", "time"):
+            raise MomentError(f"--at {quote(at)}: use oom, peak, end, event:N or time:US")
+        try:  # ASCII digits, one sign, in range: the command line's one integer parser
+            n = (parse_int(value, "--at event:", -1, self.n_events - 1) if kind == "event"
+                 else parse_int(value, "--at time:", -MAX_TIME, MAX_TIME))
+        except ValueError as exc:
+            raise MomentError(f"{exc}; use oom, peak, end, event:N or time:US") from None
         if kind == "event":
-            if not -1 <= n < self.n_events:
-                raise MomentError(f"--at {at}: event out of range (-1..{self.n_events - 1})")
             return self.at(n)
         if not self.capture.has_time:
             raise MomentError(f"{where}: no timestamps recorded; use --at event:N")
@@ -384,6 +388,18 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarr
         last = np.ones(len(rpos), dtype=bool)
         last[:-1] = rrows[1:] != rrows[:-1]
         req_idx[rrows[last]] = i[rpos[last]]
+    # a row a clashing alloc ended is no longer allocated from then on either: the
+    # allocated timeline and the blocks at a moment must count the same rows
+    req_idx = np.minimum(req_idx, done_idx)
+    sizes_all = kinds["size"].to_numpy()[order]
+    # a free that names another size than its alloc: the trace contradicts itself
+    freed = np.flatnonzero(~new_row & (kind != _ALLOC) & (sizes_all > 0)
+                           & is_alloc[starts[row]]
+                           & (_round_sizes(sizes_all, gran)
+                              != _round_sizes(sizes_all[starts[row]], gran)))
+    mismatches += [(int(i[p]), f"event {int(i[p])}: free at 0x{int(addr[p]):x} of "
+                    f"{int(sizes_all[p])} bytes, allocated as {int(sizes_all[starts[row[p]]])}")
+                   for p in freed]
 
     cols = {
         "address": addr[starts],

@@ -21,6 +21,7 @@ from snapana.diagnosis import device_report
 from snapana.errors import InputError
 from snapana.explain import ExplainedSite, explain
 from snapana.findings import DeviceReport
+from snapana.limits import MAX_DEVICES
 from snapana.model import Capture, ReadProgress
 from snapana.replay import DeviceReplay, Moment, replay
 from snapana.units import parse_capacity
@@ -181,6 +182,10 @@ def sessions(capture: Capture, device: int | None = None, *, rules: RulesLike = 
     """A session per device of the capture (or just the one asked for), sharing one rule set,
     in report order: the failing device first, or the largest peak (`device_order`)."""
     ruleset = resolve_rules(rules)
+    if device is None and len(capture.devices) > MAX_DEVICES:  # every source, one bound
+        raise InputError(f"{capture.path}: {len(capture.devices):,} devices hold data (at most "
+                         f"{MAX_DEVICES}; one process sees one node's devices); pass --device "
+                         "to analyse one")
     devices = capture.devices if device is None else [device]
     made = {d: Session(capture, d, rules=ruleset, capacity=capacity, at=at) for d in devices}
     if device is not None:

@@ -1,4 +1,5 @@
-"""The one place bytes become human text (renderers only) and human text becomes bytes (CLI)."""
+"""The one place bytes become human text (renderers only) and human text becomes bytes (CLI),
+and where text from an input is made inert before a terminal or a file shows it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,36 @@ _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*")
 MAX_BYTES = 1 << 62
 
 
+#: Characters an input's string must not carry to a terminal, a text file or a ticket: C0
+#: controls but tab and newline (ESC starts the sequences that clear a screen or write the
+#: clipboard), DEL and C1 controls (0x9b is a CSI on its own), unpaired surrogates (legal
+#: in a pickle, unencodable as UTF-8), line/paragraph separators and bidi overrides.
+_CONTROLS = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_UNSAFE = re.compile(f"[{_CONTROLS}]")
+_UNSAFE_LINES = re.compile(f"[\\t\\n{_CONTROLS}]")
+#: What a styled terminal text may keep of its own: rich's SGR colour sequences.
+_SGR = re.compile(r"(\x1b\[[0-9;]*m)")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def inert(text: str, lines: bool = True) -> str:
+    """`text` safe to print: each unsafe character (see `_UNSAFE`) shown escaped, as
+    `\\x1b`; with `lines=False` tab and newline too (a single field, such as a frame's file
+    name, must not start a line of its own)."""
+    return (_UNSAFE if lines else _UNSAFE_LINES).sub(_escape, text)
+
+
+def inert_styled(text: str) -> str:
+    """`inert` for text a renderer styled: its SGR colour sequences kept, everything else
+    escaped."""
+    parts = _SGR.split(text)
+    return "".join(p if i % 2 else inert(p) for i, p in enumerate(parts))
+
+
 def fmt_bytes(n: int | None, signed: bool = False) -> str:
     """Format an integer byte count the way the PyTorch OOM message does (binary units)."""
     if n is None:
@@ -33,24 +64,63 @@ def fmt_bytes(n: int | None, signed: bool = False) -> str:
     return f"{sign}{v} B"
 
 
+def quote(text: str, limit: int = 40) -> str:
+    """A value from the command line, quoted back in an error: repr (controls escaped) and
+    cut to `limit` characters, so a 5,000-digit value still makes one short line."""
+    return repr(text[:limit]) + (f"... ({len(text):,} characters)" if len(text) > limit
+                                 else "")
+
+
+#: An integer on the command line: ASCII digits only (`str.isdigit` and `int` also take
+#: superscripts and other scripts' digits), one optional sign.
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+
+
+def parse_int(text: str, what: str, lo: int, hi: int) -> int:
+    """The one integer parser of the command line (counts, indices, times): ASCII digits,
+    one sign, in [lo, hi]; ValueError naming `what` and quoting the value otherwise."""
+    if not isinstance(text, str) or not _INT_RE.fullmatch(text):
+        raise ValueError(f"{what} {quote(str(text))} is not an integer (ASCII digits, one "
+                         "optional sign)")
+    n = int(text) if len(text) <= 40 else None  # int() refuses 4,300+ digits anyway
+    if n is None or not lo <= n <= hi:
+        raise ValueError(f"{what} {quote(text)} is out of range ({lo}..{hi})")
+    return n
+
+
+_ADDRESS_RE = re.compile(r"0[xX][0-9a-fA-F]{1,16}|[0-9]{1,20}")
+
+
+def parse_address(text: str, what: str) -> int:
+    """A block address: 0x followed by hex digits, or decimal (ASCII only)."""
+    if not isinstance(text, str) or not _ADDRESS_RE.fullmatch(text):
+        raise ValueError(f"{what} {quote(str(text))} is not an address (e.g. 0x7f3a00000000)")
+    n = int(text, 0)
+    if n >= MAX_BYTES:
+        raise ValueError(f"{what} {quote(text)} is out of range (below 2**62)")
+    return n
+
+
 def parse_bytes(text: str) -> int:
     """Bytes from a size with an explicit unit: '80GiB', '81920 MiB', '80GB' (= 80·10^9),
     '512B'. The one size parser of the product (CLI flags, API arguments, rule packs)."""
     m = _SIZE_RE.fullmatch(text)
     if not m:
-        raise ValueError(f"cannot read {text!r} as a size (e.g. 80GiB, 80GB, 81920MiB)")
+        raise ValueError(f"cannot read {quote(text)} as a size (e.g. 80GiB, 80GB, 81920MiB)")
     number, unit = m.group(1), m.group(2).lower()
     if not unit:
-        raise ValueError(f"{text!r} has no unit: write e.g. {number}GiB (2^30 bytes), "
-                         f"{number}GB (10^9 bytes) or {number}B")
+        raise ValueError(f"{quote(text)} has no unit: write e.g. {number[:20]}GiB (2^30 "
+                         f"bytes), {number[:20]}GB (10^9 bytes) or {number[:20]}B")
     if unit not in _UNITS:
-        hint = f" ({number}{unit[0].upper()}iB or {number}{unit[0].upper()}B?)" \
+        hint = f" ({number[:20]}{unit[0].upper()}iB or {number[:20]}{unit[0].upper()}B?)" \
             if unit[0] in "kmgt" else ""
-        raise ValueError(f"{text!r}: unknown unit {m.group(2)!r}{hint}; units: B, KiB, MiB, "
+        raise ValueError(f"{quote(text)}: unknown unit {quote(m.group(2))}{hint}; units: B, "
+                         "KiB, MiB, "
                          "GiB, TiB (binary), KB, MB, GB, TB (decimal)")
     value = int(Decimal(number) * _UNITS[unit])
     if value >= MAX_BYTES:
-        raise ValueError(f"{text!r} is larger than any memory ({fmt_bytes(MAX_BYTES)} or more)")
+        raise ValueError(f"{quote(text)} is larger than any memory ({fmt_bytes(MAX_BYTES)} or "
+                         "more)")
     return value
 
 
@@ -64,9 +134,10 @@ def parse_capacity(value: int | str) -> int:
     n = value if isinstance(value, int) and not isinstance(value, bool) else None
     if n is None:
         if not isinstance(value, str):
-            raise ValueError(f"capacity must be bytes or a size like 80GiB, got {value!r}")
+            raise ValueError(f"capacity must be bytes or a size like 80GiB, got "
+                             f"{quote(repr(value))}")
         n = parse_bytes(value)
     if n <= 0 or n > MAX_DEVICE_BYTES:
-        raise ValueError(f"capacity {value!r} is not a device size (0 < capacity <= "
+        raise ValueError(f"capacity {quote(str(value))} is not a device size (0 < capacity <= "
                          f"{fmt_bytes(MAX_DEVICE_BYTES)}; e.g. 80GiB)")
     return n

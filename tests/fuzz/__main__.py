@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=None, help="number of cases instead")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2, help="parallel workers")
-    ap.add_argument("--timeout", type=float, default=10.0, help="seconds per case")
+    ap.add_argument("--timeout", type=float, default=60.0,
+                    help="seconds a case may take (its time budget; over it is a hang)")
     ap.add_argument("--formats", default=",".join(FORMATS),
                     help=f"comma-separated subset of {','.join(FORMATS)}")
     ap.add_argument("--no-corpus", action="store_true",

@@ -35,9 +35,14 @@ class Result:
     notes: Counter = field(default_factory=Counter)
     cases: int = 0
     seconds: float = 0.0
+    #: the slowest case and the largest peak RSS (bytes) seen, with the case's name
+    slowest: tuple[float, str] = (0.0, "")
+    largest: tuple[int, str] = (0, "")
 
     def record(self, index: int, case: Case, out: Outcome) -> None:
         self.cases += 1
+        self.slowest = max(self.slowest, (out.seconds, f"{case.fmt}: {case.name[:60]}"))
+        self.largest = max(self.largest, (out.peak_rss, f"{case.fmt}: {case.name[:60]}"))
         self.counts[out.cls] += 1
         self.by_format.setdefault(case.fmt, Counter())[out.cls] += 1
         if out.note:
@@ -57,6 +62,8 @@ class Result:
             lines.append(f"  {fmt:9s} " + " ".join(f"{c}={n}" for c, n in cnt.most_common()))
         if self.notes:
             lines.append("  notes: " + ", ".join(f"{k} x{n}" for k, n in self.notes.items()))
+        lines.append(f"  slowest case {self.slowest[0]:.1f} s [{self.slowest[1]}]; largest peak "
+                     f"RSS {self.largest[0] >> 20} MiB [{self.largest[1]}]")
         return "\n".join(lines)
 
 

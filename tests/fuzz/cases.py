@@ -11,6 +11,8 @@ import base64
 import hashlib
 import json
 import os
+import socket
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +31,12 @@ class Case:
     argv: list[str] = field(default_factory=lambda: list(SUMMARY))
     #: the path {input} stands for, relative to the case folder
     input: str = INPUT
-    #: ('fifo', relpath) | ('symlink', relpath, target) | ('dir', relpath)
+    #: ('fifo', relpath) | ('symlink', relpath, target) | ('dir', relpath) | ('chardev',
+    #: relpath): a copy of /dev/null (a link to it where mknod is not allowed) |
+    #: ('socket', relpath): a bound Unix socket. Every node must be the same after the run.
     setup: list[tuple[str, ...]] = field(default_factory=list)
+    #: an unmutated real capture (re-encoded at most): refusing it is a finding
+    real: bool = False
     #: for structure-aware minimisation: the mutated tree and how to turn it into files
     tree: Any = None
     encode: Callable[[Any], dict[str, bytes]] | None = None
@@ -56,7 +62,35 @@ class Case:
                 os.symlink(step[2], p)
             elif step[0] == "dir":
                 p.mkdir(exist_ok=True)
+            elif step[0] == "chardev":
+                try:
+                    os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+                except (PermissionError, AttributeError):
+                    os.symlink(os.devnull, p)
+            elif step[0] == "socket":
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.bind(str(p))
+                finally:
+                    sock.close()  # the socket file stays
         return hashes
+
+    def nodes(self, folder: Path) -> dict[str, tuple[int, str]]:
+        """The kind (and a link's target) of each setup node that is or leads to a FIFO, a
+        device or a socket: the run must leave them as they were (an output onto one must
+        be refused, never replace it)."""
+        out = {}
+        for step in self.setup:
+            p = folder / step[1]
+            try:
+                st, lst = os.stat(p), os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+                continue
+            target = os.readlink(p) if stat.S_ISLNK(lst.st_mode) else ""
+            out[step[1]] = (stat.S_IFMT(lst.st_mode), target)
+        return out
 
     @property
     def size(self) -> int:
@@ -74,7 +108,7 @@ class Case:
             return path
         path = path_stem.with_name(path_stem.name + ".case.json")
         doc = {"fmt": self.fmt, "name": self.name, "argv": self.argv, "input": self.input,
-               "setup": [list(s) for s in self.setup],
+               "setup": [list(s) for s in self.setup], "real": self.real,
                "files": {k: base64.b64encode(v).decode("ascii")
                          for k, v in sorted(self.files.items())}}
         path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -88,6 +122,7 @@ def load_saved(path: Path) -> Case:
         return Case(fmt=doc["fmt"], name=doc.get("name", path.name),
                     files={k: base64.b64decode(v) for k, v in doc["files"].items()},
                     argv=list(doc["argv"]), input=doc.get("input", INPUT),
-                    setup=[tuple(s) for s in doc.get("setup", [])])
+                    setup=[tuple(s) for s in doc.get("setup", [])],
+                    real=bool(doc.get("real", False)))
     return Case(fmt="saved", name=path.name, files={INPUT: path.read_bytes()},
                 ext="".join(path.suffixes))

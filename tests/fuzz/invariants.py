@@ -44,8 +44,10 @@ INCONSISTENT = "the figures are inconsistent"
 def summary_violations(text: str) -> list[str]:
     """Invariants of a `summary -f json` output; [] when all hold. Per device: the groups
     add up to allocated; reserved = allocated + pending free + cached unallocated (one
-    definition, never a different figure); allocated <= reserved and cached >= 0 unless the
-    device's warnings flag its figures as inconsistent; byte figures are integers."""
+    definition, never a different figure); allocated <= reserved unless the device's
+    warnings flag its figures as inconsistent; byte figures are integers and never negative
+    (a figure of a state that cannot exist is null: "not computable"); the largest free
+    block is at most the cached bytes; at the peak, allocated is the peak."""
     try:
         doc = strict_json(text)
     except ValueError as exc:
@@ -68,13 +70,21 @@ def summary_violations(text: str) -> list[str]:
         if _ints(alloc, reserved, pending, cached) and cached != reserved - alloc - pending:
             bad.append(f"cached: {where} cached_unallocated_bytes {cached} != reserved - "
                        f"allocated - pending_free = {reserved - alloc - pending}")
+        largest = dev.get("largest_free_block_bytes")
+        if _ints(largest, cached) and largest > cached:
+            bad.append(f"impossible: {where} largest_free_block_bytes {largest} > "
+                       f"cached_unallocated_bytes {cached}")
+        moment, peak = dev.get("moment") or {}, dev.get("peak_allocated_bytes")
+        if (isinstance(moment, dict) and moment.get("kind") == "peak" and dev.get("history")
+                and _ints(alloc, peak) and alloc != peak):
+            bad.append(f"impossible: {where} allocated_bytes {alloc} at the peak, "
+                       f"peak_allocated_bytes {peak}")
         for path, v in _byte_figures(dev, where):
             if v is None:
                 continue
             if not isinstance(v, int) or isinstance(v, bool):
                 bad.append(f"type: {path} = {v!r} is not an integer")
-            elif v < 0 and not path.endswith(SIGNED) and not (
-                    flagged and path.endswith("cached_unallocated_bytes")):
+            elif v < 0 and not path.endswith(SIGNED):
                 bad.append(f"negative: {path} = {v}")
     return _rank_violations(doc.get("inputs")) + bad
 

@@ -600,15 +600,24 @@ def _maybe_command(r: random.Random, case: Case) -> None:
 # ----- the generator -------------------------------------------------------------------------
 
 FORMATS = {"pickle": 0.40, "kineto": 0.15, "timeline": 0.11, "memray": 0.08, "export": 0.08,
-           "sidecar": 0.07, "ranks": 0.07, "hostile": 0.04}
+           "sidecar": 0.07, "ranks": 0.07, "hostile": 0.04,
+           # issue #27's classes: amplification (memo, repeated keys), impossible allocator
+           # states, hostile strings in every field, command-line values and special
+           # outputs, real captures re-encoded (refusing one is a finding)
+           "amplify": 0.08, "impossible": 0.12, "strings": 0.12, "cli": 0.10, "reseed": 0.08}
 
 
 def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
              corpus: bool = True) -> Case:
     """Case number `index` of the campaign with `seed`."""
+    from .amplify import amplify_case
+    from .cliargs import cli_case
     from .hostile import hostile_cases
+    from .impossible import impossible_case
     from .ranks import ranks_case
+    from .reseed import reseed_case
     from .sidecars import sidecar_case
+    from .strings import strings_case
 
     r = _rng(seed, index)
     names = [f for f in FORMATS if f in formats]
@@ -628,5 +637,15 @@ def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
         return sidecar_case(r) or pickle_case(r, corpus)
     if fmt == "ranks":
         return ranks_case(r)
+    if fmt == "amplify":
+        return amplify_case(r)
+    if fmt == "impossible":
+        return impossible_case(r, corpus)
+    if fmt == "strings":
+        return strings_case(r, corpus)
+    if fmt == "cli":
+        return cli_case(r)
+    if fmt == "reseed":
+        return reseed_case(r, corpus)
     cases = hostile_cases()
     return cases[r.randrange(len(cases))]

@@ -6,7 +6,10 @@ Classes (`CLASSES`): `refused` (exit 2, exactly one stderr line `snapana: error:
 unexpected error the CLI's guard caught), `multiline` (exit 2 with more or less than one
 line), `invariant` (exit 0 with inconsistent figures), `crash` (killed by a signal), `hang`
 (over the per-case timeout), `memory` (the memory limit hit, a MemoryError, or a peak RSS over
-the RSS limit), `overwrite` (an input file changed).
+the RSS limit, the decode child's included), `overwrite` (an input file changed, or a FIFO,
+device or socket setup node replaced), `real-refused` (an unmutated real capture, re-encoded
+at most, refused: the worst failure there is). Raw control characters in text output (not
+JSON) are an `invariant` finding.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ from .invariants import summary_violations
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = ("refused", "ok")
 CLASSES = ("refused", "ok", "traceback", "internal", "multiline", "invariant", "crash", "hang",
-           "memory", "overwrite")
+           "memory", "overwrite", "real-refused")
+#: Raw control characters text output must never hold (tab and newline are layout); an
+#: input's escape sequence reaching a terminal (screen clear, OSC 52 clipboard writes).
+_RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 GIB = 1 << 30
 _FRAME = re.compile(r'File "([^"]*snapana[^"]*)", line (\d+), in (\S+)')
 
@@ -152,7 +158,7 @@ class Worker:
 class Runner:
     """Runs cases one after another in a worker (use one Runner per parallel job)."""
 
-    def __init__(self, timeout: float = 10.0, memory_limit: int = 3 * GIB,
+    def __init__(self, timeout: float = 60.0, memory_limit: int = 3 * GIB,
                  rss_limit: int = 2 * GIB, recycle: int = 300,
                  snapana_path: str | None = None) -> None:
         self.timeout = timeout
@@ -190,12 +196,20 @@ class Runner:
         folder.mkdir()
         try:
             hashes = case.materialize(folder)
+            nodes = case.nodes(folder)
             reply, why = self.worker.run(folder, case.command(), self.timeout)
             out = self._read(folder / "stdout.txt")
             err = self._read(folder / "stderr.txt")
             outcome = self._classify(case, folder, reply, why, out, err)
             if outcome.cls in GOOD and self._changed(folder, hashes):
                 outcome = Outcome("overwrite", "an input file was modified", outcome.code,
+                                  outcome.seconds, err, out)
+            after = case.nodes(folder)
+            if outcome.cls in GOOD and any(after.get(k) != v for k, v in nodes.items()):
+                outcome = Outcome("overwrite", "a FIFO, device or socket was replaced",
+                                  outcome.code, outcome.seconds, err, out)
+            if outcome.cls == "refused" and case.real:
+                outcome = Outcome("real-refused", outcome.detail, outcome.code,
                                   outcome.seconds, err, out)
             if reply is not None and (self.worker.cases >= self.recycle or outcome.failed
                                       or reply.get("rss", 0) > self.rss_limit // 2
@@ -240,7 +254,8 @@ class Runner:
                 return Outcome("memory", f"died ({detail})", None, 0, err, out)
             name = signal.Signals(sig).name if sig > 0 else f"exit {detail}"
             return Outcome("crash", name, None, 0, err, out)
-        code, seconds, peak = reply["code"], reply["seconds"], reply.get("peak_rss", 0)
+        code, seconds = reply["code"], reply["seconds"]
+        peak = max(reply.get("peak_rss", 0), reply.get("child_peak_rss", 0))
         base = dict(code=code, seconds=seconds, stderr=err, stdout=out, peak_rss=peak)
         if reply.get("exception") == "MemoryError" or "MemoryError" in err:
             return Outcome("memory", "MemoryError", **base)
@@ -248,6 +263,9 @@ class Runner:
             return Outcome("memory", f"peak RSS {peak >> 20} MiB", **base)
         if "Traceback (most recent call last)" in err or reply.get("exception"):
             return Outcome("traceback", traceback_site(err), **base)
+        if code in (2, 3) and _RAW_CONTROL.search(err):
+            return Outcome("invariant", "raw control character in text output",
+                           note=f"control: {_RAW_CONTROL.search(err).group()!r}", **base)
         if code == 2:
             lines = [ln for ln in err.splitlines() if ln.strip()]
             if len(lines) == 1 and lines[0].startswith("snapana: error: "):
@@ -259,6 +277,10 @@ class Runner:
         if code != 0:
             return Outcome("traceback", f"exit {code}", **base)
         cmd = case.command()
+        raw = _RAW_CONTROL.search(err) or (None if "json" in cmd else _RAW_CONTROL.search(out))
+        if raw:
+            return Outcome("invariant", "raw control character in text output",
+                           note=f"control: {raw.group()!r}", **base)
         if cmd[:1] == ["summary"] and "json" in cmd:
             bad = summary_violations(out)
             if bad and bad[0].startswith("rank-internal: "):

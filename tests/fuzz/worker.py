@@ -32,6 +32,13 @@ def _status(field: str) -> int:
     return 0
 
 
+def _children_peak() -> int:
+    """The largest peak RSS of any child process waited for so far (bytes)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+
+
 def _reset_peak() -> None:
     try:
         with open("/proc/self/clear_refs", "w") as fh:
@@ -65,6 +72,7 @@ def run_case(req: dict) -> dict:
     sys.argv = ["snapana", *req["argv"]]
     exc_name = None
     _reset_peak()
+    children_before = _children_peak()
     t0 = time.monotonic()
     try:
         cli.main()
@@ -91,8 +99,12 @@ def run_case(req: dict) -> dict:
     os.dup2(saved_err, 2)
     os.close(saved_out)
     os.close(saved_err)
+    children = _children_peak()
     return {"code": code, "exception": exc_name, "seconds": seconds,
-            "peak_rss": _status("VmHWM"), "rss": _status("VmRSS"), "vm": _status("VmSize")}
+            "peak_rss": _status("VmHWM"), "rss": _status("VmRSS"), "vm": _status("VmSize"),
+            # the decode child's peak counts against the case too; ru_maxrss of children is
+            # a high-water mark over all of them, so it tells only when this case raised it
+            "child_peak_rss": children if children > children_before else 0}
 
 
 def main() -> None:

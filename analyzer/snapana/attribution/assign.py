@@ -371,8 +371,11 @@ class Attributor:
         for action, address, sid, stream, size, pos in same.select(
                 "action", "addr", "stack_id", "stream", "size", "pos").iter_rows():
             if action == "free_requested":
-                if grad_at.pop(int(address), None) is not None:
-                    live_n[int(size)] -= 1
+                # the size the gradient was allocated with: a free naming another size (a
+                # trace at odds with itself, warned by the replay) frees that one
+                held = grad_at.pop(int(address), None)
+                if held is not None:
+                    live_n[held] -= 1
                 continue
             family = self.decide(sid, self.context(sid, "0,0", stream or 0, ACTIVE_ALLOCATED,
                                                    size, int(pos))).family

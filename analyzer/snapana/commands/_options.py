@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from snapana import render as renderers
+from snapana.errors import InputError
 
 #: The output formats a user may choose: those of the renderer registry
 #: (`snapana.render.FORMATS`, a Literal), as the Enum typer needs for a choice.
@@ -43,13 +44,30 @@ AtOpt = Annotated[
 FileArg = Annotated[Path, typer.Argument(
     metavar="FILE",
     help="snapshot pickle, profiler trace, memory timeline or memray capture (optionally gzip)")]
+def integer(option: str, lo: int, hi: int) -> Any:
+    """The parser of an integer option: `units.parse_int` (ASCII digits, one sign, range),
+    its refusal one line and exit 2 (click's own int takes other scripts' digits)."""
+    from snapana.units import parse_int
+
+    def parse(text: Any) -> int:
+        if isinstance(text, int):  # a default
+            return text
+        try:
+            return parse_int(text, option, lo, hi)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+    return parse
+
+
 DeviceOpt = Annotated[int | None, typer.Option("--device", metavar="N",
+                                               parser=integer("--device", 0, 4095),
                                                help="only this device")]
 OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", metavar="PATH")]
 FilesArg = Annotated[list[str], typer.Argument(
     metavar="FILE",
     help="snapshot file(s), directories of snapshots, or globs (one report for all ranks)")]
 WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N",
+                                                parser=integer("--workers", 1, 4096),
                                                 help="worker processes (default: all cores)")]
 EngineOpt = Annotated[Engine, typer.Option("--engine", help="where the per-file work runs")]
 FormatOpt = Annotated[FormatChoice, typer.Option("--format", "-f")]

@@ -110,13 +110,14 @@ def output_file(output: Path | None, default: Path, read: list[Path]) -> Path:
     """Where a single-file output goes: `-o FILE`, or `default`'s name inside `-o DIR`.
     An output that is an input (`read`: inputs and sidecars) or inside an input folder is
     refused before any work: inputs are never modified."""
-    from snapana.output import refuse_inputs
+    from snapana.output import check_file_target, refuse_inputs
 
     out = output if output is not None else default
     if out.is_dir():
         out = out / default.name
         err.print(f"{output} is a folder: writing {out}")
     refuse_inputs(out, read)
+    check_file_target(out)
     return out
 
 

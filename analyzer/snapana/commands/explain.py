@@ -31,11 +31,12 @@ def explain(
 
     address = None
     if block is not None:
+        from snapana.units import parse_address
+
         try:
-            address = int(block, 0)
-        except ValueError:
-            raise InputError(f"--block: {block!r} is not an address (e.g. 0x7f3a00000000)"
-                             ) from None
+            address = parse_address(block, "--block")
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
     ruleset, _ = policy.check_rules(rules, None)
     session = Session(policy.open_shown(file), device, rules=ruleset, at=at)
     items = session.explain(block=address, family=family, site=site)

@@ -16,6 +16,7 @@ from snapana.commands._options import (
     FilesArg,
     RulesOpt,
     WorkersOpt,
+    integer,
 )
 
 
@@ -30,7 +31,7 @@ def report(
     at: AtOpt = None,
     workers: WorkersOpt = None,
     rank: Annotated[int | None, typer.Option(
-        "--rank", metavar="N",
+        "--rank", metavar="N", parser=integer("--rank", 0, 2**31 - 1),
         help="with several inputs: the rank shown in full (default: first OOM)")
     ] = None,
     trace: Annotated[list[Path] | None, typer.Option(

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from snapana.commands import _policy as policy
-from snapana.commands._options import OutputOpt
+from snapana.commands._options import OutputOpt, integer
 from snapana.errors import InputError
 
 
@@ -18,9 +18,11 @@ def synth(
     output: OutputOpt = None,
     list_: Annotated[bool, typer.Option("--list", help="list the scenarios")] = False,
     entries: Annotated[int | None, typer.Option(
-        "--entries", metavar="N",
+        "--entries", metavar="N", parser=integer("--entries", 1, 10**9),
         help="instead of a scenario: a training run with N trace entries")] = None,
-    seed: Annotated[int, typer.Option("--seed", metavar="N", help="with --entries")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N",
+                                      parser=integer("--seed", 0, 2**63 - 1),
+                                      help="with --entries")] = 0,
 ) -> None:
     """Write a simulated snapshot (and its ground-truth sidecar) for a seed incident, or a
     large one (--entries N) for benchmarks."""

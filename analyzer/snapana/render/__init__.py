@@ -141,9 +141,22 @@ def renderer(view: View | type[View] | str, fmt: str) -> Renderer:
     return entry
 
 
+#: Formats whose text reaches a terminal or a ticket as is: made inert here, once, for every
+#: renderer (JSON escapes every control character itself; HTML escapes through Jinja2).
+_INERT_FORMATS = ("text", "markdown")
+
+
 def render(view: View, fmt: str, options: Options | None = None) -> str:
-    """`view` as `fmt` text (UnknownFormat, a ValueError, when none is registered)."""
-    return renderer(view, fmt)(view, options or Options())
+    """`view` as `fmt` text (UnknownFormat, a ValueError, when none is registered). Text and
+    markdown come back inert: a control character or escape sequence from an input (a
+    frame's file name, an annotation) is shown escaped (`\\x1b`), never sent to a terminal."""
+    from snapana.units import inert, inert_styled
+
+    options = options or Options()
+    text = renderer(view, fmt)(view, options)
+    if fmt not in _INERT_FORMATS:
+        return text
+    return inert_styled(text) if options.color else inert(text)
 
 
 def format_for_path(path: Path, asked: str) -> str:

@@ -175,7 +175,9 @@ def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
     family_keep = _keep(t, family_points)
     if t.families is not None:  # each drawn family's own peak is never smoothed away either
         peaks = [t.families.peak_event(f) for f in t.families.families[:FAMILY_AREAS + 1]]
-        family_keep = np.union1d(family_keep, [i for i in peaks if i >= 0])
+        # integers even when no family peaks inside the trace (an empty list is float64)
+        family_keep = np.union1d(family_keep, np.array([i for i in peaks if i >= 0],
+                                                       dtype=np.int64))
     times = t.times_us
 
     def x_of(i: int) -> int:

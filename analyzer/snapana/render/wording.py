@@ -16,6 +16,8 @@ from snapana.ranks import MultiReport, RankSummary
 from snapana.render.allocation_bands import AllocationsView
 from snapana.units import fmt_bytes, parse_bytes
 
+#: A figure of a state that cannot exist (the report's warnings say why).
+NOT_COMPUTABLE = "not computable"
 HOST_SOURCES = ("memray",)  # sources that measure a process's heap, not a caching allocator
 
 #: The exact calls that make the next capture carry allocation history.
@@ -82,8 +84,9 @@ def headline_rows(r: DeviceReport) -> list[tuple[str, str]]:
         rows.append(("pending free (freed, waiting on a stream)",
                      fmt_bytes(r.pending_free_bytes)))
     if r.has_segments:
-        rows.append(("cached but unallocated", fmt_bytes(r.cached_unallocated_bytes)))
-        rows.append(("largest free cached block", fmt_bytes(r.largest_free_block_bytes)))
+        for what, v in (("cached but unallocated", r.cached_unallocated_bytes),
+                        ("largest free cached block", r.largest_free_block_bytes)):
+            rows.append((what, NOT_COMPUTABLE if v is None else fmt_bytes(v)))
     if d.history:
         rows.append(("peak allocated", fmt_bytes(r.peak_allocated_bytes)))
     if d.capacity_bytes is not None:
@@ -457,6 +460,8 @@ def verdict(r: DeviceReport) -> str:
 def _cache_words(r: DeviceReport) -> str:
     """A large cache, said with what acts on it (the knobs on it the diagnosis offers)."""
     d = r.diagnosis
+    if r.cached_unallocated_bytes is None:  # not computable: the diagnosis never flags it
+        return ""
     share = r.cached_unallocated_bytes / r.reserved_bytes
     text = (f"The cache is large: {fmt_bytes(r.cached_unallocated_bytes)} of the "
             f"{fmt_bytes(r.reserved_bytes)} PyTorch reserved ({_pct(share)}) is cached but "

@@ -30,6 +30,7 @@ from snapana.limits import (
     max_decompressed,
     max_ratio,
 )
+from snapana.units import inert
 
 GZIP_MAGIC = b"\x1f\x8b"
 #: Bytes a decompressing reader asks for at once (a buffer size, not a bound).
@@ -225,7 +226,8 @@ def sanitize(value: Any, where: str, max_depth: int = MAX_META_DEPTH,
         if v is None or isinstance(v, (bool, str)):
             if isinstance(v, str) and len(v) > MAX_STRING:
                 raise MetaError(f"{at}: a string of {len(v):,} characters")
-            return v
+            # controls and unpaired surrogates escaped once, here, for every later stage
+            return inert(v, lines=False) if isinstance(v, str) else v
         if isinstance(v, int):
             if not -MAX_BYTES * 2 <= v < MAX_BYTES * 2:
                 raise MetaError(f"{at}: integer out of range")

@@ -55,6 +55,7 @@ from snapana.limits import (
     decode_memory,
     decode_seconds,
     limit_hint,
+    max_rows,
 )
 from snapana.model import (
     BLOCK_SCHEMA,
@@ -67,7 +68,15 @@ from snapana.model import (
     pool_key,
 )
 from snapana.sources._checks import first_event_outside_segments
-from snapana.sources._io import MetaError, decompressed_limit, first_line, open_input, sanitize
+from snapana.sources._io import (
+    BoundedGzip,
+    MetaError,
+    decompressed_limit,
+    first_line,
+    open_input,
+    sanitize,
+)
+from snapana.units import inert
 
 #: Trace actions PyTorch writes; others are kept but ignored by replay, with a warning.
 KNOWN_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "free",
@@ -356,6 +365,12 @@ def restricted_load(path: Path, progress: ReadProgress | None = None,
                     checked: bool = False) -> Any:
     """Decode a (possibly gzip-compressed) pickle of builtins only; raise InputError otherwise.
     ``checked``: the bounded child has already decoded this file within its limits."""
+    return _restricted_load(path, progress, checked)[0]
+
+
+def _restricted_load(path: Path, progress: ReadProgress | None = None,
+                     checked: bool = False) -> tuple[Any, int]:
+    """The decoded pickle and its decompressed size in bytes."""
     path = Path(path)
     stream, raw, compressed = open_input(path)
     try:
@@ -369,7 +384,9 @@ def restricted_load(path: Path, progress: ReadProgress | None = None,
             data = _RestrictedUnpickler(src).load()
         if progress is not None:
             progress(size, size)
-        return data
+        raw_stream = getattr(stream, "raw", None)
+        decoded = raw_stream.done if isinstance(raw_stream, BoundedGzip) else size
+        return data, decoded
     except UnsafePickleError as exc:
         raise UnsafePickleError(f"{path}: {exc}") from None
     except InputError:
@@ -400,12 +417,13 @@ def load(path: Path, progress: ReadProgress | None = None) -> Capture:
     path = Path(path)
     got = _load_columns(path, progress)
     if got is not None:
+        data, columns, decoded = got
         try:
-            return from_snapshot_dict(got[0], str(path), columns=got[1])
+            return from_snapshot_dict(data, str(path), columns=columns, decoded_bytes=decoded)
         except _NotPlain:
             pass  # decoded again below, where the offending entry is named
-    data = restricted_load(path, progress, checked=True)
-    return from_snapshot_dict(data, str(path), consume=True)
+    data, decoded = _restricted_load(path, progress, checked=True)
+    return from_snapshot_dict(data, str(path), consume=True, decoded_bytes=decoded)
 
 
 class _NotPlain(Exception):
@@ -424,9 +442,10 @@ class _TraceColumns:
 
 
 def _load_columns(path: Path, progress: ReadProgress | None
-                  ) -> tuple[dict[str, Any], dict[int, _TraceColumns]] | None:
+                  ) -> tuple[dict[str, Any], dict[int, _TraceColumns], int] | None:
     """The snapshot decoded once by the bounded child: everything but the traces as builtins,
-    the traces as columns; None when the child could not make columns (decode in-process)."""
+    the traces as columns, and the pickle's decompressed size; None when the child could not
+    make columns (decode in-process)."""
     import numpy as np
 
     stream, raw, compressed = open_input(path)
@@ -470,7 +489,7 @@ def _load_columns(path: Path, progress: ReadProgress | None
         return None  # not what the child writes: decode in-process
     if progress is not None:
         progress(size, size)
-    return data, traces
+    return data, traces, int(reply.get("size") or size)
 
 
 # ----- validation --------------------------------------------------------------------------------
@@ -516,7 +535,7 @@ def _str(v: Any, where: str, default: str = "", limit: int = MAX_STRING) -> str:
         raise _Bad(where, f"expected a string, got {_describe(v)}")
     if len(v) > limit:
         raise _Bad(where, f"a string of {len(v):,} characters (limit {limit:,})")
-    return v
+    return inert(v, lines=False)  # controls and unpaired surrogates escaped, once
 
 
 def _bytes(v: Any, where: str, default: int | None = 0) -> int | None:
@@ -576,6 +595,10 @@ class _Interner:
             fid = self.table.frame_id
             for k, f in enumerate(frames):
                 if ids[k] is not None:
+                    continue
+                known = by_dict.get(id(f))  # the same dict earlier in this very list
+                if known is not None:
+                    ids[k] = known
                     continue
                 f = _dict(f, f"{at}[{k}]")
                 ids[k] = by_dict[id(f)] = fid((
@@ -639,7 +662,9 @@ def _events_fast(chunk: list[Any], dev: int, start: int, intern: _Interner
         return None
     bad = ((cols["addr"] < 0) | (cols["addr"] >= MAX_BYTES) | (cols["size"] < 0)
            | (cols["size"] >= MAX_BYTES) | (cols["device_free"] < 0)
-           | (cols["device_free"] >= MAX_BYTES) | (cols["time_us"].abs() >= MAX_TIME)
+           | (cols["device_free"] >= MAX_BYTES)
+           # not abs(): polars' abs() wraps at the int64 minimum (-2**63 stays negative)
+           | (cols["time_us"] <= -MAX_TIME) | (cols["time_us"] >= MAX_TIME)
            | (action.str.len_chars() > _MAX_NAME))
     if bad.any():
         return None
@@ -742,12 +767,15 @@ def _block_frames(block: dict[str, Any]) -> Any:
 
 
 def from_snapshot_dict(data: Any, path: str, consume: bool = False,
-                       columns: dict[int, _TraceColumns] | None = None) -> Capture:
+                       columns: dict[int, _TraceColumns] | None = None,
+                       decoded_bytes: int | None = None) -> Capture:
     """Normalize the decoded snapshot (already known to be builtins only), validating it.
 
     With ``consume`` the trace lists inside ``data`` are emptied while they are converted,
     so the decoded entries can be freed early; the caller must not use ``data`` afterwards.
     ``columns``: device traces the bounded child already turned into columns (`load`).
+    With ``decoded_bytes`` (the pickle's decompressed size) the rows it decoded to are
+    bounded by that size (`limits.max_rows`), before any per-row work here.
     """
     if not _is_snapshot(data):
         kind = type(data).__name__
@@ -761,6 +789,9 @@ def from_snapshot_dict(data: Any, path: str, consume: bool = False,
         )
     if isinstance(data, list):
         data = {"segments": data}
+    if decoded_bytes is not None:
+        _check_rows(data, path, decoded_bytes,
+                    sum(tc.n for tc in columns.values()) if columns else 0)
     try:
         with _gc_paused():
             return _normalize(data, path, consume, columns or {})
@@ -774,6 +805,29 @@ def from_snapshot_dict(data: Any, path: str, consume: bool = False,
                          f"{first_line(exc)}") from None
     except RecursionError:
         raise InputError(f"{path}: malformed snapshot: nested too deep") from None
+
+
+def _check_rows(data: dict[str, Any], path: str, decoded_bytes: int,
+                column_rows: int = 0) -> None:
+    """Refuse a pickle that decodes to more rows than its size can hold as distinct dicts:
+    one dict referenced through the memo again and again (5,000 blocks in 10 KB, millions of
+    trace entries in a few MB) would cost every later stage per reference. `column_rows`:
+    trace entries the bounded child already turned into columns."""
+    def length(v: Any) -> int:
+        return len(v) if isinstance(v, (list, tuple)) else 0
+
+    segs = data.get("segments")
+    rows = length(segs) + sum(length(s.get("blocks")) for s in (segs or ())
+                              if isinstance(s, dict))
+    traces = data.get("device_traces")
+    rows += sum(map(length, traces)) if isinstance(traces, (list, tuple)) else 0
+    rows += length(data.get("external_annotations")) + column_rows
+    most = max_rows(decoded_bytes)
+    if rows > most:
+        raise InputError(
+            f"{path}: {decoded_bytes:,} bytes of pickle decode to {rows:,} segments, blocks "
+            f"and trace entries (at most {most:,} for its size): the same entry referenced "
+            f"over and over, not a snapshot PyTorch wrote; {limit_hint('SNAPANA_MAX_ROWS')}")
 
 
 def _segments(data: dict[str, Any], intern: _Interner
@@ -830,6 +884,15 @@ def _segments(data: dict[str, Any], intern: _Interner
             if b_addr < seg_addr or b_addr + size > end:
                 raise _Bad(bat, f"block [0x{b_addr:x}, +{size}) lies outside its segment "
                            f"[0x{seg_addr:x}, +{total})")
+            # PyTorch lists a segment's blocks in address order, each starting where the
+            # previous one ends; blocks that overlap (or share an address) cannot exist
+            if b_addr < addr:
+                raise _Bad(bat, f"block [0x{b_addr:x}, +{size}) overlaps the block before it "
+                           f"in its segment (which ends at 0x{addr:x}); no allocator state "
+                           "has this")
+            if size == 0 and state.startswith("active"):
+                raise _Bad(bat, f"an {state} block of 0 bytes; the allocator never hands "
+                           "out an empty block")
             used += size
             if used > total:
                 raise _Bad(bat, f"the blocks of the segment add up to more than its "
@@ -843,7 +906,23 @@ def _segments(data: dict[str, Any], intern: _Interner
             blk_cols["stack_id"].append(intern(_block_frames(blk), lambda bat=bat: f"{bat}.frames"))
             blk_cols["segment_address"].append(seg_addr)
             addr = b_addr + size
+    _check_segments_apart(seg_cols)
     return seg_cols, blk_cols, devices
+
+
+def _check_segments_apart(seg_cols: dict[str, list[Any]]) -> None:
+    """Segments of one device are disjoint ranges of its address space (cudaMalloc never
+    returns memory twice); two that overlap would count the same bytes twice."""
+    order = sorted(range(len(seg_cols["address"])),
+                   key=lambda i: (seg_cols["device"][i], seg_cols["address"][i]))
+    for a, b in zip(order, order[1:], strict=False):
+        if seg_cols["device"][a] != seg_cols["device"][b]:
+            continue
+        end = seg_cols["address"][a] + seg_cols["total_size"][a]
+        if seg_cols["address"][b] < end:
+            raise _Bad(f"segments[{b}]", f"segment at 0x{seg_cols['address'][b]:x} overlaps "
+                       f"segments[{a}] [0x{seg_cols['address'][a]:x}, 0x{end:x}) on device "
+                       f"{seg_cols['device'][a]}; no allocator state has this")
 
 
 def _annotations(raw: Any, warnings: list[str]) -> list[dict[str, Any]]:
@@ -873,6 +952,8 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False,
     warnings: list[str] = []
 
     seg_cols, blk_cols, devices = _segments(data, intern)
+    if len(devices) > MAX_DEVICES:
+        raise _Bad("segments", f"more than {MAX_DEVICES} devices hold data")
 
     parts: list[pl.DataFrame] = []
     traces = _list(data.get("device_traces") or [], "device_traces")
