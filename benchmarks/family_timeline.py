@@ -35,7 +35,8 @@ cli.main()
 
 _WITHOUT = r"""
 import sys
-from snapana import cli, diagnosis
+from snapana import cli
+from snapana.analysis.diagnosis import diagnose as diagnosis
 diagnosis._families = lambda *args: (None, (), {})
 sys.argv = ["snapana", "report", sys.argv[1], "-o", sys.argv[2]]
 cli.main()

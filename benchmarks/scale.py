@@ -33,11 +33,11 @@ CORPUS_FILE = (Path(__file__).resolve().parent.parent.parent
 _ATTRIBUTION_COST = r"""
 import json, sys, time
 from pathlib import Path
-from snapana.attribution import load_rules
-from snapana.attribution.assign import Attributor
-from snapana.attribution.engine import RuleSet
-from snapana.diagnosis import device_report
-from snapana.replay import replay
+from snapana.analysis.attribution import load_rules
+from snapana.analysis.attribution.assign import Attributor
+from snapana.analysis.attribution.engine import RuleSet
+from snapana.analysis.diagnosis.diagnose import device_report
+from snapana.analysis.replay import replay
 from snapana.sources import load
 import polars as pl
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from snapana.session import analyse
-from snapana.output import write_atomic
+from snapana.io.output import write_atomic
 from snapana.render import render
 from snapana.render.views import capture_view
+from snapana.session import analyse
 from snapana.sources import load
 
 ROOT = Path(__file__).resolve().parent.parent

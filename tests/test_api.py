@@ -15,10 +15,10 @@ import snapana
 from snapana import sources
 from snapana.api import Analysis
 from snapana.errors import InputError
+from snapana.io.tables import families_of_blocks
 from snapana.render import render
 from snapana.render.views import capture_view
 from snapana.session import analyse
-from snapana.tables import families_of_blocks
 
 from .conftest import SAMPLES, corpus_params, raw_load
 

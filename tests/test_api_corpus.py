@@ -20,10 +20,10 @@ import plotly.graph_objects as go
 import polars as pl
 import pytest
 import snapana
+from snapana.analysis.replay import MomentError
 from snapana.api import Analysis, Comparison, State
 from snapana.render import FORMATS
 from snapana.render.figures import FIGURE_NAMES, DiffFigureName
-from snapana.replay import MomentError
 
 from .conftest import corpus_params
 

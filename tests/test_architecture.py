@@ -82,7 +82,7 @@ def test_no_import_cycle() -> None:
 
 FACES = {"snapana.cli", "snapana.api", "snapana.__main__"} | {
     m for m in MODULES if m.startswith("snapana.commands")}
-DRIVERS = {"snapana.session", "snapana.rank_runner", "snapana.export_tables"}
+DRIVERS = {"snapana.session", "snapana.analysis.ranks.runner", "snapana.io.export"}
 #: The command line: the typer app and the commands it registers.
 CLI = {"snapana.cli"} | {m for m in MODULES if m.startswith("snapana.commands")}
 
@@ -95,13 +95,13 @@ def test_stages_import_only_earlier_stages(name: str) -> None:
     if name.startswith("snapana.sources"):
         later = {d for d in deps if d.startswith((
             "snapana.render",
-            "snapana.attribution",
-            "snapana.diagnosis",
-            "snapana.findings",
-            "snapana.replay",
+            "snapana.analysis.attribution",
+            "snapana.analysis.diagnosis.diagnose",
+            "snapana.analysis.diagnosis.findings",
+            "snapana.analysis.replay",
             "snapana.session",
-            "snapana.knobs",
-            "snapana.compare",
+            "snapana.analysis.knobs",
+            "snapana.analysis.compare",
         ))}
         assert not later, f"a source imports a later stage: {later}"
     if not name.startswith("snapana.synth") and name not in CLI:
@@ -121,26 +121,27 @@ def test_stages_import_only_earlier_stages(name: str) -> None:
 
 # ----- one home per idea: findings apart from the algorithm, one wiring ---------------------------
 #: The algorithm of the diagnosis and the stage entry points only the session may call.
-DIAGNOSIS_ALGORITHM = "snapana.diagnosis"
+DIAGNOSIS_ALGORITHM = "snapana.analysis.diagnosis.diagnose"
 #: Modules whose code runs an analysis stage; a renderer imports none of them.
 ALGORITHMS = {
     DIAGNOSIS_ALGORITHM,
-    "snapana.replay",
-    "snapana.placement",
+    "snapana.analysis.replay",
+    "snapana.analysis.placement",
     "snapana.session",
-    "snapana.rank_runner",
-} | {m for m in MODULES if m.startswith("snapana.attribution")} - {
-    "snapana.attribution.sites",  # how a stack is named: the renderers' vocabulary too
-    "snapana.attribution.families",  # the family vocabulary (ids, labels): data, not a stage
+    "snapana.analysis.ranks.runner",
+} | {m for m in MODULES if m.startswith("snapana.analysis.attribution")} - {
+    "snapana.analysis.attribution.sites",  # how a stack is named: the renderers' vocabulary too
+    # the family vocabulary (ids, labels): data, not a stage
+    "snapana.analysis.attribution.families",
 }
 #: Modules that hold types beside the code that makes them: a renderer imports their types and
 #: constants (capitalised names) only, never a function.
 TYPES_BESIDE_CODE = {
-    "snapana.compare",
-    "snapana.explain",
-    "snapana.family_timeline",
-    "snapana.knobs",
-    "snapana.ranks",
+    "snapana.analysis.compare",
+    "snapana.analysis.explain",
+    "snapana.analysis.family_timeline",
+    "snapana.analysis.knobs",
+    "snapana.analysis.ranks.aggregate",
 }
 #: The calls that run a stage: replay, attribution, diagnosis.
 STAGE_CALLS = {"replay", "Attributor", "device_report", "diagnose"}
@@ -148,8 +149,8 @@ STAGE_CALLS = {"replay", "Attributor", "device_report", "diagnose"}
 STAGE_CALLERS = {
     "snapana.session",
     DIAGNOSIS_ALGORITHM,
-    "snapana.replay",
-} | {m for m in MODULES if m.startswith("snapana.attribution")}
+    "snapana.analysis.replay",
+} | {m for m in MODULES if m.startswith("snapana.analysis.attribution")}
 
 
 def _imported_names(name: str) -> list[tuple[str, str]]:

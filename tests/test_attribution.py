@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from snapana.attribution import (
+from snapana.analysis.attribution import (
     PHASES,
     BlockContext,
     Decision,
@@ -142,8 +142,13 @@ def test_family_table_has_the_stable_ids():
 
 
 def test_vocabulary_holds_families_phases_and_causes():
-    from snapana.attribution import cause_ids, families_with_lifetime, phase_ids, phase_label
-    from snapana.attribution.families import parse_vocabulary
+    from snapana.analysis.attribution import (
+        cause_ids,
+        families_with_lifetime,
+        phase_ids,
+        phase_label,
+    )
+    from snapana.analysis.attribution.families import parse_vocabulary
 
     assert PHASES == phase_ids() == (
         "init", "forward", "backward", "optimizer", "rollout", "logprobs", "weight_update",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from snapana.attribution import BlockContext, load_rules
+from snapana.analysis.attribution import BlockContext, load_rules
 
 CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "corpus" / "torch_snapshots"
 GiB = 1 << 30

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from snapana.attribution import BlockContext, RuleError, load_rules
-from snapana.attribution.assign import Attributor
-from snapana.attribution.rules import parse_pack
-from snapana.replay import replay
+from snapana.analysis.attribution import BlockContext, RuleError, load_rules
+from snapana.analysis.attribution.assign import Attributor
+from snapana.analysis.attribution.pack_parser import parse_pack
+from snapana.analysis.replay import replay
 from snapana.session import analyse
 from snapana.sources import load
 from snapana.synth import CachingAllocatorSim

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from snapana.findings import Band
+from snapana.analysis.diagnosis.findings import Band
 from snapana.render import figures
 from snapana.render.views import BAND_LIMIT, TimelineView, cap_bands, capture_view
 from snapana.session import Session

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from snapana.analysis.replay import replay
 from snapana.cli import app
-from snapana.replay import replay
 from snapana.sources import load
 
 from .conftest import SAMPLES, invoke, raw_load, run_cli

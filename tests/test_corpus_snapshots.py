@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from snapana.analysis.replay import replay
 from snapana.limits import MAX_LINE
-from snapana.replay import replay
 from snapana.session import analyse
 from snapana.sources import load
 

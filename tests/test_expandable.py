@@ -17,9 +17,9 @@ from typing import Any
 
 import polars as pl
 import pytest
-from snapana.findings import DeviceReport
-from snapana.placement import MAP_PAGES, would_fit
-from snapana.replay import replay
+from snapana.analysis.diagnosis.findings import DeviceReport
+from snapana.analysis.placement import MAP_PAGES, would_fit
+from snapana.analysis.replay import replay
 from snapana.session import Session, analyse, device_order, sessions
 from snapana.sources import load
 from snapana.synth import CachingAllocatorSim, SimulatedOOM

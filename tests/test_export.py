@@ -12,9 +12,9 @@ import pytest
 import snapana
 from snapana import sources
 from snapana.errors import InputError
-from snapana.export_tables import export, export_capture
+from snapana.io.export import export, export_capture
+from snapana.io.output import OutputError
 from snapana.model import Capture
-from snapana.output import OutputError
 from snapana.render import render
 from snapana.render.views import capture_view
 from snapana.session import analyse, sessions

@@ -169,7 +169,7 @@ def test_every_lifetime_gets_the_family_a_block_would(path: Path) -> None:
     """The timeline decides all lifetimes at once; each must get the family the per-block
     attribution gives the same block (its stack, pool, stream, size and allocation event),
     for every lifetime of the trace, not only those live at the report's moment."""
-    from snapana.attribution.lifetimes import attribute_lifetimes
+    from snapana.analysis.attribution.lifetimes import attribute_lifetimes
 
     a = snapana.load(path)
     dr, attributor = a.replay, a.attributor
@@ -230,7 +230,7 @@ def test_open_annotation_windows_match_a_brute_force_reading() -> None:
     import random
     from types import SimpleNamespace
 
-    from snapana.attribution.assign import AnnotationWindows
+    from snapana.analysis.attribution.assign import AnnotationWindows
 
     rng = random.Random(7)
     events = []

@@ -339,7 +339,7 @@ def test_files_written_from_hostile_strings(hostile_snapshot, tmp_path):
 
 
 def test_the_atomic_writer_escapes_unpaired_surrogates(tmp_path):
-    from snapana.output import write_atomic
+    from snapana.io.output import write_atomic
 
     write_atomic(tmp_path / "x.txt", "a\ud800b")
     assert (tmp_path / "x.txt").read_bytes() == b"a\\ud800b"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from snapana.attribution import RuleError, builtin_packs, load_rules
-from snapana.knobs import (
+from snapana.analysis.attribution import RuleError, builtin_packs, load_rules
+from snapana.analysis.knobs import (
     KNOB_COSTS,
     can_release,
     framework_markers,
@@ -163,7 +163,7 @@ def test_duplicate_knob_id_is_an_error(tmp_path) -> None:
 
 
 def test_stop_and_best_knobs_follow_direction_then_cost() -> None:
-    from snapana.knobs import best_knob, stop_knob
+    from snapana.analysis.knobs import best_knob, stop_knob
 
     fw = {"slime", "megatron"}
     assert stop_knob("saved_logprob_softmax", fw, "forward").id == \

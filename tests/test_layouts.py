@@ -7,7 +7,7 @@ import gzip
 import pickle
 
 import pytest
-from snapana.replay import replay
+from snapana.analysis.replay import replay
 from snapana.session import analyse
 from snapana.sources import load
 

@@ -125,7 +125,7 @@ def test_capture_of_each_release_is_read_or_names_its_release(release_venv, tmp_
         assert f"'{out}'" in result.stderr, result.stderr
 
     # the release that wrote it reads it: convert under it, then load anywhere
-    from snapana.convert import convert_memray
+    from snapana.io.convert import convert_memray
 
     capture = memray_capture.load(convert_memray(cap, tmp_path / "converted.parquet",
                                                  python=str(py)))
@@ -207,7 +207,7 @@ def reader_119():
 @pytest.mark.parametrize("path", corpus_params("memray", "*.bin"))
 def test_corpus_capture_is_read_and_its_sites_named(path, reader_119, tmp_path):
     from snapana import render as renderers
-    from snapana.convert import convert_memray
+    from snapana.io.convert import convert_memray
 
     out = convert_memray(path, tmp_path / "c.parquet", python=str(reader_119))
     capture = memray_capture.load(out)
@@ -329,8 +329,8 @@ def test_training_capture_names_host_families_with_relax_knobs(tmp_path):
 def test_a_gpu_capture_never_gets_host_families():
     """The host pack decides heap allocations only: the same AdamW stack on a GPU block is
     still the GPU pack's optimizer state."""
-    from snapana.attribution import load_rules
-    from snapana.attribution.stack import BlockContext
+    from snapana.analysis.attribution import load_rules
+    from snapana.analysis.attribution.stack import BlockContext
 
     stack = (("/v/site-packages/torch/optim/adam.py", "_init_group", 178),
              ("/v/site-packages/torch/optim/adam.py", "step", 238),

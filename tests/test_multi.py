@@ -7,8 +7,8 @@ import pickle
 
 import polars as pl
 import pytest
-from snapana.rank_runner import summarize_many
-from snapana.ranks import aggregate
+from snapana.analysis.ranks.aggregate import aggregate
+from snapana.analysis.ranks.runner import summarize_many
 from snapana.synth import CachingAllocatorSim, SimulatedOOM
 
 from .browser import open_report

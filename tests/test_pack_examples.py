@@ -8,7 +8,7 @@ Adding a framework is a new pack with its examples; this test picks them up by i
 from __future__ import annotations
 
 import pytest
-from snapana.attribution import Example, builtin_pack_names, builtin_packs, load_rules
+from snapana.analysis.attribution import Example, builtin_pack_names, builtin_packs, load_rules
 
 RULES = load_rules()
 EXAMPLES = RULES.examples

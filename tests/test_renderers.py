@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import snapana
 from snapana import render as registry
-from snapana.compare import diff_reports
-from snapana.rank_runner import summarize_many
-from snapana.ranks import aggregate
+from snapana.analysis.compare import diff_reports
+from snapana.analysis.ranks.aggregate import aggregate
+from snapana.analysis.ranks.runner import summarize_many
 from snapana.render import FORMATS, Options, formats, registered, render
 from snapana.render.views import (
     CaptureView,
@@ -141,8 +141,8 @@ def test_the_registry_is_the_only_place_formats_are_listed() -> None:
 
 
 def test_render_imports_no_face_or_driver() -> None:
-    banned = {"snapana.cli", "snapana.api", "snapana.session", "snapana.rank_runner",
-              "snapana.export_tables", "snapana.__main__"}
+    banned = {"snapana.cli", "snapana.api", "snapana.session", "snapana.analysis.ranks.runner",
+              "snapana.io.export", "snapana.__main__"}
     for path in sorted((PACKAGE / "render").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:

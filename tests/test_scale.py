@@ -12,11 +12,11 @@ import re
 import numpy as np
 import polars as pl
 import pytest
+from snapana.analysis.replay import NEVER, OVER_RESERVED, replay
 from snapana.caching_allocator import round_size
 from snapana.model import EMPTY_STACK
 from snapana.render import render
 from snapana.render.views import capture_view
-from snapana.replay import NEVER, OVER_RESERVED, replay
 from snapana.session import analyse
 from snapana.sources import load
 from snapana.sources.torch_snapshot import from_snapshot_dict

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from snapana.analysis.replay import replay
 from snapana.errors import InputError
-from snapana.replay import replay
 from snapana.session import analyse
 from snapana.sources import kineto_trace
 

@@ -71,7 +71,7 @@ def test_header_of_real_capture(capture_file):
 
 @pytest.mark.memray
 def test_convert_round_trip(capture_file, tmp_path):
-    from snapana.convert import convert_memray
+    from snapana.io.convert import convert_memray
 
     out = convert_memray(capture_file, tmp_path / "run.parquet")
     assert out.read_bytes()[:4] == b"PAR1"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from snapana.attribution import parse_size
+from snapana.analysis.attribution import parse_size
 from snapana.units import MAX_DEVICE_BYTES, parse_bytes, parse_capacity
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from snapana.analysis.compare import CaptureDiff
     from snapana.api import Analysis, Comparison, State
-    from snapana.compare import CaptureDiff
 
 __all__ = ["Analysis", "CaptureDiff", "Comparison", "State", "__version__", "diff", "export",
            "load"]
@@ -20,7 +20,7 @@ __all__ = ["Analysis", "CaptureDiff", "Comparison", "State", "__version__", "dif
 __version__ = "0.1.0"
 
 _LAZY = {"Analysis": "snapana.api", "Comparison": "snapana.api", "State": "snapana.api",
-         "CaptureDiff": "snapana.compare"}
+         "CaptureDiff": "snapana.analysis.compare"}
 
 
 def load(path: str | Path, **options: Any) -> Analysis:
@@ -49,7 +49,7 @@ def export(source: str | Path | Analysis, out_dir: str | Path, **options: Any) -
 
     if isinstance(source, _Analysis):
         return source.export(out_dir)
-    from snapana.export_tables import export_capture
+    from snapana.io.export import export_capture
 
     return export_capture(Path(source), Path(out_dir), **options)
 

@@ -18,21 +18,21 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
 
-from snapana import tables
-from snapana.attribution.assign import Attributor
-from snapana.attribution.engine import RuleSet
+from snapana.analysis.attribution.assign import Attributor
+from snapana.analysis.attribution.engine import RuleSet
+from snapana.analysis.diagnosis.findings import DeviceReport, Diagnosis
+from snapana.analysis.replay import DeviceReplay, Moment
 from snapana.caching_allocator import ACTIVE_PENDING_FREE
-from snapana.findings import DeviceReport, Diagnosis
+from snapana.io import tables
 from snapana.model import Capture, ReadProgress
-from snapana.replay import DeviceReplay, Moment
 from snapana.session import RulesLike, Session, open_capture
 from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from snapana.compare import CaptureDiff
-    from snapana.explain import ExplainedSite
+    from snapana.analysis.compare import CaptureDiff
+    from snapana.analysis.explain import ExplainedSite
     from snapana.render import Format
     from snapana.render.figures import DiffFigureName, FigureName
     from snapana.render.views import CaptureView, DeviceView, DiffView
@@ -245,7 +245,7 @@ class Analysis:
 
     def report(self, path: str | Path, title: str | None = None) -> Path:
         """Write the self-contained HTML report (the same file `snapana report` writes)."""
-        from snapana.output import write_atomic
+        from snapana.io.output import write_atomic
         from snapana.render import REPORT_FORMAT
         from snapana.render.views import capture_view
 
@@ -255,15 +255,15 @@ class Analysis:
         return out
 
     def export(self, out_dir: str | Path) -> Path:
-        """Write the capture as a Parquet folder (see `snapana.export_tables`)."""
-        from snapana.export_tables import export
+        """Write the capture as a Parquet folder (see `snapana.io.export`)."""
+        from snapana.io.export import export
 
         return export(self.session.devices(), Path(out_dir))
 
     def diff(self, other: Analysis) -> Comparison:
         """What changed from this analysis (before) to `other` (after), family by family and
         site by site, at each one's moment of interest."""
-        from snapana.compare import diff_reports
+        from snapana.analysis.compare import diff_reports
 
         return Comparison(diff_reports(self.device_report, other.device_report))
 
@@ -333,7 +333,7 @@ class Comparison:
 
     def report(self, path: str | Path) -> Path:
         """Write the self-contained HTML diff report."""
-        from snapana.output import write_atomic
+        from snapana.io.output import write_atomic
         from snapana.render import REPORT_FORMAT
 
         out = Path(path)

@@ -14,16 +14,16 @@ from typing import Literal, TypeAlias
 
 import polars as pl
 
-from snapana.attribution import RuleError, load_rules
-from snapana.attribution.assign import Attributor
-from snapana.attribution.engine import RuleSet
-from snapana.diagnosis import device_report
+from snapana.analysis.attribution import RuleError, load_rules
+from snapana.analysis.attribution.assign import Attributor
+from snapana.analysis.attribution.engine import RuleSet
+from snapana.analysis.diagnosis.diagnose import device_report
+from snapana.analysis.diagnosis.findings import DeviceReport
+from snapana.analysis.explain import ExplainedSite, explain
+from snapana.analysis.replay import DeviceReplay, Moment, replay
 from snapana.errors import InputError
-from snapana.explain import ExplainedSite, explain
-from snapana.findings import DeviceReport
 from snapana.limits import MAX_DEVICES
 from snapana.model import Capture, ReadProgress
-from snapana.replay import DeviceReplay, Moment, replay
 from snapana.units import parse_capacity
 
 #: Rules as a caller may give them: a loaded RuleSet, extra pack files, or None (built-ins).
@@ -52,7 +52,7 @@ def resolve_capacity(capacity: int | str | None) -> int | None:
 
 def find_sidecar(path: str | Path) -> Path | None:
     """The sidecar `snapana record` wrote beside a capture file, if there is one."""
-    from snapana import sidecar
+    from snapana.io import sidecar_reader as sidecar
 
     return sidecar.find(Path(path)) if Path(path).is_file() else None
 
@@ -62,7 +62,8 @@ def open_capture(path: str | Path, progress: ReadProgress | None = None, *,
     """Read any supported artefact into the common model (format detected by content),
     with the sidecar `snapana record` wrote beside it (`sidecar_path`: the one a caller
     already found, None for none; by default looked up here)."""
-    from snapana import sidecar, sources
+    from snapana import sources
+    from snapana.io import sidecar_reader as sidecar
 
     capture = sources.load(Path(path), progress)
     found = find_sidecar(path) if sidecar_path == "find" else sidecar_path

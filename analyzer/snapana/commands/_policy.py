@@ -16,11 +16,11 @@ from snapana import render as renderers
 from snapana.errors import InputError
 
 if TYPE_CHECKING:  # the pipeline is imported when a command runs: -h and -V stay fast
-    from snapana.attribution.engine import RuleSet
-    from snapana.findings import DeviceReport
+    from snapana.analysis.attribution.engine import RuleSet
+    from snapana.analysis.diagnosis.findings import DeviceReport
+    from snapana.analysis.ranks.aggregate import MultiReport
+    from snapana.analysis.ranks.runner import RankRun
     from snapana.model import Capture
-    from snapana.rank_runner import RankRun
-    from snapana.ranks import MultiReport
     from snapana.session import Session
 
 err = Console(stderr=True)
@@ -49,7 +49,7 @@ class Inputs:
 def inputs(files: list[str], at: str | None = None) -> Inputs:
     """The inputs named: one capture (a file, or an export folder) or many; `--at` applies
     to one capture only."""
-    from snapana.rank_runner import expand_inputs
+    from snapana.analysis.ranks.runner import expand_inputs
     from snapana.sources.parquet_dir import MARKER
 
     only = Path(files[0]) if len(files) == 1 else None
@@ -110,7 +110,7 @@ def output_file(output: Path | None, default: Path, read: list[Path]) -> Path:
     """Where a single-file output goes: `-o FILE`, or `default`'s name inside `-o DIR`.
     An output that is an input (`read`: inputs and sidecars) or inside an input folder is
     refused before any work: inputs are never modified."""
-    from snapana.output import check_file_target, refuse_inputs
+    from snapana.io.output import check_file_target, refuse_inputs
 
     out = output if output is not None else default
     if out.is_dir():
@@ -124,7 +124,7 @@ def output_file(output: Path | None, default: Path, read: list[Path]) -> Path:
 def output_folder(output: Path, read: list[Path]) -> None:
     """A folder output replaces what is there: refused, before any work, when it is an
     input, lies inside an input folder, or holds an input."""
-    from snapana.output import refuse_inputs
+    from snapana.io.output import refuse_inputs
 
     refuse_inputs(output, read, folder=True)
 
@@ -143,7 +143,7 @@ def render_view(view: Any, fmt: str, to_terminal: bool = True) -> str:
 
 def write(out: Path, text: str) -> None:
     """Write atomically and say where."""
-    from snapana.output import write_atomic
+    from snapana.io.output import write_atomic
 
     write_atomic(out, text)
     err.print(f"wrote {out}")
@@ -156,8 +156,8 @@ def analyse_many(paths: list[Path], workers: int | None, rules: list[Path] | Non
     terminal, and their aggregate."""
     from rich.progress import BarColumn, Progress
 
-    from snapana.rank_runner import run_many
-    from snapana.ranks import aggregate
+    from snapana.analysis.ranks.aggregate import aggregate
+    from snapana.analysis.ranks.runner import run_many
 
     rule_files = [str(r) for r in rules or ()]
     if not err.is_terminal or engine != "local":
@@ -186,7 +186,7 @@ def shown(ins: Inputs, device: int | None, rules: list[Path] | None, capacity: s
     """One capture (every device, or the one asked for, at `at`; plus any `extras` of the
     same job), or many inputs: the rank table and the rank `ranks.shown_in_full` chooses,
     its report kept from the run when it was made in this process, else analysed once."""
-    from snapana.ranks import shown_in_full
+    from snapana.analysis.ranks.aggregate import shown_in_full
 
     ruleset, cap = check_rules(rules, capacity)
     if ins.single is not None:

@@ -24,8 +24,8 @@ def batch(
 ) -> None:
     """Summarise a whole incident directory into a partitioned Parquet dataset
     (ranks/ and families/, one partition per job and rank); --engine dask|ray for clusters."""
-    from snapana import rank_dataset
-    from snapana.rank_runner import expand_inputs
+    from snapana.analysis.ranks.runner import expand_inputs
+    from snapana.io import rank_dataset
 
     ins = policy.with_sidecars(expand_inputs(files))
     policy.output_folder(output, ins.files)

@@ -24,7 +24,7 @@ def convert(
     Run it where the memray release that wrote the capture is installed (snapana's error
     message names it), or point --memray-python at such an environment's python.
     """
-    from snapana.convert import convert_memray
+    from snapana.io.convert import convert_memray
 
     target = policy.output_file(
         output, Path(file.with_suffix(".parquet").name) if output is not None

@@ -22,8 +22,8 @@ def export(
 ) -> None:
     """Write the capture as Parquet tables (blocks with families, events, segments, stacks)
     for DuckDB, polars or pandas; `snapana report DIR` reads the folder back."""
-    from snapana.export_tables import export as export_tables
-    from snapana.output import check_dir_target
+    from snapana.io.export import export as export_tables
+    from snapana.io.output import check_dir_target
     from snapana.sources.parquet_dir import MARKER
 
     out = output or Path(file.name.split(".")[0] + "-export")

@@ -34,8 +34,8 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from snapana.attribution.sites import format_frame, site_of
-from snapana.findings import DeviceReport
+from snapana.analysis.attribution.sites import format_frame, site_of
+from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.model import Frame, StackTable, is_python_frame
 from snapana.units import fmt_bytes
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from snapana.errors import SnapanaError
-from snapana.output import write_atomic
+from snapana.io.output import write_atomic
 
 
 def cache_file() -> Path:

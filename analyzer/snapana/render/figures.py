@@ -18,8 +18,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from snapana.analysis.diagnosis.findings import Band
 from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
-from snapana.findings import Band
 from snapana.render.views import (
     UNKNOWN_COLOUR,
     DeviceView,

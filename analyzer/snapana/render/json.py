@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from snapana.compare import FamilyChange, SiteChange
-from snapana.family_timeline import FamilyGrowth
-from snapana.findings import Diagnosis, OomFinding
+from snapana.analysis.compare import FamilyChange, SiteChange
+from snapana.analysis.diagnosis.findings import Diagnosis, OomFinding
+from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.model import Frame
 from snapana.render import Options
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView

@@ -24,11 +24,11 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
-from snapana.attribution.families import family_ids
-from snapana.compare import CaptureDiff
-from snapana.explain import ExplainedSite
-from snapana.findings import Band, DeviceReport, Timeline
-from snapana.ranks import MultiReport
+from snapana.analysis.attribution.families import family_ids
+from snapana.analysis.compare import CaptureDiff
+from snapana.analysis.diagnosis.findings import Band, DeviceReport, Timeline
+from snapana.analysis.explain import ExplainedSite
+from snapana.analysis.ranks.aggregate import MultiReport
 from snapana.render import ViewKind
 from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view

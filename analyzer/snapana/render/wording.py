@@ -8,11 +8,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from snapana.compare import CaptureDiff, GrowthChange, Side, SiteChange
-from snapana.family_timeline import FamilyGrowth
-from snapana.findings import Cause, ChunkLoop, DeviceReport, Diagnosis, Group, WhatIf
-from snapana.knobs import COST_WORDS, Knob
-from snapana.ranks import MultiReport, RankSummary
+from snapana.analysis.compare import CaptureDiff, GrowthChange, Side, SiteChange
+from snapana.analysis.diagnosis.findings import (
+    Cause,
+    ChunkLoop,
+    DeviceReport,
+    Diagnosis,
+    Group,
+    WhatIf,
+)
+from snapana.analysis.family_timeline import FamilyGrowth
+from snapana.analysis.knobs import COST_WORDS, Knob
+from snapana.analysis.ranks.aggregate import MultiReport, RankSummary
 from snapana.render.allocation_bands import AllocationsView
 from snapana.units import fmt_bytes, parse_bytes
 

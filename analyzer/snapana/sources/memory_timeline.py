@@ -32,7 +32,7 @@ from snapana.model import (
     StackTable,
     unsegmented_blocks,
 )
-from snapana.sources.kineto_trace import stream_json
+from snapana.sources.json_stream import stream_json
 
 FRAME_FILE = "<memory_timeline>"
 #: torch/profiler/_memory_profiler.py `_CATEGORY_TO_INDEX` (the key order of

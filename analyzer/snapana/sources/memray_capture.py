@@ -5,7 +5,7 @@ refuses any other header version. So the header is parsed here without memray (i
 compressed when `memray run` compressed the file, at the start), to say which release reads
 the file; memray itself reads the records when the installed release matches. When it does
 not, `snapana convert` run under the right release writes a version-independent Parquet that
-this module loads anywhere (see `snapana.convert`).
+this module loads anywhere (see `snapana.io.convert`).
 
 The model gets the high-water mark: one block per aggregated allocation site alive at the
 peak (memray's `get_high_watermark_allocation_records`), with its Python stack, on the host

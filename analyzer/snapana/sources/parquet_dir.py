@@ -8,7 +8,7 @@ gives: so the JSON keeps Python types JSON cannot (int dict keys, tuples, numpy 
 small tags, and the block table keeps the capture's own final blocks, marked `at = 'final'`.
 
 The codec lives here, with the reader, because sources come first in the pipeline: the
-writer (`snapana.export_tables`) imports it from here, never the other way round.
+writer (`snapana.io.export`) imports it from here, never the other way round.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from snapana.errors import InputError
+from snapana.io.sidecar_reader import tensor_problem
 from snapana.limits import (
     MAX_BYTES,
     MAX_DEVICE,
@@ -40,7 +41,6 @@ from snapana.model import (
     ReadProgress,
     StackTable,
 )
-from snapana.sidecar import tensor_problem
 from snapana.sources._checks import first_event_outside_segments
 from snapana.sources._io import check_regular, first_line, open_regular, read_parquet
 

@@ -29,7 +29,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from snapana.output import atomic_path
+from snapana.io.output import atomic_path
 
 from .frames import FrameDict
 from .rules import MiB, allocation_size, is_small, round_size

@@ -13,7 +13,7 @@ import pickle
 from collections.abc import Callable
 from pathlib import Path
 
-from snapana.output import write_atomic
+from snapana.io.output import write_atomic
 
 from .common import Outcome, truth
 from .dataparallel import dataparallel_3gpu_oom

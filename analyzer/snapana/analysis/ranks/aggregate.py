@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from snapana.errors import InputError
 
 if TYPE_CHECKING:
-    from snapana.findings import DeviceReport
+    from snapana.analysis.diagnosis.findings import DeviceReport
 
 #: How ranks are spelled in snapshot file names (Megatron-Bridge `snapshot_oom_rank-3`,
 #: `oom_rank3`, `rank_3`, `r3`), tried in order.

@@ -6,7 +6,7 @@ fallback grouping when no rule pack names a family.
 
 from __future__ import annotations
 
-from snapana.attribution.stack import short_path
+from snapana.analysis.attribution.stack import short_path
 from snapana.model import Frame, is_python_frame
 
 #: Path fragments of code that allocates on behalf of its caller.

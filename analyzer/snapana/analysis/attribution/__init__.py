@@ -12,7 +12,7 @@ Public API
     names like ``at::native::...``) may be interleaved with Python frames (``*.py``).
 ``BlockContext`` (frozen dataclass)
     ``pool_id, stream, state, size, has_alloc_event, annotations, phase_hint``; see
-    :class:`~snapana.attribution.stack.BlockContext`.
+    :class:`~snapana.analysis.attribution.stack.BlockContext`.
 ``load_rules(extra_files=()) -> RuleSet``
     All built-in packs (``packs/*.toml`` but ``packs/vocabulary.toml``) plus user rule files.
     Bad files raise :class:`RuleError` (a ``ValueError``) with one line:
@@ -24,7 +24,7 @@ Public API
     included. ``RuleSet.run_example(example) -> Decision``; ``RuleSet.check_examples()``
     lists (one line each) the examples that do not get the family they declare.
 ``builtin_packs() -> tuple[Pack, ...]``
-    The built-in packs, parsed once (``snapana.knobs`` reads knobs and markers from them).
+    The built-in packs, parsed once (``snapana.analysis.knobs`` reads knobs and markers from them).
 ``RuleSet.classify(stack, ctx) -> Decision``
     ``Decision(family, label, rule_id, matched_frames, reason, phase, ties, near_misses)``.
     Memoised by (stack, context key).
@@ -194,7 +194,7 @@ from .families import (
     phase_label,
     phases,
 )
-from .rules import KNOB_COSTS, PHASES, Example, Knob, Pack, RuleError, parse_size
+from .pack_parser import KNOB_COSTS, PHASES, Example, Knob, Pack, RuleError, parse_size
 from .stack import BlockContext, Frame, Stack
 
 __all__ = [

@@ -19,9 +19,9 @@ from typing import Any
 
 import polars as pl
 
-from snapana import tables
+from snapana.io import tables
+from snapana.io.output import atomic_dir, check_dir_target
 from snapana.model import Capture
-from snapana.output import atomic_dir, check_dir_target
 from snapana.session import RulesLike, Session, open_capture, sessions
 from snapana.sources.parquet_dir import AT_MOMENT, FINAL, FORMAT, MARKER, VERSION, encode
 

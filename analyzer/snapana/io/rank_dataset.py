@@ -10,8 +10,8 @@ from pathlib import Path
 
 import polars as pl
 
-from snapana.output import atomic_dir
-from snapana.ranks import MultiReport
+from snapana.analysis.ranks.aggregate import MultiReport
+from snapana.io.output import atomic_dir
 
 MARKER = "snapana-dataset.json"
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from snapana.family_timeline import FamilyGrowth
-from snapana.findings import DeviceReport
-from snapana.replay import MomentKind
+from snapana.analysis.diagnosis.findings import DeviceReport
+from snapana.analysis.family_timeline import FamilyGrowth
+from snapana.analysis.replay import MomentKind
 
 #: A family's growth over the trace differs notably between the sides when its growth
 #: (start to moment) or the most it held differ by this share of the larger side's

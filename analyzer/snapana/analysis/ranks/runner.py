@@ -20,13 +20,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from snapana.analysis.ranks.aggregate import RankSummary, rank_of, selection_key
 from snapana.errors import InputError, SnapanaError
-from snapana.ranks import RankSummary, rank_of, selection_key
 from snapana.sources.parquet_dir import MARKER as EXPORT_MARKER
 
 if TYPE_CHECKING:
-    from snapana.attribution.engine import RuleSet
-    from snapana.findings import DeviceReport
+    from snapana.analysis.attribution.engine import RuleSet
+    from snapana.analysis.diagnosis.findings import DeviceReport
 
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".pt", ".snapshot")
 
@@ -62,7 +62,7 @@ def _analyse_file(path: str, rules: Any = None, capacity: int | None = None
                   ) -> tuple[RankSummary, DeviceReport | None]:
     """One file's RankSummary and the full report of the device it summarises (None when the
     file could not be analysed). `rules`: rule files or a loaded RuleSet."""
-    from snapana.attribution import RuleError
+    from snapana.analysis.attribution import RuleError
     from snapana.session import analyse, open_capture
 
     p = Path(path)

@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from snapana.io.output import atomic_path
 from snapana.model import ReadProgress
-from snapana.output import atomic_path
 from snapana.sources import memray_capture
 from snapana.sources._io import check_regular
 

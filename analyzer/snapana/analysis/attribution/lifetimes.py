@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from snapana.attribution.assign import Attributor, parse_pool
-from snapana.attribution.stack import BlockContext
-from snapana.replay import DeviceReplay
+from snapana.analysis.attribution.assign import Attributor, parse_pool
+from snapana.analysis.attribution.stack import BlockContext
+from snapana.analysis.replay import DeviceReplay
 
 
 def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,

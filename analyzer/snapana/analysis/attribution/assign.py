@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from snapana.attribution import inference
-from snapana.attribution.engine import Decision, RuleSet
-from snapana.attribution.families import family_label
-from snapana.attribution.sites import site_of
-from snapana.attribution.stack import BlockContext
+from snapana.analysis.attribution import inference
+from snapana.analysis.attribution.engine import Decision, RuleSet
+from snapana.analysis.attribution.families import family_label
+from snapana.analysis.attribution.sites import site_of
+from snapana.analysis.attribution.stack import BlockContext
 from snapana.caching_allocator import ACTIVE_ALLOCATED
+from snapana.io.sidecar_reader import ROLE_FAMILY
 from snapana.model import EMPTY_STACK, Capture
-from snapana.sidecar import ROLE_FAMILY
 
 
 def parse_pool(pool: str) -> tuple[int, int]:

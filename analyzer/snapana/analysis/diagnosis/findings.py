@@ -15,11 +15,11 @@ from typing import Literal, TypedDict
 import numpy as np
 import polars as pl
 
-from snapana.family_timeline import FamilyGrowth, FamilyTimeline
-from snapana.knobs import Knob
+from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline
+from snapana.analysis.knobs import Knob
+from snapana.analysis.placement import SpareTerms
+from snapana.analysis.replay import Moment, MomentKind
 from snapana.model import Frame, StackTable
-from snapana.placement import SpareTerms
-from snapana.replay import Moment, MomentKind
 
 #: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
 CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",

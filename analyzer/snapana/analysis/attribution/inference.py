@@ -42,7 +42,7 @@ from typing import Any
 
 import polars as pl
 
-from snapana.replay import NEVER
+from snapana.analysis.replay import NEVER
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -12,15 +12,13 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from snapana.attribution import chunk_groups, family_label
-from snapana.attribution.assign import AnnotationWindows, Attributor
-from snapana.attribution.chunks import LOOP_FAMILIES
-from snapana.attribution.engine import RuleSet
-from snapana.attribution.families import training_marks
-from snapana.attribution.lifetimes import attribute_lifetimes
-from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
-from snapana.family_timeline import FamilyGrowth, FamilyTimeline, family_timeline
-from snapana.findings import (
+from snapana.analysis.attribution import chunk_groups, family_label
+from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
+from snapana.analysis.attribution.chunks import LOOP_FAMILIES
+from snapana.analysis.attribution.engine import RuleSet
+from snapana.analysis.attribution.families import training_marks
+from snapana.analysis.attribution.lifetimes import attribute_lifetimes
+from snapana.analysis.diagnosis.findings import (
     Band,
     Cause,
     ChunkLoop,
@@ -36,7 +34,8 @@ from snapana.findings import (
     Timeline,
     WhatIf,
 )
-from snapana.knobs import (
+from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline, family_timeline
+from snapana.analysis.knobs import (
     Knob,
     best_knob,
     can_release,
@@ -48,9 +47,10 @@ from snapana.knobs import (
     transient_families,
     working_set_families,
 )
+from snapana.analysis.placement import round_request, segment_size_for, would_fit
+from snapana.analysis.replay import OVER_RESERVED, DeviceReplay, Moment
+from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
 from snapana.model import Capture
-from snapana.placement import round_request, segment_size_for, would_fit
-from snapana.replay import OVER_RESERVED, DeviceReplay, Moment
 from snapana.units import fmt_bytes
 
 CHUNK_MIN_BYTES = 16 << 20  # repeated blocks smaller than this are not worth calling chunks

@@ -242,7 +242,7 @@ class Knob:
 @dataclass(frozen=True)
 class Example:
     """A stack with the family the rules must give it (a pack's ``[[example]]``), run by the
-    test suite (and by :meth:`~snapana.attribution.RuleSet.check_examples` for user
+    test suite (and by :meth:`~snapana.analysis.attribution.RuleSet.check_examples` for user
     packs)."""
 
     pack: str

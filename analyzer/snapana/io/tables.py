@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from snapana.attribution import family_label
+from snapana.analysis.attribution import family_label
+from snapana.analysis.diagnosis.findings import DeviceReport
+from snapana.analysis.replay import NEVER
 from snapana.caching_allocator import ACTIVE_ALLOCATED
-from snapana.findings import DeviceReport
-from snapana.replay import NEVER
 from snapana.session import Session
 
 #: Replay's "never freed" sentinel, shown as null in public tables.

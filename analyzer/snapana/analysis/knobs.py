@@ -4,15 +4,15 @@ Knobs and detection markers are data in the framework packs (``[[knob]]`` entrie
 ``[pack] markers`` of ``attribution/packs/<framework>.toml``), read by the same pack loader
 as the rules; which families are transient or a working set is the vocabulary's
 (``lifetime`` in ``attribution/packs/vocabulary.toml``). Every function takes an optional
-:class:`~snapana.attribution.RuleSet`: given one (``load_rules(["mine.toml"])``), the knobs
+:class:`~snapana.analysis.attribution.RuleSet`: given one (``load_rules(["mine.toml"])``), the knobs
 and markers of its user packs count too; without one, the built-in packs.
 """
 
 from __future__ import annotations
 
-from snapana.attribution.engine import RuleSet, builtin_packs, markers_of
-from snapana.attribution.families import families_with_lifetime
-from snapana.attribution.rules import KNOB_COSTS, Knob
+from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
+from snapana.analysis.attribution.families import families_with_lifetime
+from snapana.analysis.attribution.pack_parser import KNOB_COSTS, Knob
 
 __all__ = [
     "COST_WORDS",

@@ -23,7 +23,7 @@ import numpy as np
 from snapana.caching_allocator import normalize_state
 
 from .families import UNKNOWN, VOCABULARY_FILE, family_label
-from .rules import (
+from .pack_parser import (
     PHASES,
     Example,
     FramePattern,

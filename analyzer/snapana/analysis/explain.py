@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from snapana.attribution.assign import Attributor
-from snapana.attribution.engine import Explanation
+from snapana.analysis.attribution.assign import Attributor
+from snapana.analysis.attribution.engine import Explanation
 from snapana.errors import InputError
 from snapana.model import Capture, Frame
 

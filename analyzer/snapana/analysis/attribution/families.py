@@ -191,7 +191,7 @@ def phases() -> tuple[Phase, ...]:
 
 
 def phase_ids() -> tuple[str, ...]:
-    """The stable phase ids (what :func:`~snapana.attribution.infer_phase` can return)."""
+    """The stable phase ids (what :func:`~snapana.analysis.attribution.infer_phase` can return)."""
     return tuple(p.id for p in vocabulary().phases)
 
 
