@@ -252,7 +252,8 @@ def test_sources_show_what_they_have(formats) -> None:
 
 # ----- verdicts that are physically possible and proportionate ------------------------------
 
-PACKS = Path(__file__).resolve().parent.parent / "analyzer" / "snapana" / "attribution" / "packs"
+PACKS = (Path(__file__).resolve().parent.parent / "analyzer" / "snapana" / "analysis"
+         / "attribution" / "packs")
 KNOB_SHARE = 0.10  # without an OOM, a knob's family holds at least this share of allocated
 LARGE_CACHE = 0.20  # a cache over this share of reserved is said
 SUM = re.compile(rf"((?:(?:[+−] )?[a-z][a-z ]*? {SIZE} )+)= ({SIZE})")

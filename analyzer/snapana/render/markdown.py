@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from snapana.render import Options
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
-from snapana.render.wording import GROWTH_HEADING, KNOB_COLUMNS, inferred_note
+from snapana.render.wording import GROWTH_HEADING, KNOB_COLUMNS, evidence_note
 from snapana.units import fmt_bytes
 
 TOP_GROUPS = 10  # families listed, the rest summed in one row
@@ -45,7 +45,7 @@ def _device(out: list[str], d: DeviceView) -> None:
         share = g.bytes / r.allocated_bytes if r.allocated_bytes else 0.0
         site = code(str(g.sites[0]["site"])) if g.sites else ""
         out.append(f"| {code(g.name)} | {fmt_bytes(g.bytes)} | {g.blocks} | {share:.1%} | "
-                   f"{esc(inferred_note(g))} | {esc(d.group_notes.get(g.name, ''))} | {site} |")
+                   f"{esc(evidence_note(g))} | {esc(d.group_notes.get(g.name, ''))} | {site} |")
     if len(r.groups) > TOP_GROUPS:
         rest = r.groups[TOP_GROUPS:]
         out.append(f"| {len(rest)} more | {fmt_bytes(sum(g.bytes for g in rest))} | "
