@@ -12,7 +12,7 @@ import pytest
 from snapana.analysis.replay import replay
 from snapana.errors import InputError
 from snapana.session import analyse
-from snapana.sources import kineto_trace
+from snapana.sources import json_stream, kineto_trace
 
 from .conftest import CORPUS, corpus_params, invoke, require
 
@@ -236,7 +236,7 @@ def test_streaming_across_tiny_chunks(monkeypatch):
     if not path.exists():
         pytest.skip("../shared/corpus absent")
     whole = kineto_trace.load(path)
-    monkeypatch.setattr(kineto_trace, "_CHUNK", 7)
+    monkeypatch.setattr(json_stream, "_CHUNK", 7)  # the streaming tokenizer kineto reads with
     chunked = kineto_trace.load(path)
     assert chunked.events.equals(whole.events)
     assert chunked.blocks.equals(whole.blocks)
