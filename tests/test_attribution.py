@@ -132,6 +132,7 @@ def test_family_table_has_the_stable_ids():
         "comm_buffer",
         "workspace",
         "recompute",
+        "user_tensors",
         "host_optimizer_state",
         "host_weight_backup",
         "pinned_buffer",
@@ -767,8 +768,9 @@ def test_driver_name_is_not_a_forward_frame(rules, driver):
     # and without any optimizer frame the driver alone is no forward either
     alone = calls(MAIN, py("/home/u/bench.py", driver, 230), py("/home/u/bench.py", "helper", 5))
     d = classify(rules, alone)
-    assert d.family == "unknown"
-    assert d.reason == "no rule matched (innermost user frame: home/u/bench.py:5 helper)"
+    # (nothing but the program's own code on the stack: that much is known, no more)
+    assert (d.family, d.rule_id, d.phase) == ("user_tensors", "pytorch.program_own_code",
+                                              "unknown")
 
 
 def test_optimizer_annotation_window(rules):
@@ -1143,3 +1145,29 @@ def test_chunk_groups_tail_and_split():
     two = chunk_groups(blocks, max_order_gap=10)
     assert [(g.count, g.total) for g in two] == [(4, 340), (2, 200)]
     assert chunk_groups([("s", "f", 1, 0)]) == []
+
+
+def test_program_own_code_needs_every_python_frame_to_be_the_programs(rules):
+    """A stack of the program's files and torch's operator entry points is the program's
+    own tensor; one more frame of a library, a module forward or a framework checkout on it,
+    and the rule no longer holds (the block falls to the rules that know that code, or to
+    an honest unknown)."""
+    own = calls(MAIN, py("/home/u/infer.py", "main", 40),
+                py("torch/nn/functional.py", "relu", 1771), *reversed(ALLOC_CPP))
+    d = classify(rules, own)
+    assert (d.family, d.rule_id) == ("user_tensors", "pytorch.program_own_code")
+    for extra in (py("einops/einops.py", "rearrange", 500),
+                  py("/workspace/Megatron-LM/megatron/core/utils.py", "helper", 3),
+                  ("<string>", "__init__", 2)):
+        d = classify(rules, calls(MAIN, py("/home/u/infer.py", "main", 40), extra))
+        assert d.family == "unknown", (extra, d.reason)
+    assert rules.classify((), CTX).family != "user_tensors"  # no Python frame: nothing known
+
+
+def test_only_frames_names_python_code_only(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[pack]\nname = "mine"\n[[rule]]\nid = "mine.x"\nfamily = "logits"\n'
+                    'label = "x"\nonly_frames = [{ symbol_re = "at::" }]\n')
+    with pytest.raises(RuleError) as info:
+        load_rules([path])
+    assert "only_frames" in str(info.value)

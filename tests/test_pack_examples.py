@@ -42,10 +42,14 @@ def test_examples_name_rules_that_exist() -> None:
 
 def test_a_framework_example_is_decided_by_its_own_pack() -> None:
     """A framework's examples show what *its* rules do: the deciding rule is the pack's own
-    (the generic ``phases`` pack's examples show phases of rules from ``pytorch``)."""
+    (the generic ``phases`` pack's examples show phases of rules from ``pytorch``). An
+    example of what a pack must *not* claim is ``unknown`` and decided by no rule at all."""
     for e in EXAMPLES:
-        if e.pack != "phases":
-            assert RULES.run_example(e).rule_id.split(".")[0] == e.pack, e.name
+        decided = RULES.run_example(e).rule_id
+        if e.family == "unknown" and e.rule is None:
+            assert decided is None, e.name
+        elif e.pack != "phases":
+            assert decided is not None and decided.split(".")[0] == e.pack, e.name
 
 
 def test_check_examples_reports_a_failing_user_example(tmp_path) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "stop_knob",
     "transient_families",
     "working_set_families",
+    "undetermined_families",
 ]
 
 _ALWAYS = ("pytorch", "any")
@@ -43,6 +44,11 @@ _COST_RANK = {c: i for i, c in enumerate(KNOB_COSTS)}
 def working_set_families() -> frozenset[str]:
     """Families of the operation in flight: they cannot go, only shrink."""
     return families_with_lifetime("working_set")
+
+
+def undetermined_families() -> frozenset[str]:
+    """Families known by where they were made, not by what they are for."""
+    return families_with_lifetime("undetermined")
 
 
 def transient_families() -> frozenset[str]:
@@ -91,7 +97,7 @@ def frees_in_phase(family: str, phase: str, frameworks: set[str],
 
 def _offloads_model_state(knob: Knob) -> bool:
     """A knob that moves model state (a family without a lifetime) off the GPU."""
-    lived = transient_families() | working_set_families()
+    lived = transient_families() | working_set_families() | undetermined_families()
     return knob.direction == "releases" and any(f not in lived for f in knob.families)
 
 

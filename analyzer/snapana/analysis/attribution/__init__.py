@@ -72,6 +72,8 @@ file given with ``--rules`` has the same schema::
       { file = "slime/utils/ppo_utils.py", function = "vocab_parallel_softmax" },
     ]
     not_frames = [ {...} ]       # none of these frames may be on the stack
+    only_frames = [ {...} ]      # every Python frame matches one of these (file/function
+                                 # only), and there is at least one: nothing else ran it
     pool = "default" | "mempool" | "graph" | "private"   # or a list
     stream = "default" | "nondefault"
     state = "active_allocated" | "active_pending_free" | "inactive"   # or a list

@@ -596,6 +596,8 @@ class RuleSet:
         for p in r.not_frames:
             if self._candidates(p, ns)[0]:
                 return None
+        if r.only_frames and not self._only(r, ns):
+            return None
         if not r.frames:
             return ()
         cands = []
@@ -605,6 +607,14 @@ class RuleSet:
                 return None
             cands.append(c)
         return self._sequence(r.frames, cands, ns)
+
+    def _covered(self, r: Rule, ns: NormStack) -> set[int]:
+        """The Python frames of ``ns`` that one of ``r.only_frames`` names."""
+        return {i for p in r.only_frames for i in self._candidates(p, ns)[0]}
+
+    def _only(self, r: Rule, ns: NormStack) -> bool:
+        """Whether the stack has Python frames and ``r.only_frames`` name every one."""
+        return bool(ns.python) and self._covered(r, ns) >= set(ns.python)
 
     def _near_miss(self, r: Rule, ns: NormStack, ctx: BlockContext, phase: str) -> NearMiss | None:
         if r.identifying and not (
@@ -616,6 +626,11 @@ class RuleSet:
         for p in r.not_frames:
             present = bool(self._candidates(p, ns)[0])
             checks.append((f"no {p.text}", not present, False))
+        if r.only_frames:
+            others = len(ns.python) - len(self._covered(r, ns))
+            desc = "only " + " / ".join(p.text for p in r.only_frames)
+            checks.append((f"{desc} (block: {others} other Python frames)", self._only(r, ns),
+                           False))
         cands = []
         for p in r.frames:
             c, why = self._candidates(p, ns)

@@ -29,10 +29,12 @@ WORKLOADS = ("training", "inference")
 ``workload = "training"`` in the vocabulary shows it); any other is ``inference``. Knobs that
 only make sense for one (activation checkpointing, ``inference_mode``) say which."""
 
-LIFETIMES = ("transient", "working_set")
+LIFETIMES = ("transient", "working_set", "undetermined")
 """Values of a family's optional ``lifetime``: ``transient`` families are built and dropped
 within one step (a knob can make them go), ``working_set`` families belong to the operation
-in flight (they can only shrink). Without one a family is model state."""
+in flight (they can only shrink), ``undetermined`` ones are known by where they were made,
+not by what they are for (whether they can go is not known). Without one a family is model
+state."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Family:
     label: str
     description: str
     lifetime: str | None = None
-    """``"transient"``, ``"working_set"`` or None (model state, or not known)."""
+    """One of :data:`LIFETIMES`, or None (model state, or not known)."""
     workload: str | None = None
     """``"training"``: a capture holding it trains (see :data:`WORKLOADS`); None: either."""
 

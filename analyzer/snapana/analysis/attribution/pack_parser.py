@@ -185,6 +185,9 @@ class Rule:
     reason_text: str | None
     frames: tuple[FramePattern, ...]
     not_frames: tuple[FramePattern, ...]
+    only_frames: tuple[FramePattern, ...]
+    """When non-empty: every Python frame of the stack matches one of these (and the stack
+    has Python frames) — a stack made of nothing but the named code."""
     pools: frozenset[str] | None
     stream: str | None
     states: frozenset[str] | None
@@ -324,6 +327,7 @@ _EXAMPLE_POOLS = {"default": (0, 0), "mempool": (0, 1), "graph": (1, 0)}
 _COND_KEYS = {
     "frames",
     "not_frames",
+    "only_frames",
     "pool",
     "stream",
     "state",
@@ -543,6 +547,15 @@ def _conditions(raw: Mapping[str, Any], ctx: _Ctx, allow_phase: bool) -> dict[st
     if not isinstance(not_frames, list):
         raise ctx.fail("`not_frames` must be an array of tables")
     out["not_frames"] = tuple(_frame_pattern(f, ctx, "not_frames") for f in not_frames)
+    only = raw.get("only_frames", [])
+    if not isinstance(only, list):
+        raise ctx.fail("`only_frames` must be an array of tables")
+    out["only_frames"] = tuple(_frame_pattern(f, ctx, "only_frames") for f in only)
+    for pat in out["only_frames"]:
+        if pat.symbol_re is not None or pat.within is not None or pat.line_rank is not None \
+                or pat.outermost:
+            raise ctx.fail("`only_frames` entries name Python code by file and function only "
+                           "(no symbol_re, where/within, line_rank or outermost)")
     out["pools"] = _choices(raw, "pool", POOL_KINDS, ctx, "pool kind")
     stream = raw.get("stream")
     if stream is not None and stream not in STREAM_KINDS:

@@ -45,6 +45,7 @@ from snapana.analysis.knobs import (
     preference,
     stop_knob,
     transient_families,
+    undetermined_families,
     working_set_families,
 )
 from snapana.analysis.placement import round_request, segment_size_for, would_fit
@@ -444,7 +445,7 @@ def _removable(family: str, frameworks: set[str], rules: RuleSet, phase: str,
         return "yes"
     if family in working_set_families():
         return "shrink"
-    if family == "unknown":
+    if family == "unknown" or family in undetermined_families():
         return "unknown"
     if frees_in_phase(family, phase, frameworks, rules, workload):
         return "yes"  # e.g. last step's gradients, held through this forward

@@ -25,8 +25,8 @@ from snapana.model import Frame, StackTable
 CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",
                   "capacity_unknown"]
 #: Whether a family can go: "yes" (kept by the step), "offload" (model state a knob moves),
-#: "shrink" (working set of the op in flight), "no", or "unknown" (the unknown family: what it
-#: is, and so whether it can go, is not known).
+#: "shrink" (working set of the op in flight), "no", or "unknown" (the unknown family, or one
+#: whose lifetime is "undetermined": what it is for, and so whether it can go, is not known).
 Removable = Literal["yes", "offload", "shrink", "no", "unknown"]
 
 @dataclass(frozen=True)
