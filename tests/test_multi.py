@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -12,7 +13,7 @@ from snapana.analysis.ranks.runner import summarize_many
 from snapana.synth import CachingAllocatorSim, SimulatedOOM
 
 from .browser import open_report
-from .conftest import SNAPSHOTS, invoke, require
+from .conftest import SAMPLES, SNAPSHOTS, invoke, require
 
 MiB, GiB = 2**20, 2**30
 SITE = "/usr/lib/python3.10/site-packages"
@@ -132,3 +133,19 @@ def test_unrelated_corpus_files_are_said_to_be_unrelated(tmp_path):
     # every snapshot of the folder is an input, whatever its extension (.pickle, .pkl)
     assert len(summary["inputs"]) == len([p for p in SNAPSHOTS.iterdir()
                                           if p.suffix in (".pickle", ".pkl", ".gz")])
+
+
+def test_batch_of_files_without_ranks_keeps_every_file(tmp_path):
+    """Inputs whose names carry no rank (the bundled samples) all land in rank=-1, one part
+    each: the dataset holds one row per input, none lost and no crash."""
+    samples = sorted(SAMPLES.glob("*.pickle"))[:3]
+    folder = tmp_path / "incident"
+    folder.mkdir()
+    for p in samples:
+        (folder / p.name).write_bytes(p.read_bytes())
+    out = tmp_path / "dataset"
+    result = invoke("batch", str(folder), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    ranks = pl.read_parquet(out / "ranks", hive_partitioning=True)
+    assert sorted(Path(f).name for f in ranks["file"].to_list()) == [p.name for p in samples]
+    assert set(ranks["rank"].to_list()) == {-1}

@@ -1,6 +1,8 @@
 """`snapana batch`: a partitioned Parquet dataset of per-rank summaries, for DuckDB / polars /
-Spark over many incidents: ranks/job=J/rank=R/part-0.parquet and
-families/job=J/rank=R/part-0.parquet. A file writer, not a renderer."""
+Spark over many incidents: ranks/job=J/rank=R/part-N.parquet and
+families/job=J/rank=R/part-N.parquet, one part per input file (inputs whose names carry no
+rank share rank=-1, and two inputs of one rank each get a part). A file writer, not a
+renderer."""
 
 from __future__ import annotations
 
@@ -21,9 +23,12 @@ def write(m: MultiReport, out: Path, job: str, verdicts: Mapping[str, str]) -> N
     (replacing only an earlier dataset). `verdicts`: each input file's verdict, worded by
     the face (a writer never words)."""
     with atomic_dir(out, MARKER, "dataset") as tmp:
+        parts: dict[str, int] = {}
         for r in m.ranks:
             rank = r.rank if r.rank is not None else -1
             part = f"job={job}/rank={rank}"
+            name = f"part-{parts.setdefault(part, 0)}.parquet"
+            parts[part] += 1
             row = {"file": r.file, "error": r.error, "device": r.device,
                    "oom": r.oom is not None,
                    "requested_bytes": (r.oom or {}).get("requested_bytes"),
@@ -34,15 +39,15 @@ def write(m: MultiReport, out: Path, job: str, verdicts: Mapping[str, str]) -> N
                    "first_oom": m.first_oom is r, "verdict": verdicts.get(r.file, ""),
                    "outliers": json.dumps([o["family"] for o in m.outliers
                                            if o["file"] == r.file])}
-            (tmp / "ranks" / part).mkdir(parents=True)
+            (tmp / "ranks" / part).mkdir(parents=True, exist_ok=True)
             pl.DataFrame([row], schema_overrides={
                 "error": pl.Utf8, "device": pl.Int64, "requested_bytes": pl.Int64,
                 "device_free_bytes": pl.Int64, "oom_time_us": pl.Int64, "top_family": pl.Utf8,
-            }).write_parquet(tmp / "ranks" / part / "part-0.parquet")
-            (tmp / "families" / part).mkdir(parents=True)
+            }).write_parquet(tmp / "ranks" / part / name)
+            (tmp / "families" / part).mkdir(parents=True, exist_ok=True)
             pl.DataFrame({"file": [r.file] * len(r.families),
                           "family": list(r.families), "bytes": list(r.families.values())},
                          schema={"file": pl.Utf8, "family": pl.Utf8, "bytes": pl.Int64}
-                         ).write_parquet(tmp / "families" / part / "part-0.parquet")
+                         ).write_parquet(tmp / "families" / part / name)
         (tmp / MARKER).write_text(json.dumps({"job": job, "inputs": len(m.ranks)}) + "\n",
                                   encoding="utf-8")
