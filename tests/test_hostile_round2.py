@@ -309,7 +309,7 @@ def hostile_snapshot(tmp_path_factory):
 @pytest.mark.parametrize("args", [("summary",), ("summary", "-f", "markdown"),
                                   ("summary", "-f", "json"),
                                   ("explain", "--site", "step"),
-                                  ("explain", "--family", "user_tensors")])  # (its frame: the program's own)
+                                  ("explain", "--family", "user_tensors")])
 def test_strings_from_the_input_reach_the_terminal_inert(hostile_snapshot, args):
     result = run_cli(args[0], str(hostile_snapshot), *args[1:])
     assert result.returncode == 0, result.stderr
