@@ -20,7 +20,7 @@ from snapana.render.views import OTHER_COLOUR
 from snapana.units import fmt_bytes
 
 from .browser import open_report
-from .conftest import corpus_params, invoke, raw_load
+from .conftest import SNAPSHOTS, corpus_params, invoke, raw_load
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "sample_snapshots").glob("*.pickle"))
@@ -245,7 +245,7 @@ def test_report_draws_it_only_with_history(tmp_path: Path) -> None:
     html = (ROOT / "reports" / "slime-tp2-chunked-logprob-oom.html").read_text()
     assert html.index('data-figure="families_over_time"') < html.index(
         'data-figure="allocations"') < html.index('data-figure="segments"')
-    none = ROOT.parent / "shared" / "corpus" / "torch_snapshots" / "llm-1.3b-no-history.pickle"
+    none = SNAPSHOTS / "llm-1.3b-no-history.pickle"
     if not none.exists():
         pytest.skip("corpus absent")
     out = tmp_path / "r.html"

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from snapana.analysis.attribution import BlockContext, load_rules
 
-CORPUS = Path(__file__).resolve().parents[1] / ".." / "shared" / "corpus" / "torch_snapshots"
+from .conftest import SNAPSHOTS
+
+CORPUS = SNAPSHOTS
 GiB = 1 << 30
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_dir(), reason="shared corpus not present")

@@ -17,7 +17,7 @@ import pytest
 import snapana
 
 from .browser import open_report
-from .conftest import corpus_params, invoke
+from .conftest import SNAPSHOTS, corpus_params, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "sample_snapshots").glob("*.pickle"))
@@ -162,8 +162,7 @@ def test_downsampled_chart_keeps_every_family_peak(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", SAMPLES + [p for p in (
-    ROOT.parent / "shared" / "corpus" / "torch_snapshots" / "gpt-medium-ctx1024-train.pickle",
-    ROOT.parent / "shared" / "corpus" / "torch_snapshots" / "cnn-cpp-frames.pickle")
+    SNAPSHOTS / "gpt-medium-ctx1024-train.pickle", SNAPSHOTS / "cnn-cpp-frames.pickle")
     if p.exists()], ids=lambda p: p.name)
 def test_every_lifetime_gets_the_family_a_block_would(path: Path) -> None:
     """The timeline decides all lifetimes at once; each must get the family the per-block

@@ -1,5 +1,5 @@
 """The fuzzer in CI (issue #14): a fixed-seed slice of generated cases, the hand-made hostile
-inputs and every saved regression case in tests/fuzz/corpus/ end refused cleanly (exit 2,
+inputs and every saved regression case in tests/fuzz/findings/ end refused cleanly (exit 2,
 one line) or succeed with consistent figures; never a traceback, a crash, a hang, a memory
 blow-up or a modified input. `python -m tests.fuzz --minutes N` runs the long campaign."""
 

@@ -1,7 +1,7 @@
 """`python -m tests.fuzz --minutes N [--seed S] [--jobs J] [--save]`: run a campaign.
 
 Prints the count per outcome class (and per format), then each distinct finding minimised;
-with --save, each finding is written into tests/fuzz/corpus/<class>-<n>.<ext>.
+with --save, each finding is written into tests/fuzz/findings/<class>-<n>.<ext>.
 `--replay` runs the saved corpus (and the hand-made hostile cases) instead.
 """
 
@@ -27,10 +27,11 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated subset of {','.join(FORMATS)}")
     ap.add_argument("--no-corpus", action="store_true",
                     help="seed only from files in the repository (as the test does)")
-    ap.add_argument("--save", action="store_true", help="write minimised findings to corpus/")
+    ap.add_argument("--save", action="store_true",
+                    help="write minimised findings to tests/fuzz/findings/")
     ap.add_argument("--no-minimize", action="store_true")
     ap.add_argument("--replay", action="store_true",
-                    help="run tests/fuzz/corpus/ and the hand-made hostile cases")
+                    help="run tests/fuzz/findings/ and the hand-made hostile cases")
     ap.add_argument("-v", "--verbose", action="store_true", help="print each failure")
     ap.add_argument("--snapana", metavar="DIR", default=None,
                     help="run the snapana package found in DIR (e.g. an older commit's "

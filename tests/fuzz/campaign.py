@@ -1,5 +1,5 @@
 """A fuzzing campaign: generate cases, run them in parallel workers, count the classes,
-minimise each distinct finding and (optionally) save it into tests/fuzz/corpus/."""
+minimise each distinct finding and (optionally) save it into tests/fuzz/findings/."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .minimize import minimize
 from .mutators import FORMATS, generate
 from .runner import CLASSES, Outcome, Runner
 
-CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
+FINDINGS_DIR = Path(__file__).resolve().parent / "findings"
 #: Saved regression files stay small.
 MAX_SAVED_BYTES = 64 << 10
 
@@ -158,16 +158,16 @@ def minimise_and_save(result: Result, save: bool, timeout: float = 10.0,
 
 
 def _next_path(cls: str, case: Case) -> Path:
-    CORPUS_DIR.mkdir(exist_ok=True)
+    FINDINGS_DIR.mkdir(exist_ok=True)
     n = 1
-    while any(CORPUS_DIR.glob(f"{cls}-{n}.*")):
+    while any(FINDINGS_DIR.glob(f"{cls}-{n}.*")):
         n += 1
-    return CORPUS_DIR / f"{cls}-{n}"
+    return FINDINGS_DIR / f"{cls}-{n}"
 
 
 def corpus_cases() -> list[Case]:
     """Every saved regression case."""
-    if not CORPUS_DIR.is_dir():
+    if not FINDINGS_DIR.is_dir():
         return []
-    return [load_saved(p) for p in sorted(CORPUS_DIR.iterdir())
+    return [load_saved(p) for p in sorted(FINDINGS_DIR.iterdir())
             if p.is_file() and not p.name.startswith((".", "README"))]

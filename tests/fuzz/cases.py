@@ -1,6 +1,6 @@
 """A fuzz case: files to lay out in a fresh folder, a command line, optional setup steps.
 
-Cases are saved into `tests/fuzz/corpus/` either as the raw input file (`<class>-<n>.<ext>`,
+Cases are saved into `tests/fuzz/findings/` either as the raw input file (`<class>-<n>.<ext>`,
 replayed with `summary FILE -f json`) or, when a case needs more than one file, a special
 setup or another command, as `<class>-<n>.case.json` (files base64-encoded).
 """

@@ -23,7 +23,7 @@ from .pickle_codec import safe_loads
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_snapshots"
-CORPUS = ROOT.parent / "shared" / "corpus"
+CORPUS = Path(os.environ.get("SNAPANA_CORPUS") or ROOT.parent / "shared" / "corpus")
 
 
 def _files(folder: Path, pattern: str) -> list[Path]:
