@@ -32,6 +32,7 @@ from snapana.analysis.ranks.aggregate import MultiReport
 from snapana.render import ViewKind
 from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
+from snapana.render.explorer import explorer_data
 
 TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
 FAMILY_POINTS = 700  # points per family area (ten areas: the page stays small)
@@ -394,6 +395,12 @@ class DeviceView:
         if not self.report.diagnosis.history:
             return None
         return allocations_view(self.report, self.colours, OTHER_COLOUR, UNKNOWN_COLOUR)
+
+    @cached_property
+    def explorer(self) -> dict[str, Any] | None:
+        """Every allocation of the trace, packed for the page's explorer (None without
+        history; see `explorer.explorer_data`)."""
+        return explorer_data(self.report, self.colours, UNKNOWN_COLOUR, self.origin)
 
     @cached_property
     def colours(self) -> dict[str, str]:

@@ -1,0 +1,153 @@
+"""The report's explorer in real headless Chromium: moments picked by clicking the family
+timeline, and text found in stacks, checked against the Python API at those events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+import snapana
+from snapana.caching_allocator import ACTIVE_ALLOCATED
+from snapana.units import fmt_bytes
+
+from .browser import open_report
+from .conftest import corpus_files, invoke
+
+SAMPLES = sorted((Path(__file__).parent.parent / "sample_snapshots").glob("*.pickle"))
+#: the issue's real captures: a 20k-event training step, the 3-GPU OOM, an annotated
+#: 8k-event capture
+CORPUS = ("gpt-medium-ctx1024-train.pickle",
+          "Constructor-Sun+code_location__memory_snapshot.pickle",
+          "kkaitlyn111+cs336-a2-systems__cs336_systems_memory_logs_memory_ctx128_forward.pickle")
+CLICKS = (0.15, 0.5, 0.85)  # where on the family timeline's width to click
+
+
+def _inputs() -> list:
+    corpus = [f for f in corpus_files("torch_snapshots", "*.pickle") if f.name in CORPUS]
+    params = [pytest.param(f, id=f.name) for f in SAMPLES + corpus]
+    if len(corpus) < len(CORPUS):
+        params.append(pytest.param(None, marks=pytest.mark.skip(reason="corpus absent")))
+    return params
+
+
+#: What the explorer shows: its event, allocated, its table's rows, the treemap's family
+#: boxes, the headline's allocated and reserved, and its timers.
+READ = """(() => {
+  const box = document.querySelector('section.device .explore');
+  const sec = box.closest('section');
+  const tree = sec.querySelector("div[data-figure='families']");
+  const t = tree.data[0];
+  const boxes = {};
+  t.ids.forEach((id, i) => { if (id.startsWith('g:') && id.split(':').length === 2)
+    boxes[id.slice(2)] = t.values[i]; });
+  const card = k => { const c = sec.querySelector(`.card[data-k="${k}"] .v`);
+                      return c ? c.textContent : null; };
+  return {event: Number(box.dataset.event), allocated: Number(box.dataset.allocated),
+          found: box.dataset.found === undefined ? null : Number(box.dataset.found),
+          rows: Array.from(box.querySelectorAll('tbody tr')).map(r => [r.dataset.family,
+            Number(r.dataset.bytes), Number(r.dataset.blocks), Number(r.dataset.found)]),
+          boxes, allocated_card: card('allocated'), reserved_card: card('reserved by PyTorch'),
+          note: box.querySelector('.explore-note').hidden ? '' :
+            box.querySelector('.explore-note').textContent,
+          device: sec.dataset.device, first_ms: box.dataset.firstDrawMs,
+          change_ms: box.dataset.changeMs};
+})()"""
+
+
+def _click(page, fraction: float) -> dict:
+    """Click the family timeline at `fraction` of its plot width (as a person would), past
+    plotly's double-click interval, and read what the explorer shows."""
+    fig = page.locator("section.device div[data-figure='families_over_time']").first
+    fig.scroll_into_view_if_needed()
+    page.wait_for_timeout(600)
+    drag = fig.locator(".nsewdrag").first.bounding_box()
+    page.mouse.click(drag["x"] + drag["width"] * fraction, drag["y"] + drag["height"] * 0.5)
+    page.wait_for_timeout(100)
+    return page.evaluate(READ)
+
+
+def _families_at(a: snapana.Analysis, event: int) -> dict[str, tuple[int, int]]:
+    fams = a.at(event=event).families
+    return {f: (b, n) for f, b, n in fams.select("family", "bytes", "blocks").iter_rows()}
+
+
+def _query(a: snapana.Analysis, event: int) -> str | None:
+    """A function name to find, taken from the capture, not chosen by hand: of the Python
+    functions in the stacks of the largest blocks at `event`, the first that some of the
+    allocated bytes' stacks hold and some do not (a name in every stack tests nothing)."""
+    blocks = a.at(event=event).blocks.filter(pl.col("state") == ACTIVE_ALLOCATED).sort(
+        "size", descending=True)
+    total = int(blocks["size"].sum())
+    for sid in blocks["stack_id"].unique(maintain_order=True).to_list()[:20]:
+        for filename, name, _ in a.stack(sid):
+            if filename.endswith(".py") and name.isidentifier() and len(name) > 3:
+                if 0 < sum(_found_at(a, event, name).values()) < total:
+                    return name
+    return None
+
+
+def _found_at(a: snapana.Analysis, event: int, text: str) -> dict[str, int]:
+    """Bytes per family at `event` of the allocated blocks whose stack has `text` in a
+    frame's file or function (case-insensitive): a polars filter of the blocks."""
+    needle = text.lower()
+    blocks = a.at(event=event).blocks.filter(pl.col("state") == ACTIVE_ALLOCATED)
+    hit = {sid for sid in blocks["stack_id"].unique().to_list()
+           if any(needle in f.lower() or needle in fn.lower() for f, fn, _ in a.stack(sid))}
+    out = blocks.filter(pl.col("stack_id").is_in(list(hit))).group_by("family").agg(
+        pl.col("size").sum())
+    return dict(out.iter_rows())
+
+
+@pytest.mark.chromium
+@pytest.mark.parametrize("snap", _inputs())
+def test_explorer_moments_and_find_match_the_api(tmp_path, snap):
+    out = tmp_path / (snap.stem + ".html")
+    result = invoke("report", str(snap), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    a = snapana.load(snap)
+    seen: list[dict] = []
+    found: dict = {}
+
+    def act(page) -> None:
+        seen.append(page.evaluate(READ))
+        for fraction in CLICKS:
+            seen.append(_click(page, fraction))
+        query = _query(a, seen[-1]["event"])
+        found["query"] = query
+        if query is not None:
+            page.fill("section.device .explore-find", query)
+            found["read"] = page.evaluate(READ)
+
+    visit = open_report(out, act=act, timeout_ms=60000)
+    assert visit.console_errors == []
+    first, picked = seen[0], seen[1:]
+    assert first["device"] == str(a.device)
+    assert first["event"] == a.moment.idx and first["note"] == ""
+    for shown in seen:
+        n = shown["event"]
+        state = a.at(event=n)
+        expected = _families_at(a, n)
+        table = {f: (b, k) for f, b, k, _ in shown["rows"]}
+        assert table == expected, f"event {n}"
+        assert shown["allocated"] == state.allocated
+        if shown is first:
+            continue
+        assert shown["boxes"] == {f: b for f, (b, _) in expected.items()}, f"event {n}"
+        assert shown["allocated_card"] == fmt_bytes(state.allocated)
+        if shown["reserved_card"] is not None:
+            assert shown["reserved_card"] == fmt_bytes(state.reserved)
+        if n != a.moment.idx:
+            assert "coarser than at the report's own moment" in shown["note"]
+    # the clicks went where they were aimed: later on the axis, never an earlier event
+    events = [s["event"] for s in picked]
+    assert events == sorted(events)
+    if found["query"] is not None:
+        read = found["read"]
+        expected_found = _found_at(a, read["event"], found["query"])
+        shown_found = {f: v for f, _, _, v in read["rows"] if v}
+        assert shown_found == expected_found, found["query"]
+        assert read["found"] == sum(expected_found.values())
+    print(f"\n{snap.name}: events {events}, first draw {first['first_ms']} ms, moment "
+          f"changes {[s['change_ms'] for s in picked]} ms, found "
+          f"{found['query']!r}")
