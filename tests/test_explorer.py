@@ -151,3 +151,59 @@ def test_explorer_moments_and_find_match_the_api(tmp_path, snap):
     print(f"\n{snap.name}: events {events}, first draw {first['first_ms']} ms, moment "
           f"changes {[s['change_ms'] for s in picked]} ms, found "
           f"{found['query']!r}")
+
+
+@pytest.mark.parametrize("snap", [s for s in SAMPLES if "oom" in s.name], ids=lambda p: p.name)
+def test_the_verdicts_family_is_never_folded_into_other(monkeypatch, snap):
+    """With room for one family area only, the families the verdict names (the excess, the
+    failing request's) are still areas of their own on the family timeline, whenever the
+    trace holds them (the failed request itself was never allocated)."""
+    from snapana.render import views
+
+    monkeypatch.setattr(views, "FAMILY_AREAS", 1)
+    a = snapana.load(snap)
+    d = a.diagnosis
+    held = set(a.device_report.timeline.families.families)
+    named = {f for f in (d.excess_family, d.request_family) if f} & held
+    assert named
+    areas = [area.name for area in views.capture_view([a.device_report], "x").devices[0]
+             .timeline.families]
+    assert named <= set(areas)
+    assert len(held) <= len(areas) or areas[-1].endswith("other families")
+
+
+def _unpack(specs, blob):
+    """The page's decoding (template: `unpack`), in Python."""
+    import base64
+    import gzip
+
+    import numpy as np
+
+    buf = np.frombuffer(gzip.decompress(base64.b64decode(blob)), dtype=np.uint8)
+    out, off = {}, 0
+    for c in specs:
+        v = np.zeros(c["n"], dtype=np.int64)
+        for k in range(c["width"]):
+            v += buf[off:off + c["n"]].astype(np.int64) << (8 * k)
+            off += c["n"]
+        if c["zigzag"]:
+            v = np.where(v % 2 == 1, -(v + 1) // 2, v // 2)
+        if c["delta"]:
+            v = np.cumsum(v)
+        out[c["name"]] = v * c["factor"] + c["base"]
+    return out
+
+
+def test_packed_columns_read_back_exactly():
+    import numpy as np
+    from snapana.render.explorer import pack
+
+    rng = np.random.default_rng(0)
+    cols = {"size": rng.integers(1, 1 << 20, 500) * 512, "alloc": np.sort(rng.integers(-1, 9, 500)),
+            "reserved": rng.integers(0, 80 << 30, 500), "empty": np.zeros(0, np.int64),
+            "same": np.full(7, 3)}
+    specs, blob = pack(cols, delta=frozenset({"alloc", "reserved"}))
+    back = _unpack(specs, blob)
+    for name, v in cols.items():
+        assert back[name].tolist() == v.tolist(), name
+    assert next(s for s in specs if s["name"] == "size")["factor"] % 512 == 0
