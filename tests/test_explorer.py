@@ -21,6 +21,10 @@ CORPUS = ("gpt-medium-ctx1024-train.pickle",
           "Constructor-Sun+code_location__memory_snapshot.pickle",
           "kkaitlyn111+cs336-a2-systems__cs336_systems_memory_logs_memory_ctx128_forward.pickle")
 CLICKS = (0.15, 0.5, 0.85)  # where on the family timeline's width to click
+ZOOM = (0.80, 0.85)  # the window dragged across on the allocations' bands
+#: The bands drawn: the window, and each band's address, size, alloc and free events.
+BANDS = """(() => { const b = document.querySelector('section.device .explore-bands');
+  return [b.dataset.window.split(',').map(Number), b.drawn, b.dataset.drawMs]; })()"""
 
 
 def _inputs() -> list:
@@ -72,6 +76,22 @@ def _families_at(a: snapana.Analysis, event: int) -> dict[str, tuple[int, int]]:
     return {f: (b, n) for f, b, n in fams.select("family", "bytes", "blocks").iter_rows()}
 
 
+def _live_in(a: snapana.Analysis, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
+    """(address, size, alloc, free) of the replay's lifetimes live after some event of
+    lo..hi, counted as the family timeline counts them: from the allocation (-1: before the
+    first event) to the free request (the trace's length: never freed in it)."""
+    n = a.device_report.timeline.n_events
+    lt = a.replay.lifetimes.with_columns(
+        pl.when((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") >= 0)).then(-1)
+        .when(pl.col("alloc_idx") >= 0).then(pl.col("alloc_idx")).otherwise(None)
+        .alias("born"),
+        pl.when((pl.col("free_req_idx") >= 0) & (pl.col("free_req_idx") < n))
+        .then(pl.col("free_req_idx")).otherwise(n).alias("gone"))
+    live = lt.filter((pl.col("born") < n) & (pl.col("born") <= hi)
+                     & (pl.col("gone") > lo))
+    return sorted(live.select("address", "size", "born", "gone").iter_rows())
+
+
 def _query(a: snapana.Analysis, event: int) -> str | None:
     """A function name to find, taken from the capture, not chosen by hand: of the Python
     functions in the stacks of the largest blocks at `event`, the first that some of the
@@ -108,11 +128,23 @@ def test_explorer_moments_and_find_match_the_api(tmp_path, snap):
     a = snapana.load(snap)
     seen: list[dict] = []
     found: dict = {}
+    zoomed: dict = {}
 
     def act(page) -> None:
         seen.append(page.evaluate(READ))
         for fraction in CLICKS:
             seen.append(_click(page, fraction))
+        cv = page.locator("section.device .bands-canvas").first
+        cv.scroll_into_view_if_needed()
+        box = cv.bounding_box()
+        y = box["y"] + box["height"] * 0.5
+        page.mouse.move(box["x"] + box["width"] * ZOOM[0], y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + box["width"] * ZOOM[1], y, steps=5)
+        page.mouse.up()
+        zoomed["window"], zoomed["drawn"], zoomed["ms"] = page.evaluate(BANDS)
+        page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.95)
+        zoomed["tip"] = page.inner_text("section.device .bands-tip")
         query = _query(a, seen[-1]["event"])
         found["query"] = query
         if query is not None:
@@ -148,9 +180,18 @@ def test_explorer_moments_and_find_match_the_api(tmp_path, snap):
         shown_found = {f: v for f, _, _, v in read["rows"] if v}
         assert shown_found == expected_found, found["query"]
         assert read["found"] == sum(expected_found.values())
+    lo, hi = zoomed["window"]
+    assert hi - lo + 1 <= 4000  # drawn allocation by allocation
+    expected_bands = _live_in(a, lo, hi)
+    assert sorted(tuple(b) for b in zoomed["drawn"]) == expected_bands
+    if zoomed["tip"].strip():  # the band under the pointer is one of them
+        head = zoomed["tip"].split("\n")
+        address = int(head[2].split(",")[0].removeprefix("at 0x"), 16)
+        assert address in {b[0] for b in expected_bands}
     print(f"\n{snap.name}: events {events}, first draw {first['first_ms']} ms, moment "
           f"changes {[s['change_ms'] for s in picked]} ms, found "
-          f"{found['query']!r}")
+          f"{found['query']!r}; bands of events {lo}-{hi} drawn in {zoomed['ms']} ms, "
+          f"hovered: {bool(zoomed['tip'].strip())}")
 
 
 @pytest.mark.parametrize("snap", [s for s in SAMPLES if "oom" in s.name], ids=lambda p: p.name)
