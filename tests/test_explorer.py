@@ -248,3 +248,39 @@ def test_packed_columns_read_back_exactly():
     for name, v in cols.items():
         assert back[name].tolist() == v.tolist(), name
     assert next(s for s in specs if s["name"] == "size")["factor"] % 512 == 0
+
+
+@pytest.mark.chromium
+def test_explore_in_a_notebook_is_the_report_inline(tmp_path):
+    """`a.explore()` as a notebook shows it (its `_repr_html_` in a page): the report's
+    explorer runs inside, offline, and its table at the report's moment is the API's."""
+    from .browser import chromium_path
+    from .conftest import require
+
+    snap = next(s for s in SAMPLES if s.name.startswith("fsdp"))
+    a = snapana.load(snap)
+    cell = a.explore()._repr_html_()
+    assert cell.startswith("<iframe") and "<script src" not in cell
+    page_file = tmp_path / "notebook.html"
+    page_file.write_text(f"<!DOCTYPE html><html><body><h1>a notebook</h1>{cell}</body></html>")
+    sync_playwright = require("playwright.sync_api").sync_playwright
+    requests: list[str] = []
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(),
+                                    args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.goto(page_file.resolve().as_uri())
+        frame = next(f for f in page.frames if f != page.main_frame)
+        frame.wait_for_function("document.body.dataset.rendered === 'yes'", timeout=60000)
+        rows = frame.evaluate("""Array.from(document.querySelectorAll(
+            'section.device .explore tbody tr')).map(r => [r.dataset.family,
+            Number(r.dataset.bytes), Number(r.dataset.blocks)])""")
+        event = frame.evaluate("Number(document.querySelector('.explore').dataset.event)")
+        browser.close()
+    assert errors == []
+    assert [r for r in requests if not r.startswith(("file:", "about:"))] == []
+    assert event == a.moment.idx
+    assert {f: (b, n) for f, b, n in rows} == _families_at(a, event)
