@@ -51,7 +51,9 @@ READ = """(() => {
           found: box.dataset.found === undefined ? null : Number(box.dataset.found),
           rows: Array.from(box.querySelectorAll('tbody tr')).map(r => [r.dataset.family,
             Number(r.dataset.bytes), Number(r.dataset.blocks), Number(r.dataset.found)]),
-          boxes, allocated_card: card('allocated'), reserved_card: card('reserved by PyTorch'),
+          boxes, sites: Array.from(box.querySelectorAll('.explore-sites details')).map(d =>
+            [d.dataset.site, Number(d.dataset.bytes), Number(d.dataset.blocks)]),
+          allocated_card: card('allocated'), reserved_card: card('reserved by PyTorch'),
           note: box.querySelector('.explore-note').hidden ? '' :
             box.querySelector('.explore-note').textContent,
           device: sec.dataset.device, first_ms: box.dataset.firstDrawMs,
@@ -90,6 +92,13 @@ def _live_in(a: snapana.Analysis, lo: int, hi: int) -> list[tuple[int, int, int,
     live = lt.filter((pl.col("born") < n) & (pl.col("born") <= hi)
                      & (pl.col("gone") > lo))
     return sorted(live.select("address", "size", "born", "gone").iter_rows())
+
+
+def _sites_at(a: snapana.Analysis, event: int) -> dict[str, tuple[int, int]]:
+    """Bytes and blocks per allocation site of the allocated blocks at `event`."""
+    blocks = a.at(event=event).blocks.filter(pl.col("state") == ACTIVE_ALLOCATED)
+    out = blocks.group_by("site").agg(pl.col("size").sum(), pl.len())
+    return {s: (b, n) for s, b, n in out.iter_rows()}
 
 
 def _query(a: snapana.Analysis, event: int) -> str | None:
@@ -171,6 +180,11 @@ def test_explorer_moments_and_find_match_the_api(tmp_path, snap):
             assert shown["reserved_card"] == fmt_bytes(state.reserved)
         if n != a.moment.idx:
             assert "coarser than at the report's own moment" in shown["note"]
+        sites = _sites_at(a, n)
+        assert {site: (b, k) for site, b, k in shown["sites"]} == {
+            site: sites[site] for site, _, _ in shown["sites"]}, f"event {n}"
+        assert [b for _, b, _ in shown["sites"]] == sorted(
+            (b for b, _ in sites.values()), reverse=True)[:10]
     # the clicks went where they were aimed: later on the axis, never an earlier event
     events = [s["event"] for s in picked]
     assert events == sorted(events)
