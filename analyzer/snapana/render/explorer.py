@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -67,8 +68,9 @@ def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: s
                   origin: int | None) -> dict[str, Any] | None:
     """What the page's explorer needs for one device (None without a recorded history):
     the lifetimes (alloc, free, size, family, stack, evidence, address), the per-event
-    reserved bytes and clock, the families with their colours, the distinct stacks and
-    their sites. `origin` is where the page's time axis counts from (µs)."""
+    reserved bytes and clock, the distinct stacks (lines) and their sites, all packed; the
+    distinct frame lines and site names, gzipped; the families with their colours.
+    `origin` is where the page's time axis counts from (µs)."""
     t = r.timeline
     ft = t.families
     if not r.diagnosis.history or ft is None or t.stacks is None or t.n_events == 0:
@@ -113,6 +115,10 @@ def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: s
     }
     if t.times_us is not None:
         columns["time"] = np.asarray(t.times_us, dtype=np.int64)
+    # the stacks: each one's length, then all their line indices (a capture can have many)
+    columns["stack_len"] = np.array([len(st) for st in stacks], dtype=np.int64)
+    columns["stack_lines"] = np.array([i for st in stacks for i in st], dtype=np.int64)
+    columns["stack_site"] = np.array(stack_site, dtype=np.int64)
     specs, blob = pack(columns, delta=frozenset({"alloc", "reserved", "time"}))
     x0 = origin if origin is not None else (int(t.times_us[0]) if t.times_us is not None
                                             else 0)
@@ -122,7 +128,9 @@ def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: s
         "x_is_time": t.times_us is not None, "x0": x0,
         "families": families, "colours": [colours.get(f, unknown_colour) for f in families],
         "named": named, "evidence": evidence,
-        "lines": list(lines), "stacks": stacks, "stack_site": stack_site,
-        "no_frames_site": no_frames, "sites": list(sites),
+        # the frame lines and site names, a JSON list each, gzipped (paths repeat a lot)
+        "texts": base64.b64encode(gzip.compress(json.dumps(
+            {"lines": list(lines), "sites": list(sites)}).encode(), mtime=0)).decode("ascii"),
+        "no_frames_site": no_frames,
         "columns": specs, "packed": blob,
     }
