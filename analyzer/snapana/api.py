@@ -260,6 +260,15 @@ class Analysis:
 
         return export(self.session.devices(), Path(out_dir))
 
+    def explore(self, height: int = 900) -> Explorer:
+        """The report with its explorer, inline in a notebook: pick any moment on the family
+        timeline, find text in stacks, zoom into every allocation as bands. The same page
+        `report` writes (plotly.js inlined, no network), in an iframe: plain HTML, no server,
+        no extension."""
+        from snapana.render import REPORT_FORMAT
+
+        return Explorer(_render(self.view, REPORT_FORMAT), height)
+
     def diff(self, other: Analysis) -> Comparison:
         """What changed from this analysis (before) to `other` (after), family by family and
         site by site, at each one's moment of interest."""
@@ -279,6 +288,20 @@ class Analysis:
                 f"padding-left:8px'>{_html.escape(self.verdict)}</p>"
                 f"{_table(('', ''), v.headline)}"
                 f"{_table(('family', 'bytes', 'blocks', 'share', 'label'), rows)}</div>")
+
+
+@dataclass(frozen=True)
+class Explorer:
+    """The report page (`Analysis.explore`); a notebook shows it in an iframe."""
+
+    html: str
+    height: int = 900
+
+    def _repr_html_(self) -> str:
+        # srcdoc keeps the page whole and its scripts apart from the notebook's
+        return (f'<iframe class="snapana-explorer" srcdoc="{_html.escape(self.html)}" '
+                f'style="width:100%;height:{int(self.height)}px;border:1px solid #ddd" '
+                'sandbox="allow-scripts"></iframe>')
 
 
 class Comparison:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,10 @@ def _device(d: DeviceView) -> tuple[DeviceView, dict[str, str]]:
              and (name != "families" or d.report.groups)
              and (name != "families_over_time" or d.timeline.families)
              and (name != "allocations" or d.allocations is not None)]
-    return d, {name: _figure_json(figures.FIGURES[name](d)) for name in drawn}
+    out: dict[str, str] = {name: _figure_json(figures.FIGURES[name](d)) for name in drawn}
+    if d.explorer is not None and "families_over_time" in out:  # the explorer's data
+        out["explorer"] = json.dumps(d.explorer, separators=(",", ":")).replace("</", "<\\/")
+    return d, out
 
 
 def _ranks(v: RanksView | None) -> dict[str, Any] | None:

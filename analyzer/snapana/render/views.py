@@ -32,6 +32,7 @@ from snapana.analysis.ranks.aggregate import MultiReport
 from snapana.render import ViewKind
 from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
+from snapana.render.explorer import explorer_data
 
 TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
 FAMILY_POINTS = 700  # points per family area (ten areas: the page stays small)
@@ -166,9 +167,11 @@ def downsample_indices(values: np.ndarray, max_points: int) -> np.ndarray:
 def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
                   reserved_known: bool = True, colours: Mapping[str, str] | None = None,
                   capacity: int | None = None,
-                  family_points: int = FAMILY_POINTS) -> TimelineView:
+                  family_points: int = FAMILY_POINTS,
+                  named: tuple[str, ...] = ()) -> TimelineView:
     """The report's timeline at most ~`max_points` points, the peak, the OOM and the ends
-    kept; the family areas at ~`family_points` chosen the same way."""
+    kept; the family areas at ~`family_points` chosen the same way (the `named` families,
+    the verdict's, each an area of its own)."""
     if t.n_events == 0:
         return TimelineView((), (), (), False, None, None, t.peak_bytes, ())
     keep = _keep(t, max_points)
@@ -198,7 +201,7 @@ def timeline_view(t: Timeline, max_points: int = TIMELINE_POINTS,
         bands=bands,
         zoom=zoom_window(times, min(i for i in (t.oom_idx, t.peak_idx) if i is not None)),
         reserved_known=reserved_known,
-        families=family_areas(t, family_keep, colours or {}),
+        families=family_areas(t, family_keep, colours or {}, named),
         family_events=tuple(int(i) for i in family_keep),
         family_reserved=tuple(int(v) for v in t.reserved[family_keep]),
         family_x=tuple(int(v) for v in (family_keep if times is None else times[family_keep])),
@@ -216,17 +219,19 @@ def _keep(t: Timeline, max_points: int) -> np.ndarray:
     return keep
 
 
-def family_areas(t: Timeline, keep: np.ndarray, colours: Mapping[str, str]) -> tuple[
-        FamilyArea, ...]:
+def family_areas(t: Timeline, keep: np.ndarray, colours: Mapping[str, str],
+                 named: tuple[str, ...] = ()) -> tuple[FamilyArea, ...]:
     """The families' bytes at the kept events: the `FAMILY_AREAS` that held the most at
-    their largest, stacked in the order they first held memory (what was there from the
-    start at the bottom, what grew on top), and the rest summed into one `other` area."""
+    their largest and the `named` ones (the verdict's: never folded away), stacked in the
+    order they first held memory (what was there from the start at the bottom, what grew
+    on top), and the rest summed into one `other` area."""
     ft = t.families
     if ft is None:
         return ()
     values = {f: ft.bytes_at(f, keep) for f in ft.families}
     shown = list(ft.families[:FAMILY_AREAS])
-    if len(ft.families) == FAMILY_AREAS + 1:  # an "other" of one family is that family
+    shown += [f for f in named if f in ft.families and f not in shown]
+    if len(ft.families) == len(shown) + 1:  # an "other" of one family is that family
         shown = list(ft.families)
     shown.sort(key=lambda f: (ft.first_held(f), -int(values[f].max(initial=0)), f))
     areas = [FamilyArea(f, tuple(int(v) for v in values[f]),
@@ -384,8 +389,11 @@ class DeviceView:
             return timeline_view(Timeline(np.zeros(0, np.int64), np.zeros(0, np.int64), None,
                                           None, -1, self.report.peak_allocated_bytes, ()))
         r = self.report
+        named = tuple(f for f in (r.diagnosis.excess_family, r.diagnosis.request_family)
+                      if f)
         return timeline_view(r.timeline, reserved_known=r.reserved_known,
-                             colours=self.colours, capacity=r.diagnosis.capacity_bytes)
+                             colours=self.colours, capacity=r.diagnosis.capacity_bytes,
+                             named=named)
 
     @cached_property
     def allocations(self) -> AllocationsView | None:
@@ -394,6 +402,12 @@ class DeviceView:
         if not self.report.diagnosis.history:
             return None
         return allocations_view(self.report, self.colours, OTHER_COLOUR, UNKNOWN_COLOUR)
+
+    @cached_property
+    def explorer(self) -> dict[str, Any] | None:
+        """Every allocation of the trace, packed for the page's explorer (None without
+        history; see `explorer.explorer_data`)."""
+        return explorer_data(self.report, self.colours, UNKNOWN_COLOUR, self.origin)
 
     @cached_property
     def colours(self) -> dict[str, str]:

@@ -1,0 +1,136 @@
+"""The report's explorer data: every allocation of the trace as compact columns, so the page
+can show what held memory after any event, find allocations by stack text and draw them,
+in the browser, with no server.
+
+Why: the report is written for one moment (the OOM, else the peak); the next questions are
+about others (the end of forward, the second peak). The family timeline already counts every
+allocation from `alloc_idx` to `free_req_idx` (`family_timeline`); the page gets those same
+lifetimes, so its family bytes at any event are the timeline's, which add up to allocated.
+
+Columns are integers packed small (sorted, delta-coded, divided by their common factor,
+each byte plane apart) and gzipped once; the page inflates them with the browser's own
+`DecompressionStream`, as it does plotly.js. A stack is kept once, as indices into its
+distinct frame lines, so the find box searches every frame of every allocation.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from snapana.analysis.attribution.sites import site_of
+from snapana.analysis.diagnosis.findings import DeviceReport
+
+#: How the page reads a packed column back: bytes per value, then (in this order undone)
+#: zigzag for signed deltas, a running sum, a factor and an offset.
+Column = dict[str, Any]
+
+
+def _frame_line(frame: tuple[str, str, int]) -> str:
+    """A frame as the find box searches it: the full file name, line and function."""
+    return f"{frame[0]}:{frame[2]} {frame[1]}"
+
+
+def pack(columns: Mapping[str, np.ndarray], delta: frozenset[str] = frozenset()) -> tuple[
+        list[Column], str]:
+    """Integer columns as one base64 gzip blob and how to read each back (see `Column`)."""
+    specs: list[Column] = []
+    parts: list[bytes] = []
+    for name, values in columns.items():
+        v = np.asarray(values, dtype=np.int64)
+        base = int(v.min()) if v.size else 0
+        v = v - base
+        nz = v[v > 0]  # sizes share 512: stored / 512
+        factor = int(np.gcd.reduce(nz)) if nz.size else 1
+        v = v // factor
+        zig = False
+        if name in delta and v.size:
+            d = np.diff(v, prepend=0)
+            zig = bool((d < 0).any())
+            v = np.where(d < 0, -2 * d - 1, 2 * d) if zig else d
+        top = int(v.max()) if v.size else 0
+        width = max(1, (top.bit_length() + 7) // 8)
+        planes = v.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :width]
+        parts.append(np.ascontiguousarray(planes.T).tobytes())
+        specs.append({"name": name, "n": int(v.size), "width": width, "zigzag": zig,
+                      "delta": name in delta, "factor": factor, "base": base})
+    blob = gzip.compress(b"".join(parts), compresslevel=6, mtime=0)
+    return specs, base64.b64encode(blob).decode("ascii")
+
+
+def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: str,
+                  origin: int | None) -> dict[str, Any] | None:
+    """What the page's explorer needs for one device (None without a recorded history):
+    the lifetimes (alloc, free, size, family, stack, evidence, address), the per-event
+    reserved bytes and clock, the distinct stacks (lines) and their sites, all packed; the
+    distinct frame lines and site names, gzipped; the families with their colours.
+    `origin` is where the page's time axis counts from (µs)."""
+    t = r.timeline
+    ft = t.families
+    if not r.diagnosis.history or ft is None or t.stacks is None or t.n_events == 0:
+        return None
+    n = t.n_events
+    lt = ft.lifetimes
+    born = lt["alloc_idx"].to_numpy()
+    freed = lt["free_req_idx"].to_numpy()
+    # counted exactly as `family_timeline` counts them: live from alloc (-1: before the
+    # first event) until the free request; never freed in the trace: until its end
+    early = (born < 0) & (freed >= 0)
+    keep = early | ((born >= 0) & (born < n))
+    alloc = np.where(early, -1, born)[keep]
+    free = np.where((freed >= 0) & (freed < n), freed, n)[keep]
+    lt = lt.filter(pl.Series(keep))
+    families = list(ft.families)
+    evidence = sorted(lt["evidence"].unique().to_list())
+    distinct, stack_row = np.unique(lt["stack_id"].to_numpy(), return_inverse=True)
+    frames_of = {int(s): t.stacks.stack(int(s)) for s in distinct.tolist()}
+    framed = [s for s in frames_of if frames_of[s]]
+    entry = {s: i for i, s in enumerate(framed)}
+    stack_entry = np.array([entry.get(int(s), -1) + 1 for s in distinct.tolist()],
+                           dtype=np.int64)[stack_row]  # 0: no frames
+    lines: dict[str, int] = {}
+    stacks = [[lines.setdefault(_frame_line(f), len(lines)) for f in frames_of[s]]
+              for s in framed]
+    sites: dict[str, int] = {}
+    stack_site = [sites.setdefault(site_of(frames_of[s]), len(sites)) for s in framed]
+    no_frames = sites.setdefault(site_of(()), len(sites))
+    order = np.lexsort((lt["address"].to_numpy(), alloc))
+    columns = {
+        "alloc": alloc[order] + 1,
+        "life": (free - alloc)[order],
+        "size": lt["size"].to_numpy()[order],
+        "family": lt["family"].cast(pl.Enum(families)).to_physical().to_numpy()
+        .astype(np.int64)[order],
+        "stack": stack_entry[order],
+        "evidence": lt["evidence"].cast(pl.Enum(evidence)).to_physical().to_numpy()
+        .astype(np.int64)[order],
+        "address": lt["address"].to_numpy()[order],
+        "reserved": np.asarray(t.reserved, dtype=np.int64),
+    }
+    if t.times_us is not None:
+        columns["time"] = np.asarray(t.times_us, dtype=np.int64)
+    # the stacks: each one's length, then all their line indices (a capture can have many)
+    columns["stack_len"] = np.array([len(st) for st in stacks], dtype=np.int64)
+    columns["stack_lines"] = np.array([i for st in stacks for i in st], dtype=np.int64)
+    columns["stack_site"] = np.array(stack_site, dtype=np.int64)
+    specs, blob = pack(columns, delta=frozenset({"alloc", "reserved", "time"}))
+    x0 = origin if origin is not None else (int(t.times_us[0]) if t.times_us is not None
+                                            else 0)
+    named = [f for f in (r.diagnosis.excess_family, r.diagnosis.request_family) if f]
+    return {
+        "n_events": n, "moment": r.moment.idx, "moment_kind": r.moment.kind,
+        "x_is_time": t.times_us is not None, "x0": x0,
+        "families": families, "colours": [colours.get(f, unknown_colour) for f in families],
+        "named": named, "evidence": evidence,
+        # the frame lines and site names, a JSON list each, gzipped (paths repeat a lot)
+        "texts": base64.b64encode(gzip.compress(json.dumps(
+            {"lines": list(lines), "sites": list(sites)}).encode(), mtime=0)).decode("ascii"),
+        "no_frames_site": no_frames,
+        "columns": specs, "packed": blob,
+    }
