@@ -74,14 +74,13 @@ def columns(data):
             bufs.append(array("q", v))
             del v
         frames = col("frames", None)
-        ids = list(map(id, frames))
-        distinct = dict(zip(ids, frames))
+        ids = array("q", map(id, frames))  # the stack column: which distinct list, by id
+        distinct = dict(zip(map(id, frames), frames))
         if not set(map(type, distinct.values())) <= {list, NONE}:
             return None
-        pos = dict(zip(distinct, range(len(distinct))))
-        bufs.append(array("i", map(pos.__getitem__, ids)))
-        metas.append((n, table, list(distinct.values())))
-        del frames, ids, distinct, pos
+        bufs.append(ids)
+        metas.append((n, table, list(distinct.values()), list(distinct)))
+        del frames, ids, distinct
     rest = dict(data)
     if "device_traces" in data:
         rest["device_traces"] = [[] if m else t for m, t in zip(metas, traces)]

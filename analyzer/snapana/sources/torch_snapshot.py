@@ -258,11 +258,12 @@ class _NotPlain(Exception):
 
 class _TraceColumns:
     """One device trace as the child sent it: `n` entries, distinct action strings and
-    distinct frame lists (in order of first use), and flat arrays indexing them."""
+    distinct frame lists (in order of first use) with the key the stack column names each
+    by, and flat arrays: actions index theirs, stacks hold keys."""
 
-    def __init__(self, n: int, actions: list[Any], frames: list[Any],
+    def __init__(self, n: int, actions: list[Any], frames: list[Any], frame_keys: list[Any],
                  arrays: list[Any]) -> None:
-        self.n, self.actions, self.frames = n, actions, frames
+        self.n, self.actions, self.frames, self.frame_keys = n, actions, frames, frame_keys
         (self.action, self.addr, self.size, self.stream, self.time_us, self.device_free,
          self.stack) = arrays
 
@@ -297,19 +298,19 @@ def _load_columns(path: Path, progress: ReadProgress | None
         at = rest_len
         for n in lengths:
             chunk = body[at:at + n]
-            arrays.append(np.frombuffer(chunk, dtype=np.int64 if len(arrays) % 7 in range(1, 6)
-                                        else np.int32))
+            arrays.append(np.frombuffer(chunk, dtype=np.int32 if len(arrays) % 7 == 0
+                                        else np.int64))
             at += n
         traces: dict[int, _TraceColumns] = {}
         k = 0
         for dev, meta in enumerate(metas):
             if meta is None:
                 continue
-            n, actions, frames = meta
+            n, actions, frames, frame_keys = meta
             cols = arrays[7 * k:7 * k + 7]
-            if any(len(c) != n for c in cols):
+            if any(len(c) != n for c in cols) or len(frame_keys) != len(frames):
                 return None
-            traces[dev] = _TraceColumns(n, actions, frames, cols)
+            traces[dev] = _TraceColumns(n, actions, frames, frame_keys, cols)
             k += 1
     except (KeyError, TypeError, ValueError, pickle.UnpicklingError, EOFError):
         return None  # not what the child writes: decode in-process
@@ -514,9 +515,15 @@ def _events_columns(tc: _TraceColumns, dev: int, intern: _Interner) -> pl.DataFr
         raise _NotPlain
     null = -(1 << 63)
     try:
-        sids = [intern(f, f"device_traces[{dev}].frames") for f in tc.frames]
-    except _Bad:
+        sids = np.asarray([intern(f, f"device_traces[{dev}].frames") for f in tc.frames],
+                          dtype=np.int64)
+        keys = np.asarray(tc.frame_keys, dtype=np.int64)
+    except (_Bad, TypeError, ValueError, OverflowError):
         raise _NotPlain from None
+    order = np.argsort(keys, kind="stable")
+    at = np.minimum(np.searchsorted(keys[order], tc.stack), max(len(keys) - 1, 0))
+    if tc.n and (not len(keys) or not np.array_equal(keys[order][at], tc.stack)):
+        raise _NotPlain  # a stack key the child did not list
     df = pl.DataFrame({
         "device": pl.repeat(dev, tc.n, dtype=pl.Int64, eager=True),
         "idx": pl.int_range(0, tc.n, dtype=pl.Int64, eager=True),
@@ -526,7 +533,7 @@ def _events_columns(tc: _TraceColumns, dev: int, intern: _Interner) -> pl.DataFr
         "size": pl.Series(tc.size, dtype=pl.Int64),
         "stream": pl.Series(tc.stream, dtype=pl.Int64),
         "time_us": pl.Series(tc.time_us, dtype=pl.Int64),
-        "stack_id": pl.Series(np.asarray(sids, dtype=np.int64)[tc.stack], dtype=pl.Int64),
+        "stack_id": pl.Series(sids[order[at]] if tc.n else sids[:0], dtype=pl.Int64),
         "device_free": pl.Series(tc.device_free, dtype=pl.Int64),
     }).with_columns(pl.col("time_us", "device_free").replace(null, None))
     bad = df.select(
