@@ -31,7 +31,7 @@ from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 #: the parent then decodes and validates in-process, naming the offending entry.
 CHILD_COLUMNS = r"""
 from array import array
-from itertools import repeat
+from itertools import compress, repeat
 NONE = type(None)
 NULL = -(1 << 63)  # marks None in time_us / device_free: outside both columns' valid ranges
 def columns(data):
@@ -42,7 +42,7 @@ def columns(data):
         traces = []
     if type(traces) is not list:
         return None
-    get, metas, bufs = dict.get, [], []
+    get, contains, metas, bufs = dict.get, dict.__contains__, [], []
     for trace in traces:
         if not trace:
             metas.append(None)
@@ -60,8 +60,7 @@ def columns(data):
         bufs.append(array("i", map(code.__getitem__, acts)))
         table = ["" if a is None else a for a in table]
         del acts
-        for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1),
-                              ("device_free", 1)):
+        for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1)):
             v = col(key, None)  # a missing key reads as None: null, or 0 where not nullable
             kinds = set(map(type, v))
             if not kinds <= {int, NONE}:
@@ -73,6 +72,17 @@ def columns(data):
                 v = [fill if x is None else x for x in v]
             bufs.append(array("q", v))
             del v
+        # device_free: only OOM entries carry it; the others are filled in C, not read
+        present = list(compress(range(n), map(contains, trace, repeat("device_free", n))))
+        free = array("q", [NULL]) * n
+        for i in present:
+            x = trace[i]["device_free"]
+            if x is not None:
+                if type(x) is not int or x == NULL:
+                    return None  # not an int, or NULL itself: let the parent judge it
+                free[i] = x
+        bufs.append(free)
+        del present, free
         frames = col("frames", None)
         ids = array("q", map(id, frames))  # the stack column: which distinct list, by id
         distinct = dict(zip(map(id, frames), frames))
