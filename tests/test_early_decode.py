@@ -4,6 +4,7 @@ pickle, taken by the reader for that very file, and never left running."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import pickle
 
@@ -84,6 +85,20 @@ def test_nothing_starts_for_a_file_that_is_no_pickle(tmp_path, content):
     path.write_bytes(content)
     pickle_child.start_early(path)
     assert not pickle_child._EARLY
+
+
+def test_corrupt_gzip_starts_nothing_and_is_refused_by_the_reader(tmp_path):
+    """A gzip stream that breaks in its first block (zlib.error, found by the fuzzer): no
+    early start, no exception from it; the command refuses the file in one line."""
+    body = bytearray(gzip.compress(b'{"traceEvents": [{"warpSize": 32}]}' * 4))
+    body[10] ^= 0x06  # the first deflate block's type: "invalid block type"
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(bytes(body))
+    pickle_child.start_early(path)
+    assert not pickle_child._EARLY
+    result = run_cli("summary", str(path))
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_a_refused_output_leaves_no_child_running(snap):

@@ -16,6 +16,7 @@ import atexit
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 from snapana.limits import decode_memory, decode_seconds
@@ -274,11 +275,11 @@ def _looks_like_pickle(path: Path) -> tuple[os.stat_result, bool] | None:
                 import io
 
                 os.lseek(fd, 0, os.SEEK_SET)
-                with gzip.GzipFile(fileobj=io.BytesIO(os.read(fd, 1 << 16))) as gz:
-                    try:
+                try:
+                    with gzip.GzipFile(fileobj=io.BytesIO(os.read(fd, 1 << 16))) as gz:
                         inner = gz.read(2)
-                    except (OSError, EOFError):
-                        return None
+                except (OSError, EOFError, zlib.error):  # corrupt: the reader says so
+                    return None
                 return (st, True) if inner[:1] == b"\x80" and inner[1:2] in (
                     b"\x02", b"\x03", b"\x04", b"\x05") else None
         finally:
