@@ -119,7 +119,7 @@ out.flush()
 os._exit(0)
 """
 
-#: Run by `_decode_in_child` as `python -I -S -c _CHILD PATH LIMIT MEM_BASE MEM_FACTOR SECONDS
+#: Run by `start` as `python -I -S -c CHILD PATH LIMIT MEM_BASE MEM_FACTOR SECONDS
 #: SECONDS_PER_BYTE`: counts the decompressed bytes (bounded), sets its memory limit and an
 #: alarm from that size, decodes with the same restricted unpickler and writes one JSON line.
 #: SIGALRM's default action ends the process even inside a C loop.
