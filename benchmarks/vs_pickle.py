@@ -8,9 +8,12 @@ temporary folder unless --cache names one; never committed). Then, in interleave
 its wall time, CPU time (user + system, the child processes included) and peak RSS (the
 largest of the process and its children) are taken; every ratio is to the `pickle.load` of
 the same round, and the median over rounds is printed. The machine is shared: read the
-ratios, and the CPU ratio when other jobs make the wall clock noisy. Last, one process runs
-the report's stages one by one and prints what each costs (decode, normalise, replay,
-attribute, diagnose, render).
+ratios, and the CPU ratio when other jobs make the wall clock noisy. Peak RSS is the
+largest single process (what `wait4` reports); tree RSS the largest sum over the process and
+its children at one moment (sampled), since the decode child runs beside the parent. Last,
+one process runs the report's stages one by one and prints what each costs (decode,
+normalise, replay, attribute, diagnose, render), the bounded child's decode and column
+making taken from its own reply.
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ def stage(name):
     now = [time.perf_counter(), time.process_time()]
     out[name] = [now[0] - clock[0], now[1] - clock[1]]
     clock[:] = now
+from snapana.sources import pickle_child
+child = pickle_child.start(path, path.stat().st_size, False, True)
+reply = json.loads(child.wait()[1].split(b"\n", 1)[0])
+out["  of which: child decode (cpu)"] = [reply["cpu_decode"], reply["cpu_decode"]]
+out["  of which: child columns (cpu)"] = [reply["cpu_columns"], reply["cpu_columns"]]
+stage("(the child alone, once more)")
 got = ts._load_columns(path, None)
 stage("decode (bounded child -> columns)")
 cap = (ts.from_snapshot_dict(got[0], str(path), columns=got[1]) if got is not None
@@ -50,9 +59,9 @@ cap = (ts.from_snapshot_dict(got[0], str(path), columns=got[1]) if got is not No
 stage("normalise (columns -> capture)")
 s = Session(cap)
 dr = s.replay
-dr.moment_of_interest()
+dr.interest
 stage("replay")
-live = dr.blocks_at(dr.moment_of_interest())
+live = dr.blocks_at(dr.interest)
 s.attributor.attribute(live.filter(pl.col("state") == "active_allocated"))
 stage("attribute (live blocks)")
 rep = s.report
@@ -63,16 +72,45 @@ print(json.dumps(out))
 """
 
 
-def run(args: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, CPU seconds (with children) and peak RSS bytes of one fresh process."""
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants now (from /proc; 0 when gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def run(args: list[str]) -> tuple[float, float, int, int]:
+    """Wall seconds, CPU seconds (with children), peak RSS bytes (the largest single process:
+    the process's own or its largest child's, as the kernel counts it) and the peak of the
+    whole tree's RSS summed (sampled every 10 ms: the parent and its decode child at once)
+    of one fresh process."""
     start = time.perf_counter()
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    tree = 0
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        tree = max(tree, _tree_rss(proc.pid))
+        time.sleep(0.01)
     wall = time.perf_counter() - start
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"failed: {' '.join(args)}: {err[-500:]}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+    peak = usage.ru_maxrss * 1024
+    return wall, usage.ru_utime + usage.ru_stime, peak, max(tree, peak)
 
 
 def generate(entries: int, folder: Path) -> Path:
@@ -92,7 +130,7 @@ def bench(path: Path, rounds: int) -> None:
             "summary": [sys.executable, "-m", "snapana", "summary", str(path)],
             "report": [sys.executable, "-m", "snapana", "report", str(path), "-o", str(html)],
         }
-        rows: dict[str, list[tuple[float, float, int]]] = {k: [] for k in commands}
+        rows: dict[str, list[tuple[float, float, int, int]]] = {k: [] for k in commands}
         for r in range(rounds):
             for name, cmd in commands.items():
                 rows[name].append(run(cmd))
@@ -103,23 +141,21 @@ def bench(path: Path, rounds: int) -> None:
     base = rows["pickle.load"]
     print(f"\n{path.name}: {path.stat().st_size / 1e6:.0f} MB, {rounds} interleaved rounds, "
           f"medians (ratio to pickle.load of the same round); HTML {html_mb:.2f} MB")
-    print(f"{'':12} {'wall s':>7} {'x':>5} {'cpu s':>7} {'x':>5} {'peak RSS':>9} {'x':>5}")
+    print(f"{'':12} {'wall s':>7} {'x':>5} {'cpu s':>7} {'x':>5} {'peak RSS':>9} {'x':>5} "
+          f"{'tree RSS':>9} {'x':>5}")
     for name, vals in rows.items():
-        wall = statistics.median(v[0] for v in vals)
-        cpu = statistics.median(v[1] for v in vals)
-        rss = statistics.median(v[2] for v in vals)
-        rw = statistics.median(v[0] / b[0] for v, b in zip(vals, base, strict=True))
-        rc = statistics.median(v[1] / b[1] for v, b in zip(vals, base, strict=True))
-        rr = statistics.median(v[2] / b[2] for v, b in zip(vals, base, strict=True))
-        print(f"{name:12} {wall:7.2f} {rw:5.2f} {cpu:7.2f} {rc:5.2f} "
-              f"{rss / 2**20:8.0f}M {rr:5.2f}")
+        med = [statistics.median(v[k] for v in vals) for k in range(4)]
+        ratio = [statistics.median(v[k] / b[k] for v, b in zip(vals, base, strict=True))
+                 for k in range(4)]
+        print(f"{name:12} {med[0]:7.2f} {ratio[0]:5.2f} {med[1]:7.2f} {ratio[1]:5.2f} "
+              f"{med[2] / 2**20:8.0f}M {ratio[2]:5.2f} {med[3] / 2**20:8.0f}M {ratio[3]:5.2f}")
 
 
 def stages(path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", _STAGES, str(path)], capture_output=True,
                          text=True, check=True)
     parts = json.loads(res.stdout.strip().splitlines()[-1])
-    total = sum(w for w, _ in parts.values())
+    total = sum(w for k, (w, _) in parts.items() if not k.startswith(("  ", "(")))
     print(f"\nstages of the report on {path.name} (one process; wall s / cpu s of this "
           "process, the child's decode counted in wall only):")
     for name, (wall, cpu) in parts.items():

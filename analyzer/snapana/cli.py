@@ -117,6 +117,11 @@ app.command(context_settings=record.CONTEXT_SETTINGS)(record.record)
 
 def main() -> None:
     """Entry point of the console script and `python -m snapana`."""
+    import sys
+
+    from snapana.commands._early import start_reading
+
+    start_reading(sys.argv[1:])  # a snapshot named alone starts decoding now
     try:
         app()
     except KeyboardInterrupt:

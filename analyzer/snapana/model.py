@@ -179,8 +179,19 @@ class Capture:
                 f"{self.stacks.truncated} stack(s) deeper than {MAX_STACK_FRAMES} frames were "
                 f"cut to their innermost {MAX_STACK_FRAMES}")
 
+    #: `device_events` per device, with the events table it was cut from (every stage asks
+    #: for it: replay, attribution, diagnosis; a filter and a sort of millions of rows each)
+    _device_events: dict[int, tuple[pl.DataFrame, pl.DataFrame]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
     def device_events(self, device: int) -> pl.DataFrame:
-        return self.events.filter(pl.col("device") == device).sort("idx")
+        """The events of one device in trace order; cut once per device (again when
+        `events` is replaced)."""
+        hit = self._device_events.get(device)
+        if hit is None or hit[0] is not self.events:
+            hit = self._device_events[device] = (
+                self.events, self.events.filter(pl.col("device") == device).sort("idx"))
+        return hit[1]
 
     def device_segments(self, device: int) -> pl.DataFrame:
         return self.segments.filter(pl.col("device") == device)

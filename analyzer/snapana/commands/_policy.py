@@ -129,6 +129,16 @@ def output_folder(output: Path, read: list[Path]) -> None:
     refuse_inputs(output, read, folder=True)
 
 
+def prepare(fmt: str, kind: str = "capture") -> None:
+    """Import the renderer of `fmt` now, before the inputs are read: a snapshot's decode
+    child (started early, `commands._early`) is still running, so its import costs no
+    time of the command's own. An unknown format is left for `render_view` to refuse."""
+    try:
+        renderers.renderer(kind, fmt)
+    except renderers.UnknownFormat:
+        pass
+
+
 def render_view(view: Any, fmt: str, to_terminal: bool = True) -> str:
     """`view` through the renderer registry: for stdout, laid out for the terminal there."""
     options = renderers.Options()

@@ -49,6 +49,7 @@ def report(
     default = (Path(ins.single.name.split(".")[0] + ".html") if ins.single is not None
                else Path("snapana-report.html"))
     out = policy.output_file(output, default, [*ins.files, *policy.with_sidecars(extras).files])
+    policy.prepare(renderers.REPORT_FORMAT)
     shown = policy.shown(ins, device, rules, capacity, at, workers, rank, extras)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
     policy.write(out, policy.render_view(view, renderers.REPORT_FORMAT, to_terminal=False))

@@ -32,6 +32,7 @@ def summary(
     from snapana.render.views import capture_view
 
     ins = policy.inputs(files, at)
+    policy.prepare(format.value)
     shown = policy.shown(ins, device, rules, capacity, at, workers)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
     sys.stdout.write(policy.render_view(view, format.value))

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from snapana.errors import InputError
-from snapana.model import Capture, ReadProgress
 from snapana.sources._io import check_regular, note_input, open_input
+
+if TYPE_CHECKING:  # the model (polars) is imported by the reader that builds one
+    from snapana.model import Capture, ReadProgress
 
 
 def sniff(path: Path) -> str:

@@ -30,7 +30,6 @@ import math
 import os
 import pickle
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -67,11 +66,11 @@ from snapana.model import (
     StackTable,
     pool_key,
 )
+from snapana.sources import pickle_child
 from snapana.sources._checks import first_event_outside_segments
 from snapana.sources._io import (
     BoundedGzip,
     MetaError,
-    decompressed_limit,
     first_line,
     open_input,
     sanitize,
@@ -138,173 +137,6 @@ def _gc_paused() -> Iterator[None]:
 
 # ----- decoding --------------------------------------------------------------------------------
 
-#: Appended to `_CHILD` when the parent asks for columns (argv[7] == "columns"): each device
-#: trace that holds only plain entries (dicts of ints, strings, frame lists) becomes flat
-#: int32/int64 buffers, built by C-level passes (map over dict.get, array from a list), so
-#: the parent never decodes the trace itself. The rest of the snapshot (segments, blocks,
-#: metadata) and, per trace, its distinct action strings and distinct frame lists travel as
-#: a builtins-only pickle the parent reads with the restricted unpickler. Anything else (a
-#: float time, a bool, a value past int64, a non-dict entry) and the reply is `plain: false`:
-#: the parent then decodes and validates in-process, naming the offending entry.
-_CHILD_COLUMNS = r"""
-from array import array
-from itertools import repeat
-NONE = type(None)
-NULL = -(1 << 63)  # marks None in time_us / device_free: outside both columns' valid ranges
-def columns(data):
-    if type(data) is not dict:
-        return None
-    traces = data.get("device_traces")
-    if traces is None:
-        traces = []
-    if type(traces) is not list:
-        return None
-    get, contains, metas, bufs = dict.get, dict.__contains__, [], []
-    for trace in traces:
-        if not trace:
-            metas.append(None)
-            continue
-        if type(trace) is not list or set(map(type, trace)) != {dict}:
-            return None
-        n = len(trace)
-        def col(key, default):  # a missing key reads as `default`
-            return list(map(get, trace, repeat(key, n), repeat(default, n)))
-        acts = col("action", "")
-        table = list(dict.fromkeys(acts))  # types checked on the distinct values only
-        if not set(map(type, table)) <= {str, NONE}:
-            return None
-        code = dict(zip(table, range(len(table))))
-        bufs.append(array("i", map(code.__getitem__, acts)))
-        table = ["" if a is None else a for a in table]
-        del acts
-        for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1),
-                              ("device_free", 1)):
-            fill = NULL if nullable else 0
-            v = col(key, fill)
-            kinds = set(map(type, v))
-            if not kinds <= {int, NONE}:
-                return None
-            if nullable and v.count(NULL) != n - sum(map(contains, trace, repeat(key, n))):
-                return None  # the value NULL itself in the file: let the parent judge it
-            if NONE in kinds:
-                v = [fill if x is None else x for x in v]
-            bufs.append(array("q", v))
-        frames = col("frames", None)
-        ids = list(map(id, frames))
-        distinct = dict(zip(ids, frames))
-        if not set(map(type, distinct.values())) <= {list, NONE}:
-            return None
-        pos = dict(zip(distinct, range(len(distinct))))
-        bufs.append(array("i", map(pos.__getitem__, ids)))
-        metas.append((n, table, list(distinct.values())))
-        del frames, ids, distinct, pos
-    rest = dict(data)
-    if "device_traces" in data:
-        rest["device_traces"] = [[] if m else t for m, t in zip(metas, traces)]
-    return pickle.dumps((rest, metas), protocol=4), bufs
-try:
-    got = columns(data)
-except (ValueError, TypeError, OverflowError, RecursionError, MemoryError):
-    got = None
-if got is None:
-    reply(ok=True, size=size, peak=peak, plain=False)
-blob, bufs = got
-del data
-head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
-                       bufs=[len(b) * b.itemsize for b in bufs]))
-out = sys.stdout.buffer
-out.write(head.encode() + b"\n")
-out.write(blob)
-for b in bufs:
-    out.write(memoryview(b).cast("B"))
-out.flush()
-os._exit(0)
-"""
-
-#: Run by `_decode_in_child` as `python -I -S -c _CHILD PATH LIMIT MEM_BASE MEM_FACTOR SECONDS
-#: SECONDS_PER_BYTE`: counts the decompressed bytes (bounded), sets its memory limit and an
-#: alarm from that size, decodes with the same restricted unpickler and writes one JSON line.
-#: SIGALRM's default action ends the process even inside a C loop.
-_CHILD = r"""
-import gc, gzip, io, json, os, pickle, sys
-gc.disable()  # millions of dicts and no cycles: collecting would cost more than decoding
-path = sys.argv[1]
-limit, base, factor = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-seconds, per_byte = float(sys.argv[5]), float(sys.argv[6])
-def reply(**kw):
-    sys.stdout.write(json.dumps(kw) + "\n")
-    sys.stdout.flush()
-    os._exit(0)
-class Refused(Exception):
-    pass
-class Restricted(pickle.Unpickler):
-    def find_class(self, module, name):
-        raise Refused(module + "." + name)
-    def persistent_load(self, pid):
-        raise Refused("persistent id")
-class TooBig(Exception):
-    pass
-class Bounded(io.RawIOBase):
-    def __init__(self, f):
-        self.f, self.n = f, 0
-    def readable(self):
-        return True
-    def readinto(self, b):
-        k = self.f.readinto(b)
-        self.n += k
-        if self.n > limit:
-            raise TooBig()
-        return k
-def stream():
-    f = open(path, "rb")
-    gz = f.read(2) == b"\x1f\x8b"
-    f.seek(0)
-    return Bounded(gzip.GzipFile(fileobj=f) if gz else f), gz
-try:
-    src, gz = stream()
-    if gz:
-        buf = bytearray(1 << 20)
-        while src.readinto(buf):
-            pass
-        size = src.n
-    else:
-        size = os.fstat(src.f.fileno()).st_size
-    try:
-        import resource
-        cap = base + factor * size
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    except (ImportError, ValueError, OSError):
-        pass
-    try:
-        import signal
-        signal.alarm(int(seconds + per_byte * size) + 1)
-    except (ImportError, AttributeError):
-        pass
-    src, _ = stream()
-    data = Restricted(io.BufferedReader(src, 1 << 20)).load()
-except MemoryError:
-    reply(error="memory")
-except TooBig:
-    reply(error="limit")
-except BaseException as exc:
-    reply(error="decode", detail=type(exc).__name__)
-peak = 0
-try:  # this process's own peak (ru_maxrss would include the parent's, from before exec)
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                peak = int(line.split()[1]) * 1024
-except (OSError, ValueError):
-    pass
-if sys.argv[7] != "columns":
-    reply(ok=True, size=size, peak=peak)
-try:  # making columns is linear work: it gets a time limit of its own, as long again
-    signal.alarm(int(seconds + per_byte * size) + 1)
-except (NameError, AttributeError):
-    pass
-""" + _CHILD_COLUMNS
-
-
 def _decode_in_child(path: Path, size: int, compressed: bool, columns: bool = False
                      ) -> tuple[dict[str, Any], memoryview] | None:
     """Decode the pickle once in a bounded child process; InputError when that crashes,
@@ -312,42 +144,36 @@ def _decode_in_child(path: Path, size: int, compressed: bool, columns: bool = Fa
     (a refused global, a truncated file) are left to the real decode, which says them.
 
     With ``columns``, the child's reply and payload when the snapshot is plain
-    (`_CHILD_COLUMNS`: the rest as a pickle, then the trace buffers), else None: the caller
-    decodes in-process."""
-    limit = decompressed_limit(size)[0] if compressed else size
-    base = decode_memory(0)
-    factor = decode_memory(1) - base
-    seconds = decode_seconds(0)
-    per_byte = decode_seconds(1 << 20) - seconds
-    cmd = [sys.executable, "-I", "-S", "-c", _CHILD, str(path), str(limit), str(base),
-           str(factor), repr(seconds), repr(per_byte / (1 << 20)),
-           "columns" if columns else "check"]
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT", "LANG")}
+    (`pickle_child.CHILD_COLUMNS`: the rest as a pickle, then the trace buffers), else None:
+    the caller decodes in-process. A child `pickle_child.start_early` started on this very
+    file is taken rather than starting another."""
     try:
-        budget = seconds + per_byte / (1 << 20) * limit
-        proc = subprocess.run(cmd, capture_output=True, timeout=budget * (2 if columns else 1)
-                              + 30 + limit / (20 << 20), env=env, check=False)
+        st = os.stat(path)
+        child = pickle_child.take(path, st, columns) if columns else None
+        if child is None:
+            child = pickle_child.start(path, size, compressed, columns)
+        limit = child.limit
+        returncode, out = child.wait()
     except subprocess.TimeoutExpired:
         raise InputError(f"{path}: decoding the pickle did not finish in time (a hostile or "
                          f"corrupt structure?); {limit_hint('SNAPANA_DECODE_SECONDS')}"
                          ) from None
     except OSError:
         return None  # no child process possible here: decode in-process as before
-    out = proc.stdout
     head = out.find(b"\n")
     try:
         reply = json.loads(out[:head if head >= 0 else len(out)].decode("utf-8", "replace"))
     except ValueError:
         reply = None
-    if proc.returncode != 0 or not isinstance(reply, dict):
-        sig = -proc.returncode if proc.returncode < 0 else 0
+    if returncode != 0 or not isinstance(reply, dict):
+        sig = -returncode if returncode < 0 else 0
         if sig == 14:  # SIGALRM: the decode's own time limit
             raise InputError(f"{path}: decoding the pickle did not finish in "
                              f"{decode_seconds(size if not compressed else limit):.0f} s "
                              "(a hostile or corrupt structure?); "
                              f"{limit_hint('SNAPANA_DECODE_SECONDS')}")
         raise InputError(f"{path}: the pickle crashed the decoder "
-                         f"({'signal ' + str(sig) if sig else 'exit ' + str(proc.returncode)}"
+                         f"({'signal ' + str(sig) if sig else 'exit ' + str(returncode)}"
                          "): corrupt or hostile data, nothing from it was executed")
     if reply.get("error") == "memory" or (
             reply.get("ok") and int(reply.get("peak") or 0) > decode_memory(
@@ -409,7 +235,7 @@ def load(path: Path, progress: ReadProgress | None = None) -> Capture:
     """Read a snapshot pickle into a Capture, accepting every layout PyTorch has written.
 
     The pickle is decoded once, in the bounded child, which hands back the traces as flat
-    columns (`_CHILD_COLUMNS`); only a snapshot whose trace holds values of another type
+    columns (`pickle_child.CHILD_COLUMNS`); only a snapshot whose trace holds values of another type
     than PyTorch writes (or one the columns then find out of range) is decoded again here,
     by the entry-by-entry path that names the offending value. On that path the decoded
     entries are released chunk by chunk as they become columns.
@@ -432,11 +258,12 @@ class _NotPlain(Exception):
 
 class _TraceColumns:
     """One device trace as the child sent it: `n` entries, distinct action strings and
-    distinct frame lists (in order of first use), and flat arrays indexing them."""
+    distinct frame lists (in order of first use) with the key the stack column names each
+    by, and flat arrays: actions index theirs, stacks hold keys."""
 
-    def __init__(self, n: int, actions: list[Any], frames: list[Any],
+    def __init__(self, n: int, actions: list[Any], frames: list[Any], frame_keys: list[Any],
                  arrays: list[Any]) -> None:
-        self.n, self.actions, self.frames = n, actions, frames
+        self.n, self.actions, self.frames, self.frame_keys = n, actions, frames, frame_keys
         (self.action, self.addr, self.size, self.stream, self.time_us, self.device_free,
          self.stack) = arrays
 
@@ -471,19 +298,19 @@ def _load_columns(path: Path, progress: ReadProgress | None
         at = rest_len
         for n in lengths:
             chunk = body[at:at + n]
-            arrays.append(np.frombuffer(chunk, dtype=np.int64 if len(arrays) % 7 in range(1, 6)
-                                        else np.int32))
+            arrays.append(np.frombuffer(chunk, dtype=np.int32 if len(arrays) % 7 == 0
+                                        else np.int64))
             at += n
         traces: dict[int, _TraceColumns] = {}
         k = 0
         for dev, meta in enumerate(metas):
             if meta is None:
                 continue
-            n, actions, frames = meta
+            n, actions, frames, frame_keys = meta
             cols = arrays[7 * k:7 * k + 7]
-            if any(len(c) != n for c in cols):
+            if any(len(c) != n for c in cols) or len(frame_keys) != len(frames):
                 return None
-            traces[dev] = _TraceColumns(n, actions, frames, cols)
+            traces[dev] = _TraceColumns(n, actions, frames, frame_keys, cols)
             k += 1
     except (KeyError, TypeError, ValueError, pickle.UnpicklingError, EOFError):
         return None  # not what the child writes: decode in-process
@@ -688,9 +515,15 @@ def _events_columns(tc: _TraceColumns, dev: int, intern: _Interner) -> pl.DataFr
         raise _NotPlain
     null = -(1 << 63)
     try:
-        sids = [intern(f, f"device_traces[{dev}].frames") for f in tc.frames]
-    except _Bad:
+        sids = np.asarray([intern(f, f"device_traces[{dev}].frames") for f in tc.frames],
+                          dtype=np.int64)
+        keys = np.asarray(tc.frame_keys, dtype=np.int64)
+    except (_Bad, TypeError, ValueError, OverflowError):
         raise _NotPlain from None
+    order = np.argsort(keys, kind="stable")
+    at = np.minimum(np.searchsorted(keys[order], tc.stack), max(len(keys) - 1, 0))
+    if tc.n and (not len(keys) or not np.array_equal(keys[order][at], tc.stack)):
+        raise _NotPlain  # a stack key the child did not list
     df = pl.DataFrame({
         "device": pl.repeat(dev, tc.n, dtype=pl.Int64, eager=True),
         "idx": pl.int_range(0, tc.n, dtype=pl.Int64, eager=True),
@@ -700,7 +533,7 @@ def _events_columns(tc: _TraceColumns, dev: int, intern: _Interner) -> pl.DataFr
         "size": pl.Series(tc.size, dtype=pl.Int64),
         "stream": pl.Series(tc.stream, dtype=pl.Int64),
         "time_us": pl.Series(tc.time_us, dtype=pl.Int64),
-        "stack_id": pl.Series(np.asarray(sids, dtype=np.int64)[tc.stack], dtype=pl.Int64),
+        "stack_id": pl.Series(sids[order[at]] if tc.n else sids[:0], dtype=pl.Int64),
         "device_free": pl.Series(tc.device_free, dtype=pl.Int64),
     }).with_columns(pl.col("time_us", "device_free").replace(null, None))
     bad = df.select(

@@ -1,0 +1,324 @@
+"""The bounded child that decodes a snapshot pickle, and starting it early.
+
+A snapshot pickle is decoded in a child process (`CHILD`: the restricted unpickler, under a
+time limit and a memory limit proportional to the file; see `torch_snapshot`), which hands
+the traces back as flat columns. This module holds that child and starts it; it imports
+nothing heavy (no polars, no numpy), so the command line can start decoding the one file it
+was given before it imports the pipeline (`start_early`), and the decode runs while the
+parent imports. `torch_snapshot` then takes the child already running for the same file,
+mode and limits (`take`), or starts one. A child no one takes is ended when the process
+exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+from snapana.limits import decode_memory, decode_seconds
+from snapana.sources._io import GZIP_MAGIC, decompressed_limit
+
+#: Appended to `CHILD` when the parent asks for columns (argv[7] == "columns"): each device
+#: trace that holds only plain entries (dicts of ints, strings, frame lists) becomes flat
+#: int32/int64 buffers, built by C-level passes (map over dict.get, array from a list), so
+#: the parent never decodes the trace itself. The rest of the snapshot (segments, blocks,
+#: metadata) and, per trace, its distinct action strings and distinct frame lists travel as
+#: a builtins-only pickle the parent reads with the restricted unpickler. Anything else (a
+#: float time, a bool, a value past int64, a non-dict entry) and the reply is `plain: false`:
+#: the parent then decodes and validates in-process, naming the offending entry.
+CHILD_COLUMNS = r"""
+from array import array
+from itertools import compress, repeat
+NONE = type(None)
+NULL = -(1 << 63)  # marks None in time_us / device_free: outside both columns' valid ranges
+def columns(data):
+    if type(data) is not dict:
+        return None
+    traces = data.get("device_traces")
+    if traces is None:
+        traces = []
+    if type(traces) is not list:
+        return None
+    get, contains, metas, bufs = dict.get, dict.__contains__, [], []
+    for trace in traces:
+        if not trace:
+            metas.append(None)
+            continue
+        if type(trace) is not list or set(map(type, trace)) != {dict}:
+            return None
+        n = len(trace)
+        def col(key, default):  # a missing key reads as `default`
+            return list(map(get, trace, repeat(key, n), repeat(default, n)))
+        acts = col("action", "")
+        table = list(dict.fromkeys(acts))  # types checked on the distinct values only
+        if not set(map(type, table)) <= {str, NONE}:
+            return None
+        code = dict(zip(table, range(len(table))))
+        bufs.append(array("i", map(code.__getitem__, acts)))
+        table = ["" if a is None else a for a in table]
+        del acts
+        for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1)):
+            v = col(key, None)  # a missing key reads as None: null, or 0 where not nullable
+            kinds = set(map(type, v))
+            if not kinds <= {int, NONE}:
+                return None
+            if nullable and v.count(NULL):
+                return None  # the value NULL itself in the file: let the parent judge it
+            if NONE in kinds:
+                fill = NULL if nullable else 0
+                v = [fill if x is None else x for x in v]
+            bufs.append(array("q", v))
+            del v
+        # device_free: only OOM entries carry it; the others are filled in C, not read
+        present = list(compress(range(n), map(contains, trace, repeat("device_free", n))))
+        free = array("q", [NULL]) * n
+        for i in present:
+            x = trace[i]["device_free"]
+            if x is not None:
+                if type(x) is not int or x == NULL:
+                    return None  # not an int, or NULL itself: let the parent judge it
+                free[i] = x
+        bufs.append(free)
+        del present, free
+        frames = col("frames", None)
+        ids = array("q", map(id, frames))  # the stack column: which distinct list, by id
+        distinct = dict(zip(map(id, frames), frames))
+        if not set(map(type, distinct.values())) <= {list, NONE}:
+            return None
+        bufs.append(ids)
+        metas.append((n, table, list(distinct.values()), list(distinct)))
+        del frames, ids, distinct
+    rest = dict(data)
+    if "device_traces" in data:
+        rest["device_traces"] = [[] if m else t for m, t in zip(metas, traces)]
+    return pickle.dumps((rest, metas), protocol=4), bufs
+try:
+    got = columns(data)
+except (ValueError, TypeError, OverflowError, RecursionError, MemoryError):
+    got = None
+if got is None:
+    reply(ok=True, size=size, peak=peak, plain=False, cpu_decode=cpu_decode)
+blob, bufs = got  # `data` stays: os._exit frees it at once, not dict by dict
+head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
+                       cpu_decode=cpu_decode, cpu_columns=time.process_time() - cpu_decode,
+                       bufs=[len(b) * b.itemsize for b in bufs]))
+try:  # the work is done: writing waits on the parent reading, which its own timeout bounds
+    signal.alarm(0)
+except (NameError, AttributeError):
+    pass
+out = sys.stdout.buffer
+out.write(head.encode() + b"\n")
+out.write(blob)
+for b in bufs:
+    out.write(memoryview(b).cast("B"))
+out.flush()
+os._exit(0)
+"""
+
+#: Run by `start` as `python -I -S -c CHILD PATH LIMIT MEM_BASE MEM_FACTOR SECONDS
+#: SECONDS_PER_BYTE`: counts the decompressed bytes (bounded), sets its memory limit and an
+#: alarm from that size, decodes with the same restricted unpickler and writes one JSON line.
+#: SIGALRM's default action ends the process even inside a C loop.
+CHILD = r"""
+import gc, gzip, io, json, os, pickle, sys, time
+gc.disable()  # millions of dicts and no cycles: collecting would cost more than decoding
+path = sys.argv[1]
+limit, base, factor = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+seconds, per_byte = float(sys.argv[5]), float(sys.argv[6])
+def reply(**kw):
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+    os._exit(0)
+class Refused(Exception):
+    pass
+class Restricted(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise Refused(module + "." + name)
+    def persistent_load(self, pid):
+        raise Refused("persistent id")
+class TooBig(Exception):
+    pass
+class Bounded(io.RawIOBase):
+    def __init__(self, f):
+        self.f, self.n = f, 0
+    def readable(self):
+        return True
+    def readinto(self, b):
+        k = self.f.readinto(b)
+        self.n += k
+        if self.n > limit:
+            raise TooBig()
+        return k
+def stream():
+    f = open(path, "rb")
+    gz = f.read(2) == b"\x1f\x8b"
+    f.seek(0)
+    return Bounded(gzip.GzipFile(fileobj=f) if gz else f), gz
+try:
+    src, gz = stream()
+    if gz:
+        buf = bytearray(1 << 20)
+        while src.readinto(buf):
+            pass
+        size = src.n
+    else:
+        size = os.fstat(src.f.fileno()).st_size
+    try:
+        import resource
+        cap = base + factor * size
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    except (ImportError, ValueError, OSError):
+        pass
+    try:
+        import signal
+        signal.alarm(int(seconds + per_byte * size) + 1)
+    except (ImportError, AttributeError):
+        pass
+    src, _ = stream()
+    data = Restricted(io.BufferedReader(src, 1 << 20)).load()
+except MemoryError:
+    reply(error="memory")
+except TooBig:
+    reply(error="limit")
+except BaseException as exc:
+    reply(error="decode", detail=type(exc).__name__)
+cpu_decode = time.process_time()
+peak = 0
+try:  # this process's own peak (ru_maxrss would include the parent's, from before exec)
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) * 1024
+except (OSError, ValueError):
+    pass
+if sys.argv[7] != "columns":
+    reply(ok=True, size=size, peak=peak)
+try:  # making columns is linear work: it gets a time limit of its own, as long again
+    signal.alarm(int(seconds + per_byte * size) + 1)
+except (NameError, AttributeError):
+    pass
+""" + CHILD_COLUMNS
+
+
+class Child:
+    """A running decode child: its process, the limit of decompressed bytes it was given
+    and the timeout its parent waits for it with."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], limit: int, timeout: float) -> None:
+        self.proc, self.limit, self.timeout = proc, limit, timeout
+
+    def wait(self) -> tuple[int, bytes]:
+        """(exit status, stdout); TimeoutExpired (the child killed) past the timeout."""
+        try:
+            out, _ = self.proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        return self.proc.returncode, out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.communicate(timeout=30)
+        except (subprocess.TimeoutExpired, ValueError, OSError):
+            pass
+
+
+def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
+    """Start the child on `path` (`size` bytes on disk); OSError when no process can be
+    started here."""
+    limit = decompressed_limit(size)[0] if compressed else size
+    base = decode_memory(0)
+    factor = decode_memory(1) - base
+    seconds = decode_seconds(0)
+    per_byte = decode_seconds(1 << 20) - seconds
+    cmd = [sys.executable, "-I", "-S", "-c", CHILD, str(path), str(limit), str(base),
+           str(factor), repr(seconds), repr(per_byte / (1 << 20)),
+           "columns" if columns else "check"]
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT", "LANG")}
+    budget = seconds + per_byte / (1 << 20) * limit
+    timeout = budget * (2 if columns else 1) + 30 + limit / (20 << 20)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    return Child(proc, limit, timeout)
+
+
+#: Children started early, by what identifies their file and mode.
+_EARLY: dict[tuple[object, ...], Child] = {}
+
+
+def _key(path: Path, st: os.stat_result, columns: bool) -> tuple[object, ...]:
+    return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, columns,
+            os.environ.get("SNAPANA_DECODE_SECONDS"), os.environ.get("SNAPANA_DECODE_MEMORY"),
+            os.environ.get("SNAPANA_MAX_RATIO"), os.environ.get("SNAPANA_MAX_DECOMPRESSED"))
+
+
+def _looks_like_pickle(path: Path) -> tuple[os.stat_result, bool] | None:
+    """(stat, gzip?) of a regular file that starts like a snapshot pickle (protocol 2-5,
+    plain or gzip), else None. Opened non-blocking: never waits on a FIFO."""
+    import stat
+
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            head = os.read(fd, 2)
+            if head == GZIP_MAGIC:
+                import gzip
+                import io
+
+                os.lseek(fd, 0, os.SEEK_SET)
+                try:
+                    with gzip.GzipFile(fileobj=io.BytesIO(os.read(fd, 1 << 16))) as gz:
+                        inner = gz.read(2)
+                except (OSError, EOFError, zlib.error):  # corrupt: the reader says so
+                    return None
+                return (st, True) if inner[:1] == b"\x80" and inner[1:2] in (
+                    b"\x02", b"\x03", b"\x04", b"\x05") else None
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    ok = head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
+    return (st, False) if ok else None
+
+
+def start_early(path: Path) -> None:
+    """Start decoding `path` now, in columns, when it is a regular file that starts like a
+    snapshot pickle; `take` hands the child to the reader. Anything odd: nothing started
+    (the reader then checks the file and says what is wrong)."""
+    found = _looks_like_pickle(path)
+    if found is None:
+        return
+    st, compressed = found
+    key = _key(path, st, True)
+    if key in _EARLY:
+        return
+    try:
+        _EARLY[key] = start(path, st.st_size, compressed, True)
+    except OSError:
+        return
+    if len(_EARLY) == 1:
+        atexit.register(_end_untaken)
+
+
+def take(path: Path, st: os.stat_result, columns: bool) -> Child | None:
+    """The child `start_early` started on this very file (same device, inode, size and
+    modification time, same mode and limits), handed over once; else None."""
+    if not _EARLY:
+        return None
+    return _EARLY.pop(_key(path, st, columns), None)
+
+
+def _end_untaken() -> None:
+    """A child started early but never taken (the command failed first): ended, not left
+    running."""
+    while _EARLY:
+        _EARLY.popitem()[1].kill()
