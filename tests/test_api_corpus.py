@@ -108,6 +108,10 @@ def _analysis_members(a: Analysis, tmp: Path) -> dict[str, Callable[[], Any]]:
         out = a.export(tmp / "export")
         assert any(out.iterdir())
 
+    def explore() -> None:
+        page = a.explore()._repr_html_()
+        assert page.startswith("<iframe") and "srcdoc=" in page
+
     def diff() -> None:
         c = a.diff(a)
         assert isinstance(c, Comparison)
@@ -123,7 +127,7 @@ def _analysis_members(a: Analysis, tmp: Path) -> dict[str, Callable[[], Any]]:
     calls: dict[str, Callable[[], Any]] = {
         "at": at, "stack": stack, "figure": figure, "explain": explain,
         "explain_text": explain, "summary": summary, "report": report, "export": export,
-        "diff": diff, "families": tables, "blocks": tables, "sites": tables,
+        "explore": explore, "diff": diff, "families": tables, "blocks": tables, "sites": tables,
         "timeline": tables, "events": tables, "segments": tables, "frames": tables,
         "stacks": tables, "_repr_html_": lambda: isinstance(a._repr_html_(), str),
     }
@@ -152,7 +156,7 @@ def test_every_public_member_is_exercised(tmp_path) -> None:
     """A member this file does not call explicitly is at least read; a new *method* needs a
     line in `_analysis_members` (calling it without arguments may not be enough)."""
     known_methods = {"at", "stack", "figure", "explain", "explain_text", "summary", "report",
-                     "export", "diff", "_repr_html_"}
+                     "export", "explore", "diff", "_repr_html_"}
     methods = {n for n in _public(Analysis)
                if inspect.isfunction(inspect.getattr_static(Analysis, n))}
     assert methods <= known_methods, f"untested API methods: {sorted(methods - known_methods)}"
