@@ -10,6 +10,11 @@ process: `snapana report FILE -o r.html` (this interpreter) and
 wall times (medians over rounds) and their ratio; then the median and the largest ratio, and
 `snapana report` of the smallest file alone (its fixed start-up cost). The machine may be
 shared: read the ratios, each taken within one round.
+
+Both sides run as installed: torch's modules were byte-compiled when pip installed it, so
+the snapana package is byte-compiled first (`compileall`, as pip does for a wheel; an
+editable install under PYTHONDONTWRITEBYTECODE would otherwise compile ~60 modules from
+source on every run). `--source` skips that, to see what it costs.
 """
 
 from __future__ import annotations
@@ -47,7 +52,16 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=None)
     ap.add_argument("--torch-python", default="/work/venv-torch/bin/python")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--source", action="store_true",
+                    help="do not byte-compile snapana first (see the module docstring)")
     args = ap.parse_args()
+    if not args.source:
+        import compileall
+
+        import snapana
+
+        compileall.compile_dir(Path(snapana.__file__).parent, quiet=1)
+        print(f"byte-compiled {Path(snapana.__file__).parent} (as pip installs a wheel)")
     corpus = args.corpus or default_corpus()
     files = sorted(p for p in corpus.iterdir() if p.is_file())
     ratios: list[float] = []
