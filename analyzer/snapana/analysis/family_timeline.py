@@ -74,6 +74,16 @@ class FamilyTimeline:
             "bytes": np.concatenate([self.by_family[f][1] for f in fams] or [np.zeros(0)]),
         }, schema={"family": pl.Utf8, "event": pl.Int64, "bytes": pl.Int64})
 
+    @cached_property
+    def spans(self) -> pl.DataFrame:
+        """The lifetimes this timeline counts, each with `start` (-1: alive before the first
+        event) and `end` (its free request; `n_events`: not freed in the trace): a family's
+        bytes after event e are the sizes of its spans with start <= e < end."""
+        counted, start, end = counted_spans(self.lifetimes, self.n_events)
+        return self.lifetimes.filter(pl.Series(counted)).with_columns(
+            pl.Series("start", start[counted], dtype=pl.Int64),
+            pl.Series("end", end[counted], dtype=pl.Int64))
+
     def bytes_at(self, family: str, events: np.ndarray) -> np.ndarray:
         """The family's live bytes after each of `events` (-1: before the first event)."""
         hit = self.by_family.get(family)
@@ -161,21 +171,32 @@ class FamilyTimeline:
             "event", "time_us", "family", "bytes")
 
 
+def counted_spans(lifetimes: pl.DataFrame,
+                  n_events: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which lifetimes a trace of `n_events` counts, and from which event to which: a mask,
+    then each lifetime's start (-1: alive before the first event, counted from the start)
+    and end (its free request, or `n_events` when the trace does not free it) — the rule
+    `replay` counts allocated bytes by."""
+    born = lifetimes["alloc_idx"].to_numpy()
+    freed = lifetimes["free_req_idx"].to_numpy()
+    early = (born < 0) & (freed >= 0)
+    counted = early | ((born >= 0) & (born < n_events))
+    start = np.where(early, -1, born)
+    end = np.where((freed >= 0) & (freed < n_events), freed, n_events)
+    return counted, start, end
+
+
 def family_timeline(lifetimes: pl.DataFrame, n_events: int) -> FamilyTimeline:
     """Each family's live bytes after every event, from attributed lifetimes (`family`
     column), counted exactly as `replay` counts allocated bytes."""
     names = sorted(lifetimes["family"].unique().to_list())
     code = lifetimes["family"].cast(pl.Enum(names)).to_physical().to_numpy().astype(np.int64)
     size = lifetimes["size"].to_numpy()
-    born = lifetimes["alloc_idx"].to_numpy()
-    freed = lifetimes["free_req_idx"].to_numpy()
-    early = (born < 0) & (freed >= 0)  # alive before the first event: counted from the start
-    made = (born >= 0) & (born < n_events)
-    gone = (freed >= 0) & (freed < n_events)
-    fam = np.concatenate([code[early], code[made], code[gone]])
-    event = np.concatenate([np.full(int(early.sum()), -1, dtype=np.int64), born[made],
-                            freed[gone]])
-    delta = np.concatenate([size[early], size[made], -size[gone]])
+    counted, start, end = counted_spans(lifetimes, n_events)
+    gone = counted & (end < n_events)
+    fam = np.concatenate([code[counted], code[gone]])
+    event = np.concatenate([start[counted], end[gone]])
+    delta = np.concatenate([size[counted], -size[gone]])
     order = np.lexsort((event, fam))
     fam, event, delta = fam[order], event[order], delta[order]
     # one row per (family, event): the sum of its deltas, then a running sum per family

@@ -76,16 +76,9 @@ def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: s
     if not r.diagnosis.history or ft is None or t.stacks is None or t.n_events == 0:
         return None
     n = t.n_events
-    lt = ft.lifetimes
-    born = lt["alloc_idx"].to_numpy()
-    freed = lt["free_req_idx"].to_numpy()
-    # counted exactly as `family_timeline` counts them: live from alloc (-1: before the
-    # first event) until the free request; never freed in the trace: until its end
-    early = (born < 0) & (freed >= 0)
-    keep = early | ((born >= 0) & (born < n))
-    alloc = np.where(early, -1, born)[keep]
-    free = np.where((freed >= 0) & (freed < n), freed, n)[keep]
-    lt = lt.filter(pl.Series(keep))
+    lt = ft.spans  # the lifetimes the family timeline counts, from `start` to `end`
+    alloc = lt["start"].to_numpy()
+    free = lt["end"].to_numpy()
     families = list(ft.families)
     evidence = sorted(lt["evidence"].unique().to_list())
     distinct, stack_row = np.unique(lt["stack_id"].to_numpy(), return_inverse=True)

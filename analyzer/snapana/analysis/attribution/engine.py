@@ -627,10 +627,10 @@ class RuleSet:
             present = bool(self._candidates(p, ns)[0])
             checks.append((f"no {p.text}", not present, False))
         if r.only_frames:
-            others = len(ns.python) - len(self._covered(r, ns))
+            others = len(set(ns.python) - self._covered(r, ns))
             desc = "only " + " / ".join(p.text for p in r.only_frames)
-            checks.append((f"{desc} (block: {others} other Python frames)", self._only(r, ns),
-                           False))
+            checks.append((f"{desc} (block: {others} other Python frames)",
+                           bool(ns.python) and not others, False))
         cands = []
         for p in r.frames:
             c, why = self._candidates(p, ns)
