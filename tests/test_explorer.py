@@ -245,7 +245,13 @@ def _unpack(specs, blob):
             v = np.where(v % 2 == 1, -(v + 1) // 2, v // 2)
         if c["delta"]:
             v = np.cumsum(v)
-        out[c["name"]] = v * c["factor"] + c["base"]
+        if "group" in c:  # a running sum within each group, in row order
+            last = {}
+            for i, g in enumerate(out[c["group"]].tolist()):
+                v[i] += last.get(g, 0)
+                last[g] = v[i]
+        v = v * c["factor"] + c["base"]
+        out[c["name"]] = out[c["values"]][v] if "values" in c else v
     return out
 
 
@@ -256,12 +262,24 @@ def test_packed_columns_read_back_exactly():
     rng = np.random.default_rng(0)
     cols = {"size": rng.integers(1, 1 << 20, 500) * 512, "alloc": np.sort(rng.integers(-1, 9, 500)),
             "reserved": rng.integers(0, 80 << 30, 500), "empty": np.zeros(0, np.int64),
-            "same": np.full(7, 3)}
-    specs, blob = pack(cols, delta=frozenset({"alloc", "reserved"}))
+            "same": np.full(7, 3),
+            # few distinct values, far apart: packed as indices into them
+            "address": rng.choice(rng.integers(1 << 40, 1 << 47, 20) * 512, 5000),
+            "family": rng.integers(0, 3, 5000)}
+    # an address reused per size (as the caching allocator does): grouped deltas by size
+    sizes = rng.choice(np.array([512, 4096, 1 << 20]), 3000)
+    cols["block_size"] = sizes
+    moved = (rng.random(3000) < 0.05) * rng.integers(1, 100, 3000)  # now and then elsewhere
+    cols["block_address"] = (1 << 40) + sizes * 1024 + np.cumsum(moved) * (1 << 21)
+    specs, blob = pack(cols, delta=frozenset({"alloc", "reserved"}),
+                       group={"block_address": "block_size"})
     back = _unpack(specs, blob)
     for name, v in cols.items():
         assert back[name].tolist() == v.tolist(), name
     assert next(s for s in specs if s["name"] == "size")["factor"] % 512 == 0
+    indexed = {s["name"] for s in specs if "values" in s}
+    assert "address" in indexed and "size" not in indexed  # 500 distinct sizes of 500
+    assert next(s for s in specs if s["name"] == "block_address").get("group") == "block_size"
 
 
 @pytest.mark.chromium
