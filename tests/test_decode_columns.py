@@ -59,6 +59,8 @@ def test_columns_equal_the_entry_path(tmp_path, compress):
 @pytest.mark.parametrize(("field", "value", "named"), [
     ("device_free", -(1 << 63), "device_traces[1][1].device_free"),  # the child's null marker
     ("size", True, "device_traces[1][1].size"),
+    ("addr", False, "device_traces[1][1].addr"),  # a bool among ints, read as 0 by array()
+    ("time_us", True, "device_traces[1][1].time_us"),
     ("addr", 1 << 62, "device_traces[1][1].addr"),
     ("action", "x" * 300, "device_traces[1][1].action"),
     ("frames", [{"filename": 3}], "device_traces[1][1].frames[0].filename"),
