@@ -256,6 +256,39 @@ class RuleSet:
                        memory=memory)
 
     @cached_property
+    def _name_index(self) -> dict[str, tuple[dict[str, frozenset[int]], frozenset[int]]]:
+        """For the family rules and the phase rules ("family", "phase"): which rules a
+        stack's Python function names make worth trying (name -> positions in the rule
+        list) and the rules always tried. A rule whose every frame pattern names its
+        functions (no symbol, no path alone) and that looks at no annotation can neither
+        hold nor nearly hold (`_near_miss`'s cheap exit) on a stack with none of those
+        names; each stack then tries a few dozen rules, not all of them."""
+        out = {}
+        for kind, rules in (("family", self.rules), ("phase", self.phase_rules)):
+            index: dict[str, set[int]] = {}
+            always: set[int] = set()
+            for k, r in enumerate(rules):
+                if (r.frames and r.annotation is None
+                        and all(p.functions and p.symbol_re is None for p in r.frames)):
+                    for p in r.frames:
+                        for name in p.functions or ():
+                            index.setdefault(name, set()).add(k)
+                else:
+                    always.add(k)
+            out[kind] = ({n: frozenset(ks) for n, ks in index.items()}, frozenset(always))
+        return out
+
+    def _worth_trying(self, kind: str, ns: NormStack) -> set[int]:
+        """Positions of the rules (of `kind`) that can hold or nearly hold on `ns`."""
+        index, always = self._name_index[kind]
+        live = set(always)
+        for name in ns.by_name:
+            hit = index.get(name)
+            if hit is not None:
+                live |= hit
+        return live
+
+    @cached_property
     def knobs(self) -> tuple[Knob, ...]:
         """Every pack's ``[[knob]]`` entries, in load order."""
         return tuple(k for p in self.contents for k in p.knobs)
@@ -385,8 +418,9 @@ class RuleSet:
         hit = self._phase_memo.get(key)
         if hit is None:
             hit = ("unknown", None)
-            for r in self.phase_rules:
-                if self._matches(r, ns, ctx, "unknown") is not None:
+            live = self._worth_trying("phase", ns)
+            for k, r in enumerate(self.phase_rules):
+                if k in live and self._matches(r, ns, ctx, "unknown") is not None:
                     hit = (r.phase_out or "unknown", r.id)
                     break
             self._phase_memo[key] = hit
@@ -399,9 +433,12 @@ class RuleSet:
         matched: tuple[int, ...] = ()
         ties: list[str] = []
         near: list[str] = []
-        for r in self.rules:
+        live = self._worth_trying("family", ns)
+        for k, r in enumerate(self.rules):
             if winner is not None and r.priority < winner.priority:
                 break
+            if k not in live:
+                continue
             m = self._matches(r, ns, ctx, phase)
             if m is None:
                 nm = self._near_miss(r, ns, ctx, phase)
