@@ -1171,3 +1171,28 @@ def test_only_frames_names_python_code_only(tmp_path):
     with pytest.raises(RuleError) as info:
         load_rules([path])
     assert "only_frames" in str(info.value)
+
+
+def test_rules_tried_by_name_decide_as_every_rule_tried():
+    """The engine tries a rule whose frames all name functions only on stacks with one of
+    those names; on every stack of the samples (and the corpus, when present), in a few
+    contexts, it decides exactly as trying every rule does: family, rule, reason, phase,
+    ties and near misses."""
+    import snapana
+    from snapana.analysis.attribution.engine import RuleSet
+
+    from .conftest import SAMPLES, SNAPSHOTS
+
+    files = sorted(SAMPLES.glob("*.pickle")) + sorted(SNAPSHOTS.glob("*.p*kl*"))
+    tables = [snapana.load(f).session.capture.stacks for f in files]
+    stacks = {t.stack(i) for t in tables for i in range(len(t.stacks))}
+    assert len(stacks) > 100
+    contexts = [CTX, BlockContext(size=4 * MiB, has_alloc_event=False),
+                BlockContext(size=1 * MiB, has_alloc_event=True, phase_hint="backward")]
+    indexed, every = load_rules(), load_rules()
+    every._worth_trying = lambda kind, ns: set(range(len(  # type: ignore[method-assign]
+        every.rules if kind == "family" else every.phase_rules)))
+    assert every._worth_trying is not RuleSet._worth_trying
+    for stack in stacks:
+        for ctx in contexts:
+            assert indexed.classify(stack, ctx) == every.classify(stack, ctx), stack
