@@ -113,3 +113,39 @@ def test_the_report_path_imports_no_plotly_figure_classes(tmp_path: Path) -> Non
     page = out.read_text()
     assert page.count('data-figure="') >= 4 and page.count('id="plotly-template"') == 1
     assert '"template"' not in page.split('id="plotly-template"')[0]  # not once per figure
+
+
+#: Per drawn figure: what plotly.js made of the layout's theme.
+THEME_PROBE = """[...document.querySelectorAll("div[data-figure]")].map(div => ({
+  figure: div.dataset.figure, template: !!(div.layout && div.layout.template),
+  paper: div._fullLayout.paper_bgcolor, plot: div._fullLayout.plot_bgcolor,
+  font: div._fullLayout.font.color,
+  colorway: div._fullLayout.colorway}))"""
+
+
+@pytest.mark.chromium
+@pytest.mark.parametrize("page", ["report", "diff"])
+def test_pages_draw_every_figure_in_plotlys_default_template(page: str, tmp_path: Path
+                                                             ) -> None:
+    """The template the page embeds once is applied to each figure, as plotly's per-figure
+    copy was: the drawn layouts carry its backgrounds, font and colour cycle (plotly.js's
+    own defaults differ: #fff paper, #444 font)."""
+    from snapana.render.assets import plotly_template_json
+
+    from .browser import open_report
+    from .conftest import invoke
+
+    theme = json.loads(plotly_template_json())["layout"]
+    out = tmp_path / f"{page}.html"
+    args = [str(p) for p in SAMPLE_FILES[:2 if page == "diff" else 1]]
+    assert invoke(page, *args, "-o", str(out)).returncode == 0
+    visit = open_report(out, probe=THEME_PROBE)
+    assert visit.console_errors == []
+    drawn = visit.probed
+    assert isinstance(drawn, list) and len(drawn) == visit.plots == visit.figure_divs >= 2
+    for fig in drawn:
+        assert fig["template"], fig["figure"]
+        assert (fig["paper"], fig["font"], fig["colorway"]) == (
+            theme["paper_bgcolor"], theme["font"]["color"], theme["colorway"]), fig["figure"]
+        assert fig["plot"] in (theme["plot_bgcolor"], None), fig["figure"]  # None: a treemap
+    assert sum(fig["plot"] == theme["plot_bgcolor"] for fig in drawn) >= 1
