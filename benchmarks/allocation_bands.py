@@ -46,7 +46,7 @@ def main() -> int:
     path = args.file or ensure_snapshot(args.entries, args.cache)
     view = capture_view(analyse(load(path)), title=path.name)
     d = view.devices[0]
-    figures.families_over_time(d)  # plotly's first figure pays its imports
+    figures.families_over_time(d)  # warm-up: a first figure pays one-off costs
     view_s = _best(lambda: replace(d).allocations)
     fig_s = _best(lambda: figures.allocations(d))
     a = d.allocations

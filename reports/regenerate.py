@@ -45,6 +45,7 @@ def expected(sample: Path) -> dict[Path, str]:
 
 
 _PLOTLY_JS = re.compile(r'(<script id="plotly-gz"[^>]*>)[^<]*(</script>)')
+_PLOTLY_THEME = re.compile(r'(<script id="plotly-template"[^>]*>)[^<]*(</script>)')
 _FIGURE = re.compile(r'(<script type="application/json" id="[^"]*">)(.*?)(</script>)', re.S)
 
 
@@ -75,6 +76,7 @@ def reader_view(path: Path, text: str) -> str:
     if path.suffix != ".html":
         return text
     text = _PLOTLY_JS.sub(r"\1(plotly.js)\2", text)
+    text = _PLOTLY_THEME.sub(r"\1(plotly's theme)\2", text)
     return _FIGURE.sub(_figure_view, text)
 
 

@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 import snapana
 from snapana.render import allocation_bands as ab
+from snapana.render import figures
 from snapana.render.html import _figure_json
 from snapana.render.views import OTHER_COLOUR
 from snapana.units import fmt_bytes
@@ -167,7 +168,7 @@ def test_figure_draws_the_bands() -> None:
     window = a.replay.allocated[av.start:av.end + 1]
     assert abs(top.max() - window.max()) < 2**12
     assert [an.text for an in fig.layout.annotations] == ["OOM"]
-    assert len(_figure_json(fig)) < 120_000
+    assert len(_figure_json(figures.allocations(v))) < 120_000
 
 
 def _raw_alloc(path: Path, band: ab.AllocationBand) -> tuple[list[dict], int]:
@@ -255,7 +256,7 @@ def test_report_draws_it_only_with_history(tmp_path: Path) -> None:
 
 def test_figure_json_names_each_stack_once() -> None:
     a = snapana.load(CHUNKED)
-    d = json.loads(_figure_json(a.figure("allocations")))
+    d = json.loads(_figure_json(figures.figure("allocations", a._device_view)))
     lines = d["layout"]["meta"]["lines"]
     assert len(lines) == len(set(lines))
     stacks = d["layout"]["meta"]["stacks"]

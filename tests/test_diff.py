@@ -102,7 +102,7 @@ def test_renderers(pair, tmp_path: Path) -> None:
     assert 'id="plotly-gz"' in page and 'data-figure="change"' in page
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
     fig = figures.change(diff_view(cmp.diff))
-    assert fig.data[0].y[-1] == SOFTMAX  # largest change drawn at the top
+    assert fig["data"][0]["y"][-1] == SOFTMAX  # largest change drawn at the top
     assert "saved_logprob_softmax" in cmp._repr_html_()
     assert cmp.families.height == len(cmp.diff.families)
     assert cmp.sites.filter(cmp.sites["status"] == "vanished").height == len(

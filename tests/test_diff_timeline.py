@@ -191,6 +191,6 @@ def test_a_side_without_a_clock_puts_both_on_the_event_index(tmp_path: Path) -> 
     assert tl.axis_note == ("after has no clock, so both sides run on the event index from "
                             "their first event")
     fig = figures.families_before_after(cmp.view)
-    assert tl.axis_note in fig.layout.title.text
+    assert tl.axis_note in fig["layout"]["title"]["text"]
     both = snapana.diff(timed, timed).view.timelines
     assert both is not None and both.before.x_is_time and both.axis_note == ""

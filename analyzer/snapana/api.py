@@ -222,9 +222,11 @@ class Analysis:
         per family, stacked), 'allocations' (each allocation in the window before the
         moment, MemoryViz style; hover a band for its family, size and site, its trace's
         `meta` for its detail and stack), 'segments', 'sites' (top sites)."""
+        import plotly.graph_objects as go
+
         from snapana.render import figures
 
-        return figures.figure(name, self._device_view)
+        return go.Figure(figures.figure(name, self._device_view))
 
     def explain(self, *, block: int | None = None, family: str | None = None,
                 site: str | None = None, limit: int = 10) -> list[ExplainedSite]:
@@ -346,9 +348,11 @@ class Comparison:
         """A plotly figure of the diff report: 'change' (per family, a bar each) or
         'families_over_time' (each side's live bytes per family, before above after on one
         x axis; when a side has no history, an empty chart that says which)."""
+        import plotly.graph_objects as go
+
         from snapana.render import figures
 
-        return figures.diff_figure(name, self.view)
+        return go.Figure(figures.diff_figure(name, self.view))
 
     def summary(self, format: Format = "text") -> str:
         """The `snapana diff` output, in any format of the renderer registry."""

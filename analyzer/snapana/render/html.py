@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import plotly.graph_objects as go
+import numpy as np
 from markupsafe import Markup, escape
 
 from snapana.render import Options, figures
-from snapana.render.assets import plotly_js_gzip_b64
+from snapana.render.assets import plotly_js_gzip_b64, plotly_template_json
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.wording import GROWTH_HEADING, evidence_note
 from snapana.units import fmt_bytes
@@ -52,9 +54,45 @@ def _short_frame(frame: tuple[str, str, int]) -> str:
     return f"{frame[0]}:{frame[2]} {frame[1]}"
 
 
-def _figure_json(fig: go.Figure) -> str:
-    # Escape '</' so the JSON cannot close its <script> element.
-    return str(fig.to_json(engine="json")).replace("</", "<\\/")
+#: numpy dtypes plotly.js reads as typed arrays, by its short names.
+_TYPED = {"int8": "i1", "uint8": "u1", "int16": "i2", "uint16": "u2", "int32": "i4",
+          "uint32": "u4", "float32": "f4", "float64": "f8"}
+
+
+def _figure_json(fig: figures.Figure) -> str:
+    """A figure spec as JSON for its <script> element: numpy arrays as plotly.js typed arrays
+    (base64 of their bytes, as plotly's own serializer writes them; a NaN there is a gap),
+    NaN and infinities elsewhere as null (as plotly writes them), and '</' and '<!--' escaped
+    so the JSON cannot close or confuse its <script> element."""
+    try:
+        text = json.dumps(fig, separators=(",", ":"), default=_json_default, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere: null, as plotly.js expects
+        text = json.dumps(_finite(fig), separators=(",", ":"), default=_json_default)
+    return text.replace("</", "<\\/").replace("<!--", "\\u003c!--")
+
+
+def _json_default(o: Any) -> Any:
+    """What `json.dumps` cannot write itself: numpy arrays and scalars."""
+    if isinstance(o, np.ndarray):
+        code = _TYPED.get(o.dtype.name)
+        if code is None or o.size == 0 or o.ndim != 1:
+            return _finite(o.tolist())
+        raw = np.ascontiguousarray(o, dtype=o.dtype.newbyteorder("<")).tobytes()
+        return {"dtype": code, "bdata": base64.b64encode(raw).decode("ascii")}
+    if isinstance(o, np.generic):
+        return _finite(o.item())
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def _finite(o: Any) -> Any:
+    """`o` with every NaN or infinite float (at any depth) as None."""
+    if isinstance(o, float | np.floating):
+        return float(o) if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_finite(v) for v in o]
+    return o
 
 
 def _device(d: DeviceView) -> tuple[DeviceView, dict[str, str]]:
@@ -87,6 +125,7 @@ def _page(title: str, devices: tuple[DeviceView, ...], ranks: RanksView | None,
         together=together,
         devices=[_device(d) for d in devices],
         plotly_b64=plotly_js_gzip_b64(),
+        plotly_template=plotly_template_json(),
     )
 
 
@@ -123,4 +162,5 @@ def diff(view: DiffView, options: Options) -> str:
         over_time=(_figure_json(figures.families_before_after(view))
                    if view.timelines is not None else None),
         plotly_b64=plotly_js_gzip_b64(),
+        plotly_template=plotly_template_json(),
     )
