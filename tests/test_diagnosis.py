@@ -339,3 +339,32 @@ def test_a_forward_without_a_backward_gets_inference_knobs(tmp_path) -> None:
     assert ids[0] == "torch.inference_mode"
     assert "torch.activation_checkpointing" not in ids and "torch.micro_batch" not in ids
     assert "No backward was recorded" in verdict(r)
+
+
+def test_top_sites_break_ties_the_same_way_whatever_the_row_order():
+    """A site's family is its most common one and its stack its largest block's; on a tie,
+    the family first by name and the smaller stack id, however the rows are ordered (a
+    report names the same site family on every run)."""
+    import polars as pl
+    from snapana.analysis.diagnosis.diagnose import _top_sites
+    from snapana.model import StackTable
+
+    stacks = StackTable()
+    held = pl.DataFrame({
+        "site": ["a.py:1 f"] * 4 + ["b.py:2 g"] * 2,
+        "family": ["logits", "gradients", "gradients", "logits", "unknown", "parameters"],
+        "size": [512, 512, 1024, 1024, 512, 512],
+        "stack_id": [0, 0, 0, 0, 0, 0],
+    })
+
+    class Cap:
+        pass
+
+    cap = Cap()
+    cap.stacks = stacks  # type: ignore[attr-defined]
+    seen = set()
+    for seed in range(8):
+        rows = held.sample(fraction=1.0, shuffle=True, seed=seed)
+        sites = _top_sites(cap, rows)  # type: ignore[arg-type]
+        seen.add(tuple((s.site, s.bytes, s.blocks, s.family) for s in sites))
+    assert seen == {(("a.py:1 f", 3072, 4, "gradients"), ("b.py:2 g", 1024, 2, "parameters"))}

@@ -635,14 +635,24 @@ def _by_pool_stream(held: pl.DataFrame) -> tuple[PoolStreamBytes, ...]:
 
 
 def _top_sites(capture: Capture, held: pl.DataFrame, limit: int = 15) -> tuple[Site, ...]:
+    """The sites holding the most bytes, each with its largest block's stack and its most
+    common family; ties broken by the smaller stack id and the family's name, so the same
+    capture always names the same ones."""
+    family = (
+        held.group_by("site", "family").len()
+        .sort(["site", "len", "family"], descending=[False, True, False])
+        .unique("site", keep="first", maintain_order=True)
+        .select("site", "family")
+    )
     agg = (
         held.group_by("site")
         .agg(
             pl.col("size").sum().alias("bytes"),
             pl.len().alias("blocks"),
-            pl.col("stack_id").sort_by("size", descending=True).first().alias("stack_id"),
-            pl.col("family").mode().first().alias("family"),
+            pl.col("stack_id").sort_by(["size", "stack_id"], descending=[True, False])
+            .first().alias("stack_id"),
         )
+        .join(family, on="site")
         .sort(["bytes", "site"], descending=[True, False])
         .head(limit)
     )
