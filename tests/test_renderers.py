@@ -161,3 +161,15 @@ def test_the_api_renders_every_registered_format() -> None:
     cmp = a.diff(a)
     for fmt in formats("diff"):
         assert cmp.summary(fmt).strip()  # type: ignore[arg-type]
+
+
+def test_prepare_warms_the_html_renderer_before_any_data():
+    """`snapana report` prepares its renderer while the decode child runs: the report
+    template is compiled then, not after the capture is read."""
+    from snapana.commands import _policy
+    from snapana.render import html
+
+    html._template.cache_clear()
+    _policy.prepare("html")
+    assert html._template.cache_info().currsize == 1
+    _policy.prepare("no-such-format")  # left for render_view to refuse

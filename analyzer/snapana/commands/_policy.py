@@ -5,6 +5,7 @@ terminal), make a session per device, choose the rank shown in full by one rule
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,13 +131,17 @@ def output_folder(output: Path, read: list[Path]) -> None:
 
 
 def prepare(fmt: str, kind: str = "capture") -> None:
-    """Import the renderer of `fmt` now, before the inputs are read: a snapshot's decode
-    child (started early, `commands._early`) is still running, so its import costs no
-    time of the command's own. An unknown format is left for `render_view` to refuse."""
+    """Import the renderer of `fmt` now, and run its module's `warm()` when it has one,
+    before the inputs are read: a snapshot's decode child (started early,
+    `commands._early`) is still running, so this costs no time of the command's own. An
+    unknown format is left for `render_view` to refuse."""
     try:
-        renderers.renderer(kind, fmt)
+        render = renderers.renderer(kind, fmt)
     except renderers.UnknownFormat:
-        pass
+        return
+    warm = getattr(sys.modules.get(getattr(render, "__module__", "")), "warm", None)
+    if callable(warm):
+        warm()
 
 
 def render_view(view: Any, fmt: str, to_terminal: bool = True) -> str:

@@ -7,6 +7,7 @@ import base64
 import json
 import math
 import re
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,20 @@ _FIGURE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB)\b")
 #: The figures a device section draws, by their public names (`figures.FIGURES`).
 PAGE_FIGURES: tuple[figures.FigureName, ...] = ("families", "timeline", "families_over_time",
                                                 "allocations", "segments")
+
+
+@cache
+def _template(name: str) -> jinja2.Template:
+    """A page template, compiled once per process (the report's takes ~0.05 s)."""
+    return _env().get_template(name)
+
+
+def warm() -> None:
+    """What a report costs before its data exists: the report template compiled and
+    plotly.js and its template read. The CLI calls it while a snapshot decodes."""
+    _template("report.html.j2")
+    plotly_js_gzip_b64()
+    plotly_template_json()
 
 
 def _env() -> jinja2.Environment:
@@ -117,7 +132,7 @@ def _ranks(v: RanksView | None) -> dict[str, Any] | None:
 
 def _page(title: str, devices: tuple[DeviceView, ...], ranks: RanksView | None,
           together: dict[str, Any] | None, device_table: CaptureView | None = None) -> str:
-    return _env().get_template("report.html.j2").render(
+    return _template("report.html.j2").render(
         title=title,
         multi=_ranks(ranks),
         device_table=device_table if device_table is not None and device_table.device_rows
@@ -146,7 +161,7 @@ def ranks(view: RanksView, options: Options) -> str:
 
 
 def diff(view: DiffView, options: Options) -> str:
-    return _env().get_template("diff.html.j2").render(
+    return _template("diff.html.j2").render(
         title=view.title,
         d=view.diff,
         verdict=view.verdict,
