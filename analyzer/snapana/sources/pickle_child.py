@@ -33,8 +33,23 @@ from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 CHILD_COLUMNS = r"""
 from array import array
 from itertools import compress, repeat
+from operator import itemgetter
 NONE = type(None)
 NULL = -(1 << 63)  # marks None in time_us / device_free: outside both columns' valid ranges
+def holds(a, values):
+    # whether one of `values` is an element of the int64 array `a`: its 8 bytes found at a
+    # multiple of 8 (a C search, where array.count would make a Python int per element);
+    # after many misaligned finds, True (the caller then checks element by element)
+    raw, tries = a.tobytes(), 0
+    for v in values:
+        pat = v.to_bytes(8, sys.byteorder, signed=True)
+        at = raw.find(pat)
+        while at >= 0:
+            if at % 8 == 0 or tries > 64:
+                return True
+            tries += 1
+            at = raw.find(pat, at + 1)
+    return False
 def columns(data):
     if type(data) is not dict:
         return None
@@ -62,17 +77,26 @@ def columns(data):
         table = ["" if a is None else a for a in table]
         del acts
         for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1)):
-            v = col(key, None)  # a missing key reads as None: null, or 0 where not nullable
-            kinds = set(map(type, v))
-            if not kinds <= {int, NONE}:
-                return None
-            if nullable and v.count(NULL):
-                return None  # the value NULL itself in the file: let the parent judge it
-            if NONE in kinds:
-                fill = NULL if nullable else 0
-                v = [fill if x is None else x for x in v]
-            bufs.append(array("q", v))
-            del v
+            try:  # array() refuses None, a float, a string, past int64; reads a bool as 0/1
+                v = list(map(itemgetter(key), trace))
+                a = array("q", v)
+            except KeyError:  # an entry without the key: it reads as None
+                v, a = col(key, None), None
+            except TypeError:
+                a = None
+            if a is None or holds(a, (0, 1, NULL) if nullable else (0, 1)):
+                # None, a key missing, or a 0/1 that may be a bool or NULL: judged one by one
+                kinds = set(map(type, v))
+                if not kinds <= {int, NONE}:
+                    return None
+                if nullable and v.count(NULL):
+                    return None  # the value NULL itself in the file: let the parent judge it
+                if NONE in kinds:
+                    fill = NULL if nullable else 0
+                    v = [fill if x is None else x for x in v]
+                a = array("q", v)
+            bufs.append(a)
+            del v, a
         # device_free: only OOM entries carry it; the others are filled in C, not read
         present = list(compress(range(n), map(contains, trace, repeat("device_free", n))))
         free = array("q", [NULL]) * n
