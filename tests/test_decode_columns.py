@@ -96,3 +96,35 @@ def test_float_times_take_the_entry_path_and_read_alike(tmp_path):
     path.write_bytes(pickle.dumps(data, protocol=4))
     assert torch_snapshot._load_columns(path, None) is None
     _same(load(path), from_snapshot_dict(raw_load(path), str(path)))
+
+
+def _full_entries() -> dict:
+    """Every entry has every key and an int in each: the child's one-pass column path."""
+    frames = [{"filename": "train.py", "name": "step", "line": 10}]
+    trace = [{"action": "alloc", "addr": 4096 * (k + 1), "size": 512 * (k + 1),
+              "stream": k % 2, "time_us": 10 + k, "frames": frames} for k in range(6)]
+    return {"segments": [], "device_traces": [trace]}
+
+
+@pytest.mark.parametrize("field", ["addr", "size", "stream", "time_us"])
+@pytest.mark.parametrize("value", [True, False])
+def test_a_bool_in_a_full_column_is_refused(tmp_path, field, value):
+    """array() reads a bool as 0 or 1: the child must still see it among plain ints."""
+    data = _full_entries()
+    data["device_traces"][0][3][field] = value
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    with pytest.raises(InputError, match=rf"device_traces\[0\]\[3\]\.{field}"):
+        load(path)
+
+
+def test_full_columns_with_zeros_and_ones_equal_the_entry_path(tmp_path):
+    """Genuine 0 and 1 values (stream 0/1, an address 1 would be refused elsewhere) read as
+    the entry-by-entry path reads them."""
+    data = _full_entries()
+    data["device_traces"][0][2]["time_us"] = 1
+    data["device_traces"][0][4]["time_us"] = 0
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    assert torch_snapshot._load_columns(path, None) is not None
+    _same(load(path), from_snapshot_dict(raw_load(path), str(path)))
