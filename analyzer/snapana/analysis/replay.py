@@ -371,6 +371,7 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarr
     row = np.cumsum(new_row) - 1
     opened_by_alloc = is_alloc[starts]
     sizes = kinds["size"].to_numpy()[order]
+    rounded = _round_sizes(sizes, gran)
     stacks = kinds["stack_id"].to_numpy()[order]
     streams = kinds["stream"].to_numpy()[order]
 
@@ -391,19 +392,17 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarr
     # a row a clashing alloc ended is no longer allocated from then on either: the
     # allocated timeline and the blocks at a moment must count the same rows
     req_idx = np.minimum(req_idx, done_idx)
-    sizes_all = kinds["size"].to_numpy()[order]
     # a free that names another size than its alloc: the trace contradicts itself
-    freed = np.flatnonzero(~new_row & (kind != _ALLOC) & (sizes_all > 0)
-                           & is_alloc[starts[row]]
-                           & (_round_sizes(sizes_all, gran)
-                              != _round_sizes(sizes_all[starts[row]], gran)))
+    opener = starts[row]
+    freed = np.flatnonzero(~new_row & (kind != _ALLOC) & (sizes > 0) & is_alloc[opener]
+                           & (rounded != rounded[opener]))
     mismatches += [(int(i[p]), f"event {int(i[p])}: free at 0x{int(addr[p]):x} of "
-                    f"{int(sizes_all[p])} bytes, allocated as {int(sizes_all[starts[row[p]]])}")
+                    f"{int(sizes[p])} bytes, allocated as {int(sizes[opener[p]])}")
                    for p in freed]
 
     cols = {
         "address": addr[starts],
-        "size": _round_sizes(sizes[starts], gran),
+        "size": rounded[starts],
         "stack_id": np.where(opened_by_alloc, stacks[starts], EMPTY_STACK),
         "stream": streams[starts],
         "alloc_idx": np.where(opened_by_alloc, i[starts], -1),
