@@ -128,3 +128,19 @@ def test_full_columns_with_zeros_and_ones_equal_the_entry_path(tmp_path):
     path.write_bytes(pickle.dumps(data, protocol=4))
     assert torch_snapshot._load_columns(path, None) is not None
     _same(load(path), from_snapshot_dict(raw_load(path), str(path)))
+
+
+@pytest.mark.parametrize("extra", [None, "compile_context"])
+def test_device_free_among_full_entries_is_read(tmp_path, extra):
+    """Entries with the six usual keys and, on one, `device_free` (and on another, maybe a
+    key snapana does not read): the child finds it although every entry has the usual keys."""
+    data = _full_entries()
+    data["device_traces"][0][4]["device_free"] = 123 * 512
+    if extra:
+        data["device_traces"][0][1][extra] = "x"
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    assert torch_snapshot._load_columns(path, None) is not None
+    got = load(path)
+    _same(got, from_snapshot_dict(raw_load(path), str(path)))
+    assert got.events["device_free"].drop_nulls().to_list() == [123 * 512]

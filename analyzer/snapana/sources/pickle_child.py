@@ -68,7 +68,12 @@ def columns(data):
         n = len(trace)
         def col(key, default):  # a missing key reads as `default`
             return list(map(get, trace, repeat(key, n), repeat(default, n)))
-        acts = col("action", "")
+        everywhere = 0  # how many of the six usual keys every entry has
+        try:
+            acts = list(map(itemgetter("action"), trace))
+            everywhere += 1
+        except KeyError:
+            acts = col("action", "")
         table = list(dict.fromkeys(acts))  # types checked on the distinct values only
         if not set(map(type, table)) <= {str, NONE}:
             return None
@@ -79,6 +84,7 @@ def columns(data):
         for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1)):
             try:  # array() refuses None, a float, a string, past int64; reads a bool as 0/1
                 v = list(map(itemgetter(key), trace))
+                everywhere += 1
                 a = array("q", v)
             except KeyError:  # an entry without the key: it reads as None
                 v, a = col(key, None), None
@@ -97,9 +103,18 @@ def columns(data):
                 a = array("q", v)
             bufs.append(a)
             del v, a
-        # device_free: only OOM entries carry it; the others are filled in C, not read
-        present = list(compress(range(n), map(contains, trace, repeat("device_free", n))))
+        try:
+            frames = list(map(itemgetter("frames"), trace))
+            everywhere += 1
+        except KeyError:
+            frames = col("frames", None)
+        # device_free: only OOM entries carry it; the others are filled in C, not read. When
+        # every entry has the six usual keys and no other (one C pass), none carries it.
         free = array("q", [NULL]) * n
+        if everywhere == 6 and sum(map(len, trace)) == 6 * n:
+            present = []
+        else:
+            present = list(compress(range(n), map(contains, trace, repeat("device_free", n))))
         for i in present:
             x = trace[i]["device_free"]
             if x is not None:
@@ -108,7 +123,6 @@ def columns(data):
                 free[i] = x
         bufs.append(free)
         del present, free
-        frames = col("frames", None)
         ids = array("q", map(id, frames))  # the stack column: which distinct list, by id
         distinct = dict(zip(map(id, frames), frames))
         if not set(map(type, distinct.values())) <= {list, NONE}:
