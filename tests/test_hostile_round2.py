@@ -434,3 +434,28 @@ def test_diff_and_synth_outputs_are_checked_too(tmp_path):
 def test_the_repository_is_untouched():
     """The tests above write only under their tmp_path."""
     assert not list(ROOT.glob("out.html"))
+
+
+def test_a_profilers_device_name_reaches_html_inert(tmp_path):
+    """A kineto trace's GPU name (deviceProperties) is shown in the HTML's device switch and
+    headings: `summary -f html` prints that page to a terminal, so an escape sequence in
+    the name must arrive escaped there and in the report file (a fuzz finding)."""
+    osc = "\x1b]52;c;SGVsbG8gY2xpcGJvYXJk\x07"
+    events = [{"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+               "tid": 1, "ts": 10 + k, "args": {"Device Type": 1, "Device Id": 0,
+                                                 "Bytes": 4096, "Addr": 0x1000 * (k + 1),
+                                                 "Total Allocated": 4096 * (k + 1),
+                                                 "Total Reserved": 1 << 20}}
+              for k in range(4)]
+    trace = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": f"GPU {osc}",
+                                                       "totalGlobalMem": 1 << 34}],
+             "traceEvents": events}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    page = run_cli("summary", str(path), "-f", "html")
+    assert page.returncode == 0, page.stderr
+    assert "GPU" in page.stdout and "\\x1b]52" in page.stdout
+    assert not RAW_CONTROL.search(page.stdout + page.stderr)
+    report = run_cli("report", str(path), "-o", str(tmp_path / "r.html"))
+    assert report.returncode == 0, report.stderr
+    assert not RAW_CONTROL.search((tmp_path / "r.html").read_text(encoding="utf-8"))

@@ -142,21 +142,24 @@ def renderer(view: View | type[View] | str, fmt: str) -> Renderer:
 
 
 #: Formats whose text reaches a terminal or a ticket as is: made inert here, once, for every
-#: renderer (JSON escapes every control character itself; HTML escapes through Jinja2).
-_INERT_FORMATS = ("text", "markdown")
+#: renderer. JSON escapes every control character itself; HTML's escaping (Jinja2) stops
+#: markup, not a terminal's escape sequences (`summary -f html` prints to one), so HTML is
+#: made inert too, and never keeps a colour sequence (its renderer styles with CSS).
+_INERT_FORMATS = ("text", "markdown", "html")
 
 
 def render(view: View, fmt: str, options: Options | None = None) -> str:
-    """`view` as `fmt` text (UnknownFormat, a ValueError, when none is registered). Text and
-    markdown come back inert: a control character or escape sequence from an input (a
-    frame's file name, an annotation) is shown escaped (`\\x1b`), never sent to a terminal."""
+    """`view` as `fmt` text (UnknownFormat, a ValueError, when none is registered). Text,
+    markdown and HTML come back inert: a control character or escape sequence from an input
+    (a frame's file name, an annotation, a profiler's device name) is shown escaped
+    (`\\x1b`), never sent to a terminal."""
     from snapana.units import inert, inert_styled
 
     options = options or Options()
     text = renderer(view, fmt)(view, options)
     if fmt not in _INERT_FORMATS:
         return text
-    return inert_styled(text) if options.color else inert(text)
+    return inert_styled(text) if options.color and fmt != "html" else inert(text)
 
 
 def format_for_path(path: Path, asked: str) -> str:
