@@ -96,17 +96,18 @@ def _packed(name: str, values: np.ndarray, delta: bool = False,
     return spec, data
 
 
-def _way(kind: str, name: str, v: np.ndarray, group: tuple[str, np.ndarray] | None,
-         choosing: bool = False) -> tuple[list[Column], bytes] | None:
-    """A column that is not delta-coded, packed one way: `plain`; `grouped` (deltas within
-    `group`); `indexed` (its sorted distinct values, then an index per row) or
-    `indexed_grouped` (the index delta-coded within `group`). None where the way does not
-    apply (no group), or while `choosing`, is not worth trying (an index when more than a
-    quarter of the rows are distinct)."""
-    if kind.endswith("grouped") and group is None:
+def _way(indexed: bool, grouped: bool, name: str, v: np.ndarray,
+         group: tuple[str, np.ndarray] | None, choosing: bool = False
+         ) -> tuple[list[Column], bytes] | None:
+    """A column that is not delta-coded, packed one way: as it is, or `indexed` (its sorted
+    distinct values, then an index per row); either one delta-coded within `group` when
+    `grouped`. None where the way does not apply (grouped, with no group), or while
+    `choosing`, is not worth trying (an index when more than a quarter of the rows are
+    distinct)."""
+    if grouped and group is None:
         return None
-    g = group if kind.endswith("grouped") else None
-    if not kind.startswith("indexed"):
+    g = group if grouped else None
+    if not indexed:
         spec, data = _packed(name, v, group=g)
         return [spec], data
     distinct, index = np.unique(v, return_inverse=True)
@@ -117,7 +118,8 @@ def _way(kind: str, name: str, v: np.ndarray, group: tuple[str, np.ndarray] | No
     return [table, {**spec, "values": table["name"]}], table_data + data
 
 
-_WAYS = ("plain", "grouped", "indexed", "indexed_grouped")
+#: The ways tried: (indexed, grouped).
+_WAYS = ((False, False), (False, True), (True, False), (True, True))
 
 
 def _best(name: str, v: np.ndarray, group: tuple[str, np.ndarray] | None
@@ -125,12 +127,13 @@ def _best(name: str, v: np.ndarray, group: tuple[str, np.ndarray] | None
     """The way of packing the column that compresses smallest, judged on its first rows
     (compressing every way in full would cost more than the choice saves), built on all."""
     head = slice(0, _SAMPLE)
-    tried = {k: w for k in _WAYS if (w := _way(k, name, v[head], None if group is None else
-                                                (group[0], group[1][head]), True)) is not None}
-    kind = min(tried, key=lambda k: len(zlib.compress(tried[k][1], 1)))
+    tried = {w: packed for w in _WAYS
+             if (packed := _way(*w, name, v[head], None if group is None else
+                                (group[0], group[1][head]), True)) is not None}
+    way = min(tried, key=lambda w: len(zlib.compress(tried[w][1], 1)))
     if v.size <= _SAMPLE:
-        return tried[kind]
-    best = _way(kind, name, v, group)
+        return tried[way]
+    best = _way(*way, name, v, group)
     assert best is not None  # a way tried applies to all rows
     return best
 

@@ -83,6 +83,12 @@ def _figure_json(fig: figures.Figure) -> str:
         text = json.dumps(fig, separators=(",", ":"), default=_json_default, allow_nan=False)
     except ValueError:  # a NaN or an infinity somewhere: null, as plotly.js expects
         text = json.dumps(_finite(fig), separators=(",", ":"), default=_json_default)
+    return _in_script(text)
+
+
+def _in_script(text: str) -> str:
+    """JSON text safe inside a <script> element: '</' and '<!--' escaped, so it can neither
+    close nor confuse the element."""
     return text.replace("</", "<\\/").replace("<!--", "\\u003c!--")
 
 
@@ -120,7 +126,7 @@ def _device(d: DeviceView) -> tuple[DeviceView, dict[str, str]]:
              and (name != "allocations" or d.allocations is not None)]
     out: dict[str, str] = {name: _figure_json(figures.FIGURES[name](d)) for name in drawn}
     if d.explorer is not None and "families_over_time" in out:  # the explorer's data
-        out["explorer"] = json.dumps(d.explorer, separators=(",", ":")).replace("</", "<\\/")
+        out["explorer"] = _in_script(json.dumps(d.explorer, separators=(",", ":")))
     return d, out
 
 

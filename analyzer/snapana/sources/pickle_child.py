@@ -24,7 +24,7 @@ from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 
 #: Appended to `CHILD` when the parent asks for columns (argv[7] == "columns"): each device
 #: trace that holds only plain entries (dicts of ints, strings, frame lists) becomes flat
-#: int32/int64 buffers, built by C-level passes (map over dict.get, array from a list), so
+#: int32/int64 buffers, built by C-level passes (map over itemgetter, array from a list), so
 #: the parent never decodes the trace itself. The rest of the snapshot (segments, blocks,
 #: metadata) and, per trace, its distinct action strings and distinct frame lists travel as
 #: a builtins-only pickle the parent reads with the restricted unpickler. Anything else (a
@@ -50,6 +50,14 @@ def holds(a, values):
             tries += 1
             at = raw.find(pat, at + 1)
     return False
+def column(trace, key, default):
+    # (each entry's value, whether every entry has the key): one C pass when all have it;
+    # else a missing key reads as `default`
+    try:
+        return list(map(itemgetter(key), trace)), True
+    except KeyError:
+        n = len(trace)
+        return list(map(dict.get, trace, repeat(key, n), repeat(default, n))), False
 def columns(data):
     if type(data) is not dict:
         return None
@@ -58,7 +66,7 @@ def columns(data):
         traces = []
     if type(traces) is not list:
         return None
-    get, contains, metas, bufs = dict.get, dict.__contains__, [], []
+    contains, metas, bufs = dict.__contains__, [], []
     for trace in traces:
         if not trace:
             metas.append(None)
@@ -66,14 +74,9 @@ def columns(data):
         if type(trace) is not list or set(map(type, trace)) != {dict}:
             return None
         n = len(trace)
-        def col(key, default):  # a missing key reads as `default`
-            return list(map(get, trace, repeat(key, n), repeat(default, n)))
         everywhere = 0  # how many of the six usual keys every entry has
-        try:
-            acts = list(map(itemgetter("action"), trace))
-            everywhere += 1
-        except KeyError:
-            acts = col("action", "")
+        acts, every = column(trace, "action", "")
+        everywhere += every
         table = list(dict.fromkeys(acts))  # types checked on the distinct values only
         if not set(map(type, table)) <= {str, NONE}:
             return None
@@ -82,12 +85,10 @@ def columns(data):
         table = ["" if a is None else a for a in table]
         del acts
         for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1)):
+            v, every = column(trace, key, None)  # a missing key reads as None
+            everywhere += every
             try:  # array() refuses None, a float, a string, past int64; reads a bool as 0/1
-                v = list(map(itemgetter(key), trace))
-                everywhere += 1
                 a = array("q", v)
-            except KeyError:  # an entry without the key: it reads as None
-                v, a = col(key, None), None
             except TypeError:
                 a = None
             if a is None or holds(a, (0, 1, NULL) if nullable else (0, 1)):
@@ -103,11 +104,8 @@ def columns(data):
                 a = array("q", v)
             bufs.append(a)
             del v, a
-        try:
-            frames = list(map(itemgetter("frames"), trace))
-            everywhere += 1
-        except KeyError:
-            frames = col("frames", None)
+        frames, every = column(trace, "frames", None)
+        everywhere += every
         # device_free: only OOM entries carry it; the others are filled in C, not read. When
         # every entry has the six usual keys and no other (one C pass), none carries it.
         free = array("q", [NULL]) * n
