@@ -24,15 +24,16 @@ from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 
 #: Appended to `CHILD` when the parent asks for columns (argv[7] == "columns"): each device
 #: trace that holds only plain entries (dicts of ints, strings, frame lists) becomes flat
-#: int32/int64 buffers, built by C-level passes (map over itemgetter, array from a list), so
-#: the parent never decodes the trace itself. The rest of the snapshot (segments, blocks,
-#: metadata) and, per trace, its distinct action strings and distinct frame lists travel as
+#: integer buffers (their array typecodes in the reply's `kinds`), built by C-level passes
+#: (map over itemgetter, array from a list), so the parent never decodes the trace itself.
+#: The rest of the snapshot (segments, blocks, metadata) and, per trace, its distinct action
+#: strings and distinct frame lists (with the key the stack column names each by) travel as
 #: a builtins-only pickle the parent reads with the restricted unpickler. Anything else (a
 #: float time, a bool, a value past int64, a non-dict entry) and the reply is `plain: false`:
 #: the parent then decodes and validates in-process, naming the offending entry.
 CHILD_COLUMNS = r"""
 from array import array
-from itertools import compress, repeat
+from itertools import compress, count, repeat
 from operator import itemgetter
 NONE = type(None)
 NULL = -(1 << 63)  # marks None in time_us / device_free: outside both columns' valid ranges
@@ -81,7 +82,10 @@ def columns(data):
         if not set(map(type, table)) <= {str, NONE}:
             return None
         code = dict(zip(table, range(len(table))))
-        bufs.append(array("i", map(code.__getitem__, acts)))
+        # a byte per entry where the distinct actions fit (always, from PyTorch): bytes()
+        # over a map costs half of array("i")
+        bufs.append(array("B", bytes(map(code.__getitem__, acts))) if len(table) <= 256
+                    else array("i", map(code.__getitem__, acts)))
         table = ["" if a is None else a for a in table]
         del acts
         for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1)):
@@ -121,13 +125,17 @@ def columns(data):
                 free[i] = x
         bufs.append(free)
         del present, free
-        ids = array("q", map(id, frames))  # the stack column: which distinct list, by id
-        distinct = dict(zip(map(id, frames), frames))
-        if not set(map(type, distinct.values())) <= {list, NONE}:
+        # the stack column: each entry's key is where its frame list (that very object)
+        # first appears, in one pass (setdefault keeps the first position of an id)
+        first = {}
+        keys = array("i" if n < 1 << 31 else "q", map(first.setdefault, map(id, frames),
+                                                      count()))
+        distinct = [frames[p] for p in first.values()]
+        if not set(map(type, distinct)) <= {list, NONE}:
             return None
-        bufs.append(ids)
-        metas.append((n, table, list(distinct.values()), list(distinct)))
-        del frames, ids, distinct
+        bufs.append(keys)
+        metas.append((n, table, distinct, list(first.values())))
+        del frames, keys, first, distinct
     rest = dict(data)
     if "device_traces" in data:
         rest["device_traces"] = [[] if m else t for m, t in zip(metas, traces)]
@@ -141,7 +149,8 @@ if got is None:
 blob, bufs = got  # `data` stays: os._exit frees it at once, not dict by dict
 head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
                        cpu_decode=cpu_decode, cpu_columns=time.process_time() - cpu_decode,
-                       bufs=[len(b) * b.itemsize for b in bufs]))
+                       bufs=[len(b) * b.itemsize for b in bufs],
+                       kinds="".join(b.typecode for b in bufs)))
 try:  # the work is done: writing waits on the parent reading, which its own timeout bounds
     signal.alarm(0)
 except (NameError, AttributeError):

@@ -256,6 +256,11 @@ class _NotPlain(Exception):
     """Trace columns from the child hold a value the entry-by-entry path must judge."""
 
 
+#: The child's buffers, by array typecode (`pickle_child.CHILD_COLUMNS`): native byte order,
+#: since the child runs on this machine.
+_BUFFER_TYPES = {"B": "=u1", "i": "=i4", "q": "=i8"}
+
+
 class _TraceColumns:
     """One device trace as the child sent it: `n` entries, distinct action strings and
     distinct frame lists (in order of first use) with the key the stack column names each
@@ -289,17 +294,16 @@ def _load_columns(path: Path, progress: ReadProgress | None
     reply, body = payload
     try:
         lengths = [int(n) for n in reply["bufs"]]
+        dtypes = [_BUFFER_TYPES[k] for k in str(reply["kinds"])]
         rest_len = int(reply["rest"])
-        if rest_len + sum(lengths) != len(body):
+        if rest_len + sum(lengths) != len(body) or len(dtypes) != len(lengths):
             return None
         with _gc_paused():
             data, metas = _RestrictedUnpickler(io.BytesIO(body[:rest_len])).load()
         arrays: list[Any] = []
         at = rest_len
-        for n in lengths:
-            chunk = body[at:at + n]
-            arrays.append(np.frombuffer(chunk, dtype=np.int32 if len(arrays) % 7 == 0
-                                        else np.int64))
+        for n, dtype in zip(lengths, dtypes, strict=True):
+            arrays.append(np.frombuffer(body[at:at + n], dtype=dtype))
             at += n
         traces: dict[int, _TraceColumns] = {}
         k = 0
