@@ -144,3 +144,33 @@ def test_device_free_among_full_entries_is_read(tmp_path, extra):
     got = load(path)
     _same(got, from_snapshot_dict(raw_load(path), str(path)))
     assert got.events["device_free"].drop_nulls().to_list() == [123 * 512]
+
+
+@pytest.mark.parametrize("distinct", [256, 257])
+def test_many_distinct_actions_read_alike(tmp_path, distinct):
+    """Up to 256 distinct action strings travel as a byte per entry, more as int32: both
+    read as the entry-by-entry path reads them (made-up actions are kept, not guessed)."""
+    data = _full_entries()
+    entry = data["device_traces"][0][0]
+    data["device_traces"][0] = [{**entry, "action": f"made_up_{k}", "addr": 4096 * (k + 1)}
+                                for k in range(distinct)]
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    assert torch_snapshot._load_columns(path, None) is not None
+    got = load(path)
+    _same(got, from_snapshot_dict(raw_load(path), str(path)))
+    assert got.events["action"].n_unique() == distinct
+
+
+def test_equal_frame_lists_that_are_distinct_objects_read_alike(tmp_path):
+    """The child keys a stack by the frame list object; equal lists pickled apart (no memo)
+    are still one stack once interned, as on the entry-by-entry path."""
+    data = _full_entries()
+    for k, entry in enumerate(data["device_traces"][0]):
+        entry["frames"] = [{"filename": "train.py", "name": "step", "line": 10 + k % 2}]
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    assert torch_snapshot._load_columns(path, None) is not None
+    got = load(path)
+    _same(got, from_snapshot_dict(raw_load(path), str(path)))
+    assert got.events["stack_id"].n_unique() == 2

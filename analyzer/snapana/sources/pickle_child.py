@@ -102,10 +102,11 @@ def columns(data):
                     return None
                 if nullable and v.count(NULL):
                     return None  # the value NULL itself in the file: let the parent judge it
-                if NONE in kinds:
+                if NONE in kinds:  # else `a` is right as built (a stream of 0s, say)
                     fill = NULL if nullable else 0
-                    v = [fill if x is None else x for x in v]
-                a = array("q", v)
+                    a = array("q", [fill if x is None else x for x in v])
+                if a is None:
+                    return None
             bufs.append(a)
             del v, a
         frames, every = column(trace, "frames", None)
