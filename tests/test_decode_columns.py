@@ -4,12 +4,15 @@ still refused, naming the entry."""
 
 from __future__ import annotations
 
+import gc
 import gzip
+import mmap
+import os
 import pickle
 
 import pytest
 from snapana.errors import InputError
-from snapana.sources import torch_snapshot
+from snapana.sources import pickle_child, torch_snapshot
 from snapana.sources.torch_snapshot import from_snapshot_dict, load
 
 from .conftest import raw_load
@@ -174,3 +177,43 @@ def test_equal_frame_lists_that_are_distinct_objects_read_alike(tmp_path):
     got = load(path)
     _same(got, from_snapshot_dict(raw_load(path), str(path)))
     assert got.events["stack_id"].n_unique() == 2
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc (Linux)")
+def test_columns_come_through_a_mapped_file_and_no_descriptor_is_left(tmp_path):
+    """On POSIX the child writes its columns to an anonymous file the parent maps (not a
+    pipe); the file is closed once the columns are read, and when the child is killed or
+    never taken."""
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(_snapshot(), protocol=4))
+    expected = from_snapshot_dict(raw_load(path), str(path))  # polars' own threads start
+    before = _open_fds()
+    got = torch_snapshot._decode_in_child(path, path.stat().st_size, False, columns=True)
+    assert got is not None and isinstance(got[1], mmap.mmap)
+    del got
+    gc.collect()
+    assert _open_fds() == before
+    _same(load(path), expected)
+    assert _open_fds() == before
+    child = pickle_child.start(path, path.stat().st_size, False, True)
+    assert child.fd is not None
+    child.kill()
+    assert _open_fds() == before
+    pickle_child.start_early(path)
+    pickle_child._end_untaken()
+    assert _open_fds() == before
+
+
+def test_columns_on_stdout_where_no_file_can_be_passed(tmp_path, monkeypatch):
+    """Where no anonymous file can be made (not POSIX), the columns follow the reply on the
+    child's stdout and read the same."""
+    monkeypatch.setattr(pickle_child, "payload_file", lambda: None)
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(_snapshot(), protocol=4))
+    got = torch_snapshot._decode_in_child(path, path.stat().st_size, False, columns=True)
+    assert got is not None and isinstance(got[1], memoryview)
+    _same(load(path), from_snapshot_dict(raw_load(path), str(path)))

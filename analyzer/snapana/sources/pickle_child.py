@@ -13,6 +13,7 @@ exits.
 from __future__ import annotations
 
 import atexit
+import mmap
 import os
 import subprocess
 import sys
@@ -156,8 +157,14 @@ try:  # the work is done: writing waits on the parent reading, which its own tim
     signal.alarm(0)
 except (NameError, AttributeError):
     pass
-out = sys.stdout.buffer
-out.write(head.encode() + b"\n")
+# the payload goes to the file the parent passed (argv[8]), which it maps, else after the
+# reply on stdout
+out = open(int(sys.argv[8]), "wb") if len(sys.argv) > 8 else sys.stdout.buffer
+if out is not sys.stdout.buffer:
+    sys.stdout.write(head + "\n")
+    sys.stdout.flush()
+else:
+    out.write(head.encode() + b"\n")
 out.write(blob)
 for b in bufs:
     out.write(memoryview(b).cast("B"))
@@ -251,19 +258,33 @@ except (NameError, AttributeError):
 
 
 class Child:
-    """A running decode child: its process, the limit of decompressed bytes it was given
-    and the timeout its parent waits for it with."""
+    """A running decode child: its process, the limit of decompressed bytes it was given,
+    the timeout its parent waits for it with and, in columns mode, the anonymous file it
+    writes its payload to (`payload_file`), which `wait` maps as `payload` and closes."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], limit: int, timeout: float) -> None:
-        self.proc, self.limit, self.timeout = proc, limit, timeout
+    def __init__(self, proc: subprocess.Popen[bytes], limit: int, timeout: float,
+                 fd: int | None = None) -> None:
+        self.proc, self.limit, self.timeout, self.fd = proc, limit, timeout, fd
+        self.to_file = fd is not None
+        self.payload: mmap.mmap | None = None
 
     def wait(self) -> tuple[int, bytes]:
-        """(exit status, stdout); TimeoutExpired (the child killed) past the timeout."""
+        """(exit status, stdout); TimeoutExpired (the child killed) past the timeout. When
+        the child had a payload file and wrote to it, `payload` is that file, mapped (the map
+        holds its own descriptor until the columns made from it are dropped)."""
         try:
             out, _ = self.proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             raise
+        if self.fd is not None:
+            try:
+                size = os.fstat(self.fd).st_size
+                self.payload = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ) if size else None
+            except (OSError, ValueError):
+                self.payload = None  # the caller finds the payload missing: decodes itself
+            finally:
+                self._close()
         return self.proc.returncode, out
 
     def kill(self) -> None:
@@ -273,6 +294,30 @@ class Child:
             self.proc.communicate(timeout=30)
         except (subprocess.TimeoutExpired, ValueError, OSError):
             pass
+        self._close()
+
+    def _close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def payload_file() -> int | None:
+    """A file descriptor of an anonymous file for the child's columns, or None where none
+    can be made and passed (then they come on its stdout). The parent maps what the child
+    wrote there, where a pipe costs 3.5 ms per MB here and even reading the file 1 ms
+    (a million entries are 45 MB of columns)."""
+    if os.name != "posix":
+        return None
+    try:
+        if hasattr(os, "memfd_create"):
+            return os.memfd_create("snapana-columns", os.MFD_CLOEXEC)
+        import tempfile
+
+        with tempfile.TemporaryFile() as f:  # already unlinked: no name to clean up
+            return os.dup(f.fileno())
+    except OSError:
+        return None
 
 
 def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
@@ -289,9 +334,18 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT", "LANG")}
     budget = seconds + per_byte / (1 << 20) * limit
     timeout = budget * (2 if columns else 1) + 30 + limit / (20 << 20)
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
-    return Child(proc, limit, timeout)
+    fd = payload_file() if columns else None
+    if fd is not None:
+        cmd.append(str(fd))
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env,
+                                pass_fds=() if fd is None else (fd,))
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        raise
+    return Child(proc, limit, timeout, fd)
 
 
 #: Children started early, by what identifies their file and mode.

@@ -27,6 +27,7 @@ import gc
 import io
 import json
 import math
+import mmap
 import os
 import pickle
 import subprocess
@@ -138,14 +139,15 @@ def _gc_paused() -> Iterator[None]:
 # ----- decoding --------------------------------------------------------------------------------
 
 def _decode_in_child(path: Path, size: int, compressed: bool, columns: bool = False
-                     ) -> tuple[dict[str, Any], memoryview] | None:
+                     ) -> tuple[dict[str, Any], mmap.mmap | memoryview] | None:
     """Decode the pickle once in a bounded child process; InputError when that crashes,
     runs out of its time, or needs memory no snapshot of this size needs. Decoding errors
     (a refused global, a truncated file) are left to the real decode, which says them.
 
     With ``columns``, the child's reply and payload when the snapshot is plain
-    (`pickle_child.CHILD_COLUMNS`: the rest as a pickle, then the trace buffers), else None:
-    the caller decodes in-process. A child `pickle_child.start_early` started on this very
+    (`pickle_child.CHILD_COLUMNS`: the rest as a pickle, then the trace buffers, from the
+    file the child wrote them to or after its reply on stdout), else None: the caller
+    decodes in-process. A child `pickle_child.start_early` started on this very
     file is taken rather than starting another."""
     try:
         st = os.stat(path)
@@ -183,7 +185,9 @@ def _decode_in_child(path: Path, size: int, compressed: bool, columns: bool = Fa
                          f"{limit_hint('SNAPANA_DECODE_MEMORY')}")
     # "limit" and "decode" errors: the in-process decode reports them in full
     if columns and reply.get("ok") and reply.get("plain"):
-        return reply, memoryview(out)[head + 1:]
+        if not child.to_file:
+            return reply, memoryview(out)[head + 1:]
+        return None if child.payload is None else (reply, child.payload)
     return None
 
 
@@ -302,8 +306,11 @@ def _load_columns(path: Path, progress: ReadProgress | None
             data, metas = _RestrictedUnpickler(io.BytesIO(body[:rest_len])).load()
         arrays: list[Any] = []
         at = rest_len
-        for n, dtype in zip(lengths, dtypes, strict=True):
-            arrays.append(np.frombuffer(body[at:at + n], dtype=dtype))
+        for n, dtype in zip(lengths, dtypes, strict=True):  # views of the payload, not copies
+            width = np.dtype(dtype).itemsize
+            if n % width:
+                return None
+            arrays.append(np.frombuffer(body, dtype=dtype, count=n // width, offset=at))
             at += n
         traces: dict[int, _TraceColumns] = {}
         k = 0
