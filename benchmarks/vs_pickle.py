@@ -7,7 +7,8 @@ temporary folder unless --cache names one; never committed). Then, in interleave
 (pickle.load, summary, report, pickle.load, ...), each command runs in a fresh process and
 its wall time, CPU time (user + system, the child processes included) and peak RSS (the
 largest of the process and its children) are taken; every ratio is to the `pickle.load` of
-the same round, and the median over rounds is printed. The machine is shared: read the
+the same round, and the median over rounds is printed; `(gc off)` is the same load with the
+garbage collector off, the floor of decoding alone. The machine is shared: read the
 ratios, and the CPU ratio when other jobs make the wall clock noisy. Peak RSS is the
 largest single process (what `wait4` reports); tree RSS the largest sum over the process and
 its children at one moment (sampled), since the decode child runs beside the parent. Last,
@@ -29,6 +30,10 @@ import time
 from pathlib import Path
 
 PLAIN = "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))"
+#: The same load with the garbage collector off, as the decode child runs: not a baseline the
+#: targets are set against, but the floor of any reader that builds the trace's dicts (the
+#: collector's passes over a million new dicts are half of a plain load's time).
+PLAIN_NO_GC = "import gc, pickle, sys; gc.disable(); pickle.load(open(sys.argv[1], 'rb'))"
 
 _STAGES = r"""
 import json, sys, time
@@ -127,6 +132,7 @@ def bench(path: Path, rounds: int) -> None:
         html = Path(tmp) / "r.html"
         commands = {
             "pickle.load": [sys.executable, "-c", PLAIN, str(path)],
+            "(gc off)": [sys.executable, "-c", PLAIN_NO_GC, str(path)],
             "summary": [sys.executable, "-m", "snapana", "summary", str(path)],
             "report": [sys.executable, "-m", "snapana", "report", str(path), "-o", str(html)],
         }
