@@ -217,3 +217,37 @@ def test_columns_on_stdout_where_no_file_can_be_passed(tmp_path, monkeypatch):
     got = torch_snapshot._decode_in_child(path, path.stat().st_size, False, columns=True)
     assert got is not None and isinstance(got[1], memoryview)
     _same(load(path), from_snapshot_dict(raw_load(path), str(path)))
+
+
+def _child_running(monkeypatch, tmp_path, script: str) -> pickle_child.Child:
+    monkeypatch.setattr(pickle_child, "CHILD", script)
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(_snapshot(), protocol=4))
+    return pickle_child.start(path, path.stat().st_size, False, True)
+
+
+def test_a_child_that_closed_its_output_after_a_whole_reply_is_taken_before_it_exits(
+        monkeypatch, tmp_path):
+    """The child closes its output once its reply line is whole: the parent takes it then,
+    not after the child's exit (which frees gigabytes of decoded trace first)."""
+    child = _child_running(monkeypatch, tmp_path, (
+        "import os, sys, time; sys.stdout.write('{\"ok\": true}\\n'); sys.stdout.flush(); "
+        "os.close(1); os.close(2); time.sleep(60)"))
+    try:
+        status, out = child.wait()
+        assert (status, out) == (0, b'{"ok": true}\n')
+        assert child.proc.poll() is None  # still there: its exit is not waited for
+    finally:
+        child.kill()
+
+
+def test_a_child_that_dies_mid_reply_is_a_crash(monkeypatch, tmp_path):
+    """Output that stops short of a whole line: the parent waits for the exit and says how
+    the child ended."""
+    child = _child_running(monkeypatch, tmp_path, (
+        "import os, signal, sys; sys.stdout.write('{\"ok\": true'); sys.stdout.flush(); "
+        "os.kill(os.getpid(), signal.SIGSEGV)"))
+    status, out = child.wait()
+    assert status == -11 and out == b'{"ok": true'
+    with pytest.raises(InputError, match="signal 11"):  # the same child, under `load`
+        load(tmp_path / "s.pickle")
