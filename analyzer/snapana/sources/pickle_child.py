@@ -18,6 +18,7 @@ import os
 import selectors
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -302,7 +303,10 @@ class Child:
                 self.payload = None  # the caller finds the payload missing: decodes itself
             finally:
                 self._close()
-        return (0 if status is None else status), out
+        if status is None:  # reaped when its exit comes, off this thread
+            threading.Thread(target=self.proc.wait, daemon=True).start()
+            status = 0
+        return status, out
 
     def _read_to_end(self, deadline: float) -> bytes:
         """The child's stdout and stderr read until both end (stderr's bytes dropped: read
