@@ -251,3 +251,13 @@ def test_a_child_that_dies_mid_reply_is_a_crash(monkeypatch, tmp_path):
     assert status == -11 and out == b'{"ok": true'
     with pytest.raises(InputError, match="signal 11"):  # the same child, under `load`
         load(tmp_path / "s.pickle")
+
+
+def test_a_reply_on_stdout_with_the_payload_is_taken_at_the_exit(monkeypatch, tmp_path):
+    """Without a payload file the columns follow the reply on stdout, where a whole line
+    proves nothing (the payload may end in a newline by chance): the exit is waited for."""
+    monkeypatch.setattr(pickle_child, "payload_file", lambda: None)
+    child = _child_running(monkeypatch, tmp_path, (
+        "import os, sys, time; sys.stdout.write('{\"ok\": true}\\n'); sys.stdout.flush(); "
+        "os.close(1); os.close(2); time.sleep(1); os._exit(3)"))
+    assert child.wait() == (3, b'{"ok": true}\n')

@@ -278,10 +278,11 @@ class Child:
 
     def wait(self) -> tuple[int, bytes]:
         """(exit status, stdout); TimeoutExpired (the child killed) past the timeout. A
-        child that closed its output after a whole reply line, and is still exiting, counts
-        as exited 0 (what it wrote is complete; its exit is reaped later). When the child had
-        a payload file and wrote to it, `payload` is that file, mapped (the map holds its own
-        descriptor until the columns made from it are dropped)."""
+        child with a payload file that closed its output after a whole reply line (written
+        after the payload), and is still exiting, counts as exited 0: what it wrote is
+        complete; its exit is reaped later. When the child had a payload file and wrote to
+        it, `payload` is that file, mapped (the map holds its own descriptor until the
+        columns made from it are dropped)."""
         try:
             if os.name != "posix":
                 out, _ = self.proc.communicate(timeout=self.timeout)
@@ -290,7 +291,7 @@ class Child:
                 deadline = time.monotonic() + self.timeout
                 out = self._read_to_end(deadline)
                 status = self.proc.poll()
-                if status is None and not out.endswith(b"\n"):
+                if status is None and not (self.to_file and out.endswith(b"\n")):
                     status = self.proc.wait(max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             self.kill()
