@@ -300,8 +300,9 @@ def _load_columns(path: Path, progress: ReadProgress | None
         lengths = [int(n) for n in reply["bufs"]]
         dtypes = [_BUFFER_TYPES[k] for k in str(reply["kinds"])]
         rest_len = int(reply["rest"])
-        if rest_len + sum(lengths) != len(body) or len(dtypes) != len(lengths):
-            return None
+        if (rest_len + sum(lengths) != len(body) or len(dtypes) != len(lengths)
+                or min(lengths, default=0) < 0 or rest_len < 0):
+            return None  # (a negative count would make frombuffer read to the end)
         with _gc_paused():
             data, metas = _RestrictedUnpickler(io.BytesIO(body[:rest_len])).load()
         arrays: list[Any] = []
