@@ -283,6 +283,8 @@ def _load_columns(path: Path, progress: ReadProgress | None
     the traces as columns, and the pickle's decompressed size; None when the child could not
     make columns (decode in-process)."""
     import numpy as np
+    import numpy.ma  # noqa: F401  polars reads masks through it when a column comes from
+    # numpy: imported here, while the child decodes, rather than after (20 ms)
 
     stream, raw, compressed = open_input(path)
     try:
