@@ -160,18 +160,21 @@ try:  # the work is done: writing waits on the parent reading, which its own tim
     signal.alarm(0)
 except (NameError, AttributeError):
     pass
-# the payload goes to the file the parent passed (argv[8]), which it maps, else after the
-# reply on stdout
-out = open(int(sys.argv[8]), "wb") if len(sys.argv) > 8 else sys.stdout.buffer
-if out is not sys.stdout.buffer:
-    sys.stdout.write(head + "\n")
-    sys.stdout.flush()
-else:
-    out.write(head.encode() + b"\n")
+# the payload goes to the file the parent passed (argv[8]), which it maps, and the reply
+# comes after it on stdout (a whole reply line means a whole payload); with no file, the
+# payload follows the reply on stdout
+line = head.encode() + b"\n"
+to_file = len(sys.argv) > 8
+out = open(int(sys.argv[8]), "wb") if to_file else sys.stdout.buffer
+if not to_file:
+    out.write(line)
 out.write(blob)
 for b in bufs:
     out.write(memoryview(b).cast("B"))
 out.flush()
+if to_file:
+    sys.stdout.buffer.write(line)
+    sys.stdout.buffer.flush()
 # its output ends here: the parent takes it now, not after the kernel frees this process's
 # memory (0.3 s for the 2 GB a 5M-entry trace decodes to), which happens before an exit
 # closes these
