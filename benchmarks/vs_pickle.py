@@ -4,7 +4,8 @@
 
 For each size a snapshot is generated at run time (`snapana synth --entries N`, into a
 temporary folder unless --cache names one; never committed). Then, in interleaved rounds
-(pickle.load, summary, report, pickle.load, ...), each command runs in a fresh process and
+(pickle.load, summary, report, pickle.load, ...), each command runs in a fresh process (snapana
+as users run it: the `snapana` script beside this interpreter, else `python -m snapana`) and
 its wall time, CPU time (user + system, the child processes included) and peak RSS (the
 largest of the process and its children) are taken; every ratio is to the `pickle.load` of
 the same round, and the median over rounds is printed; `(gc off)` is the same load with the
@@ -127,14 +128,24 @@ def generate(entries: int, folder: Path) -> Path:
     return path
 
 
+def snapana_command() -> list[str]:
+    """snapana as a user runs it: the `snapana` script installed beside this interpreter,
+    else `python -m snapana`."""
+    script = Path(sys.executable).with_name("snapana")
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "snapana"]
+
+
 def bench(path: Path, rounds: int) -> None:
+    snapana = snapana_command()
     with tempfile.TemporaryDirectory() as tmp:
         html = Path(tmp) / "r.html"
         commands = {
             "pickle.load": [sys.executable, "-c", PLAIN, str(path)],
             "(gc off)": [sys.executable, "-c", PLAIN_NO_GC, str(path)],
-            "summary": [sys.executable, "-m", "snapana", "summary", str(path)],
-            "report": [sys.executable, "-m", "snapana", "report", str(path), "-o", str(html)],
+            "summary": [*snapana, "summary", str(path)],
+            "report": [*snapana, "report", str(path), "-o", str(html)],
         }
         rows: dict[str, list[tuple[float, float, int, int]]] = {k: [] for k in commands}
         for r in range(rounds):

@@ -116,7 +116,9 @@ app.command(context_settings=record.CONTEXT_SETTINGS)(record.record)
 
 
 def main() -> None:
-    """Entry point of the console script and `python -m snapana`."""
+    """Run the CLI. The `snapana` script and `python -m snapana` come here through
+    `snapana.__main__.run`, which has started the decode already; a caller of this one
+    directly has it started here."""
     import sys
 
     from snapana.commands._early import start_reading
