@@ -1,9 +1,12 @@
 """`snapana report` and `snapana summary` against a plain `pickle.load` of the same file.
 
-    python benchmarks/vs_pickle.py [--entries 1000000,5000000] [--rounds 3] [--cache DIR]
+    python benchmarks/vs_pickle.py [--entries 1000000,5000000] [--lists 1000000] [--rounds 3]
+                                   [--cache DIR]
 
 For each size a snapshot is generated at run time (`snapana synth --entries N`, into a
-temporary folder unless --cache names one; never committed). Then, in interleaved rounds
+temporary folder unless --cache names one; never committed); for each `--lists` size, one
+written as PyTorch writes its pickle, a new frame list per entry (`--list-per-entry`: four
+times the bytes, and what real captures hold). Then, in interleaved rounds
 (pickle.load, summary, report, pickle.load, ...), each command runs in a fresh process (snapana
 as users run it: the `snapana` script beside this interpreter, else `python -m snapana`) and
 its wall time, CPU time (user + system, the child processes included) and peak RSS (the
@@ -119,12 +122,13 @@ def run(args: list[str]) -> tuple[float, float, int, int]:
     return wall, usage.ru_utime + usage.ru_stime, peak, max(tree, peak)
 
 
-def generate(entries: int, folder: Path) -> Path:
-    path = folder / f"synth-{entries}.pickle"
+def generate(entries: int, folder: Path, list_per_entry: bool = False) -> Path:
+    path = folder / f"synth-{entries}{'-lists' if list_per_entry else ''}.pickle"
     if not path.exists():
         print(f"generating {path} ...", flush=True)
         subprocess.run([sys.executable, "-m", "snapana", "synth", "--entries", str(entries),
-                        "-o", str(path)], check=True, stdout=subprocess.DEVNULL)
+                        *(["--list-per-entry"] if list_per_entry else []), "-o", str(path)],
+                       check=True, stdout=subprocess.DEVNULL)
     return path
 
 
@@ -183,17 +187,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entries", default="1000000,5000000",
                     help="comma-separated trace entry counts")
+    ap.add_argument("--lists", default="1000000",
+                    help="comma-separated entry counts of files written as PyTorch writes them, "
+                    "a new frame list per entry (`synth --list-per-entry`); '' for none")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cache", type=Path, default=None,
                     help="keep generated snapshots here between runs")
     ap.add_argument("--no-stages", action="store_true", help="skip the stage breakdown")
     args = ap.parse_args()
-    sizes = [int(s.replace("_", "")) for s in args.entries.split(",") if s]
+    sizes = [(int(s.replace("_", "")), False) for s in args.entries.split(",") if s]
+    sizes += [(int(s.replace("_", "")), True) for s in args.lists.split(",") if s]
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.cache or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        for n in sizes:
-            path = generate(n, folder)
+        for n, list_per_entry in sizes:
+            path = generate(n, folder, list_per_entry)
             bench(path, args.rounds)
             if not args.no_stages:
                 stages(path)

@@ -179,6 +179,50 @@ def test_equal_frame_lists_that_are_distinct_objects_read_alike(tmp_path):
     assert got.events["stack_id"].n_unique() == 2
 
 
+def _pytorch_layout() -> dict:
+    """A trace as PyTorch pickles it: a new frame list per entry (one per captured
+    traceback) of shared frame dicts. Five stacks are alike in length and in the frames
+    halfway, a quarter and an eighth in (the child's first guess at what may be equal) and
+    differ elsewhere; one is a copy of another with frame dicts equal but not the same
+    objects; some entries have an empty list, or none."""
+    frame = [{"filename": f"f{k}.py", "name": f"fn{k}", "line": k} for k in range(12)]
+    base = frame[:8]
+    stacks = [base, base[:5] + [frame[9]] + base[6:], base[:7] + [frame[10]],
+              base[:3] + [frame[11]] + base[4:], [frame[11]] + base[1:], frame[2:6],
+              [dict(f) for f in base], [], None]
+    data = _full_entries()
+    entry = data["device_traces"][0][0]
+    trace = []
+    for k in range(630):
+        stack = stacks[(k * 7) % len(stacks)]
+        trace.append({**entry, "addr": 4096 * (k + 1),
+                      "frames": None if stack is None else list(stack)})
+    data["device_traces"][0] = trace
+    return data
+
+
+def test_a_new_frame_list_per_entry_goes_to_the_parent_once_per_stack(tmp_path):
+    """PyTorch writes a list per entry: the child sends each stack once (the first list of
+    the same frame dicts, the very objects, in the same order), and the capture is the
+    entry-by-entry path's. The copy of a stack (equal dicts, other objects) goes apart and
+    is interned as the same stack."""
+    data = _pytorch_layout()
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    got = torch_snapshot._load_columns(path, None)
+    assert got is not None
+    sent = got[1][0].frames
+    firsts: dict = {}  # the first list of each sequence of frame objects, the plain way
+    for entry in data["device_traces"][0]:
+        frames = entry["frames"]
+        firsts.setdefault(None if frames is None else tuple(map(id, frames)), frames)
+    assert len(sent) == len(firsts) == 9
+    assert sent == list(firsts.values())
+    capture = load(path)
+    _same(capture, from_snapshot_dict(raw_load(path), str(path)))
+    assert capture.events["stack_id"].n_unique() == 7  # the copy is its original's stack
+
+
 def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 

@@ -68,6 +68,25 @@ def test_generator_shares_frames_like_pytorch():
     assert shared * 5 < unshared
 
 
+def test_a_list_per_entry_is_the_same_trace_laid_out_as_pytorch_writes_it(tmp_path):
+    """`list_per_entry`: every entry's frame list a new list (PyTorch makes one per captured
+    traceback) of the same shared frame dicts; the same entries otherwise, and the same
+    capture once read."""
+    shared = scale_snapshot(5_000, seed=1)
+    apart = scale_snapshot(5_000, seed=1, list_per_entry=True)
+    trace = apart["device_traces"][0]
+    assert len({id(e["frames"]) for e in trace}) == len(trace)
+    assert len({id(f) for e in trace for f in e["frames"]}) == len(
+        {id(f) for e in shared["device_traces"][0] for f in e["frames"]})
+    assert pickle.loads(pickle.dumps(apart)) == pickle.loads(pickle.dumps(shared))
+    paths = []
+    for name, data in (("shared", shared), ("apart", apart)):
+        paths.append(tmp_path / f"{name}.pickle")
+        paths[-1].write_bytes(pickle.dumps(data, protocol=4))
+    a, b = load(paths[0]), load(paths[1])
+    assert a.events.equals(b.events) and a.stacks.stacks == b.stacks.stacks
+
+
 def test_replay_reproduces_final_segments_exactly(scale_file):
     capture = load(scale_file)
     dr = replay(capture, 0)

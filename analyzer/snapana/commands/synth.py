@@ -23,6 +23,9 @@ def synth(
     seed: Annotated[int, typer.Option("--seed", metavar="N",
                                       parser=integer("--seed", 0, 2**63 - 1),
                                       help="with --entries")] = 0,
+    list_per_entry: Annotated[bool, typer.Option(
+        "--list-per-entry", help="with --entries: a new frame list per trace entry, as "
+        "PyTorch writes (a file four times as large: what real captures hold)")] = False,
 ) -> None:
     """Write a simulated snapshot (and its ground-truth sidecar) for a seed incident, or a
     large one (--entries N) for benchmarks."""
@@ -34,7 +37,8 @@ def synth(
         if not 1 <= entries <= 50_000_000:
             raise InputError(f"--entries {entries}: give 1 to 50000000")
         out = write_scale_snapshot(
-            entries, policy.output_file(output, Path(f"scale-{entries}.pickle"), []), seed=seed)
+            entries, policy.output_file(output, Path(f"scale-{entries}.pickle"), []), seed=seed,
+            list_per_entry=list_per_entry)
         policy.err.print(f"wrote {out}")
         return
 

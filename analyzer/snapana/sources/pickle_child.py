@@ -31,14 +31,16 @@ from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 #: integer buffers (their array typecodes in the reply's `kinds`), built by C-level passes
 #: (map over itemgetter, array from a list), so the parent never decodes the trace itself.
 #: The rest of the snapshot (segments, blocks, metadata) and, per trace, its distinct action
-#: strings and distinct frame lists (with the key the stack column names each by) travel as
-#: a builtins-only pickle the parent reads with the restricted unpickler. Anything else (a
+#: strings and its stacks (the first frame list of each sequence of frame objects, with the
+#: key the stack column names it by: PyTorch writes a new list per entry, of shared frame
+#: dicts, so a million entries hold a few hundred stacks) travel as a builtins-only pickle
+#: the parent reads with the restricted unpickler. Anything else (a
 #: float time, a bool, a value past int64, a non-dict entry) and the reply is `plain: false`:
 #: the parent then decodes and validates in-process, naming the offending entry.
 CHILD_COLUMNS = r"""
 from array import array
 from itertools import compress, count, repeat
-from operator import itemgetter
+from operator import eq, getitem, itemgetter, ne, not_, rshift
 NONE = type(None)
 NULL = -(1 << 63)  # marks None in time_us / device_free: outside both columns' valid ranges
 def holds(a, values):
@@ -63,6 +65,41 @@ def column(trace, key, default):
     except KeyError:
         n = len(trace)
         return list(map(dict.get, trace, repeat(key, n), repeat(default, n))), False
+def equal_earlier(lists, places):
+    # {place: place of the first equal list} for each list equal to an earlier one (`lists`
+    # in order, at `places`). In rounds of C-level passes, each list not yet matched is
+    # compared (==: frame by frame, identity first) with the first unmatched list of its
+    # kind (the hash of its length and of the frames, those very objects, halfway, a quarter
+    # and an eighth in: the innermost frames are the allocator's and the outermost the entry
+    # point's, the same for all). Rounds stop when one matches under a sixteenth of the
+    # lists left; a list left unmatched stays apart (the parent interns it as well). Indices
+    # are int64 arrays: a million lists are a million Python ints otherwise
+    full = array("q", compress(range(len(lists)), lists))  # the non-empty lists
+    sub = list(map(lists.__getitem__, full))
+    size = list(map(len, sub))
+    kinds = array("q", map(hash, zip(size, *(
+        map(id, map(getitem, sub, map(rshift, size, repeat(k)))) for k in (1, 2, 3)))))
+    del size
+    matched, to = array("q"), array("q")
+    left = array("q", range(len(sub)))
+    while left:
+        firsts = {}
+        rep = array("q", map(firsts.setdefault, map(kinds.__getitem__, left), left))
+        same = bytes(map(eq, map(sub.__getitem__, left), map(sub.__getitem__, rep)))
+        matched.extend(compress(left, same))
+        to.extend(compress(rep, same))
+        found = same.count(1) - len(firsts)  # each first list matches itself
+        left = array("q", compress(left, map(not_, same)))
+        del rep, same
+        if found * 16 < len(left):
+            break
+    moved = bytes(map(ne, matched, to))
+    at = places.__getitem__
+    merged = dict(zip(map(at, map(full.__getitem__, compress(matched, moved))),
+                      map(at, map(full.__getitem__, compress(to, moved)))))
+    empty = [p for lst, p in zip(lists, places) if lst == []]
+    merged.update(zip(empty[1:], repeat(empty[0]) if empty else ()))
+    return merged
 def columns(data):
     if type(data) is not dict:
         return None
@@ -135,12 +172,22 @@ def columns(data):
         first = {}
         keys = array("i" if n < 1 << 31 else "q", map(first.setdefault, map(id, frames),
                                                       count()))
-        distinct = [frames[p] for p in first.values()]
+        places = list(first.values())
+        del first
+        distinct = [frames[p] for p in places]
         if not set(map(type, distinct)) <= {list, NONE}:
             return None
+        # then where the first equal list appears: PyTorch writes a new list per captured
+        # traceback (of shared frame dicts), so a real trace holds a list per entry or so
+        # and a few hundred stacks; each stack goes to the parent once
+        merged = equal_earlier(distinct, places)
+        if merged:
+            keys = array(keys.typecode, map(merged.get, keys, keys))
+            kept = [p not in merged for p in places]
+            distinct, places = list(compress(distinct, kept)), list(compress(places, kept))
         bufs.append(keys)
-        metas.append((n, table, distinct, list(first.values())))
-        del frames, keys, first, distinct
+        metas.append((n, table, distinct, places))
+        del frames, keys, distinct, merged
     rest = dict(data)
     if "device_traces" in data:
         rest["device_traces"] = [[] if m else t for m, t in zip(metas, traces)]

@@ -266,9 +266,10 @@ _BUFFER_TYPES = {"B": "=u1", "i": "=i4", "q": "=i8"}
 
 
 class _TraceColumns:
-    """One device trace as the child sent it: `n` entries, distinct action strings and
-    distinct frame lists (in order of first use) with the key the stack column names each
-    by, and flat arrays: actions index theirs, stacks hold keys."""
+    """One device trace as the child sent it: `n` entries, distinct action strings and its
+    stacks (a frame list per sequence of frame objects, in order of first use) with the key
+    the stack column names each by, and flat arrays: actions index theirs, stacks hold
+    keys."""
 
     def __init__(self, n: int, actions: list[Any], frames: list[Any], frame_keys: list[Any],
                  arrays: list[Any]) -> None:

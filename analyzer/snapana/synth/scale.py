@@ -18,8 +18,10 @@ sizes make segments grow, and every so often ``empty_cache`` gives idle segments
 Stacks look like ``_record_memory_history(stacks="all")``: allocator and ATen C++ frames
 innermost, Python frames interleaved with interpreter frames, the process entry point
 outermost; 30-100 frames each, a few hundred distinct frames. As in PyTorch's own pickle, each
-distinct frame is one dict object and each distinct stack one list object, so pickle's memo
-writes them once.
+distinct frame is one dict object, so pickle's memo writes it once. PyTorch also writes a new
+frame list per captured traceback (`py_symbolize` shares a list only between the entries of one
+traceback): a list per trace entry or so, which `list_per_entry` reproduces. By default each
+distinct stack is one list object, a file a quarter the size that loads five times faster.
 """
 
 from __future__ import annotations
@@ -246,8 +248,9 @@ class _Segment:
 class _ScaleAllocator:
     """Carve-once caching allocator: consistent by construction, O(1) per event."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, list_per_entry: bool = False) -> None:
         self.limit = limit
+        self.list_per_entry = list_per_entry
         self.trace: list[dict[str, Any]] = []
         self.recording = False
         self.now_us = TIME_ORIGIN_US
@@ -265,7 +268,8 @@ class _ScaleAllocator:
         if len(self.trace) >= self.limit:
             raise _Full
         self.trace.append({"action": action, "addr": addr, "size": size, "stream": 0,
-                           "time_us": self.now_us, "frames": frames})
+                           "time_us": self.now_us,
+                           "frames": list(frames) if self.list_per_entry else frames})
 
     def malloc(self, size: int, frames: list[FrameDict]) -> _Block:
         rounded = round_size(size)
@@ -497,10 +501,12 @@ def _workload(alloc: _ScaleAllocator, st: _Stacks, rng: random.Random) -> None:
             alloc.free(tmp, opt_stack)
 
 
-def scale_snapshot(entries: int, seed: int = 0) -> dict[str, Any]:
-    """The snapshot dict of a training job whose trace holds exactly ``entries`` entries."""
+def scale_snapshot(entries: int, seed: int = 0, list_per_entry: bool = False
+                   ) -> dict[str, Any]:
+    """The snapshot dict of a training job whose trace holds exactly ``entries`` entries
+    (with ``list_per_entry``, each entry's frame list a new list, as PyTorch writes)."""
     rng = random.Random(seed)
-    alloc = _ScaleAllocator(entries)
+    alloc = _ScaleAllocator(entries, list_per_entry)
     st = _Stacks()
     try:
         _workload(alloc, st, rng)
@@ -509,10 +515,11 @@ def scale_snapshot(entries: int, seed: int = 0) -> dict[str, Any]:
     return alloc.snapshot()
 
 
-def write_scale_snapshot(entries: int, out: Path, seed: int = 0) -> Path:
+def write_scale_snapshot(entries: int, out: Path, seed: int = 0,
+                         list_per_entry: bool = False) -> Path:
     """Write a snapshot pickle with ``entries`` trace entries to ``out`` (atomically)."""
     out = Path(out)
-    data = scale_snapshot(entries, seed)
+    data = scale_snapshot(entries, seed, list_per_entry)
     with atomic_path(out) as tmp, tmp.open("wb") as fh:
         pickle.dump(data, fh, protocol=pickle.DEFAULT_PROTOCOL)
     return out
