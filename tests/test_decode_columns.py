@@ -223,6 +223,25 @@ def test_a_new_frame_list_per_entry_goes_to_the_parent_once_per_stack(tmp_path):
     assert capture.events["stack_id"].n_unique() == 7  # the copy is its original's stack
 
 
+def test_lists_alike_but_all_different_stay_apart(tmp_path):
+    """Frame lists the child's first guess cannot tell apart (same length, same frames at
+    the places it looks) that all differ: a round that matches too few ends the search, and
+    every stack still reaches the parent as it is."""
+    frame = [{"filename": f"f{k}.py", "name": f"fn{k}", "line": k} for k in range(300)]
+    data = _full_entries()
+    entry = data["device_traces"][0][0]
+    data["device_traces"][0] = [
+        {**entry, "addr": 4096 * (k + 1), "frames": frame[:5] + [frame[10 + k]] + frame[6:8]}
+        for k in range(200)]
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(data, protocol=4))
+    got = torch_snapshot._load_columns(path, None)
+    assert got is not None and len(got[1][0].frames) == 200
+    capture = load(path)
+    _same(capture, from_snapshot_dict(raw_load(path), str(path)))
+    assert capture.events["stack_id"].n_unique() == 200
+
+
 def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
