@@ -34,9 +34,9 @@ from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 #: strings and its stacks (the first frame list of each sequence of frame objects, with the
 #: key the stack column names it by: PyTorch writes a new list per entry, of shared frame
 #: dicts, so a million entries hold a few hundred stacks) travel as a builtins-only pickle
-#: the parent reads with the restricted unpickler. Anything else (a
-#: float time, a bool, a value past int64, a non-dict entry) and the reply is `plain: false`:
-#: the parent then decodes and validates in-process, naming the offending entry.
+#: the parent reads with the restricted unpickler. Anything else (a float time, a bool, a
+#: value past int64, a non-dict entry) and the reply is `plain: false`: the parent then
+#: decodes and validates in-process, naming the offending entry.
 CHILD_COLUMNS = r"""
 from array import array
 from itertools import compress, count, repeat
