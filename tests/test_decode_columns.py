@@ -18,6 +18,14 @@ from snapana.sources.torch_snapshot import from_snapshot_dict, load
 from .conftest import raw_load
 
 
+@pytest.fixture(autouse=True, params=["whole", "split"])
+def _split(request, monkeypatch):
+    """Every test twice: the child making all columns itself, and forking a process for the
+    numbers from the first entry on (what it does from `SPLIT_ENTRIES` entries on)."""
+    monkeypatch.setattr(pickle_child, "SPLIT_ENTRIES",
+                        0 if request.param == "split" else 1 << 62)
+
+
 def _snapshot() -> dict:
     frames_a = [{"filename": "train.py", "name": "step", "line": 10}]
     frames_b = [frames_a[0], {"filename": "model.py", "name": "forward", "line": 3}]

@@ -26,6 +26,11 @@ from pathlib import Path
 from snapana.limits import decode_memory, decode_seconds
 from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 
+#: From how many trace entries on the child makes the traces' numbers (addresses, sizes,
+#: streams, times) in a process it forks while it makes the rest (`CHILD_COLUMNS`, `split`):
+#: below that, the fork and its copied pages cost more than the half it saves.
+SPLIT_ENTRIES = 100_000
+
 #: Appended to `CHILD` when the parent asks for columns (argv[7] == "columns"): each device
 #: trace that holds only plain entries (dicts of ints, strings, frame lists) becomes flat
 #: integer buffers (their array typecodes in the reply's `kinds`), built by C-level passes
@@ -36,7 +41,11 @@ from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 #: dicts, so a million entries hold a few hundred stacks) travel as a builtins-only pickle
 #: the parent reads with the restricted unpickler. Anything else (a float time, a bool, a
 #: value past int64, a non-dict entry) and the reply is `plain: false`: the parent then
-#: decodes and validates in-process, naming the offending entry.
+#: decodes and validates in-process, naming the offending entry. The payload holds every
+#: trace's numbers (five int64 columns), then every trace's actions and stack keys, then
+#: that pickle; the reply lists the buffers' lengths and typecodes in that order. From
+#: argv[8] entries on, a forked process makes the numbers into the payload file (argv[9])
+#: while the child makes the rest.
 CHILD_COLUMNS = r"""
 from array import array
 from itertools import compress, count, repeat
@@ -100,7 +109,96 @@ def equal_earlier(lists, places):
     empty = [p for lst, p in zip(lists, places) if lst == []]
     merged.update(zip(empty[1:], repeat(empty[0]) if empty else ()))
     return merged
+#: the numbers a forked process makes (`split`), and device_free after them; stream is made
+#: here, with the actions and stacks: the two halves then take as long
+FORKED = (("addr", 0), ("size", 0), ("time_us", 1))
+def numbers(trace, n, keys):
+    # the `keys` columns of one trace (key, whether None is kept) as int64 arrays; None when
+    # a value is not plain
+    bufs = []
+    for key, nullable in keys:
+        v, _ = column(trace, key, None)  # a missing key reads as None
+        try:  # array() refuses None, a float, a string, past int64; reads a bool as 0/1
+            a = array("q", v)
+        except TypeError:
+            a = None
+        if a is None or holds(a, (0, 1, NULL) if nullable else (0, 1)):
+            # None, a key missing, or a 0/1 that may be a bool or NULL: judged one by one
+            kinds = set(map(type, v))
+            if not kinds <= {int, NONE}:
+                return None
+            if nullable and v.count(NULL):
+                return None  # the value NULL itself in the file: let the parent judge it
+            if NONE in kinds:  # else `a` is right as built (a stream of 0s, say)
+                fill = NULL if nullable else 0
+                a = array("q", [fill if x is None else x for x in v])
+            if a is None:
+                return None
+        bufs.append(a)
+        del v, a
+    return bufs
+def device_free(trace, n):
+    # only OOM entries carry it; the others are filled in C, not read
+    free = array("q", [NULL]) * n
+    for i in compress(range(n), map(dict.__contains__, trace, repeat("device_free", n))):
+        x = trace[i]["device_free"]
+        if x is not None:
+            if type(x) is not int or x == NULL:
+                return None  # not an int, or NULL itself: let the parent judge it
+            free[i] = x
+    return free
+def forked_numbers(trace):
+    # the FORKED columns of one trace and its device_free, or None
+    bufs = numbers(trace, len(trace), FORKED)
+    free = None if bufs is None else device_free(trace, len(trace))
+    return None if free is None else bufs + [free]
+def write_numbers(traces, fd, at):
+    # each trace's `forked_numbers` written to `fd` from offset `at` on, in a row; False
+    # when one is not plain
+    for trace in traces:
+        bufs = forked_numbers(trace)
+        if bufs is None:
+            return False
+        for b in bufs:
+            view = memoryview(b).cast("B")
+            while view:
+                k = os.pwrite(fd, view, at)
+                view, at = view[k:], at + k
+    return True
+def split(traces):
+    # the traces' numbers made in a forked process (the decoded objects shared, copy on
+    # write) while this one makes the rest: the two cores take half each. Its pid (in
+    # `helpers`, so that a trace found not plain stops it), or None where no fork is
+    # possible or worth it
+    if fd is None or not hasattr(os, "fork") or sum(map(len, traces)) < split_min:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        ok = False
+        try:
+            os.close(1)  # the parent reads stdout to its end: that is this child's, not ours
+            os.close(2)
+            try:
+                signal.alarm(int(seconds + per_byte * size) + 1)
+            except (NameError, AttributeError):
+                pass
+            ok = write_numbers(traces, fd, 0)
+        except BaseException:
+            pass
+        os._exit(0 if ok else 3)
+    helpers.append(pid)
+    return pid
+def joined(pid):
+    # whether the forked process wrote every number
+    helpers.remove(pid)
+    return os.waitpid(pid, 0)[1] == 0
 def columns(data):
+    # (payload, buffer lengths and typecodes in the payload's order) or None when not plain.
+    # The payload: every trace's FORKED numbers and device_free (int64, n each), then every
+    # trace's actions, streams and stack keys, then the rest as a pickle
     if type(data) is not dict:
         return None
     traces = data.get("device_traces")
@@ -108,65 +206,36 @@ def columns(data):
         traces = []
     if type(traces) is not list:
         return None
-    contains, metas, bufs = dict.__contains__, [], []
+    full = [t for t in traces if t]
+    if not all(type(t) is list for t in full):
+        return None
+    width = 8 * (len(FORKED) + 1)
+    region = width * sum(map(len, full))  # where the forked numbers end
+    helper = split(full)
+    metas, own = [], []
     for trace in traces:
         if not trace:
             metas.append(None)
             continue
-        if type(trace) is not list or set(map(type, trace)) != {dict}:
+        if set(map(type, trace)) != {dict}:
             return None
         n = len(trace)
-        everywhere = 0  # how many of the six usual keys every entry has
-        acts, every = column(trace, "action", "")
-        everywhere += every
+        acts, _ = column(trace, "action", "")
         table = list(dict.fromkeys(acts))  # types checked on the distinct values only
         if not set(map(type, table)) <= {str, NONE}:
             return None
         code = dict(zip(table, range(len(table))))
         # a byte per entry where the distinct actions fit (always, from PyTorch): bytes()
         # over a map costs half of array("i")
-        bufs.append(array("B", bytes(map(code.__getitem__, acts))) if len(table) <= 256
-                    else array("i", map(code.__getitem__, acts)))
+        own.append(array("B", bytes(map(code.__getitem__, acts))) if len(table) <= 256
+                   else array("i", map(code.__getitem__, acts)))
         table = ["" if a is None else a for a in table]
         del acts
-        for key, nullable in (("addr", 0), ("size", 0), ("stream", 0), ("time_us", 1)):
-            v, every = column(trace, key, None)  # a missing key reads as None
-            everywhere += every
-            try:  # array() refuses None, a float, a string, past int64; reads a bool as 0/1
-                a = array("q", v)
-            except TypeError:
-                a = None
-            if a is None or holds(a, (0, 1, NULL) if nullable else (0, 1)):
-                # None, a key missing, or a 0/1 that may be a bool or NULL: judged one by one
-                kinds = set(map(type, v))
-                if not kinds <= {int, NONE}:
-                    return None
-                if nullable and v.count(NULL):
-                    return None  # the value NULL itself in the file: let the parent judge it
-                if NONE in kinds:  # else `a` is right as built (a stream of 0s, say)
-                    fill = NULL if nullable else 0
-                    a = array("q", [fill if x is None else x for x in v])
-                if a is None:
-                    return None
-            bufs.append(a)
-            del v, a
-        frames, every = column(trace, "frames", None)
-        everywhere += every
-        # device_free: only OOM entries carry it; the others are filled in C, not read. When
-        # every entry has the six usual keys and no other (one C pass), none carries it.
-        free = array("q", [NULL]) * n
-        if everywhere == 6 and sum(map(len, trace)) == 6 * n:
-            present = []
-        else:
-            present = list(compress(range(n), map(contains, trace, repeat("device_free", n))))
-        for i in present:
-            x = trace[i]["device_free"]
-            if x is not None:
-                if type(x) is not int or x == NULL:
-                    return None  # not an int, or NULL itself: let the parent judge it
-                free[i] = x
-        bufs.append(free)
-        del present, free
+        streams = numbers(trace, n, (("stream", 0),))
+        if streams is None:
+            return None
+        own += streams
+        frames, _ = column(trace, "frames", None)
         # the stack column: each entry's key is where its frame list (that very object)
         # first appears, in one pass (setdefault keeps the first position of an id)
         first = {}
@@ -185,41 +254,70 @@ def columns(data):
             keys = array(keys.typecode, map(merged.get, keys, keys))
             kept = [p not in merged for p in places]
             distinct, places = list(compress(distinct, kept)), list(compress(places, kept))
-        bufs.append(keys)
+        own.append(keys)
         metas.append((n, table, distinct, places))
         del frames, keys, distinct, merged
+    numbers_made = None
+    if helper is not None:
+        if not joined(helper):
+            return None
+    elif fd is not None:  # made here, after the rest
+        if not write_numbers(full, fd, 0):
+            return None
+    else:
+        numbers_made = list(map(forked_numbers, full))
+        if None in numbers_made:
+            return None
     rest = dict(data)
     if "device_traces" in data:
         rest["device_traces"] = [[] if m else t for m, t in zip(metas, traces)]
-    return pickle.dumps((rest, metas), protocol=4), bufs
+    blob = pickle.dumps((rest, metas), protocol=4)
+    lengths = [8 * len(t) for t in full for _ in range(width // 8)]
+    kinds = "q" * len(lengths) + "".join(b.typecode for b in own)
+    lengths += [len(b) * b.itemsize for b in own]
+    if numbers_made is not None:
+        own = [b for bufs in numbers_made for b in bufs] + own
+    return blob, own, region, lengths, kinds
+# the payload goes to the file the parent passed (argv[9]), which it maps, and the reply
+# comes after it on stdout (a whole reply line means a whole payload); with no file, the
+# payload follows the reply on stdout
+split_min = int(sys.argv[8])
+fd = int(sys.argv[9]) if len(sys.argv) > 9 else None
+helpers = []
 try:
     got = columns(data)
-except (ValueError, TypeError, OverflowError, RecursionError, MemoryError):
+except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, OSError):
     got = None
+for pid in helpers:  # a trace not plain: its numbers are not needed
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
 if got is None:
     reply(ok=True, size=size, peak=peak, plain=False, cpu_decode=cpu_decode)
-blob, bufs = got  # `data` stays: os._exit frees it at once, not dict by dict
+blob, bufs, region, lengths, kinds = got  # `data` stays: os._exit frees it at once
+try:
+    import resource
+    cpu_split = sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
+except (ImportError, AttributeError):
+    cpu_split = 0.0
 head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
                        cpu_decode=cpu_decode, cpu_columns=time.process_time() - cpu_decode,
-                       bufs=[len(b) * b.itemsize for b in bufs],
-                       kinds="".join(b.typecode for b in bufs)))
+                       cpu_split=cpu_split, bufs=lengths, kinds=kinds))
 try:  # the work is done: writing waits on the parent reading, which its own timeout bounds
     signal.alarm(0)
 except (NameError, AttributeError):
     pass
-# the payload goes to the file the parent passed (argv[8]), which it maps, and the reply
-# comes after it on stdout (a whole reply line means a whole payload); with no file, the
-# payload follows the reply on stdout
 line = head.encode() + b"\n"
-to_file = len(sys.argv) > 8
-out = open(int(sys.argv[8]), "wb") if to_file else sys.stdout.buffer
-if not to_file:
+if fd is not None:
+    out = open(fd, "wb")
+    out.seek(region)  # the numbers are there already
+else:
+    out = sys.stdout.buffer
     out.write(line)
-out.write(blob)
 for b in bufs:
     out.write(memoryview(b).cast("B"))
+out.write(blob)
 out.flush()
-if to_file:
+if fd is not None:
     sys.stdout.buffer.write(line)
     sys.stdout.buffer.flush()
 # its output ends here: the parent takes it now, not after the kernel frees this process's
@@ -231,9 +329,10 @@ os._exit(0)
 """
 
 #: Run by `start` as `python -I -S -c CHILD PATH LIMIT MEM_BASE MEM_FACTOR SECONDS
-#: SECONDS_PER_BYTE`: counts the decompressed bytes (bounded), sets its memory limit and an
-#: alarm from that size, decodes with the same restricted unpickler and writes one JSON line.
-#: SIGALRM's default action ends the process even inside a C loop.
+#: SECONDS_PER_BYTE MODE SPLIT_ENTRIES [PAYLOAD_FD]`: counts the decompressed bytes
+#: (bounded), sets its memory limit and an alarm from that size, decodes with the same
+#: restricted unpickler and writes one JSON line. SIGALRM's default action ends the process
+#: even inside a C loop.
 CHILD = r"""
 import gc, gzip, io, json, os, pickle, sys, time
 gc.disable()  # millions of dicts and no cycles: collecting would cost more than decoding
@@ -424,7 +523,7 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
     per_byte = decode_seconds(1 << 20) - seconds
     cmd = [sys.executable, "-I", "-S", "-c", CHILD, str(path), str(limit), str(base),
            str(factor), repr(seconds), repr(per_byte / (1 << 20)),
-           "columns" if columns else "check"]
+           "columns" if columns else "check", str(SPLIT_ENTRIES)]
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT", "LANG")}
     budget = seconds + per_byte / (1 << 20) * limit
     timeout = budget * (2 if columns else 1) + 30 + limit / (20 << 20)

@@ -145,7 +145,7 @@ def _decode_in_child(path: Path, size: int, compressed: bool, columns: bool = Fa
     (a refused global, a truncated file) are left to the real decode, which says them.
 
     With ``columns``, the child's reply and payload when the snapshot is plain
-    (`pickle_child.CHILD_COLUMNS`: the rest as a pickle, then the trace buffers, from the
+    (`pickle_child.CHILD_COLUMNS`: the trace buffers, then the rest as a pickle, from the
     file the child wrote them to or after its reply on stdout), else None: the caller
     decodes in-process. A child `pickle_child.start_early` started on this very
     file is taken rather than starting another."""
@@ -306,27 +306,33 @@ def _load_columns(path: Path, progress: ReadProgress | None
         if (rest_len + sum(lengths) != len(body) or len(dtypes) != len(lengths)
                 or min(lengths, default=0) < 0 or rest_len < 0):
             return None  # (a negative count would make frombuffer read to the end)
+        at = sum(lengths)
         with _gc_paused():
-            data, metas = _RestrictedUnpickler(io.BytesIO(body[:rest_len])).load()
+            data, metas = _RestrictedUnpickler(io.BytesIO(body[at:at + rest_len])).load()
         arrays: list[Any] = []
-        at = rest_len
+        at = 0
         for n, dtype in zip(lengths, dtypes, strict=True):  # views of the payload, not copies
             width = np.dtype(dtype).itemsize
             if n % width:
                 return None
             arrays.append(np.frombuffer(body, dtype=dtype, count=n // width, offset=at))
             at += n
+        # in the payload's order: each trace's addresses, sizes, times and device_free
+        # (made by the child's forked process), then each trace's actions, streams and
+        # stack keys
+        full = [(dev, meta) for dev, meta in enumerate(metas) if meta is not None]
+        if len(arrays) != 7 * len(full):
+            return None
+        own = arrays[4 * len(full):]
         traces: dict[int, _TraceColumns] = {}
-        k = 0
-        for dev, meta in enumerate(metas):
-            if meta is None:
-                continue
+        for k, (dev, meta) in enumerate(full):
             n, actions, frames, frame_keys = meta
-            cols = arrays[7 * k:7 * k + 7]
+            addr, size, time_us, device_free = arrays[4 * k:4 * k + 4]
+            action, stream, stack = own[3 * k:3 * k + 3]
+            cols = [action, addr, size, stream, time_us, device_free, stack]
             if any(len(c) != n for c in cols) or len(frame_keys) != len(frames):
                 return None
             traces[dev] = _TraceColumns(n, actions, frames, frame_keys, cols)
-            k += 1
     except (KeyError, TypeError, ValueError, pickle.UnpicklingError, EOFError):
         return None  # not what the child writes: decode in-process
     if progress is not None:
