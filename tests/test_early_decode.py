@@ -130,21 +130,39 @@ def test_the_snapana_script_starts_the_decode_before_it_imports_the_cli(snap):
     code = (
         "import sys\n"
         "import snapana.commands._early as early\n"
-        "seen = []\n"
-        "early.start_reading = lambda argv: seen.append(\n"
-        "    (argv, sorted(m for m in ('snapana.cli', 'typer', 'rich') if m in sys.modules)))\n"
+        "early.start_reading = lambda argv: print(repr(\n"
+        "    (argv, sorted(m for m in ('snapana.cli', 'typer', 'rich') if m in sys.modules))),\n"
+        "    file=sys.stderr)\n"
         f"import {module} as entry\n"
         f"sys.argv = ['snapana', 'summary', {str(snap)!r}, '-f', 'json']\n"
-        "try:\n"
-        f"    entry.{func}()\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "print(repr(seen[0]), file=sys.stderr)\n"
+        f"entry.{func}()\n"  # it ends the process
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    argv, imported = ast.literal_eval(out.stderr.strip().splitlines()[-1])
+    argv, imported = ast.literal_eval(out.stderr.strip().splitlines()[0])  # the first call
     assert argv == ["summary", str(snap), "-f", "json"]
     assert imported == []
     assert '"device"' in out.stdout  # and the command ran
+
+
+@pytest.mark.parametrize("args, status, last", [
+    (["summary", "{snap}", "-f", "json"], 0, None),
+    (["summary", "{missing}"], 2, "missing.pickle"),
+    (["summary", "{snap}", "--no-such-option"], 2, "No such option: --no-such-option"),
+])
+def test_the_script_ends_with_the_commands_status_and_all_it_wrote(snap, tmp_path, args,
+                                                                    status, last):
+    """`python -m snapana` ends the process at once when the command is over
+    (`snapana.__main__._end`): with the command's own exit status and everything it wrote
+    flushed: the JSON whole, as the in-process CLI prints it; an error's last line."""
+    argv = [a.format(snap=snap, missing=tmp_path / "missing.pickle") for a in args]
+    result = run_cli(*argv)
+    assert result.returncode == status, result.stderr
+    if status == 0:
+        from snapana.cli import app
+        from typer.testing import CliRunner
+
+        assert result.stdout == CliRunner().invoke(app, argv).stdout
+    else:
+        assert last in result.stderr.strip().splitlines()[-1], result.stderr

@@ -1,19 +1,54 @@
 """The command line's entry point, for `python -m snapana` and the `snapana` script alike:
 a snapshot the command line names starts decoding first (in its bounded child,
 `commands._early`), then the CLI (typer, rich and every command, 0.2 s of imports) is
-imported and runs while it decodes. So this module imports nothing else at the top."""
+imported and runs while it decodes. So this module imports nothing else at the top.
+
+When the command is over, the process ends at once (`_end`): an interpreter's own exit
+frees every object of a report one by one (0.3 s after a million-entry snapshot), where
+the kernel takes the whole heap back in one go."""
 
 import sys
 
 
 def run() -> None:
-    """Start reading the command line's one snapshot, then run the CLI."""
+    """Start reading the command line's one snapshot, run the CLI, end the process."""
     from snapana.commands._early import start_reading
 
     start_reading(sys.argv[1:])
     from snapana.cli import main
 
-    main()
+    try:
+        main()
+    except SystemExit as exc:
+        _end(exc.code)
+    _end(0)
+
+
+def _end(code: object) -> None:
+    """Exit with `code` as `SystemExit(code)` would, without tearing the heap down: the exit
+    handlers run (a decode child no one took is ended) and the standard streams are
+    flushed first. Outputs are whole already: each was written to a temporary file and
+    renamed into place."""
+    import atexit
+    import os
+
+    run_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_handlers is None:  # not CPython: the usual exit
+        raise SystemExit(code)
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:  # SystemExit's own rule: anything else is printed, and the status is 1
+        print(code, file=sys.stderr)
+        status = 1
+    run_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # a reader gone, or no stream
+            pass
+    os._exit(status)
 
 
 if __name__ == "__main__":
