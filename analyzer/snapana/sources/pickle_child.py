@@ -109,8 +109,8 @@ def equal_earlier(lists, places):
     empty = [p for lst, p in zip(lists, places) if lst == []]
     merged.update(zip(empty[1:], repeat(empty[0]) if empty else ()))
     return merged
-#: the numbers a forked process makes (`split`), and device_free after them; stream is made
-#: here, with the actions and stacks: the two halves then take as long
+#: the numbers a forked process makes (`split`); streams and device_free are made here,
+#: with the actions and stacks: the two halves then take about as long
 FORKED = (("addr", 0), ("size", 0), ("time_us", 1))
 def numbers(trace, n, keys):
     # the `keys` columns of one trace (key, whether None is kept) as int64 arrays; None when
@@ -148,10 +148,8 @@ def device_free(trace, n):
             free[i] = x
     return free
 def forked_numbers(trace):
-    # the FORKED columns of one trace and its device_free, or None
-    bufs = numbers(trace, len(trace), FORKED)
-    free = None if bufs is None else device_free(trace, len(trace))
-    return None if free is None else bufs + [free]
+    # the FORKED columns of one trace, or None
+    return numbers(trace, len(trace), FORKED)
 def write_numbers(traces, fd, at):
     # each trace's `forked_numbers` written to `fd` from offset `at` on, in a row; False
     # when one is not plain
@@ -197,8 +195,8 @@ def joined(pid):
     return os.waitpid(pid, 0)[1] == 0
 def columns(data):
     # (payload, buffer lengths and typecodes in the payload's order) or None when not plain.
-    # The payload: every trace's FORKED numbers and device_free (int64, n each), then every
-    # trace's actions, streams and stack keys, then the rest as a pickle
+    # The payload: every trace's FORKED numbers (int64, n each), then every trace's
+    # actions, streams, device_free and stack keys, then the rest as a pickle
     if type(data) is not dict:
         return None
     traces = data.get("device_traces")
@@ -209,7 +207,7 @@ def columns(data):
     full = [t for t in traces if t]
     if not all(type(t) is list for t in full):
         return None
-    width = 8 * (len(FORKED) + 1)
+    width = 8 * len(FORKED)
     region = width * sum(map(len, full))  # where the forked numbers end
     helper = split(full)
     metas, own = [], []
@@ -232,9 +230,11 @@ def columns(data):
         table = ["" if a is None else a for a in table]
         del acts
         streams = numbers(trace, n, (("stream", 0),))
-        if streams is None:
+        free = None if streams is None else device_free(trace, n)
+        if free is None:
             return None
         own += streams
+        own.append(free)
         frames, _ = column(trace, "frames", None)
         # the stack column: each entry's key is where its frame list (that very object)
         # first appears, in one pass (setdefault keeps the first position of an id)

@@ -317,18 +317,18 @@ def _load_columns(path: Path, progress: ReadProgress | None
                 return None
             arrays.append(np.frombuffer(body, dtype=dtype, count=n // width, offset=at))
             at += n
-        # in the payload's order: each trace's addresses, sizes, times and device_free
-        # (made by the child's forked process), then each trace's actions, streams and
+        # in the payload's order: each trace's addresses, sizes and times (made by the
+        # child's forked process), then each trace's actions, streams, device_free and
         # stack keys
         full = [(dev, meta) for dev, meta in enumerate(metas) if meta is not None]
         if len(arrays) != 7 * len(full):
             return None
-        own = arrays[4 * len(full):]
+        own = arrays[3 * len(full):]
         traces: dict[int, _TraceColumns] = {}
         for k, (dev, meta) in enumerate(full):
             n, actions, frames, frame_keys = meta
-            addr, size, time_us, device_free = arrays[4 * k:4 * k + 4]
-            action, stream, stack = own[3 * k:3 * k + 3]
+            addr, size, time_us = arrays[3 * k:3 * k + 3]
+            action, stream, device_free, stack = own[4 * k:4 * k + 4]
             cols = [action, addr, size, stream, time_us, device_free, stack]
             if any(len(c) != n for c in cols) or len(frame_keys) != len(frames):
                 return None
