@@ -20,20 +20,29 @@ def first_event_outside_segments(events: pl.DataFrame, segments: pl.DataFrame
     row of `events`), or None."""
     ranges = pl.concat([
         segments.select("device", "address", "total_size"),
-        events.filter(pl.col("action").is_in(SEGMENT_ACTIONS)).select(
-            "device", pl.col("addr").alias("address"), pl.col("size").alias("total_size")),
+        events.lazy().filter(pl.col("action").is_in(SEGMENT_ACTIONS)).select(
+            "device", pl.col("addr").alias("address"), pl.col("size").alias("total_size"))
+        .collect(),
     ]).drop_nulls()
-    blocks = events.filter(pl.col("action").is_in(BLOCK_ACTIONS))
+    # only the columns the check reads are gathered (a trace has a million rows); an
+    # offending event's whole row is taken from `events` by its position
+    blocks = (events.lazy().with_row_index("_row")
+              .filter(pl.col("action").is_in(BLOCK_ACTIONS))
+              .select("_row", "device", "addr").collect())
+    one_device = blocks["device"].n_unique() <= 1
     for dev in segments["device"].unique().to_list():  # devices with allocator state
         r = ranges.filter(pl.col("device") == dev).sort("address")
         starts = r["address"].to_numpy()
         reach = np.maximum.accumulate((r["address"] + r["total_size"]).to_numpy())
-        ev = blocks.filter(pl.col("device") == dev)
+        if one_device:  # the usual case: no second pass over the rows
+            ev = blocks if blocks.height and blocks["device"][0] == dev else blocks.clear()
+        else:
+            ev = blocks.filter(pl.col("device") == dev)
         if ev["addr"].null_count():
-            return ev.filter(pl.col("addr").is_null()).row(0, named=True)
+            return events.row(int(ev.filter(pl.col("addr").is_null())["_row"][0]), named=True)
         addrs = ev["addr"].to_numpy()
         at = np.searchsorted(starts, addrs, side="right") - 1
         inside = (at >= 0) & (reach[np.maximum(at, 0)] > addrs)
         if not inside.all():
-            return ev.row(int(np.argmin(inside)), named=True)
+            return events.row(int(ev["_row"][int(np.argmin(inside))]), named=True)
     return None

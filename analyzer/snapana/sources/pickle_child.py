@@ -448,7 +448,7 @@ class Child:
         if self.fd is not None:
             try:
                 size = os.fstat(self.fd).st_size
-                self.payload = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ) if size else None
+                self.payload = _map(self.fd, size) if size else None
             except (OSError, ValueError):
                 self.payload = None  # the caller finds the payload missing: decodes itself
             finally:
@@ -493,6 +493,19 @@ class Child:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    """The payload file mapped read-only, its pages mapped in one call where the system can
+    (MAP_POPULATE): the parent reads all of it, and a page fault per 4 KB page costs 4 µs on
+    some machines (40 ms for a million entries' columns)."""
+    populate = getattr(mmap, "MAP_POPULATE", 0)
+    if populate and hasattr(mmap, "MAP_SHARED") and hasattr(mmap, "PROT_READ"):
+        try:
+            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ)
+        except OSError:
+            pass
+    return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
 
 
 def payload_file() -> int | None:
