@@ -189,9 +189,8 @@ def test_equal_frame_lists_that_are_distinct_objects_read_alike(tmp_path):
 
 def _pytorch_layout() -> dict:
     """A trace as PyTorch pickles it: a new frame list per entry (one per captured
-    traceback) of shared frame dicts. Five stacks are alike in length and in the frames
-    halfway, a quarter and an eighth in (the child's first guess at what may be equal) and
-    differ elsewhere; one is a copy of another with frame dicts equal but not the same
+    traceback) of shared frame dicts. Five stacks are alike in length and in most frames
+    and differ at one; one is a copy of another with frame dicts equal but not the same
     objects; some entries have an empty list, or none."""
     frame = [{"filename": f"f{k}.py", "name": f"fn{k}", "line": k} for k in range(12)]
     base = frame[:8]
@@ -232,22 +231,28 @@ def test_a_new_frame_list_per_entry_goes_to_the_parent_once_per_stack(tmp_path):
 
 
 def test_lists_alike_but_all_different_stay_apart(tmp_path):
-    """Frame lists the child's first guess cannot tell apart (same length, same frames at
-    the places it looks) that all differ: a round that matches too few ends the search, and
-    every stack still reaches the parent as it is."""
+    """Frame lists the child's first guess cannot tell apart: the entries it samples (the
+    first 4,096) all hold one stack, so no place in a list tells stacks apart there; 200
+    entries after them hold stacks alike in length and in all but one frame, all
+    different. A round that matches too few ends the search, and every stack still reaches
+    the parent as it is; the entries hold a list each, none empty (as PyTorch writes
+    them)."""
     frame = [{"filename": f"f{k}.py", "name": f"fn{k}", "line": k} for k in range(300)]
     data = _full_entries()
     entry = data["device_traces"][0][0]
     data["device_traces"][0] = [
-        {**entry, "addr": 4096 * (k + 1), "frames": frame[:5] + [frame[10 + k]] + frame[6:8]}
+        {**entry, "addr": 4096 * (k + 1), "frames": frame[:8]} for k in range(4096)] + [
+        {**entry, "addr": 4096 * (k + 4097), "frames": frame[:5] + [frame[10 + k]] + frame[6:8]}
         for k in range(200)]
     path = tmp_path / "s.pickle"
     path.write_bytes(pickle.dumps(data, protocol=4))
+    raw = raw_load(path)
+    assert len({id(e["frames"]) for e in raw["device_traces"][0]}) == 4296  # a list each
     got = torch_snapshot._load_columns(path, None)
-    assert got is not None and len(got[1][0].frames) == 200
+    assert got is not None and len(got[1][0].frames) == 201
     capture = load(path)
-    _same(capture, from_snapshot_dict(raw_load(path), str(path)))
-    assert capture.events["stack_id"].n_unique() == 200
+    _same(capture, from_snapshot_dict(raw, str(path)))
+    assert capture.events["stack_id"].n_unique() == 201
 
 
 def _open_fds() -> set[str]:

@@ -48,8 +48,9 @@ SPLIT_ENTRIES = 100_000
 #: while the child makes the rest.
 CHILD_COLUMNS = r"""
 from array import array
+from collections import deque
 from itertools import compress, count, repeat
-from operator import eq, getitem, itemgetter, ne, not_, rshift
+from operator import eq, getitem, itemgetter, ne, not_
 NONE = type(None)
 NULL = -(1 << 63)  # marks None in time_us / device_free: outside both columns' valid ranges
 def holds(a, values):
@@ -74,20 +75,38 @@ def column(trace, key, default):
     except KeyError:
         n = len(trace)
         return list(map(dict.get, trace, repeat(key, n), repeat(default, n))), False
-def equal_earlier(lists, places):
-    # {place: place of the first equal list} for each list equal to an earlier one (`lists`
-    # in order, at `places`). In rounds of C-level passes, each list not yet matched is
-    # compared (==: frame by frame, identity first) with the first unmatched list of its
-    # kind (the hash of its length and of the frames, those very objects, halfway, a quarter
-    # and an eighth in: the innermost frames are the allocator's and the outermost the entry
-    # point's, the same for all). Rounds stop when one matches under a sixteenth of the
-    # lists left; a list left unmatched stays apart (the parent interns it as well). Indices
-    # are int64 arrays: a million lists are a million Python ints otherwise
-    full = array("q", compress(range(len(lists)), lists))  # the non-empty lists
-    sub = list(map(lists.__getitem__, full))
+def places_apart(sub):
+    # three places in a frame list, as 64ths of its length, where the distinct stacks among
+    # the first lists of `sub` differ most often (chosen one after the other, each telling
+    # apart the most of them with those before it): stacks share most frames (the
+    # allocator's innermost, the entry point's outermost, the model's between) and differ
+    # where the allocating op and layer are, which no fixed place finds in every program
+    seen = {}
+    for lst in sub[:SAMPLE]:
+        seen.setdefault(tuple(map(id, lst)), lst)
+        if len(seen) >= 256:
+            break
+    stacks = list(seen.values())
+    chosen = []
+    for _ in range(3):
+        chosen.append(max(range(64), key=lambda f: len({
+            (len(lst), *(id(lst[(len(lst) * g) >> 6]) for g in (*chosen, f)))
+            for lst in stacks})))
+    return chosen
+def rounds(sub):
+    # (matched, to): for each list of `sub` (non-empty lists) found equal to an earlier one,
+    # its index and that of the first equal list. In rounds of C-level passes, each list not
+    # yet matched is compared (==: frame by frame, identity first) with the first unmatched
+    # list of its kind (the hash of its length and of the frames, those very objects, at the
+    # `places_apart`). Rounds stop when one matches under a sixteenth of the lists left; a
+    # list left unmatched stays apart (the parent interns it as well). Indices are int64
+    # arrays: a million lists are a million Python ints otherwise
     size = list(map(len, sub))
+    longest = max(size, default=0)
     kinds = array("q", map(hash, zip(size, *(
-        map(id, map(getitem, sub, map(rshift, size, repeat(k)))) for k in (1, 2, 3)))))
+        map(id, map(getitem, sub, map([(k * f) >> 6 for k in range(longest + 1)].__getitem__,
+                                      size)))
+        for f in places_apart(sub)))))
     del size
     matched, to = array("q"), array("q")
     left = array("q", range(len(sub)))
@@ -102,16 +121,45 @@ def equal_earlier(lists, places):
         del rep, same
         if found * 16 < len(left):
             break
-    moved = bytes(map(ne, matched, to))
+    return matched, to  # (the first list of each kind among them, matching itself)
+def equal_earlier(lists, places):
+    # {place: place of the first equal list} for each list equal to an earlier one (`lists`
+    # in order, at `places`), empty lists included
+    full = array("q", compress(range(len(lists)), lists))  # the non-empty lists
+    matched, to = rounds(list(map(lists.__getitem__, full)))
+    moved = bytes(map(ne, matched, to))  # a first list matched itself: not a match
+    matched, to = compress(matched, moved), compress(to, moved)
     at = places.__getitem__
-    merged = dict(zip(map(at, map(full.__getitem__, compress(matched, moved))),
-                      map(at, map(full.__getitem__, compress(to, moved)))))
+    merged = dict(zip(map(at, map(full.__getitem__, matched)),
+                      map(at, map(full.__getitem__, to))))
     empty = [p for lst, p in zip(lists, places) if lst == []]
     merged.update(zip(empty[1:], repeat(empty[0]) if empty else ()))
     return merged
-#: the numbers a forked process makes (`split`); streams and device_free are made here,
-#: with the actions and stacks: the two halves then take about as long
-FORKED = (("addr", 0), ("size", 0), ("time_us", 1))
+def first_equal(lists):
+    # each list's representative, as an int64 array: the position of the first list equal to
+    # it (a None, the first None's)
+    n = len(lists)
+    rep = array("q", range(n))
+    put = rep.__setitem__
+    full = array("q", compress(range(n), lists))  # the non-empty lists
+    if len(full) == n:  # (as PyTorch writes them): no position to map
+        matched, to = rounds(lists)
+    else:
+        falsy = list(compress(range(n), map(not_, lists)))
+        for same in ([p for p in falsy if lists[p] is None],
+                     [p for p in falsy if lists[p] is not None]):  # None, and []
+            if same:
+                deque(map(put, same, repeat(same[0])), 0)
+        matched, to = rounds(list(map(lists.__getitem__, full)))
+        matched, to = map(full.__getitem__, matched), map(full.__getitem__, to)
+    deque(map(put, matched, to), 0)
+    return rep
+def column_of(trace, n, name):
+    # one number column of a trace by name, as an int64 array; None when not plain
+    if name == "device_free":
+        return device_free(trace, n)
+    got = numbers(trace, n, ((name, name == "time_us"),))
+    return None if got is None else got[0]
 def numbers(trace, n, keys):
     # the `keys` columns of one trace (key, whether None is kept) as int64 arrays; None when
     # a value is not plain
@@ -147,26 +195,23 @@ def device_free(trace, n):
                 return None  # not an int, or NULL itself: let the parent judge it
             free[i] = x
     return free
-def forked_numbers(trace):
-    # the FORKED columns of one trace, or None
-    return numbers(trace, len(trace), FORKED)
-def write_numbers(traces, fd, at):
-    # each trace's `forked_numbers` written to `fd` from offset `at` on, in a row; False
+def write_numbers(traces, names, fd, at):
+    # each trace's `names` columns written to `fd` from offset `at` on, in a row; False
     # when one is not plain
     for trace in traces:
-        bufs = forked_numbers(trace)
-        if bufs is None:
-            return False
-        for b in bufs:
+        for name in names:
+            b = column_of(trace, len(trace), name)
+            if b is None:
+                return False
             view = memoryview(b).cast("B")
             while view:
                 k = os.pwrite(fd, view, at)
                 view, at = view[k:], at + k
     return True
-def split(traces):
-    # the traces' numbers made in a forked process (the decoded objects shared, copy on
-    # write) while this one makes the rest: the two cores take half each. Its pid (in
-    # `helpers`, so that a trace found not plain stops it), or None where no fork is
+def split(traces, names):
+    # the traces' `names` columns made in a forked process (the decoded objects shared,
+    # copy on write) while this one makes the rest: the two cores take half each. Its pid
+    # (in `helpers`, so that a trace found not plain stops it), or None where no fork is
     # possible or worth it
     if fd is None or not hasattr(os, "fork") or sum(map(len, traces)) < split_min:
         return None
@@ -183,7 +228,7 @@ def split(traces):
                 signal.alarm(int(seconds + per_byte * size) + 1)
             except (NameError, AttributeError):
                 pass
-            ok = write_numbers(traces, fd, 0)
+            ok = write_numbers(traces, names, fd, 0)
         except BaseException:
             pass
         os._exit(0 if ok else 3)
@@ -193,10 +238,49 @@ def joined(pid):
     # whether the forked process wrote every number
     helpers.remove(pid)
     return os.waitpid(pid, 0)[1] == 0
+#: how many frame lists of a trace tell whether it holds a list per entry
+SAMPLE = 4096
+def list_per_entry(trace):
+    # whether most of the trace's first entries hold a frame list of their own (as PyTorch
+    # writes them) rather than one shared with others
+    head = trace[:SAMPLE]
+    frames, _ = column(head, "frames", None)
+    return len(set(map(id, frames))) * 2 > len(frames)
+def stacks(frames, n):
+    # (each entry's stack key, the stacks, their keys): the key is where the first frame
+    # list equal to the entry's appears; None when one is not a list. Shared lists (few
+    # objects) are told apart by identity first, a list per entry entry by entry
+    code = "i" if n < 1 << 31 else "q"
+    head = frames[:SAMPLE]
+    if len(set(map(id, head))) * 2 > len(head):
+        if not set(map(type, frames)) <= {list, NONE}:
+            return None
+        rep = first_equal(frames)
+        places = list(compress(range(n), map(eq, rep, count())))
+        return array(code, rep), [frames[p] for p in places], places
+    # each entry's key is where its frame list (that very object) first appears, in one
+    # pass (setdefault keeps the first position of an id)
+    first = {}
+    keys = array(code, map(first.setdefault, map(id, frames), count()))
+    places = list(first.values())
+    del first
+    distinct = [frames[p] for p in places]
+    if not set(map(type, distinct)) <= {list, NONE}:
+        return None
+    # then where the first equal list appears: PyTorch writes a new list per captured
+    # traceback (of shared frame dicts), so a real trace holds a list per entry or so
+    # and a few hundred stacks; each stack goes to the parent once
+    merged = equal_earlier(distinct, places)
+    if merged:
+        keys = array(code, map(merged.get, keys, keys))
+        kept = [p not in merged for p in places]
+        distinct, places = list(compress(distinct, kept)), list(compress(places, kept))
+    return keys, distinct, places
 def columns(data):
-    # (payload, buffer lengths and typecodes in the payload's order) or None when not plain.
-    # The payload: every trace's FORKED numbers (int64, n each), then every trace's
-    # actions, streams, device_free and stack keys, then the rest as a pickle
+    # (payload, buffers, where the forked columns end, buffer lengths, typecodes and names
+    # in the payload's order, forked columns per trace) or None when not plain. The
+    # payload: every trace's forked columns (int64, n each), then every trace's own (its
+    # actions and stack keys, and the other numbers), then the rest as a pickle
     if type(data) is not dict:
         return None
     traces = data.get("device_traces")
@@ -207,10 +291,16 @@ def columns(data):
     full = [t for t in traces if t]
     if not all(type(t) is list for t in full):
         return None
-    width = 8 * len(FORKED)
-    region = width * sum(map(len, full))  # where the forked numbers end
-    helper = split(full)
-    metas, own = [], []
+    # a forked process makes addresses, sizes and times, this one the rest; not where the
+    # frame lists are one per entry: comparing them takes this one far longer than the
+    # numbers take, and after a fork every page either process writes (a reference count)
+    # costs a fault, which on a gigabyte of decoded lists costs more than the numbers
+    forked, here = ["addr", "size", "time_us"], ["stream", "device_free"]
+    region = 8 * len(forked) * sum(map(len, full))  # where the forked columns end
+    per_entry = bool(full) and set(map(type, full[0][:SAMPLE])) == {dict} and list_per_entry(
+        full[0])
+    helper = None if per_entry else split(full, forked)
+    metas, own, own_names = [], [], []
     for trace in traces:
         if not trace:
             metas.append(None)
@@ -229,55 +319,41 @@ def columns(data):
                    else array("i", map(code.__getitem__, acts)))
         table = ["" if a is None else a for a in table]
         del acts
-        streams = numbers(trace, n, (("stream", 0),))
-        free = None if streams is None else device_free(trace, n)
-        if free is None:
-            return None
-        own += streams
-        own.append(free)
+        for name in here:
+            b = column_of(trace, n, name)
+            if b is None:
+                return None
+            own.append(b)
         frames, _ = column(trace, "frames", None)
-        # the stack column: each entry's key is where its frame list (that very object)
-        # first appears, in one pass (setdefault keeps the first position of an id)
-        first = {}
-        keys = array("i" if n < 1 << 31 else "q", map(first.setdefault, map(id, frames),
-                                                      count()))
-        places = list(first.values())
-        del first
-        distinct = [frames[p] for p in places]
-        if not set(map(type, distinct)) <= {list, NONE}:
+        got = stacks(frames, n)
+        if got is None:
             return None
-        # then where the first equal list appears: PyTorch writes a new list per captured
-        # traceback (of shared frame dicts), so a real trace holds a list per entry or so
-        # and a few hundred stacks; each stack goes to the parent once
-        merged = equal_earlier(distinct, places)
-        if merged:
-            keys = array(keys.typecode, map(merged.get, keys, keys))
-            kept = [p not in merged for p in places]
-            distinct, places = list(compress(distinct, kept)), list(compress(places, kept))
-        own.append(keys)
-        metas.append((n, table, distinct, places))
-        del frames, keys, distinct, merged
-    numbers_made = None
+        own.append(got[0])
+        own_names += ["action", *here, "stack"]
+        metas.append((n, table, got[1], got[2]))
+        del frames, got
+    made = None
     if helper is not None:
         if not joined(helper):
             return None
     elif fd is not None:  # made here, after the rest
-        if not write_numbers(full, fd, 0):
+        if not write_numbers(full, forked, fd, 0):
             return None
     else:
-        numbers_made = list(map(forked_numbers, full))
-        if None in numbers_made:
+        made = [column_of(t, len(t), name) for t in full for name in forked]
+        if None in made:
             return None
     rest = dict(data)
     if "device_traces" in data:
         rest["device_traces"] = [[] if m else t for m, t in zip(metas, traces)]
     blob = pickle.dumps((rest, metas), protocol=4)
-    lengths = [8 * len(t) for t in full for _ in range(width // 8)]
+    lengths = [8 * len(t) for t in full for _ in forked]
     kinds = "q" * len(lengths) + "".join(b.typecode for b in own)
+    names = [name for _ in full for name in forked] + own_names
     lengths += [len(b) * b.itemsize for b in own]
-    if numbers_made is not None:
-        own = [b for bufs in numbers_made for b in bufs] + own
-    return blob, own, region, lengths, kinds
+    if made is not None:
+        own = made + own
+    return blob, own, region, lengths, kinds, names, len(forked)
 # the payload goes to the file the parent passed (argv[9]), which it maps, and the reply
 # comes after it on stdout (a whole reply line means a whole payload); with no file, the
 # payload follows the reply on stdout
@@ -293,7 +369,7 @@ for pid in helpers:  # a trace not plain: its numbers are not needed
     os.waitpid(pid, 0)
 if got is None:
     reply(ok=True, size=size, peak=peak, plain=False, cpu_decode=cpu_decode)
-blob, bufs, region, lengths, kinds = got  # `data` stays: os._exit frees it at once
+blob, bufs, region, lengths, kinds, names, forked = got  # `data` stays: os._exit frees it
 try:
     import resource
     cpu_split = sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
@@ -301,7 +377,8 @@ except (ImportError, AttributeError):
     cpu_split = 0.0
 head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
                        cpu_decode=cpu_decode, cpu_columns=time.process_time() - cpu_decode,
-                       cpu_split=cpu_split, bufs=lengths, kinds=kinds))
+                       cpu_split=cpu_split, bufs=lengths, kinds=kinds, names=names,
+                       forked=forked))
 try:  # the work is done: writing waits on the parent reading, which its own timeout bounds
     signal.alarm(0)
 except (NameError, AttributeError):

@@ -271,6 +271,9 @@ class _TraceColumns:
     the stack column names each by, and flat arrays: actions index theirs, stacks hold
     keys."""
 
+    #: The arrays, in the order `__init__` takes them.
+    COLUMNS = ("action", "addr", "size", "stream", "time_us", "device_free", "stack")
+
     def __init__(self, n: int, actions: list[Any], frames: list[Any], frame_keys: list[Any],
                  arrays: list[Any]) -> None:
         self.n, self.actions, self.frames, self.frame_keys = n, actions, frames, frame_keys
@@ -317,19 +320,24 @@ def _load_columns(path: Path, progress: ReadProgress | None
                 return None
             arrays.append(np.frombuffer(body, dtype=dtype, count=n // width, offset=at))
             at += n
-        # in the payload's order: each trace's addresses, sizes and times (made by the
-        # child's forked process), then each trace's actions, streams, device_free and
-        # stack keys
+        # in the payload's order: each trace's forked columns (`forked` of them, made by
+        # the child's forked process), then each trace's own (actions, stack keys and the
+        # other numbers), each buffer named
+        names = [str(x) for x in reply["names"]]
+        forked = int(reply["forked"])
         full = [(dev, meta) for dev, meta in enumerate(metas) if meta is not None]
-        if len(arrays) != 7 * len(full):
+        if len(names) != len(arrays) or len(arrays) != 7 * len(full) or not 0 <= forked <= 7:
             return None
-        own = arrays[3 * len(full):]
+        split = forked * len(full)
         traces: dict[int, _TraceColumns] = {}
         for k, (dev, meta) in enumerate(full):
             n, actions, frames, frame_keys = meta
-            addr, size, time_us = arrays[3 * k:3 * k + 3]
-            action, stream, device_free, stack = own[4 * k:4 * k + 4]
-            cols = [action, addr, size, stream, time_us, device_free, stack]
+            mine = [*range(forked * k, forked * (k + 1)),
+                    *range(split + (7 - forked) * k, split + (7 - forked) * (k + 1))]
+            by_name = {names[j]: arrays[j] for j in mine}
+            if set(by_name) != set(_TraceColumns.COLUMNS):
+                return None
+            cols = [by_name[c] for c in _TraceColumns.COLUMNS]
             if any(len(c) != n for c in cols) or len(frame_keys) != len(frames):
                 return None
             traces[dev] = _TraceColumns(n, actions, frames, frame_keys, cols)
