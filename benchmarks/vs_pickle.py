@@ -15,7 +15,10 @@ the same round, and the median over rounds is printed; `(gc off)` is the same lo
 garbage collector off, the floor of decoding alone. The machine is shared: read the
 ratios, and the CPU ratio when other jobs make the wall clock noisy. Peak RSS is the
 largest single process (what `wait4` reports); tree RSS the largest sum over the process and
-its children at one moment (sampled), since the decode child runs beside the parent. Last,
+its children at one moment (sampled), since the decode child runs beside the parent; and
+tree PSS the same with each page shared between processes counted once (one more run of
+each command: the decode child forks a process that shares its decoded objects, so the sum
+of resident sets counts them twice, though they are in memory once). Last,
 one process runs the report's stages one by one and prints what each costs (decode,
 normalise, replay, attribute, diagnose, render), the bounded child's decode and column
 making taken from its own reply.
@@ -81,15 +84,20 @@ print(json.dumps(out))
 """
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident bytes of a process and all its descendants now (from /proc; 0 when gone)."""
+def _tree_memory(pid: int, proportional: bool) -> int:
+    """Bytes of a process and all its descendants now (from /proc; 0 when gone): their
+    resident sets summed, or with `proportional` their proportional sets (Pss, each shared
+    page divided among the processes that map it: the decode child's forked process shares
+    the decoded objects, which a sum of resident sets would count twice)."""
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
         try:
-            with open(f"/proc/{p}/status") as fh:
+            source, field = ((f"/proc/{p}/smaps_rollup", "Pss:") if proportional
+                             else (f"/proc/{p}/status", "VmRSS:"))
+            with open(source) as fh:
                 for line in fh:
-                    if line.startswith("VmRSS:"):
+                    if line.startswith(field):
                         total += int(line.split()[1]) * 1024
                         break
             for task in os.listdir(f"/proc/{p}/task"):
@@ -100,11 +108,12 @@ def _tree_rss(pid: int) -> int:
     return total
 
 
-def run(args: list[str]) -> tuple[float, float, int, int]:
+def run(args: list[str], proportional: bool = False) -> tuple[float, float, int, int]:
     """Wall seconds, CPU seconds (with children), peak RSS bytes (the largest single process:
     the process's own or its largest child's, as the kernel counts it) and the peak of the
-    whole tree's RSS summed (sampled every 10 ms: the parent and its decode child at once)
-    of one fresh process."""
+    whole tree's memory (`_tree_memory`, sampled every 10 ms, 25 ms for the proportional
+    sets, whose reading costs the kernel a walk of each process's pages) of one fresh
+    process."""
     start = time.perf_counter()
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     tree = 0
@@ -112,14 +121,14 @@ def run(args: list[str]) -> tuple[float, float, int, int]:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
-        tree = max(tree, _tree_rss(proc.pid))
-        time.sleep(0.01)
+        tree = max(tree, _tree_memory(proc.pid, proportional))
+        time.sleep(0.025 if proportional else 0.01)
     wall = time.perf_counter() - start
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"failed: {' '.join(args)}: {err[-500:]}")
     peak = usage.ru_maxrss * 1024
-    return wall, usage.ru_utime + usage.ru_stime, peak, max(tree, peak)
+    return wall, usage.ru_utime + usage.ru_stime, peak, tree if proportional else max(tree, peak)
 
 
 def generate(entries: int, folder: Path, list_per_entry: bool = False) -> Path:
@@ -158,18 +167,22 @@ def bench(path: Path, rounds: int) -> None:
             print(f"  round {r + 1}: " + ", ".join(
                 f"{k} {v[-1][0]:.2f}s/{v[-1][1]:.2f}cpu/{v[-1][2] / 2**20:.0f}M"
                 for k, v in rows.items()), flush=True)
+        # one more run each, its tree's proportional memory sampled (not in the timed rounds:
+        # reading it costs the kernel a walk of the pages, and this machine has two cores)
+        pss = {name: run(cmd, proportional=True)[3] for name, cmd in commands.items()}
         html_mb = html.stat().st_size / 1e6
     base = rows["pickle.load"]
     print(f"\n{path.name}: {path.stat().st_size / 1e6:.0f} MB, {rounds} interleaved rounds, "
           f"medians (ratio to pickle.load of the same round); HTML {html_mb:.2f} MB")
     print(f"{'':12} {'wall s':>7} {'x':>5} {'cpu s':>7} {'x':>5} {'peak RSS':>9} {'x':>5} "
-          f"{'tree RSS':>9} {'x':>5}")
+          f"{'tree RSS':>9} {'x':>5} {'tree PSS':>9} {'x':>5}")
     for name, vals in rows.items():
         med = [statistics.median(v[k] for v in vals) for k in range(4)]
         ratio = [statistics.median(v[k] / b[k] for v, b in zip(vals, base, strict=True))
                  for k in range(4)]
         print(f"{name:12} {med[0]:7.2f} {ratio[0]:5.2f} {med[1]:7.2f} {ratio[1]:5.2f} "
-              f"{med[2] / 2**20:8.0f}M {ratio[2]:5.2f} {med[3] / 2**20:8.0f}M {ratio[3]:5.2f}")
+              f"{med[2] / 2**20:8.0f}M {ratio[2]:5.2f} {med[3] / 2**20:8.0f}M {ratio[3]:5.2f} "
+              f"{pss[name] / 2**20:8.0f}M {pss[name] / pss['pickle.load']:5.2f}")
 
 
 def stages(path: Path) -> None:
