@@ -215,6 +215,7 @@ def split(traces, names):
     # possible or worth it
     if fd is None or not hasattr(os, "fork") or sum(map(len, traces)) < split_min:
         return None
+    parent = os.getpid()
     try:
         pid = os.fork()
     except OSError:
@@ -228,7 +229,13 @@ def split(traces, names):
                 signal.alarm(int(seconds + per_byte * size) + 1)
             except (NameError, AttributeError):
                 pass
-            ok = write_numbers(traces, names, fd, 0)
+            try:  # ended with this child, if it is killed first (a timeout, Ctrl-C): Linux
+                import ctypes
+                ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+            except (ImportError, OSError, AttributeError):
+                pass
+            if os.getppid() == parent:  # (not already gone)
+                ok = write_numbers(traces, names, fd, 0)
         except BaseException:
             pass
         os._exit(0 if ok else 3)
