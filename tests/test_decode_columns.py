@@ -337,3 +337,15 @@ def test_a_reply_on_stdout_with_the_payload_is_taken_at_the_exit(monkeypatch, tm
         "import os, sys, time; sys.stdout.write('{\"ok\": true}\\n'); sys.stdout.flush(); "
         "os.close(1); os.close(2); time.sleep(1); os._exit(3)"))
     assert child.wait() == (3, b'{"ok": true}\n')
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("0", 0), ("250000", 250_000), (" 7 ", 7), ("", None), ("-1", None), ("1e6", None),
+    ("²", None), ("9" * 5000, None)])
+def test_the_split_threshold_comes_from_the_environment_when_whole(monkeypatch, raw,
+                                                                   expected):
+    """SNAPANA_SPLIT_ENTRIES sets from how many entries the child forks (0: always, as a
+    fuzzing campaign runs it); anything but a whole number leaves the default."""
+    monkeypatch.setenv("SNAPANA_SPLIT_ENTRIES", raw)
+    default = pickle_child.SPLIT_ENTRIES
+    assert pickle_child.split_entries() == (default if expected is None else expected)

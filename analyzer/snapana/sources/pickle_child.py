@@ -29,7 +29,18 @@ from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 #: From how many trace entries on the child makes the traces' numbers (addresses, sizes,
 #: streams, times) in a process it forks while it makes the rest (`CHILD_COLUMNS`, `split`):
 #: below that, the fork and its copied pages cost more than the half it saves.
+#: SNAPANA_SPLIT_ENTRIES sets it (0: always, as the fuzzer can; a number past every trace:
+#: never, where the pages the two processes copy matter more than the time).
 SPLIT_ENTRIES = 100_000
+
+
+def split_entries() -> int:
+    """SNAPANA_SPLIT_ENTRIES where it is a whole number, else SPLIT_ENTRIES."""
+    raw = os.environ.get("SNAPANA_SPLIT_ENTRIES", "").strip()
+    try:
+        return int(raw) if raw.isascii() and raw.isdigit() else SPLIT_ENTRIES
+    except ValueError:  # more digits than int() takes
+        return SPLIT_ENTRIES
 
 #: Appended to `CHILD` when the parent asks for columns (argv[7] == "columns"): each device
 #: trace that holds only plain entries (dicts of ints, strings, frame lists) becomes flat
@@ -620,7 +631,7 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
     per_byte = decode_seconds(1 << 20) - seconds
     cmd = [sys.executable, "-I", "-S", "-c", CHILD, str(path), str(limit), str(base),
            str(factor), repr(seconds), repr(per_byte / (1 << 20)),
-           "columns" if columns else "check", str(SPLIT_ENTRIES)]
+           "columns" if columns else "check", str(split_entries())]
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT", "LANG")}
     budget = seconds + per_byte / (1 << 20) * limit
     timeout = budget * (2 if columns else 1) + 30 + limit / (20 << 20)
@@ -645,7 +656,8 @@ _EARLY: dict[tuple[object, ...], Child] = {}
 def _key(path: Path, st: os.stat_result, columns: bool) -> tuple[object, ...]:
     return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, columns,
             os.environ.get("SNAPANA_DECODE_SECONDS"), os.environ.get("SNAPANA_DECODE_MEMORY"),
-            os.environ.get("SNAPANA_MAX_RATIO"), os.environ.get("SNAPANA_MAX_DECOMPRESSED"))
+            os.environ.get("SNAPANA_MAX_RATIO"), os.environ.get("SNAPANA_MAX_DECOMPRESSED"),
+            split_entries())
 
 
 def _looks_like_pickle(path: Path) -> tuple[os.stat_result, bool] | None:
