@@ -133,6 +133,22 @@ def test_load_an_export_through_the_api(tmp_path: Path) -> None:
     assert a.diff(b).diff.is_empty
 
 
+def test_an_export_whose_events_carry_no_time_has_no_clock(tmp_path: Path) -> None:
+    """An export read back whose events' times are all null (edited, or written by another
+    tool) has no clock, whatever its marker says: its report draws the trace by event index
+    (a clock of nulls was an internal error, found by the fuzzer)."""
+    out = export_capture(OOM_SAMPLE, tmp_path / "x")
+    events = pl.read_parquet(out / "events.parquet")
+    events.with_columns(pl.lit(None, pl.Int64).alias("time_us")).write_parquet(
+        out / "events.parquet")
+    assert json.loads((out / "snapana-export.json").read_text())["has_time"] is True
+    capture = parquet_dir.load(out)
+    assert not capture.has_time
+    (report,) = analyse(capture)
+    assert report.timeline.times_us is None
+    assert "<html" in render(capture_view([report], title="x"), "html")
+
+
 def test_export_replaces_an_export_but_nothing_else(tmp_path: Path) -> None:
     out = tmp_path / "x"
     export_capture(OOM_SAMPLE, out)

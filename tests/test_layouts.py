@@ -164,3 +164,24 @@ def test_replay_undoes_segment_free(tmp_path):
     dr = replay(capture, 0)
     assert list(dr.reserved) == [22 * MiB, 2 * MiB, 2 * MiB]
     assert dr.mismatches == []
+
+
+def test_a_device_whose_trace_carries_no_time_beside_one_that_does(tmp_path):
+    """A capture has a clock when some event carries a time; a device whose own trace
+    carries none is drawn by event index, not read as a clock of NaNs (it was an internal
+    error), and its HTML report is written."""
+    from snapana.render import render
+    from snapana.render.views import capture_view
+
+    segs = [_segment(device=d, blocks=BLOCKS) for d in (0, 1)]
+    data = {"segments": segs,
+            "device_traces": [_trace_for(segs[0]), _trace_for(segs[1], with_time=False)],
+            "allocator_settings": {"expandable_segments": False}}
+    capture = load(_write(tmp_path, data))
+    assert capture.has_time
+    timed, untimed = analyse(capture)
+    assert timed.timeline.times_us is not None and untimed.timeline.times_us is None
+    assert untimed.allocated_bytes == 10 * MiB
+    view = capture_view([untimed], title="s")
+    assert not view.devices[0].timeline.x_is_time
+    assert "<html" in render(view, "html")

@@ -499,7 +499,8 @@ def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
         annotations=fields["annotations"],
         warnings=fields["warnings"],
         has_trace=fields["has_trace"],
-        has_time=fields["has_time"],
+        # as the snapshot reader counts it: some event carries a time (not the file's word)
+        has_time=fields["has_time"] and events["time_us"].null_count() < events.height,
         capacity_bytes=fields["capacity_bytes"],
         metadata=fields["metadata"],
     )

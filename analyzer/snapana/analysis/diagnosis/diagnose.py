@@ -668,11 +668,14 @@ def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
     """The live-bytes series of the whole trace, per family too (with the growth of the
     dominant families and of those the verdict `named`), the events of the OOM and the
     peak, and on a clock the annotation windows; a view downsamples it."""
-    on_clock = capture.has_time and dr.n_events > 0
+    clock = capture.device_events(dr.device)["time_us"] if capture.has_time else None
+    # a clock for this device's events: some of them carry a time (a capture's other
+    # device may be the one that does)
+    on_clock = clock is not None and dr.n_events > 0 and clock.null_count() < clock.len()
     times = None
     bands: tuple[Band, ...] = ()
-    if on_clock:
-        col = capture.device_events(dr.device)["time_us"].fill_null(strategy="forward")
+    if on_clock and clock is not None:
+        col = clock.fill_null(strategy="forward")
         times = col.fill_null(strategy="backward").to_numpy()
         bands = tuple(Band(name, start, end)
                       for start, end, name in AnnotationWindows(capture, dr.device).windows
