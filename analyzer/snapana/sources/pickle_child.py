@@ -258,19 +258,17 @@ def joined(pid):
     return os.waitpid(pid, 0)[1] == 0
 #: how many frame lists of a trace tell whether it holds a list per entry
 SAMPLE = 4096
-def list_per_entry(trace):
-    # whether most of the trace's first entries hold a frame list of their own (as PyTorch
-    # writes them) rather than one shared with others
-    head = trace[:SAMPLE]
-    frames, _ = column(head, "frames", None)
-    return len(set(map(id, frames))) * 2 > len(frames)
+def list_per_entry(frames):
+    # whether most of the first entries' frame lists are lists of their own (as PyTorch
+    # writes them) rather than shared with others
+    head = frames[:SAMPLE]
+    return len(set(map(id, head))) * 2 > len(head)
 def stacks(frames, n):
     # (each entry's stack key, the stacks, their keys): the key is where the first frame
     # list equal to the entry's appears; None when one is not a list. Shared lists (few
     # objects) are told apart by identity first, a list per entry entry by entry
     code = "i" if n < 1 << 31 else "q"
-    head = frames[:SAMPLE]
-    if len(set(map(id, head))) * 2 > len(head):
+    if list_per_entry(frames):
         if not set(map(type, frames)) <= {list, NONE}:
             return None
         rep = first_equal(frames)
@@ -315,8 +313,9 @@ def columns(data):
     # costs a fault, which on a gigabyte of decoded lists costs more than the numbers
     forked, here = ["addr", "size", "time_us"], ["stream", "device_free"]
     region = 8 * len(forked) * sum(map(len, full))  # where the forked columns end
-    per_entry = bool(full) and set(map(type, full[0][:SAMPLE])) == {dict} and list_per_entry(
-        full[0])
+    head = full[0][:SAMPLE] if full else []
+    per_entry = bool(head) and set(map(type, head)) == {dict} and list_per_entry(
+        column(head, "frames", None)[0])
     helper = None if per_entry else split(full, forked)
     metas, own, own_names = [], [], []
     for trace in traces:
