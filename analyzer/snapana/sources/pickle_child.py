@@ -53,10 +53,11 @@ def split_entries() -> int:
 #: the parent reads with the restricted unpickler. Anything else (a float time, a bool, a
 #: value past int64, a non-dict entry) and the reply is `plain: false`: the parent then
 #: decodes and validates in-process, naming the offending entry. The payload holds every
-#: trace's numbers (five int64 columns), then every trace's actions and stack keys, then
-#: that pickle; the reply lists the buffers' lengths and typecodes in that order. From
-#: argv[8] entries on, a forked process makes the numbers into the payload file (argv[9])
-#: while the child makes the rest.
+#: trace's addresses, sizes and times (int64), then every trace's actions, streams,
+#: device_free and stack keys, then that pickle; the reply lists the buffers' lengths,
+#: typecodes and names in that order. From argv[8] entries on, a forked process makes the
+#: addresses, sizes and times into the payload file (argv[9]) while the child makes the
+#: rest.
 CHILD_COLUMNS = r"""
 from array import array
 from collections import deque
@@ -79,13 +80,13 @@ def holds(a, values):
             at = raw.find(pat, at + 1)
     return False
 def column(trace, key, default):
-    # (each entry's value, whether every entry has the key): one C pass when all have it;
-    # else a missing key reads as `default`
+    # each entry's value: one C pass when all have the key; else a missing key reads as
+    # `default`
     try:
-        return list(map(itemgetter(key), trace)), True
+        return list(map(itemgetter(key), trace))
     except KeyError:
         n = len(trace)
-        return list(map(dict.get, trace, repeat(key, n), repeat(default, n))), False
+        return list(map(dict.get, trace, repeat(key, n), repeat(default, n)))
 def places_apart(sub):
     # three places in a frame list, as 64ths of its length, where the distinct stacks among
     # the first lists of `sub` differ most often (chosen one after the other, each telling
@@ -166,36 +167,26 @@ def first_equal(lists):
     deque(map(put, matched, to), 0)
     return rep
 def column_of(trace, n, name):
-    # one number column of a trace by name, as an int64 array; None when not plain
+    # one number column of a trace by name, as an int64 array; None when not plain (None
+    # is kept, as NULL, in time_us only)
     if name == "device_free":
         return device_free(trace, n)
-    got = numbers(trace, n, ((name, name == "time_us"),))
-    return None if got is None else got[0]
-def numbers(trace, n, keys):
-    # the `keys` columns of one trace (key, whether None is kept) as int64 arrays; None when
-    # a value is not plain
-    bufs = []
-    for key, nullable in keys:
-        v, _ = column(trace, key, None)  # a missing key reads as None
-        try:  # array() refuses None, a float, a string, past int64; reads a bool as 0/1
-            a = array("q", v)
-        except TypeError:
-            a = None
-        if a is None or holds(a, (0, 1, NULL) if nullable else (0, 1)):
-            # None, a key missing, or a 0/1 that may be a bool or NULL: judged one by one
-            kinds = set(map(type, v))
-            if not kinds <= {int, NONE}:
-                return None
-            if nullable and v.count(NULL):
-                return None  # the value NULL itself in the file: let the parent judge it
-            if NONE in kinds:  # else `a` is right as built (a stream of 0s, say)
-                fill = NULL if nullable else 0
-                a = array("q", [fill if x is None else x for x in v])
-            if a is None:
-                return None
-        bufs.append(a)
-        del v, a
-    return bufs
+    nullable = name == "time_us"
+    v = column(trace, name, None)  # a missing key reads as None
+    try:  # array() refuses None, a float, a string, past int64; reads a bool as 0/1
+        a = array("q", v)
+    except TypeError:
+        a = None
+    if a is None or holds(a, (0, 1, NULL) if nullable else (0, 1)):
+        # None, a key missing, or a 0/1 that may be a bool or NULL: judged one by one
+        kinds = set(map(type, v))
+        if not kinds <= {int, NONE}:
+            return None
+        if nullable and v.count(NULL):
+            return None  # the value NULL itself in the file: let the parent judge it
+        if NONE in kinds:  # else `a` is right as built (a stream of 0s, say)
+            a = array("q", [(NULL if nullable else 0) if x is None else x for x in v])
+    return a
 def device_free(trace, n):
     # only OOM entries carry it; the others are filled in C, not read
     free = array("q", [NULL]) * n
@@ -315,7 +306,7 @@ def columns(data):
     region = 8 * len(forked) * sum(map(len, full))  # where the forked columns end
     head = full[0][:SAMPLE] if full else []
     per_entry = bool(head) and set(map(type, head)) == {dict} and list_per_entry(
-        column(head, "frames", None)[0])
+        column(head, "frames", None))
     helper = None if per_entry else split(full, forked)
     metas, own, own_names = [], [], []
     for trace in traces:
@@ -325,7 +316,7 @@ def columns(data):
         if set(map(type, trace)) != {dict}:
             return None
         n = len(trace)
-        acts, _ = column(trace, "action", "")
+        acts = column(trace, "action", "")
         table = list(dict.fromkeys(acts))  # types checked on the distinct values only
         if not set(map(type, table)) <= {str, NONE}:
             return None
@@ -341,7 +332,7 @@ def columns(data):
             if b is None:
                 return None
             own.append(b)
-        frames, _ = column(trace, "frames", None)
+        frames = column(trace, "frames", None)
         got = stacks(frames, n)
         if got is None:
             return None

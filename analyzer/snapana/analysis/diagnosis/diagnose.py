@@ -668,13 +668,13 @@ def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
     """The live-bytes series of the whole trace, per family too (with the growth of the
     dominant families and of those the verdict `named`), the events of the OOM and the
     peak, and on a clock the annotation windows; a view downsamples it."""
-    clock = capture.device_events(dr.device)["time_us"] if capture.has_time else None
-    # a clock for this device's events: some of them carry a time (a capture's other
-    # device may be the one that does)
-    on_clock = clock is not None and dr.n_events > 0 and clock.null_count() < clock.len()
+    clock = (capture.device_events(dr.device)["time_us"]
+             if capture.has_time and dr.n_events > 0 else None)
+    if clock is not None and clock.null_count() == clock.len():
+        clock = None  # no event of this device carries a time (another device's may)
     times = None
     bands: tuple[Band, ...] = ()
-    if on_clock and clock is not None:
+    if clock is not None:
         col = clock.fill_null(strategy="forward")
         times = col.fill_null(strategy="backward").to_numpy()
         bands = tuple(Band(name, start, end)
