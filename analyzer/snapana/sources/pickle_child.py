@@ -99,12 +99,15 @@ def places_apart(sub):
         if len(seen) >= 256:
             break
     stacks = list(seen.values())
-    chosen = []
+    # each place's frame (its id) in every stack, read once: a column per place
+    at = [tuple(id(lst[(len(lst) * f) >> 6]) for lst in stacks) for f in range(64)]
+    chosen = [tuple(map(len, stacks))]
+    places = []
     for _ in range(3):
-        chosen.append(max(range(64), key=lambda f: len({
-            (len(lst), *(id(lst[(len(lst) * g) >> 6]) for g in (*chosen, f)))
-            for lst in stacks})))
-    return chosen
+        f = max(range(64), key=lambda f: len(set(zip(*chosen, at[f]))))
+        places.append(f)
+        chosen.append(at[f])
+    return places
 def rounds(sub):
     # (matched, to): for each list of `sub` (non-empty lists) found equal to an earlier one,
     # its index and that of the first equal list. In rounds of C-level passes, each list not
