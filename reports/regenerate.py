@@ -6,14 +6,18 @@ sample, so a visitor can open a real report without installing anything.
 
 The device capacity passed to each report is the GPU the incident ran on (from the sample's
 sidecar), as the engineer would pass --capacity. Files are rewritten only when what a
-reader sees changes (`reader_view`): the text, and each figure's data and layout. The bytes of
-the inlined plotly.js, plotly's theme and how a JSON library spells a float (5e-6 or 5e-06)
-differ between machines and are not content, so the check gives the same answer everywhere.
+reader sees changes (`reader_view`): the text, each figure's data and layout, and what the
+explorer's columns inflate to. The bytes of the inlined plotly.js, plotly's theme and how a
+JSON library spells a float (5e-6 or 5e-06) differ between machines, and how the columns were
+deflated is a detail of the writer: none is content, so the check gives the same answer
+everywhere.
 """
 
 from __future__ import annotations
 
 import base64
+import gzip
+import hashlib
 import json
 import re
 import sys
@@ -68,6 +72,9 @@ def _figure_view(match: re.Match[str]) -> str:
     fig = _plain(json.loads(match.group(2).replace("<\\/", "</")))
     if isinstance(fig, dict):
         fig.get("layout", {}).pop("template", None)
+        if isinstance(fig.get("packed"), str):  # the explorer's columns: what they inflate to
+            fig["packed"] = hashlib.sha256(gzip.decompress(base64.b64decode(fig["packed"])))\
+                .hexdigest()
     return match.group(1) + json.dumps(fig, sort_keys=True) + match.group(3)
 
 

@@ -9,9 +9,10 @@ lifetimes, so its family bytes at any event are the timeline's, which add up to 
 
 Columns are integers packed small (sorted, delta-coded, divided by their common factor,
 a column of few distinct values as indices into them, each byte plane apart) and gzipped
-once; the page inflates them with the browser's own `DecompressionStream`, as it does
-plotly.js. A stack is kept once, as indices into its
-distinct frame lines, so the find box searches every frame of every allocation.
+into one member, each column deflated on the thread that packed it; the page inflates them
+with the browser's own `DecompressionStream`, as it does plotly.js. A stack is kept once, as
+indices into its distinct frame lines, so the find box searches every frame of every
+allocation.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import struct
 import zlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,11 +43,28 @@ Column = dict[str, Any]
 _LEVEL = 4
 #: Rows a column's ways of packing are judged on.
 _SAMPLE = 1 << 16
+#: A gzip member's header: deflate, no flags, no time, no extra flags, unknown system.
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+#: Rows a column's common factor is first taken from (`_common_factor`).
+_GUESS = 1024
 
 
 def _frame_line(frame: tuple[str, str, int]) -> str:
     """A frame as the find box searches it: the full file name, line and function."""
     return f"{frame[0]}:{frame[2]} {frame[1]}"
+
+
+def _common_factor(v: np.ndarray) -> int:
+    """The greatest common divisor of the non-negative `v`'s non-zero values (1 when none):
+    that of the first few, when it divides all of them (whatever divides all of them
+    divides those few), else of all; one remainder over the rows, not a gcd per row."""
+    nz = v[v > 0]
+    if not nz.size:
+        return 1
+    guess = int(np.gcd.reduce(nz[:_GUESS]))
+    if guess == 1 or not (nz % guess).any():
+        return guess
+    return int(np.gcd.reduce(nz))
 
 
 def _planes(v: np.ndarray) -> tuple[int, bytes]:
@@ -81,9 +100,11 @@ def _packed(name: str, values: np.ndarray, delta: bool = False,
     v = np.asarray(values, dtype=np.int64)
     base = int(v.min()) if v.size else 0
     v = v - base
-    nz = v[v > 0]  # sizes share 512: stored / 512
-    factor = int(np.gcd.reduce(nz)) if nz.size else 1
-    v = v // factor
+    factor = _common_factor(v)  # sizes share 512: stored / 512
+    if factor & (factor - 1) == 0:  # a power of two (1 included): a shift, not a division
+        v >>= factor.bit_length() - 1
+    else:
+        v //= factor
     zig = False
     if (delta or group is not None) and v.size:
         d = _differences(v, group[1] if group is not None else None)
@@ -147,21 +168,43 @@ def pack(columns: Mapping[str, np.ndarray], delta: frozenset[str] = frozenset(),
     address, per size: the caching allocator hands a freed block to the next request of
     its size). Any other column is also tried as indices into its distinct values (sizes,
     reused addresses); of the ways tried, the one that compresses smallest is kept."""
-    def one(name: str) -> tuple[list[Column], bytes]:
+    def one(name: str) -> tuple[list[Column], bytes, bytes]:
         if name in delta:
             spec, data = _packed(name, columns[name], delta=True)
-            return [spec], data
-        by = (group or {}).get(name)
-        return _best(name, np.asarray(columns[name], dtype=np.int64), None if by is None
-                     else (by, np.asarray(columns[by], dtype=np.int64)))
+            specs = [spec]
+        else:
+            by = (group or {}).get(name)
+            specs, data = _best(name, np.asarray(columns[name], dtype=np.int64), None if by is None
+                                else (by, np.asarray(columns[by], dtype=np.int64)))
+        return specs, data, _deflated(data)
 
-    # columns are packed apart, on two threads: numpy's sorts and zlib let go of the GIL
+    # columns are packed and deflated apart, on two threads: numpy's sorts and zlib let go of
+    # the GIL
     with ThreadPoolExecutor(2) as pool:
         packed = list(pool.map(one, columns))
-    specs = [spec for column_specs, _ in packed for spec in column_specs]
-    blob = gzip.compress(b"".join(data for _, data in packed), compresslevel=_LEVEL,
-                         mtime=0)
-    return specs, base64.b64encode(blob).decode("ascii")
+    specs = [spec for column_specs, _, _ in packed for spec in column_specs]
+    member = _gzip_member([data for _, data, _ in packed], [z for _, _, z in packed])
+    return specs, base64.b64encode(member).decode("ascii")
+
+
+def _deflated(data: bytes) -> bytes:
+    """`data` as raw deflate blocks that end on a byte (a full flush, no final block): such
+    parts laid end to end are one deflate stream, so columns are compressed apart, on the
+    threads that pack them."""
+    z = zlib.compressobj(_LEVEL, zlib.DEFLATED, -15)
+    return z.compress(data) + z.flush(zlib.Z_FULL_FLUSH)
+
+
+def _gzip_member(data: list[bytes], deflated: list[bytes]) -> bytes:
+    """One gzip member (no name, no time: byte-stable) of `data` deflated part by part
+    (`_deflated`): its header, the parts, an empty final block, then the CRC-32 and length
+    of all the data."""
+    crc = 0
+    for part in data:
+        crc = zlib.crc32(part, crc)
+    end = zlib.compressobj(_LEVEL, zlib.DEFLATED, -15).flush(zlib.Z_FINISH)
+    size = sum(map(len, data)) & 0xFFFFFFFF
+    return b"".join([_GZIP_HEADER, *deflated, end, struct.pack("<II", crc, size)])
 
 
 def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: str,
