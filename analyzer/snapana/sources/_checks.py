@@ -24,25 +24,25 @@ def first_event_outside_segments(events: pl.DataFrame, segments: pl.DataFrame
             "device", pl.col("addr").alias("address"), pl.col("size").alias("total_size"))
         .collect(),
     ]).drop_nulls()
-    # only the columns the check reads are gathered (a trace has a million rows); an
-    # offending event's whole row is taken from `events` by its position
-    blocks = (events.lazy().with_row_index("_row")
-              .filter(pl.col("action").is_in(BLOCK_ACTIONS))
-              .select("_row", "device", "addr").collect())
-    one_device = blocks["device"].n_unique() <= 1
+    # each device's distinct block addresses are checked (a trace of a million events
+    # reuses a few thousand), then the first event at an address found outside is looked up
+    blocks = events.lazy().with_row_index("_row").filter(pl.col("action").is_in(BLOCK_ACTIONS))
     for dev in segments["device"].unique().to_list():  # devices with allocator state
         r = ranges.filter(pl.col("device") == dev).sort("address")
         starts = r["address"].to_numpy()
         reach = np.maximum.accumulate((r["address"] + r["total_size"]).to_numpy())
-        if one_device:  # the usual case: no second pass over the rows
-            ev = blocks if blocks.height and blocks["device"][0] == dev else blocks.clear()
-        else:
-            ev = blocks.filter(pl.col("device") == dev)
-        if ev["addr"].null_count():
-            return events.row(int(ev.filter(pl.col("addr").is_null())["_row"][0]), named=True)
-        addrs = ev["addr"].to_numpy()
-        at = np.searchsorted(starts, addrs, side="right") - 1
-        inside = (at >= 0) & (reach[np.maximum(at, 0)] > addrs)
-        if not inside.all():
-            return events.row(int(ev["_row"][int(np.argmin(inside))]), named=True)
+        on = blocks.filter(pl.col("device") == dev)
+        addrs = on.select(pl.col("addr").unique()).collect().to_series()
+        if addrs.null_count():
+            return _first(events, on.filter(pl.col("addr").is_null()))
+        v = addrs.to_numpy()
+        at = np.searchsorted(starts, v, side="right") - 1
+        outside = v[(at < 0) | (reach[np.maximum(at, 0)] <= v)]
+        if outside.size:
+            return _first(events, on.filter(pl.col("addr").is_in(outside.tolist())))
     return None
+
+
+def _first(events: pl.DataFrame, rows: pl.LazyFrame) -> dict[str, Any]:
+    """The first of `rows` (events with their position, `_row`), as its whole event."""
+    return events.row(int(rows.select(pl.col("_row").min()).collect().item()), named=True)
