@@ -6,11 +6,11 @@ sample, so a visitor can open a real report without installing anything.
 
 The device capacity passed to each report is the GPU the incident ran on (from the sample's
 sidecar), as the engineer would pass --capacity. Files are rewritten only when what a
-reader sees changes (`reader_view`): the text, each figure's data and layout, and what the
-explorer's columns inflate to. The bytes of the inlined plotly.js, plotly's theme and how a
-JSON library spells a float (5e-6 or 5e-06) differ between machines, and how the columns were
-deflated is a detail of the writer: none is content, so the check gives the same answer
-everywhere.
+reader sees changes (`reader_view`): the text, each figure's data and layout, and the values
+of the explorer's columns. The bytes of the inlined plotly.js, plotly's theme and how a JSON
+library spells a float (5e-6 or 5e-06) differ between machines, and how the columns were
+packed and deflated is a detail of the writer: none is content, so the check gives the same
+answer everywhere.
 """
 
 from __future__ import annotations
@@ -68,13 +68,42 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _column_digests(specs: list[dict[str, Any]], packed: str) -> dict[str, str]:
+    """The explorer's packed columns read back as the page reads them (render/explorer.py's
+    `Column`), each one's values as a digest: how and in which order they were packed is
+    not content."""
+    raw = np.frombuffer(gzip.decompress(base64.b64decode(packed)), dtype=np.uint8)
+    out: dict[str, np.ndarray] = {}
+    at = 0
+    for c in specs:
+        n = c["n"]
+        v = np.zeros(n, dtype=np.int64)
+        for k in range(c["width"]):
+            v += raw[at:at + n].astype(np.int64) << (8 * k)
+            at += n
+        if c["zigzag"]:
+            v = np.where(v % 2 == 1, -(v + 1) // 2, v // 2)
+        if c["delta"]:
+            v = np.cumsum(v)
+        if "group" in c:  # a running sum within the rows of the same group value
+            last: dict[int, int] = {}
+            values = v.tolist()
+            for i, g in enumerate(out[c["group"]].tolist()):
+                values[i] += last.get(g, 0)
+                last[g] = values[i]
+            v = np.array(values, dtype=np.int64)
+        v = v * c["factor"] + c["base"]
+        out[c["name"]] = out[c["values"]][v] if "values" in c else v
+    return {name: hashlib.sha256(v.astype("<i8").tobytes()).hexdigest()
+            for name, v in sorted(out.items()) if not name.endswith(".values")}
+
+
 def _figure_view(match: re.Match[str]) -> str:
     fig = _plain(json.loads(match.group(2).replace("<\\/", "</")))
     if isinstance(fig, dict):
         fig.get("layout", {}).pop("template", None)
-        if isinstance(fig.get("packed"), str):  # the explorer's columns: what they inflate to
-            fig["packed"] = hashlib.sha256(gzip.decompress(base64.b64decode(fig["packed"])))\
-                .hexdigest()
+        if isinstance(fig.get("packed"), str):  # the explorer's columns: their values
+            fig["packed"] = _column_digests(fig.pop("columns"), fig["packed"])
     return match.group(1) + json.dumps(fig, sort_keys=True) + match.group(3)
 
 

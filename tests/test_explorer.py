@@ -318,3 +318,28 @@ def test_explore_in_a_notebook_is_the_report_inline(tmp_path):
     assert [r for r in requests if not r.startswith(("file:", "about:"))] == []
     assert event == a.moment.idx
     assert {f: (b, n) for f, b, n in rows} == _families_at(a, event)
+
+
+def test_the_explorer_started_ahead_makes_the_same_page(tmp_path, monkeypatch):
+    """`snapana report` starts the explorer's columns that no attribution changes while the
+    report is diagnosed (`explorer.ahead`): what it started is taken, and the page is the
+    one made with nothing started, byte for byte."""
+    from snapana.render import explorer
+
+    taken: list[object] = []
+    real = explorer._made_ahead
+
+    def spy(*args):
+        got = real(*args)
+        taken.append(got)
+        return got
+
+    monkeypatch.setattr(explorer, "_made_ahead", spy)
+    snap = next(s for s in SAMPLES if s.name.startswith("expandable"))
+    assert invoke("report", str(snap), "-o", str(tmp_path / "ahead.html")).returncode == 0
+    assert taken and all(t is not None for t in taken) and not explorer._AHEAD
+    monkeypatch.setattr(explorer, "ahead", lambda *_: None)
+    taken.clear()
+    assert invoke("report", str(snap), "-o", str(tmp_path / "after.html")).returncode == 0
+    assert taken == [None] * len(taken) and taken
+    assert (tmp_path / "ahead.html").read_bytes() == (tmp_path / "after.html").read_bytes()

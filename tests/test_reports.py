@@ -43,33 +43,45 @@ def test_reader_view_ignores_float_spelling_and_bundle_but_not_data():
     assert view(html, page("5e-6, 1.5")) != view(html, page("6e-06, 1.5"))
 
 
-def test_reader_view_reads_the_explorers_columns_inflated():
-    """How the explorer's columns were deflated (one stream, or columns apart) is not
-    content; the bytes they inflate to are."""
+def test_reader_view_reads_the_explorers_column_values():
+    """How the explorer's columns were packed (their order, one deflate stream or parts) is
+    not content; their values are."""
     import base64
     import gzip
     import json
     import zlib
 
+    import numpy as np
+    from snapana.render.explorer import pack
+
     regenerate = _regenerate_module()
     html = Path("r.html")
-    data = bytes(range(256)) * 40
 
-    def page(blob: bytes) -> str:
-        packed = json.dumps({"columns": [], "packed": base64.b64encode(blob).decode()})
-        return f'<script type="application/json" id="explore-data-0">{packed}</script>'
+    def page(specs: list, packed: str) -> str:
+        data = json.dumps({"columns": specs, "packed": packed})
+        return f'<script type="application/json" id="explore-data-0">{data}</script>'
 
-    apart = zlib.compressobj(9, zlib.DEFLATED, -15)
-    body = apart.compress(data[:5000]) + apart.flush(zlib.Z_FULL_FLUSH)
-    rest = zlib.compressobj(1, zlib.DEFLATED, -15)
-    body += rest.compress(data[5000:]) + rest.flush(zlib.Z_FINISH)
-    two_ways = gzip.compress(data, mtime=0)[:10] + body + gzip.compress(data, mtime=0)[-8:]
-    assert two_ways != gzip.compress(data, mtime=0)
-    assert gzip.decompress(two_ways) == data
+    rng = np.random.default_rng(1)
+    size = rng.choice(np.array([512, 4096]), 5000)
+    address = (1 << 40) + size * rng.integers(0, 50, 5000)
+    one = pack({"size": size, "address": address}, group={"address": "size"})
+    other_order = pack({"alloc": np.arange(5000), "size": size, "address": address},
+                       delta=frozenset({"alloc"}), group={"address": "size"})
+    reordered = pack({"size": size, "alloc": np.arange(5000), "address": address},
+                     delta=frozenset({"alloc"}), group={"address": "size"})
+    assert other_order != reordered
     view = regenerate.reader_view
-    assert view(html, page(gzip.compress(data, mtime=0))) == view(html, page(two_ways))
-    assert view(html, page(gzip.compress(data, mtime=0))) != \
-        view(html, page(gzip.compress(data[:-1] + b"x", mtime=0)))
+    assert view(html, page(*other_order)) == view(html, page(*reordered))
+    # the same bytes deflated in one stream rather than in parts
+    raw = gzip.decompress(base64.b64decode(one[1]))
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    whole = base64.b64encode(z.compress(raw) + z.flush()).decode()
+    assert whole != one[1]
+    assert view(html, page(one[0], whole)) == view(html, page(*one))
+    moved = address.copy()
+    moved[-1] += 512
+    assert view(html, page(*one)) != view(html, page(*pack(
+        {"size": size, "address": moved}, group={"address": "size"})))
 
 
 def test_every_report_has_its_sample():

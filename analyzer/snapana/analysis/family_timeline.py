@@ -79,8 +79,14 @@ class FamilyTimeline:
         """The lifetimes this timeline counts, each with `start` (-1: alive before the first
         event) and `end` (its free request; `n_events`: not freed in the trace): a family's
         bytes after event e are the sizes of its spans with start <= e < end."""
-        counted, start, end = counted_spans(self.lifetimes, self.n_events)
-        return self.lifetimes.filter(pl.Series(counted)).with_columns(
+        return self.spans_of(self.lifetimes, self.n_events)
+
+    @staticmethod
+    def spans_of(lifetimes: pl.DataFrame, n_events: int) -> pl.DataFrame:
+        """`spans` of any lifetimes of a trace of `n_events` (a replay's, before they are
+        attributed: the same rows)."""
+        counted, start, end = counted_spans(lifetimes, n_events)
+        return lifetimes.filter(pl.Series(counted)).with_columns(
             pl.Series("start", start[counted], dtype=pl.Int64),
             pl.Series("end", end[counted], dtype=pl.Int64))
 

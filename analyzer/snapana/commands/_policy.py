@@ -197,16 +197,23 @@ class Shown:
 
 def shown(ins: Inputs, device: int | None, rules: list[Path] | None, capacity: str | None,
           at: str | None = None, workers: int | None = None, rank: int | None = None,
-          extras: list[Path] | None = None) -> Shown:
+          extras: list[Path] | None = None,
+          ahead: Callable[[Session], None] | None = None) -> Shown:
     """One capture (every device, or the one asked for, at `at`; plus any `extras` of the
     same job), or many inputs: the rank table and the rank `ranks.shown_in_full` chooses,
-    its report kept from the run when it was made in this process, else analysed once."""
+    its report kept from the run when it was made in this process, else analysed once.
+    `ahead` is given each session of the one capture before its report is made (what the
+    output needs beside the report can be started then)."""
     from snapana.analysis.ranks.aggregate import shown_in_full
 
     ruleset, cap = check_rules(rules, capacity)
     if ins.single is not None:
-        reports = [s.report for s in sessions_of(ins.single, device, ruleset, cap, at,
-                                                  ins.sidecars.get(ins.single))]
+        sessions = sessions_of(ins.single, device, ruleset, cap, at,
+                               ins.sidecars.get(ins.single))
+        if ahead is not None:
+            for s in sessions:
+                ahead(s)
+        reports = [s.report for s in sessions]
         for extra in extras or ():
             reports += [s.report for s in sessions_of(extra, None, ruleset, cap)]
         return Shown(reports)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,9 @@ from snapana.commands._options import (
     WorkersOpt,
     integer,
 )
+
+if TYPE_CHECKING:
+    from snapana.session import Session
 
 
 def report(
@@ -50,6 +53,16 @@ def report(
                else Path("snapana-report.html"))
     out = policy.output_file(output, default, [*ins.files, *policy.with_sidecars(extras).files])
     policy.prepare(renderers.REPORT_FORMAT)
-    shown = policy.shown(ins, device, rules, capacity, at, workers, rank, extras)
+    shown = policy.shown(ins, device, rules, capacity, at, workers, rank, extras,
+                         ahead=_explorer_ahead)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
     policy.write(out, policy.render_view(view, renderers.REPORT_FORMAT, to_terminal=False))
+
+
+def _explorer_ahead(session: Session) -> None:
+    """The page's explorer columns that need no attribution, started while the session's
+    report is made (`explorer.ahead`)."""
+    from snapana.render.explorer import ahead
+
+    replay = session.replay
+    ahead(replay.lifetimes, replay.n_events, replay.reserved, session.capture.stacks)

@@ -23,7 +23,8 @@ import json
 import struct
 import zlib
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,12 +32,28 @@ import polars as pl
 
 from snapana.analysis.attribution.sites import site_of
 from snapana.analysis.diagnosis.findings import DeviceReport
+from snapana.analysis.family_timeline import FamilyTimeline
+from snapana.model import StackTable
 
 #: How the page reads a packed column back: bytes per value, then (in this order undone)
 #: zigzag for signed deltas, a running sum (`delta`: over all rows; `group`: over the rows
 #: with the same value in that earlier column), a factor and an offset; last, under
 #: `values`, each value is an index into that earlier column.
 Column = dict[str, Any]
+
+
+@dataclass
+class _Parts:
+    """Packed columns: how to read each back, each one's bytes and those bytes deflated
+    (`_deflated`); parts packed apart are laid end to end with `+`."""
+
+    specs: list[Column]
+    data: list[bytes]
+    deflated: list[bytes]
+
+    def __add__(self, other: _Parts) -> _Parts:
+        return _Parts(self.specs + other.specs, self.data + other.data,
+                      self.deflated + other.deflated)
 
 #: zlib level of the blob. At a million events (6.3 MB packed) level 4 takes half the time
 #: of 6 for a blob 10% larger (434 vs 395 KB); 9 would take 8x as long as 6 for 5% less.
@@ -168,6 +185,12 @@ def pack(columns: Mapping[str, np.ndarray], delta: frozenset[str] = frozenset(),
     address, per size: the caching allocator hands a freed block to the next request of
     its size). Any other column is also tried as indices into its distinct values (sizes,
     reused addresses); of the ways tried, the one that compresses smallest is kept."""
+    return _blob(_pack_parts(columns, delta, group))
+
+
+def _pack_parts(columns: Mapping[str, np.ndarray], delta: frozenset[str] = frozenset(),
+                group: Mapping[str, str] | None = None) -> _Parts:
+    """`pack`'s columns packed and deflated, not yet one blob."""
     def one(name: str) -> tuple[list[Column], bytes, bytes]:
         if name in delta:
             spec, data = _packed(name, columns[name], delta=True)
@@ -182,9 +205,14 @@ def pack(columns: Mapping[str, np.ndarray], delta: frozenset[str] = frozenset(),
     # the GIL
     with ThreadPoolExecutor(2) as pool:
         packed = list(pool.map(one, columns))
-    specs = [spec for column_specs, _, _ in packed for spec in column_specs]
-    member = _gzip_member([data for _, data, _ in packed], [z for _, _, z in packed])
-    return specs, base64.b64encode(member).decode("ascii")
+    return _Parts([spec for column_specs, _, _ in packed for spec in column_specs],
+                  [data for _, data, _ in packed], [z for _, _, z in packed])
+
+
+def _blob(parts: _Parts) -> tuple[list[Column], str]:
+    """Packed columns (`_pack_parts`, laid end to end) as specs and one base64 gzip blob."""
+    return parts.specs, base64.b64encode(_gzip_member(parts.data, parts.deflated)).decode(
+        "ascii")
 
 
 def _deflated(data: bytes) -> bytes:
@@ -207,56 +235,114 @@ def _gzip_member(data: list[bytes], deflated: list[bytes]) -> bytes:
     return b"".join([_GZIP_HEADER, *deflated, end, struct.pack("<II", crc, size)])
 
 
-def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: str,
-                  origin: int | None) -> dict[str, Any] | None:
-    """What the page's explorer needs for one device (None without a recorded history):
-    the lifetimes (alloc, free, size, family, stack, evidence, address), the per-event
-    reserved bytes and clock, the distinct stacks (lines) and their sites, all packed; the
-    distinct frame lines and site names, gzipped; the families with their colours.
-    `origin` is where the page's time axis counts from (µs)."""
-    t = r.timeline
-    ft = t.families
-    if not r.diagnosis.history or ft is None or t.stacks is None or t.n_events == 0:
-        return None
-    n = t.n_events
-    lt = ft.spans  # the lifetimes the family timeline counts, from `start` to `end`
-    alloc = lt["start"].to_numpy()
-    free = lt["end"].to_numpy()
-    families = list(ft.families)
-    evidence = sorted(lt["evidence"].unique().to_list())
-    distinct, stack_row = np.unique(lt["stack_id"].to_numpy(), return_inverse=True)
-    frames_of = {int(s): t.stacks.stack(int(s)) for s in distinct.tolist()}
+@dataclass
+class _Allocations:
+    """The explorer's columns that no attribution changes: the counted lifetimes (a family
+    timeline's `spans`) in the page's order (by alloc, then address), packed with the
+    reserved bytes and the stacks (their frame lines and sites, each one's line indices)."""
+
+    reserved: np.ndarray  # the replay's own array, which a report's timeline holds
+    alloc_idx: np.ndarray  # the spans', in their order: what a report's must equal
+    order: np.ndarray
+    parts: _Parts
+    lines: list[str]
+    sites: list[str]
+    no_frames: int
+
+
+def _allocations(spans: pl.DataFrame, reserved: np.ndarray, stacks: StackTable
+                 ) -> _Allocations:
+    """`_Allocations` of a trace's spans (`FamilyTimeline.spans`, attributed or not)."""
+    alloc, free = spans["start"].to_numpy(), spans["end"].to_numpy()
+    address = spans["address"].to_numpy()
+    distinct, stack_row = np.unique(spans["stack_id"].to_numpy(), return_inverse=True)
+    frames_of = {int(s): stacks.stack(int(s)) for s in distinct.tolist()}
     framed = [s for s in frames_of if frames_of[s]]
     entry = {s: i for i, s in enumerate(framed)}
     stack_entry = np.array([entry.get(int(s), -1) + 1 for s in distinct.tolist()],
                            dtype=np.int64)[stack_row]  # 0: no frames
     lines: dict[str, int] = {}
-    stacks = [[lines.setdefault(_frame_line(f), len(lines)) for f in frames_of[s]]
-              for s in framed]
+    lists = [[lines.setdefault(_frame_line(f), len(lines)) for f in frames_of[s]]
+             for s in framed]
     sites: dict[str, int] = {}
     stack_site = [sites.setdefault(site_of(frames_of[s]), len(sites)) for s in framed]
     no_frames = sites.setdefault(site_of(()), len(sites))
-    order = np.lexsort((lt["address"].to_numpy(), alloc))
+    order = np.lexsort((address, alloc))
     columns = {
         "alloc": alloc[order] + 1,
         "life": (free - alloc)[order],
-        "size": lt["size"].to_numpy()[order],
-        "family": lt["family"].cast(pl.Enum(families)).to_physical().to_numpy()
-        .astype(np.int64)[order],
+        "size": spans["size"].to_numpy()[order],
         "stack": stack_entry[order],
+        "address": address[order],
+        "reserved": np.asarray(reserved, dtype=np.int64),
+        # the stacks: each one's length, then all their line indices (a capture can have many)
+        "stack_len": np.array([len(st) for st in lists], dtype=np.int64),
+        "stack_lines": np.array([i for st in lists for i in st], dtype=np.int64),
+        "stack_site": np.array(stack_site, dtype=np.int64),
+    }
+    parts = _pack_parts(columns, delta=frozenset({"alloc", "reserved"}),
+                        group={"address": "size"})
+    return _Allocations(reserved, spans["alloc_idx"].to_numpy(), order, parts, list(lines),
+                        list(sites), no_frames)
+
+
+#: `_Allocations` being made ahead (`ahead`), by the identity of their replay's reserved
+#: bytes (the array itself, which the made part holds, so the identity stays its own).
+_AHEAD: dict[int, Future[_Allocations]] = {}
+
+
+def ahead(lifetimes: pl.DataFrame, n_events: int, reserved: np.ndarray,
+          stacks: StackTable) -> None:
+    """Start making the explorer's `_Allocations` of a replay (its lifetimes, event count
+    and reserved bytes) on a thread, while its report is diagnosed (numpy's sorts and zlib
+    let go of the GIL); `explorer_data` takes them when its report's timeline holds this
+    very reserved array and these lifetimes."""
+    if n_events == 0 or lifetimes.is_empty():
+        return
+    pool = ThreadPoolExecutor(1)
+    _AHEAD[id(reserved)] = pool.submit(
+        lambda: _allocations(FamilyTimeline.spans_of(lifetimes, n_events), reserved, stacks))
+    pool.shutdown(wait=False)
+
+
+def _made_ahead(made: Future[_Allocations] | None, spans: pl.DataFrame,
+                reserved: np.ndarray) -> _Allocations | None:
+    """What `ahead` made (`made`, taken from `_AHEAD`) when it was made of this very
+    reserved array and of these spans (the same rows, by their alloc events)."""
+    if made is None:
+        return None
+    got = made.result()
+    same = got.reserved is reserved and np.array_equal(got.alloc_idx,
+                                                       spans["alloc_idx"].to_numpy())
+    return got if same else None
+
+
+def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: str,
+                  origin: int | None) -> dict[str, Any] | None:
+    """What the page's explorer needs for one device (None without a recorded history):
+    the lifetimes (alloc, free, size, stack, address, family, evidence), the per-event
+    reserved bytes and clock, the distinct stacks (lines) and their sites, all packed; the
+    distinct frame lines and site names, gzipped; the families with their colours.
+    `origin` is where the page's time axis counts from (µs)."""
+    t = r.timeline
+    ft = t.families
+    ahead_made = _AHEAD.pop(id(t.reserved), None)  # taken even when not shown: none left
+    if not r.diagnosis.history or ft is None or t.stacks is None or t.n_events == 0:
+        return None
+    n = t.n_events
+    lt = ft.spans  # the lifetimes the family timeline counts, from `start` to `end`
+    made = _made_ahead(ahead_made, lt, t.reserved) or _allocations(lt, t.reserved, t.stacks)
+    families = list(ft.families)
+    evidence = sorted(lt["evidence"].unique().to_list())
+    columns = {
+        "family": lt["family"].cast(pl.Enum(families)).to_physical().to_numpy()
+        .astype(np.int64)[made.order],
         "evidence": lt["evidence"].cast(pl.Enum(evidence)).to_physical().to_numpy()
-        .astype(np.int64)[order],
-        "address": lt["address"].to_numpy()[order],
-        "reserved": np.asarray(t.reserved, dtype=np.int64),
+        .astype(np.int64)[made.order],
     }
     if t.times_us is not None:
         columns["time"] = np.asarray(t.times_us, dtype=np.int64)
-    # the stacks: each one's length, then all their line indices (a capture can have many)
-    columns["stack_len"] = np.array([len(st) for st in stacks], dtype=np.int64)
-    columns["stack_lines"] = np.array([i for st in stacks for i in st], dtype=np.int64)
-    columns["stack_site"] = np.array(stack_site, dtype=np.int64)
-    specs, blob = pack(columns, delta=frozenset({"alloc", "reserved", "time"}),
-                       group={"address": "size"})
+    specs, blob = _blob(made.parts + _pack_parts(columns, delta=frozenset({"time"})))
     x0 = origin if origin is not None else (int(t.times_us[0]) if t.times_us is not None
                                             else 0)
     named = [f for f in (r.diagnosis.excess_family, r.diagnosis.request_family) if f]
@@ -267,7 +353,7 @@ def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: s
         "named": named, "evidence": evidence,
         # the frame lines and site names, a JSON list each, gzipped (paths repeat a lot)
         "texts": base64.b64encode(gzip.compress(json.dumps(
-            {"lines": list(lines), "sites": list(sites)}).encode(), mtime=0)).decode("ascii"),
-        "no_frames_site": no_frames,
+            {"lines": made.lines, "sites": made.sites}).encode(), mtime=0)).decode("ascii"),
+        "no_frames_site": made.no_frames,
         "columns": specs, "packed": blob,
     }
