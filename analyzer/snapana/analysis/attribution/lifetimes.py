@@ -40,7 +40,7 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
     capture = attributor.capture
     alloc_idx = lt["alloc_idx"].to_numpy()
     stack_ids = lt["stack_id"].to_numpy()
-    ids, stack_code = np.unique(stack_ids, return_inverse=True)
+    ids, _, stack_code = _distinct(stack_ids)
     framed = np.array([bool(attributor.stacks.stack(int(s))) for s in ids])[stack_code]
     has_event = alloc_idx >= 0
 
@@ -104,8 +104,24 @@ def _distinct_rows(parts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarra
         if int(code.max(initial=0)) >= (2**62) // width:
             _, code = np.unique(code, return_inverse=True)
         code = code * width + c
-    _, first, which = np.unique(code, return_index=True, return_inverse=True)
+    _, first, which = _distinct(code)
     return first, which
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`np.unique(values, return_index=True, return_inverse=True)` of integers: the distinct
+    values in order, the first row of each, each row's index into them. Where they are
+    non-negative and none is much larger than the rows are many (stack ids, folded codes),
+    without sorting the rows: their first rows by hashing (polars), each row's index by a
+    table; a million rows in a fifth of the sort's time."""
+    if not values.size or values.min() < 0 or values.max() >= 4 * values.size + 4096:
+        return np.unique(values, return_index=True, return_inverse=True)
+    first = pl.Series(values).arg_unique().to_numpy().astype(np.int64)
+    first = first[np.argsort(values[first])]
+    distinct = values[first]
+    index = np.empty(int(distinct[-1]) + 1, dtype=np.int64)
+    index[distinct] = np.arange(distinct.size)
+    return distinct, first, index[values]
 
 
 def _pools(dr: DeviceReplay) -> tuple[list[str], np.ndarray]:
