@@ -216,7 +216,8 @@ def family_timeline(lifetimes: pl.DataFrame, n_events: int) -> FamilyTimeline:
     new_family[1:] = fam[1:] != fam[:-1]
     base = np.maximum.accumulate(np.where(new_family, np.arange(len(fam)), 0))
     before = np.where(base > 0, running[np.maximum(base - 1, 0)], 0)
+    level = running - before  # each family's own running sum (once, not once per family)
     bounds = np.append(np.flatnonzero(new_family), len(fam))
-    by_family = {names[int(fam[a])]: (event[a:b], (running - before)[a:b])
+    by_family = {names[int(fam[a])]: (event[a:b], level[a:b])
                  for a, b in zip(bounds[:-1], bounds[1:], strict=True)}
     return FamilyTimeline(n_events, by_family, lifetimes)
