@@ -320,7 +320,9 @@ def _round_sizes(sizes: np.ndarray, granularity: int) -> np.ndarray:
     if granularity <= 1:
         return sizes.copy()
     if granularity & (granularity - 1) == 0 and (not sizes.size or sizes.min() >= 0):
-        return np.maximum(granularity, (sizes + (granularity - 1)) & -granularity)
+        out = sizes + (granularity - 1)
+        out &= -granularity
+        return np.maximum(out, granularity, out=out)
     return np.maximum(granularity, -(-sizes // granularity) * granularity)
 
 
@@ -388,12 +390,12 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarr
     ends = np.empty_like(starts)
     ends[:-1] = starts[1:] - 1
     ends[-1] = m - 1
-    row = np.cumsum(new_row) - 1
+    row = np.cumsum(new_row)
+    row -= 1
     opened_by_alloc = is_alloc[starts]
     sizes = values["size"][order]
     rounded = _round_sizes(sizes, gran)
-    stacks = values["stack_id"][order]
-    streams = values["stream"][order]
+    opened_at = order[starts]  # the event that opened each row
 
     completed = kind[ends] == _FREE_DONE  # a completion is always the last event of its row
     done_idx = np.where(completed, i[ends], NEVER)
@@ -423,16 +425,27 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarr
     cols = {
         "address": addr[starts],
         "size": rounded[starts],
-        "stack_id": np.where(opened_by_alloc, stacks[starts], EMPTY_STACK),
-        "stream": streams[starts],
+        "stack_id": np.where(opened_by_alloc, values["stack_id"][opened_at], EMPTY_STACK),
+        "stream": values["stream"][opened_at],
         "alloc_idx": np.where(opened_by_alloc, i[starts], -1),
         "free_req_idx": req_idx,
         "free_done_idx": done_idx,
         "requested_size": sizes[starts],
     }
-    by_open = np.argsort(i[starts], kind="stable")
+    by_open = _in_order(opened_at, len(events))
     return {k: np.ascontiguousarray(v[by_open], dtype=np.int64) for k, v in cols.items()}, \
         mismatches
+
+
+def _in_order(positions: np.ndarray, n: int) -> np.ndarray:
+    """The order that sorts distinct positions in [0, n): `np.argsort(positions)`, by
+    marking them and counting, without a sort."""
+    marked = np.zeros(n, dtype=bool)
+    marked[positions] = True
+    rank = np.cumsum(marked)
+    out = np.empty(len(positions), dtype=np.int64)
+    out[rank[positions] - 1] = np.arange(len(positions))
+    return out
 
 
 def replay(capture: Capture, device: int) -> DeviceReplay:
