@@ -398,13 +398,13 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarr
     opened_at = order[starts]  # the event that opened each row
 
     completed = kind[ends] == _FREE_DONE  # a completion is always the last event of its row
-    done_idx = np.where(completed, i[ends], NEVER)
+    req_idx = np.where(completed, i[ends], NEVER)
+    done_idx = req_idx.copy()
     # an open row followed by another row at its address was ended by a clashing alloc
     next_same = np.zeros(len(starts), dtype=bool)
     next_same[:-1] = addr[starts[1:]] == addr[starts[:-1]]
     clashed = ~completed & next_same
-    done_idx[:-1] = np.where(clashed[:-1], i[starts[1:]], done_idx[:-1])
-    req_idx = np.where(completed, i[ends], NEVER)
+    done_idx[:-1] = np.where(clashed[:-1], opened_at[1:], done_idx[:-1])
     rpos = np.flatnonzero(kind == _FREE_REQ)
     if len(rpos):
         rrows = row[rpos]
@@ -427,7 +427,7 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarr
         "size": rounded[starts],
         "stack_id": np.where(opened_by_alloc, values["stack_id"][opened_at], EMPTY_STACK),
         "stream": values["stream"][opened_at],
-        "alloc_idx": np.where(opened_by_alloc, i[starts], -1),
+        "alloc_idx": np.where(opened_by_alloc, opened_at, -1),
         "free_req_idx": req_idx,
         "free_done_idx": done_idx,
         "requested_size": sizes[starts],
