@@ -215,21 +215,28 @@ def write_numbers(traces, names, fd, at):
     return True
 def split(traces, names):
     # the traces' `names` columns made in a forked process (the decoded objects shared,
-    # copy on write) while this one makes the rest: the two cores take half each. Its pid
-    # (in `helpers`, so that a trace found not plain stops it), or None where no fork is
-    # possible or worth it
+    # copy on write) while this one makes the rest: the two cores take half each. (Its pid,
+    # the pipe it says it is done on) (in `helpers`, so that a trace found not plain stops
+    # it), or None where no fork is possible or worth it
     if fd is None or not hasattr(os, "fork") or sum(map(len, traces)) < split_min:
         return None
     parent = os.getpid()
     try:
+        done, says = os.pipe()
+    except OSError:
+        return None
+    try:
         pid = os.fork()
     except OSError:
+        os.close(done)
+        os.close(says)
         return None
     if pid == 0:
         ok = False
         try:
             os.close(1)  # the parent reads stdout to its end: that is this child's, not ours
             os.close(2)
+            os.close(done)
             try:
                 signal.alarm(int(seconds + per_byte * size) + 1)
             except (NameError, AttributeError):
@@ -241,15 +248,44 @@ def split(traces, names):
                 pass
             if os.getppid() == parent:  # (not already gone)
                 ok = write_numbers(traces, names, fd, 0)
+            if ok:  # its CPU seconds say it is done; closed here, not by the exit, which
+                # frees the copied pages first
+                os.write(says, repr(time.process_time()).encode())
+                os.close(says)
         except BaseException:
-            pass
+            ok = False
         os._exit(0 if ok else 3)
-    helpers.append(pid)
-    return pid
-def joined(pid):
-    # whether the forked process wrote every number
-    helpers.remove(pid)
-    return os.waitpid(pid, 0)[1] == 0
+    os.close(says)
+    helper = (pid, done)
+    helpers.append(helper)
+    return helper
+def joined(helper):
+    # the forked process's CPU seconds when it wrote every number, else None: read from
+    # its pipe, which it closes before the kernel frees what it copied (40 ms on a million
+    # entries); it is reaped after this process has replied (`reap`)
+    helpers.remove(helper)
+    pid, done = helper
+    said = []
+    while True:
+        got = os.read(done, 64)
+        if not got:
+            break
+        said.append(got)
+    os.close(done)
+    try:
+        cpu = float(b"".join(said).decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        os.waitpid(pid, 0)  # it failed: this process replies and ends at once
+        return None
+    ended.append(pid)
+    return cpu
+def reap():
+    # the forked processes that said they were done, once they have exited
+    for pid in ended:
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
 #: how many frame lists of a trace tell whether it holds a list per entry
 SAMPLE = 4096
 def list_per_entry(frames):
@@ -345,7 +381,8 @@ def columns(data):
         del frames, got
     made = None
     if helper is not None:
-        if not joined(helper):
+        cpu_split[0] = joined(helper)
+        if cpu_split[0] is None:
             return None
     elif fd is not None:  # made here, after the rest
         if not write_numbers(full, forked, fd, 0):
@@ -370,25 +407,20 @@ def columns(data):
 # payload follows the reply on stdout
 split_min = int(sys.argv[8])
 fd = int(sys.argv[9]) if len(sys.argv) > 9 else None
-helpers = []
+helpers, ended, cpu_split = [], [], [0.0]
 try:
     got = columns(data)
 except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, OSError):
     got = None
-for pid in helpers:  # a trace not plain: its numbers are not needed
+for pid, _ in helpers:  # a trace not plain: its numbers are not needed
     os.kill(pid, 9)
     os.waitpid(pid, 0)
 if got is None:
     reply(ok=True, size=size, peak=peak, plain=False, cpu_decode=cpu_decode)
 blob, bufs, region, lengths, kinds, names, forked = got  # `data` stays: os._exit frees it
-try:
-    import resource
-    cpu_split = sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
-except (ImportError, AttributeError):
-    cpu_split = 0.0
 head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
                        cpu_decode=cpu_decode, cpu_columns=time.process_time() - cpu_decode,
-                       cpu_split=cpu_split, bufs=lengths, kinds=kinds, names=names,
+                       cpu_split=cpu_split[0] or 0.0, bufs=lengths, kinds=kinds, names=names,
                        forked=forked))
 try:  # the work is done: writing waits on the parent reading, which its own timeout bounds
     signal.alarm(0)
@@ -413,6 +445,7 @@ if fd is not None:
 # closes these
 os.close(1)
 os.close(2)
+reap()
 os._exit(0)
 """
 

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from functools import partial
 from operator import is_not
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
 
@@ -77,6 +77,9 @@ from snapana.sources._io import (
     sanitize,
 )
 from snapana.units import inert
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Trace actions PyTorch writes; others are kept but ignored by replay, with a warning.
 KNOWN_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "free",
@@ -534,6 +537,26 @@ def _events_fast(chunk: list[Any], dev: int, start: int, intern: _Interner
     return df.select(list(EVENT_SCHEMA))
 
 
+def _stack_ids_by_key(stack: np.ndarray, keys: np.ndarray, sids: np.ndarray, n: int
+                      ) -> np.ndarray:
+    """Each entry's stack id from its stack key: a key is where the child first saw that
+    stack (a position in the trace), so a table over the positions maps every entry in one
+    gather (the first of equal keys wins); `_NotPlain` for a key the child did not list."""
+    import numpy as np
+
+    if not n:
+        return sids[:0]
+    if not len(keys) or keys.min() < 0 or keys.max() >= n or stack.min() < 0 \
+            or stack.max() >= n:
+        raise _NotPlain
+    table = np.full(n, -1, dtype=np.int32 if len(keys) < 2**31 else np.int64)
+    table[keys[::-1]] = np.arange(len(keys))[::-1]
+    which = table[stack]
+    if which.min() < 0:
+        raise _NotPlain  # a stack key the child did not list
+    return sids[which]
+
+
 def _events_columns(tc: _TraceColumns, dev: int, intern: _Interner) -> pl.DataFrame:
     """Event columns from the child's arrays: the same checks as `_events_fast`, on whole
     columns; `_NotPlain` when a value is out of range (the caller then decodes in-process
@@ -549,10 +572,7 @@ def _events_columns(tc: _TraceColumns, dev: int, intern: _Interner) -> pl.DataFr
         keys = np.asarray(tc.frame_keys, dtype=np.int64)
     except (_Bad, TypeError, ValueError, OverflowError):
         raise _NotPlain from None
-    order = np.argsort(keys, kind="stable")
-    at = np.minimum(np.searchsorted(keys[order], tc.stack), max(len(keys) - 1, 0))
-    if tc.n and (not len(keys) or not np.array_equal(keys[order][at], tc.stack)):
-        raise _NotPlain  # a stack key the child did not list
+    stack_ids = _stack_ids_by_key(np.asarray(tc.stack), keys, sids, tc.n)
     df = pl.DataFrame({
         "device": pl.repeat(dev, tc.n, dtype=pl.Int64, eager=True),
         "idx": pl.int_range(0, tc.n, dtype=pl.Int64, eager=True),
@@ -562,7 +582,7 @@ def _events_columns(tc: _TraceColumns, dev: int, intern: _Interner) -> pl.DataFr
         "size": pl.Series(tc.size, dtype=pl.Int64),
         "stream": pl.Series(tc.stream, dtype=pl.Int64),
         "time_us": pl.Series(tc.time_us, dtype=pl.Int64),
-        "stack_id": pl.Series(sids[order[at]] if tc.n else sids[:0], dtype=pl.Int64),
+        "stack_id": pl.Series(stack_ids, dtype=pl.Int64),
         "device_free": pl.Series(tc.device_free, dtype=pl.Int64),
     }).with_columns(pl.col("time_us", "device_free").replace(null, None))
     bad = df.select(
