@@ -66,7 +66,8 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
              attributor.rules.size_bands(lt["size"].to_numpy()), has_event, ann, hint)
     first, which = _distinct_rows(parts)
     sizes = lt["size"].to_numpy()
-    families, phases = [], []
+    families: list[str | None] = []
+    phases: list[str | None] = []
     for row in first:
         d = attributor.decide(int(stack_ids[row]), BlockContext(
             pool_id=parse_pool(pool_names[pool_code[row]]),
@@ -75,22 +76,42 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
             annotations=names[ann[row]], phase_hint="backward" if hint[row] else None))
         families.append(d.family)
         phases.append(d.phase)
-    rows = pl.Series(which, dtype=pl.Int64)
-    family = pl.Series("family", families, dtype=pl.Utf8).gather(rows)
+    # each column as an index into its values, so that the blocks held at the moment take
+    # theirs by a small join and one write (not a join of every lifetime), and each column
+    # is made by one gather
+    unknown = np.array([f == "unknown" for f in families], dtype=bool)
+    evidences: list[str | None] = ["unknown", "frames", "inferred"]
+    codes: dict[str, tuple[np.ndarray, list[str | None]]] = {
+        "family": (which, families), "phase": (which.copy(), phases),
+        "evidence": (np.where(unknown[which], 0, np.where(framed, 1, 2)), evidences)}
+    if held is not None and not held.is_empty():
+        _take_held(lt, held, codes)
     out = lt.with_columns(
-        family, pl.Series("phase", phases, dtype=pl.Utf8).gather(rows),
-        pl.when(family == "unknown").then(pl.lit("unknown"))
-        .when(pl.Series(framed)).then(pl.lit("frames")).otherwise(pl.lit("inferred"))
-        .alias("evidence"), pl.Series("framed", framed, dtype=pl.Boolean))
-    if held is None or held.is_empty():
-        return out
-    kept = ["family", "phase"] + (["evidence"] if "evidence" in held.columns else [])
+        *(pl.Series(name, values, dtype=pl.Utf8).gather(pl.Series(index, dtype=pl.Int64))
+          for name, (index, values) in codes.items()),
+        pl.Series("framed", framed, dtype=pl.Boolean))
+    return out
+
+
+def _take_held(lt: pl.DataFrame, held: pl.DataFrame,
+               codes: dict[str, tuple[np.ndarray, list[str | None]]]) -> None:
+    """Point the lifetimes held at the report's moment (the same address and alloc event as
+    a row of `held`, its first) at `held`'s family and phase (and evidence, where it has
+    one), appended to `codes`' values; a null in `held` keeps the lifetime's own."""
+    kept = [c for c in ("family", "phase", "evidence") if c in held.columns]
     moment = held.select("address", "alloc_idx", *(pl.col(c).alias(f"_held_{c}")
                                                    for c in kept)).unique(
-        subset=["address", "alloc_idx"], keep="first")
-    return (out.join(moment, on=["address", "alloc_idx"], how="left", maintain_order="left")
-            .with_columns([pl.coalesce(f"_held_{c}", c).alias(c) for c in kept])
-            .drop([f"_held_{c}" for c in kept]))
+        subset=["address", "alloc_idx"], keep="first", maintain_order=True)
+    found = (lt.select("address", "alloc_idx").with_row_index("_row")
+             .filter(pl.col("alloc_idx").is_in(moment["alloc_idx"].implode()))
+             .join(moment, on=["address", "alloc_idx"], how="inner"))
+    rows = found["_row"].to_numpy().astype(np.int64)
+    for c in kept:
+        value = found[f"_held_{c}"]
+        given = value.is_not_null().to_numpy()
+        index, values = codes[c]
+        index[rows[given]] = len(values) + np.arange(int(given.sum()))
+        values.extend(value.filter(pl.Series(given)).to_list())
 
 
 def _distinct_rows(parts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
