@@ -68,10 +68,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _column_digests(specs: list[dict[str, Any]], packed: str) -> dict[str, str]:
-    """The explorer's packed columns read back as the page reads them (render/explorer.py's
-    `Column`), each one's values as a digest: how and in which order they were packed is
-    not content."""
+def unpack_columns(specs: list[dict[str, Any]], packed: str) -> dict[str, np.ndarray]:
+    """The explorer's packed columns read back as the page reads them (the template's
+    `unpack`, render/explorer.py's `Column`), in Python: each column's values by name."""
     raw = np.frombuffer(gzip.decompress(base64.b64decode(packed)), dtype=np.uint8)
     out: dict[str, np.ndarray] = {}
     at = 0
@@ -94,8 +93,15 @@ def _column_digests(specs: list[dict[str, Any]], packed: str) -> dict[str, str]:
             v = np.array(values, dtype=np.int64)
         v = v * c["factor"] + c["base"]
         out[c["name"]] = out[c["values"]][v] if "values" in c else v
+    return out
+
+
+def _column_digests(specs: list[dict[str, Any]], packed: str) -> dict[str, str]:
+    """Each explorer column's values (`unpack_columns`) as a digest: how and in which order
+    they were packed is not content."""
     return {name: hashlib.sha256(v.astype("<i8").tobytes()).hexdigest()
-            for name, v in sorted(out.items()) if not name.endswith(".values")}
+            for name, v in sorted(unpack_columns(specs, packed).items())
+            if not name.endswith(".values")}
 
 
 def _figure_view(match: re.Match[str]) -> str:

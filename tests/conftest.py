@@ -154,3 +154,13 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="200")
     return subprocess.run([sys.executable, "-m", "snapana", *args], capture_output=True,
                           text=True, cwd=cwd, env=env, timeout=600)
+
+
+def regenerate_module():
+    """reports/regenerate.py, loaded as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regenerate", ROOT / "reports" / "regenerate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -12,7 +12,7 @@ from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.units import fmt_bytes
 
 from .browser import open_report
-from .conftest import corpus_files, invoke
+from .conftest import corpus_files, invoke, regenerate_module
 
 SAMPLES = sorted((Path(__file__).parent.parent / "sample_snapshots").glob("*.pickle"))
 #: the issue's real captures: a 20k-event training step, the 3-GPU OOM, an annotated
@@ -227,34 +227,6 @@ def test_the_verdicts_family_is_never_folded_into_other(monkeypatch, snap):
     assert len(held) <= len(areas) or areas[-1].endswith("other families")
 
 
-def _unpack(specs, blob):
-    """The page's decoding (template: `unpack`), in Python."""
-    import base64
-    import gzip
-
-    import numpy as np
-
-    buf = np.frombuffer(gzip.decompress(base64.b64decode(blob)), dtype=np.uint8)
-    out, off = {}, 0
-    for c in specs:
-        v = np.zeros(c["n"], dtype=np.int64)
-        for k in range(c["width"]):
-            v += buf[off:off + c["n"]].astype(np.int64) << (8 * k)
-            off += c["n"]
-        if c["zigzag"]:
-            v = np.where(v % 2 == 1, -(v + 1) // 2, v // 2)
-        if c["delta"]:
-            v = np.cumsum(v)
-        if "group" in c:  # a running sum within each group, in row order
-            last = {}
-            for i, g in enumerate(out[c["group"]].tolist()):
-                v[i] += last.get(g, 0)
-                last[g] = v[i]
-        v = v * c["factor"] + c["base"]
-        out[c["name"]] = out[c["values"]][v] if "values" in c else v
-    return out
-
-
 def test_packed_columns_read_back_exactly():
     import numpy as np
     from snapana.render.explorer import pack
@@ -275,7 +247,7 @@ def test_packed_columns_read_back_exactly():
     cols["long"] = np.r_[rng.integers(0, 4, 70_000), rng.integers(1 << 30, 1 << 31, 9)]
     specs, blob = pack(cols, delta=frozenset({"alloc", "reserved"}),
                        group={"block_address": "block_size"})
-    back = _unpack(specs, blob)
+    back = regenerate_module().unpack_columns(specs, blob)  # the page's decoding
     for name, v in cols.items():
         assert back[name].tolist() == v.tolist(), name
     assert next(s for s in specs if s["name"] == "size")["factor"] % 512 == 0

@@ -3,24 +3,16 @@ snapana says about it) without regenerated reports fails here."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, SAMPLES
-
-
-def _regenerate_module():
-    spec = importlib.util.spec_from_file_location("regenerate", ROOT / "reports" / "regenerate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from .conftest import ROOT, SAMPLES, regenerate_module
 
 
 @pytest.mark.parametrize("sample", sorted(p.name for p in SAMPLES.glob("*.pickle")))
 def test_report_is_current(sample):
-    regenerate = _regenerate_module()
+    regenerate = regenerate_module()
     for path, text in regenerate.expected(SAMPLES / sample).items():
         assert path.exists(), f"{path.name} missing: run python reports/regenerate.py"
         assert regenerate.reader_view(path, path.read_text()) == \
@@ -30,7 +22,7 @@ def test_report_is_current(sample):
 
 def test_reader_view_ignores_float_spelling_and_bundle_but_not_data():
     """The golden check must not depend on orjson or plotly's bundle, yet see any data change."""
-    regenerate = _regenerate_module()
+    regenerate = regenerate_module()
     html = Path("r.html")
 
     def page(numbers: str, bundle: str = "AAAA") -> str:
@@ -54,7 +46,7 @@ def test_reader_view_reads_the_explorers_column_values():
     import numpy as np
     from snapana.render.explorer import pack
 
-    regenerate = _regenerate_module()
+    regenerate = regenerate_module()
     html = Path("r.html")
 
     def page(specs: list, packed: str) -> str:

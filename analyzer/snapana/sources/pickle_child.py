@@ -324,9 +324,10 @@ def stacks(frames, n):
     return keys, distinct, places
 def columns(data):
     # (payload, buffers, where the forked columns end, buffer lengths, typecodes and names
-    # in the payload's order, forked columns per trace) or None when not plain. The
-    # payload: every trace's forked columns (int64, n each), then every trace's own (its
-    # actions and stack keys, and the other numbers), then the rest as a pickle
+    # in the payload's order, forked columns per trace, the forked process's CPU seconds)
+    # or None when not plain. The payload: every trace's forked columns (int64, n each),
+    # then every trace's own (its actions and stack keys, and the other numbers), then the
+    # rest as a pickle
     if type(data) is not dict:
         return None
     traces = data.get("device_traces")
@@ -379,10 +380,10 @@ def columns(data):
         own_names += ["action", *here, "stack"]
         metas.append((n, table, got[1], got[2]))
         del frames, got
-    made = None
+    made, cpu_split = None, 0.0
     if helper is not None:
-        cpu_split[0] = joined(helper)
-        if cpu_split[0] is None:
+        cpu_split = joined(helper)
+        if cpu_split is None:
             return None
     elif fd is not None:  # made here, after the rest
         if not write_numbers(full, forked, fd, 0):
@@ -401,13 +402,13 @@ def columns(data):
     lengths += [len(b) * b.itemsize for b in own]
     if made is not None:
         own = made + own
-    return blob, own, region, lengths, kinds, names, len(forked)
+    return blob, own, region, lengths, kinds, names, len(forked), cpu_split
 # the payload goes to the file the parent passed (argv[9]), which it maps, and the reply
 # comes after it on stdout (a whole reply line means a whole payload); with no file, the
 # payload follows the reply on stdout
 split_min = int(sys.argv[8])
 fd = int(sys.argv[9]) if len(sys.argv) > 9 else None
-helpers, ended, cpu_split = [], [], [0.0]
+helpers, ended = [], []
 try:
     got = columns(data)
 except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, OSError):
@@ -417,10 +418,11 @@ for pid, _ in helpers:  # a trace not plain: its numbers are not needed
     os.waitpid(pid, 0)
 if got is None:
     reply(ok=True, size=size, peak=peak, plain=False, cpu_decode=cpu_decode)
-blob, bufs, region, lengths, kinds, names, forked = got  # `data` stays: os._exit frees it
+# `data` stays: os._exit frees it
+blob, bufs, region, lengths, kinds, names, forked, cpu_split = got
 head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
                        cpu_decode=cpu_decode, cpu_columns=time.process_time() - cpu_decode,
-                       cpu_split=cpu_split[0] or 0.0, bufs=lengths, kinds=kinds, names=names,
+                       cpu_split=cpu_split, bufs=lengths, kinds=kinds, names=names,
                        forked=forked))
 try:  # the work is done: writing waits on the parent reading, which its own timeout bounds
     signal.alarm(0)

@@ -541,7 +541,8 @@ def _stack_ids_by_key(stack: np.ndarray, keys: np.ndarray, sids: np.ndarray, n: 
                       ) -> np.ndarray:
     """Each entry's stack id from its stack key: a key is where the child first saw that
     stack (a position in the trace), so a table over the positions maps every entry in one
-    gather (the first of equal keys wins); `_NotPlain` for a key the child did not list."""
+    gather (the first of equal keys names it); `_NotPlain` for a key the child did not
+    list."""
     import numpy as np
 
     if not n:
@@ -549,8 +550,9 @@ def _stack_ids_by_key(stack: np.ndarray, keys: np.ndarray, sids: np.ndarray, n: 
     if not len(keys) or keys.min() < 0 or keys.max() >= n or stack.min() < 0 \
             or stack.max() >= n:
         raise _NotPlain
-    table = np.full(n, -1, dtype=np.int32 if len(keys) < 2**31 else np.int64)
-    table[keys[::-1]] = np.arange(len(keys))[::-1]
+    distinct, first = np.unique(keys, return_index=True)  # a few hundred stacks
+    table = np.full(n, -1, dtype=np.int64)
+    table[distinct] = first
     which = table[stack]
     if which.min() < 0:
         raise _NotPlain  # a stack key the child did not list

@@ -86,11 +86,10 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
         "evidence": (np.where(unknown[which], 0, np.where(framed, 1, 2)), evidences)}
     if held is not None and not held.is_empty():
         _take_held(lt, held, codes)
-    out = lt.with_columns(
+    return lt.with_columns(
         *(pl.Series(name, values, dtype=pl.Utf8).gather(pl.Series(index, dtype=pl.Int64))
           for name, (index, values) in codes.items()),
         pl.Series("framed", framed, dtype=pl.Boolean))
-    return out
 
 
 def _take_held(lt: pl.DataFrame, held: pl.DataFrame,
