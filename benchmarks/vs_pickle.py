@@ -60,7 +60,8 @@ def stage(name):
 from snapana.sources import pickle_child
 child = pickle_child.start(path, path.stat().st_size, False, True)
 reply = json.loads(child.wait()[1].split(b"\n", 1)[0])
-out["  of which: child decode (cpu)"] = [reply["cpu_decode"], reply["cpu_decode"]]
+how = "entries read from the bytes" if reply.get("scanned") else "unpickler"
+out[f"  of which: child decode ({how}, cpu)"] = [reply["cpu_decode"], reply["cpu_decode"]]
 out["  of which: child columns (cpu)"] = [reply["cpu_columns"], reply["cpu_columns"]]
 stage("(the child alone, once more)")
 got = ts._load_columns(path, None)

@@ -18,12 +18,14 @@ from snapana.sources.torch_snapshot import from_snapshot_dict, load
 from .conftest import raw_load
 
 
-@pytest.fixture(autouse=True, params=["whole", "split"])
+@pytest.fixture(autouse=True, params=["whole", "split", "scan"])
 def _split(request, monkeypatch):
-    """Every test twice: the child making all columns itself, and forking a process for the
-    numbers from the first entry on (what it does from `SPLIT_ENTRIES` entries on)."""
+    """Every test three times: the child making all columns itself, forking a process for
+    the numbers from the first entry on (what it does from `SPLIT_ENTRIES` entries on), and
+    reading the entries from the bytes (`pickle_scan`, from `SCAN_ENTRIES` entries on)."""
     monkeypatch.setattr(pickle_child, "SPLIT_ENTRIES",
                         0 if request.param == "split" else 1 << 62)
+    monkeypatch.setenv("SNAPANA_SCAN_ENTRIES", "0" if request.param == "scan" else "")
 
 
 def _snapshot() -> dict:

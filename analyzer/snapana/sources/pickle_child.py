@@ -2,12 +2,13 @@
 
 A snapshot pickle is decoded in a child process (`CHILD`: the restricted unpickler, under a
 time limit and a memory limit proportional to the file; see `torch_snapshot`), which hands
-the traces back as flat columns. This module holds that child and starts it; it imports
-nothing heavy (no polars, no numpy), so the command line can start decoding the one file it
-was given before it imports the pipeline (`start_early`), and the decode runs while the
-parent imports. `torch_snapshot` then takes the child already running for the same file,
-mode and limits (`take`), or starts one. A child no one takes is ended when the process
-exits.
+the traces back as flat columns; from `SCAN_ENTRIES` entries on, it reads the trace entries
+from the file's bytes with numpy (`pickle_scan`) and has the unpickler decode only the rest.
+This module holds that child and starts it; it imports nothing heavy (no polars, no numpy),
+so the command line can start decoding the one file it was given before it imports the
+pipeline (`start_early`), and the decode runs while the parent imports. `torch_snapshot`
+then takes the child already running for the same file, mode and limits (`take`), or starts
+one. A child no one takes is ended when the process exits.
 """
 
 from __future__ import annotations
@@ -34,13 +35,50 @@ from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 SPLIT_ENTRIES = 100_000
 
 
+def _entries_from_env(var: str, default: int) -> int:
+    """The environment variable `var` where it is a whole number, else `default`."""
+    raw = os.environ.get(var, "").strip()
+    try:
+        return int(raw) if raw.isascii() and raw.isdigit() else default
+    except ValueError:  # more digits than int() takes
+        return default
+
+
 def split_entries() -> int:
     """SNAPANA_SPLIT_ENTRIES where it is a whole number, else SPLIT_ENTRIES."""
-    raw = os.environ.get("SNAPANA_SPLIT_ENTRIES", "").strip()
+    return _entries_from_env("SNAPANA_SPLIT_ENTRIES", SPLIT_ENTRIES)
+
+
+#: From how many trace entries on the child reads a file's entries from its bytes
+#: (`pickle_scan`) rather than having the unpickler make a dict of each: below that, the
+#: numpy it imports for that costs more than the dicts. SNAPANA_SCAN_ENTRIES sets it (0:
+#: always, as the fuzzer can; a number past every trace: never).
+SCAN_ENTRIES = 100_000
+
+
+def scan_entries() -> int:
+    """SNAPANA_SCAN_ENTRIES where it is a whole number, else SCAN_ENTRIES."""
+    return _entries_from_env("SNAPANA_SCAN_ENTRIES", SCAN_ENTRIES)
+
+
+def _scan_env() -> dict[str, str]:
+    """What the child needs to read entries from the bytes: `pickle_scan`'s file, the
+    directory numpy is imported from and from how many entries on (its `-I -S` leaves
+    site-packages out), with numpy's math libraries on one thread; empty where numpy is
+    not found."""
+    import importlib.util
+
     try:
-        return int(raw) if raw.isascii() and raw.isdigit() else SPLIT_ENTRIES
-    except ValueError:  # more digits than int() takes
-        return SPLIT_ENTRIES
+        spec = importlib.util.find_spec("numpy")
+    except (ImportError, ValueError):
+        return {}
+    places = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not places:
+        return {}
+    return {"SNAPANA_CHILD_SCAN": str(Path(__file__).with_name("pickle_scan.py")),
+            "SNAPANA_CHILD_NUMPY": os.path.dirname(places[0]),
+            "SNAPANA_CHILD_SCAN_MIN": str(scan_entries()),
+            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 #: Appended to `CHILD` when the parent asks for columns (argv[7] == "columns"): each device
 #: trace that holds only plain entries (dicts of ints, strings, frame lists) becomes flat
@@ -57,7 +95,8 @@ def split_entries() -> int:
 #: device_free and stack keys, then that pickle; the reply lists the buffers' lengths,
 #: typecodes and names in that order. From argv[8] entries on, a forked process makes the
 #: addresses, sizes and times into the payload file (argv[9]) while the child makes the
-#: rest.
+#: rest. A trace `scanned` read from the bytes (a `pickle_scan.ScannedTrace`) gives the same
+#: columns from its arrays (the reply says `scanned: true`), and is never forked over.
 CHILD_COLUMNS = r"""
 from array import array
 from collections import deque
@@ -82,6 +121,8 @@ def holds(a, values):
 def column(trace, key, default):
     # each entry's value: one C pass when all have the key; else a missing key reads as
     # `default`
+    if type(trace) is SCANNED:
+        return trace.column(key, default)
     try:
         return list(map(itemgetter(key), trace))
     except KeyError:
@@ -172,6 +213,8 @@ def first_equal(lists):
 def column_of(trace, n, name):
     # one number column of a trace by name, as an int64 array; None when not plain (None
     # is kept, as NULL, in time_us only)
+    if type(trace) is SCANNED:
+        return trace.column_of(name, column_of)
     if name == "device_free":
         return device_free(trace, n)
     nullable = name == "time_us"
@@ -310,7 +353,10 @@ def stacks(frames, n):
     keys = array(code, map(first.setdefault, map(id, frames), count()))
     places = list(first.values())
     del first
-    distinct = [frames[p] for p in places]
+    return merge_equal(keys, [frames[p] for p in places], places, code)
+def merge_equal(keys, distinct, places, code):
+    # `stacks` from each entry's key, the place of the first entry holding the very object
+    # it holds (`places`, where `distinct` are)
     if not set(map(type, distinct)) <= {list, NONE}:
         return None
     # then where the first equal list appears: PyTorch writes a new list per captured
@@ -322,6 +368,16 @@ def stacks(frames, n):
         kept = [p not in merged for p in places]
         distinct, places = list(compress(distinct, kept)), list(compress(places, kept))
     return keys, distinct, places
+def scanned_stacks(trace, n):
+    # `stacks` of a trace read from the bytes: the first places by identity come from the
+    # scan, in numpy; where most of the first lists are lists of their own (not how a read
+    # entry holds its frames), as `stacks` does
+    keys, places, distinct = trace.first_places("frames")
+    if len(set(keys[:SAMPLE].tolist())) * 2 > min(n, SAMPLE):
+        return stacks(trace.column("frames", None), n)
+    code = "i" if n < 1 << 31 else "q"
+    return merge_equal(array(code, keys.astype("i%d" % array(code).itemsize).tobytes()),
+                       distinct, places, code)
 def columns(data):
     # (payload, buffers, where the forked columns end, buffer lengths, typecodes and names
     # in the payload's order, forked columns per trace, the forked process's CPU seconds)
@@ -336,50 +392,59 @@ def columns(data):
     if type(traces) is not list:
         return None
     full = [t for t in traces if t]
-    if not all(type(t) is list for t in full):
+    if not all(type(t) is list or type(t) is SCANNED for t in full):
         return None
+    scanned = any(type(t) is SCANNED for t in full)
     # a forked process makes addresses, sizes and times, this one the rest; not where the
     # frame lists are one per entry: comparing them takes this one far longer than the
     # numbers take, and after a fork every page either process writes (a reference count)
     # costs a fault, which on a gigabyte of decoded lists costs more than the numbers
     forked, here = ["addr", "size", "time_us"], ["stream", "device_free"]
     region = 8 * len(forked) * sum(map(len, full))  # where the forked columns end
-    head = full[0][:SAMPLE] if full else []
+    head = full[0][:SAMPLE] if full and not scanned else []
     per_entry = bool(head) and set(map(type, head)) == {dict} and list_per_entry(
         column(head, "frames", None))
-    helper = None if per_entry else split(full, forked)
+    helper = None if per_entry or scanned else split(full, forked)
     metas, own, own_names = [], [], []
     for trace in traces:
         if not trace:
             metas.append(None)
             continue
-        if set(map(type, trace)) != {dict}:
+        if not (trace.plain() if type(trace) is SCANNED else set(map(type, trace)) == {dict}):
             return None
         n = len(trace)
-        acts = column(trace, "action", "")
-        table = list(dict.fromkeys(acts))  # types checked on the distinct values only
+        if type(trace) is SCANNED:
+            table, codes = trace.distinct("action", "")
+        else:
+            acts = column(trace, "action", "")
+            table = list(dict.fromkeys(acts))  # types checked on the distinct values only
         if not set(map(type, table)) <= {str, NONE}:
             return None
-        code = dict(zip(table, range(len(table))))
         # a byte per entry where the distinct actions fit (always, from PyTorch): bytes()
         # over a map costs half of array("i")
-        own.append(array("B", bytes(map(code.__getitem__, acts))) if len(table) <= 256
-                   else array("i", map(code.__getitem__, acts)))
+        small = len(table) <= 256
+        if type(trace) is SCANNED:
+            width = "B" if small else "i"
+            own.append(array(width, codes.astype("u%d" % array(width).itemsize).tobytes()))
+        else:
+            code = dict(zip(table, range(len(table))))
+            own.append(array("B", bytes(map(code.__getitem__, acts))) if small
+                       else array("i", map(code.__getitem__, acts)))
+            del acts
         table = ["" if a is None else a for a in table]
-        del acts
         for name in here:
             b = column_of(trace, n, name)
             if b is None:
                 return None
             own.append(b)
-        frames = column(trace, "frames", None)
-        got = stacks(frames, n)
+        got = scanned_stacks(trace, n) if type(trace) is SCANNED else stacks(
+            column(trace, "frames", None), n)
         if got is None:
             return None
         own.append(got[0])
         own_names += ["action", *here, "stack"]
         metas.append((n, table, got[1], got[2]))
-        del frames, got
+        del got
     made, cpu_split = None, 0.0
     if helper is not None:
         cpu_split = joined(helper)
@@ -417,11 +482,13 @@ for pid, _ in helpers:  # a trace not plain: its numbers are not needed
     os.kill(pid, 9)
     os.waitpid(pid, 0)
 if got is None:
-    reply(ok=True, size=size, peak=peak, plain=False, cpu_decode=cpu_decode)
+    reply(ok=True, size=size, peak=peak, plain=False, cpu_decode=cpu_decode,
+          scanned=SCANNED is not None)
 # `data` stays: os._exit frees it
 blob, bufs, region, lengths, kinds, names, forked, cpu_split = got
 head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
                        cpu_decode=cpu_decode, cpu_columns=time.process_time() - cpu_decode,
+                       scanned=SCANNED is not None,
                        cpu_split=cpu_split, bufs=lengths, kinds=kinds, names=names,
                        forked=forked))
 try:  # the work is done: writing waits on the parent reading, which its own timeout bounds
@@ -475,6 +542,41 @@ class Restricted(pickle.Unpickler):
         raise Refused("persistent id")
 class TooBig(Exception):
     pass
+SCANNED = None  # the type of a trace `scanned` read from the bytes
+def scanned():
+    # the snapshot with its large traces' entries read from the file's bytes by
+    # `pickle_scan` (SNAPANA_CHILD_SCAN: its file, with numpy's directory and from how many
+    # entries on) and the rest decoded; None where that reader does not take the file (it
+    # is then decoded whole)
+    global SCANNED
+    try:
+        where, numpy_dir, least = (os.environ[k] for k in (
+            "SNAPANA_CHILD_SCAN", "SNAPANA_CHILD_NUMPY", "SNAPANA_CHILD_SCAN_MIN"))
+        least = int(least)
+        if size < 16 * least:  # an entry takes more bytes than that
+            return None
+        sys.path.append(numpy_dir)
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("snapana_pickle_scan", where)
+        scan = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(scan)
+        with open(path, "rb") as f:
+            buf = f.read(limit + 1)
+        if len(buf) > limit:
+            return None
+        plan = scan.scan(buf, least)
+        del buf
+        if plan is None:
+            return None
+        got = plan.traces(Restricted(io.BytesIO(plan.stream)).load())
+    except Exception:  # anything: the whole file is decoded as before, and judged
+        return None
+    if got is None:
+        return None
+    data, traces = got
+    data["device_traces"] = traces
+    SCANNED = scan.ScannedTrace
+    return data
 class Bounded(io.RawIOBase):
     def __init__(self, f):
         self.f, self.n = f, 0
@@ -511,8 +613,10 @@ try:
         signal.alarm(int(seconds + per_byte * size) + 1)
     except (ImportError, AttributeError):
         pass
-    src, _ = stream()
-    data = Restricted(io.BufferedReader(src, 1 << 20)).load()
+    data = scanned() if sys.argv[7] == "columns" and not gz else None
+    if data is None:
+        src, _ = stream()
+        data = Restricted(io.BufferedReader(src, 1 << 20)).load()
 except MemoryError:
     reply(error="memory")
 except TooBig:
@@ -661,6 +765,8 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
            str(factor), repr(seconds), repr(per_byte / (1 << 20)),
            "columns" if columns else "check", str(split_entries())]
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT", "LANG")}
+    if columns:
+        env.update(_scan_env())
     budget = seconds + per_byte / (1 << 20) * limit
     timeout = budget * (2 if columns else 1) + 30 + limit / (20 << 20)
     fd = payload_file() if columns else None
@@ -685,7 +791,7 @@ def _key(path: Path, st: os.stat_result, columns: bool) -> tuple[object, ...]:
     return (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, columns,
             os.environ.get("SNAPANA_DECODE_SECONDS"), os.environ.get("SNAPANA_DECODE_MEMORY"),
             os.environ.get("SNAPANA_MAX_RATIO"), os.environ.get("SNAPANA_MAX_DECOMPRESSED"),
-            split_entries())
+            split_entries(), scan_entries())
 
 
 def _looks_like_pickle(path: Path) -> tuple[os.stat_result, bool] | None:

@@ -1,0 +1,295 @@
+"""Trace entries read from a snapshot pickle's bytes (`pickle_scan`) are the entries the
+unpickler makes: every column equals the one read from an independent decode of the same
+file; and a file that reader does not take, or takes only in part, loads exactly as it
+loads without it (the same capture, or the same refusal)."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from snapana.errors import InputError
+from snapana.sources import pickle_child, pickle_scan
+from snapana.sources.torch_snapshot import _RestrictedUnpickler, from_snapshot_dict, load
+from snapana.synth.scale import scale_snapshot
+
+from .conftest import ROOT, SNAPSHOTS, raw_load
+from .test_decode_columns import _same
+
+NULL = -(1 << 63)
+SAMPLES = sorted((ROOT / "sample_snapshots").glob("*.pickle"))
+CORPUS = sorted(SNAPSHOTS.glob("*")) if SNAPSHOTS.is_dir() else []
+
+
+def _numbers(entries: list[dict], name: str) -> list[int]:
+    """A number column as the decode child writes it, read from decoded entries: None (or
+    no such key) as NULL in time_us and device_free, else as 0."""
+    empty = NULL if name in ("time_us", "device_free") else 0
+    return [empty if e.get(name) is None else e[name] for e in entries]
+
+
+def _others(entries: list[dict], n: int, name: str) -> np.ndarray:
+    return np.array(_numbers(entries, name), np.int64)
+
+
+def _check_scan(buf: bytes, truth: dict) -> bool:
+    """Whether `scan` takes `buf`; where it does, every trace read back equals `truth`'s."""
+    plan = pickle_scan.scan(buf, 0)
+    if plan is None:
+        return False
+    got = plan.traces(_RestrictedUnpickler(io.BytesIO(plan.stream)).load())
+    assert got is not None
+    data, traces = got
+    assert {k: v for k, v in data.items() if k != "device_traces"} == {
+        k: v for k, v in truth.items() if k != "device_traces"}
+    assert len(traces) == len(truth["device_traces"])
+    for trace, entries in zip(traces, truth["device_traces"], strict=True):
+        if isinstance(trace, list):
+            assert trace == entries
+            continue
+        assert len(trace) == len(entries) and trace.plain()
+        actions = [e.get("action", "") for e in entries]
+        table, codes = trace.distinct("action", "")
+        assert table == list(dict.fromkeys(actions))
+        assert [table[c] for c in codes.tolist()] == actions
+        assert trace.column("frames", None) == [e.get("frames") for e in entries]
+        keys, places, stacks = trace.first_places("frames")
+        # entries that share a frame list object in the independent decode share it here
+        first: dict[int, int] = {}
+        expect = [first.setdefault(id(e.get("frames")), i) for i, e in enumerate(entries)]
+        assert keys.tolist() == expect and places == list(first.values())
+        assert stacks == [entries[p].get("frames") for p in places]
+        for name in ("addr", "size", "stream", "time_us", "device_free"):
+            assert list(trace.column_of(name, _others)) == _numbers(entries, name)
+    return True
+
+
+@pytest.mark.parametrize("path", CORPUS + SAMPLES, ids=lambda p: p.name)
+def test_entries_read_from_the_bytes_equal_an_independent_decode(path):
+    buf = path.read_bytes()
+    _check_scan(buf, raw_load(path))
+
+
+def test_the_corpus_and_samples_are_read_in_part_at_least():
+    """Real captures mix entries this reader takes (a frame list shared by reference) with
+    ones it leaves to the unpickler (a new frame list): most files have both."""
+    taken = [p for p in CORPUS + SAMPLES if pickle_scan.scan(p.read_bytes(), 0) is not None]
+    assert len(taken) >= len(SAMPLES)
+
+
+@pytest.mark.parametrize("list_per_entry", [False, True])
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_synthesized_traces_read_alike(list_per_entry, protocol):
+    data = scale_snapshot(3000, seed=3, list_per_entry=list_per_entry)
+    buf = pickle.dumps(data, protocol=protocol)
+    taken = _check_scan(buf, pickle.loads(buf))
+    # shared frame lists in protocol 4 and 5: read; protocol 2 (BINPUT) is left whole
+    assert taken == (protocol >= 4 and not list_per_entry)
+
+
+# ---- handmade pickles: what the reader must leave alone, or read exactly ----------------
+
+class _Asm:
+    """A protocol 4 pickle written opcode by opcode (one frame), with its memo counted."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.memo = 0
+
+    def op(self, raw: bytes) -> _Asm:
+        self.out += raw
+        return self
+
+    def memoize(self) -> int:
+        self.out += b"\x94"
+        self.memo += 1
+        return self.memo - 1
+
+    def text(self, s: str) -> int:
+        raw = s.encode()
+        self.out += b"\x8c" + bytes([len(raw)]) + raw
+        return self.memoize()
+
+    def get(self, i: int) -> _Asm:
+        return self.op(b"h" + bytes([i]) if i < 256 else b"j" + i.to_bytes(4, "little"))
+
+    def int(self, v: int) -> _Asm:
+        if 0 <= v < 256:
+            return self.op(b"K" + bytes([v]))
+        raw = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
+        return self.op(b"\x8a" + bytes([len(raw)]) + raw)
+
+    def pickle(self) -> bytes:
+        body = bytes(self.out) + b"."
+        return b"\x80\x04\x95" + len(body).to_bytes(8, "little") + body
+
+
+KEYS = ("action", "addr", "size", "stream", "time_us", "frames", "device_free")
+
+
+def _handmade(change: str) -> bytes:
+    """A snapshot of one trace of 40 entries, written as PyTorch's pickler writes shared
+    frame lists, with `change` made to it."""
+    a = _Asm()
+    a.op(b"}").memoize()
+    a.op(b"(")
+    a.text("names")
+    a.op(b"]").memoize()
+    a.op(b"(")
+    k = {name: a.text(name) for name in KEYS}
+    acts = {name: a.text(name) for name in ("alloc", "free_completed", "oom")}
+    a.op(b"e")
+    a.text("frames_table")
+    a.op(b"]").memoize()
+    a.op(b"(")
+    stack = a.op(b"]").memoize()
+    a.op(b"(}").memoize()
+    a.op(b"(")
+    a.text("filename")
+    a.text("train.py")
+    a.text("line")
+    a.int(7)
+    a.op(b"ue")
+    a.op(b"e")
+    seven = None
+    if change == "ref_to_int_value":
+        a.text("seven")
+        a.int(7)
+        seven = a.memoize()
+    a.text("segments")
+    a.op(b"]").memoize()
+    a.text("device_traces")
+    a.op(b"]").memoize()
+    a.op(b"(]").memoize()
+    a.op(b"(")
+    first = None
+    for i in range(40):
+        a.op(b"}")
+        slot = a.memoize()
+        first = slot if first is None else first
+        a.op(b"(")
+        addr = 0x7F0000000000 + 4096 * i
+        if change == "payload_lookalike" and i % 3 == 0:
+            addr = int.from_bytes(b"\x00}\x94(\x00\x7f", "little")
+        pairs: list[tuple[str, object]] = [
+            ("action", acts["alloc" if i % 2 == 0 else "free_completed"]), ("addr", addr),
+            ("size", 512 * (i + 1)), ("stream", 0), ("time_us", 1000 + i), ("frames", stack)]
+        if i == 17:
+            if change == "dup_keys":
+                pairs.append(("addr", 12345))
+            elif change == "odd_setitems":
+                pairs = pairs[:-1] + [("frames", None)]
+            elif change == "long9":
+                pairs[1] = ("addr", 1 << 70)
+            elif change == "null_time":
+                pairs[4] = ("time_us", NULL)
+            elif change == "none_values":
+                pairs[3], pairs[4] = ("stream", None), ("time_us", None)
+            elif change == "bool_value":
+                pairs[3] = ("stream", True)
+            elif change == "device_free":
+                pairs[0] = ("action", acts["oom"])
+                pairs.append(("device_free", 1 << 33))
+            elif change == "ref_to_int_value":
+                pairs[3] = ("stream", ("ref", seven))
+            elif change == "forward_ref":
+                pairs[5] = ("frames", ("ref", a.memo + 500))
+            elif change == "many_pairs":
+                pairs += [("stream", 0)] * 20
+        for name, value in pairs:
+            a.get(k[name])
+            if name in ("action", "frames") and isinstance(value, int):
+                a.get(value)
+            elif value is None:
+                a.op(b"N")
+            elif value is True:
+                a.op(b"\x88")
+            elif isinstance(value, tuple):
+                a.get(value[1])
+            else:
+                a.int(value)
+        if change == "odd_setitems" and i == 17:
+            a.get(k["stream"])  # a key with no value
+        a.op(b"u")
+    a.op(b"e")  # the trace's entries
+    a.op(b"e")  # the traces
+    if change == "ref_into_entry":
+        a.text("copied")
+        a.get(first)
+    if change == "entries_elsewhere":
+        a.text("other")
+        a.op(b"](")
+        for i in range(3):
+            a.op(b"}").memoize()
+            a.op(b"(").get(k["action"]).get(acts["alloc"]).get(k["addr"]).int(i).op(b"u")
+        a.op(b"e")
+    a.op(b"u")
+    raw = a.pickle()
+    if change == "truncated":
+        raw = raw[:-40]
+    return raw
+
+
+def _load_or_refusal(path: Path, scan: bool, monkeypatch) -> object:
+    monkeypatch.setenv("SNAPANA_SCAN_ENTRIES", "0" if scan else str(1 << 62))
+    try:
+        return load(path)
+    except InputError as exc:
+        return str(exc)
+
+
+def _scanned(path: Path, monkeypatch) -> bool:
+    """Whether the decode child read the entries from the bytes (its reply says so)."""
+    monkeypatch.setenv("SNAPANA_SCAN_ENTRIES", "0")
+    child = pickle_child.start(path, path.stat().st_size, False, True)
+    _, out = child.wait()
+    return bool(json.loads(out.split(b"\n")[0]).get("scanned"))
+
+
+@pytest.mark.parametrize(("change", "scanned"), [
+    ("none", True),
+    ("payload_lookalike", True),  # an address holding the bytes an entry starts with
+    ("dup_keys", True),  # the last value of a key repeated, as a dict keeps
+    ("none_values", True),
+    ("device_free", True),
+    ("long9", True),  # that entry left to the unpickler: past int64, not plain
+    ("bool_value", True),  # left to the unpickler, and refused by name as before
+    ("null_time", True),
+    ("many_pairs", True),
+    ("ref_to_int_value", True),  # a number by reference: not plain, decoded in-process
+    ("odd_setitems", False),  # a key with no value: the unpickler's error, as before
+    ("forward_ref", False),  # a reference to a slot not yet filled
+    ("ref_into_entry", False),  # an entry's dict referenced from elsewhere
+    ("entries_elsewhere", False),  # entry-like dicts outside a trace: decoded whole
+    ("truncated", False),
+])
+def test_handmade_pickles_load_as_without_the_reader(tmp_path, monkeypatch, change,
+                                                     scanned):
+    path = tmp_path / f"{change}.pickle"
+    path.write_bytes(_handmade(change))
+    with_scan = _load_or_refusal(path, True, monkeypatch)
+    without = _load_or_refusal(path, False, monkeypatch)
+    if isinstance(without, str):
+        assert with_scan == without
+    else:
+        _same(with_scan, without)
+        _same(with_scan, from_snapshot_dict(raw_load(path), str(path)))
+    assert _scanned(path, monkeypatch) == scanned
+
+
+@pytest.mark.parametrize("path", SAMPLES[:3] + CORPUS[:4], ids=lambda p: p.name)
+def test_loading_through_the_reader_equals_the_entry_path(path, monkeypatch):
+    monkeypatch.setenv("SNAPANA_SCAN_ENTRIES", "0")
+    _same(load(path), from_snapshot_dict(raw_load(path), str(path)))
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("", None), ("0", 0), ("250000", 250000), ("x", None), ("-1", None), ("9" * 5000, None)])
+def test_the_scan_threshold_comes_from_the_environment(monkeypatch, raw, expected):
+    monkeypatch.setenv("SNAPANA_SCAN_ENTRIES", raw)
+    default = pickle_child.SCAN_ENTRIES
+    assert pickle_child.scan_entries() == (default if expected is None else expected)
