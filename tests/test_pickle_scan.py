@@ -38,7 +38,7 @@ def _others(entries: list[dict], n: int, name: str) -> np.ndarray:
 
 def _check_scan(buf: bytes, truth: dict) -> bool:
     """Whether `scan` takes `buf`; where it does, every trace read back equals `truth`'s."""
-    plan = pickle_scan.scan(buf, 0)
+    plan = pickle_scan.scan(io.BytesIO(buf), len(buf), 0)
     if plan is None:
         return False
     got = plan.traces(_RestrictedUnpickler(io.BytesIO(plan.stream)).load())
@@ -77,8 +77,23 @@ def test_entries_read_from_the_bytes_equal_an_independent_decode(path):
 def test_the_corpus_and_samples_are_read_in_part_at_least():
     """Real captures mix entries this reader takes (a frame list shared by reference) with
     ones it leaves to the unpickler (a new frame list): most files have both."""
-    taken = [p for p in CORPUS + SAMPLES if pickle_scan.scan(p.read_bytes(), 0) is not None]
+    taken = [p for p in CORPUS + SAMPLES if _takes(p.read_bytes())]
     assert len(taken) >= len(SAMPLES)
+
+
+def _takes(buf: bytes, limit: int | None = None) -> bool:
+    return pickle_scan.scan(io.BytesIO(buf), len(buf) if limit is None else limit,
+                            0) is not None
+
+
+def test_a_long_string_written_outside_the_frames_or_a_file_past_its_limit_is_left_whole():
+    """CPython writes a string of 64 KB or more outside protocol 4's frames: this reader
+    takes only framed pickles, and reads no more than the child's limit."""
+    data = scale_snapshot(2000, seed=1)
+    framed = pickle.dumps(data, protocol=4)
+    assert _takes(framed) and not _takes(framed, len(framed) - 1)
+    data["note"] = "x" * (1 << 16)
+    assert not _takes(pickle.dumps(data, protocol=4))
 
 
 @pytest.mark.parametrize("list_per_entry", [False, True])

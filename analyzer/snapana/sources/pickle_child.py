@@ -561,11 +561,7 @@ def scanned():
         scan = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(scan)
         with open(path, "rb") as f:
-            buf = f.read(limit + 1)
-        if len(buf) > limit:
-            return None
-        plan = scan.scan(buf, least)
-        del buf
+            plan = scan.scan(f, limit, least)
         if plan is None:
             return None
         got = plan.traces(Restricted(io.BytesIO(plan.stream)).load())

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -79,31 +79,42 @@ _TEXT = {b"\x8c"[0], b"X"[0], b"\x8d"[0]}
 _STOP, _MEMO, _GET, _LONG_GET = b"."[0], b"\x94"[0], b"h"[0], b"j"[0]
 
 
+class Source(Protocol):
+    """What the pickle is read from: an open binary file."""
+
+    def readinto(self, buffer: Any, /) -> int | None: ...
+
+
 class _Unknown(Exception):
     """An opcode, a protocol or a layout this reader does not take: decode the whole file."""
 
 
-def _unframed(buf: bytes) -> bytes:
-    """The pickle with protocol 4's FRAME headers taken out (frames only tell a reader how
-    much to fetch at once), padded with zero bytes so reads past an entry stay in bounds;
-    `_Unknown` for another protocol or an opcode between frames."""
-    if len(buf) < 4 or buf[0] != 0x80 or buf[1] not in (4, 5):
+def _unframed(source: Source, limit: int) -> bytearray:
+    """The pickle read from `source` (at most `limit` bytes) with protocol 4's FRAME headers
+    taken out (frames only tell a reader how much to fetch at once), each frame read into
+    place, padded with zero bytes so reads past an entry stay in bounds; `_Unknown` for
+    another protocol, an opcode between frames or more than `limit` bytes."""
+    data = bytearray(limit + PADDING)  # zero pages until a frame is read into them
+    view = memoryview(data)
+    if source.readinto(view[:2]) != 2 or data[0] != 0x80 or data[1] not in (4, 5):
         raise _Unknown("protocol")
-    parts: list[bytes | memoryview] = [buf[:2]]
-    at, size = 2, len(buf)
-    view = memoryview(buf)
-    while at < size:
-        if buf[at] != 0x95:
-            # unframed bytes up to the end (a pickle may stop framing): none in PyTorch's
+    at, used = 2, 2
+    header = bytearray(9)
+    while True:
+        got = source.readinto(header)
+        if not got:
+            break
+        if got != 9 or header[0] != 0x95:
+            # unframed bytes (a pickle may stop framing): none in PyTorch's
             raise _Unknown("unframed")
-        (length,) = struct.unpack_from("<Q", buf, at + 1)
-        at += 9
-        if length > size - at:
+        (length,) = struct.unpack_from("<Q", header, 1)
+        used += 9 + length
+        if used > limit or source.readinto(view[at:at + length]) != length:
             raise _Unknown("frame")
-        parts.append(view[at:at + length])
         at += length
-    parts.append(b"\0" * PADDING)
-    return b"".join(parts)
+    view.release()
+    del data[at + PADDING:]
+    return data
 
 
 #: Zero bytes after the pickle: an entry read past the end meets a zero byte (no opcode this
@@ -121,9 +132,9 @@ class _Entries:
     """Every place in the bytes that starts like an entry (`start`), read as one: where it
     ends (`end`, -1 where it is not an entry this reader takes) and, per pair step, each
     entry's key reference, value kind and value (`keys`, `kinds`, `values`: MISSING past
-    an entry's last pair)."""
+    an entry's last pair, where its key reads 0)."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytearray) -> None:
         head = np.frombuffer(data, np.uint8)[:-PADDING]
         # 8 bytes from every offset, as little-endian int64 (an unaligned view)
         words = np.ndarray((len(data) - 8,), dtype="<i8", buffer=data, strides=(1,))
@@ -147,7 +158,7 @@ class _Entries:
             hi = min(lo + CHUNK, n)
             for step, (key, kind, value) in enumerate(self._pairs(words, lo, hi)):
                 if step == len(self.keys):
-                    self.keys.append(np.full(n, -1, np.int64))
+                    self.keys.append(np.zeros(n, np.uint32))
                     self.kinds.append(np.zeros(n, np.uint8))
                     self.values.append(np.zeros(n, np.int64))
                 self.keys[step][lo:hi] = key
@@ -217,7 +228,7 @@ class _Walker:
     read as one. It counts memo slots, keeps the strings memoized (keys are found by them)
     and every memo reference outside the runs."""
 
-    def __init__(self, data: bytes, entries: _Entries) -> None:
+    def __init__(self, data: bytearray, entries: _Entries) -> None:
         ok = entries.end >= 0
         self.index = np.flatnonzero(ok)  # the readable entries' indices in `entries`
         self.starts = entries.start[ok]
@@ -535,18 +546,17 @@ def _first_places(cls: np.ndarray, count: int) -> np.ndarray:
     return first
 
 
-def scan(buf: bytes, min_entries: int) -> Plan | None:
-    """A plan to decode `buf` (a whole snapshot pickle) with its trace entries read here, or
-    None where this reader does not take the file or it holds fewer than `min_entries`
-    entries it could read (decode it whole)."""
+def scan(source: Source, limit: int, min_entries: int) -> Plan | None:
+    """A plan to decode the snapshot pickle `source` holds (at most `limit` bytes) with its
+    trace entries read here, or None where this reader does not take the file or it holds
+    fewer than `min_entries` entries it could read (decode it whole)."""
     try:
-        return _scan(buf, min_entries)
+        return _scan(_unframed(source, limit), min_entries)
     except _Unknown:
         return None
 
 
-def _scan(buf: bytes, min_entries: int) -> Plan | None:
-    data = _unframed(buf)
+def _scan(data: bytearray, min_entries: int) -> Plan | None:
     entries = _Entries(data)
     least = max(min_entries, 1)
     if int((entries.end >= 0).sum()) < least:
@@ -616,7 +626,7 @@ class _Runs:
         action = np.zeros(len(run), bool)
         for keys, kinds in zip(e.keys, e.kinds, strict=True):
             present = kinds != MISSING
-            fine &= ~(present & ((keys < 0) | (keys >= base)))
+            fine &= ~(present & (keys >= base))
             code = names[np.where(present & fine, keys, 0)]
             fine &= ~(present & (code < 0))
             action |= present & (code == 0)
