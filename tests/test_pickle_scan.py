@@ -308,3 +308,18 @@ def test_the_scan_threshold_comes_from_the_environment(monkeypatch, raw, expecte
     monkeypatch.setenv("SNAPANA_SCAN_ENTRIES", raw)
     default = pickle_child.SCAN_ENTRIES
     assert pickle_child.scan_entries() == (default if expected is None else expected)
+
+
+@pytest.mark.parametrize("list_per_entry", [False, True])
+def test_a_file_sampled_without_entries_to_read_is_decoded_whole_at_once(
+        tmp_path, monkeypatch, list_per_entry):
+    """From SNAPANA_SCAN_ENTRIES entries on, the child first samples the file: PyTorch's own
+    layout (a new frame list per entry) holds no entry this reader takes, and is decoded
+    whole without reading it twice; shared frame lists are read from the bytes."""
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(scale_snapshot(3000, seed=2, list_per_entry=list_per_entry),
+                                  protocol=4))
+    monkeypatch.setenv("SNAPANA_SCAN_ENTRIES", "1000")
+    child = pickle_child.start(path, path.stat().st_size, False, True)
+    reply = json.loads(child.wait()[1].split(b"\n")[0])
+    assert reply["plain"] and reply["scanned"] == reply["tried"] == (not list_per_entry)

@@ -483,12 +483,12 @@ for pid, _ in helpers:  # a trace not plain: its numbers are not needed
     os.waitpid(pid, 0)
 if got is None:
     reply(ok=True, size=size, peak=peak, plain=False, cpu_decode=cpu_decode,
-          scanned=SCANNED is not None)
+          scanned=SCANNED is not None, tried=TRIED)
 # `data` stays: os._exit frees it
 blob, bufs, region, lengths, kinds, names, forked, cpu_split = got
 head = json.dumps(dict(ok=True, size=size, peak=peak, plain=True, rest=len(blob),
                        cpu_decode=cpu_decode, cpu_columns=time.process_time() - cpu_decode,
-                       scanned=SCANNED is not None,
+                       scanned=SCANNED is not None, tried=TRIED,
                        cpu_split=cpu_split, bufs=lengths, kinds=kinds, names=names,
                        forked=forked))
 try:  # the work is done: writing waits on the parent reading, which its own timeout bounds
@@ -543,18 +543,47 @@ class Restricted(pickle.Unpickler):
 class TooBig(Exception):
     pass
 SCANNED = None  # the type of a trace `scanned` read from the bytes
+TRIED = False  # whether `scanned` read the file (its sample held entries to read)
+# a value's opcode -> its length (LONG1: before its bytes), as `pickle_scan` reads them
+VALUE_LEN = {0x4B: 2, 0x4D: 3, 0x4A: 5, 0x8A: 2, 0x4E: 1, 0x68: 2, 0x6A: 5}
+def entries_ahead(least):
+    # whether 16 windows of 16 KB spread over the file (in the middle of each sixteenth,
+    # past the segments that start it) hold entries `pickle_scan` reads (a dict of
+    # referenced keys and plain values) densely enough for `least` in the whole file:
+    # PyTorch's own layout (a new frame list per entry) holds none, and is then decoded
+    # whole without numpy's import and the file read twice
+    found, width = 0, 1 << 14
+    with open(path, "rb") as f:
+        for k in range(16):
+            f.seek(size * (2 * k + 1) // 32)
+            raw = f.read(width) + bytes(32)
+            at = raw.find(b"}\x94(")
+            while 0 <= at < width:
+                end, pairs = at + 3, 0
+                while raw[end] in (0x68, 0x6A) and pairs < 16:
+                    end += 2 if raw[end] == 0x68 else 5
+                    n = VALUE_LEN.get(raw[end], 0)
+                    if raw[end] == 0x8A:
+                        n = 2 + raw[end + 1] if raw[end + 1] <= 8 else 0
+                    if not n:
+                        break
+                    end, pairs = end + n, pairs + 1
+                found += raw[end] == 0x75  # SETITEMS: an entry read to its end
+                at = raw.find(b"}\x94(", at + 3)
+    return found * size >= least * 16 * width
 def scanned():
     # the snapshot with its large traces' entries read from the file's bytes by
     # `pickle_scan` (SNAPANA_CHILD_SCAN: its file, with numpy's directory and from how many
     # entries on) and the rest decoded; None where that reader does not take the file (it
     # is then decoded whole)
-    global SCANNED
+    global SCANNED, TRIED
     try:
         where, numpy_dir, least = (os.environ[k] for k in (
             "SNAPANA_CHILD_SCAN", "SNAPANA_CHILD_NUMPY", "SNAPANA_CHILD_SCAN_MIN"))
         least = int(least)
-        if size < 16 * least:  # an entry takes more bytes than that
+        if size < 16 * least or (least and not entries_ahead(least)):
             return None
+        TRIED = True
         sys.path.append(numpy_dir)
         import importlib.util
         spec = importlib.util.spec_from_file_location("snapana_pickle_scan", where)
