@@ -474,10 +474,25 @@ def columns(data):
 split_min = int(sys.argv[8])
 fd = int(sys.argv[9]) if len(sys.argv) > 9 else None
 helpers, ended = [], []
-try:
-    got = columns(data)
-except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, OSError):
-    got = None
+def columns_or_none(data):
+    try:
+        return columns(data)
+    except (ValueError, TypeError, OverflowError, RecursionError, MemoryError, OSError):
+        return None
+got = columns_or_none(data)
+if got is None and SCANNED is not None:
+    # entries read from the bytes, not all plain: the parent would decode the file itself,
+    # with no memory limit; so it is decoded whole here first, under this process's limit,
+    # its peak judged as without the scan (and its columns made, where they are plain)
+    SCANNED = data = None
+    try:
+        data = decode_whole()
+    except MemoryError:
+        reply(error="memory")
+    except BaseException as exc:
+        reply(error="decode", detail=type(exc).__name__)
+    peak = own_peak()
+    got = columns_or_none(data)
 for pid, _ in helpers:  # a trace not plain: its numbers are not needed
     os.kill(pid, 9)
     os.waitpid(pid, 0)
@@ -618,6 +633,9 @@ def stream():
     gz = f.read(2) == b"\x1f\x8b"
     f.seek(0)
     return Bounded(gzip.GzipFile(fileobj=f) if gz else f), gz
+def decode_whole():
+    src, _ = stream()
+    return Restricted(io.BufferedReader(src, 1 << 20)).load()
 try:
     src, gz = stream()
     if gz:
@@ -640,8 +658,7 @@ try:
         pass
     data = scanned() if sys.argv[7] == "columns" and not gz else None
     if data is None:
-        src, _ = stream()
-        data = Restricted(io.BufferedReader(src, 1 << 20)).load()
+        data = decode_whole()
 except MemoryError:
     reply(error="memory")
 except TooBig:
@@ -649,14 +666,17 @@ except TooBig:
 except BaseException as exc:
     reply(error="decode", detail=type(exc).__name__)
 cpu_decode = time.process_time()
-peak = 0
-try:  # this process's own peak (ru_maxrss would include the parent's, from before exec)
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                peak = int(line.split()[1]) * 1024
-except (OSError, ValueError):
-    pass
+def own_peak():
+    # this process's own peak (ru_maxrss would include the parent's, from before exec)
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+peak = own_peak()
 if sys.argv[7] != "columns":
     reply(ok=True, size=size, peak=peak)
 try:  # making columns is linear work: it gets a time limit of its own, as long again

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import struct
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -89,16 +90,18 @@ class _Unknown(Exception):
     """An opcode, a protocol or a layout this reader does not take: decode the whole file."""
 
 
-def _unframed(source: Source, limit: int) -> bytearray:
+def _unframed(source: Source, limit: int) -> tuple[bytearray, list[int]]:
     """The pickle read from `source` (at most `limit` bytes) with protocol 4's FRAME headers
     taken out (frames only tell a reader how much to fetch at once), each frame read into
-    place, padded with zero bytes so reads past an entry stay in bounds; `_Unknown` for
-    another protocol, an opcode between frames or more than `limit` bytes."""
+    place, padded with zero bytes so reads past an entry stay in bounds, and where each frame
+    after the first starts in it; `_Unknown` for another protocol, an opcode between frames
+    or more than `limit` bytes."""
     data = bytearray(limit + PADDING)  # zero pages until a frame is read into them
     view = memoryview(data)
     if source.readinto(view[:2]) != 2 or data[0] != 0x80 or data[1] not in (4, 5):
         raise _Unknown("protocol")
     at, used = 2, 2
+    bounds: list[int] = []
     header = bytearray(9)
     while True:
         got = source.readinto(header)
@@ -111,10 +114,12 @@ def _unframed(source: Source, limit: int) -> bytearray:
         used += 9 + length
         if used > limit or source.readinto(view[at:at + length]) != length:
             raise _Unknown("frame")
+        if at > 2:
+            bounds.append(at)
         at += length
     view.release()
     del data[at + PADDING:]
-    return data
+    return data, bounds
 
 
 #: Zero bytes after the pickle: an entry read past the end meets a zero byte (no opcode this
@@ -222,16 +227,40 @@ class _Run:
         return self._members
 
 
+def _op_starts(data: bytearray, at: int) -> list[int]:
+    """Where each opcode of the readable entry at `at` starts, its SETITEMS included."""
+    starts = [at, at + 1, at + 2]
+    at += 3
+    while data[at] != _SETITEMS:
+        starts.append(at)
+        at += 2 if data[at] == _BINGET else 5
+        starts.append(at)
+        op = data[at]
+        at += 2 + data[at + 1] if op == _LONG1 else int(_VALUE_LEN[op])
+    return [*starts, at]
+
+
+#: Opcodes the walk takes outside entries whatever their number (see `_Walker`).
+WALK_FREE = 1 << 16
+
+
 class _Walker:
     """A walk over the pickle's opcodes from the first to STOP, opcode by opcode, that jumps
     over each run of entries `_Entries` read: so every entry used is one the unpickler would
     read as one. It counts memo slots, keeps the strings memoized (keys are found by them)
-    and every memo reference outside the runs."""
+    and every memo reference outside the runs, and checks that each frame of the file
+    (`bounds`, where they start) starts at an opcode, where the unpickler reads a FRAME: a
+    frame starting inside an opcode is part of its bytes to the unpickler. It walks at most
+    `WALK_FREE` opcodes and four per readable entry outside the runs (one Python step each:
+    a file with shared frame lists needs a few hundredths per entry): past that, the file is
+    not one to read so (`_Unknown`), and the unpickler's C loop decodes it faster."""
 
-    def __init__(self, data: bytearray, entries: _Entries) -> None:
+    def __init__(self, data: bytearray, entries: _Entries, bounds: list[int]) -> None:
         ok = entries.end >= 0
         self.index = np.flatnonzero(ok)  # the readable entries' indices in `entries`
         self.starts = entries.start[ok]
+        self.bounds = bounds
+        self.budget = WALK_FREE + 4 * len(self.starts)
         ends = entries.end[ok]
         # where each readable entry ends the next starts: runs go through without a stop
         joined = ends[:-1] == self.starts[1:]
@@ -245,10 +274,20 @@ class _Walker:
         self.stop = -1
         self._walk()
 
-    def _entry_at(self, at: int) -> int:
+    def _entry_at(self, at: int, starts: list[int]) -> int:
         """The readable entry starting at `at` (its index among them), or -1."""
-        i = int(np.searchsorted(self.starts, at))
-        return i if i < len(self.starts) and self.starts[i] == at else -1
+        i = bisect_left(starts, at)
+        return i if i < len(starts) and starts[i] == at else -1
+
+    def _bounds_in(self, begin: int, end: int, starts: list[int]) -> None:
+        """Each frame starting inside the entries from `begin` to `end` starts at one of
+        their opcodes."""
+        lo = bisect_right(self.bounds, begin)
+        hi = bisect_left(self.bounds, end)
+        for bound in self.bounds[lo:hi]:
+            first = starts[bisect_right(starts, bound) - 1]  # the entry it falls in
+            if bound not in _op_starts(self.data, first):
+                raise _Unknown("a frame starts inside an opcode")
 
     def _jump(self, i: int, at: int) -> int:
         """Through readable entries from the `i`th on, for as long as each ends where the
@@ -268,12 +307,28 @@ class _Walker:
         data, fixed, sized = self.data, _FIXED_LEN, _SIZED_LEN
         at, size = 2, len(data) - PADDING
         last_text = None  # (where it ends, the string) of the string just read
+        starts = self.starts.tolist()
+        bounds, b = self.bounds, 0
+        bound = bounds[0] if bounds else size
+        steps = 0
         while at < size:
+            while bound <= at:
+                if bound < at:
+                    raise _Unknown("a frame starts inside an opcode")
+                b += 1
+                bound = bounds[b] if b < len(bounds) else size
+            steps += 1
+            if steps > self.budget:
+                raise _Unknown("too many opcodes outside entries")
             op = data[at]
-            if op == _EMPTY_DICT and self.starts.size:
-                i = self._entry_at(at)
+            if op == _EMPTY_DICT and starts:
+                i = self._entry_at(at, starts)
                 if i >= 0:
-                    at = self._jump(i, at)
+                    begin, at = at, self._jump(i, at)
+                    self._bounds_in(begin, at, starts)
+                    while bound < at:  # (those inside the entries are checked)
+                        b += 1
+                        bound = bounds[b] if b < len(bounds) else size
                     continue
             n = fixed[op]
             if n:
@@ -339,8 +394,10 @@ class Plan:
 
     def traces(self, decoded: Any) -> tuple[dict[str, Any], list[Any]] | None:
         """(the snapshot, its traces) from what the unpickler made of `stream`: each trace
-        with markers is a `ScannedTrace`; None when a marker is not where a trace's entries
-        go (the file is then decoded whole)."""
+        with runs is a `ScannedTrace`. None (the file is then decoded whole) unless every
+        run's marker fills, in order, as many places of a trace as the run has entries, no
+        marker is anywhere else, and nothing else references the snapshot, its traces or a
+        trace with runs (which no longer hold what the file wrote)."""
         if type(decoded) is not tuple or len(decoded) != 2:
             return None
         data, objects = decoded
@@ -350,53 +407,96 @@ class Plan:
         traces = data.get("device_traces")
         if type(traces) is not list or not all(type(t) is list for t in traces):
             return None
-        seen = 0
+        k = 0
         out: list[Any] = []
-        width = len(self.nonce) + 4
         for trace in traces:
-            marks = [i for i, x in enumerate(trace) if type(x) is bytes and len(x) == width
-                     and x.startswith(self.nonce)]
-            if not marks:
-                out.append(trace)
-                continue
-            order = [int.from_bytes(trace[i][-4:], "little") for i in marks]
-            if order != list(range(seen, seen + len(marks))):
-                return None
-            seen += len(marks)
-            out.append(ScannedTrace(self, trace, marks, objects))
-        if seen != len(self.runs):
-            return None  # a run was somewhere else than a trace
+            places: list[tuple[int, int]] = []  # (where a run starts, the run)
+            at = 0
+            while k < len(self.runs):
+                mark, size = self._marker(k), len(self.runs[k][0])
+                try:
+                    at = trace.index(mark, at)
+                except ValueError:
+                    break
+                if trace[at:at + size].count(mark) != size:
+                    return None
+                places.append((at, k))
+                at, k = at + size, k + 1
+            out.append(ScannedTrace(self, trace, places, objects) if places else trace)
+        if k != len(self.runs) or not self._alone(data, traces, out):
+            return None
         return data, out
+
+    def _marker(self, k: int) -> bytes:
+        return self.nonce + k.to_bytes(4, "little")
+
+    def _alone(self, data: dict[str, Any], traces: list[Any], out: list[Any]) -> bool:
+        """Whether, of everything the snapshot holds (the runs' places aside), nothing is a
+        marker, and the snapshot, its traces and each trace with runs are each referenced
+        from their own place only."""
+        own = {id(data): 0, id(traces): 1}
+        skip: dict[int, list[tuple[int, int]]] = {}
+        for trace, got in zip(traces, out, strict=True):
+            if isinstance(got, ScannedTrace):
+                own[id(trace)] = 1
+                skip[id(trace)] = got.spans
+        seen = dict.fromkeys(own, 0)
+        width, nonce = len(self.nonce) + 4, self.nonce
+        visited = {id(data)}
+        todo: list[Any] = [data]
+        while todo:
+            x = todo.pop()
+            if type(x) is dict:
+                items: Any = [*x.keys(), *x.values()]
+            elif id(x) in skip:
+                items = _outside(x, skip[id(x)])
+            else:
+                items = x
+            for y in items:
+                t = type(y)
+                if t is bytes:
+                    if len(y) == width and y.startswith(nonce):
+                        return False
+                elif t in _CONTAINERS:
+                    key = id(y)
+                    if key in seen:
+                        seen[key] += 1
+                    if key not in visited:
+                        visited.add(key)
+                        todo.append(y)
+        return seen == own
+
+
+#: The builtins the unpickler makes that hold other objects.
+_CONTAINERS = {dict, list, tuple, set, frozenset}
+
+
+def _outside(trace: list[Any], spans: list[tuple[int, int]]) -> list[Any]:
+    """The elements of `trace` outside the spans [start, stop)."""
+    out, at = [], 0
+    for start, stop in spans:
+        out += trace[at:start]
+        at = stop
+    return out + trace[at:]
 
 
 class ScannedTrace:
-    """One device's trace: its entries read from the bytes (runs) and those the unpickler
-    made (`others`, with their places), in the file's order; read by the decode child's
-    columns as it reads a list of entry dicts."""
+    """One device's trace: its entries read from the bytes (runs, at `spans` of the trace)
+    and those the unpickler made (`others`, at their places), in the file's order; read by
+    the decode child's columns as it reads a list of entry dicts."""
 
-    def __init__(self, plan: Plan, trace: list[Any], marks: list[int],
+    def __init__(self, plan: Plan, trace: list[Any], places: list[tuple[int, int]],
                  objects: tuple[Any, ...]) -> None:
-        runs = [plan.runs[int.from_bytes(trace[i][-4:], "little")] for i in marks]
-        self.others: list[Any] = []
-        other_at: list[int] = []
-        members: list[np.ndarray] = []
-        place, k = 0, 0
-        for i, x in enumerate(trace):
-            if k < len(marks) and marks[k] == i:
-                run = runs[k][0]
-                members.append(run)
-                place += len(run)
-                k += 1
-            else:
-                self.others.append(x)
-                other_at.append(place)
-                place += 1
-        self.n = place
-        self.other_at = np.asarray(other_at, np.int64)
-        is_run = np.ones(self.n, bool)
-        is_run[self.other_at] = False
-        self.run_at = np.flatnonzero(is_run)
+        self.n = len(trace)
+        self.spans = [(at, at + len(plan.runs[k][0])) for at, k in places]
+        members = [plan.runs[k][0] for _, k in places]
         self.members = np.concatenate(members) if members else np.zeros(0, np.int64)
+        self.others = _outside(trace, self.spans)
+        is_run = np.zeros(self.n, bool)
+        for start, stop in self.spans:
+            is_run[start:stop] = True
+        self.run_at = np.flatnonzero(is_run)
+        self.other_at = np.flatnonzero(~is_run)
         self.plan, self.objects = plan, objects
         self._read: list[tuple[np.ndarray, np.ndarray]] | None = None
 
@@ -551,17 +651,17 @@ def scan(source: Source, limit: int, min_entries: int) -> Plan | None:
     trace entries read here, or None where this reader does not take the file or it holds
     fewer than `min_entries` entries it could read (decode it whole)."""
     try:
-        return _scan(_unframed(source, limit), min_entries)
+        return _scan(*_unframed(source, limit), min_entries)
     except _Unknown:
         return None
 
 
-def _scan(data: bytearray, min_entries: int) -> Plan | None:
+def _scan(data: bytearray, bounds: list[int], min_entries: int) -> Plan | None:
     entries = _Entries(data)
     least = max(min_entries, 1)
     if int((entries.end >= 0).sum()) < least:
         return None
-    walker = _Walker(data, entries)
+    walker = _Walker(data, entries, bounds)
     if walker.stop < 0 or not walker.runs:
         return None
     names = _key_names(walker)
@@ -582,8 +682,10 @@ def _scan(data: bytearray, min_entries: int) -> Plan | None:
         pieces.append(view[at:run.begin])
         count = int(runs.size[r])
         # a slot per entry's dict (None: the memo numbers after stay the file's), then the
-        # marker, an element of the trace where the entries were
-        pieces.append(b"N" + b"\x94" * count + b"0C\x14" + nonce + k.to_bytes(4, "little"))
+        # marker and a copy of it (DUP) per entry after the first: as many stack items as
+        # entries, so an opcode that takes a number of them fails or succeeds as on the file
+        pieces.append(b"N" + b"\x94" * count + b"0C\x14" + nonce + k.to_bytes(4, "little")
+                      + b"2" * (count - 1))
         kept.append((runs.members[runs.first[r]:runs.first[r] + count], run.memo))
         at = run.end
     pieces.append(view[at:walker.stop])
