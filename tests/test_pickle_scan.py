@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from snapana.errors import InputError
-from snapana.sources import pickle_child, pickle_scan
+from snapana.sources import pickle_child, pickle_scan, torch_snapshot
 from snapana.sources.torch_snapshot import _RestrictedUnpickler, from_snapshot_dict, load
 from snapana.synth.scale import scale_snapshot
 
@@ -218,6 +218,10 @@ def _handmade(change: str) -> bytes:
                 pairs[5] = ("frames", ("ref", a.memo + 500))
             elif change == "many_pairs":
                 pairs += [("stream", 0)] * 20
+            elif change == "fake_entry_at_frame":  # its bytes hold `}` MEMOIZE MARK SETITEMS
+                pairs[4] = ("time_us", int.from_bytes(b"\x01\x02\x03}\x94(u", "little"))
+            elif change == "negative_size":
+                pairs[2] = ("size", -512)
         for name, value in pairs:
             a.get(k[name])
             if name in ("action", "frames") and isinstance(value, int):
@@ -233,6 +237,8 @@ def _handmade(change: str) -> bytes:
         if change == "odd_setitems" and i == 17:
             a.get(k["stream"])  # a key with no value
         a.op(b"u")
+        if change == "entries_apart":
+            a.op(b"N0")  # None pushed and popped: each entry a run of its own
         if change == "memoized_entry" and i == 39:
             last = a.memoize()  # the last entry memoized a second time, referenced below
     if change == "append_after_run":
@@ -260,9 +266,12 @@ def _handmade(change: str) -> bytes:
     raw = a.pickle()
     if change == "truncated":
         raw = raw[:-40]
-    if change == "frame_inside_opcode":  # a second frame from the middle of an address
+    if change in ("frame_inside_opcode", "fake_entry_at_frame"):
+        # a second frame from the middle of an address, or of a time where its bytes read
+        # as an entry of their own
         body = raw[11:]
-        cut = body.index(b"\x8a\x06") + 3
+        cut = (body.index(b"}\x94(u") if change == "fake_entry_at_frame"
+               else body.index(b"\x8a\x06") + 3)
         raw = b"".join([b"\x80\x04", b"\x95", cut.to_bytes(8, "little"), body[:cut], b"\x95",
                         (len(body) - cut).to_bytes(8, "little"), body[cut:]])
     return raw
@@ -309,6 +318,8 @@ def _scanned(path: Path, monkeypatch) -> bool:
     ("memoized_entry", False),
     ("frame_inside_opcode", False),  # the unpickler reads that frame's header as data
     ("walk_budget", False),
+    ("fake_entry_at_frame", False),  # a second review's: refused by the unpickler alike
+    ("negative_size", True),
     ("truncated", False),
 ])
 def test_handmade_pickles_load_as_without_the_reader(tmp_path, monkeypatch, change,
@@ -377,3 +388,51 @@ def test_a_frame_starting_inside_an_opcode_reads_as_the_unpickler_reads_it(tmp_p
     _same(with_scan, without)
     assert "train.py" not in repr(without.stacks.frames)  # the unpickler's reading
     assert not _scanned(path, monkeypatch)
+
+
+def test_a_trace_the_parent_finds_not_plain_is_decoded_again_within_the_limits(
+        tmp_path, monkeypatch):
+    """Entries read from the bytes were never decoded whole: when the parent finds one it
+    must judge entry by entry (a negative size), it decodes the file again through the
+    bounded child, not as if the child had decoded it within its limits."""
+    path = tmp_path / "s.pickle"
+    path.write_bytes(_handmade("negative_size"))
+    calls: list[bool] = []
+    real = torch_snapshot._restricted_load
+
+    def spy(path, progress=None, checked=False):
+        calls.append(checked)
+        return real(path, progress, checked)
+
+    monkeypatch.setattr(torch_snapshot, "_restricted_load", spy)
+    with_scan = _load_or_refusal(path, True, monkeypatch)
+    assert calls == [False]
+    calls.clear()
+    without = _load_or_refusal(path, False, monkeypatch)
+    assert calls == [True] and with_scan == without  # (the same refusal)
+
+
+def test_entries_a_few_at_a_time_are_not_read_from_the_bytes(monkeypatch):
+    """Each jump over entries counts as `JUMP_STEPS` opcodes of the walk's budget: entries
+    that come one at a time cost the walk more than the unpickler."""
+    monkeypatch.setattr(pickle_scan, "WALK_FREE", 256)
+    assert _takes(_handmade("none"))
+    assert not _takes(_handmade("entries_apart"))
+
+
+def test_a_scan_given_up_leaves_the_decode_the_room_it_had(tmp_path, monkeypatch):
+    """A file the scan gives up on after importing numpy (no entry in it) is decoded whole
+    under the same memory limit, numpy's import left out: the same outcome as without the
+    scan, at sizes around where the limit falls (here, about 2.5M empty dicts)."""
+    monkeypatch.setenv("SNAPANA_DECODE_MEMORY", str(250 << 20))
+    for n in (2_200_000, 2_400_000, 2_600_000):
+        body = b"]\x94(" + b"}" * n + b"e."
+        path = tmp_path / f"{n}.pickle"
+        path.write_bytes(b"\x80\x04\x95" + len(body).to_bytes(8, "little") + body)
+        outcome = []
+        for scan in ("0", str(1 << 62)):
+            monkeypatch.setenv("SNAPANA_SCAN_ENTRIES", scan)
+            child = pickle_child.start(path, path.stat().st_size, False, True)
+            reply = json.loads(child.wait()[1].split(b"\n")[0])
+            outcome.append(reply.get("error", "ok"))
+        assert outcome[0] == outcome[1], n

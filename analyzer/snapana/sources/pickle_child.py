@@ -485,6 +485,7 @@ if got is None and SCANNED is not None:
     # with no memory limit; so it is decoded whole here first, under this process's limit,
     # its peak judged as without the scan (and its columns made, where they are plain)
     SCANNED = data = None
+    forget_scan()
     try:
         data = decode_whole()
     except MemoryError:
@@ -558,6 +559,41 @@ class Restricted(pickle.Unpickler):
 class TooBig(Exception):
     pass
 SCANNED = None  # the type of a trace `scanned` read from the bytes
+NUMPY_RSS = 0  # what importing numpy for the scan made resident, left out of the peak
+BEFORE_SCAN = 0  # this process's resident bytes before that
+def forget_scan():
+    # once the scan's objects are freed: what stays resident of it left out of the peak,
+    # which restarts now, so a file decoded whole after it is judged as without it
+    global NUMPY_RSS
+    NUMPY_RSS = max(own_memory()[1] - BEFORE_SCAN, 0)
+    reset_peak()
+def own_memory():
+    # (virtual, resident) bytes of this process now
+    got = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(("VmSize:", "VmRSS:")):
+                    got[line.split(":")[0]] = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return got.get("VmSize", 0), got.get("VmRSS", 0)
+def room(more):
+    # the memory limit raised by `more` bytes (within the hard limit set with it)
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            resource.setrlimit(resource.RLIMIT_AS, (min(soft + more, hard), hard))
+    except (ImportError, ValueError, OSError):
+        pass
+def reset_peak():
+    # the peak resident memory (VmHWM) reset to now, where Linux allows it
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
 TRIED = False  # whether `scanned` read the file (its sample held entries to read)
 # a value's opcode -> its length (LONG1: before its bytes), as `pickle_scan` reads them
 VALUE_LEN = {0x4B: 2, 0x4D: 3, 0x4A: 5, 0x8A: 2, 0x4E: 1, 0x68: 2, 0x6A: 5}
@@ -591,27 +627,38 @@ def scanned():
     # `pickle_scan` (SNAPANA_CHILD_SCAN: its file, with numpy's directory and from how many
     # entries on) and the rest decoded; None where that reader does not take the file (it
     # is then decoded whole)
-    global SCANNED, TRIED
+    global SCANNED, TRIED, NUMPY_RSS, BEFORE_SCAN
     try:
         where, numpy_dir, least = (os.environ[k] for k in (
             "SNAPANA_CHILD_SCAN", "SNAPANA_CHILD_NUMPY", "SNAPANA_CHILD_SCAN_MIN"))
         least = int(least)
         if size < 16 * least or (least and not entries_ahead(least)):
             return None
+        with open(path, "rb") as f:
+            head = f.read(3)
+        if head not in (b"\x80\x04\x95", b"\x80\x05\x95"):
+            return None  # not framed as the scan takes: numpy is not even imported
         TRIED = True
+        vm, BEFORE_SCAN = own_memory()
         sys.path.append(numpy_dir)
         import importlib.util
         spec = importlib.util.spec_from_file_location("snapana_pickle_scan", where)
         scan = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(scan)
+        # numpy stays once imported: the memory limit and the peak leave it out, so a
+        # file the scan does not take is decoded within the same room as without it
+        vm_now, rss_now = own_memory()
+        NUMPY_RSS = max(rss_now - BEFORE_SCAN, 0)
+        room(max(vm_now - vm, 0))
         with open(path, "rb") as f:
             plan = scan.scan(f, limit, least)
-        if plan is None:
-            return None
-        got = plan.traces(Restricted(io.BytesIO(plan.stream)).load())
+        got = None if plan is None else plan.traces(
+            Restricted(io.BytesIO(plan.stream)).load())
+        del plan
     except Exception:  # anything: the whole file is decoded as before, and judged
-        return None
+        got = None
     if got is None:
+        forget_scan()
         return None
     data, traces = got
     data["device_traces"] = traces
@@ -648,7 +695,8 @@ try:
     try:
         import resource
         cap = base + factor * size
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        # (a hard limit above it, for `room`: what importing numpy for the scan takes)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap + (1 << 29)))
     except (ImportError, ValueError, OSError):
         pass
     try:
@@ -667,12 +715,13 @@ except BaseException as exc:
     reply(error="decode", detail=type(exc).__name__)
 cpu_decode = time.process_time()
 def own_peak():
-    # this process's own peak (ru_maxrss would include the parent's, from before exec)
+    # this process's own peak (ru_maxrss would include the parent's, from before exec),
+    # numpy's import for the scan left out
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
                 if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+                    return max(int(line.split()[1]) * 1024 - NUMPY_RSS, 0)
     except (OSError, ValueError):
         pass
     return 0

@@ -240,8 +240,11 @@ def _op_starts(data: bytearray, at: int) -> list[int]:
     return [*starts, at]
 
 
-#: Opcodes the walk takes outside entries whatever their number (see `_Walker`).
+#: Opcodes the walk takes outside entries whatever their number, and what a jump over
+#: entries counts as, in opcodes (see `_Walker`): a file whose entries come one or two at a
+#: time is not one to read from the bytes.
 WALK_FREE = 1 << 16
+JUMP_STEPS = 64
 
 
 class _Walker:
@@ -279,17 +282,18 @@ class _Walker:
         i = bisect_left(starts, at)
         return i if i < len(starts) and starts[i] == at else -1
 
-    def _bounds_in(self, begin: int, end: int, starts: list[int]) -> None:
-        """Each frame starting inside the entries from `begin` to `end` starts at one of
-        their opcodes."""
-        lo = bisect_right(self.bounds, begin)
-        hi = bisect_left(self.bounds, end)
+    def _bounds_in(self, first: int, last: int, starts: list[int]) -> None:
+        """Each frame starting inside the readable entries `first` to `last` (each ending
+        where the next starts) starts at one of their opcodes: the entry it falls in is
+        one of them (another place read as an entry may start inside one)."""
+        lo = bisect_right(self.bounds, starts[first])
+        hi = bisect_left(self.bounds, int(self.ends[last]))
         for bound in self.bounds[lo:hi]:
-            first = starts[bisect_right(starts, bound) - 1]  # the entry it falls in
-            if bound not in _op_starts(self.data, first):
+            entry = starts[bisect_right(starts, bound, first, last + 1) - 1]
+            if bound not in _op_starts(self.data, entry):
                 raise _Unknown("a frame starts inside an opcode")
 
-    def _jump(self, i: int, at: int) -> int:
+    def _jump(self, i: int, at: int, starts: list[int]) -> int:
         """Through readable entries from the `i`th on, for as long as each ends where the
         next starts; returns where the last ends."""
         run = self.runs[-1] if self.runs and self.runs[-1].end == at else None
@@ -298,6 +302,7 @@ class _Walker:
             self.runs.append(run)
         k = int(np.searchsorted(self.breaks, i))
         last = int(self.breaks[k]) if k < len(self.breaks) else len(self.starts) - 1
+        self._bounds_in(i, last, starts)
         run.parts.append((i, last))
         self.memo += last - i + 1
         run.end = int(self.ends[last])
@@ -324,8 +329,8 @@ class _Walker:
             if op == _EMPTY_DICT and starts:
                 i = self._entry_at(at, starts)
                 if i >= 0:
-                    begin, at = at, self._jump(i, at)
-                    self._bounds_in(begin, at, starts)
+                    at = self._jump(i, at, starts)
+                    steps += JUMP_STEPS  # a jump costs as much Python as that, and a run
                     while bound < at:  # (those inside the entries are checked)
                         b += 1
                         bound = bounds[b] if b < len(bounds) else size

@@ -249,13 +249,16 @@ def load(path: Path, progress: ReadProgress | None = None) -> Capture:
     """
     path = Path(path)
     got = _load_columns(path, progress)
+    checked = True  # the child decoded the file whole within its limits
     if got is not None:
-        data, columns, decoded = got
+        data, columns, decoded, scanned = got
         try:
             return from_snapshot_dict(data, str(path), columns=columns, decoded_bytes=decoded)
         except _NotPlain:
-            pass  # decoded again below, where the offending entry is named
-    data, decoded = _restricted_load(path, progress, checked=True)
+            # decoded again below, where the offending entry is named; entries the child
+            # read from the bytes were never decoded whole, so that decode is bounded again
+            checked = not scanned
+    data, decoded = _restricted_load(path, progress, checked=checked)
     return from_snapshot_dict(data, str(path), consume=True, decoded_bytes=decoded)
 
 
@@ -285,10 +288,11 @@ class _TraceColumns:
 
 
 def _load_columns(path: Path, progress: ReadProgress | None
-                  ) -> tuple[dict[str, Any], dict[int, _TraceColumns], int] | None:
+                  ) -> tuple[dict[str, Any], dict[int, _TraceColumns], int, bool] | None:
     """The snapshot decoded once by the bounded child: everything but the traces as builtins,
-    the traces as columns, and the pickle's decompressed size; None when the child could not
-    make columns (decode in-process)."""
+    the traces as columns, the pickle's decompressed size and whether the child read the
+    entries from the bytes (`pickle_scan`); None when the child could not make columns
+    (decode in-process)."""
     import numpy as np
     import numpy.ma  # noqa: F401  polars reads masks through it when a column comes from
     # numpy: imported here, while the child decodes, rather than after (20 ms)
@@ -348,7 +352,7 @@ def _load_columns(path: Path, progress: ReadProgress | None
         return None  # not what the child writes: decode in-process
     if progress is not None:
         progress(size, size)
-    return data, traces, int(reply.get("size") or size)
+    return data, traces, int(reply.get("size") or size), bool(reply.get("scanned"))
 
 
 # ----- validation --------------------------------------------------------------------------------
