@@ -567,16 +567,21 @@ def forget_scan():
     global NUMPY_RSS
     NUMPY_RSS = max(own_memory()[1] - BEFORE_SCAN, 0)
     reset_peak()
-def own_memory():
-    # (virtual, resident) bytes of this process now
+def own_status():
+    # this process's memory figures in bytes, by name (VmSize, VmRSS, VmHWM, ...): its own
+    # (ru_maxrss would include the parent's, from before exec)
     got = {}
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith(("VmSize:", "VmRSS:")):
+                if line.startswith("Vm"):
                     got[line.split(":")[0]] = int(line.split()[1]) * 1024
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         pass
+    return got
+def own_memory():
+    # (virtual, resident) bytes of this process now
+    got = own_status()
     return got.get("VmSize", 0), got.get("VmRSS", 0)
 def room(more):
     # the memory limit raised by `more` bytes (within the hard limit set with it)
@@ -715,16 +720,8 @@ except BaseException as exc:
     reply(error="decode", detail=type(exc).__name__)
 cpu_decode = time.process_time()
 def own_peak():
-    # this process's own peak (ru_maxrss would include the parent's, from before exec),
-    # numpy's import for the scan left out
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return max(int(line.split()[1]) * 1024 - NUMPY_RSS, 0)
-    except (OSError, ValueError):
-        pass
-    return 0
+    # this process's peak resident bytes, numpy's import for the scan left out
+    return max(own_status().get("VmHWM", 0) - NUMPY_RSS, 0)
 peak = own_peak()
 if sys.argv[7] != "columns":
     reply(ok=True, size=size, peak=peak)

@@ -218,13 +218,10 @@ class _Run:
     def __init__(self, begin: int, memo: int) -> None:
         self.parts: list[tuple[int, int]] = []
         self.begin, self.end, self.memo = begin, begin, memo
-        self._members: np.ndarray | None = None
 
     def members(self) -> np.ndarray:
         """Its entries' indices among the readable ones."""
-        if self._members is None:
-            self._members = np.concatenate([np.arange(a, b + 1) for a, b in self.parts])
-        return self._members
+        return np.concatenate([np.arange(a, b + 1) for a, b in self.parts])
 
 
 def _op_starts(data: bytearray, at: int) -> list[int]:
@@ -331,9 +328,8 @@ class _Walker:
                 if i >= 0:
                     at = self._jump(i, at, starts)
                     steps += JUMP_STEPS  # a jump costs as much Python as that, and a run
-                    while bound < at:  # (those inside the entries are checked)
-                        b += 1
-                        bound = bounds[b] if b < len(bounds) else size
+                    b = bisect_left(bounds, at)  # (those inside the entries are checked)
+                    bound = bounds[b] if b < len(bounds) else size
                     continue
             n = fixed[op]
             if n:
@@ -382,7 +378,7 @@ class Plan:
     """A pickle to decode in place of the file (`stream`), its runs of entries replaced by
     markers, and what `traces` needs to put the entries back."""
 
-    def __init__(self, stream: bytes, nonce: bytes, runs: list[tuple[np.ndarray, int]],
+    def __init__(self, stream: bytes, nonce: bytes, runs: list[np.ndarray],
                  entries: _Entries, names: np.ndarray, refs: np.ndarray) -> None:
         self.stream, self.nonce, self.runs = stream, nonce, runs
         self.entries, self.names, self.refs = entries, names, refs
@@ -418,7 +414,7 @@ class Plan:
             places: list[tuple[int, int]] = []  # (where a run starts, the run)
             at = 0
             while k < len(self.runs):
-                mark, size = self._marker(k), len(self.runs[k][0])
+                mark, size = self._marker(k), len(self.runs[k])
                 try:
                     at = trace.index(mark, at)
                 except ValueError:
@@ -493,8 +489,8 @@ class ScannedTrace:
     def __init__(self, plan: Plan, trace: list[Any], places: list[tuple[int, int]],
                  objects: tuple[Any, ...]) -> None:
         self.n = len(trace)
-        self.spans = [(at, at + len(plan.runs[k][0])) for at, k in places]
-        members = [plan.runs[k][0] for _, k in places]
+        self.spans = [(at, at + len(plan.runs[k])) for at, k in places]
+        members = [plan.runs[k] for _, k in places]
         self.members = np.concatenate(members) if members else np.zeros(0, np.int64)
         self.others = _outside(trace, self.spans)
         is_run = np.zeros(self.n, bool)
@@ -681,7 +677,7 @@ def _scan(data: bytearray, bounds: list[int], min_entries: int) -> Plan | None:
     pieces: list[bytes | memoryview] = [b"\x80\x04"]
     view = memoryview(data)
     at = 2
-    kept: list[tuple[np.ndarray, int]] = []
+    kept: list[np.ndarray] = []
     for k, r in enumerate(np.flatnonzero(taken)):
         run = walker.runs[r]
         pieces.append(view[at:run.begin])
@@ -691,7 +687,7 @@ def _scan(data: bytearray, bounds: list[int], min_entries: int) -> Plan | None:
         # entries, so an opcode that takes a number of them fails or succeeds as on the file
         pieces.append(b"N" + b"\x94" * count + b"0C\x14" + nonce + k.to_bytes(4, "little")
                       + b"2" * (count - 1))
-        kept.append((runs.members[runs.first[r]:runs.first[r] + count], run.memo))
+        kept.append(runs.members[runs.first[r]:runs.first[r] + count])
         at = run.end
     pieces.append(view[at:walker.stop])
     pieces.append(b"(" + b"".join(b"j" + int(r).to_bytes(4, "little") for r in refs)
