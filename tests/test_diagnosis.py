@@ -300,15 +300,17 @@ FORWARD = [("/job/model.py", 54, "forward"),
            ("/job/train.py", 30, "main")]
 
 
-def _forward_oom(tmp_path, grads: bool):
-    """A forward that runs out of memory after parameters (and last step's gradients)."""
+def _forward_oom(tmp_path, grads: bool, driver: tuple | None = None):
+    """A forward that runs out of memory after parameters (and last step's gradients);
+    `driver`: a frame of the program's own under every forward stack."""
     sim = CachingAllocatorSim(capacity=(2048 + 2048 * grads + 6 * 512 + 512) * MiB)
+    forward = FORWARD[:-1] + [driver] if driver else FORWARD
     for stack, family, n in ((PARAMS, "parameters", 4), (GRADS, "gradients", 4 * grads),
-                             (FORWARD, "saved_activations", 6)):
+                             (forward, "saved_activations", 6)):
         for _ in range(n):
             sim.malloc(512 * MiB, stack, family=family)
     with pytest.raises(SimulatedOOM):
-        sim.malloc(1024 * MiB, FORWARD, family="saved_activations")
+        sim.malloc(1024 * MiB, forward, family="saved_activations")
     path = tmp_path / "forward.pickle"
     path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
     (r,) = analyse(load(path))
@@ -329,16 +331,44 @@ def test_gradients_held_through_the_forward_are_freed_before_it(tmp_path) -> Non
     assert "zero_grad(set_to_none=True)" in verdict(r)
 
 
-def test_a_forward_without_a_backward_gets_inference_knobs(tmp_path) -> None:
-    """No gradient, optimizer state or backward anywhere: the knobs are inference's
-    (inference_mode), never activation checkpointing or gradient accumulation."""
+def test_a_forward_with_no_sign_of_training_or_inference_gets_conditional_advice(
+        tmp_path) -> None:
+    """No gradient, optimizer, backward or driver that says which: the workload is
+    undetermined, so no inference-only knob comes first (inference_mode would break a
+    trained forward whose backward was not recorded) and the verdict says both ways."""
     r = _forward_oom(tmp_path, grads=False)
     d = r.diagnosis
+    assert d.workload == "undetermined"
+    ids = [k.id for k in d.knobs]
+    assert ids[0] != "torch.inference_mode" and "torch.inference_mode" in ids
+    first_inference = min(i for i, k in enumerate(d.knobs) if k.workload == "inference")
+    assert all(k.workload != "inference" for k in d.knobs[:first_inference])
+    text = verdict(r)
+    assert "If this forward is trained: " in text and "if it is not: torch.inference_mode" \
+        in text
+
+
+def test_a_forward_driven_by_a_predict_function_gets_inference_knobs(tmp_path) -> None:
+    """The program's own `predict` drives the forward and nothing trains: inference, with
+    the evidence, and inference_mode first; never activation checkpointing."""
+    r = _forward_oom(tmp_path, grads=False, driver=("/job/serve.py", 30, "predict"))
+    d = r.diagnosis
     assert d.workload == "inference"
+    assert any("/job/serve.py:predict" in e for e in d.evidence.workload.evidence)
     ids = [k.id for k in d.knobs]
     assert ids[0] == "torch.inference_mode"
     assert "torch.activation_checkpointing" not in ids and "torch.micro_batch" not in ids
-    assert "No backward was recorded" in verdict(r)
+    assert "/job/serve.py:predict" in d.applies["torch.inference_mode"]
+
+
+def test_a_forward_driven_by_a_train_function_is_training(tmp_path) -> None:
+    """A training step recorded up to its forward (no backward yet) is still training when
+    the program's own `train` drives it: no inference knob at all."""
+    r = _forward_oom(tmp_path, grads=False, driver=("/job/run.py", 30, "train_epoch"))
+    d = r.diagnosis
+    assert d.workload == "training"
+    assert not any(k.workload == "inference" for k in d.knobs)
+    assert d.knobs[0].id == "torch.activation_checkpointing"
 
 
 def test_top_sites_break_ties_the_same_way_whatever_the_row_order():

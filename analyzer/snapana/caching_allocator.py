@@ -47,3 +47,9 @@ def round_size(requested: int, granularity: int = ROUND_BYTES) -> int:
     if granularity <= 1:
         return requested
     return max(granularity, -(-requested // granularity) * granularity)
+
+#: The settings a snapshot records under ``allocator_settings`` (PyTorch's
+#: ``CUDAAllocatorConfig``, parsed from ``PYTORCH_CUDA_ALLOC_CONF``) that a knob may turn on.
+ALLOCATOR_SETTINGS = ("expandable_segments", "max_split_size", "garbage_collection_threshold",
+                      "roundup_power2_divisions", "release_lock_on_cudamalloc",
+                      "pinned_use_cuda_host_register", "pinned_num_register_threads")

@@ -10,9 +10,14 @@ and markers of its user packs count too; without one, the built-in packs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
 from snapana.analysis.attribution.families import families_with_lifetime
 from snapana.analysis.attribution.pack_parser import KNOB_COSTS, Knob
+
+if TYPE_CHECKING:
+    from snapana.analysis.evidence import JobEvidence
 
 __all__ = [
     "COST_WORDS",
@@ -30,6 +35,7 @@ __all__ = [
     "transient_families",
     "working_set_families",
     "undetermined_families",
+    "why_applies",
 ]
 
 _ALWAYS = ("pytorch", "any")
@@ -77,22 +83,24 @@ def frameworks_in(filenames: list[str], rules: RuleSet | None = None) -> set[str
 
 
 def can_release(family: str, frameworks: set[str], rules: RuleSet | None = None,
-                workload: str | None = None) -> bool:
+                workload: str | None = None, ev: JobEvidence | None = None) -> bool:
     """A family of model state can go only if a knob of a framework in use moves it off the
     GPU (offload); resharding (TP) shrinks it but does not make it go."""
     allowed = frameworks | set(_ALWAYS)
-    return any(family in k.families and k.framework in allowed and k.direction == "releases"
-               and not k.phases and (workload is None or k.workload in ("", workload))
+    return any(family in k.families and k.direction == "releases" and not k.phases
+               and _applies(k, allowed, None, True, workload, ev, [family])
                for k in load_knobs(rules))
 
 
 def frees_in_phase(family: str, phase: str, frameworks: set[str],
-                   rules: RuleSet | None = None, workload: str | None = None) -> bool:
+                   rules: RuleSet | None = None, workload: str | None = None,
+                   ev: JobEvidence | None = None) -> bool:
     """A knob meant for this phase frees the family outright (last step's gradients freed
     before the forward: ``zero_grad(set_to_none=True)``): it can go, not only by offloading."""
     allowed = frameworks | set(_ALWAYS)
     return any(family in k.families and k.direction == "releases" and phase in k.phases
-               and _applies(k, allowed, phase, True, workload) for k in load_knobs(rules))
+               and _applies(k, allowed, phase, True, workload, ev, [family])
+               for k in load_knobs(rules))
 
 
 def _offloads_model_state(knob: Knob) -> bool:
@@ -102,18 +110,60 @@ def _offloads_model_state(knob: Knob) -> bool:
 
 
 def _applies(knob: Knob, allowed: set[str], phase: str | None, offload: bool,
-             workload: str | None = None) -> bool:
+             workload: str | None = None, ev: JobEvidence | None = None,
+             families: list[str] | None = None) -> bool:
     """A knob of a framework in use, for this phase and what the capture does (`workload`,
     None: not known, any); with ``offload=False`` not one that offloads model state
-    (releasing an engine's KV cache is still offered)."""
+    (releasing an engine's KV cache is still offered). Given the job's evidence `ev`, its
+    declared preconditions must hold too (`why_applies`)."""
     return (knob.framework in allowed and (not knob.phases or phase in knob.phases)
             and (offload or not _offloads_model_state(knob))
-            and (workload is None or not knob.workload or knob.workload == workload))
+            and (workload in (None, "undetermined") or not knob.workload
+                 or knob.workload == workload)
+            and (ev is None or why_applies(knob, ev, families or []) is not None))
+
+
+def why_applies(knob: Knob, ev: JobEvidence, families: list[str]) -> str | None:
+    """Why `knob` acts on this job, from the evidence (None: a precondition fails). A
+    framework's knob needs that framework in the frames of the blocks it targets (the
+    `families` it is offered for, else any family it names); `requires` facts must hold,
+    `unless` facts must not, `unless_set` settings must not be on already."""
+    reasons: list[str] = []
+    if knob.framework not in _ALWAYS and knob.families:
+        targets = [f for f in knob.families if f in families] or list(knob.families)
+        owned = [(f, ev.owners.get(f, {}).get(knob.framework)) for f in targets]
+        shown = [(f, w) for f, w in owned if w]
+        if not shown:
+            return None
+        reasons.append(f"{shown[0][0]} blocks at {shown[0][1]}")
+    for fact in knob.requires:
+        if fact not in ev.facts:
+            return None
+        reasons.append(ev.facts[fact])
+    if any(fact in ev.facts for fact in knob.unless):
+        return None
+    for key in knob.unless_set:
+        if ev.is_set(key):
+            return None
+        reasons.append(f"{key} is not set" if ev.settings is not None
+                       else f"{key} not recorded as set")
+    answer = ev.workload.answer
+    if knob.workload:
+        if answer in (None, "undetermined"):
+            trained = "trains" if knob.workload == "training" else "is not trained"
+            reasons.append(f"only if this job {trained}")
+        elif ev.workload.evidence:
+            reasons.append(f"{answer}: {ev.workload.evidence[0]}")
+    if not reasons:
+        acting = [f for f in knob.families if f in families]
+        reasons.append(f"acts on {', '.join(acting)}" if acting else "")
+    return "; ".join(r for r in reasons if r)
 
 
 def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
               phase: str | None, rules: RuleSet | None = None, *,
-              offload: bool = True, workload: str | None = None) -> list[Knob]:
+              offload: bool = True, workload: str | None = None,
+              ev: JobEvidence | None = None) -> list[Knob]:
     """Knobs acting on the given families (in that order of importance) or causes.
 
     ``offload=False`` leaves out knobs that offload model state: an OOM raised while
@@ -121,18 +171,22 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
     allowed = frameworks | set(_ALWAYS)
     chosen: list[Knob] = []
     for knob in load_knobs(rules):
-        if not _applies(knob, allowed, phase, offload, workload):
+        if not _applies(knob, allowed, phase, offload, workload, ev, families):
             continue
         if set(knob.families) & set(families) or set(knob.causes) & set(causes):
             chosen.append(knob)
 
-    def rank(k: Knob) -> tuple[int, int, int, int]:
-        """Most important family first; then a framework's own knob before a generic one,
-        a knob that lowers before one that only bounds, and a targeted knob first."""
+    def rank(k: Knob) -> tuple[bool, int, bool, bool, int]:
+        """Where the workload is not known, an inference-only knob last (it would break a
+        trained forward); then the most important family first; then a framework's own
+        knob before a generic one, a knob that lowers before one that only bounds, and a
+        targeted knob first."""
         fam = min((families.index(f) for f in k.families if f in families), default=99)
         cause = min((causes.index(c) for c in k.causes if c in causes), default=99)
-        return (min(fam, cause), k.framework in _ALWAYS, k.direction == "bounds",
-                len(k.families))
+        inference_only_first = (workload in (None, "undetermined")
+                                and k.workload == "inference")
+        return (inference_only_first, min(fam, cause), k.framework in _ALWAYS,
+                k.direction == "bounds", len(k.families))
 
     return sorted(chosen, key=rank)
 
@@ -147,19 +201,20 @@ def preference(k: Knob) -> tuple[bool, bool, int, int]:
 
 def best_knob(family: str, frameworks: set[str], phase: str | None,
               rules: RuleSet | None = None, *, offload: bool = True,
-              workload: str | None = None) -> Knob | None:
+              workload: str | None = None, ev: JobEvidence | None = None) -> Knob | None:
     """The knob to name for `family`: of a framework in use, lowering, releasing or bounding
     it, first by `preference`."""
     allowed = frameworks | set(_ALWAYS)
     acting = [k for k in load_knobs(rules) if family in k.families
               and k.direction in ("lowers", "releases", "bounds")
-              and _applies(k, allowed, phase, offload, workload)]
+              and _applies(k, allowed, phase, offload, workload, ev, [family])
+              and not (workload in (None, "undetermined") and k.workload == "inference")]
     return min(acting, key=preference) if acting else None
 
 
 def stop_knob(family: str, frameworks: set[str], phase: str | None,
               rules: RuleSet | None = None, *, offload: bool = True,
-              workload: str | None = None) -> Knob | None:
+              workload: str | None = None, ev: JobEvidence | None = None) -> Knob | None:
     """The knob that stops a family from accumulating live copies: the cheapest one that
     lowers (or releases) it; a knob that only bounds it (chunk size, token budget) lowers
     the size of each copy, not how many are kept. None when no framework in use has one.
@@ -167,5 +222,6 @@ def stop_knob(family: str, frameworks: set[str], phase: str | None,
     allowed = frameworks | set(_ALWAYS)
     acting = [k for k in load_knobs(rules) if family in k.families
               and k.direction in ("lowers", "releases")
-              and _applies(k, allowed, phase, offload, workload)]
+              and _applies(k, allowed, phase, offload, workload, ev, [family])
+              and not (workload in (None, "undetermined") and k.workload == "inference")]
     return min(acting, key=preference) if acting else None

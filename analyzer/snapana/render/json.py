@@ -126,6 +126,14 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
         "empty": d.empty,
         "large_cache": d.large_cache,
         "workload": d.workload,
+        "workload_evidence": list(d.evidence.workload.evidence) if d.evidence else [],
+        "workload_statement": view.workload,
+        "facts": dict(d.evidence.facts) if d.evidence else {},
+        "allocator_settings": None if d.evidence is None or d.evidence.settings is None
+        else dict(d.evidence.settings),
+        "allocator_settings_statement": view.settings,
+        "expandable_segments": d.evidence.expandable if d.evidence else None,
+        "free_segment_bytes": dict(d.evidence.free_segment_bytes) if d.evidence else {},
         "knob_families": list(d.knob_families),
         "shortfall_bytes": d.shortfall_bytes,
         "without_copies": None if d.without_copies is None else {
@@ -146,7 +154,8 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
         "knobs": [{"id": k.id, "framework": k.framework, "knob": k.knob,
                    "families": list(k.families), "causes": list(k.causes),
                    "direction": k.direction, "cost": k.cost, "effect": k.effect,
-                   "caveat": k.caveat, "workload": k.workload}
+                   "caveat": k.caveat, "workload": k.workload,
+                   "applies": d.applies.get(k.id, "")}
                   for k in d.knobs],
         "frameworks": list(d.frameworks),
     }

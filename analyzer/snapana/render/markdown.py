@@ -34,6 +34,11 @@ def _device(out: list[str], d: DeviceView) -> None:
     out.append("")
     out.append(f"**Verdict.** {esc(d.verdict)}")
     out.append("")
+    for line in (d.workload, d.settings):
+        if line:
+            out.append(f"- {esc(line)}")
+    if d.workload or d.settings:
+        out.append("")
     out.append("| | |")
     out.append("|---|---:|")
     out.extend(f"| {esc(k)} | {esc(v)} |" for k, v in d.headline)
@@ -58,8 +63,8 @@ def _device(out: list[str], d: DeviceView) -> None:
     _table(out, ("without family", "bytes", "would the request fit?", "can go"),
            [(code(f), b, esc(res), esc(c)) for f, b, res, c in d.what_ifs])
     _table(out, KNOB_COLUMNS,
-           [(code(k), esc(cost), esc(on), esc(eff), esc(cav))
-            for k, cost, on, eff, cav in d.knobs])
+           [(code(k), esc(cost), esc(on), esc(eff), esc(cav), esc(why))
+            for k, cost, on, eff, cav, why in d.knobs])
     _table(out, ("cause", "verdict", "why"),
            [(esc(c), esc(st), esc(why)) for c, st, why in d.causes])
     for w in r.warnings:

@@ -78,6 +78,9 @@ def _device(out: _Out, d: DeviceView) -> None:
     out.para(f"{d.name} — {d.moment}", first="── ", indent="   ",
              style="bold red" if r.oom else "bold blue")
     out.para(d.verdict, first="Verdict. ")
+    for line in (d.workload, d.settings):
+        if line:
+            out.para(line, first=INDENT, indent=INDENT * 3)
     out.heading("figures")
     width = max((len(k) for k, _ in d.headline), default=0)
     for k, v in d.headline:
@@ -98,9 +101,11 @@ def _device(out: _Out, d: DeviceView) -> None:
             out.para(result, indent=INDENT * 3)
     if d.knobs:
         out.heading("knobs (the first is the verdict's)")
-        for i, (knob, cost, acts_on, effect, caveat) in enumerate(d.knobs, 1):
+        for i, (knob, cost, acts_on, effect, caveat, applies) in enumerate(d.knobs, 1):
             out.para(f"{i}. {knob}", first=INDENT, indent=INDENT * 3)
             out.para(f"[{cost}] acts on {acts_on}: {effect}", indent=INDENT * 3)
+            if applies:
+                out.para(f"applies: {applies}", indent=INDENT * 3)
             if caveat:
                 out.para(f"caveat: {caveat}", indent=INDENT * 3)
     if d.causes:

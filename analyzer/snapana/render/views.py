@@ -371,7 +371,8 @@ class DeviceView:
     verdict: str
     headline: tuple[tuple[str, str], ...]
     what_ifs: tuple[tuple[str, str, str, str], ...]
-    knobs: tuple[tuple[str, str, str, str, str], ...]  # knob, cost, acts on, effect, caveat
+    #: knob, cost, acts on, effect, caveat, why it applies
+    knobs: tuple[tuple[str, str, str, str, str, str], ...]
     causes: tuple[tuple[str, str, str], ...]  # cause, holds / rejected / not measured, why
     group_notes: Mapping[str, str]  # family -> its loop of live copies, checkable ('' none)
     growth: tuple[str, ...] = ()  # how the dominant families got to the moment, a line each
@@ -382,6 +383,10 @@ class DeviceView:
     #: where time axes count from (µs) when sources share a clock (`clock_origin`); None:
     #: the device's own first event
     origin: int | None = None
+    #: the workload and the evidence that decided it; the allocator settings recorded
+    workload: str = ""
+    settings: str = ""
+    history: str = ""  # how much history was recorded, where it was not ('' : it was)
 
     @cached_property
     def timeline(self) -> TimelineView:
@@ -434,7 +439,9 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
         knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)),
         group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r),
         history_note=w.host_history_note(r) if r.source in w.HOST_SOURCES else "",
-        growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin)
+        growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin,
+        workload=w.workload_statement(r), settings=w.settings_statement(r),
+        history=w.history_statement(r))
 
 
 @dataclass(frozen=True, eq=False)

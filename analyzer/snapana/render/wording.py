@@ -393,6 +393,19 @@ def _host_verdict(r: DeviceReport, parts: list[str]) -> None:
         parts.append("Nothing is allocated.")
 
 
+def history_statement(r: DeviceReport) -> str:
+    """Whether allocation history was recorded, the one statement every section makes of it
+    ('' where it was)."""
+    if r.diagnosis.history:
+        return ""
+    n = r.n_events
+    if n and any(s.stack for s in r.top_sites):
+        return ("History recording was on (the blocks carry the stacks that allocated them), "
+                f"but the trace kept only {n} entr{'y' if n == 1 else 'ies'} and no "
+                "allocation")
+    return "No allocation history was recorded: this snapshot holds only the final state"
+
+
 def verdict(r: DeviceReport) -> str:
     """One paragraph a tired engineer can act on; the evidence follows it in every report."""
     d = r.diagnosis
@@ -410,18 +423,9 @@ def verdict(r: DeviceReport) -> str:
         state = f"{fmt_bytes(r.allocated_bytes)} allocated in {blocks} blocks"
         if r.reserved_known:
             state += f", {fmt_bytes(r.reserved_bytes)} reserved"
-        if r.n_events and any(s.stack for s in r.top_sites):
-            n = r.n_events
-            parts.append(
-                "History recording was on (the blocks carry the stacks that allocated them), "
-                f"but the trace kept only {n} entr{'y' if n == 1 else 'ies'} and no "
-                "allocation, so there is no OOM, peak or timeline to show, and no block can be "
-                f"tied to the phase that made it. At the snapshot: {state}.")
-        else:
-            parts.append(
-                "No allocation history was recorded: this snapshot holds only the final state, "
-                "so there is no OOM, peak or timeline to show, and no block can be tied to the "
-                f"phase that made it. At the snapshot: {state}.")
+        parts.append(
+            f"{history_statement(r)}, so there is no OOM, peak or timeline to show, and no "
+            f"block can be tied to the phase that made it. At the snapshot: {state}.")
         if r.groups:
             framed = any(g.name != "unknown" for g in r.groups)
             parts.append(f"Largest: {_top(r)}" + (
@@ -450,9 +454,9 @@ def verdict(r: DeviceReport) -> str:
             "headroom: nothing needs to shrink.")
     if d.large_cache and not is_host(r):
         parts.append(_cache_words(r))
-    if d.workload == "inference" and any(k.workload == "inference" for k in d.knobs):
-        parts.append("No backward was recorded (no gradients, optimizer state or backward "
-                     "phase), so the knobs are those for inference.")
+    if d.knobs and d.evidence is not None and not is_host(r) and \
+            d.workload in (None, "undetermined"):
+        parts.append(_workload_words(d))
     if d.knobs and d.knobs[0].id not in named:
         k = d.knobs[0]
         lead = ("Knob" if d.kind == "oom" and r.oom is not None else
@@ -462,6 +466,24 @@ def verdict(r: DeviceReport) -> str:
                     "if this peak must shrink")
         parts.append(f"{lead}: {k.knob} ({cost_text(k)}) — {k.effect}.")
     return " ".join(parts)
+
+
+def _workload_words(d: Diagnosis) -> str:
+    """The workload and, where it is not known, the advice for either answer."""
+    assert d.evidence is not None
+    text = d.evidence.workload.sentence
+    if d.workload not in (None, "undetermined"):
+        return text
+    trained = next((k for k in d.knobs if k.workload == "training"), None)
+    frozen = next((k for k in d.knobs if k.workload == "inference"), None)
+    if trained and frozen:
+        text += (f" If this forward is trained: {trained.knob}; if it is not: {frozen.knob} "
+                 "(which would break a trained one).")
+    elif trained:
+        text += f" If this forward is trained: {trained.knob}."
+    elif frozen:
+        text += f" Only if this forward is not trained: {frozen.knob}."
+    return text
 
 
 def _cache_words(r: DeviceReport) -> str:
@@ -481,13 +503,29 @@ def _cache_words(r: DeviceReport) -> str:
     return text + "."
 
 
-KNOB_COLUMNS = ("knob", "cost", "acts on", "effect", "caveat")
+KNOB_COLUMNS = ("knob", "cost", "acts on", "effect", "caveat", "applies because")
 
 
-def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str]]:
-    """Every knob of the diagnosis, in its order: every format shows this same list."""
-    return [(k.knob, cost_text(k), ", ".join(k.families + k.causes), k.effect, k.caveat)
-            for k in r.diagnosis.knobs]
+def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str, str]]:
+    """Every knob of the diagnosis, in its order, with the evidence that it applies to this
+    job: every format shows this same list."""
+    d = r.diagnosis
+    return [(k.knob, cost_text(k), ", ".join(k.families + k.causes), k.effect, k.caveat,
+             d.applies.get(k.id, "")) for k in d.knobs]
+
+
+def workload_statement(r: DeviceReport) -> str:
+    """The one statement about the workload every section and format makes."""
+    ev = r.diagnosis.evidence
+    return ev.workload.sentence if ev is not None else ""
+
+
+def settings_statement(r: DeviceReport) -> str:
+    """The allocator settings the capture records, one line (none for host memory)."""
+    ev = r.diagnosis.evidence
+    if ev is None or r.source != "torch_snapshot":
+        return ""
+    return ev.settings_line()
 
 
 _CAN_GO = {"yes": "yes", "offload": "by offloading", "shrink": "only shrink (op in flight)",
@@ -608,11 +646,26 @@ def device_rows(reports: list[DeviceReport]) -> list[tuple[str, str, str, str, s
 
 
 def skew_text(reports: list[DeviceReport]) -> str:
-    """How far apart the devices' peaks are, and what an uneven spread implies."""
+    """How far apart the devices' peaks are, and what an uneven spread implies: only among
+    devices that held memory (a device the job never used is no replica), and "peak" only
+    where history was recorded (a state-only capture has one moment)."""
+    idle = [r for r in reports if not (r.peak_allocated_bytes or r.reserved_bytes)]
+    reports = [r for r in reports if r not in idle]
+    unused = (" " + ", ".join(device_text(r) for r in idle) +
+              (" holds" if len(idle) == 1 else " hold") + " no memory.") if idle else ""
+    if len(reports) < 2:
+        return (f"Only {device_text(reports[0])} holds memory: nothing to compare."
+                if reports else "No device holds memory.") + unused
+    if not all(r.diagnosis.history for r in reports):
+        return _skew(reports, "holds", "hold alike") + unused
+    return _skew(reports, "peaked at", "peak alike") + unused
+
+
+def _skew(reports: list[DeviceReport], verb: str, alike: str) -> str:
     hi = max(reports, key=lambda r: r.peak_allocated_bytes)
     lo = min(reports, key=lambda r: r.peak_allocated_bytes)
     if hi.peak_allocated_bytes <= SKEW_FACTOR * lo.peak_allocated_bytes:
-        return (f"The {len(reports)} devices peak alike ({fmt_bytes(lo.peak_allocated_bytes)}"
+        return (f"The {len(reports)} devices {alike} ({fmt_bytes(lo.peak_allocated_bytes)}"
                 f" to {fmt_bytes(hi.peak_allocated_bytes)}).")
     others = ", ".join(f"{device_text(r)} at {fmt_bytes(r.peak_allocated_bytes)}"
                        for r in sorted(reports, key=lambda r: -r.peak_allocated_bytes)
@@ -620,12 +673,13 @@ def skew_text(reports: list[DeviceReport]) -> str:
     ran_out = " and ran out of memory" if hi.oom is not None else ""
     ratio = (f"{hi.peak_allocated_bytes / lo.peak_allocated_bytes:.1f}× the smallest"
              if lo.peak_allocated_bytes else "the smallest holds nothing")
-    text = (f"Uneven: {device_text(hi)} peaked at {fmt_bytes(hi.peak_allocated_bytes)}"
+    text = (f"Uneven: {device_text(hi)} {verb} {fmt_bytes(hi.peak_allocated_bytes)}"
             f"{ran_out} while {others} ({ratio}).")
     if hi.groups:
         top = hi.groups[0].name
         text += (f" Devices holding replicas of one model (nn.DataParallel, data parallel) "
-                 f"should peak alike, so look at what {device_text(hi)} holds beyond the "
+                 f"should {alike.split()[0]} alike, so look at what {device_text(hi)} holds "
+                 "beyond the "
                  f"others: {top} {fmt_bytes(hi.groups[0].bytes)} there, "
                  f"{fmt_bytes(_family_bytes(lo, top))} on {device_text(lo)}; if the model is "
                  f"split across them (pipeline or manual placement), moving layers off "

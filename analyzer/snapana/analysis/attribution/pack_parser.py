@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from snapana.caching_allocator import BLOCK_STATES, normalize_state
+from snapana.caching_allocator import ALLOCATOR_SETTINGS, BLOCK_STATES, normalize_state
 from snapana.limits import MAX_BYTES
 from snapana.units import parse_bytes
 
+from .facts import fact_ids
 from .families import WORKLOADS, cause_ids, family_ids, phase_ids
 from .stack import BlockContext, NormStack, Stack, path_has_suffix
 
@@ -240,6 +241,14 @@ class Knob:
     workload: str = ""
     """``training`` / ``inference``: only offered for a capture that does that (see
     `attribution.families.WORKLOADS`); empty: for either."""
+    requires: tuple[str, ...] = ()
+    """Facts (``attribution/evidence.toml`` ids, or `facts.COMPUTED_FACTS`) that must all hold
+    in the capture for the knob to be offered: an optimizer of that kind, a process group."""
+    unless: tuple[str, ...] = ()
+    """Facts any of which means the knob would not act or would break the job."""
+    unless_set: tuple[str, ...] = ()
+    """Allocator settings (``allocator_settings`` keys) the knob turns on: not offered where
+    the capture records them already on."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +315,9 @@ _KNOB_KEYS = {
     "phases",
     "cost",
     "workload",
+    "requires",
+    "unless",
+    "unless_set",
 }
 _EXAMPLE_KEYS = {
     "description",
@@ -764,6 +776,10 @@ def _knobs(data: Mapping[str, Any], pack: str, ctx: _Ctx) -> list[Knob]:
                 phases=_ids(raw, "phases", PHASES, "phase", ctx),
                 cost=cost,
                 workload=workload,
+                requires=_ids(raw, "requires", fact_ids(), "fact", ctx),
+                unless=_ids(raw, "unless", fact_ids(), "fact", ctx),
+                unless_set=_ids(raw, "unless_set", ALLOCATOR_SETTINGS, "allocator setting",
+                                ctx),
             )
         )
     return out

@@ -16,7 +16,6 @@ from snapana.analysis.attribution import chunk_groups, family_label
 from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
 from snapana.analysis.attribution.chunks import LOOP_FAMILIES
 from snapana.analysis.attribution.engine import RuleSet
-from snapana.analysis.attribution.families import training_marks
 from snapana.analysis.attribution.lifetimes import attribute_lifetimes
 from snapana.analysis.diagnosis.findings import (
     Band,
@@ -34,6 +33,7 @@ from snapana.analysis.diagnosis.findings import (
     Timeline,
     WhatIf,
 )
+from snapana.analysis.evidence import JobEvidence, job_evidence
 from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline, family_timeline
 from snapana.analysis.knobs import (
     Knob,
@@ -46,6 +46,7 @@ from snapana.analysis.knobs import (
     stop_knob,
     transient_families,
     undetermined_families,
+    why_applies,
     working_set_families,
 )
 from snapana.analysis.placement import round_request, segment_size_for, would_fit
@@ -69,6 +70,8 @@ MAX_KNOBS = 6
 KNOB_SHARE = 0.10
 #: Cached but unallocated above this share of reserved is worth saying, with what acts on it.
 LARGE_CACHE_SHARE = 0.20
+#: ... and at least this many bytes, where there is no shortfall to measure it against.
+LARGE_CACHE_FLOOR = 1 << 30
 #: Without an OOM, a capture whose reserved memory is below this share of a known capacity is
 #: far from it: the report states the headroom instead of prescribing a knob.
 FAR_FROM_CAPACITY = 0.75
@@ -129,8 +132,13 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
     state = _AtMoment(moment, live, held, segments, pools, _groups(held), reserved, allocated,
                       pending, impossible)
     lifetimes = attribute_lifetimes(attributor, dr, held) if dr.n_events else None
-    diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history,
-                                  _workload(held, lifetimes))
+    extra = ({} if dr.oom is None or moment.kind != "oom" else
+             {attributor.decide(dr.oom.stack_id, attributor.context(
+                 dr.oom.stack_id, "0,0", dr.oom.stream, ACTIVE_ALLOCATED,
+                 dr.oom.requested_bytes, dr.oom.idx)).family: [dr.oom.stack_id]})
+    ev = job_evidence(capture, held, lifetimes, segments, live, attributor.rules, extra,
+                      _devices_holding(capture))
+    diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history, ev)
     if impossible is not None:
         caveats.insert(0, f"the state at this moment cannot exist ({impossible}): the "
                        "cached and free figures are not computable")
@@ -215,18 +223,12 @@ def _replay_warnings(dr: DeviceReplay) -> list[str]:
     return out
 
 
-def _workload(held: pl.DataFrame, lifetimes: pl.DataFrame | None) -> str:
-    """"training" when any block the capture shows (live at the moment, or over the trace)
-    is of a family or phase only a training step makes (the vocabulary's `workload`);
-    else "inference" (a forward without a backward)."""
-    families, phases = training_marks()
-    for table in (held, lifetimes):
-        if table is None or table.is_empty():
-            continue
-        if table["family"].is_in(sorted(families)).any() or (
-                "phase" in table.columns and table["phase"].is_in(sorted(phases)).any()):
-            return "training"
-    return "inference"
+def _devices_holding(capture: Capture) -> int:
+    """Devices of the capture that hold memory at its end: a segment or a live block."""
+    held = set(capture.segments["device"].to_list()) if capture.segments.height else set()
+    if capture.blocks.height:
+        held |= set(capture.blocks["device"].to_list())
+    return len(held)
 
 
 def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity: int,
@@ -248,10 +250,15 @@ def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity
 
 def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: _AtMoment,
              oom: OomFinding | None, capacity: int | None,
-             history: bool = True, workload: str = "inference"
+             history: bool = True, ev: JobEvidence | None = None
              ) -> tuple[Diagnosis, list[str]]:
     """Why it failed, what would have made it fit, and which knobs change that; with the
-    warnings the diagnosis adds to the report (its input is left as it was)."""
+    warnings the diagnosis adds to the report (its input is left as it was). Every knob
+    named passes its preconditions against the job's evidence `ev`."""
+    if ev is None:
+        ev = job_evidence(capture, state.held, None, state.segments, state.live,
+                          attributor.rules)
+    workload = ev.workload.answer
     moment = state.moment
     segments, live, held = state.segments, state.live, state.held
     rules = attributor.rules  # the built-in packs plus any --rules file: knobs and markers too
@@ -304,7 +311,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
             released = sum(p.reserved_bytes for p in state.pools if p.pool in pools)
             what_ifs.append(WhatIf(
                 g.name, g.bytes, g.blocks, fit.fits, fit.spare_bytes, fit.how,
-                _removable(g.name, fw, rules, phase, workload), int(private["size"].sum()),
+                _removable(g.name, fw, rules, phase, workload, ev), int(private["size"].sum()),
                 pools, released,
                 segment_size_for(request) <= device_free + released if pools else None,
                 fit.spare_terms))
@@ -317,19 +324,20 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
                             stream=o.stream)
             without_copies = WhatIf(req_family, int(copies["size"].sum()), copies.height,
                                     fit.fits, fit.spare_bytes, fit.how,
-                                    _removable(req_family, fw, rules, phase, workload),
+                                    _removable(req_family, fw, rules, phase, workload, ev),
                                     spare_terms=fit.spare_terms)
         stop = (stop_knob(req_family, fw, phase, rules, offload=not reloading,
-                          workload=workload)
+                          workload=workload, ev=ev)
                 if accumulating is not None and req_family else None)
         if accumulating is not None:
             excess, excess_knob = req_family, stop
         else:
             excess, excess_knob = _excess(what_ifs, fw, phase, rules, not reloading,
-                                          workload=workload)
+                                          workload=workload, ev=ev)
         alternative, alternative_knob = _excess([w for w in what_ifs if w.family != excess],
                                                 fw, phase, rules, not reloading,
-                                                avoid=excess_knob, workload=workload)
+                                                avoid=excess_knob, workload=workload,
+                                                ev=ev)
         if accumulating is not None and _cheaper(alternative_knob, excess_knob):
             # a sufficient fix that costs less (last step's gradients freed before this
             # forward, at no cost) comes before stopping the accumulation (recompute)
@@ -339,9 +347,9 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         what_ifs.sort(key=lambda w: (w.family != excess, w.family != alternative))
     else:
         for g in state.groups[:WHATIF_FAMILIES]:
-            removable = _removable(g.name, fw, rules, phase, workload)
+            removable = _removable(g.name, fw, rules, phase, workload, ev)
             if host and removable == "no" and knobs_for([g.name], [], fw, phase, rules,
-                                                        workload=workload):
+                                                        workload=workload, ev=ev):
                 removable = "yes"  # a host knob stops keeping it (its caveat says the cost)
             what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
                                    removable))
@@ -361,13 +369,17 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     held_causes: list[str] = [c.id for c in causes if c.holds]
     knobs = list(dict.fromkeys(
         lead + knobs_for(order, held_causes, fw, phase, rules, offload=not reloading,
-                         workload=workload)))
+                         workload=workload, ev=ev)))
     # a state that cannot exist has no computable cache (`_impossible`): nothing to say of it
-    cached = not state.impossible and large_cache(state.reserved, state.cached_unallocated)
+    cached = not state.impossible and large_cache(state.reserved, state.cached_unallocated,
+                                                  shortfall)
     if cached:
         cache = [k for k in knobs_for([], ["large_cache"], fw, phase, rules,
-                                      workload=workload) if k not in knobs]
+                                      workload=workload, ev=ev) if k not in knobs]
         knobs = knobs[:MAX_KNOBS - len(cache)] + cache
+    if workload in (None, "undetermined"):
+        # a forward that may be trained: an inference-only knob never comes before another
+        knobs = sorted(knobs, key=lambda k: k.workload == "inference")
     diagnosis = Diagnosis(
         kind=moment.kind, phase=phase, request_bytes=request,
         request_rounded_bytes=round_request(request) if request is not None else None,
@@ -380,7 +392,8 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         knobs=tuple(knobs[:MAX_KNOBS]) if prescribe else (),
         frameworks=tuple(frameworks), accumulating=accumulating, without_copies=without_copies,
         alternative_family=alternative, reloading=reloading, headroom_bytes=headroom,
-        prescribe=prescribe, history=history, workload=workload,
+        prescribe=prescribe, history=history, workload=workload, evidence=ev,
+        applies={k.id: why_applies(k, ev, list(order)) or "" for k in knobs[:MAX_KNOBS]},
         knob_families=tuple(order), shortfall_bytes=shortfall, empty=empty,
         large_cache=cached,
     )
@@ -393,9 +406,13 @@ def _cheaper(k: Knob | None, than: Knob | None) -> bool:
     return k is not None and (than is None or preference(k)[2] < preference(than)[2])
 
 
-def large_cache(reserved: int, cached_unallocated: int) -> bool:
-    """More than `LARGE_CACHE_SHARE` of reserved is cached but unallocated."""
-    return reserved > 0 and cached_unallocated > LARGE_CACHE_SHARE * reserved
+def large_cache(reserved: int, cached_unallocated: int, shortfall: int | None = None) -> bool:
+    """More than `LARGE_CACHE_SHARE` of reserved is cached but unallocated, and that matters:
+    at an OOM it is at least the shortfall; otherwise at least `LARGE_CACHE_FLOOR` (14 MiB of
+    a 42 MiB process is a share, not a problem)."""
+    floor = shortfall if shortfall else LARGE_CACHE_FLOOR
+    return (reserved > 0 and cached_unallocated > LARGE_CACHE_SHARE * reserved
+            and cached_unallocated >= floor)
 
 
 def _knob_families(state: _AtMoment, what_ifs: list[WhatIf], request_family: str | None,
@@ -440,16 +457,16 @@ def _accumulation(groups: tuple[Group, ...], family: str | None,
 
 
 def _removable(family: str, frameworks: set[str], rules: RuleSet, phase: str,
-               workload: str) -> Removable:
+               workload: str | None, ev: JobEvidence | None = None) -> Removable:
     if family in transient_families():
         return "yes"
     if family in working_set_families():
         return "shrink"
     if family == "unknown" or family in undetermined_families():
         return "unknown"
-    if frees_in_phase(family, phase, frameworks, rules, workload):
+    if frees_in_phase(family, phase, frameworks, rules, workload, ev):
         return "yes"  # e.g. last step's gradients, held through this forward
-    if can_release(family, frameworks, rules, workload):
+    if can_release(family, frameworks, rules, workload, ev):
         return "offload"
     return "no"
 
@@ -459,7 +476,8 @@ _REMOVABLE_ORDER = {"yes": 0, "offload": 1}
 
 def _excess(what_ifs: list[WhatIf], frameworks: set[str], phase: str, rules: RuleSet,
             offload: bool = True, avoid: Knob | None = None,
-            workload: str | None = None) -> tuple[str | None, Knob | None]:
+            workload: str | None = None,
+            ev: JobEvidence | None = None) -> tuple[str | None, Knob | None]:
     """The cheapest sufficient fix: among families that can go (step-transient, or model
     state an offload knob of a framework in use moves) and whose removal makes the request
     fit, the one whose knob ranks first (`knobs.preference`: a framework's own, lowering
@@ -475,12 +493,12 @@ def _excess(what_ifs: list[WhatIf], frameworks: set[str], phase: str, rules: Rul
             continue
         if w.fits:
             k = best_knob(w.family, frameworks, phase, rules, offload=offload,
-                          workload=workload)
+                          workload=workload, ev=ev)
             if w.removable == "offload" and not offload:
                 k = None  # offloading is the path that failed: no knob, still the state
         elif w.fits_if_pool_released:  # only if a knob releases its pool (engine sleep)
             k = next((k for k in knobs_for([w.family], [], frameworks, phase, rules,
-                                           offload=offload, workload=workload)
+                                           offload=offload, workload=workload, ev=ev)
                       if k.direction == "releases"), None)
             if k is None:
                 continue

@@ -15,6 +15,7 @@ from typing import Literal, TypedDict
 import numpy as np
 import polars as pl
 
+from snapana.analysis.evidence import JobEvidence
 from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline
 from snapana.analysis.knobs import Knob
 from snapana.analysis.placement import SpareTerms
@@ -211,9 +212,14 @@ class Diagnosis:
     prescribe: bool = True
     #: The capture records allocation history (alloc/free events), not only the final state.
     history: bool = True
-    #: "training" (a backward shows: a family or phase the vocabulary marks so) or
-    #: "inference": knobs for the other are not offered.
-    workload: str = "inference"
+    #: "training", "inference" or "undetermined", decided from the evidence (see
+    #: `analysis.evidence`); None: nothing in the capture speaks for any. Knobs only for the
+    #: other workload are not offered; where undetermined, inference-only knobs come last.
+    workload: str | None = None
+    #: The job's evidence (workload, facts, owners of each family, allocator settings).
+    evidence: JobEvidence | None = None
+    #: Knob id -> why it applies to this job (the evidence its preconditions found).
+    applies: Mapping[str, str] = field(default_factory=dict)
     #: The families the knobs were chosen for: at an OOM those whose removal makes the request
     #: fit, the request's own, or together enough for `shortfall_bytes`; else those holding at
     #: least `KNOB_SHARE` of the allocated bytes.

@@ -1,0 +1,99 @@
+"""Facts a capture's frames show about the job (an optimizer stepped, a backward ran, a
+serving engine or a process group is in use), each with the workload it speaks for. The facts
+are data (``evidence.toml`` beside this module), read once; a knob's ``requires`` / ``unless``
+name them (checked when a pack loads), and `analysis.evidence` decides the workload from them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from snapana.model import Frame, is_python_file
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class FactPattern:
+    file: str  # a path fragment ("" : any file)
+    functions: tuple[str, ...]  # glob patterns on the function name (empty: any)
+    user_code: bool  # only frames outside installed libraries
+
+
+@dataclass(frozen=True)
+class FactSpec:
+    """One fact of ``evidence.toml``: frames that show it, and the workload it speaks for."""
+
+    id: str
+    says: str  # "training", "inference", "autograd" or "" (none)
+    words: str
+    frames: tuple[FactPattern, ...]
+
+
+@lru_cache(maxsize=1)
+def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
+    text = resources.files("snapana.analysis.attribution").joinpath(
+        "evidence.toml").read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    facts = tuple(
+        FactSpec(f["id"], f.get("says", ""), f["words"],
+                 tuple(FactPattern(p.get("file", ""), tuple(p.get("functions", ())),
+                                   bool(p.get("user_code", False))) for p in f["frames"]))
+        for f in data["fact"])
+    return facts, tuple(data["limits"]["library_paths"])
+
+
+def fact_ids() -> tuple[str, ...]:
+    """Every fact a knob's `requires` / `unless` may name: those of ``evidence.toml`` and
+    the ones computed from the allocator state (`COMPUTED_FACTS`)."""
+    return tuple(f.id for f in _spec()[0]) + COMPUTED_FACTS
+
+
+#: Facts computed from the state, not matched on frames: `free_segments` (a segment holds no
+#: live block, so empty_cache() has something to give back), `several_devices` (more than one
+#: device of the process holds memory), `optimizer_state` (an optimizer, torch.optim's or the
+#: program's own, keeps state on the device: blocks of that family).
+COMPUTED_FACTS = ("free_segments", "several_devices", "optimizer_state")
+
+
+def _matches(p: FactPattern, frame: Frame, library: tuple[str, ...]) -> bool:
+    path = frame[0].replace("\\", "/")
+    if not is_python_file(path):
+        return False
+    if p.file and p.file not in path:
+        return False
+    if p.user_code and any(lib in path for lib in library):
+        return False
+    return not p.functions or any(fnmatch.fnmatchcase(frame[1], g) for g in p.functions)
+
+
+def frame_place(frame: Frame) -> str:
+    path = frame[0].replace("\\", "/")
+    for cut in ("site-packages/", "dist-packages/"):
+        if cut in path:
+            path = path.split(cut, 1)[1]
+    return f"{path}:{frame[1]}"
+
+
+def seen_facts(frames: Iterable[Frame]) -> dict[str, str]:
+    """Fact id -> the first frame that shows it."""
+    specs, library = _spec()
+    out: dict[str, str] = {}
+    for frame in frames:
+        for f in specs:
+            if f.id not in out and any(_matches(p, frame, library) for p in f.frames):
+                out[f.id] = frame_place(frame)
+    return out
+
+
+
+def fact_specs() -> tuple[FactSpec, ...]:
+    return _spec()[0]

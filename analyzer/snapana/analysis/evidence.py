@@ -1,0 +1,228 @@
+"""What a capture shows about the job as a whole, decided once: its workload with the evidence
+that decided it, the frameworks that own each family's blocks (their own frames), the facts a
+knob's preconditions name (an optimizer, a process group, an engine ...), the allocator
+settings the capture records and the bytes `empty_cache()` could give back.
+
+Every section of a report reads these from one `JobEvidence`, so no two can disagree. The
+facts and the workload each speaks for are data (``attribution/evidence.toml``); this module
+only matches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import polars as pl
+
+from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
+from snapana.analysis.attribution.facts import fact_specs, frame_place, seen_facts
+from snapana.analysis.attribution.families import training_marks
+from snapana.model import Capture, Frame, is_python_file
+from snapana.units import fmt_bytes
+
+Answer = Literal["training", "inference", "undetermined"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the job was doing in the recorded window: `answer` None when nothing in the
+    capture speaks for either (no frames, no family only a backward makes)."""
+
+    answer: Answer | None
+    evidence: tuple[str, ...]
+
+    @property
+    def sentence(self) -> str:
+        """The one statement every format makes about the workload."""
+        why = "; ".join(self.evidence)
+        if self.answer is None:
+            return ("Workload not determined: the capture holds no frames or blocks that say "
+                    "whether it trains.")
+        if self.answer == "undetermined":
+            return f"Whether this job trains is not recorded ({why})."
+        return f"Workload: {self.answer} ({why})."
+
+
+@dataclass(frozen=True)
+class JobEvidence:
+    workload: Workload
+    #: fact id -> where it was seen ("torch/optim/adamw.py:_multi_tensor_adamw")
+    facts: Mapping[str, str]
+    #: family -> framework -> a frame of one of that family's blocks that shows it
+    owners: Mapping[str, Mapping[str, str]]
+    #: the allocator settings the capture records (None: the layout does not record them)
+    settings: Mapping[str, Any] | None
+    #: expandable segments in use: the settings say so, or a segment is expandable
+    expandable: bool
+    #: bytes in segments that hold no live block at the moment, per pool ("0,0": default)
+    free_segment_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    def is_set(self, key: str) -> bool:
+        """An allocator setting is on (not its default: False, 0, -1, empty, all zeros)."""
+        if key == "expandable_segments" and self.expandable:
+            return True
+        return self.settings is not None and _is_on(self.settings.get(key))
+
+    @property
+    def releasable_bytes(self) -> int:
+        return sum(self.free_segment_bytes.values())
+
+    def settings_line(self) -> str:
+        """The recorded allocator settings that differ from PyTorch's defaults, one line."""
+        if self.settings is None:
+            return ("allocator settings: not recorded (older snapshot layout)" +
+                    ("; segments are expandable" if self.expandable else ""))
+        on = [f"{k}={_show(v)}" for k, v in self.settings.items()
+              if k != "PYTORCH_CUDA_ALLOC_CONF" and _is_on(v)]
+        conf = self.settings.get("PYTORCH_CUDA_ALLOC_CONF")
+        text = (f"allocator settings: PYTORCH_CUDA_ALLOC_CONF={conf!r}" if conf
+                else "allocator settings: PYTORCH_CUDA_ALLOC_CONF not set")
+        return text + ("; " + ", ".join(on) if on else "; all at PyTorch's defaults")
+
+
+def _is_on(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return any(_is_on(v) for v in value.values())
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value not in (0, -1)
+    return bool(value)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}:{v}" for k, v in value.items() if _is_on(v))
+    return str(value)
+
+
+# ----- the workload ---------------------------------------------------------------------
+
+def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
+                    framed: bool) -> Workload:
+    """Training when anything only a training step makes shows (a backward, an optimizer,
+    gradient blocks, a training driver); else inference when an inference driver or engine
+    shows; else undetermined when the capture holds frames (a forward, trained or not);
+    else no answer. `marks`: training families / phases held -> a description."""
+    specs = {f.id: f for f in fact_specs()}
+    said: dict[str, list[str]] = {"training": [], "inference": [], "autograd": []}
+    for fact, where in facts.items():
+        says = specs[fact].says if fact in specs else ""
+        if says in said:
+            said[says].append(f"{specs[fact].words}: {where}")
+    said["training"] += [f"{what}" for what in marks.values()]
+    if said["training"]:
+        return Workload("training", tuple(said["training"][:4]))
+    if said["inference"]:
+        return Workload("inference", tuple(said["inference"][:3] + said["autograd"][:1]))
+    if said["autograd"]:
+        return Workload("undetermined", tuple(said["autograd"][:1]))
+    if framed:
+        return Workload("undetermined", (
+            "no backward, optimizer, gradient or training / inference driver in the frames",))
+    return Workload(None, ())
+
+
+def _training_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, str]:
+    families, phases = training_marks()
+    out: dict[str, str] = {}
+    for table in tables:
+        if table is None or table.is_empty():
+            continue
+        for fam in sorted(families):
+            got = table.filter(pl.col("family") == fam)
+            if got.height and fam not in out:
+                out[fam] = f"{got.height} {fam} block{'s' if got.height != 1 else ''} " \
+                           f"({fmt_bytes(int(got['size'].sum()))})"
+        if "phase" in table.columns:
+            for ph in sorted(phases):
+                if ph not in out and (table["phase"] == ph).any():
+                    out[ph] = f"blocks made in the {ph} phase"
+    return out
+
+
+# ----- owners and the allocator state ---------------------------------------------------
+
+def family_owners(capture: Capture, held: pl.DataFrame, rules: RuleSet | None = None,
+                  extra: Mapping[str, Iterable[int]] | None = None
+                  ) -> dict[str, dict[str, str]]:
+    """Family -> framework -> a frame showing it, from the frames of the family's own blocks
+    (`extra`: more stacks per family, e.g. the failed request's)."""
+    markers = rules.markers if rules is not None else markers_of(builtin_packs())
+    per_family: dict[str, set[int]] = {}
+    if not held.is_empty():
+        for fam, sids in held.group_by("family").agg(pl.col("stack_id").unique()).iter_rows():
+            per_family.setdefault(fam, set()).update(sids)
+    for fam, sids in (extra or {}).items():
+        per_family.setdefault(fam, set()).update(sids)
+    cache: dict[int, dict[str, str]] = {}
+    out: dict[str, dict[str, str]] = {}
+    for fam, sids in per_family.items():
+        owned: dict[str, str] = {}
+        for sid in sids:
+            if sid not in cache:
+                cache[sid] = _stack_owners(capture.stacks.stack(sid), markers)
+            for fw, where in cache[sid].items():
+                owned.setdefault(fw, where)
+        out[fam] = owned
+    return out
+
+
+def _stack_owners(stack: tuple[Frame, ...], markers: Mapping[str, tuple[str, ...]]
+                  ) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for frame in stack:
+        path = frame[0].replace("\\", "/")
+        for fw, parts in markers.items():
+            if fw not in out and any(p in path for p in parts):
+                out[fw] = frame_place(frame)
+    return out
+
+
+def free_segments(segments: pl.DataFrame, live: pl.DataFrame) -> dict[str, int]:
+    """Pool -> bytes of the segments that hold no live block: what empty_cache() returns."""
+    if segments.is_empty():
+        return {}
+    seg = segments.sort("address")
+    starts = seg["address"].to_numpy()
+    ends = starts + seg["total_size"].to_numpy()
+    used = np.zeros(seg.height, dtype=bool)
+    if not live.is_empty():
+        addr = live["address"].to_numpy()
+        pos = np.searchsorted(starts, addr, side="right") - 1
+        ok = (pos >= 0) & (addr < ends[np.clip(pos, 0, None)])
+        used[pos[ok]] = True
+    out: dict[str, int] = {}
+    for pool, size, u in zip(seg["pool"].to_list(), seg["total_size"].to_list(), used,
+                             strict=True):
+        if not u:
+            out[pool] = out.get(pool, 0) + int(size)
+    return out
+
+
+def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame | None,
+                 segments: pl.DataFrame, live: pl.DataFrame, rules: RuleSet | None = None,
+                 extra_stacks: Mapping[str, Iterable[int]] | None = None,
+                 devices_holding: int = 1) -> JobEvidence:
+    """The evidence at one moment of one device (the facts are the capture's)."""
+    facts = seen_facts(capture.stacks.frames)
+    free = free_segments(segments, live)
+    if sum(free.values()):
+        facts["free_segments"] = f"{fmt_bytes(sum(free.values()))} in segments holding no " \
+                                 "live block"
+    if devices_holding > 1:
+        facts["several_devices"] = f"{devices_holding} devices hold memory"
+    framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
+    marks = _training_marks((held, lifetimes))
+    if "optimizer_state" in marks:
+        facts["optimizer_state"] = f"an optimizer keeps state: {marks['optimizer_state']}"
+    workload = decide_workload(facts, marks, framed)
+    settings = capture.allocator_settings
+    expandable = bool(capture.segments["is_expandable"].any()) \
+        if "is_expandable" in capture.segments.columns and capture.segments.height else False
+    return JobEvidence(workload, facts, family_owners(capture, held, rules, extra_stacks),
+                       settings, expandable or bool(settings and _is_on(
+                           settings.get("expandable_segments"))), free)
