@@ -208,7 +208,8 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
                  extra_stacks: Mapping[str, Iterable[int]] | None = None,
                  devices_holding: int = 1) -> JobEvidence:
     """The evidence at one moment of one device (the facts are the capture's)."""
-    facts = seen_facts(capture.stacks.frames)
+    names = (a.get("name") for a in capture.annotations if isinstance(a, Mapping))
+    facts = seen_facts(capture.stacks.frames, (n for n in names if isinstance(n, str)))
     free = free_segments(segments, live)
     if sum(free.values()):
         facts["free_segments"] = f"{fmt_bytes(sum(free.values()))} in segments holding no " \

@@ -10,6 +10,7 @@ and markers of its user packs count too; without one, the built-in packs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
@@ -155,16 +156,20 @@ def why_applies(knob: Knob, ev: JobEvidence, families: list[str]) -> str | None:
         elif ev.workload.evidence:
             reasons.append(f"{answer}: {ev.workload.evidence[0]}")
     if not reasons:
-        acting = [f for f in knob.families if f in families]
-        reasons.append(f"acts on {', '.join(acting)}" if acting else "")
-    return "; ".join(r for r in reasons if r)
+        acting = [f for f in knob.families if f in families] or list(knob.causes)
+        reasons.append(f"this job's {', '.join(acting)}" if acting else
+                       "a family it names is held")
+    return "; ".join(reasons)
 
 
 def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
               phase: str | None, rules: RuleSet | None = None, *,
               offload: bool = True, workload: str | None = None,
-              ev: JobEvidence | None = None) -> list[Knob]:
-    """Knobs acting on the given families (in that order of importance) or causes.
+              ev: JobEvidence | None = None,
+              bytes_of: Mapping[str, int] | None = None) -> list[Knob]:
+    """Knobs acting on the given families (in that order of importance) or causes. With
+    `bytes_of` (family -> bytes held, where no failed request orders them), the cheapest
+    cost class first, then the knob acting on the most bytes.
 
     ``offload=False`` leaves out knobs that offload model state: an OOM raised while
     reloading offloaded state must not be told to offload (that is the path that failed)."""
@@ -176,7 +181,7 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
         if set(knob.families) & set(families) or set(knob.causes) & set(causes):
             chosen.append(knob)
 
-    def rank(k: Knob) -> tuple[bool, int, bool, bool, int]:
+    def rank(k: Knob) -> tuple[bool, int, int, bool, bool, int]:
         """Where the workload is not known, an inference-only knob last (it would break a
         trained forward); then the most important family first; then a framework's own
         knob before a generic one, a knob that lowers before one that only bounds, and a
@@ -185,7 +190,11 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
         cause = min((causes.index(c) for c in k.causes if c in causes), default=99)
         inference_only_first = (workload in (None, "undetermined")
                                 and k.workload == "inference")
-        return (inference_only_first, min(fam, cause), k.framework in _ALWAYS,
+        if bytes_of is not None and k.families:
+            acted = sum(bytes_of.get(f, 0) for f in k.families if f in families)
+            return (inference_only_first, _COST_RANK.get(k.cost, len(KNOB_COSTS)), -acted,
+                    k.framework in _ALWAYS, k.direction == "bounds", len(k.families))
+        return (inference_only_first, 0, min(fam, cause), k.framework in _ALWAYS,
                 k.direction == "bounds", len(k.families))
 
     return sorted(chosen, key=rank)

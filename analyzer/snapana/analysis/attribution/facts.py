@@ -36,6 +36,7 @@ class FactSpec:
     says: str  # "training", "inference", "autograd" or "" (none)
     words: str
     frames: tuple[FactPattern, ...]
+    annotations: tuple[str, ...] = ()  # glob patterns on annotation names
 
 
 @lru_cache(maxsize=1)
@@ -46,7 +47,8 @@ def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
     facts = tuple(
         FactSpec(f["id"], f.get("says", ""), f["words"],
                  tuple(FactPattern(p.get("file", ""), tuple(p.get("functions", ())),
-                                   bool(p.get("user_code", False))) for p in f["frames"]))
+                                   bool(p.get("user_code", False))) for p in f["frames"]),
+                 tuple(f.get("annotations", ())))
         for f in data["fact"])
     return facts, tuple(data["limits"]["library_paths"])
 
@@ -83,17 +85,19 @@ def frame_place(frame: Frame) -> str:
     return f"{path}:{frame[1]}"
 
 
-def seen_facts(frames: Iterable[Frame]) -> dict[str, str]:
-    """Fact id -> the first frame that shows it."""
+def seen_facts(frames: Iterable[Frame], annotations: Iterable[str] = ()) -> dict[str, str]:
+    """Fact id -> the first frame (or annotation) that shows it."""
     specs, library = _spec()
     out: dict[str, str] = {}
     for frame in frames:
         for f in specs:
             if f.id not in out and any(_matches(p, frame, library) for p in f.frames):
                 out[f.id] = frame_place(frame)
+    for name in dict.fromkeys(annotations):
+        for f in specs:
+            if f.id not in out and any(fnmatch.fnmatchcase(name, g) for g in f.annotations):
+                out[f.id] = f"annotation {name!r}"
     return out
-
-
 
 def fact_specs() -> tuple[FactSpec, ...]:
     return _spec()[0]

@@ -369,7 +369,9 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     held_causes: list[str] = [c.id for c in causes if c.holds]
     knobs = list(dict.fromkeys(
         lead + knobs_for(order, held_causes, fw, phase, rules, offload=not reloading,
-                         workload=workload, ev=ev)))
+                         workload=workload, ev=ev,
+                         bytes_of=None if oom is not None else
+                         {g.name: g.bytes for g in state.groups})))
     # a state that cannot exist has no computable cache (`_impossible`): nothing to say of it
     cached = not state.impossible and large_cache(state.reserved, state.cached_unallocated,
                                                   shortfall)
@@ -515,8 +517,9 @@ def _excess(what_ifs: list[WhatIf], frameworks: set[str], phase: str, rules: Rul
 
 def _dominant_phase(held: pl.DataFrame) -> str:
     """At a peak there is no failing stack: name the phase most of the live bytes come from,
-    ignoring blocks that predate recording."""
-    recent = held.filter(pl.col("alloc_idx") >= 0)
+    ignoring blocks that predate recording and blocks whose phase is not known (so the
+    verdict never says "not identified" beside a family made "in the backward phase")."""
+    recent = held.filter((pl.col("alloc_idx") >= 0) & (pl.col("phase") != "unknown"))
     if recent.is_empty():
         return "unknown"
     by = recent.group_by("phase").agg(pl.col("size").sum()).sort("size", descending=True)
