@@ -50,6 +50,9 @@ def round_size(requested: int, granularity: int = ROUND_BYTES) -> int:
 
 #: The settings a snapshot records under ``allocator_settings`` (PyTorch's
 #: ``CUDAAllocatorConfig``, parsed from ``PYTORCH_CUDA_ALLOC_CONF``) that a knob may turn on.
+#: PyTorch's defaults of those settings that are not off / zero (a value equal to its default
+#: is not "set"); max_split_size's "unlimited" is -1 or SIZE_MAX.
+ALLOCATOR_DEFAULTS = {"pinned_num_register_threads": 1}
 ALLOCATOR_SETTINGS = ("expandable_segments", "max_split_size", "garbage_collection_threshold",
                       "roundup_power2_divisions", "release_lock_on_cudamalloc",
                       "pinned_use_cuda_host_register", "pinned_num_register_threads")

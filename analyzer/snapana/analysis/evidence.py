@@ -18,8 +18,15 @@ import numpy as np
 import polars as pl
 
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
-from snapana.analysis.attribution.facts import fact_specs, frame_place, seen_facts
+from snapana.analysis.attribution.facts import (
+    fact_limits,
+    fact_specs,
+    frame_place,
+    is_library,
+    seen_facts,
+)
 from snapana.analysis.attribution.families import training_marks
+from snapana.caching_allocator import ALLOCATOR_DEFAULTS
 from snapana.model import Capture, Frame, is_python_file
 from snapana.units import fmt_bytes
 
@@ -64,7 +71,7 @@ class JobEvidence:
         """An allocator setting is on (not its default: False, 0, -1, empty, all zeros)."""
         if key == "expandable_segments" and self.expandable:
             return True
-        return self.settings is not None and _is_on(self.settings.get(key))
+        return self.settings is not None and _is_on(self.settings.get(key), key)
 
     @property
     def releasable_bytes(self) -> int:
@@ -76,20 +83,24 @@ class JobEvidence:
             return ("allocator settings: not recorded (older snapshot layout)" +
                     ("; segments are expandable" if self.expandable else ""))
         on = [f"{k}={_show(v)}" for k, v in self.settings.items()
-              if k != "PYTORCH_CUDA_ALLOC_CONF" and _is_on(v)]
+              if k != "PYTORCH_CUDA_ALLOC_CONF" and _is_on(v, k)]
         conf = self.settings.get("PYTORCH_CUDA_ALLOC_CONF")
         text = (f"allocator settings: PYTORCH_CUDA_ALLOC_CONF={conf!r}" if conf
                 else "allocator settings: PYTORCH_CUDA_ALLOC_CONF not set")
         return text + ("; " + ", ".join(on) if on else "; all at PyTorch's defaults")
 
 
-def _is_on(value: Any) -> bool:
+def _is_on(value: Any, key: str = "") -> bool:
+    """A setting differs from PyTorch's default (off, 0, -1 / SIZE_MAX, or
+    `ALLOCATOR_DEFAULTS`)."""
+    if key in ALLOCATOR_DEFAULTS and value == ALLOCATOR_DEFAULTS[key]:
+        return False
     if isinstance(value, Mapping):
         return any(_is_on(v) for v in value.values())
     if isinstance(value, bool):
         return value
     if isinstance(value, int | float):
-        return value not in (0, -1)
+        return value not in (0, -1) and value < 2**63
     return bool(value)
 
 
@@ -109,11 +120,17 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
     else no answer. `marks`: training families / phases held -> a description."""
     specs = {f.id: f for f in fact_specs()}
     said: dict[str, list[str]] = {"training": [], "inference": [], "autograd": []}
+    weak: dict[str, list[str]] = {"training": [], "inference": [], "autograd": []}
     for fact, where in facts.items():
-        says = specs[fact].says if fact in specs else ""
-        if says in said:
-            said[says].append(f"{specs[fact].words}: {where}")
+        spec = specs.get(fact)
+        if spec is None:
+            continue
+        to = weak if spec.weak else said
+        if spec.says in to:
+            to[spec.says].append(f"{spec.words}: {where}")
     said["training"] += [f"{what}" for what in marks.values()]
+    if not any(said.values()):  # only the lifetimes speak
+        said = weak
     if said["training"]:
         return Workload("training", tuple(said["training"][:4]))
     if said["inference"]:
@@ -124,6 +141,30 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
         return Workload("undetermined", (
             "no backward, optimizer, gradient or training / inference driver in the frames",))
     return Workload(None, ())
+
+
+def forward_retention(lifetimes: pl.DataFrame | None, n_events: int) -> dict[str, str]:
+    """The weak facts of a recorded forward: did it keep what it allocated (autograd saving
+    outputs for a backward) or free each layer's tensors within the layer (no graph)? By the
+    share of its bytes that live long (`fact_limits`: how long, how many, how much)."""
+    if lifetimes is None or lifetimes.is_empty():
+        return {}
+    lim = fact_limits()
+    fwd = lifetimes.filter((pl.col("phase") == "forward") & (pl.col("alloc_idx") >= 0))
+    total = int(fwd["size"].sum())
+    if fwd.height < lim["forward_allocations"] or not total:
+        return {}
+    freed = pl.col("free_req_idx")
+    end = pl.when(freed.is_null() | (freed < 0)).then(n_events).otherwise(freed)
+    long = fwd.filter(end - pl.col("alloc_idx") >= lim["long_life_events"])
+    share = int(long["size"].sum()) / total
+    said = (f"{share:.0%} of the bytes of {fwd.height} forward allocations lived longer than "
+            f"{int(lim['long_life_events'])} events")
+    if share >= lim["kept_share"]:
+        return {"forward_outputs_kept": said}
+    if fwd.height >= lim["freed_allocations"] and share <= lim["freed_share_max"]:
+        return {"forward_outputs_freed": said}
+    return {}
 
 
 def _training_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, str]:
@@ -173,12 +214,22 @@ def family_owners(capture: Capture, held: pl.DataFrame, rules: RuleSet | None = 
 
 def _stack_owners(stack: tuple[Frame, ...], markers: Mapping[str, tuple[str, ...]]
                   ) -> dict[str, str]:
+    """The frameworks that own a block: walking out from the innermost frame past PyTorch's
+    own, the standard library and libraries no pack knows, the first frame that is a
+    framework's (it and the frameworks calling it own the block) or the program's own (the
+    program made it: no framework's knob acts on it, whatever library calls the program)."""
     out: dict[str, str] = {}
     for frame in stack:
         path = frame[0].replace("\\", "/")
-        for fw, parts in markers.items():
-            if fw not in out and any(p in path for p in parts):
-                out[fw] = frame_place(frame)
+        if not is_python_file(path):
+            continue
+        found = [fw for fw, parts in markers.items() if any(p in path for p in parts)]
+        if not out and not found:
+            if not is_library(path):
+                return {}  # the program's own code made it
+            continue  # PyTorch, the standard library, a helper library: look further out
+        for fw in found:
+            out.setdefault(fw, frame_place(frame))
     return out
 
 
@@ -206,7 +257,7 @@ def free_segments(segments: pl.DataFrame, live: pl.DataFrame) -> dict[str, int]:
 def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame | None,
                  segments: pl.DataFrame, live: pl.DataFrame, rules: RuleSet | None = None,
                  extra_stacks: Mapping[str, Iterable[int]] | None = None,
-                 devices_holding: int = 1) -> JobEvidence:
+                 devices_holding: int = 1, n_events: int = 0) -> JobEvidence:
     """The evidence at one moment of one device (the facts are the capture's)."""
     names = (a.get("name") for a in capture.annotations if isinstance(a, Mapping))
     facts = seen_facts(capture.stacks.frames, (n for n in names if isinstance(n, str)))
@@ -214,8 +265,19 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     if sum(free.values()):
         facts["free_segments"] = f"{fmt_bytes(sum(free.values()))} in segments holding no " \
                                  "live block"
+    cached = int(segments["total_size"].sum()) - int(live["size"].sum()) \
+        if segments.height else 0
+    stranded = cached - sum(free.values())
+    if stranded > 0 and stranded >= cached / 2:
+        facts["stranded_cache"] = f"{fmt_bytes(stranded)} of the {fmt_bytes(cached)} cached " \
+                                  "free lies inside segments that hold live blocks"
+    saved = held.filter(pl.col("family") == "saved_activations") if held.height else held
+    if saved.height and saved["site"].n_unique() >= 2:
+        facts["layered_activations"] = f"saved activations from {saved['site'].n_unique()} " \
+                                       "sites"
     if devices_holding > 1:
         facts["several_devices"] = f"{devices_holding} devices hold memory"
+    facts.update(forward_retention(lifetimes, n_events))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
     marks = _training_marks((held, lifetimes))
     if "optimizer_state" in marks:
@@ -226,4 +288,4 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
         if "is_expandable" in capture.segments.columns and capture.segments.height else False
     return JobEvidence(workload, facts, family_owners(capture, held, rules, extra_stacks),
                        settings, expandable or bool(settings and _is_on(
-                           settings.get("expandable_segments"))), free)
+                           settings.get("expandable_segments"), "expandable_segments")), free)

@@ -168,8 +168,9 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
               ev: JobEvidence | None = None,
               bytes_of: Mapping[str, int] | None = None) -> list[Knob]:
     """Knobs acting on the given families (in that order of importance) or causes. With
-    `bytes_of` (family -> bytes held, where no failed request orders them), the cheapest
-    cost class first, then the knob acting on the most bytes.
+    `bytes_of` (family -> bytes held, where no failed request orders them), a knob that
+    lowers before one that only bounds, then the cheapest cost class, then the knob acting on
+    the most bytes.
 
     ``offload=False`` leaves out knobs that offload model state: an OOM raised while
     reloading offloaded state must not be told to offload (that is the path that failed)."""
@@ -181,7 +182,7 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
         if set(knob.families) & set(families) or set(knob.causes) & set(causes):
             chosen.append(knob)
 
-    def rank(k: Knob) -> tuple[bool, int, int, bool, bool, int]:
+    def rank(k: Knob) -> tuple[bool | int, ...]:
         """Where the workload is not known, an inference-only knob last (it would break a
         trained forward); then the most important family first; then a framework's own
         knob before a generic one, a knob that lowers before one that only bounds, and a
@@ -192,9 +193,10 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
                                 and k.workload == "inference")
         if bytes_of is not None and k.families:
             acted = sum(bytes_of.get(f, 0) for f in k.families if f in families)
-            return (inference_only_first, _COST_RANK.get(k.cost, len(KNOB_COSTS)), -acted,
-                    k.framework in _ALWAYS, k.direction == "bounds", len(k.families))
-        return (inference_only_first, 0, min(fam, cause), k.framework in _ALWAYS,
+            return (inference_only_first, k.direction == "bounds",
+                    _COST_RANK.get(k.cost, len(KNOB_COSTS)), -acted, k.framework in _ALWAYS,
+                    len(k.families))
+        return (inference_only_first, False, 0, min(fam, cause), k.framework in _ALWAYS,
                 k.direction == "bounds", len(k.families))
 
     return sorted(chosen, key=rank)

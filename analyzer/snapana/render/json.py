@@ -125,6 +125,8 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
         "prescribe": d.prescribe,
         "empty": d.empty,
         "large_cache": d.large_cache,
+        "small": d.small,
+        "failed_elsewhere": d.failed_elsewhere,
         "workload": d.workload,
         "workload_evidence": list(d.evidence.workload.evidence) if d.evidence else [],
         "workload_statement": view.workload,

@@ -452,6 +452,14 @@ def verdict(r: DeviceReport) -> str:
             f"Far from capacity: {fmt_bytes(used)} {what} of {fmt_bytes(d.capacity_bytes)}"
             f" ({_pct(used / d.capacity_bytes)}), {fmt_bytes(d.headroom_bytes)} of "
             "headroom: nothing needs to shrink.")
+    elif r.oom is None and d.failed_elsewhere is not None:
+        parts.append(f"The job ran out of memory on cuda:{d.failed_elsewhere}: this device is "
+                     "shown for comparison, and its knobs would not have changed that.")
+    elif r.oom is None and d.small:
+        what = "reserved" if r.reserved_known else "allocated"
+        used = r.reserved_bytes if r.reserved_known else r.allocated_bytes
+        parts.append(f"Small: {fmt_bytes(used)} {what}, far below any GPU's memory: nothing "
+                     "needs to shrink.")
     if d.large_cache and not is_host(r):
         parts.append(_cache_words(r))
     if d.knobs and d.evidence is not None and not is_host(r) and \

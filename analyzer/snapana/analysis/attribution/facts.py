@@ -37,6 +37,7 @@ class FactSpec:
     words: str
     frames: tuple[FactPattern, ...]
     annotations: tuple[str, ...] = ()  # glob patterns on annotation names
+    weak: bool = False  # speaks for a workload only where no other fact does
 
 
 @lru_cache(maxsize=1)
@@ -48,9 +49,18 @@ def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
         FactSpec(f["id"], f.get("says", ""), f["words"],
                  tuple(FactPattern(p.get("file", ""), tuple(p.get("functions", ())),
                                    bool(p.get("user_code", False))) for p in f["frames"]),
-                 tuple(f.get("annotations", ())))
+                 tuple(f.get("annotations", ())), bool(f.get("weak", False)))
         for f in data["fact"])
     return facts, tuple(data["limits"]["library_paths"])
+
+
+@lru_cache(maxsize=1)
+def fact_limits() -> dict[str, float]:
+    """The numeric limits of ``evidence.toml`` (the weak facts' thresholds)."""
+    text = resources.files("snapana.analysis.attribution").joinpath(
+        "evidence.toml").read_text(encoding="utf-8")
+    return {k: v for k, v in tomllib.loads(text)["limits"].items()
+            if isinstance(v, int | float)}
 
 
 def fact_ids() -> tuple[str, ...]:
@@ -62,8 +72,13 @@ def fact_ids() -> tuple[str, ...]:
 #: Facts computed from the state, not matched on frames: `free_segments` (a segment holds no
 #: live block, so empty_cache() has something to give back), `several_devices` (more than one
 #: device of the process holds memory), `optimizer_state` (an optimizer, torch.optim's or the
-#: program's own, keeps state on the device: blocks of that family).
-COMPUTED_FACTS = ("free_segments", "several_devices", "optimizer_state")
+#: program's own, keeps state on the device: blocks of that family), `stranded_cache` (most of
+#: the cached-but-unallocated bytes lie inside segments that also hold live blocks: what
+#: expandable segments avoid, and what empty_cache() cannot give back), `layered_activations`
+#: (saved activations held from at least two sites: there is a block boundary to checkpoint at;
+#: one op's output is its own checkpoint).
+COMPUTED_FACTS = ("free_segments", "several_devices", "optimizer_state", "stranded_cache",
+                  "layered_activations")
 
 
 def _matches(p: FactPattern, frame: Frame, library: tuple[str, ...]) -> bool:
@@ -75,6 +90,11 @@ def _matches(p: FactPattern, frame: Frame, library: tuple[str, ...]) -> bool:
     if p.user_code and any(lib in path for lib in library):
         return False
     return not p.functions or any(fnmatch.fnmatchcase(frame[1], g) for g in p.functions)
+
+
+def is_library(path: str) -> bool:
+    """The file is an installed library's (or the standard library's), not the program's."""
+    return any(lib in path for lib in _spec()[1])
 
 
 def frame_place(frame: Frame) -> str:

@@ -72,6 +72,9 @@ KNOB_SHARE = 0.10
 LARGE_CACHE_SHARE = 0.20
 #: ... and at least this many bytes, where there is no shortfall to measure it against.
 LARGE_CACHE_FLOOR = 1 << 30
+#: Without an OOM, a device holding less than this (reserved and allocated) is smaller than
+#: any GPU's memory by far: nothing needs to shrink, whatever the capacity.
+SMALL_RESERVED = 1 << 30
 #: Without an OOM, a capture whose reserved memory is below this share of a known capacity is
 #: far from it: the report states the headroom instead of prescribing a knob.
 FAR_FROM_CAPACITY = 0.75
@@ -137,7 +140,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
                  dr.oom.stack_id, "0,0", dr.oom.stream, ACTIVE_ALLOCATED,
                  dr.oom.requested_bytes, dr.oom.idx)).family: [dr.oom.stack_id]})
     ev = job_evidence(capture, held, lifetimes, segments, live, attributor.rules, extra,
-                      _devices_holding(capture))
+                      _devices_holding(capture), dr.n_events)
     diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history, ev)
     if impossible is not None:
         caveats.insert(0, f"the state at this moment cannot exist ({impossible}): the "
@@ -355,9 +358,13 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
                                    removable))
     headroom = capacity - state.reserved if capacity is not None else None
     empty = state.allocated == 0 and state.reserved == 0 and oom is None
-    prescribe = host or dr.device >= 0 and not empty and (
-        oom is not None or headroom is None or capacity is None
-        or state.reserved >= FAR_FROM_CAPACITY * capacity)
+    failed_elsewhere = None if oom is not None else _failed_elsewhere(capture, dr.device)
+    small = (oom is None and not host and state.reserved < SMALL_RESERVED
+             and state.allocated < SMALL_RESERVED)
+    prescribe = host or dr.device >= 0 and not empty and not small and \
+        failed_elsewhere is None and (
+            oom is not None or headroom is None or capacity is None
+            or state.reserved >= FAR_FROM_CAPACITY * capacity)
     eligible = _knob_families(state, what_ifs, req_family, shortfall)
     order = ([excess] if excess else []) + ([req_family] if req_family else [])
     if host:
@@ -395,11 +402,20 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         frameworks=tuple(frameworks), accumulating=accumulating, without_copies=without_copies,
         alternative_family=alternative, reloading=reloading, headroom_bytes=headroom,
         prescribe=prescribe, history=history, workload=workload, evidence=ev,
+        small=small and not empty, failed_elsewhere=failed_elsewhere,
         applies={k.id: why_applies(k, ev, list(order)) or "" for k in knobs[:MAX_KNOBS]},
         knob_families=tuple(order), shortfall_bytes=shortfall, empty=empty,
         large_cache=cached,
     )
     return diagnosis, warnings
+
+
+def _failed_elsewhere(capture: Capture, device: int) -> int | None:
+    """Another device of the capture whose trace records an OOM: the job died there."""
+    if capture.events.is_empty():
+        return None
+    other = capture.events.filter((pl.col("action") == "oom") & (pl.col("device") != device))
+    return None if other.is_empty() else int(other["device"][0])
 
 
 def _cheaper(k: Knob | None, than: Knob | None) -> bool:

@@ -230,6 +230,11 @@ class Diagnosis:
     empty: bool = False
     #: More than `LARGE_CACHE_SHARE` of reserved is cached but unallocated (see `large_cache`).
     large_cache: bool = False
+    #: No OOM and under `SMALL_RESERVED` held: no knob is prescribed.
+    small: bool = False
+    #: Another device of the capture ran out of memory: this one is shown for comparison, and
+    #: no knob is prescribed for it.
+    failed_elsewhere: int | None = None
 
     def cause(self, cause_id: CauseId) -> Cause | None:
         return next((c for c in self.causes if c.id == cause_id), None)

@@ -1,0 +1,146 @@
+"""A knob is offered only where its declared preconditions hold, and says why it applies:
+a framework's knob needs that framework in the frames of the blocks it targets (not a marker
+seen elsewhere in the capture), an optimizer knob needs an optimizer that keeps state, sharding
+a process group, torch.optim's foreach knob torch.optim's foreach path, an allocator setting
+not already on, empty_cache() a segment it would give back. Each capture is simulated, so the
+truth is the simulator's, not snapana's."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from snapana.session import analyse
+from snapana.sources import load
+from snapana.synth import CachingAllocatorSim, SimulatedOOM
+
+MiB = 2**20
+SITE = "/usr/lib/python3.10/site-packages"
+CALL = (f"{SITE}/torch/nn/modules/module.py", 1790, "_call_impl")
+BACKWARD = [(f"{SITE}/torch/autograd/graph.py", 768, "_engine_run_backward"),
+            (f"{SITE}/torch/autograd/__init__.py", 347, "backward"),
+            (f"{SITE}/torch/_tensor.py", 581, "backward")]
+
+
+def _report(tmp_path, sim: CachingAllocatorSim):
+    path = tmp_path / "capture.pickle"
+    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
+    (r,) = analyse(load(path))
+    return r
+
+
+def _ids(r) -> list[str]:
+    return [k.id for k in r.diagnosis.knobs]
+
+
+def test_a_framework_detected_elsewhere_lends_no_knob(tmp_path) -> None:
+    """A diffusers UNet trained beside a transformers CLIP text encoder: the activations
+    are the UNet's, so transformers' checkpointing knob is not offered for them; diffusers'
+    is, with the UNet frame as its evidence."""
+    driver = ("/job/train_unet.py", 80, "train_loop")
+    text = [(f"{SITE}/transformers/models/clip/modeling_clip.py", 300, "forward"), CALL,
+            driver]
+    unet = [(f"{SITE}/diffusers/models/unets/unet_2d_blocks.py", 1200, "forward"), CALL,
+            driver]
+    sim = CachingAllocatorSim(capacity=(256 + 8 * 512 + 256) * MiB)
+    sim.malloc(256 * MiB, text, family="saved_activations")
+    for _ in range(8):
+        sim.malloc(512 * MiB, unet, family="saved_activations")
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(1024 * MiB, unet, family="saved_activations")
+    r = _report(tmp_path, sim)
+    d = r.diagnosis
+    assert d.workload == "training"
+    assert not any(k.framework == "transformers" for k in d.knobs), _ids(r)
+    assert "diffusers.gradient_checkpointing" in _ids(r)
+    assert "diffusers/models/unets/unet_2d_blocks.py" in \
+        d.applies["diffusers.gradient_checkpointing"]
+    # the pipeline-only knobs need a pipeline: a training script drives the UNet itself
+    assert "diffusers.model_cpu_offload" not in _ids(r)
+
+
+def test_a_backward_without_optimizer_or_process_group_gets_no_optimizer_knob(
+        tmp_path) -> None:
+    """One process, no model optimizer, no process group: the backward of a hand-written
+    function makes gradients, but ZeRO / FSDP, 8-bit or offloaded optimizers have nothing to
+    act on."""
+    forward = [("/job/softmax.py", 12, "forward"), ("/job/bench.py", 40, "main")]
+    grads = BACKWARD + [("/job/bench.py", 44, "main")]
+    sim = CachingAllocatorSim(capacity=4096 * MiB)
+    for _ in range(3):
+        sim.malloc(256 * MiB, forward, family="saved_activations")
+    for _ in range(3):
+        sim.malloc(512 * MiB, grads, family="gradients")
+    r = _report(tmp_path, sim)
+    ids = _ids(r)
+    assert r.diagnosis.workload == "training"
+    assert not {"torch.optimizer_sharding", "torch.optimizer_8bit",
+                "torch.optimizer_cpu_offload", "torch.optimizer_foreach"} & set(ids), ids
+    assert "process_group" not in r.diagnosis.evidence.facts
+
+
+def _optimizer_step(tmp_path, optimizer_frames: list, distributed: bool):
+    params = [(f"{SITE}/torch/nn/modules/module.py", 1174, "to"), ("/job/train.py", 12, "main")]
+    grads = BACKWARD + [("/job/train.py", 50, "main")]
+    state = optimizer_frames + [("/job/train.py", 60, "main")]
+    if distributed:
+        params = [(f"{SITE}/torch/distributed/distributed_c10d.py", 2400, "broadcast")] + params
+    sim = CachingAllocatorSim(capacity=16384 * MiB)
+    for _ in range(4):
+        sim.malloc(512 * MiB, params, family="parameters")
+    for _ in range(4):
+        sim.malloc(512 * MiB, grads, family="gradients")
+    with sim.annotate("Optimizer.step#AdamW.step"):
+        for _ in range(8):
+            sim.malloc(512 * MiB, state, family="optimizer_state")
+    return _report(tmp_path, sim)
+
+
+def test_torch_optims_foreach_knob_only_for_its_foreach_path(tmp_path) -> None:
+    """A hand-written optimizer class keeps Adam's moments: the 8-bit optimizer and
+    offloading act on them, fused=True / foreach=False (torch.optim's own) does not; with
+    torch.optim's multi-tensor path it does. Sharding needs a process group either way."""
+    own = _optimizer_step(tmp_path, [("/job/my_optim.py", 30, "step")], distributed=False)
+    ids = _ids(own)
+    assert "torch.optimizer_foreach" not in ids and "torch.optimizer_sharding" not in ids
+    assert {"torch.optimizer_8bit", "torch.optimizer_cpu_offload"} <= set(ids), ids
+    assert "optimizer_state" in own.diagnosis.applies["torch.optimizer_8bit"]
+    foreach = [(f"{SITE}/torch/optim/adamw.py", 500, "_multi_tensor_adamw"),
+               (f"{SITE}/torch/optim/adamw.py", 200, "step"),
+               (f"{SITE}/torch/optim/optimizer.py", 485, "wrapper")]
+    torch_optim = _optimizer_step(tmp_path, foreach, distributed=True)
+    ids = _ids(torch_optim)
+    assert "torch.optimizer_sharding" in ids, ids
+    applies = torch_optim.diagnosis.applies["torch.optimizer_sharding"]
+    assert "torch/distributed/distributed_c10d.py" in applies
+
+
+def test_allocator_knobs_read_the_recorded_settings_and_what_is_free(tmp_path) -> None:
+    """Expandable segments already on: never offered again; empty_cache / the gc threshold
+    only where a segment holds no live block, with the bytes it would give back."""
+    fwd = [("/job/model.py", 54, "forward"), CALL, ("/job/eval.py", 30, "evaluate")]
+    for expandable in (False, True):
+        sim = CachingAllocatorSim(capacity=8192 * MiB, expandable_segments=expandable)
+        blocks = [sim.malloc(300 * MiB, fwd, family="activation_temporaries")
+                  for _ in range(12)]
+        for addr in blocks[::2]:
+            sim.free(addr, fwd)
+        sim.malloc(4000 * MiB, fwd, family="activation_temporaries")  # the peak, after them
+        r = _report(tmp_path, sim)
+        ev = r.diagnosis.evidence
+        assert ev.expandable == expandable
+        ids = _ids(r)
+        if expandable:
+            assert "torch.expandable_segments" not in ids
+        else:  # six whole 300 MiB segments free: the cache is large, and can be given back;
+            # none of it is stranded in a partly used segment, so expandable segments would
+            # change nothing
+            assert ev.free_segment_bytes == {"0,0": 6 * 300 * MiB}
+            assert "torch.empty_cache" in ids and "torch.expandable_segments" not in ids, ids
+            assert "stranded_cache" not in ev.facts
+        if not ev.free_segment_bytes:
+            assert "torch.empty_cache" not in ids and "torch.gc_threshold" not in ids
+        for kid in ("torch.empty_cache", "torch.gc_threshold"):
+            if kid in ids:
+                assert ev.releasable_bytes > 0 and "holding no live block" in \
+                    r.diagnosis.applies[kid]
