@@ -183,8 +183,9 @@ def test_the_report_agrees_with_the_expert_review(path: Path, review: dict,
             if settings["expandable_segments"]:
                 assert "torch.expandable_segments" not in offered
     # history: recorded or not, said alike everywhere
+    # (a heap capture's history is memray's, which the report states in its own words)
     history = review.get("history", {})
-    if "recorded" in history:
+    if "recorded" in history and not first["host"]:
         assert first["history"] == history["recorded"], first["history"]
         if not history["recorded"]:
             for fmt in ("text", "markdown"):
