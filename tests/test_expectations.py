@@ -190,6 +190,10 @@ def test_the_report_agrees_with_the_expert_review(path: Path, review: dict,
         if not history["recorded"]:
             for fmt in ("text", "markdown"):
                 assert "peaked at" not in formats[fmt]
+    # phase: a verdict that could not identify the phase has no family made "in the X phase"
+    for dev in devices:
+        if "phase not identified" in dev["diagnosis"]["verdict"]:
+            assert not [g["text"] for g in dev["growth"] if " phase" in g["text"]]
     page = _html_text(formats["html"])
     assert not ("History recording was on" in page and "No allocation history was recorded"
                 in page)

@@ -343,3 +343,17 @@ def test_every_frameless_unknown_of_a_corpus_capture_is_labelled(path: Path) -> 
     inferred = frameless.filter(pl.col("evidence") == "inferred")
     for method, reason in inferred.select("method", "reason").iter_rows():
         assert method and len(reason) > len(method), (method, reason)
+
+
+def test_gib_sized_repeats_without_history_are_not_called_weights(tmp_path: Path) -> None:
+    """A history-less dump at an OOM holding five 3.19 GiB, five 816 MiB and twelve 408 MiB
+    blocks: sizes that repeat a few times, but a per-layer weight of several GiB is not
+    plausible, so no block is labelled "likely the model's weights"."""
+    sim = CachingAllocatorSim(capacity=80 * 1024 * MiB)
+    sizes = [3264 * MiB] * 5 + [816 * MiB] * 5 + [408 * MiB] * 12
+    for size in sizes:
+        sim.malloc(size)
+    snap = start_late(sim.snapshot(), len(sim.trace))  # every entry dropped: no history
+    blocks = _at_end(_save(tmp_path, snap, "gib"))
+    assert blocks.height == len(sizes)
+    assert not any("likely the model's weights" in label for label in blocks["label"])

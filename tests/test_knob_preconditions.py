@@ -144,3 +144,25 @@ def test_allocator_knobs_read_the_recorded_settings_and_what_is_free(tmp_path) -
             if kid in ids:
                 assert ev.releasable_bytes > 0 and "holding no live block" in \
                     r.diagnosis.applies[kid]
+
+
+def test_the_loss_chain_in_the_programs_own_code_gets_the_fused_cross_entropy_knob(
+        tmp_path) -> None:
+    """F.cross_entropy called by the program's own loss (no framework's modelling code) keeps a
+    vocabulary-sized log-softmax: it is the logits family, and a fused or chunked
+    cross-entropy is offered for it, saying which blocks it acts on."""
+    driver = ("/job/train.py", 90, "train_step")
+    layer = [("/job/model.py", 54, "forward"), CALL, driver]
+    loss = [(f"{SITE}/torch/nn/functional.py", 3479, "cross_entropy"),
+            ("/job/loss.py", 22, "compute_loss"), driver]
+    sim = CachingAllocatorSim(capacity=(6 * 256 + 1024 + 512) * MiB)
+    for _ in range(6):
+        sim.malloc(256 * MiB, layer, family="saved_activations")
+    sim.malloc(1024 * MiB, loss, family="logits")
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(1024 * MiB, loss, family="logits")
+    r = _report(tmp_path, sim)
+    d = r.diagnosis
+    assert d.request_family == "logits"
+    assert "torch.fused_cross_entropy" in _ids(r)
+    assert d.workload == "training"

@@ -424,7 +424,8 @@ def verdict(r: DeviceReport) -> str:
         if r.reserved_known:
             state += f", {fmt_bytes(r.reserved_bytes)} reserved"
         parts.append(
-            f"{history_statement(r)}, so there is no OOM, peak or timeline to show, and no "
+            f"{history_statement(r)}, so there is no OOM, peak or timeline to show (an OOM "
+            "the job hit before this dump left no entry), and no "
             f"block can be tied to the phase that made it. At the snapshot: {state}.")
         if r.groups:
             framed = any(g.name != "unknown" for g in r.groups)

@@ -249,6 +249,7 @@ def _layered(before: pl.DataFrame, ev: Evidence,
     doubled = {limits["master_copy_ratio"] * g for g in ev.gradient_sizes}
     repeated = frozenset(s for s, n in counts.items()
                          if n >= limits["min_layer_repeats"] and s not in doubled
+                         and s <= limits["max_layer_weight"]
                          and s not in ev.gradient_sizes and s not in ev.other_sizes)
     held = sum(counts[s] for s in repeated)
     # of the blocks no gradient can mirror (those that can are the mirror's to explain)
