@@ -66,6 +66,9 @@ class JobEvidence:
     expandable: bool
     #: bytes in segments that hold no live block at the moment, per pool ("0,0": default)
     free_segment_bytes: Mapping[str, int] = field(default_factory=dict)
+    #: frameworks whose packs name markers: only they can own a block by its frames (a pack
+    #: without markers, such as the host pack, applies to its kind of capture as a whole)
+    marked: frozenset[str] = frozenset()
 
     def is_set(self, key: str) -> bool:
         """An allocator setting is on (not its default: False, 0, -1, empty, all zeros)."""
@@ -286,6 +289,8 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     settings = capture.allocator_settings
     expandable = bool(capture.segments["is_expandable"].any()) \
         if "is_expandable" in capture.segments.columns and capture.segments.height else False
+    markers = rules.markers if rules is not None else markers_of(builtin_packs())
     return JobEvidence(workload, facts, family_owners(capture, held, rules, extra_stacks),
                        settings, expandable or bool(settings and _is_on(
-                           settings.get("expandable_segments"), "expandable_segments")), free)
+                           settings.get("expandable_segments"), "expandable_segments")), free,
+                       frozenset(fw for fw, parts in markers.items() if parts))

@@ -130,7 +130,7 @@ def why_applies(knob: Knob, ev: JobEvidence, families: list[str]) -> str | None:
     `families` it is offered for, else any family it names); `requires` facts must hold,
     `unless` facts must not, `unless_set` settings must not be on already."""
     reasons: list[str] = []
-    if knob.framework not in _ALWAYS and knob.families:
+    if knob.framework not in _ALWAYS and knob.framework in ev.marked and knob.families:
         targets = [f for f in knob.families if f in families] or list(knob.families)
         owned = [(f, ev.owners.get(f, {}).get(knob.framework)) for f in targets]
         shown = [(f, w) for f, w in owned if w]
