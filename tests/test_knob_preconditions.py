@@ -29,6 +29,19 @@ def _report(tmp_path, sim: CachingAllocatorSim):
     return r
 
 
+def _oom_report(tmp_path, capacity: int, held: list, failing: tuple):
+    """The report of a simulated OOM: `held` allocations ((count, size, stack, family)),
+    then the `failing` one ((size, stack, family)), which must run out of memory."""
+    sim = CachingAllocatorSim(capacity=capacity)
+    for count, size, stack, family in held:
+        for _ in range(count):
+            sim.malloc(size, stack, family=family)
+    size, stack, family = failing
+    with pytest.raises(SimulatedOOM):
+        sim.malloc(size, stack, family=family)
+    return _report(tmp_path, sim)
+
+
 def _ids(r) -> list[str]:
     return [k.id for k in r.diagnosis.knobs]
 
@@ -42,13 +55,10 @@ def test_a_framework_detected_elsewhere_lends_no_knob(tmp_path) -> None:
             driver]
     unet = [(f"{SITE}/diffusers/models/unets/unet_2d_blocks.py", 1200, "forward"), CALL,
             driver]
-    sim = CachingAllocatorSim(capacity=(256 + 8 * 512 + 256) * MiB)
-    sim.malloc(256 * MiB, text, family="saved_activations")
-    for _ in range(8):
-        sim.malloc(512 * MiB, unet, family="saved_activations")
-    with pytest.raises(SimulatedOOM):
-        sim.malloc(1024 * MiB, unet, family="saved_activations")
-    r = _report(tmp_path, sim)
+    r = _oom_report(tmp_path, (256 + 8 * 512 + 256) * MiB,
+                    [(1, 256 * MiB, text, "saved_activations"),
+                     (8, 512 * MiB, unet, "saved_activations")],
+                    (1024 * MiB, unet, "saved_activations"))
     d = r.diagnosis
     assert d.workload == "training"
     assert not any(k.framework == "transformers" for k in d.knobs), _ids(r)
@@ -155,13 +165,9 @@ def test_the_loss_chain_in_the_programs_own_code_gets_the_fused_cross_entropy_kn
     layer = [("/job/model.py", 54, "forward"), CALL, driver]
     loss = [(f"{SITE}/torch/nn/functional.py", 3479, "cross_entropy"),
             ("/job/loss.py", 22, "compute_loss"), driver]
-    sim = CachingAllocatorSim(capacity=(6 * 256 + 1024 + 512) * MiB)
-    for _ in range(6):
-        sim.malloc(256 * MiB, layer, family="saved_activations")
-    sim.malloc(1024 * MiB, loss, family="logits")
-    with pytest.raises(SimulatedOOM):
-        sim.malloc(1024 * MiB, loss, family="logits")
-    r = _report(tmp_path, sim)
+    r = _oom_report(tmp_path, (6 * 256 + 1024 + 512) * MiB,
+                    [(6, 256 * MiB, layer, "saved_activations"), (1, 1024 * MiB, loss, "logits")],
+                    (1024 * MiB, loss, "logits"))
     d = r.diagnosis
     assert d.request_family == "logits"
     assert "torch.fused_cross_entropy" in _ids(r)
