@@ -388,8 +388,9 @@ class Attributor:
                 others.append((int(size), family))
         # gradients the blocks' own frames name at the moment count as well, when the window
         # lost their allocations (the ring buffer wrapped) or accumulated into them in place
-        held = Counter(s for s, f, _, _ in live if f in inference.MIRROR_FAMILIES and s in sizes)
-        for size, n in held.items():
+        framed = Counter(s for s, f, _, _ in live
+                         if f in inference.MIRROR_FAMILIES and s in sizes)
+        for size, n in framed.items():
             most[size] = max(most.get(size, 0), n)
         allocated = int(allocs["size"].sum())
         freed = int(ev.filter(pl.col("action") == "free_requested")["size"].sum())
