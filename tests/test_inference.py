@@ -16,6 +16,8 @@ import snapana
 from snapana.synth.allocator import CachingAllocatorSim
 from snapana.synth.recording import ring_buffer, start_late
 
+from .conftest import SAMPLES, corpus_params
+
 MiB = 1 << 20
 TORCH = "/usr/lib/python3/site-packages/torch"
 INIT = ((f"{TORCH}/nn/modules/linear.py", 106, "__init__"), ("/work/model.py", 12, "__init__"),
@@ -170,3 +172,23 @@ def test_corpus_parameters_mirror_their_gradients(name: str) -> None:
     assert abs(int(params["size"].sum()) - grads) <= 0.02 * grads
     unknown = int(live.filter(pl.col("family") == "unknown")["size"].sum())
     assert unknown <= 0.02 * int(live["size"].sum())
+
+
+@pytest.mark.parametrize("path", [*(p for p in corpus_params("torch_snapshots")
+                                    if p.values[0] is None or p.values[0].suffix != ".md"),
+                                  *(pytest.param(p, id=p.name)
+                                    for p in sorted(SAMPLES.glob("*.pickle")))])
+def test_no_unknown_reason_denies_a_family_the_report_holds(path) -> None:
+    """An `unknown` block's reason never contradicts another line of the same report: it
+    says "no recorded gradients to mirror" only where the report holds no gradients, and
+    "no gradient of the window mirrors it" only where no gradient block has its size."""
+    a = snapana.load(path)
+    blocks = a.blocks
+    grads = blocks.filter(pl.col("family") == "gradients")
+    grad_sizes = set(grads["requested_size"].to_list())
+    for size, label in blocks.filter(pl.col("family") == "unknown").select(
+            "requested_size", "label").iter_rows():
+        if "no recorded gradients to mirror" in label:
+            assert grads.is_empty(), label
+        if "no gradient of the window mirrors it" in label:
+            assert size not in grad_sizes, (size, label)

@@ -14,7 +14,6 @@ is given and the block stays ``unknown`` with its reason.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -386,12 +385,6 @@ class Attributor:
                 most[int(size)] = max(most.get(int(size), 0), live_n[int(size)])
             else:
                 others.append((int(size), family))
-        # gradients the blocks' own frames name at the moment count as well, when the window
-        # lost their allocations (the ring buffer wrapped) or accumulated into them in place
-        framed = Counter(s for s, f, _, _ in live
-                         if f in inference.MIRROR_FAMILIES and s in sizes)
-        for size, n in framed.items():
-            most[size] = max(most.get(size, 0), n)
         allocated = int(allocs["size"].sum())
         freed = int(ev.filter(pl.col("action") == "free_requested")["size"].sum())
         backward = any(p in ("backward", "optimizer") for _, _, p, _ in live) or (
