@@ -148,7 +148,10 @@ def test_reader_failure_says_what_failed_and_debug_shows_the_traceback(tmp_path)
         "    def __init__(self, path):\n"
         "        raise KeyError('no reader in this fake memray')\n")
     wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} \"$@\"\n")
+    # a fake environment: its memray is on PYTHONPATH, which the isolated child (-I) would
+    # ignore, so the wrapper drops -I (a real environment installs memray in site-packages)
+    wrapper.write_text(f"#!/bin/sh\n[ \"$1\" = -I ] && shift\n"
+                       f"PYTHONPATH={fake} exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
     cap = tmp_path / "run.bin"
     cap.write_bytes(b"memray\x00" + (13).to_bytes(4, "little") + b"\x00" * 64)
@@ -354,3 +357,21 @@ def test_read_bound_grows_with_the_capture(monkeypatch):
     assert memray_cpu_seconds(100 << 20) > 20 * memray_cpu_seconds(1 << 20)
     assert memray_cpu_seconds(1_777_664) > 600  # C-killer's 1.7 MB: ~30 s of real work
     assert memray_read_seconds(1_777_664) > memray_cpu_seconds(1_777_664)
+
+
+@pytest.mark.memray
+def test_the_reader_child_imports_nothing_from_the_working_directory(tmp_path):
+    """A capture analysed inside the folder it came with: modules planted there
+    (json.py, inspect.py, types.py) never run in the reader's interpreter."""
+    require("memray")
+    folder = tmp_path / "ticket"
+    folder.mkdir()
+    ran = tmp_path / "ran"
+    for name in ("json", "inspect", "types"):
+        (folder / f"{name}.py").write_text(f"open({str(ran)!r}, 'a').write('{name}\\n')\n")
+    cap = folder / "run.bin"
+    cap.write_bytes(b"memray\x00" + (13).to_bytes(4, "little") + b"\x00" * 64)
+    got = invoke("convert", str(cap), "-o", str(tmp_path / "out.parquet"), cwd=folder)
+    assert got.returncode == 2  # not a real capture: refused in one line
+    assert "\n" not in got.stderr.strip()
+    assert not ran.exists(), ran.read_text()

@@ -190,12 +190,12 @@ def _training_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, str]:
 
 # ----- owners and the allocator state ---------------------------------------------------
 
-def family_owners(capture: Capture, held: pl.DataFrame, rules: RuleSet | None = None,
+def family_owners(capture: Capture, held: pl.DataFrame,
+                  markers: Mapping[str, tuple[str, ...]],
                   extra: Mapping[str, Iterable[int]] | None = None
                   ) -> dict[str, dict[str, str]]:
     """Family -> framework -> a frame showing it, from the frames of the family's own blocks
     (`extra`: more stacks per family, e.g. the failed request's)."""
-    markers = rules.markers if rules is not None else markers_of(builtin_packs())
     per_family: dict[str, set[int]] = {}
     if not held.is_empty():
         for fam, sids in held.group_by("family").agg(pl.col("stack_id").unique()).iter_rows():
@@ -262,6 +262,7 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
                  extra_stacks: Mapping[str, Iterable[int]] | None = None,
                  devices_holding: int = 1, n_events: int = 0) -> JobEvidence:
     """The evidence at one moment of one device (the facts are the capture's)."""
+    markers = rules.markers if rules is not None else markers_of(builtin_packs())
     names = (a.get("name") for a in capture.annotations if isinstance(a, Mapping))
     facts = seen_facts(capture.stacks.frames, (n for n in names if isinstance(n, str)))
     free = free_segments(segments, live)
@@ -289,8 +290,7 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     settings = capture.allocator_settings
     expandable = bool(capture.segments["is_expandable"].any()) \
         if "is_expandable" in capture.segments.columns and capture.segments.height else False
-    markers = rules.markers if rules is not None else markers_of(builtin_packs())
-    return JobEvidence(workload, facts, family_owners(capture, held, rules, extra_stacks),
+    return JobEvidence(workload, facts, family_owners(capture, held, markers, extra_stacks),
                        settings, expandable or bool(settings and _is_on(
                            settings.get("expandable_segments"), "expandable_segments")), free,
                        frozenset(fw for fw, parts in markers.items() if parts))

@@ -287,6 +287,12 @@ def release_format(release: str) -> int | None:
 #: {"error": text, "version": memray's}. Every attribute of memray's objects is read by
 #: capability: releases differ (1.10's Metadata has no `trace_python_allocators` nor
 #: `file_format`). Anything else that goes wrong leaves its traceback on stderr.
+#: The reader child runs isolated (``python -I``): nothing from the current directory (a
+#: capture's folder from a ticket may hold an ``inspect.py``), the user's ``PYTHON*``
+#: variables or user site-packages is imported; the interpreter's own site-packages, where
+#: its memray is installed, still are.
+_ISOLATED = "-I"
+
 _CHILD = r"""
 import json, sys
 path, out = sys.argv[1], sys.argv[2]
@@ -371,8 +377,8 @@ def _release_of(python: str) -> str | None:
     with tempfile.TemporaryDirectory(prefix="snapana-memray-") as tmp:
         out = Path(tmp) / "version.json"
         try:
-            subprocess.run([python, "-c", _CHILD, "--version", str(out)], capture_output=True,
-                           timeout=120, check=False)
+            subprocess.run([python, _ISOLATED, "-c", _CHILD, "--version", str(out)],
+                           capture_output=True, timeout=120, check=False)
             doc = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, ValueError, subprocess.TimeoutExpired):
             raise InputError(f"{python}: cannot run it to read memray captures") from None
@@ -527,7 +533,8 @@ def read_records(path: Path, progress: ReadProgress | None = None, python: str |
             except (ImportError, ValueError, OSError):
                 pass
 
-        rc, err = _run_reader([python or sys.executable, "-c", _CHILD, str(path), str(result)],
+        rc, err = _run_reader([python or sys.executable, _ISOLATED, "-c", _CHILD, str(path),
+                               str(result)],
                               path, size, progress, limits if os.name == "posix" else None)
         if rc != 0 or not result.is_file():
             if "MemoryError" in err or "bad_alloc" in err:

@@ -253,14 +253,10 @@ def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity
 
 def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: _AtMoment,
              oom: OomFinding | None, capacity: int | None,
-             history: bool = True, ev: JobEvidence | None = None
-             ) -> tuple[Diagnosis, list[str]]:
+             history: bool, ev: JobEvidence) -> tuple[Diagnosis, list[str]]:
     """Why it failed, what would have made it fit, and which knobs change that; with the
     warnings the diagnosis adds to the report (its input is left as it was). Every knob
     named passes its preconditions against the job's evidence `ev`."""
-    if ev is None:
-        ev = job_evidence(capture, state.held, None, state.segments, state.live,
-                          attributor.rules)
     workload = ev.workload.answer
     moment = state.moment
     segments, live, held = state.segments, state.live, state.held
