@@ -126,6 +126,8 @@ def test_family_table_has_the_stable_ids():
         "parameters",
         "main_params_fp32",
         "optimizer_state",
+        "optimizer_temporaries",
+        "activation_gradients",
         "kv_cache",
         "cuda_graph_pool",
         "weight_update_buffer",

@@ -216,3 +216,7 @@ def test_phase_hint_condition() -> None:
     with pytest.raises(RuleError, match="unknown field"):
         parse_pack('[[phase_rule]]\nid = "x"\nphase = "backward"\nphase_hint = "forward"\n',
                    "u.toml", user=True)
+    # a function name is exact: a glob in it would never match, so the pack is refused
+    with pytest.raises(RuleError, match="is a pattern: use `function_re`"):
+        parse_pack('[[rule]]\nid = "x"\nfamily = "logits"\nlabel = "l"\n'
+                   'frames = [{ function = ["cross_entropy_*"] }]\n', "u.toml", user=True)

@@ -129,6 +129,23 @@ def test_ring_buffer_wrap_never_gives_a_wrong_family(tmp_path: Path) -> None:
     assert got["unknown"] <= 0.05 * sum(want.values())
 
 
+@pytest.mark.parametrize("keep", [3, 5, 8, 12, 20, 30, 50])
+def test_a_short_ring_buffer_never_calls_kept_gradients_parameters(tmp_path: Path,
+                                                                   keep: int) -> None:
+    """The ring buffer kept only the last few entries of a training run: the parameters and
+    AdamW state carry their own frames, the gradients (autograd thread: no frames) lost their
+    allocations. The frameless blocks of a size whose parameters and state frames name are
+    those parameters' gradients: never parameters, never frozen weights."""
+    run = Run(steps=2)
+    snap = ring_buffer(run.sim.snapshot(), keep)
+    blocks = _analyse(tmp_path, snap, f"ring{keep}")
+    wrong, got, want = _compare(blocks, run.truth())
+    assert not wrong
+    kept = blocks.filter(pl.col("method") == "size-mirror:kept-gradients")
+    assert got["gradients"] == want["gradients"] and not kept.is_empty()
+    assert got["unknown"] <= 0.05 * sum(want.values())
+
+
 def test_a_capture_built_to_mislead_stays_unknown(tmp_path: Path) -> None:
     """Recording starts mid-forward; the capture ends in that forward (an OOM). The saved
     activations from before recording have the weights' sizes and are never freed in the

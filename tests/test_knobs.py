@@ -63,7 +63,8 @@ def test_family_lifetimes_come_from_the_vocabulary() -> None:
         "saved_logprob_softmax", "logits", "saved_activations", "comm_buffer",
         "weight_update_buffer", "kv_cache", "cuda_graph_pool",
     }
-    assert working_set_families() == {"activation_temporaries", "recompute", "workspace"}
+    assert working_set_families() == {"activation_temporaries", "optimizer_temporaries",
+                                      "activation_gradients", "recompute", "workspace"}
 
 
 def test_knobs_for_ranks_the_frameworks_own_knob_first() -> None:

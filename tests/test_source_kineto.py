@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+import snapana
 from snapana.analysis.replay import replay
 from snapana.errors import InputError
 from snapana.session import analyse
@@ -290,3 +291,36 @@ def test_cli_summary_reads_a_trace():
     result = invoke("summary", str(path), "--format", "json")
     assert result.returncode == 0, result.stderr
     json.loads(result.stdout)
+
+
+def _serving_trace(frame: str) -> dict:
+    """A profiler trace of a steady serving loop: 60 GiB live before profiling (Total
+    Allocated says so) and 150 allocations that are all freed again, under `frame`."""
+    base = 60 << 30
+    events, total = [_op(0, 10_000, frame, "python_function")], base
+    for i in range(150):
+        total += 1 << 20
+        events.append(_mem(10 + 2 * i, 1 << 20, addr=0x1000 + i, total=total))
+        total -= 1 << 20
+        events.append(_mem(11 + 2 * i, -(1 << 20), addr=0x1000 + i, total=total))
+    return _trace_with(events)
+
+
+@pytest.mark.parametrize(("frame", "engine"), [
+    ("vllm/worker/model_runner.py(1200): execute_model", "vLLM"),
+    ("sglang/srt/model_executor/model_runner.py(900): forward", "SGLang"),
+    ("serve.py(10): run", ""),
+])
+def test_a_serving_engines_baseline_is_not_called_weights(tmp_path, frame, engine):
+    """What a vLLM / SGLang process held before profiling is its weights and its KV-cache
+    pool, which nothing in the trace tells apart: unknown, said so; the same loop in a
+    process that is no serving engine keeps the steady-loop inference (weights)."""
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps(_serving_trace(frame)))
+    blocks = snapana.load(path).blocks
+    (base,) = blocks.filter(pl.col("size") == 60 << 30).iter_rows(named=True)
+    if engine:
+        assert base["family"] == "unknown"
+        assert f"in a {engine} process" in base["reason"] and "KV-cache" in base["reason"]
+    else:
+        assert base["family"] == "parameters" and base["method"] == "lifetime:persistent"

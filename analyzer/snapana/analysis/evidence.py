@@ -129,7 +129,9 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
         if spec is None:
             continue
         to = weak if spec.weak else said
-        if spec.says in to:
+        # one place is said once, by the first fact that names it (two facts can share an
+        # annotation: a torch.optim step is also an optimizer step)
+        if spec.says in to and not any(s.endswith(f": {where}") for s in to[spec.says]):
             to[spec.says].append(f"{spec.words}: {where}")
     said["training"] += [f"{what}" for what in marks.values()]
     if not any(said.values()):  # only the lifetimes speak

@@ -14,7 +14,9 @@ is given and the block stays ``unknown`` with its reason.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
@@ -157,6 +159,15 @@ class TracePhases:
         right = phase[np.searchsorted(pos, x, side="right")]  # the sentinel past the end
         return (left == 1) | (right == 1) | ((left == 2) & ((right == 0) | (right == 3)))
 
+    def within(self, phase: str, alloc_idx: np.ndarray, free_idx: np.ndarray) -> np.ndarray:
+        """True where no allocation or annotation mark of another phase lies between each
+        allocation and its free: both happened in the same run of `phase`."""
+        other = np.asarray([p for p, ph in zip(self._pos, self._phase, strict=True)
+                            if ph != phase and ph != "unknown"], dtype=np.float64)
+        lo = np.searchsorted(other, np.asarray(alloc_idx, dtype=np.float64), side="right")
+        hi = np.searchsorted(other, np.asarray(free_idx, dtype=np.float64), side="left")
+        return hi <= lo
+
     def has_phase(self, *phases: str) -> bool:
         """Whether any allocation or annotation window of the trace infers one of
         `phases`."""
@@ -269,11 +280,56 @@ class Attributor:
             cols["evidence"].append("unknown" if d.family == "unknown" else
                                     "frames" if framed else "inferred")
             cols["method"].append("" if d.family == "unknown" or framed else (d.rule_id or ""))
+        self._working_sets(blocks, cols)
         self._infer(blocks, cols)
         self._inventory(blocks, cols)
         return blocks.with_columns(
             [pl.Series(k, v, dtype=pl.Utf8) for k, v in cols.items()]
         )
+
+    def transient(self, families: Sequence[str | None], alloc_idx: np.ndarray,
+                  free_idx: np.ndarray) -> list[tuple[int, inference.Transient]]:
+        """(row, the rule that applies) for the rows whose family a phase only uses while it runs
+        (`inference.transient_rules`): allocated and freed in the window, in the same run of
+        that phase."""
+        rules = {t.family: t for t in inference.transient_rules()}
+        if not rules or not self.capture.has_trace:
+            return []
+        n = self.capture.device_events(self.device).height
+        alloc_idx, free_idx = np.asarray(alloc_idx), np.asarray(free_idx)
+        out: list[tuple[int, inference.Transient]] = []
+        for family, t in rules.items():
+            rows = np.flatnonzero(np.asarray([f == family for f in families], dtype=bool)
+                                  & (alloc_idx >= 0) & (free_idx > alloc_idx) & (free_idx < n))
+            if not rows.size:
+                continue
+            same = self.trace_phases().within(t.phase, alloc_idx[rows], free_idx[rows])
+            out += [(int(r), t) for r in rows[same]
+                    if self._free_phase(int(free_idx[r])) == t.phase]
+        return out
+
+    def _free_phase(self, free_idx: int) -> str | None:
+        """The phase of the stack that freed a block at event `free_idx` (None: no frames):
+        a step's temporary is freed inside the step, state by whoever drops it later."""
+        ev = self.capture.device_events(self.device)
+        sid = ev["stack_id"][free_idx]
+        if sid is None or not self.stacks.stack(int(sid)):
+            return None
+        size = int(ev["size"][free_idx] or 0)
+        return self.decide(int(sid), self.context(int(sid), "0,0", 0, ACTIVE_ALLOCATED, size,
+                                                  free_idx)).phase
+
+    def _working_sets(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
+        """Blocks of a state family that the same run of their phase freed: its working
+        set (see `transient`)."""
+        if "free_req_idx" not in blocks.columns:
+            return
+        born, freed = blocks["alloc_idx"].to_numpy(), blocks["free_req_idx"].to_numpy()
+        for i, t in self.transient(cols["family"], born, freed):
+            why = t.why.format(lived=int(freed[i] - born[i]))
+            cols["label"][i] = f"{family_label(t.becomes)} ({t.label})"
+            cols["reason"][i] = f"{cols['reason'][i]}; {why}" if cols["reason"][i] else why
+            cols["family"][i] = t.becomes
 
     def _infer(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """The inference stage, on the blocks the rules left unknown for lack of frames;
@@ -287,8 +343,15 @@ class Attributor:
         framed = [i for i, sid in enumerate(blocks["stack_id"]) if self.stacks.stack(sid)]
         live = [(int(blocks["requested_size"][i] or blocks["size"][i]), cols["family"][i],
                  cols["phase"][i], int(blocks["stack_id"][i])) for i in framed]
-        found = inference.infer(candidates, self._evidence(candidates, live),
-                                self._freed(candidates), label=self.capture.has_trace)
+        # what the other blocks at the moment already are, by size: the parameters and
+        # state that frames name leave the frameless blocks of their sizes to be the rest
+        unknown_rows = set(rows)
+        named = Counter((int(size or full), fam) for i, (size, full, fam) in enumerate(zip(
+            blocks["requested_size"], blocks["size"], cols["family"], strict=True))
+            if i not in unknown_rows and fam in inference.MIRRORED)
+        evidence = replace(self._evidence(candidates, live), named=named)
+        found = inference.infer(candidates, evidence, self._freed(candidates),
+                                label=self.capture.has_trace)
         for i, address in zip(rows, candidates["address"], strict=True):
             hit = found.get(int(address))
             if hit is None:
@@ -391,8 +454,17 @@ class Attributor:
             self.capture.has_trace and self.trace_phases().has_phase("backward", "optimizer"))
         no_grad = "" if backward else self._no_grad_site(
             {sid for _, _, _, sid in live} | set(allocs["stack_id"].drop_nulls().to_list()))
-        return inference.gather(most, others, allocs.height,
-                                freed / allocated if allocated else 0.0, backward, no_grad)
+        state_in_window = any(f == "optimizer_state" for _, f, _, _ in live)
+        ev_out = inference.gather(most, others, allocs.height,
+                                  freed / allocated if allocated else 0.0, backward, no_grad,
+                                  state_in_window)
+        return replace(ev_out, engine=self._engine())
+
+    def _engine(self) -> str:
+        """The serving engine whose frames the capture holds ("" none)."""
+        paths = {f[0].replace("\\", "/") for f in self.stacks.frames}
+        return next((name for name, parts in inference.engines().items()
+                     if any(part in p for p in paths for part in parts)), "")
 
     def _no_grad_site(self, stack_ids: set[int]) -> str:
         """The site of the first of `stack_ids` (in id order) with a frame that shows it

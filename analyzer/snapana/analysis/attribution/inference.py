@@ -35,7 +35,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,29 @@ def _labels() -> dict[str, str]:
     return dict(_raw()["label"])
 
 
+@dataclass(frozen=True)
+class Transient:
+    """A family whose blocks, when freed in the same run of `phase` that allocated them, are
+    that phase's working set: they become `becomes`, and `why` says so."""
+
+    family: str
+    phase: str
+    becomes: str
+    label: str
+    why: str
+
+
+@lru_cache(maxsize=1)
+def transient_rules() -> tuple[Transient, ...]:
+    return tuple(Transient(t["family"], t["phase"], t["becomes"], t["label"], t["why"])
+                 for t in _raw().get("transient", ()))
+
+
+def engines() -> dict[str, tuple[str, ...]]:
+    """Serving engine -> the path fragments of its frames (inference.toml `[engines]`)."""
+    return {name: tuple(parts) for name, parts in _raw().get("engines", {}).items()}
+
+
 def no_grad_markers() -> tuple[tuple[str, str], ...]:
     """(file suffix, function) of frames that show a stack runs without autograd."""
     return tuple((m["file"], m["function"]) for m in _raw().get("no_grad", ()))
@@ -113,16 +136,26 @@ class Evidence:
     backward: bool = False  # the window shows a backward or an optimizer step
     no_grad_site: str = ""  # a site whose stack runs without autograd ("" when none)
     other_family: Mapping[int, str] = field(default_factory=dict)  # size -> a family it got
+    #: the optimizer created its state while recording (framed optimizer_state blocks): a
+    #: block held since before recording began is none of it
+    state_in_window: bool = False
+    #: (requested size, family) -> blocks at the moment that rules or frames already give a
+    #: model-state family (parameters, optimizer_state, gradients)
+    named: Counter[tuple[int, str]] = field(default_factory=Counter)
+    #: the serving engine whose frames the capture holds (inference.toml `engines`), "" none:
+    #: what it held before recording is its weights and its pre-sized KV-cache pool
+    engine: str = ""
 
 
 def gather(gradients: dict[int, int], others: list[tuple[int, str]], recorded_allocs: int,
-           freed_share: float, backward: bool = False, no_grad_site: str = "") -> Evidence:
+           freed_share: float, backward: bool = False, no_grad_site: str = "",
+           state_in_window: bool = False) -> Evidence:
     """Evidence from recorded allocations of the candidates' sizes: how many gradients of
     each size were alive at once, and the (size, family) of the other allocations (live
     blocks with frames whose allocation fell out of the trace count as allocations too)."""
     other = {size: family for size, family in others if family not in MIRRORED}
     return Evidence(Counter(gradients), frozenset(other), recorded_allocs, freed_share,
-                    backward or bool(gradients), no_grad_site, other)
+                    backward or bool(gradients), no_grad_site, other, state_in_window)
 
 
 @dataclass(frozen=True)
@@ -153,9 +186,8 @@ def infer(candidates: pl.DataFrame, evidence: Evidence,
         if grads:
             more = Counter(int(s) for s in candidates.filter(
                 pl.col("address").is_in(list(grads)))["requested_size"].to_list())
-            evidence = Evidence(evidence.gradient_sizes + more, evidence.other_sizes,
-                                evidence.recorded_allocs, evidence.freed_share, True,
-                                evidence.no_grad_site, evidence.other_family)
+            evidence = replace(evidence, gradient_sizes=evidence.gradient_sizes + more,
+                               backward=True)
         out |= _model_state(before, evidence, methods, limits)
     if not label:
         return out | _no_history(before, evidence, limits)
@@ -166,7 +198,7 @@ def _no_history(before: pl.DataFrame, ev: Evidence,
                 limits: dict[str, Any]) -> dict[int, Inferred]:
     """Without a trace nothing says what a block was; when the blocks repeat in size like a
     layered model's weights, their label says so (they stay unknown)."""
-    sizes, words = _layered(before, ev, limits)
+    sizes, words = _layered(before, ev, limits, by_bytes=True)
     if not sizes:
         return {}
     why = _labels()["no_history_layered"].format(**words)
@@ -177,6 +209,18 @@ def _no_history(before: pl.DataFrame, ev: Evidence,
 def _model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
                  limits: dict[str, Any]) -> dict[int, Inferred]:
     """Parameters (and optimizer state) among the blocks alive since before recording."""
+    kept = _kept_gradients(before, ev, methods) if ev.backward else {}
+    if kept:  # the rest is decided without them
+        before = before.filter(~pl.col("address").is_in(list(kept)))
+    return kept | _more_model_state(before, ev, methods, limits)
+
+
+def _more_model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
+                      limits: dict[str, Any]) -> dict[int, Inferred]:
+    if ev.engine and not ev.backward:
+        # a serving engine sized its KV cache at start-up, in per-layer tensors that repeat
+        # and persist like weights: nothing here tells one from the other (a label says so)
+        return {}
     if ev.gradient_sizes:
         frozen = _window(before, ev, methods, limits, "lifetime:frozen-weights")
         rest = before.filter(~pl.col("address").is_in(list(frozen)))
@@ -228,17 +272,42 @@ def _mirror(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
     words = {"matched": matched, "candidates": before.height,
              "gradients": sum(ev.gradient_sizes.values())}
     param, state = methods["size-mirror:gradients"], methods["size-mirror:optimizer"]
+    if ev.state_in_window:  # the extra blocks of a size predate the state: buffers
+        state = methods["size-mirror:buffers"]
     out: dict[int, Inferred] = {}
     for size, addrs in usable.items():
-        n_params = min(len(addrs), ev.gradient_sizes[size])
+        # per gradient of this size a parameter, then (Adam-like) state; parameters that
+        # frames already name are not missing
+        params = max(0, ev.gradient_sizes[size] - ev.named[(size, "parameters")])
         for i, a in enumerate(addrs):
-            m = param if i < n_params else state
+            m = param if i < params else state
             out[a] = Inferred(m.family, m.id, m.why.format(**words))
     return out
 
 
-def _layered(before: pl.DataFrame, ev: Evidence,
-             limits: dict[str, Any]) -> tuple[frozenset[int], dict[str, Any]]:
+def _kept_gradients(before: pl.DataFrame, ev: Evidence,
+                    methods: dict[str, Method]) -> dict[int, Inferred]:
+    """In a window with a backward: frameless blocks of a size whose parameters and their
+    optimizer state (two per parameter) frames already name are those parameters'
+    gradients, kept from a backward before recording (a ring buffer that lost their
+    allocations), at most one per parameter."""
+    m = methods["size-mirror:kept-gradients"]
+    out: dict[int, Inferred] = {}
+    by_size: dict[int, list[int]] = {}
+    for address, size in before.sort("address").select("address", "requested_size").iter_rows():
+        by_size.setdefault(int(size), []).append(int(address))
+    for size, addrs in by_size.items():
+        params = ev.named[(size, "parameters")]
+        room = params - ev.named[(size, "gradients")]
+        if not params or ev.named[(size, "optimizer_state")] < 2 * params or \
+                len(addrs) > room:
+            continue
+        out |= {a: Inferred(m.family, m.id, m.why.format(params=params)) for a in addrs}
+    return out
+
+
+def _layered(before: pl.DataFrame, ev: Evidence, limits: dict[str, Any],
+             by_bytes: bool = False) -> tuple[frozenset[int], dict[str, Any]]:
     """The sizes among `before` that repeat like a layered model's weights (and that no
     gradient or other allocation of the window has), with the words that describe them;
     nothing when they do not make up such a model."""
@@ -254,8 +323,14 @@ def _layered(before: pl.DataFrame, ev: Evidence,
     held = sum(counts[s] for s in repeated)
     # of the blocks no gradient can mirror (those that can are the mirror's to explain)
     unmirrored = sum(n for s, n in counts.items() if s not in ev.gradient_sizes)
+    # without history (`by_bytes`) nothing else weighs in, so the bytes must agree too: a few
+    # repeated small sizes beside GiBs of others say nothing about the GiBs
+    held_bytes = sum(s * counts[s] for s in repeated)
+    unmirrored_bytes = sum(s * n for s, n in counts.items() if s not in ev.gradient_sizes)
     if (len(repeated) < limits["min_layer_sizes"]
-            or held < limits["min_layer_share"] * max(unmirrored, 1)):
+            or held < limits["min_layer_share"] * max(unmirrored, 1)
+            or (by_bytes and held_bytes < limits["min_layer_byte_share"]
+                * max(unmirrored_bytes, 1))):
         return frozenset(), {}
     return repeated, {"sizes": len(repeated), "blocks": held, "share": held / unmirrored,
                       "site": ev.no_grad_site, "recorded": ev.recorded_allocs}
@@ -317,6 +392,8 @@ def _persistent_words(candidates: pl.DataFrame, size: int, ev: Evidence,
                       words: dict[str, str], limits: dict[str, Any]) -> str:
     """The label of a block held since before recording and never freed, no method naming
     it: what the window did around it, and why it is not named."""
+    if ev.engine and not ev.backward:
+        return words["persistent_engine"].format(engine=ev.engine)
     other = ev.other_family.get(size)
     caveat = words["caveat_other_sizes"].format(family=other) if other is not None else ""
     if ev.backward and not ev.gradient_sizes:

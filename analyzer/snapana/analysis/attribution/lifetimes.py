@@ -84,6 +84,14 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
     codes: dict[str, tuple[np.ndarray, list[str | None]]] = {
         "family": (which, families), "phase": (which.copy(), phases),
         "evidence": (np.where(unknown[which], 0, np.where(framed, 1, 2)), evidences)}
+    working = attributor.transient([families[k] for k in which], alloc_idx,
+                                   lt["free_req_idx"].to_numpy())
+    if working:  # a state family's blocks its phase frees in the same run: its working set
+        index, values = codes["family"]
+        for row, t in working:
+            index[row] = len(values) if t.becomes not in values else values.index(t.becomes)
+            if t.becomes not in values:
+                values.append(t.becomes)
     if held is not None and not held.is_empty():
         _take_held(lt, held, codes)
     return lt.with_columns(

@@ -474,6 +474,10 @@ def _frame_pattern(raw: Any, ctx: _Ctx, key: str) -> FramePattern:
     functions = None
     if "function" in raw:
         functions = frozenset(_as_list(raw["function"], ctx, "function"))
+        globbed = sorted(f for f in functions if set(f) & set("*?["))
+        if globbed:  # names are exact: a glob would silently never match
+            raise ctx.fail(f"`function` names are exact, {globbed[0]!r} is a pattern: use "
+                           "`function_re`")
     symbol_re = _regex(raw["symbol_re"], ctx, "symbol_re") if "symbol_re" in raw else None
     if symbol_re is not None and {"file", "file_re", "function", "function_re"} & set(raw):
         raise ctx.fail("`symbol_re` matches C++ frames and cannot be combined with file/function")
