@@ -107,6 +107,11 @@ def _loops(data: dict[str, Any]) -> list[dict[str, Any]]:
                "total": g["allocation_bytes"], "uniform": True,
                "min_size": g["uniform_size"], "max_size": g["uniform_size"]}
               for d in data["devices"] for g in d.get("growth", []) if g["uniform_size"]]
+    # a history-less state's blocks by size (the sizes table and the verdict's largest)
+    loops += [{"count": s["count"], "chunk_size": s["size_bytes"], "total": s["total_bytes"],
+               "uniform": True, "min_size": s["size_bytes"], "max_size": s["size_bytes"]}
+              for d in data["devices"] for g in d["diagnosis"].get("size_groups", [])
+              for s in g["sizes"]]
     return loops
 
 

@@ -172,6 +172,9 @@ class Capture:
     has_time: bool = False
     capacity_bytes: dict[int, int] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: The file name the capture was first read from, where `path` is not it (an export
+    #: folder names the snapshot it was exported from); "" otherwise.
+    origin: str = ""
 
     def __post_init__(self) -> None:
         if self.stacks.truncated:

@@ -160,6 +160,17 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
                    "applies": d.applies.get(k.id, "")}
                   for k in d.knobs],
         "frameworks": list(d.frameworks),
+        "oom_named": d.oom_named,
+        # without history: the live blocks by size (count × size = total), related sizes in
+        # one group, largest group first; and demand or fragmentation from the segments
+        "size_groups": [{"total_bytes": g.total, "blocks": g.count,
+                         "sizes": [{"size_bytes": row.size, "count": row.count,
+                                    "total_bytes": row.total,
+                                    "fraction_of_largest": g.ratio(row)} for row in g.rows]}
+                        for g in d.size_groups],
+        "size_rows": [{"blocks": b, "total": t, "share": sh, "related": rel}
+                      for b, t, sh, rel in view.sizes],
+        "demand_statement": view.demand,
     }
 
 

@@ -11,6 +11,7 @@ from snapana.units import fmt_bytes
 
 TOP_GROUPS = 10  # families listed, the rest summed in one row
 TOP_SITES = 20  # changed sites in a diff
+TOP_SIZES = 12  # rows of the sizes table of a history-less state
 
 _ESCAPE = str.maketrans({"<": "&lt;", ">": "&gt;", "|": "\\|", "*": "\\*", "\\": "\\\\"})
 
@@ -43,6 +44,12 @@ def _device(out: list[str], d: DeviceView) -> None:
     out.append("|---|---:|")
     out.extend(f"| {esc(k)} | {esc(v)} |" for k, v in d.headline)
     out.append("")
+    if d.sizes:
+        out.append("**Sizes** (no history: what the blocks' sizes say, related sizes together)"
+                   + (f". {esc(d.demand)}" if d.demand else ""))
+        _table(out, ("blocks of a size", "total", "of allocated", "related size"),
+               [(b, t, sh, esc(rel)) for b, t, sh, rel in d.sizes[:TOP_SIZES]])
+        out.append("")
     out.append("| what holds memory | bytes | blocks | share | evidence | repeated copies | "
                "top site |")
     out.append("|---|---:|---:|---:|---|---|---|")

@@ -19,6 +19,7 @@ from snapana.units import fmt_bytes
 
 TOP_GROUPS = 12  # families in the "what holds memory" list
 TOP_SITES = 20  # changed sites in a diff
+TOP_SIZES = 12  # rows of the sizes table of a history-less state
 INDENT = "  "
 _FIGURE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB)\b")
 
@@ -85,6 +86,11 @@ def _device(out: _Out, d: DeviceView) -> None:
     width = max((len(k) for k, _ in d.headline), default=0)
     for k, v in d.headline:
         out.line(f"{INDENT}{k.ljust(width)}  {v.rjust(10)}")
+    if d.sizes:
+        out.heading("sizes (no history: what the blocks' sizes say, related sizes together)")
+        if d.demand:
+            out.para(d.demand, first=INDENT, indent=INDENT)
+        _sizes(out, d)
     if not r.groups:
         out.heading("what holds memory: nothing is allocated")
     else:
@@ -115,6 +121,19 @@ def _device(out: _Out, d: DeviceView) -> None:
             out.para(why, indent=INDENT * 3)
     for w in r.warnings:
         out.para(f"warning: {w}", indent=INDENT)
+
+
+def _sizes(out: _Out, d: DeviceView, limit: int = TOP_SIZES) -> None:
+    """Each size's blocks and total, related sizes indented under their group's largest."""
+    shown = [(INDENT * (2 if relation else 1) + blocks, share, relation)
+             for blocks, _, share, relation in d.sizes[:limit]]
+    width = max(len(n) for n, _, _ in shown)
+    for blocks, share, relation in shown:
+        out.line(f"{blocks.ljust(width)}  {share.rjust(6)}")
+        if relation:
+            out.para(relation, indent=INDENT * 4)
+    if len(d.sizes) > len(shown):
+        out.line(f"{INDENT}and {len(d.sizes) - limit} more sizes (the JSON lists every one)")
 
 
 def _groups(out: _Out, d: DeviceView) -> None:

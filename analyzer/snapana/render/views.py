@@ -387,6 +387,10 @@ class DeviceView:
     workload: str = ""
     settings: str = ""
     history: str = ""  # how much history was recorded, where it was not ('' : it was)
+    #: without history: blocks × size, total, share, relation (wording.size_rows), and
+    #: demand or fragmentation from the segments
+    sizes: tuple[tuple[str, str, str, str], ...] = ()
+    demand: str = ""
 
     @cached_property
     def timeline(self) -> TimelineView:
@@ -441,7 +445,8 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
         history_note=w.host_history_note(r) if r.source in w.HOST_SOURCES else "",
         growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin,
         workload=w.workload_statement(r), settings=w.settings_statement(r),
-        history=w.history_statement(r))
+        history=w.history_statement(r), sizes=tuple(w.size_rows(r)),
+        demand=w.demand_statement(r) if not r.diagnosis.history else "")
 
 
 @dataclass(frozen=True, eq=False)

@@ -406,6 +406,81 @@ def history_statement(r: DeviceReport) -> str:
     return "No allocation history was recorded: this snapshot holds only the final state"
 
 
+#: Of reserved, at least this share allocated reads as demand (the cache holds little).
+DEMAND_SHARE = 0.9
+SIZE_VERDICT_GROUPS = 3  # size groups the verdict of a history-less state names
+
+
+def _fraction(ratio: int) -> str:
+    return {2: "half", 4: "a quarter"}.get(ratio, f"1/{ratio}")
+
+
+def size_text(count: int, size: int) -> str:
+    """`count` blocks of `size` as arithmetic a reader can check (as `repeat_text`): "N × S
+    = T" only when the printed product gives the printed total."""
+    return repeat_text({"site": "", "stack_id": -1, "count": count, "chunk_size": size,
+                        "total": count * size, "uniform": True, "min_size": size,
+                        "max_size": size})
+
+
+def size_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
+    """The live blocks by size, related sizes under the largest of their group (blocks and
+    total as `size_text`, total, share of allocated, relation)."""
+    rows = []
+    total = r.allocated_bytes or 1
+    for g in r.diagnosis.size_groups:
+        for row in g.rows:
+            ratio = g.ratio(row)
+            rows.append((size_text(row.count, row.size), fmt_bytes(row.total),
+                         _pct(row.total / total),
+                         "" if ratio == 1 else
+                         f"{_fraction(ratio)} of {fmt_bytes(g.largest)}"))
+    return rows
+
+
+def _sizes_words(r: DeviceReport) -> str:
+    """The largest size groups in a sentence: where a history-less state's memory is."""
+    groups = r.diagnosis.size_groups[:SIZE_VERDICT_GROUPS]
+    if not groups:
+        return ""
+    parts = []
+    for g in groups:
+        head = g.rows[0]
+        text = size_text(head.count, head.size)
+        if len(g.rows) > 1:
+            text += " with " + ", ".join(
+                f"{row.count} of {fmt_bytes(row.size)} ({_fraction(g.ratio(row))} of that "
+                "size)" for row in g.rows[1:])
+        parts.append(text)
+    held = sum(g.total for g in groups)
+    return (f"By size, the largest tensors are {'; '.join(parts)}: "
+            f"{_pct(held / (r.allocated_bytes or 1))} of allocated in "
+            f"{sum(g.count for g in groups)} blocks (the sizes table lists them).")
+
+
+def demand_statement(r: DeviceReport) -> str:
+    """Demand or fragmentation, from the segments alone: how much of reserved is allocated,
+    and in what pieces the rest is free ('' where the source has no segments)."""
+    cached = r.cached_unallocated_bytes
+    if not r.has_segments or not r.reserved_known or not r.reserved_bytes or cached is None:
+        return ""
+    share = r.allocated_bytes / r.reserved_bytes
+    largest = r.largest_free_block_bytes or 0
+    if share >= DEMAND_SHARE:
+        return (f"{_pct(share)} of the {fmt_bytes(r.reserved_bytes)} PyTorch reserved is "
+                f"allocated to live tensors ({fmt_bytes(cached)} cached but unallocated): "
+                "the memory went to demand, not fragmentation.")
+    if largest >= cached / 2:
+        return (f"{fmt_bytes(cached)} of the {fmt_bytes(r.reserved_bytes)} PyTorch reserved "
+                f"({_pct(cached / r.reserved_bytes)}) is cached but unallocated, most of it in "
+                f"one free piece of {fmt_bytes(largest)}: memory the cache kept, not lost to "
+                "fragmentation.")
+    return (f"{fmt_bytes(cached)} of the {fmt_bytes(r.reserved_bytes)} PyTorch reserved "
+            f"({_pct(cached / r.reserved_bytes)}) is cached but unallocated in pieces of at most "
+            f"{fmt_bytes(largest)}: fragmentation holds that share (a larger request needs a "
+            "new segment).")
+
+
 def verdict(r: DeviceReport) -> str:
     """One paragraph a tired engineer can act on; the evidence follows it in every report."""
     d = r.diagnosis
@@ -423,10 +498,21 @@ def verdict(r: DeviceReport) -> str:
         state = f"{fmt_bytes(r.allocated_bytes)} allocated in {blocks} blocks"
         if r.reserved_known:
             state += f", {fmt_bytes(r.reserved_bytes)} reserved"
-        parts.append(
-            f"{history_statement(r)}, so there is no OOM, peak or timeline to show (an OOM "
-            "the job hit before this dump left no entry), and no "
-            f"block can be tied to the phase that made it. At the snapshot: {state}.")
+        if d.oom_named:
+            parts.append(
+                f"Written at an OOM ({d.oom_named}); the trace records no allocation, so the "
+                f"failed request is not known. {history_statement(r)}, so there is no peak or "
+                "timeline to show, and no block can be tied to the phase that made it. At the "
+                f"snapshot: {state}.")
+        else:
+            parts.append(
+                f"{history_statement(r)}, so there is no OOM, peak or timeline to show (an "
+                "OOM the job hit before this dump left no entry), and no "
+                f"block can be tied to the phase that made it. At the snapshot: {state}.")
+        # a large cache gets its own sentence below (with what acts on it)
+        for words in (_sizes_words(r), "" if d.large_cache else demand_statement(r)):
+            if words:
+                parts.append(words)
         if r.groups:
             framed = any(g.name != "unknown" for g in r.groups)
             parts.append(f"Largest: {_top(r)}" + (
@@ -469,6 +555,7 @@ def verdict(r: DeviceReport) -> str:
     if d.knobs and d.knobs[0].id not in named:
         k = d.knobs[0]
         lead = ("Knob" if d.kind == "oom" and r.oom is not None else
+                "To make it fit" if d.oom_named and not d.history else
                 "If this peak must shrink" if d.history else "If this state must shrink")
         if d.kind != "oom" and d.capacity_bytes is not None and d.headroom_bytes is not None:
             lead = (f"Near capacity ({fmt_bytes(d.headroom_bytes)} of headroom); "

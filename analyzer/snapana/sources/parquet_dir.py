@@ -17,7 +17,7 @@ import base64
 import binascii
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -438,7 +438,13 @@ def _meta_fields(meta: dict[str, Any], path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: invalid {MARKER}: {exc}") from None
     except RecursionError:
         raise InputError(f"{path}: invalid {MARKER}: nested too deep") from None
+    # the file it was exported from: only its name, and only plain text (it is shown)
+    origin = meta.get("path")
+    origin = PurePath(origin).name if isinstance(origin, str) and len(origin) < 4096 else ""
+    if not origin.isprintable():
+        origin = ""
     return {"source": source, "devices": devices, "capacity_bytes": capacity,
+            "origin": origin,
             "warnings": list(warnings), "annotations": annotations,
             "allocator_settings": settings, "metadata": metadata,
             "has_trace": bool(meta.get("has_trace")), "has_time": bool(meta.get("has_time"))}
@@ -503,4 +509,5 @@ def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
         has_time=fields["has_time"] and events["time_us"].null_count() < events.height,
         capacity_bytes=fields["capacity_bytes"],
         metadata=fields["metadata"],
+        origin=fields["origin"],
     )

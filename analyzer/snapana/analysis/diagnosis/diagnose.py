@@ -8,7 +8,9 @@ the vocabulary renderers read; this module is the algorithm.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import PurePath
 
 import polars as pl
 
@@ -51,6 +53,7 @@ from snapana.analysis.knobs import (
 )
 from snapana.analysis.placement import round_request, segment_size_for, would_fit
 from snapana.analysis.replay import OVER_RESERVED, DeviceReplay, Moment
+from snapana.analysis.size_groups import size_groups
 from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
 from snapana.model import Capture
 from snapana.units import fmt_bytes
@@ -402,8 +405,27 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         applies={k.id: why_applies(k, ev, list(order)) or "" for k in knobs[:MAX_KNOBS]},
         knob_families=tuple(order), shortfall_bytes=shortfall, empty=empty,
         large_cache=cached,
+        size_groups=() if history else size_groups(held["size"].to_list()),
+        oom_named="" if oom is not None else _oom_named(capture),
     )
     return diagnosis, warnings
+
+
+#: A file name that says it was written at an OOM: "oom" as a word of its own
+#: (oom_snapshot.pickle, rank0-OOM.pickle), not inside another (room, zoom).
+OOM_NAME = re.compile(r"(?:^|[^a-z])oom(?:[^a-z]|$)", re.IGNORECASE)
+
+
+def _oom_named(capture: Capture) -> str:
+    """What says a capture whose trace records no OOM was written at one: the recorder's
+    sidecar (dumped by the OOM observer) or the file's name; "" when nothing does."""
+    sidecar = capture.metadata.get("sidecar") or {}
+    if sidecar.get("reason") == "oom":
+        return "the recorder's sidecar says it dumped this at an OOM"
+    name = capture.origin or PurePath(capture.path).name
+    if OOM_NAME.search(name):
+        return f"the file name {name} says so"
+    return ""
 
 
 def _failed_elsewhere(capture: Capture, device: int) -> int | None:
@@ -619,8 +641,10 @@ def _groups(held: pl.DataFrame) -> tuple[Group, ...]:
         sub = (
             mine.group_by("site")
             .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"),
-                 pl.col("label").mode().first().alias("label"),
-                 pl.col("rule_id").mode().first().alias("rule_id"))
+                 # the most common; among equally common ones the first by name, whatever
+                 # the order the source listed the blocks in
+                 pl.col("label").mode().sort().first().alias("label"),
+                 pl.col("rule_id").mode().sort().first().alias("rule_id"))
             .sort(["bytes", "site"], descending=[True, False])
         )
         sites = tuple(

@@ -20,6 +20,7 @@ from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline
 from snapana.analysis.knobs import Knob
 from snapana.analysis.placement import SpareTerms
 from snapana.analysis.replay import Moment, MomentKind
+from snapana.analysis.size_groups import SizeGroup
 from snapana.model import Frame, StackTable
 
 #: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
@@ -235,6 +236,12 @@ class Diagnosis:
     #: Another device of the capture ran out of memory: this one is shown for comparison, and
     #: no knob is prescribed for it.
     failed_elsewhere: int | None = None
+    #: Without history: the live blocks grouped by size, related sizes together (what the
+    #: sizes say when no event does); () where history was recorded.
+    size_groups: tuple[SizeGroup, ...] = ()
+    #: Without an OOM in the trace: what says the capture was written at one anyway (its
+    #: sidecar's reason, its file name), in words; "" when nothing does.
+    oom_named: str = ""
 
     def cause(self, cause_id: CauseId) -> Cause | None:
         return next((c for c in self.causes if c.id == cause_id), None)
