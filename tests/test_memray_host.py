@@ -113,7 +113,8 @@ def test_capture_of_each_release_is_read_or_names_its_release(release_venv, tmp_
         with pytest.raises(InputError) as info:
             memray_capture.load(cap)
         msg = str(info.value)
-        assert "\n" not in msg and f"pip install 'memray=={release}'" in msg
+        assert "\n" not in msg and f"install 'memray=={release}' in a separate environment" in msg
+        assert "--memray-python" in msg  # never a bare pip install that downgrades this one
         first, last = memray_capture.FORMAT_RELEASES[RELEASES[release]]
         assert f"memray {first} to {last}" in msg
         # the user's own -o is the one the advice names

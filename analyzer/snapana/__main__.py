@@ -14,6 +14,8 @@ def run() -> None:
     """Start reading the command line's one snapshot, run the CLI, end the process."""
     from snapana.commands._early import start_reading
 
+    if sys.stdout is None:  # started with stdout closed: writing to it fails, said once
+        sys.stdout = _Closed()
     start_reading(sys.argv[1:])
     from snapana.cli import main
 
@@ -43,12 +45,38 @@ def _end(code: object) -> None:
         print(code, file=sys.stderr)
         status = 1
     run_handlers()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):  # a reader gone, or no stream
-            pass
+    try:  # what stdout still buffers: a full disk or a reader gone shows only now
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError) as exc:
+        if status == 0:
+            why = getattr(exc, "strerror", None) or str(exc)
+            print(f"snapana: error: could not write the output: {why}", file=sys.stderr)
+            status = OUTPUT_ERROR
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):  # no one left to tell
+        pass
     os._exit(status)
+
+
+OUTPUT_ERROR = 4  # errors.OutputError.exit_code (not imported: this module imports nothing)
+
+
+class _Closed:
+    """Standard output when the process started with it closed: every write fails as the
+    closed descriptor would (EBADF), so the command says so once and exits 4."""
+
+    def write(self, text: str) -> int:
+        raise OSError(9, "standard output is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError(9, "standard output is closed")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ anything else one line and exit 3) and the commands, each a small module of
 
 from __future__ import annotations
 
+import errno
 from typing import Annotated, Any
 
 import typer
@@ -57,6 +58,14 @@ class _Guarded(TyperGroup):
             raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
+        except (OSError, UnicodeEncodeError) as exc:
+            problem = environment_problem(exc)
+            if problem is None:
+                raise
+            code, words = problem
+            err.print(f"snapana: error: {words}", markup=False, highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(code) from None
         except Exception as exc:
             if type(exc).__module__.split(".")[0] in ("click", "typer"):
                 raise  # usage errors: the CLI framework prints them itself
@@ -73,6 +82,40 @@ class _Guarded(TyperGroup):
                       "(--debug shows the traceback)", markup=False, highlight=False,
                       soft_wrap=True)
             raise typer.Exit(INTERNAL_ERROR) from None
+
+
+#: errno values of a path the command was given that cannot be read (exit 2, the input's)
+_PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOENT, errno.EACCES, errno.EPERM,
+                          errno.ENOTDIR, errno.ELOOP, errno.EISDIR})
+#: errno values of an output that cannot be written (exit 4, the environment's)
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EPIPE, errno.EBADF, errno.EIO,
+                            errno.EROFS, errno.EFBIG})
+
+
+def environment_problem(exc: BaseException) -> tuple[int, str] | None:
+    """(exit code, one line) for a failure of the file system or the output stream rather
+    than of snapana: a path it cannot read (2), an output it cannot write (4). None: a bug
+    (an unpaired surrogate reaching a UTF-8 file is snapana's, not the stream's)."""
+    from snapana.errors import OutputError
+    from snapana.units import inert
+
+    if isinstance(exc, UnicodeEncodeError):
+        if exc.encoding.replace("-", "").lower() == "utf8":
+            return None
+        return (OutputError.exit_code,
+                f"the output's encoding ({exc.encoding}) cannot show this report: set "
+                "PYTHONIOENCODING=utf-8, or write it to a file (-o)")
+    if not isinstance(exc, OSError) or exc.errno is None:
+        return None
+    reason = inert(exc.strerror or str(exc), lines=False)
+    if exc.errno in _OUTPUT_ERRNOS:
+        where = f" ({inert(str(exc.filename), lines=False)[:200]})" if exc.filename else ""
+        return OutputError.exit_code, f"could not write the output{where}: {reason}"
+    if exc.errno in _PATH_ERRNOS and exc.filename is not None:
+        name = inert(str(exc.filename), lines=False)
+        shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
+        return 2, f"{shown}: {reason}"
+    return None
 
 
 app = typer.Typer(

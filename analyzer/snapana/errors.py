@@ -18,5 +18,13 @@ class InputError(SnapanaError):
     """The file is missing, unreadable, of the wrong format, truncated or unsafe."""
 
 
+class OutputError(SnapanaError):
+    """The output could not be written: a full disk, a closed or broken stream, an output
+    encoding that cannot show the report. The environment's fault, not the input's and not
+    snapana's: exit code 4."""
+
+    exit_code = 4
+
+
 class UnsafePickleError(InputError):
     """The pickle asks to import or call something; nothing from it was executed."""

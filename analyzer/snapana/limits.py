@@ -66,6 +66,12 @@ MAX_MARKER_BYTES = 64 << 20
 #: Deepest stack kept (innermost frames): Python stops at 1,000 frames by default and real
 #: snapshots hold tens to hundreds; deeper is a pickle's memo repeating one frame.
 MAX_STACK_FRAMES = 4096
+#: Longest frame file name or function name kept (characters): real paths and Python names
+#: are far shorter, a demangled C++ template symbol can run to a few thousand and is told
+#: apart by its start. A longer one is cut to this length, its end saying how long it was:
+#: one long name shared through a pickle's memo by thousands of stacks would otherwise
+#: multiply into every site, report and table that shows them.
+MAX_FRAME_TEXT = 512
 
 
 def _env_int(name: str, default: int) -> int:
@@ -116,6 +122,22 @@ def decode_memory(size: int) -> int:
 #: row, so rows beyond the size's worth are a memo amplification, not a capture.
 ROWS_FREE = 1 << 14
 MIN_ROW_BYTES = 8
+
+
+#: An export folder's Parquet table may decode to at most EXPORT_INFLATION times its file's
+#: bytes (plus EXPORT_FREE): Parquet's run-length and dictionary encodings and its page
+#: compression make a real table 3-30x its file; a few hundred KB inflating to GiBs is a
+#: bomb. Its rows are bounded by the same rule per byte of file (4 rows a byte: a column of
+#: one repeated value takes almost nothing, but every row costs every later stage).
+EXPORT_INFLATION = 64
+EXPORT_FREE = 64 << 20
+EXPORT_ROWS_PER_BYTE = 4
+
+
+def export_bounds(file_bytes: int) -> tuple[int, int]:
+    """(most rows, most decoded bytes) one export table of `file_bytes` may hold."""
+    return (ROWS_FREE + EXPORT_ROWS_PER_BYTE * file_bytes,
+            EXPORT_FREE + EXPORT_INFLATION * file_bytes)
 
 
 def max_rows(decoded_bytes: int) -> int:

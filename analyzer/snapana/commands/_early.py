@@ -53,7 +53,10 @@ def one_input(argv: list[str]) -> Path | None:
     if len(found) != 1 or any(c in found[0] for c in "*?["):
         return None
     path = Path(found[0])
-    return path if path.is_file() else None
+    try:
+        return path if path.is_file() else None
+    except (OSError, ValueError):  # a name too long, a folder it cannot enter: the command
+        return None  # itself says so, in one line
 
 
 def start_reading(argv: list[str]) -> None:

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from snapana import render as renderers
 from snapana.errors import InputError
+from snapana.units import inert
 
 if TYPE_CHECKING:  # the pipeline is imported when a command runs: -h and -V stay fast
     from snapana.analysis.attribution.engine import RuleSet
@@ -116,7 +117,9 @@ def output_file(output: Path | None, default: Path, read: list[Path]) -> Path:
     out = output if output is not None else default
     if out.is_dir():
         out = out / default.name
-        err.print(f"{output} is a folder: writing {out}")
+        err.print(f"{inert(str(output), lines=False)} is a folder: writing "
+                  f"{inert(str(out), lines=False)}", markup=False, highlight=False,
+                  soft_wrap=True)
     refuse_inputs(out, read)
     check_file_target(out)
     return out
@@ -161,7 +164,16 @@ def write(out: Path, text: str) -> None:
     from snapana.io.output import write_atomic
 
     write_atomic(out, text)
-    err.print(f"wrote {out}")
+    err.print(f"wrote {inert(str(out), lines=False)}", markup=False,
+                     highlight=False, soft_wrap=True)
+
+
+def none_analysed(multi: MultiReport | None) -> None:
+    """Several inputs and not one analysed: the command failed (exit 2), whatever it wrote
+    to list why each was refused."""
+    if multi is not None and multi.ranks and not multi.ok:
+        raise InputError(f"none of the {len(multi.ranks)} inputs could be analysed (each "
+                         "one's reason is listed above)")
 
 
 def analyse_many(paths: list[Path], workers: int | None, rules: list[Path] | None,

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from snapana.commands import _policy as policy
+from snapana.units import inert
 
 
 def convert(
@@ -32,4 +33,5 @@ def convert(
     python = str(memray_python) if memray_python is not None else None
     out = policy.reading(file, lambda progress: convert_memray(file, target, python=python,
                                                                progress=progress))
-    policy.err.print(f"wrote {out}")
+    policy.err.print(f"wrote {inert(str(out), lines=False)}", markup=False,
+                     highlight=False, soft_wrap=True)

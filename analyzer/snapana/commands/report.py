@@ -57,6 +57,7 @@ def report(
                          ahead=_explorer_ahead)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
     policy.write(out, policy.render_view(view, renderers.REPORT_FORMAT, to_terminal=False))
+    policy.none_analysed(shown.ranks)
 
 
 def _explorer_ahead(session: Session) -> None:

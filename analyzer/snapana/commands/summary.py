@@ -36,3 +36,4 @@ def summary(
     shown = policy.shown(ins, device, rules, capacity, at, workers)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
     sys.stdout.write(policy.render_view(view, format.value))
+    policy.none_analysed(shown.ranks)

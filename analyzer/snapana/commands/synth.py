@@ -10,6 +10,7 @@ import typer
 from snapana.commands import _policy as policy
 from snapana.commands._options import OutputOpt, integer
 from snapana.errors import InputError
+from snapana.units import inert
 
 
 def synth(
@@ -39,7 +40,8 @@ def synth(
         out = write_scale_snapshot(
             entries, policy.output_file(output, Path(f"scale-{entries}.pickle"), []), seed=seed,
             list_per_entry=list_per_entry)
-        policy.err.print(f"wrote {out}")
+        policy.err.print(f"wrote {inert(str(out), lines=False)}", markup=False,
+                         highlight=False, soft_wrap=True)
         return
 
     known = [*SCENARIOS, *MULTI_DEVICE]  # the bundled samples, then multi-GPU captures
@@ -51,4 +53,6 @@ def synth(
         raise InputError(f"unknown scenario {scenario!r}; known: {', '.join(known)}")
     pickle_path, truth = write_sample(
         scenario, policy.output_file(output, Path(f"{scenario}.pickle"), []))
-    policy.err.print(f"wrote {pickle_path} and {truth}")
+    policy.err.print(f"wrote {inert(str(pickle_path), lines=False)} and "
+                     f"{inert(str(truth), lines=False)}", markup=False, highlight=False,
+                     soft_wrap=True)

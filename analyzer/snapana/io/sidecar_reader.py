@@ -35,8 +35,11 @@ def find(snapshot: Path) -> Path | None:
              name.endswith(s)] + [name]
     for stem in stems:
         candidate = snapshot.with_name(f"{stem}.meta.json")
-        if candidate.is_file():
-            return candidate
+        try:
+            if candidate.is_file():
+                return candidate
+        except (OSError, ValueError):  # a name the file system cannot hold: no sidecar
+            continue
     return None
 
 
@@ -79,6 +82,7 @@ def read(path: Path) -> dict[str, Any]:
     any input (a regular file only, remembered so no output replaces it); its free-form
     facts (versions, frameworks, ...) bounded like any metadata."""
     from snapana.sources._io import MetaError, open_regular, sanitize
+    from snapana.units import inert
 
     try:
         with open_regular(path) as fh:
@@ -107,6 +111,11 @@ def read(path: Path) -> dict[str, Any]:
             problem = tensor_problem(t)
             if problem:
                 raise InputError(f"{path}: inventory entry {i}: {problem}")
+        # a tensor's name is shown in every format: inert there (no control sequence, no
+        # unpaired surrogate that no UTF-8 output can encode)
+        inventory = {**inventory, "tensors": [
+            {k: inert(v, lines=False) if isinstance(v, str) else v for k, v in t.items()}
+            for t in tensors]}
     try:
         facts = sanitize({k: v for k, v in meta.items() if k != "inventory"}, "sidecar")
     except MetaError as exc:

@@ -26,6 +26,7 @@ from snapana.limits import (
     MAX_META_NODES,
     MAX_STRING,
     RATIO_FREE,
+    export_bounds,
     limit_hint,
     max_decompressed,
     max_ratio,
@@ -272,6 +273,66 @@ def sanitize(value: Any, where: str, max_depth: int = MAX_META_DEPTH,
 
 # ----- Parquet ---------------------------------------------------------------------------------
 
+def _bounded(path: Path, pf: Any, size: int) -> list[str]:
+    """Refuse a table whose metadata says it decodes far beyond its file (`export_bounds`):
+    rows, and the pages' uncompressed bytes. The text columns, returned, are read as
+    dictionaries, so that values repeated by run-length encoding are counted (in
+    `_plain_text`) before they are spelled out."""
+    import pyarrow as pa
+
+    rows, decoded = export_bounds(size)
+    meta = pf.metadata
+    if meta.num_rows > rows:
+        raise InputError(f"{path}: {meta.num_rows} rows in a {size}-byte Parquet file, more "
+                         f"than an export's bound for its size ({rows}): refused")
+    pages = sum(meta.row_group(g).column(c).total_uncompressed_size
+                for g in range(meta.num_row_groups) for c in range(meta.num_columns))
+    if pages > decoded:
+        raise InputError(f"{path}: its pages decode to {pages} bytes, more than an export's "
+                         f"bound for a {size}-byte file ({decoded}): refused")
+    def text(t: Any) -> bool:
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        return bool(pa.types.is_string(t) or pa.types.is_large_string(t)
+                    or pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+    return [f.name for f in pf.schema_arrow if text(f.type)]
+
+
+def _plain_text(path: Path, table: Any, texts: list[str], size: int) -> Any:
+    """The dictionary-read text columns of `table` spelled out, once their spelled-out size
+    (each row's value length, summed) is known to stay within the bound."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    _, decoded = export_bounds(size)
+    total = 0
+    for name in texts:
+        col = table.column(name)
+        for chunk in col.chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                total += chunk.nbytes
+                continue
+            lengths = pc.binary_length(chunk.dictionary).fill_null(0).to_numpy(
+                zero_copy_only=False).astype(np.int64)
+            idx = chunk.indices.drop_null().to_numpy(zero_copy_only=False).astype(np.int64)
+            if idx.size and (idx.min() < 0 or idx.max() >= lengths.size):
+                raise InputError(f"{path}: `{name}` indexes past its dictionary")
+            if idx.size:  # each value's length times the rows that name it
+                total += int(np.bincount(idx, minlength=lengths.size) @ lengths)
+            if total > decoded:
+                raise InputError(f"{path}: its text columns spell out to more than an "
+                                 f"export's bound for a {size}-byte file ({decoded} bytes): "
+                                 "refused")
+    for name in texts:
+        i = table.schema.get_field_index(name)
+        field = table.schema.field(i)
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, name, pc.cast(table.column(i), field.type.value_type))
+    return table
+
+
 def read_parquet(path: Path) -> tuple[Any, dict[str, str]]:
     """A Parquet file as a polars DataFrame, with its key-value metadata. Read by pyarrow,
     which reports a corrupt file as an exception: polars' reader panics on some, and a Rust
@@ -287,7 +348,11 @@ def read_parquet(path: Path) -> tuple[Any, dict[str, str]]:
         with open_regular(path) as fh:
             pf = pq.ParquetFile(fh)
             kv = pf.metadata.metadata or {}
-            table = pf.read()
+            size = os.fstat(fh.fileno()).st_size
+            texts = _bounded(path, pf, size)
+            fh.seek(0)
+            table = _plain_text(path, pq.ParquetFile(fh, read_dictionary=texts).read(), texts,
+                                size)
         meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
                 for k, v in kv.items()}
         bare = pa.schema([f.remove_metadata() for f in table.schema])

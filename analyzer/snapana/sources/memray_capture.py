@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from snapana.children import DIE_WITH_PARENT, child_env
 from snapana.errors import InputError
 from snapana.limits import (
     MAX_BYTES,
@@ -244,8 +245,9 @@ def incompatible_error(path: Path, header: MemrayHeader, why: str,
     if header.pin:
         return InputError(
             f"{path}: memray capture format {header.format_version} ({why}); it is read by "
-            f"memray {header.readers}: run pip install '{header.pin}' && "
-            f"{convert_hint(path, out)}"
+            f"memray {header.readers}: install '{header.pin}' in a separate environment "
+            f"(not snapana's) and run there: {convert_hint(path, out)}; or point snapana at "
+            "that environment's interpreter with --memray-python"
         )
     return InputError(
         f"{path}: memray capture format {header.format_version} ({why}); no memray release "
@@ -465,7 +467,7 @@ def _run_reader(cmd: list[str], path: Path, size: int, progress: ReadProgress | 
             preexec()
 
     with tempfile.TemporaryFile() as errf:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf,
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, env=child_env(),
                                 preexec_fn=bounded if os.name == "posix" else None)
         start = last_move = time.monotonic()
         best = -1
@@ -533,7 +535,8 @@ def read_records(path: Path, progress: ReadProgress | None = None, python: str |
             except (ImportError, ValueError, OSError):
                 pass
 
-        rc, err = _run_reader([python or sys.executable, _ISOLATED, "-c", _CHILD, str(path),
+        rc, err = _run_reader([python or sys.executable, _ISOLATED, "-c",
+                               DIE_WITH_PARENT + _CHILD, str(path),
                                str(result)],
                               path, size, progress, limits if os.name == "posix" else None)
         if rc != 0 or not result.is_file():
@@ -564,6 +567,15 @@ def _records_frame(path: Path, cols: dict[str, list[Any]]) -> pl.DataFrame:
     n = len(cols.get("size") or [])
     if any(len(cols.get(k) or []) != n for k in RECORD_SCHEMA):
         raise InputError(f"{path}: memray's reader gave ragged records")
+    for k, dtype in RECORD_SCHEMA.items():  # before polars: a value past int64 is refused
+        if dtype == pl.Int64 and any(not isinstance(v, int) or not -(1 << 63) <= v < 1 << 63
+                                     for v in cols[k]):
+            raise InputError(f"{path}: invalid memray records: `{k}` holds a value that is not "
+                             "a 64-bit integer")
+    if any(not isinstance(ln, int) or not -(1 << 63) <= ln < 1 << 63
+           for fr in cols["frames"] for _, _, ln in fr):
+        raise InputError(f"{path}: invalid memray records: a frame's line is not a 64-bit "
+                         "integer")
     frames = [[{"filename": f, "name": fn, "line": ln} for f, fn, ln in fr]
               for fr in cols["frames"]]
     df = pl.DataFrame({**{k: cols[k] for k in RECORD_SCHEMA if k != "frames"},

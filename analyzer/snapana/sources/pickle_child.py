@@ -24,6 +24,7 @@ import time
 import zlib
 from pathlib import Path
 
+from snapana.children import DIE_WITH_PARENT, child_env
 from snapana.limits import decode_memory, decode_seconds
 from snapana.sources._io import GZIP_MAGIC, decompressed_limit
 
@@ -852,10 +853,12 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
     factor = decode_memory(1) - base
     seconds = decode_seconds(0)
     per_byte = decode_seconds(1 << 20) - seconds
-    cmd = [sys.executable, "-I", "-S", "-c", CHILD, str(path), str(limit), str(base),
+    cmd = [sys.executable, "-I", "-S", "-c", DIE_WITH_PARENT + CHILD, str(path), str(limit),
+           str(base),
            str(factor), repr(seconds), repr(per_byte / (1 << 20)),
            "columns" if columns else "check", str(split_entries())]
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "SYSTEMROOT", "LANG")}
+    env = child_env({k: v for k, v in os.environ.items()
+                     if k in ("PATH", "SYSTEMROOT", "LANG")})
     if columns:
         env.update(_scan_env())
     budget = seconds + per_byte / (1 << 20) * limit

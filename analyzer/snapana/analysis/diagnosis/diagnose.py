@@ -243,7 +243,9 @@ def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity
     figure negative: refuse it rather than print it."""
     from snapana.errors import InputError
 
-    where = f"device {dr.device} at event {moment.idx}"
+    where = (f"device {dr.device} at event {moment.idx}" if moment.idx >= 0 else
+             f"device {dr.device} at the snapshot" if not dr.n_events else
+             f"device {dr.device} before its first recorded event")
     if capacity < reserved:
         raise InputError(f"capacity {fmt_bytes(capacity)} is less than the "
                          f"{fmt_bytes(reserved)} PyTorch itself reserved on {where}")

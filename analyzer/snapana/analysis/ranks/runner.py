@@ -14,13 +14,16 @@ from __future__ import annotations
 import glob
 import multiprocessing
 import os
-from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from snapana.analysis.ranks.aggregate import RankSummary, rank_of, selection_key
+from snapana.children import die_with_parent
 from snapana.errors import InputError, SnapanaError
 from snapana.sources.parquet_dir import MARKER as EXPORT_MARKER
 
@@ -167,21 +170,61 @@ def _run_here(args: list[str], rules: Any, capacity: int | None,
     return run
 
 
+@contextmanager
+def _no_working_directory() -> Iterator[None]:
+    """Spawned workers import nothing from the working directory: a spawned interpreter
+    starts as `python -c`, which puts the working directory first on its path (a `json.py`
+    in an incident folder would run), and then takes the parent's path, which holds it too
+    under `python -m snapana`. While the workers start: PYTHONSAFEPATH (Python 3.11's -P) for
+    the first, the parent's path without it for the second."""
+    cwd = os.getcwd()
+    saved_env, saved_path = os.environ.get("PYTHONSAFEPATH"), list(sys.path)
+    os.environ["PYTHONSAFEPATH"] = "1"
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        if saved_env is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = saved_env
+
+
 def _map_local(args: list[str], rule_files: list[str] | None, capacity: int | None,
                workers: int | None, on_done: RankDone | None) -> dict[str, dict[str, Any]]:
     workers = workers or os.cpu_count() or 1
     results: dict[str, dict[str, Any]] = {}
     # Spawned, not forked: polars' thread pool does not survive a fork. (No
     # max_tasks_per_child: Python 3.11's executor can hang replacing retired workers.)
-    with ProcessPoolExecutor(max_workers=min(workers, len(args)),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
+    with _no_working_directory(), ProcessPoolExecutor(
+            max_workers=min(workers, len(args)),
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(summarize_file, a, rule_files, capacity): a for a in args}
-        for fut in as_completed(futures):
-            a = futures[fut]
-            results[a] = fut.result()
-            if on_done:
-                on_done(a, results[a])
+        try:
+            pending = set(futures)
+            while pending:
+                # woken twice a second: a signal the kernel gave another thread is only
+                # handled (KeyboardInterrupt) when the main thread runs Python code
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    a = futures[fut]
+                    results[a] = fut.result()
+                    if on_done:
+                        on_done(a, results[a])
+        except BaseException:  # Ctrl-C, an error: the workers stop now, not when done
+            _stop(pool)
+            raise
     return results
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Kill the pool's workers and drop what is queued: leaving the pool would otherwise
+    wait for every worker to finish its file."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _map_dask(args: list[str], rule_files: list[str] | None, capacity: int | None,

@@ -1,0 +1,287 @@
+"""Issue 43, the third fuzzing round: each class it broke, rebuilt here by the project's own
+means (the bundled samples, files written by the test), must give one line and the
+documented exit code: 2 for an input, 4 for an output the environment cannot take, never 3.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from snapana.errors import InputError
+from snapana.sources.memray_capture import _records_frame
+
+from .conftest import ROOT, invoke
+
+SAMPLE = ROOT / "sample_snapshots" / "fsdp-train-step.pickle"
+OUTPUT_ERROR = 4
+
+
+def _cli(*args: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
+    """The real process (its own streams), as a user runs it."""
+    env = {**os.environ, "PYTHONIOENCODING": kw.pop("encoding", "utf-8")}
+    return subprocess.run([sys.executable, "-m", "snapana", *args], cwd=cwd, env=env,
+                          stderr=subprocess.PIPE, text=True, timeout=120, **kw)
+
+
+def _one_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("snapana: error: "), stderr
+    assert "Traceback" not in stderr and "internal error" not in stderr
+    return lines[0]
+
+
+def test_none_of_several_inputs_analysed_exits_2(tmp_path: Path) -> None:
+    for name in ("a.pickle", "b.pickle", "c.pickle"):
+        (tmp_path / name).write_bytes(b"not a snapshot")
+    result = invoke("summary", str(tmp_path))
+    assert result.returncode == 2
+    assert "none of the 3 inputs could be analysed" in result.stderr
+    assert "unrecognised format" in result.stdout  # each one's reason is still listed
+    out = tmp_path / "out.html"
+    result = invoke("report", str(tmp_path / "a.pickle"), str(tmp_path / "b.pickle"),
+                    "-o", str(out))
+    assert result.returncode == 2 and "none of the 2 inputs" in result.stderr
+
+
+@pytest.mark.parametrize("stdout", ["full", "closed", "ascii"])
+def test_an_output_the_environment_cannot_take_exits_4(tmp_path: Path, stdout: str) -> None:
+    shutil.copy(SAMPLE, tmp_path / "s.pickle")
+    if stdout == "full":
+        if not Path("/dev/full").exists():
+            pytest.skip("no /dev/full on this system")
+        with open("/dev/full", "w") as full:
+            result = _cli("summary", "s.pickle", cwd=tmp_path, stdout=full)
+        assert "No space left" in _one_line(result.stderr)
+    elif stdout == "closed":
+        result = _cli("summary", "s.pickle", cwd=tmp_path, stdout=subprocess.DEVNULL,
+                      preexec_fn=lambda: os.close(1))
+        assert "standard output is closed" in _one_line(result.stderr)
+    else:
+        result = _cli("summary", "s.pickle", cwd=tmp_path, stdout=subprocess.DEVNULL,
+                      encoding="ascii")
+        assert "PYTHONIOENCODING=utf-8" in _one_line(result.stderr)
+    assert result.returncode == OUTPUT_ERROR
+
+
+def test_names_the_file_system_cannot_hold(tmp_path: Path) -> None:
+    """A name over the file system's limit is one line and exit 2; a valid snapshot whose
+    name leaves no room for `.meta.json` has no sidecar, and is read."""
+    result = _cli("summary", "a" * 300 + ".pickle", cwd=tmp_path, stdout=subprocess.PIPE)
+    assert result.returncode == 2 and "File name too long" in _one_line(result.stderr)
+    long = tmp_path / ("b" * 245 + ".pickle")
+    shutil.copy(SAMPLE, long)
+    result = invoke("summary", str(long))
+    assert result.returncode == 0 and "Verdict." in result.stdout
+
+
+def test_an_unpaired_surrogate_in_a_sidecar_is_shown_inert(tmp_path: Path) -> None:
+    snap = tmp_path / "s.pickle"
+    shutil.copy(SAMPLE, snap)
+    with SAMPLE.open("rb") as fh:
+        block = pickle.load(fh)["segments"][0]["blocks"][0]
+    tensor = {"ptr": block["address"], "nbytes": block["size"], "role": "parameter",
+              "name": "w\udc80\x1b[31m", "shape": [4], "dtype": "float32"}
+    side = {"format": "snapana.record.sidecar", "version": 1, "reason": "step", "device": 0,
+            "inventory": {"tensors": [tensor]}}
+    (tmp_path / "s.pickle.meta.json").write_text(json.dumps(side))
+    for fmt in ("text", "json", "markdown", "html"):
+        result = invoke("summary", "--format", fmt, str(snap))
+        assert result.returncode == 0, (fmt, result.stderr)
+        assert "\udc80" not in result.stdout and "\x1b[31m" not in result.stdout
+    from snapana.io import sidecar_reader
+
+    (read,) = sidecar_reader.read(tmp_path / "s.pickle.meta.json")["inventory"]["tensors"]
+    assert read["name"] == "w\\udc80\\x1b[31m"  # escaped, still readable
+
+
+def test_control_characters_of_an_output_name_are_not_printed(tmp_path: Path) -> None:
+    out = tmp_path / "r\x1b]0;owned\x07\n.html"
+    result = invoke("report", str(SAMPLE), "-o", str(out))
+    assert result.returncode == 0 and out.is_file()
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+    assert "\\x1b]0;owned\\x07\\x0a.html" in result.stderr
+
+
+def test_a_memray_value_past_int64_is_refused() -> None:
+    cols = {"size": [2**64 + 5], "n_allocations": [1], "allocator": ["malloc"], "tid": [1],
+            "thread_name": ["main"], "frames": [[["a.py", "f", 1]]]}
+    with pytest.raises(InputError, match="`size` holds a value that is not a 64-bit integer"):
+        _records_frame(Path("x.bin"), cols)
+    cols["size"], cols["frames"] = [8], [[["a.py", "f", 2**64 - 1]]]
+    with pytest.raises(InputError, match="line is not a 64-bit integer"):
+        _records_frame(Path("x.bin"), cols)
+
+
+#: standard-library modules every interpreter imports early: planted beside the inputs, each
+#: writes a canary if an interpreter snapana starts imports it
+PLANTED = ("json", "inspect", "types", "typing", "enum", "functools", "threading")
+
+
+@pytest.mark.parametrize("command", [
+    ("summary", "-j", "2", "a.pickle", "b.pickle"),  # spawned rank workers
+    ("report", "-j", "2", "a.pickle", "b.pickle", "-o", "r.html"),
+    ("summary", "a.pickle"),  # the decode child
+    ("report", "a.pickle", "-o", "one.html"),
+])
+def test_no_helper_interpreter_imports_from_the_working_directory(tmp_path: Path,
+                                                                  command: tuple) -> None:
+    """An incident folder may carry anything: analysing it from inside must run none of it.
+    The console script (as a user runs it; `python -m` would import from the folder in
+    Python itself, before snapana runs)."""
+    script = Path(sys.executable).with_name("snapana")
+    assert script.is_file(), "the install provides the snapana console script"
+    for name in ("a.pickle", "b.pickle"):
+        shutil.copy(SAMPLE, tmp_path / name)
+    for module in PLANTED:
+        (tmp_path / f"{module}.py").write_text(
+            f"open({str(tmp_path / ('CANARY-' + module))!r}, 'w').write('ran')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    result = subprocess.run([str(script), *command], cwd=tmp_path, env=env, text=True,
+                            capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert not list(tmp_path.glob("CANARY-*")), result.stderr
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is `pid` (from /proc)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(p.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] \
+            != "Z"
+    except OSError:
+        return False
+
+
+def _slow_snapshot(path: Path) -> None:
+    """A snapshot whose decode takes a few seconds: 600,000 blocks with frames."""
+    frames = [{"filename": f"/app/m{i}.py", "name": f"f{i}", "line": i} for i in range(10)]
+    segments, address = [], 1 << 40
+    for _ in range(3000):
+        blocks = [{"address": address + 512 * b, "size": 512, "requested_size": 500,
+                   "state": "active_allocated",
+                   "frames": [dict(f, line=f["line"] + b) for f in frames]} for b in range(200)]
+        segments.append({"device": 0, "address": address, "total_size": 512 * 200,
+                         "stream": 0, "segment_type": "small", "blocks": blocks})
+        address += 1 << 21
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [[]]}, protocol=4))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_children_die_with_snapana(tmp_path: Path, sig: str) -> None:
+    """Stopped while its children decode (two inputs: two workers, each with a decode
+    child), snapana leaves no process behind: each is gone within a second."""
+    import signal
+    import time
+
+    _slow_snapshot(tmp_path / "a.pickle")
+    shutil.copy(tmp_path / "a.pickle", tmp_path / "b.pickle")
+    script = Path(sys.executable).with_name("snapana")
+    proc = subprocess.Popen([str(script), "summary", "-j", "2", "a.pickle", "b.pickle"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    family: list[int] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(_children(k) for k in family):
+        family = _children(proc.pid)  # the workers, and then their decode children
+        time.sleep(0.05)
+    family += [g for k in family for g in _children(k)]
+    assert len(family) >= 3, "the workers and a decode child were running"
+    os.kill(proc.pid, getattr(signal, sig))
+    proc.wait(timeout=30)
+    gone = time.monotonic() + 1
+    while time.monotonic() < gone and any(_alive(k) for k in family):
+        time.sleep(0.02)
+    assert not [k for k in family if _alive(k)]
+
+
+def test_one_long_name_shared_by_many_stacks_stays_bounded(tmp_path: Path) -> None:
+    """A 4,000-character function name stored once (the pickle's memo) and referenced by
+    8,000 distinct stacks: under a MiB of file. Names are cut to MAX_FRAME_TEXT where they
+    enter, so every output stays proportional to the blocks, not to name × references."""
+    from snapana.limits import MAX_FRAME_TEXT
+
+    long = "f" * 4000
+    blocks = [{"address": (1 << 40) + 512 * i, "size": 512, "requested_size": 500,
+               "state": "active_allocated",
+               "frames": [{"filename": "/app/a.py", "name": long, "line": i},
+                          {"filename": "/app/m.py", "name": "main", "line": 1}]}
+              for i in range(8000)]
+    trace = [{"action": "alloc", "addr": b["address"], "size": 500, "stream": 0,
+              "frames": b["frames"]} for b in blocks]
+    snap = {"segments": [{"device": 0, "address": 1 << 40, "total_size": 512 * 8000,
+                          "stream": 0, "segment_type": "large", "blocks": blocks}],
+            "device_traces": [trace]}
+    path = tmp_path / "amp.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    assert path.stat().st_size < 1 << 20
+    out = tmp_path / "amp.html"
+    # a process of its own runs the report, so its children's peak memory is this run's
+    measure = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+               "sys.exit(r.returncode)")
+    result = subprocess.run([sys.executable, "-c", measure, sys.executable, "-m", "snapana",
+                             "report", str(path), "-o", str(out)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert out.stat().st_size <= 3 << 20
+    peak_kib = int(result.stderr.strip().splitlines()[-1])
+    assert peak_kib < 2 << 20  # 2 GiB
+    text = invoke("summary", "--format", "json", str(path)).stdout
+    assert len(text) < 16 << 20 and "cut to their first" in text
+    assert long not in text and f"[{len(long)} chars]" in text
+    assert max(len(m) for m in text.split('"')) <= 2 * MAX_FRAME_TEXT
+
+
+@pytest.mark.parametrize("bomb", ["rows", "text"])
+def test_an_export_table_that_inflates_is_refused(tmp_path: Path, bomb: str) -> None:
+    """A Parquet table of an export folder whose run-length / dictionary encoding spells out
+    to GiBs from a file of KBs: refused from its metadata and dictionary before it is
+    spelled out (not a Rust allocation failure that aborts the process)."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "export"
+    result = invoke("export", str(SAMPLE), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    frames = pq.read_table(out / "frames.parquet")
+    if bomb == "rows":  # 5M rows of one repeated value: ~150 KB of file
+        n = 5_000_000
+        table = frames.slice(0, 1).take(pa.array([0] * n, pa.int32()))
+    else:  # 100,000 rows of one random 60 KB name: 6 GB spelled out
+        name = "".join(random.choice("abcdefghij") for _ in range(60_000))
+        n = 100_000
+        table = pa.table({
+            "frame_id": pa.array(range(n), pa.int64()),
+            "filename": pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()),
+                                                       pa.array(["a.py"])),
+            "name": pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()),
+                                                   pa.array([name])),
+            "line": pa.array([1] * n, pa.int64()),
+            "is_python": pa.array([True] * n)})
+    pq.write_table(table, out / "frames.parquet", compression="zstd", row_group_size=n)
+    assert (out / "frames.parquet").stat().st_size < 1 << 20
+    result = _cli("summary", str(out), cwd=tmp_path, stdout=subprocess.PIPE)
+    assert result.returncode == 2
+    line = _one_line(result.stderr)
+    assert "refused" in line and "frames.parquet" in line
