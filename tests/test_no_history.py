@@ -120,3 +120,41 @@ def test_a_layered_models_weights_keep_their_hint(tmp_path: Path) -> None:
     blocks = snapana.load(_write(tmp_path, "w.pickle", _snapshot(layers))).blocks
     hinted = [r for r in blocks["reason"].to_list() if "likely the model's weights" in r]
     assert len(hinted) == 96 and set(blocks["family"].to_list()) == {"unknown"}
+
+
+def _pad_snapshot(pad: int) -> tuple[dict, int]:
+    """Four final blocks sized as an allocator that adds `pad` bytes before rounding to 512
+    sizes them, and a 4,096-byte request allocated and freed in the trace; with the peak
+    (after that request) the test's own sum."""
+    def rounded(n: int) -> int:
+        return max(512, -(-(n + pad) // 512) * 512)
+
+    base, requests = 1 << 40, [512, 1024, 2048, 1000]
+    blocks, trace, address = [], [], base
+    for r in requests:
+        blocks.append({"address": address, "size": rounded(r), "requested_size": r,
+                       "state": "active_allocated", "frames": []})
+        trace.append({"action": "alloc", "addr": address, "size": r, "stream": 0,
+                      "frames": []})
+        address += rounded(r)
+    rest = (2 << 20) - (address - base)
+    blocks.append({"address": address, "size": rest, "requested_size": 0,
+                   "state": "inactive", "frames": []})
+    trace += [{"action": "alloc", "addr": address, "size": 4096, "stream": 0, "frames": []},
+              {"action": "free_requested", "addr": address, "size": 4096, "stream": 0,
+               "frames": []},
+              {"action": "free_completed", "addr": address, "size": 4096, "stream": 0,
+               "frames": []}]
+    snap = {"segments": [{"device": 0, "address": base, "total_size": 2 << 20, "stream": 0,
+                          "segment_type": "small", "blocks": blocks}],
+            "device_traces": [trace]}
+    return snap, sum(rounded(r) for r in requests) + rounded(4096)
+
+
+@pytest.mark.parametrize("pad", [0, 32])
+def test_the_rounding_the_final_blocks_show_sizes_the_trace(tmp_path: Path, pad: int) -> None:
+    """torch_npu writes CUDA's snapshot format but adds 32 bytes before rounding: a block
+    that only the trace holds is sized by the rule the final blocks show."""
+    snap, peak = _pad_snapshot(pad)
+    a = snapana.load(_write(tmp_path, f"pad{pad}.pickle", snap))
+    assert a.device_report.peak_allocated_bytes == peak

@@ -38,6 +38,14 @@ def normalize_state(state: str) -> str:
     return STATE_ALIASES.get(state, state)
 
 
+#: Bytes an allocator adds to a request before rounding it: 0 for CUDA's caching allocator;
+#: torch_npu's (Ascend), which writes the same snapshot format with devices named cuda:N,
+#: adds 32. The replay takes the one the final blocks show (`analysis.replay.rounding_pad`).
+ROUNDING_PADS = (0, 32)
+#: Final blocks that must show a pad (and none contradict it) before the replay uses it.
+MIN_PAD_WITNESSES = 3
+
+
 def round_size(requested: int, granularity: int = ROUND_BYTES) -> int:
     """The caching allocator's minimum rounding: up to a multiple of 512 bytes.
 

@@ -66,11 +66,11 @@ MAX_MARKER_BYTES = 64 << 20
 #: Deepest stack kept (innermost frames): Python stops at 1,000 frames by default and real
 #: snapshots hold tens to hundreds; deeper is a pickle's memo repeating one frame.
 MAX_STACK_FRAMES = 4096
-#: Longest frame file name or function name kept (characters): real paths and Python names
-#: are far shorter, a demangled C++ template symbol can run to a few thousand and is told
-#: apart by its start. A longer one is cut to this length, its end saying how long it was:
-#: one long name shared through a pickle's memo by thousands of stacks would otherwise
-#: multiply into every site, report and table that shows them.
+#: Longest frame file or function name a report shows (characters); the model, the API and
+#: an export keep the whole name. Real paths and Python names are far shorter; demangled C++
+#: template symbols run to 3,300 characters in the corpus and are told apart by their start.
+#: Longer is cut, its end saying how long it was: one long name shared through a pickle's
+#: memo by thousands of stacks would otherwise multiply into every site and stack shown.
 MAX_FRAME_TEXT = 512
 
 

@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 import polars as pl
 
 from snapana.caching_allocator import ACTIVE_ALLOCATED
-from snapana.limits import MAX_FRAME_TEXT, MAX_STACK_FRAMES
+from snapana.limits import MAX_STACK_FRAMES
 from snapana.units import inert
 
 #: How a source reports reading: bytes done so far and the total (the file's size).
@@ -80,15 +80,6 @@ def _inert_field(v: Any) -> Any:
     return inert(v, lines=False) if isinstance(v, str) else v
 
 
-def _cut(text: str) -> str:
-    """`text` within MAX_FRAME_TEXT characters: its start, and how long it was (a text cut
-    once stays as it is when read again: an export round trip changes nothing)."""
-    if len(text) <= MAX_FRAME_TEXT:
-        return text
-    mark = f"…[{len(text)} chars]"
-    return text[:MAX_FRAME_TEXT - len(mark)] + mark
-
-
 class StackTable:
     """Interns frames and stacks: each distinct frame and each distinct stack is stored once."""
 
@@ -100,20 +91,13 @@ class StackTable:
         self._frames_of: dict[int, tuple[Frame, ...]] = {}
         #: stacks cut to their innermost MAX_STACK_FRAMES frames (see `stack_id`)
         self.truncated = 0
-        #: distinct frames whose file or function name was cut to MAX_FRAME_TEXT
-        self.cut_names = 0
 
     def frame_id(self, frame: Frame) -> int:
         fid = self._frame_ids.get(frame)
         if fid is None:
             # every source's frames arrive here: their text is made inert once (controls,
             # escape sequences, unpaired surrogates shown escaped), for every later stage
-            path, name = _inert_field(frame[0]), _inert_field(frame[1])
-            if any(isinstance(t, str) and len(t) > MAX_FRAME_TEXT for t in (path, name)):
-                self.cut_names += 1
-                path = _cut(path) if isinstance(path, str) else path
-                name = _cut(name) if isinstance(name, str) else name
-            safe = (path, name, frame[2])
+            safe = (_inert_field(frame[0]), _inert_field(frame[1]), frame[2])
             fid = self._frame_ids.get(safe)
             if fid is None:
                 fid = len(self.frames)
@@ -193,11 +177,6 @@ class Capture:
     origin: str = ""
 
     def __post_init__(self) -> None:
-        if self.stacks.cut_names:
-            self.warnings.append(
-                f"{self.stacks.cut_names} frame(s) carry a file or function name longer than "
-                f"{MAX_FRAME_TEXT} characters, cut to their first {MAX_FRAME_TEXT} (the end "
-                "says how long each was)")
         if self.stacks.truncated:
             self.warnings.append(
                 f"{self.stacks.truncated} stack(s) deeper than {MAX_STACK_FRAMES} frames were "

@@ -45,6 +45,18 @@ def inert(text: str, lines: bool = True) -> str:
     return (_UNSAFE if lines else _UNSAFE_LINES).sub(_escape, text)
 
 
+def shown_name(text: str, limit: int | None = None) -> str:
+    """A frame's file or function name as a report shows it: whole up to `limit` characters
+    (default `limits.MAX_FRAME_TEXT`), else its start and how long it was."""
+    from snapana.limits import MAX_FRAME_TEXT
+
+    limit = MAX_FRAME_TEXT if limit is None else limit
+    if len(text) <= limit:
+        return text
+    mark = f"…[{len(text)} chars]"
+    return text[:max(0, limit - len(mark))] + mark
+
+
 def inert_styled(text: str) -> str:
     """`inert` for text a renderer styled: its SGR colour sequences kept, everything else
     escaped."""

@@ -31,7 +31,9 @@ from snapana.caching_allocator import (
     ACTIVE_PENDING_FREE,
     ACTIVE_STATES,
     LARGE_PAGE,
+    MIN_PAD_WITNESSES,
     ROUND_BYTES,
+    ROUNDING_PADS,
     SMALL_PAGE,
 )
 from snapana.errors import InputError
@@ -343,8 +345,8 @@ def _column(events: pl.DataFrame, name: str, fill: int) -> np.ndarray:
     return (column.fill_null(fill) if column.null_count() else column).to_numpy()
 
 
-def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarray],
-                                                              list[tuple[int, str]]]:
+def _pair_lifetimes(events: pl.DataFrame, gran: int, pad: int = 0
+                    ) -> tuple[dict[str, np.ndarray], list[tuple[int, str]]]:
     """Pair alloc / free_requested / free_completed events per address into lifetimes.
 
     Vectorised form of this per-event state machine (events in order, one open row per
@@ -394,7 +396,7 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int) -> tuple[dict[str, np.ndarr
     row -= 1
     opened_by_alloc = is_alloc[starts]
     sizes = values["size"][order]
-    rounded = _round_sizes(sizes, gran)
+    rounded = _round_sizes(sizes + pad, gran) if pad else _round_sizes(sizes, gran)
     opened_at = order[starts]  # the event that opened each row
 
     completed = kind[ends] == _FREE_DONE  # a completion is always the last event of its row
@@ -448,6 +450,29 @@ def _in_order(positions: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def rounding_pad(blocks: pl.DataFrame) -> int:
+    """The bytes the allocator added to each request before rounding it (`ROUNDING_PADS`),
+    as the final blocks show it: a block whose request the pads round differently, sized as
+    one pad rounds it, is a witness. A pad other than 0 needs `MIN_PAD_WITNESSES` and no
+    witness of another; else CUDA's rule (0) is assumed."""
+    live = blocks.filter(pl.col("state").is_in(ACTIVE_STATES) & (pl.col("requested_size") > 0))
+    if live.is_empty():
+        return 0
+    req = live["requested_size"].to_numpy().astype(np.int64)
+    size = live["size"].to_numpy().astype(np.int64)
+    sized = {pad: _round_sizes(req + pad, ROUND_BYTES) for pad in ROUNDING_PADS}
+    differ = np.zeros(req.size, dtype=bool)
+    for a in ROUNDING_PADS:
+        for b in ROUNDING_PADS:
+            differ |= sized[a] != sized[b]
+    witnesses = {pad: int(((size == sized[pad]) & differ).sum()) for pad in ROUNDING_PADS}
+    for pad in ROUNDING_PADS[1:]:
+        if witnesses[pad] >= MIN_PAD_WITNESSES and not any(
+                n for p, n in witnesses.items() if p != pad):
+            return pad
+    return 0
+
+
 def replay(capture: Capture, device: int) -> DeviceReplay:
     """Pair the trace's events into lifetimes and check them against the final segments."""
     events = capture.device_events(device)
@@ -456,7 +481,8 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
 
     # Lifetimes: trace sizes are the requested bytes; the block holds them rounded up to 512
     # (exact for final blocks, which take their size from the segments).
-    cols, clashes = _pair_lifetimes(events, gran)
+    pad = rounding_pad(capture.device_blocks(device)) if gran > 1 else 0
+    cols, clashes = _pair_lifetimes(events, gran, pad)
     mismatches = [msg for _, msg in sorted(clashes)]
     ooms = [
         OomEvent(int(k), size, dev_free, stream, stack, t)

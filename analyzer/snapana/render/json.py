@@ -11,6 +11,7 @@ from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.model import Frame
 from snapana.render import Options
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
+from snapana.units import shown_name
 
 
 def _dump(data: dict[str, Any]) -> str:
@@ -18,7 +19,10 @@ def _dump(data: dict[str, Any]) -> str:
 
 
 def _frames(stack: tuple[Frame, ...]) -> list[dict[str, Any]]:
-    return [{"filename": f[0], "name": f[1], "line": f[2]} for f in stack]
+    """A stack as the JSON shows it: names bounded (`units.shown_name`; the API and an
+    export keep them whole)."""
+    return [{"filename": shown_name(f[0]), "name": shown_name(f[1]), "line": f[2]}
+            for f in stack]
 
 
 # ----- a capture --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from snapana.analysis.attribution.stack import short_path
 from snapana.model import Frame, is_python_frame
+from snapana.units import shown_name
 
 #: Path fragments of code that allocates on behalf of its caller.
 _INTERNAL = ("/torch/", "/site-packages/torch/", "/dist-packages/torch/", "<frozen ",
@@ -40,5 +41,7 @@ def site_of(stack: tuple[Frame, ...]) -> str:
 
 
 def format_frame(frame: Frame) -> str:
-    return f"{short_path(frame[0])}:{frame[2]} {frame[1]}"
+    """'file:line function', each name bounded (`units.shown_name`): a site is shown, and
+    named in every table, once per distinct site."""
+    return f"{shown_name(short_path(frame[0]))}:{frame[2]} {shown_name(frame[1])}"
 

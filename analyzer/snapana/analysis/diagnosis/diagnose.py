@@ -200,9 +200,18 @@ def _impossible(segments: pl.DataFrame, live: pl.DataFrame, pools: tuple[PoolFre
             return "segments overlap"
     if live.height > 1 and live["address"].is_duplicated().any():
         return "several live blocks at one address"
+    if live.height > 1 and segments.height:  # (a source without segments may make up
+        ordered = live.sort("address")        # addresses: a profiler trace without Addr)
+        ends = (ordered["address"] + ordered["size"]).shift(1)
+        if (ordered["address"] < ends).any():
+            return "live blocks overlap"
     largest = max((p.largest_free_bytes for p in pools), default=0)
     if largest > cached:
         return f"a free block of {largest:,} bytes with {cached:,} bytes free"
+    free = sum(p.free_bytes for p in pools)
+    if pools and free != cached:
+        return (f"the pools' free bytes ({free:,}) differ from reserved less live "
+                f"({cached:,})")
     return None
 
 
