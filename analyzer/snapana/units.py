@@ -45,12 +45,9 @@ def inert(text: str, lines: bool = True) -> str:
     return (_UNSAFE if lines else _UNSAFE_LINES).sub(_escape, text)
 
 
-def shown_name(text: str, limit: int | None = None) -> str:
+def shown_name(text: str, limit: int) -> str:
     """A frame's file or function name as a report shows it: whole up to `limit` characters
-    (default `limits.MAX_FRAME_TEXT`), else its start and how long it was."""
-    from snapana.limits import MAX_FRAME_TEXT
-
-    limit = MAX_FRAME_TEXT if limit is None else limit
+    (`limits.MAX_FRAME_TEXT`), else its start and how long it was."""
     if len(text) <= limit:
         return text
     mark = f"…[{len(text)} chars]"

@@ -71,6 +71,21 @@ def memo_frames(r: random.Random) -> tuple[str, Any]:
                                                           entries)
 
 
+def memo_long_name(r: random.Random) -> tuple[str, Any]:
+    """One long function name stored once (the memo) and shared by many distinct stacks:
+    every site and stack shown would repeat it (issue 43)."""
+    name = "f" * r.choice((2_000, 4_000, 8_000))
+    n = r.choice((2_000, 8_000, 20_000))
+    blocks = [{"address": BASE + 512 * i, "size": 512, "requested_size": 500,
+               "state": "active_allocated",
+               "frames": [{"filename": "/app/a.py", "name": name, "line": i}]}
+              for i in range(n)]
+    trace = [dict(_entry("alloc", b["address"], 500, i), frames=b["frames"])
+             for i, b in enumerate(blocks)]
+    return f"a {len(name)}-char name in {n} stacks", _snapshot(
+        [_segment(max(2 * MIB, 512 * n), blocks)], trace)
+
+
 def repeated_blocks(r: random.Random) -> tuple[str, Any]:
     n = r.choice((1_500, 5_000, 20_000))
     size = r.choice((0, 512))
@@ -120,8 +135,8 @@ def kineto_repeated(r: random.Random) -> tuple[str, bytes]:
     return f"kineto: {n} memory events at one address", json.dumps(doc).encode()
 
 
-SHAPES = (memo_blocks, memo_trace, memo_trace, memo_frames, repeated_blocks, repeated_trace,
-          repeated_segments, repeated_annotations)
+SHAPES = (memo_blocks, memo_trace, memo_trace, memo_frames, memo_long_name, repeated_blocks,
+          repeated_trace, repeated_segments, repeated_annotations)
 
 
 def amplify_case(r: random.Random) -> Case:

@@ -50,6 +50,10 @@ def _tensor_mutation(r: random.Random, meta: dict[str, Any]) -> str:
         return "noop"
     t = r.choice(tensors)
     how = r.random()
+    if how < 0.15 and isinstance(t, dict):  # text that is not text: shown in every format
+        t["name"] = r.choice(("w\udc80", "\x1b]0;x\x07", "a\u202eb", "\ud800" * 50,
+                              "x\n\x9b2J"))
+        return "tensor.name-not-text"
     if how < 0.6 and isinstance(t, dict):
         key = r.choice(SIDECAR_FIELDS["tensor"])
         t[key] = r.choice((*NUMBERS, 5, [], [-1], [2**70], {"a": 1}, "x", None, [1.5],

@@ -8,6 +8,7 @@ from typing import Any
 from snapana.analysis.compare import FamilyChange, SiteChange
 from snapana.analysis.diagnosis.findings import Diagnosis, OomFinding
 from snapana.analysis.family_timeline import FamilyGrowth
+from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import Frame
 from snapana.render import Options
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
@@ -21,8 +22,8 @@ def _dump(data: dict[str, Any]) -> str:
 def _frames(stack: tuple[Frame, ...]) -> list[dict[str, Any]]:
     """A stack as the JSON shows it: names bounded (`units.shown_name`; the API and an
     export keep them whole)."""
-    return [{"filename": shown_name(f[0]), "name": shown_name(f[1]), "line": f[2]}
-            for f in stack]
+    return [{"filename": shown_name(f[0], MAX_FRAME_TEXT),
+             "name": shown_name(f[1], MAX_FRAME_TEXT), "line": f[2]} for f in stack]
 
 
 # ----- a capture --------------------------------------------------------------------------

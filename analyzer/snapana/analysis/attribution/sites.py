@@ -7,6 +7,7 @@ fallback grouping when no rule pack names a family.
 from __future__ import annotations
 
 from snapana.analysis.attribution.stack import short_path
+from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import Frame, is_python_frame
 from snapana.units import shown_name
 
@@ -43,5 +44,6 @@ def site_of(stack: tuple[Frame, ...]) -> str:
 def format_frame(frame: Frame) -> str:
     """'file:line function', each name bounded (`units.shown_name`): a site is shown, and
     named in every table, once per distinct site."""
-    return f"{shown_name(short_path(frame[0]))}:{frame[2]} {shown_name(frame[1])}"
+    return (f"{shown_name(short_path(frame[0]), MAX_FRAME_TEXT)}:{frame[2]} "
+            f"{shown_name(frame[1], MAX_FRAME_TEXT)}")
 
