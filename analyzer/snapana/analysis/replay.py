@@ -461,10 +461,8 @@ def rounding_pad(blocks: pl.DataFrame) -> int:
     req = live["requested_size"].to_numpy().astype(np.int64)
     size = live["size"].to_numpy().astype(np.int64)
     sized = {pad: _round_sizes(req + pad, ROUND_BYTES) for pad in ROUNDING_PADS}
-    differ = np.zeros(req.size, dtype=bool)
-    for a in ROUNDING_PADS:
-        for b in ROUNDING_PADS:
-            differ |= sized[a] != sized[b]
+    base = sized[ROUNDING_PADS[0]]
+    differ = np.logical_or.reduce([sized[pad] != base for pad in ROUNDING_PADS])
     witnesses = {pad: int(((size == sized[pad]) & differ).sum()) for pad in ROUNDING_PADS}
     for pad in ROUNDING_PADS[1:]:
         if witnesses[pad] >= MIN_PAD_WITNESSES and not any(

@@ -20,7 +20,6 @@ MIN_RELATED_SIZE = 1 << 20
 #: Ratios that make two sizes "related": the same shape with one dimension doubled or halved,
 #: up to 64 times.
 RATIOS = tuple(2**k for k in range(1, 7))
-MAX_GROUPS = 8  # groups a report lists (the rest are counted)
 
 
 @dataclass(frozen=True)

@@ -164,8 +164,14 @@ def write(out: Path, text: str) -> None:
     from snapana.io.output import write_atomic
 
     write_atomic(out, text)
-    err.print(f"wrote {inert(str(out), lines=False)}", markup=False,
-                     highlight=False, soft_wrap=True)
+    wrote(out)
+
+
+def wrote(*paths: Path, detail: str = "") -> None:
+    """Say which files a command wrote, one line: paths shown inert (a name can carry
+    escape sequences or newlines)."""
+    names = " and ".join(inert(str(p), lines=False) for p in paths)
+    err.print(f"wrote {names}{detail}", markup=False, highlight=False, soft_wrap=True)
 
 
 def none_analysed(multi: MultiReport | None) -> None:

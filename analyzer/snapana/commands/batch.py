@@ -9,7 +9,6 @@ import typer
 
 from snapana.commands import _policy as policy
 from snapana.commands._options import CapacityOpt, Engine, EngineOpt, FilesArg, RulesOpt, WorkersOpt
-from snapana.units import inert
 
 
 def batch(
@@ -34,7 +33,5 @@ def batch(
     multi, run = policy.analyse_many(ins.paths, workers, rules, ruleset, cap, engine.value)
     name = job or (ins.paths[0].parent.name if ins.paths else "job")
     rank_dataset.write(multi, output, name, policy.verdicts(run))
-    policy.err.print(f"wrote {inert(str(output), lines=False)} ({len(multi.ranks)} inputs, "
-                     f"{len(multi.ok)} analysed)", markup=False, highlight=False,
-                     soft_wrap=True)
+    policy.wrote(output, detail=f" ({len(multi.ranks)} inputs, {len(multi.ok)} analysed)")
     policy.none_analysed(multi)

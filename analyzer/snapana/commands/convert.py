@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from snapana.commands import _policy as policy
-from snapana.units import inert
 
 
 def convert(
@@ -33,5 +32,4 @@ def convert(
     python = str(memray_python) if memray_python is not None else None
     out = policy.reading(file, lambda progress: convert_memray(file, target, python=python,
                                                                progress=progress))
-    policy.err.print(f"wrote {inert(str(out), lines=False)}", markup=False,
-                     highlight=False, soft_wrap=True)
+    policy.wrote(out)

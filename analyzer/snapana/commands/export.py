@@ -9,7 +9,6 @@ import typer
 
 from snapana.commands import _policy as policy
 from snapana.commands._options import CapacityOpt, DeviceOpt, FileArg, RulesOpt
-from snapana.units import inert
 
 
 def export(
@@ -34,5 +33,4 @@ def export(
     ruleset, cap = policy.check_rules(rules, capacity)
     export_tables(policy.sessions_of(file, device, ruleset, cap,
                                      sidecar=ins.sidecars.get(file)), out)
-    policy.err.print(f"wrote {inert(str(out), lines=False)}", markup=False,
-                     highlight=False, soft_wrap=True)
+    policy.wrote(out)

@@ -10,7 +10,6 @@ import typer
 from snapana.commands import _policy as policy
 from snapana.commands._options import OutputOpt, integer
 from snapana.errors import InputError
-from snapana.units import inert
 
 
 def synth(
@@ -40,8 +39,7 @@ def synth(
         out = write_scale_snapshot(
             entries, policy.output_file(output, Path(f"scale-{entries}.pickle"), []), seed=seed,
             list_per_entry=list_per_entry)
-        policy.err.print(f"wrote {inert(str(out), lines=False)}", markup=False,
-                         highlight=False, soft_wrap=True)
+        policy.wrote(out)
         return
 
     known = [*SCENARIOS, *MULTI_DEVICE]  # the bundled samples, then multi-GPU captures
@@ -53,6 +51,4 @@ def synth(
         raise InputError(f"unknown scenario {scenario!r}; known: {', '.join(known)}")
     pickle_path, truth = write_sample(
         scenario, policy.output_file(output, Path(f"{scenario}.pickle"), []))
-    policy.err.print(f"wrote {inert(str(pickle_path), lines=False)} and "
-                     f"{inert(str(truth), lines=False)}", markup=False, highlight=False,
-                     soft_wrap=True)
+    policy.wrote(pickle_path, truth)

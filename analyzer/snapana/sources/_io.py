@@ -290,6 +290,7 @@ def _bounded(path: Path, pf: Any, size: int) -> list[str]:
     if pages > decoded:
         raise InputError(f"{path}: its pages decode to {pages} bytes, more than an export's "
                          f"bound for a {size}-byte file ({decoded}): refused")
+
     def text(t: Any) -> bool:
         if pa.types.is_dictionary(t):
             t = t.value_type
@@ -302,7 +303,6 @@ def _bounded(path: Path, pf: Any, size: int) -> list[str]:
 def _plain_text(path: Path, table: Any, texts: list[str], size: int) -> Any:
     """The dictionary-read text columns of `table` spelled out, once their spelled-out size
     (each row's value length, summed) is known to stay within the bound."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -313,14 +313,8 @@ def _plain_text(path: Path, table: Any, texts: list[str], size: int) -> Any:
         for chunk in col.chunks:
             if not pa.types.is_dictionary(chunk.type):
                 total += chunk.nbytes
-                continue
-            lengths = pc.binary_length(chunk.dictionary).fill_null(0).to_numpy(
-                zero_copy_only=False).astype(np.int64)
-            idx = chunk.indices.drop_null().to_numpy(zero_copy_only=False).astype(np.int64)
-            if idx.size and (idx.min() < 0 or idx.max() >= lengths.size):
-                raise InputError(f"{path}: `{name}` indexes past its dictionary")
-            if idx.size:  # each value's length times the rows that name it
-                total += int(np.bincount(idx, minlength=lengths.size) @ lengths)
+            else:
+                total += _spelled_out(path, name, chunk)
             if total > decoded:
                 raise InputError(f"{path}: its text columns spell out to more than an "
                                  f"export's bound for a {size}-byte file ({decoded} bytes): "
@@ -331,6 +325,22 @@ def _plain_text(path: Path, table: Any, texts: list[str], size: int) -> Any:
         if pa.types.is_dictionary(field.type):
             table = table.set_column(i, name, pc.cast(table.column(i), field.type.value_type))
     return table
+
+
+def _spelled_out(path: Path, name: str, chunk: Any) -> int:
+    """Bytes a dictionary-encoded text chunk takes spelled out: each value's length times
+    the rows that name it."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    lengths = pc.binary_length(chunk.dictionary).fill_null(0).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    idx = chunk.indices.drop_null().to_numpy(zero_copy_only=False).astype(np.int64)
+    if not idx.size:
+        return 0
+    if idx.min() < 0 or idx.max() >= lengths.size:
+        raise InputError(f"{path}: `{name}` indexes past its dictionary")
+    return int(np.bincount(idx, minlength=lengths.size) @ lengths)
 
 
 def read_parquet(path: Path) -> tuple[Any, dict[str, str]]:

@@ -293,7 +293,6 @@ def release_format(release: str) -> int | None:
 #: capture's folder from a ticket may hold an ``inspect.py``), the user's ``PYTHON*``
 #: variables or user site-packages is imported; the interpreter's own site-packages, where
 #: its memray is installed, still are.
-_ISOLATED = "-I"
 
 _CHILD = r"""
 import json, sys
@@ -379,7 +378,7 @@ def _release_of(python: str) -> str | None:
     with tempfile.TemporaryDirectory(prefix="snapana-memray-") as tmp:
         out = Path(tmp) / "version.json"
         try:
-            subprocess.run([python, _ISOLATED, "-c", _CHILD, "--version", str(out)],
+            subprocess.run([python, "-I", "-c", _CHILD, "--version", str(out)],
                            capture_output=True, timeout=120, check=False)
             doc = json.loads(out.read_text(encoding="utf-8"))
         except (OSError, ValueError, subprocess.TimeoutExpired):
@@ -535,9 +534,8 @@ def read_records(path: Path, progress: ReadProgress | None = None, python: str |
             except (ImportError, ValueError, OSError):
                 pass
 
-        rc, err = _run_reader([python or sys.executable, _ISOLATED, "-c",
-                               DIE_WITH_PARENT + _CHILD, str(path),
-                               str(result)],
+        rc, err = _run_reader([python or sys.executable, "-I", "-c",
+                               DIE_WITH_PARENT + _CHILD, str(path), str(result)],
                               path, size, progress, limits if os.name == "posix" else None)
         if rc != 0 or not result.is_file():
             if "MemoryError" in err or "bad_alloc" in err:

@@ -458,13 +458,15 @@ class Attributor:
         ev_out = inference.gather(most, others, allocs.height,
                                   freed / allocated if allocated else 0.0, backward, no_grad,
                                   state_in_window)
-        return replace(ev_out, engine=self._engine())
+        return replace(ev_out, engine=self._engine)
 
+    @cached_property
     def _engine(self) -> str:
-        """The serving engine whose frames the capture holds ("" none)."""
+        """The serving engine whose pack's markers the capture's frames carry ("" none)."""
         paths = {f[0].replace("\\", "/") for f in self.stacks.frames}
-        return next((name for name, parts in inference.engines().items()
-                     if any(part in p for p in paths for part in parts)), "")
+        markers = self.rules.markers
+        return next((name for pack, name in inference.engines().items()
+                     if any(part in p for p in paths for part in markers.get(pack, ()))), "")
 
     def _no_grad_site(self, stack_ids: set[int]) -> str:
         """The site of the first of `stack_ids` (in id order) with a frame that shows it

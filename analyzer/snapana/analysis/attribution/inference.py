@@ -115,9 +115,9 @@ def transient_rules() -> tuple[Transient, ...]:
                  for t in _raw().get("transient", ()))
 
 
-def engines() -> dict[str, tuple[str, ...]]:
-    """Serving engine -> the path fragments of its frames (inference.toml `[engines]`)."""
-    return {name: tuple(parts) for name, parts in _raw().get("engines", {}).items()}
+def engines() -> dict[str, str]:
+    """Serving engines: pack name -> the engine's name (inference.toml `[engines]`)."""
+    return dict(_raw().get("engines", {}))
 
 
 def no_grad_markers() -> tuple[tuple[str, str], ...]:
@@ -260,9 +260,7 @@ def _by_freeing_stack(candidates: pl.DataFrame, freed: dict[int, Freed],
 
 def _mirror(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
             limits: dict[str, Any]) -> dict[int, Inferred]:
-    by_size: dict[int, list[int]] = {}
-    for address, size in before.sort("address").select("address", "requested_size").iter_rows():
-        by_size.setdefault(int(size), []).append(int(address))
+    by_size = _by_size(before)
     usable = {s: addrs for s, addrs in by_size.items()
               if s in ev.gradient_sizes and len(addrs) <= 3 * ev.gradient_sizes[s]}
     matched = sum(len(a) for a in usable.values())
@@ -285,6 +283,14 @@ def _mirror(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
     return out
 
 
+def _by_size(before: pl.DataFrame) -> dict[int, list[int]]:
+    """Requested size -> the addresses of the blocks of that size, in address order."""
+    out: dict[int, list[int]] = {}
+    for address, size in before.sort("address").select("address", "requested_size").iter_rows():
+        out.setdefault(int(size), []).append(int(address))
+    return out
+
+
 def _kept_gradients(before: pl.DataFrame, ev: Evidence,
                     methods: dict[str, Method]) -> dict[int, Inferred]:
     """In a window with a backward: frameless blocks of a size whose parameters and their
@@ -293,9 +299,7 @@ def _kept_gradients(before: pl.DataFrame, ev: Evidence,
     allocations), at most one per parameter."""
     m = methods["size-mirror:kept-gradients"]
     out: dict[int, Inferred] = {}
-    by_size: dict[int, list[int]] = {}
-    for address, size in before.sort("address").select("address", "requested_size").iter_rows():
-        by_size.setdefault(int(size), []).append(int(address))
+    by_size = _by_size(before)
     for size, addrs in by_size.items():
         params = ev.named[(size, "parameters")]
         room = params - ev.named[(size, "gradients")]
