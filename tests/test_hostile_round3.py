@@ -48,9 +48,26 @@ def test_none_of_several_inputs_analysed_exits_2(tmp_path: Path) -> None:
     result = invoke("report", str(tmp_path / "a.pickle"), str(tmp_path / "b.pickle"),
                     "-o", str(out))
     assert result.returncode == 2 and "none of the 2 inputs" in result.stderr
+    assert f"each one's reason is in {out}, written" in _one_line(result.stderr)
+    assert out.is_file()
+    result = invoke("batch", str(tmp_path / "a.pickle"), str(tmp_path / "b.pickle"),
+                    "-o", str(tmp_path / "dataset"))
+    assert result.returncode == 2 and "reason is in" in _one_line(result.stderr)
 
 
-@pytest.mark.parametrize("stdout", ["full", "closed", "ascii"])
+def _file_size_limit(limit: int):
+    """A disk that fills after `limit` bytes of any file: writes past it fail (EFBIG)."""
+    import resource
+    import signal
+
+    def prepare() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return prepare
+
+
+@pytest.mark.parametrize("stdout", ["full", "closed", "ascii", "filling"])
 def test_an_output_the_environment_cannot_take_exits_4(tmp_path: Path, stdout: str) -> None:
     shutil.copy(SAMPLE, tmp_path / "s.pickle")
     if stdout == "full":
@@ -63,11 +80,29 @@ def test_an_output_the_environment_cannot_take_exits_4(tmp_path: Path, stdout: s
         result = _cli("summary", "s.pickle", cwd=tmp_path, stdout=subprocess.DEVNULL,
                       preexec_fn=lambda: os.close(1))
         assert "standard output is closed" in _one_line(result.stderr)
+    elif stdout == "filling":  # the text stream would keep 2,000 bytes and exit 0
+        with (tmp_path / "out.html").open("wb") as out:
+            result = _cli("summary", "-f", "html", "s.pickle", cwd=tmp_path, stdout=out,
+                          preexec_fn=_file_size_limit(2000))
+        assert "File too large" in _one_line(result.stderr)
     else:
         result = _cli("summary", "s.pickle", cwd=tmp_path, stdout=subprocess.DEVNULL,
                       encoding="ascii")
         assert "PYTHONIOENCODING=utf-8" in _one_line(result.stderr)
     assert result.returncode == OUTPUT_ERROR
+
+
+def test_a_full_temporary_folder_is_not_blamed_on_the_input(tmp_path: Path) -> None:
+    """The decode child hands its columns over in a temporary file; where that cannot be
+    written (a full /tmp), the snapshot is still analysed, not called corrupt. (The
+    fuzzer's small snapshot: its payload is written after its numbers, past 4 KB.)"""
+    from .fuzz.seeds import small_snapshot
+
+    (tmp_path / "s.pickle").write_bytes(small_snapshot())
+    result = _cli("summary", "s.pickle", cwd=tmp_path, stdout=subprocess.PIPE,
+                  preexec_fn=_file_size_limit(4096))
+    assert result.returncode == 0, result.stderr
+    assert "Verdict." in result.stdout
 
 
 def test_names_the_file_system_cannot_hold(tmp_path: Path) -> None:
@@ -171,20 +206,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _slow_snapshot(path: Path) -> None:
-    """A snapshot whose decode takes a few seconds: 600,000 blocks with frames."""
-    frames = [{"filename": f"/app/m{i}.py", "name": f"f{i}", "line": i} for i in range(10)]
-    segments, address = [], 1 << 40
-    for _ in range(3000):
-        blocks = [{"address": address + 512 * b, "size": 512, "requested_size": 500,
-                   "state": "active_allocated",
-                   "frames": [dict(f, line=f["line"] + b) for f in frames]} for b in range(200)]
-        segments.append({"device": 0, "address": address, "total_size": 512 * 200,
-                         "stream": 0, "segment_type": "small", "blocks": blocks})
-        address += 1 << 21
-    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [[]]}, protocol=4))
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_children_die_with_snapana(tmp_path: Path, sig: str) -> None:
@@ -193,7 +214,9 @@ def test_children_die_with_snapana(tmp_path: Path, sig: str) -> None:
     import signal
     import time
 
-    _slow_snapshot(tmp_path / "a.pickle")
+    from .fuzz.environment import slow_snapshot
+
+    (tmp_path / "a.pickle").write_bytes(slow_snapshot(3000))  # 600,000 blocks: seconds
     shutil.copy(tmp_path / "a.pickle", tmp_path / "b.pickle")
     script = Path(sys.executable).with_name("snapana")
     proc = subprocess.Popen([str(script), "summary", "-j", "2", "a.pickle", "b.pickle"],
@@ -206,7 +229,8 @@ def test_children_die_with_snapana(tmp_path: Path, sig: str) -> None:
     family += [g for k in family for g in _children(k)]
     assert len(family) >= 3, "the workers and a decode child were running"
     os.kill(proc.pid, getattr(signal, sig))
-    proc.wait(timeout=30)
+    _, stderr = proc.communicate(timeout=30)
+    assert b"Traceback" not in stderr, stderr.decode()  # a half-started worker's neither
     gone = time.monotonic() + 1
     while time.monotonic() < gone and any(_alive(k) for k in family):
         time.sleep(0.02)
@@ -309,3 +333,33 @@ def test_a_trace_allocation_overlapping_a_final_block_is_an_impossible_state(
     (dev,) = json.loads(result.stdout)["devices"]
     assert any("cannot exist (live blocks overlap)" in w for w in dev["warnings"])
     assert dev["cached_unallocated_bytes"] is None
+    # at an OOM on that state, no request is placed on it: no shortfall, no what-if spare
+    trace.append({"action": "oom", "addr": 0, "size": 1 << 30, "stream": 0,
+                  "device_free": 0, "frames": []})
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    result = invoke("summary", "--format", "json", str(path))
+    assert result.returncode == 0, result.stderr
+    (dev,) = json.loads(result.stdout)["devices"]
+    assert dev["moment"]["kind"] == "oom"
+    assert any("cannot exist" in w for w in dev["warnings"])
+    assert dev["diagnosis"]["what_ifs"] == [] and dev["diagnosis"]["shortfall_bytes"] is None
+
+
+def test_a_non_finite_setting_from_an_export_stays_valid_json(tmp_path: Path) -> None:
+    """An export marker is input too: an allocator setting of Infinity it carries is shown
+    as text, never as a bare `Infinity` that no strict JSON parser reads."""
+    out = tmp_path / "export"
+    assert invoke("export", str(SAMPLE), "-o", str(out)).returncode == 0
+    marker = out / "snapana-export.json"
+    meta = json.loads(marker.read_text())
+    meta["allocator_settings"]["source"] = [float("inf"), float("nan")]
+    marker.write_text(json.dumps(meta))  # Python writes Infinity / NaN bare
+
+    def strict(name: str) -> None:
+        raise ValueError(f"bare {name} in the JSON")
+
+    result = invoke("summary", "--format", "json", str(out))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout, parse_constant=strict)
+    (dev,) = doc["devices"]
+    assert dev["diagnosis"]["allocator_settings"]["source"] == ["inf", "nan"]

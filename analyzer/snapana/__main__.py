@@ -11,18 +11,27 @@ import sys
 
 
 def run() -> None:
-    """Start reading the command line's one snapshot, run the CLI, end the process."""
-    from snapana.commands._early import start_reading
-
-    if sys.stdout is None:  # started with stdout closed: writing to it fails, said once
-        sys.stdout = _Closed()
-    start_reading(sys.argv[1:])
-    from snapana.cli import main
-
+    """Start reading the command line's one snapshot, run the CLI, end the process. Ctrl-C
+    at any moment, imports included, ends it with status 130 and no traceback."""
     try:
-        main()
-    except SystemExit as exc:
-        _end(exc.code)
+        import signal
+
+        from snapana.children import end_children_on
+
+        end_children_on(signal.SIGTERM, signal.SIGHUP)
+        from snapana.commands._early import start_reading
+
+        if sys.stdout is None:  # started with stdout closed: writing to it fails, said once
+            sys.stdout = _Closed()
+        start_reading(sys.argv[1:])
+        from snapana.cli import main
+
+        try:
+            main()
+        except SystemExit as exc:
+            _end(exc.code)
+    except KeyboardInterrupt:
+        _end(130)
     _end(0)
 
 

@@ -18,12 +18,18 @@ Layout:
   unexpected exception a rank reports counts as an internal error.
 - `hostile.py` — hand-made hostile inputs per class of the issue (FIFO input, output = input,
   gzip bombs, memo abuse, ...).
+- `bombs.py` — inputs whose bytes lie about their size (issue 43): export tables whose
+  run-length, dictionary or compressed pages spell out to GiBs, memray sizes past int64.
+- `environment.py` — what surrounds the input (issue 43): outputs the environment cannot
+  take (/dev/full, a closed or ASCII stdout, a disk that fills), odd paths, modules planted
+  beside the inputs, signals while snapana works; run by `process.py` as a process of its own.
 - `pickle_codec.py` — safe seed decoding and an encoder for shapes pickle.dumps cannot write.
 - `seeds.py` — seeds: sample_snapshots/, ../shared/corpus/ (read in place), synthetic ones.
 - `worker.py` / `runner.py` — a persistent worker subprocess (snapana imported once; cases run
   through `snapana.cli.main` with fds 1/2 captured) under RLIMIT_AS, a per-case timeout and a
   restart when it dies; each outcome classified (refused, ok, traceback, internal, multiline,
-  invariant, crash, hang, memory, overwrite); `invariants.py` checks every JSON summary.
+  invariant, crash, hang, memory, overwrite, executed, orphan); `invariants.py` checks every
+  JSON summary.
 - `minimize.py` — delta reduction of a failing case; `campaign.py` — the loop, counts, saving.
 - `corpus/` — minimised regression cases: `<class>-<n>.<ext>` (a raw input, replayed with
   `summary FILE -f json`) or `<class>-<n>.case.json` (files, setup and command).

@@ -41,6 +41,12 @@ class Case:
     tree: Any = None
     encode: Callable[[Any], dict[str, bytes]] | None = None
     ext: str = ""
+    #: run as a process of its own (`snapana` as a user starts it), not in the worker, with
+    #: what the case does to it (environment.py): {"stdout": "full" | "closed" | "file",
+    #: "encoding": "ascii", "fsize": bytes, "signal": "SIGTERM", "delay": seconds}
+    process: dict[str, Any] | None = None
+    #: an output the environment cannot take is expected: exit 4 in one line is a refusal
+    output_may_fail: bool = False
 
     def command(self) -> list[str]:
         return [a.replace("{input}", self.input) for a in self.argv]
@@ -99,7 +105,7 @@ class Case:
     def is_plain(self) -> bool:
         """One input file run with the default command: saved as the raw file."""
         return (list(self.files) == [self.input] and not self.setup
-                and self.argv == SUMMARY)
+                and self.argv == SUMMARY and self.process is None and not self.output_may_fail)
 
     def save(self, path_stem: Path) -> Path:
         if self.is_plain():
@@ -109,6 +115,7 @@ class Case:
         path = path_stem.with_name(path_stem.name + ".case.json")
         doc = {"fmt": self.fmt, "name": self.name, "argv": self.argv, "input": self.input,
                "setup": [list(s) for s in self.setup], "real": self.real,
+               "process": self.process, "output_may_fail": self.output_may_fail,
                "files": {k: base64.b64encode(v).decode("ascii")
                          for k, v in sorted(self.files.items())}}
         path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -123,6 +130,7 @@ def load_saved(path: Path) -> Case:
                     files={k: base64.b64decode(v) for k, v in doc["files"].items()},
                     argv=list(doc["argv"]), input=doc.get("input", INPUT),
                     setup=[tuple(s) for s in doc.get("setup", [])],
-                    real=bool(doc.get("real", False)))
+                    real=bool(doc.get("real", False)), process=doc.get("process"),
+                    output_may_fail=bool(doc.get("output_may_fail", False)))
     return Case(fmt="saved", name=path.name, files={INPUT: path.read_bytes()},
                 ext="".join(path.suffixes))

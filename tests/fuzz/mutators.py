@@ -604,14 +604,19 @@ FORMATS = {"pickle": 0.40, "kineto": 0.15, "timeline": 0.11, "memray": 0.08, "ex
            # issue #27's classes: amplification (memo, repeated keys), impossible allocator
            # states, hostile strings in every field, command-line values and special
            # outputs, real captures re-encoded (refusing one is a finding)
-           "amplify": 0.08, "impossible": 0.12, "strings": 0.12, "cli": 0.10, "reseed": 0.08}
+           "amplify": 0.08, "impossible": 0.12, "strings": 0.12, "cli": 0.10, "reseed": 0.08,
+           # issue #43's: export tables and memray values that lie about their size; what
+           # surrounds the input (failing outputs, odd paths, planted modules, signals)
+           "bombs": 0.06, "environment": 0.10}
 
 
 def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
              corpus: bool = True) -> Case:
     """Case number `index` of the campaign with `seed`."""
     from .amplify import amplify_case
+    from .bombs import bomb_case
     from .cliargs import cli_case
+    from .environment import environment_case
     from .hostile import hostile_cases
     from .impossible import impossible_case
     from .ranks import ranks_case
@@ -647,5 +652,9 @@ def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
         return cli_case(r)
     if fmt == "reseed":
         return reseed_case(r, corpus)
+    if fmt == "bombs":
+        return bomb_case(r)
+    if fmt == "environment":
+        return environment_case(r)
     cases = hostile_cases()
     return cases[r.randrange(len(cases))]

@@ -8,8 +8,16 @@ line), `invariant` (exit 0 with inconsistent figures), `crash` (killed by a sign
 (over the per-case timeout), `memory` (the memory limit hit, a MemoryError, or a peak RSS over
 the RSS limit, the decode child's included), `overwrite` (an input file changed, or a FIFO,
 device or socket setup node replaced), `real-refused` (an unmutated real capture, re-encoded
-at most, refused: the worst failure there is). Raw control characters in text output (not
-JSON) are an `invariant` finding.
+at most, refused: the worst failure there is), `executed` (a module planted beside the
+inputs ran: it writes a `CANARY-*` file), `orphan` (a process snapana started outlived it by
+more than a second). Raw control characters in text output (not JSON) are an `invariant`
+finding. Exit 4 in one line is a refusal when the case makes the output fail (a full disk,
+a closed or ASCII standard output, a name the file system cannot hold); a partial output or
+a temporary file left behind then is an `invariant` finding.
+
+Cases with `process` settings run as a process of their own (environment.py), the way a
+user starts `snapana`: its standard output on /dev/full or closed, a file-size limit, a
+signal sent to it while it works.
 """
 
 from __future__ import annotations
@@ -30,11 +38,13 @@ from pathlib import Path
 
 from .cases import Case
 from .invariants import summary_violations
+from .process import run_process
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = ("refused", "ok")
 CLASSES = ("refused", "ok", "traceback", "internal", "multiline", "invariant", "crash", "hang",
-           "memory", "overwrite", "real-refused")
+           "memory", "overwrite", "real-refused", "executed", "orphan")
+OUTPUT_ERROR = 4
 #: Raw control characters text output must never hold (tab and newline are layout); an
 #: input's escape sequence reaching a terminal (screen clear, OSC 52 clipboard writes).
 _RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -62,6 +72,12 @@ class Outcome:
     @property
     def failed(self) -> bool:
         return self.cls not in GOOD
+
+
+def _before_snapana(stderr: str) -> bool:
+    """A KeyboardInterrupt raised while Python itself starts (runpy compiling snapana's
+    `__main__`, its first imports) before any of snapana's code runs: Python's to print."""
+    return stderr.rstrip().endswith("KeyboardInterrupt") and "/snapana/" not in stderr
 
 
 def traceback_site(stderr: str) -> str:
@@ -197,10 +213,15 @@ class Runner:
         try:
             hashes = case.materialize(folder)
             nodes = case.nodes(folder)
-            reply, why = self.worker.run(folder, case.command(), self.timeout)
+            if case.process is not None:
+                reply, why = run_process(case, folder, self.timeout, self.worker.memory_limit,
+                                         self.worker.snapana_path)
+            else:
+                reply, why = self.worker.run(folder, case.command(), self.timeout)
             out = self._read(folder / "stdout.txt")
             err = self._read(folder / "stderr.txt")
-            outcome = self._classify(case, folder, reply, why, out, err)
+            outcome = self._environment(case, folder, reply, out, err) or self._classify(
+                case, folder, reply, why, out, err)
             if outcome.cls in GOOD and self._changed(folder, hashes):
                 outcome = Outcome("overwrite", "an input file was modified", outcome.code,
                                   outcome.seconds, err, out)
@@ -211,13 +232,46 @@ class Runner:
             if outcome.cls == "refused" and case.real:
                 outcome = Outcome("real-refused", outcome.detail, outcome.code,
                                   outcome.seconds, err, out)
-            if reply is not None and (self.worker.cases >= self.recycle or outcome.failed
+            if reply is not None and case.process is None and (
+                    self.worker.cases >= self.recycle or outcome.failed
                                       or reply.get("rss", 0) > self.rss_limit // 2
                                       or reply.get("vm", 0) > self.worker.memory_limit * 3 // 4):
                 self.worker.kill()  # a fresh worker now and then: no state carried over
             return outcome
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    @staticmethod
+    def _environment(case: Case, folder: Path, reply: dict | None, out: str, err: str
+                     ) -> Outcome | None:
+        """What the environment classes decide before the usual rules: a planted module
+        ran, a child outlived snapana, a signal ended it (cleanly: no traceback), an
+        expected output failure left a partial file behind."""
+        if list(folder.glob("CANARY-*")):
+            return Outcome("executed", "a module planted in the working directory ran",
+                           stderr=err, stdout=out)
+        if reply is None:
+            return None
+        code, seconds = reply.get("code"), reply.get("seconds", 0.0)
+        base = dict(code=code, seconds=seconds, stderr=err, stdout=out,
+                    peak_rss=reply.get("peak_rss", 0))
+        if reply.get("orphans"):
+            return Outcome("orphan", f"{len(reply['orphans'])} processes outlived snapana",
+                           **base)
+        sent = reply.get("signal_sent")
+        if sent:
+            number = int(getattr(signal, sent))
+            if "Traceback (most recent call last)" in err and not _before_snapana(err):
+                return Outcome("traceback", traceback_site(err), **base)
+            if code in (0, 2, 130, -number, 128 + number):
+                return Outcome("ok", f"stopped by {sent}", **base)
+            return Outcome("crash", f"exit {code} after {sent}", **base)
+        if case.output_may_fail and code == OUTPUT_ERROR:
+            left = [p.name for p in folder.rglob(".*.tmp")]
+            if left:
+                return Outcome("invariant", "a temporary output was left behind",
+                               note=f"left: {left[0][:60]}", **base)
+        return None
 
     @staticmethod
     def _read(path: Path, limit: int = 256 << 20) -> str:
@@ -255,6 +309,8 @@ class Runner:
             name = signal.Signals(sig).name if sig > 0 else f"exit {detail}"
             return Outcome("crash", name, None, 0, err, out)
         code, seconds = reply["code"], reply["seconds"]
+        if isinstance(code, int) and code < 0:  # a process case killed by a signal
+            return self._classify(case, folder, None, f"died:{code}", out, err)
         peak = max(reply.get("peak_rss", 0), reply.get("child_peak_rss", 0))
         base = dict(code=code, seconds=seconds, stderr=err, stdout=out, peak_rss=peak)
         if reply.get("exception") == "MemoryError" or "MemoryError" in err:
@@ -266,7 +322,7 @@ class Runner:
         if code in (2, 3) and _RAW_CONTROL.search(err):
             return Outcome("invariant", "raw control character in text output",
                            note=f"control: {_RAW_CONTROL.search(err).group()!r}", **base)
-        if code == 2:
+        if code == 2 or (code == OUTPUT_ERROR and case.output_may_fail):
             lines = [ln for ln in err.splitlines() if ln.strip()]
             if len(lines) == 1 and lines[0].startswith("snapana: error: "):
                 return Outcome("refused", lines[0][16:96], **base)

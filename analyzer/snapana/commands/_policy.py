@@ -159,11 +159,34 @@ def render_view(view: Any, fmt: str, to_terminal: bool = True) -> str:
         raise InputError(str(exc)) from None
 
 
-def write(out: Path, text: str) -> None:
-    """Write atomically and say where."""
+def emit(text: str) -> None:
+    """Print a command's output whole, or fail saying so. Python's text stdout drops the rest
+    of a write that the file took only in part (a disk that fills up, a file-size limit)
+    without a word, and the command would exit 0 with half a report: so the bytes go
+    through the binary stream, the count of every write checked (the failure then is an
+    OSError: exit 4, `cli.environment_problem`)."""
+    stream = sys.stdout
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:  # a closed stdout (`__main__._Closed`), an in-memory stream
+        stream.write(text)
+        return
+    data = memoryview(text.encode(stream.encoding or "utf-8", stream.errors or "strict"))
+    stream.flush()
+    while data:
+        n = buffer.write(data)
+        if not n:
+            raise OSError(5, "the output took no more bytes")
+        data = data[n:]
+    buffer.flush()
+
+
+def write(out: Path, text: str, multi: MultiReport | None = None) -> None:
+    """Write atomically and say where (or, when none of several inputs `multi` names could
+    be analysed, fail saying the output lists why: `none_analysed`)."""
     from snapana.io.output import write_atomic
 
     write_atomic(out, text)
+    none_analysed(multi, written=out)
     wrote(out)
 
 
@@ -174,12 +197,15 @@ def wrote(*paths: Path, detail: str = "") -> None:
     err.print(f"wrote {names}{detail}", markup=False, highlight=False, soft_wrap=True)
 
 
-def none_analysed(multi: MultiReport | None) -> None:
+def none_analysed(multi: MultiReport | None, written: Path | None = None) -> None:
     """Several inputs and not one analysed: the command failed (exit 2), whatever it wrote
-    to list why each was refused."""
+    to list why each was refused (`written`, named in the one line said instead of the
+    "wrote" line; else the reasons are in the output above)."""
     if multi is not None and multi.ranks and not multi.ok:
+        where = (f"in {inert(str(written), lines=False)}, written" if written is not None
+                 else "listed above")
         raise InputError(f"none of the {len(multi.ranks)} inputs could be analysed (each "
-                         "one's reason is listed above)")
+                         f"one's reason is {where})")
 
 
 def analyse_many(paths: list[Path], workers: int | None, rules: list[Path] | None,

@@ -33,5 +33,5 @@ def batch(
     multi, run = policy.analyse_many(ins.paths, workers, rules, ruleset, cap, engine.value)
     name = job or (ins.paths[0].parent.name if ins.paths else "job")
     rank_dataset.write(multi, output, name, policy.verdicts(run))
+    policy.none_analysed(multi, written=output)
     policy.wrote(output, detail=f" ({len(multi.ranks)} inputs, {len(multi.ok)} analysed)")
-    policy.none_analysed(multi)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -47,7 +46,7 @@ def diff(
     view = diff_view(snapana.diff(before, after, device=device, rules=ruleset,
                                   capacity=cap).diff)
     if out is None:
-        sys.stdout.write(policy.render_view(view, format.value))
+        policy.emit(policy.render_view(view, format.value))
         return
     policy.write(out, policy.render_view(view, renderers.format_for_path(out, format.value),
                                          to_terminal=False))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
@@ -40,4 +39,4 @@ def explain(
     ruleset, _ = policy.check_rules(rules, None)
     session = Session(policy.open_shown(file), device, rules=ruleset, at=at)
     items = session.explain(block=address, family=family, site=site)
-    sys.stdout.write(policy.render_view(explain_view(items), "text"))
+    policy.emit(policy.render_view(explain_view(items), "text"))

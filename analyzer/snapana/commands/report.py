@@ -56,8 +56,8 @@ def report(
     shown = policy.shown(ins, device, rules, capacity, at, workers, rank, extras,
                          ahead=_explorer_ahead)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
-    policy.write(out, policy.render_view(view, renderers.REPORT_FORMAT, to_terminal=False))
-    policy.none_analysed(shown.ranks)
+    policy.write(out, policy.render_view(view, renderers.REPORT_FORMAT, to_terminal=False),
+                 shown.ranks)
 
 
 def _explorer_ahead(session: Session) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from snapana.commands import _policy as policy
 from snapana.commands._options import (
     DEFAULT_FORMAT,
@@ -35,5 +33,5 @@ def summary(
     policy.prepare(format.value)
     shown = policy.shown(ins, device, rules, capacity, at, workers)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
-    sys.stdout.write(policy.render_view(view, format.value))
+    policy.emit(policy.render_view(view, format.value))
     policy.none_analysed(shown.ranks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from snapana.analysis.compare import FamilyChange, SiteChange
@@ -16,7 +17,24 @@ from snapana.units import shown_name
 
 
 def _dump(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=2) + "\n"
+    """JSON as the standard has it: a non-finite number an input carried (an allocator
+    setting of Infinity in a hand-edited export) is written as text, never as the bare
+    `Infinity` / `NaN` no strict parser reads."""
+    try:
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        return json.dumps(_finite(data), indent=2, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    """`value` with each non-finite float spelled as text ("inf", "-inf", "nan")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _frames(stack: tuple[Frame, ...]) -> list[dict[str, Any]]:

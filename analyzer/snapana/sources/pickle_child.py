@@ -519,10 +519,18 @@ if fd is not None:
 else:
     out = sys.stdout.buffer
     out.write(line)
-for b in bufs:
-    out.write(memoryview(b).cast("B"))
-out.write(blob)
-out.flush()
+try:
+    for b in bufs:
+        out.write(memoryview(b).cast("B"))
+    out.write(blob)
+    out.flush()
+except OSError as exc:
+    if fd is None:  # stdout: the parent is gone
+        raise
+    # the temporary file cannot take the payload (a full disk, a file-size limit): the
+    # decode itself passed its limits, so the parent decodes in-process
+    reply(ok=True, size=size, peak=peak, plain=False, cpu_decode=cpu_decode,
+          scanned=SCANNED is not None, tried=TRIED, unwritten=exc.strerror or str(exc))
 if fd is not None:
     sys.stdout.buffer.write(line)
     sys.stdout.buffer.flush()

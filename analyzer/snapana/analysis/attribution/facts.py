@@ -109,7 +109,12 @@ def seen_facts(frames: Iterable[Frame], annotations: Iterable[str] = ()) -> dict
     """Fact id -> the first frame (or annotation) that shows it."""
     specs, library = _spec()
     out: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()
     for frame in frames:
+        key = (frame[0], frame[1])  # the line plays no part: each (file, function) once
+        if key in seen:
+            continue
+        seen.add(key)
         for f in specs:
             if f.id not in out and any(_matches(p, frame, library) for p in f.frames):
                 out[f.id] = frame_place(frame)

@@ -307,14 +307,16 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
             outside = capacity - state.reserved - o.device_free_bytes
         causes = _causes(state, request, device_free, capacity, outside)
         baseline = would_fit(request, device_free, segments, live, stream=o.stream)
-        shortfall = max(0, -baseline.spare_bytes)
-        if baseline.fits:
+        # a state that cannot exist (`_impossible`) places nothing: no shortfall, no what-if
+        shortfall = None if state.impossible else max(0, -baseline.spare_bytes)
+        if baseline.fits and not state.impossible:
             warnings.append(
                 "the replayed state would have fit the request: device_free or the "
                 "segments at the OOM are incomplete, so what-ifs are approximate"
             )
-        shown = list(state.groups[:WHATIF_FAMILIES])
-        shown += [g for g in state.groups[WHATIF_FAMILIES:] if g.name == req_family]
+        shown = [] if state.impossible else list(state.groups[:WHATIF_FAMILIES])
+        shown += [g for g in state.groups[WHATIF_FAMILIES:] if g.name == req_family
+                  and not state.impossible]
         for g in shown:
             mine = held.filter(pl.col("family") == g.name)
             without = live.filter(~pl.col("address").is_in(mine["address"].implode()))
@@ -329,7 +331,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
                 segment_size_for(request) <= device_free + released if pools else None,
                 fit.spare_terms))
         accumulating = _accumulation(state.groups, req_family, o.stack_id)
-        if accumulating is not None and req_family:
+        if accumulating is not None and req_family and not state.impossible:
             copies = held.filter((pl.col("family") == req_family)
                                  & (pl.col("stack_id") == accumulating["stack_id"]))
             fit = would_fit(request, device_free, segments,

@@ -14,7 +14,9 @@ from __future__ import annotations
 import glob
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
@@ -201,8 +203,10 @@ def _map_local(args: list[str], rule_files: list[str] | None, capacity: int | No
             max_workers=min(workers, len(args)),
             mp_context=multiprocessing.get_context("spawn"),
             initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-        futures = {pool.submit(summarize_file, a, rule_files, capacity): a for a in args}
         try:
+            with _interrupts_held():  # submitting starts the workers
+                futures = {pool.submit(summarize_file, a, rule_files, capacity): a
+                           for a in args}
             pending = set(futures)
             while pending:
                 # woken twice a second: a signal the kernel gave another thread is only
@@ -217,6 +221,26 @@ def _map_local(args: list[str], rule_files: list[str] | None, capacity: int | No
             _stop(pool)
             raise
     return results
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C is held while the workers start, and comes right after: one interrupted in
+    the middle of its start is not the pool's yet (`_stop` cannot kill it), and prints a
+    traceback of its own when the pipe it reads its task from closes. (Python's handler is
+    swapped for one that takes note: blocking the signal in this thread would not do, the
+    kernel gives it to another and Python still raises it here.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if came and callable(before):
+        before(signal.SIGINT, None)  # Python's own raises KeyboardInterrupt
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
