@@ -363,3 +363,13 @@ def test_a_non_finite_setting_from_an_export_stays_valid_json(tmp_path: Path) ->
     doc = json.loads(result.stdout, parse_constant=strict)
     (dev,) = doc["devices"]
     assert dev["diagnosis"]["allocator_settings"]["source"] == ["inf", "nan"]
+
+
+def test_an_export_onto_a_filling_disk_is_an_output_failure(tmp_path: Path) -> None:
+    """Polars wraps a failed Parquet write in its own error: said as the output's failure
+    (exit 4, one line), and no partial folder is left."""
+    result = _cli("export", str(SAMPLE), "-o", "out", cwd=tmp_path, stdout=subprocess.PIPE,
+                  preexec_fn=_file_size_limit(4096))
+    assert result.returncode == OUTPUT_ERROR
+    assert "could not write" in _one_line(result.stderr)
+    assert not list(tmp_path.iterdir())  # neither the folder nor its temporary one

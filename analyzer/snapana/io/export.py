@@ -19,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from snapana.errors import OutputError
 from snapana.io import tables
 from snapana.io.output import atomic_dir, check_dir_target
 from snapana.model import Capture
@@ -109,6 +110,12 @@ def _blocks(capture: Capture, analysed: list[Session]) -> pl.DataFrame:
 def _write_dir(out_dir: Path, tables: dict[str, pl.DataFrame], meta: dict[str, Any]) -> None:
     with atomic_dir(out_dir, MARKER, "export") as tmp:
         for name, df in tables.items():
-            df.write_parquet(tmp / f"{name}.parquet", statistics=True)
+            try:
+                df.write_parquet(tmp / f"{name}.parquet", statistics=True)
+            except pl.exceptions.PolarsError as exc:  # polars wraps a failed write (a full
+                # disk, a file-size limit) in its own error: the environment's, not a bug
+                why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise OutputError(f"{out_dir}: could not write {name}.parquet ({why}): is "
+                                  "the disk full?") from None
         # the marker last: a folder without it is not an export
         (tmp / MARKER).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
