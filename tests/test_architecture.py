@@ -148,6 +148,7 @@ STAGE_CALLS = {"replay", "Attributor", "device_report", "diagnose"}
 #: Who may make them: the session (the one wiring) and the stages themselves.
 STAGE_CALLERS = {
     "snapana.session",
+    "snapana.log_session",  # the same wiring for text logs (no capture pipeline imported)
     DIAGNOSIS_ALGORITHM,
     "snapana.analysis.replay",
 } | {m for m in MODULES if m.startswith("snapana.analysis.attribution")}

@@ -16,6 +16,7 @@ from snapana.analysis.compare import diff_reports
 from snapana.analysis.ranks.aggregate import aggregate
 from snapana.analysis.ranks.runner import summarize_many
 from snapana.render import FORMATS, Options, formats, registered, render
+from snapana.render.text_log import TextLogView, text_log_view
 from snapana.render.views import (
     CaptureView,
     DiffView,
@@ -33,7 +34,23 @@ from .conftest import SAMPLES, invoke
 SAMPLE_FILES = sorted(SAMPLES.glob("*.pickle"))
 PACKAGE = Path(snapana.__file__).parent
 VIEW_TYPES: dict[str, Any] = {"capture": CaptureView, "diff": DiffView, "ranks": RanksView,
-              "explain": ExplainView}
+              "explain": ExplainView, "text_log": TextLogView}
+
+
+def _text_logs() -> list[tuple[str, object]]:
+    """Text-log views: one message of each wording, and four ranks in one log."""
+    from snapana.analysis.text_diagnosis import diagnose
+    from snapana.sources.oom_text import read_messages
+
+    from .test_oom_text import GIB, Oom
+
+    oom = Oom(request=2 * GIB, device=1, capacity=80 * GIB, free=GIB // 2,
+              allocated=70 * GIB, unallocated=6 * GIB, this_process=77 * GIB)
+    texts = {"2.1+": oom.v2(), "1.4-2.0": oom.v14(), "1.0-1.3": oom.v10(),
+             "ranks": "\n".join(f"[rank{k}]: torch.OutOfMemoryError: {oom.v2()}"
+                                 for k in range(4))}
+    return [(name, text_log_view(name, [diagnose(m) for m in read_messages(t)]))
+            for name, t in texts.items()]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +70,7 @@ def views() -> dict[str, list[tuple[str, object]]]:
         items = sessions[p].explain(family=r.groups[0].name, limit=2)
         out["explain"].append((p.name, explain_view(items)))
     out["ranks"].append(("all samples", ranks_view(aggregate(list(summaries.values())))))
+    out["text_log"] += _text_logs()
     last = SAMPLE_FILES[-1]
     out["capture"].append(("under a rank table", capture_view(
         [reports[last]], title="all", ranks=aggregate(list(summaries.values())))))

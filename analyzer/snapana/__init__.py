@@ -7,10 +7,11 @@ so `import snapana` (the CLI's first step) does not pay for polars, plotly and t
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # (not `typing`'s: this module imports nothing, see `__main__`)
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
     from snapana.analysis.compare import CaptureDiff
     from snapana.api import Analysis, Comparison, State
 
@@ -49,9 +50,11 @@ def export(source: str | Path | Analysis, out_dir: str | Path, **options: Any) -
 
     if isinstance(source, _Analysis):
         return source.export(out_dir)
+    from pathlib import Path as _Path
+
     from snapana.io.export import export_capture
 
-    return export_capture(Path(source), Path(out_dir), **options)
+    return export_capture(_Path(source), _Path(out_dir), **options)
 
 
 def __getattr__(name: str) -> Any:

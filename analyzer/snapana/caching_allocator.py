@@ -56,6 +56,18 @@ def round_size(requested: int, granularity: int = ROUND_BYTES) -> int:
         return requested
     return max(granularity, -(-requested // granularity) * granularity)
 
+
+def segment_size_for(request: int) -> int:
+    """Bytes the allocator asks the driver for when no cached block fits (`malloc`'s
+    `get_allocation_size`: a small pool segment, the 20 MiB one for requests under
+    MIN_LARGE_ALLOC, else the rounded request up to 2 MiB)."""
+    r = round_size(request)
+    if r <= SMALL_REQUEST:
+        return SMALL_SEGMENT
+    if r < MIN_LARGE_ALLOC:
+        return LARGE_SEGMENT
+    return (r + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+
 #: The settings a snapshot records under ``allocator_settings`` (PyTorch's
 #: ``CUDAAllocatorConfig``, parsed from ``PYTORCH_CUDA_ALLOC_CONF``) that a knob may turn on.
 #: PyTorch's defaults of those settings that are not off / zero (a value equal to its default

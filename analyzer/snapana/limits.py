@@ -169,3 +169,9 @@ def memray_stall_seconds() -> float:
     """How long memray's reader may go without reading further into the capture before the
     end of the file (a hang on a hostile file, not work)."""
     return float(_env_int("SNAPANA_MEMRAY_STALL_SECONDS", 120))
+
+
+#: A text log is read from its end (where a dying job's OOM stands): at most this many bytes,
+#: and at most this many OOM messages shown (a log can repeat one a million times).
+MAX_LOG_BYTES = 256 << 20
+MAX_LOG_MESSAGES = 10_000

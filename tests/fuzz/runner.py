@@ -75,9 +75,15 @@ class Outcome:
 
 
 def _before_snapana(stderr: str) -> bool:
-    """A KeyboardInterrupt raised while Python itself starts (runpy compiling snapana's
-    `__main__`, its first imports) before any of snapana's code runs: Python's to print."""
-    return stderr.rstrip().endswith("KeyboardInterrupt") and "/snapana/" not in stderr
+    """A KeyboardInterrupt raised while Python itself starts, before `__main__.run` (which
+    turns Ctrl-C into exit 130) runs: runpy compiling snapana's `__main__`, the package's
+    own module code. Python's to print; any frame inside snapana's functions is not."""
+    if not stderr.rstrip().endswith("KeyboardInterrupt"):
+        return False
+    frames = _FRAME.findall(stderr)
+    return all(func == "<module>" and path.endswith(("snapana/__init__.py",
+                                                     "snapana/__main__.py"))
+               for path, _, func in frames)
 
 
 def traceback_site(stderr: str) -> str:

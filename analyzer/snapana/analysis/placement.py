@@ -23,29 +23,17 @@ import polars as pl
 
 from snapana.caching_allocator import (
     LARGE_PAGE,
-    LARGE_SEGMENT,
-    MIN_LARGE_ALLOC,
-    ROUND_LARGE,
     SMALL_PAGE,
     SMALL_REQUEST,
     SMALL_SEGMENT,
     round_size,
+    segment_size_for,
 )
 
 
 def round_request(size: int) -> int:
     """What a block for this request holds: the one rounding rule (replay's)."""
     return round_size(size)
-
-
-def segment_size_for(request: int) -> int:
-    """Bytes the allocator asks the driver for when no cached block fits."""
-    r = round_request(request)
-    if r <= SMALL_REQUEST:
-        return SMALL_SEGMENT
-    if r < MIN_LARGE_ALLOC:
-        return LARGE_SEGMENT
-    return (r + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
 
 
 #: How a request is placed (Fit.how): a cached free block, a new cudaMalloc'd segment, more

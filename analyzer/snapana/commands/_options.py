@@ -65,7 +65,8 @@ DeviceOpt = Annotated[int | None, typer.Option("--device", metavar="N",
 OutputOpt = Annotated[Path | None, typer.Option("-o", "--output", metavar="PATH")]
 FilesArg = Annotated[list[str], typer.Argument(
     metavar="FILE",
-    help="snapshot file(s), directories of snapshots, or globs (one report for all ranks)")]
+    help="snapshot file(s), directories of snapshots, or globs (one report for all ranks); "
+    "a job's log with its OOM messages, or - for a paste on standard input")]
 WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N",
                                                 parser=integer("--workers", 1, 4096),
                                                 help="worker processes (default: all cores)")]

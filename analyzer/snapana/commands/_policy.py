@@ -208,6 +208,26 @@ def none_analysed(multi: MultiReport | None, written: Path | None = None) -> Non
                          f"one's reason is {where})")
 
 
+def text_logs(files: list[str]) -> Any | None:
+    """The view of OOM messages read from text, when the inputs are text (`-`: a paste on
+    standard input; files whose content is a log); None when they are captures."""
+    from snapana.log_session import read_logs
+    from snapana.render.text_log import text_log_view
+    from snapana.sources import sniff
+
+    paths = None
+    if files != ["-"]:
+        from snapana.analysis.ranks.runner import expand_inputs
+
+        paths = [p for f in files for p in ([Path(f)] if Path(f).is_dir() else
+                                            expand_inputs([f]))]
+        if not paths or any(p.is_dir() or sniff(p) != "text_log" for p in paths):
+            return None
+    logs, diagnoses = read_logs(paths)
+    title = logs[0].name if len(logs) == 1 else f"{len(logs)} logs"
+    return text_log_view(title, diagnoses, [n for log in logs for n in log.notes])
+
+
 def analyse_many(paths: list[Path], workers: int | None, rules: list[Path] | None,
                  ruleset: RuleSet, capacity: int | None, engine: str = "local"
                  ) -> tuple[MultiReport, RankRun]:

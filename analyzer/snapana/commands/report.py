@@ -45,6 +45,14 @@ def report(
     ] = None,
 ) -> None:
     """Write a self-contained HTML report (opens offline, attach it to the ticket)."""
+    logs = policy.text_logs(files)
+    if logs is not None:  # a log or a paste: its OOM messages
+        named = [Path(f) for f in files if f != "-"]
+        default = Path((named[0].name.split(".")[0] if len(named) == 1 else "snapana-report")
+                       + ".html")
+        out = policy.output_file(output, default, named)
+        policy.write(out, policy.render_view(logs, renderers.REPORT_FORMAT, to_terminal=False))
+        return
     from snapana.render.views import capture_view
 
     ins = policy.inputs(files, at)

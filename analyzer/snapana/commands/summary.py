@@ -27,6 +27,10 @@ def summary(
     """Print the verdict and what holds memory: a table, markdown for a ticket, JSON, or the
     HTML page. With several inputs: the rank table, then the failing (else the largest)
     rank in full."""
+    logs = policy.text_logs(files)
+    if logs is not None:  # a log or a paste: its OOM messages
+        policy.emit(policy.render_view(logs, format.value))
+        return
     from snapana.render.views import capture_view
 
     ins = policy.inputs(files, at)

@@ -50,7 +50,7 @@ REPORT_FORMAT: Format = "html"
 _SUFFIX_FORMATS: dict[str, Format] = {".html": "html", ".htm": "html"}
 
 #: What a view-model shows; each view class names its kind (`views.CaptureView.kind`).
-ViewKind = Literal["capture", "diff", "ranks", "explain"]
+ViewKind = Literal["capture", "diff", "ranks", "explain", "text_log"]
 VIEW_KINDS: tuple[ViewKind, ...] = get_args(ViewKind)
 
 
@@ -94,6 +94,10 @@ _REGISTRY: dict[tuple[str, str], str | Renderer] = {
     ("ranks", "json"): "snapana.render.json:ranks",
     ("ranks", "html"): "snapana.render.html:ranks",
     ("explain", "text"): "snapana.render.text:explain",
+    ("text_log", "text"): "snapana.render.text:text_log",
+    ("text_log", "markdown"): "snapana.render.markdown:text_log",
+    ("text_log", "json"): "snapana.render.json:text_log",
+    ("text_log", "html"): "snapana.render.html:text_log",
 }
 
 

@@ -17,6 +17,7 @@ from markupsafe import Markup, escape
 
 from snapana.render import Options, figures
 from snapana.render.assets import plotly_js_gzip_b64, plotly_template_json
+from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.wording import GROWTH_HEADING, evidence_note
 from snapana.units import fmt_bytes
@@ -185,3 +186,8 @@ def diff(view: DiffView, options: Options) -> str:
         plotly_b64=plotly_js_gzip_b64(),
         plotly_template=plotly_template_json(),
     )
+
+
+def text_log(view: TextLogView, options: Options) -> str:
+    """A text log's OOM messages as one page (no figures: the text has no timeline)."""
+    return _template("text_log.html.j2").render(v=view)

@@ -12,7 +12,9 @@ from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import Frame
 from snapana.render import Options
+from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
+from snapana.sources.oom_text import Size
 from snapana.units import shown_name
 
 
@@ -263,3 +265,35 @@ def ranks_dict(view: RanksView) -> dict[str, Any]:
         })
     return {"headline": view.headline, "inputs": entries, "one_job": m.one_job,
             "why_not_one_job": m.why_not_one_job, "outliers": m.outliers}
+
+
+def _size(s: Size | None) -> dict[str, Any] | None:
+    return None if s is None else {"bytes": s.bytes, "slack_bytes": s.slack, "printed": s.text}
+
+
+def text_log(view: TextLogView, options: Options) -> str:
+    """A text log's OOM messages: each figure as printed and in bytes (with the rounding it
+    may carry), the split, the causes with their terms, the knobs, the notes."""
+    messages = []
+    for m in view.messages:
+        msg, d = m.diagnosis.message, m.diagnosis
+        messages.append({
+            "line": msg.line, "rank": msg.rank, "device": msg.device, "backend": msg.backend,
+            "wording": msg.wording, "releases": msg.releases, "prefix": msg.prefix,
+            "request": _size(msg.request), "capacity": _size(msg.capacity),
+            "free": _size(msg.free), "allocated": _size(msg.allocated),
+            "reserved": _size(msg.reserved), "unallocated": _size(msg.unallocated),
+            "this_process": _size(msg.this_process),
+            "private_pools": _size(msg.private_pools), "allowed": _size(msg.allowed),
+            "processes": [{"pid": pid, **(_size(s) or {})} for pid, s in msg.processes],
+            "segment_bytes": d.segment,
+            "split": [{"what": w, "bytes": n} for w, n in d.split],
+            "causes": [{"id": c.id, "terms": [{"what": w, "bytes": n} for w, n in c.terms],
+                        "text": t} for c, t in zip(d.causes, m.causes, strict=True)],
+            "knobs": [{"knob": k, "why": why} for k, why in m.knobs],
+            "notes": list(m.oddities), "verdict": m.verdict})
+    return _dump({"source": "text_log", "title": view.title, "messages": messages,
+                  "verdict": view.lead.verdict if view.lead else None,
+                  "ranks": {"columns": list(view.rank_columns),
+                            "rows": [list(r) for r in view.rank_rows]},
+                  "not_read": list(view.unrecognised), "record": list(view.record)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from snapana.render import Options
+from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.wording import GROWTH_HEADING, KNOB_COLUMNS, evidence_note
 from snapana.units import fmt_bytes
@@ -131,4 +132,25 @@ def ranks(view: RanksView, options: Options) -> str:
     out = [f"**{esc(view.headline)}**", "", "| " + " | ".join(view.columns) + " |",
            "|" + "---|" * len(view.columns)]
     out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in view.rows]
+    return "\n".join(out) + "\n"
+
+
+def text_log(view: TextLogView, options: Options) -> str:
+    """A text log's OOM messages, as a ticket body."""
+    lead = view.lead
+    out = [f"### GPU out of memory: {esc(view.title)}", "",
+           f"**Verdict.** {esc(lead.verdict)}" if lead else
+           "No out-of-memory message was found in the text."]
+    _table(out, view.rank_columns, [[esc(c) for c in row] for row in view.rank_rows])
+    for m in view.messages:
+        out += ["", f"#### {esc(m.where)}" + (f", GPU {m.device}" if m.device is not None
+                                               else ""), "", esc(m.wording)]
+        _table(out, ("figure", "as printed"), [(esc(w), esc(v)) for w, v in m.figures])
+        if m.split:
+            out += ["", esc(m.split)]
+        out += [""] + [f"- cause: {esc(c)}" for c in m.causes]
+        out += [f"- knob: `{k}` — {esc(why)}" for k, why in m.knobs]
+        out += [f"- note: {esc(o)}" for o in m.oddities]
+    out += [""] + [f"- not read: {esc(u)}" for u in view.unrecognised]
+    out += ["", "```", *view.record, "```"]
     return "\n".join(out) + "\n"

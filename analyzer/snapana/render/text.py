@@ -8,14 +8,17 @@ import io
 import re
 import textwrap
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.text import Text
 
 from snapana.render import Options
-from snapana.render.views import CaptureView, DeviceView, DiffView, ExplainView, RanksView
-from snapana.render.wording import GROWTH_HEADING, inferred_note
+from snapana.render.text_log import TextLogView
 from snapana.units import fmt_bytes
+
+if TYPE_CHECKING:  # the views import the analysis (polars): a text log's page needs neither
+    from snapana.render.views import CaptureView, DeviceView, DiffView, ExplainView, RanksView
 
 TOP_GROUPS = 12  # families in the "what holds memory" list
 TOP_SITES = 20  # changed sites in a diff
@@ -137,12 +140,14 @@ def _sizes(out: _Out, d: DeviceView, limit: int = TOP_SIZES) -> None:
 
 
 def _groups(out: _Out, d: DeviceView) -> None:
+    from snapana.render import wording
+
     r = d.report
     out.heading("what holds memory" + (" (evidence: how much was inferred)" if any(
         g.inferred_bytes for g in r.groups) else ""))
     rows = [(g.name, fmt_bytes(g.bytes), str(g.blocks),
              f"{g.bytes / r.allocated_bytes:.1%}" if r.allocated_bytes else "0.0%",
-             inferred_note(g)) for g in r.groups[:TOP_GROUPS]]
+             wording.inferred_note(g)) for g in r.groups[:TOP_GROUPS]]
     lines = _columns(("family", "bytes", "blocks", "share", ""), rows,
                      numeric={"bytes", "blocks", "share"})
     out.line(INDENT + lines[0])
@@ -228,6 +233,8 @@ def explain(view: ExplainView, options: Options) -> str:
 
 
 def diff(view: DiffView, options: Options) -> str:
+    from snapana.render import wording
+
     out = [f"before: {view.before}", f"after:  {view.after}", "",
            f"Verdict: {view.verdict}", ""]
     numeric = {"before", "after", "change"}
@@ -236,7 +243,7 @@ def diff(view: DiffView, options: Options) -> str:
         out += ["", *_columns(("family", "before", "after", "change", ""), view.families,
                               numeric)]
     if view.growth:
-        out += ["", f"{GROWTH_HEADING}:"]
+        out += ["", f"{wording.GROWTH_HEADING}:"]
         for line in view.growth:
             out += _wrap(line, max(40, options.width), INDENT, INDENT * 3)
     if view.history_note:
@@ -257,3 +264,36 @@ def _columns(header: tuple[str, ...], rows: Sequence[Sequence[str]],
                          for c, w, h in zip(row, widths, header, strict=True)).rstrip()
 
     return [line(header), *(line(r) for r in rows)]
+
+
+def text_log(view: TextLogView, options: Options) -> str:
+    """A text log's OOM messages: the verdict, then each message's figures, its sum, its
+    causes and knobs; what to record next time."""
+    out = _Out(options)
+    lead = view.lead
+    out.para(f"Verdict. {lead.verdict}" if lead else
+             "No out-of-memory message was found in the text.")
+    if view.rank_rows:
+        out.line()
+        for ln in _columns(view.rank_columns, view.rank_rows, {"requested", "free", "reserved"}):
+            out.line(ln)
+    for m in view.messages:
+        out.line()
+        out.para(f"── {m.where}" + (f", GPU {m.device}" if m.device is not None else "") +
+                 f" — {m.wording}")
+        for what, value in m.figures:
+            out.para(f"{what:<32} {value}", INDENT)
+        if m.split:
+            out.para(m.split, INDENT)
+        for c in m.causes:
+            out.para(f"cause: {c}", INDENT)
+        for knob, why in m.knobs:
+            out.para(f"knob: {knob} — {why}", INDENT)
+        for o in m.oddities:
+            out.para(f"note: {o}", INDENT)
+    for u in view.unrecognised:
+        out.para(f"not read: {u}")
+    out.line()
+    for line in view.record:
+        out.para(line)
+    return out.text()

@@ -52,6 +52,10 @@ def sniff(path: Path) -> str:
         return "memory_timeline" if looks_like_timeline(stripped) else "kineto_trace"
     if head[:1] in (b"(", b"]", b"}") or head[:2] == b"(l":
         return "torch_snapshot"  # protocol 0/1 pickles (very old torch)
+    from snapana.sources.oom_text import looks_like_text
+
+    if looks_like_text(head):
+        return "text_log"  # a job's log or a paste: read for its OOM messages
     raise InputError(
         f"{path}: unrecognised format (not a torch memory snapshot pickle, profiler trace "
         "or memray capture)"
@@ -78,6 +82,13 @@ def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
         from snapana.sources import memory_timeline
 
         return memory_timeline.load(path, progress)
+    if kind == "text_log":
+        from snapana.sources import oom_text
+
+        n = len(oom_text.read(path).messages)  # (none: "unrecognised format")
+        raise InputError(f"{path}: a text log with {n} out-of-memory message(s), not a "
+                         "capture: `snapana summary` and `snapana report` read it alone; "
+                         "this needs a snapshot, a profiler trace or a memray capture")
     from snapana.sources import memray_capture
 
     return memray_capture.load(path, progress)
