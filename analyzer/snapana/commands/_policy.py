@@ -223,7 +223,12 @@ def text_logs(files: list[str]) -> Any | None:
                                             expand_inputs([f]))]
         if not paths or any(p.is_dir() or sniff(p) != "text_log" for p in paths):
             return None
-    logs, diagnoses = read_logs(paths)
+    try:
+        logs, diagnoses = read_logs(paths)
+    except InputError:
+        if paths is None or len(paths) == 1:
+            raise
+        return None  # one of several holds no OOM message: each is said in the rank table
     title = logs[0].name if len(logs) == 1 else f"{len(logs)} logs"
     return text_log_view(title, diagnoses, [n for log in logs for n in log.notes])
 
