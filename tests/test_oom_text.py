@@ -61,7 +61,7 @@ class Oom:
 
     def v2(self, capacity_word: str = "capacity", hip: bool = False) -> str:
         """PyTorch 2.1+ (c10/cuda/CUDACachingAllocator.cpp, `malloc`'s OOM branch; 2.1.0
-        spells 'capacty', fixed in 2.2.0; the private-pool clause from 2.5)."""
+        spells 'capacty', fixed in 2.2.0; the private-pool clause from 2.4)."""
         procs = "".join(f"Process {pid} has {shown(b)} memory in use. "
                         for pid, b in self.processes)
         own = ("" if self.this_process is None else

@@ -68,7 +68,8 @@ CLAUSES: dict[str, tuple[str, str, str]] = {
                  "the device's free memory when the request failed (cudaMemGetInfo)",
                  "1.0 - 2.0"),
     "old_allowed": (SIZE + r" allowed;",
-                    "the cap set by torch.cuda.set_per_process_memory_fraction", "1.8+"),
+                    "the cap set by torch.cuda.set_per_process_memory_fraction",
+                    "1.8 - 2.0 and 2.5+ (computed but not printed in 2.1 - 2.4)"),
     "old_reserved": (SIZE + r" reserved in total by PyTorch",
                      "everything PyTorch's allocator holds from the device (allocated + cached)",
                      "1.4 - 2.0"),
@@ -94,7 +95,7 @@ CLAUSES: dict[str, tuple[str, str, str]] = {
     "allocated": (r"Of the allocated memory " + SIZE + r" is allocated by PyTorch",
                   "bytes of live tensors PyTorch's allocator handed out", "2.1+"),
     "private_pools": (r"with " + SIZE + r" allocated in private pools",
-                      "of those, bytes in private pools (CUDA graphs)", "2.3+"),
+                      "of those, bytes in private pools (CUDA graphs)", "2.4+"),
     "unallocated": (SIZE + r" is reserved by PyTorch but unallocated",
                     "cached by PyTorch's allocator and free for its own tensors, not for the "
                     "device", "2.1+"),
