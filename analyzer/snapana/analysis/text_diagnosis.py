@@ -77,7 +77,7 @@ def diagnose(m: OomMessage) -> TextDiagnosis:
         causes.append(TextCause("other_limit", (("segment asked for", segment), ("free", free))))
     if m.wording == "2.12+ fraction" and req is not None:
         causes.append(TextCause("other_limit", (("request", req),)))
-    if "more than an exabyte" in " ".join(m.oddities):
+    if m.exabyte:
         causes.append(TextCause("size_bug", (("request", 1 << 60), ("capacity", cap or 0))))
     if m.allowed is not None and reserved is not None and req is not None:
         causes.append(TextCause("other_limit", (("allowed", m.allowed.bytes),
@@ -112,9 +112,7 @@ def _knobs(m: OomMessage, causes: list[TextCause]) -> tuple[tuple[str, str], ...
     ids = {c.id for c in causes}
     out: list[tuple[str, str]] = []
     env = "PYTORCH_HIP_ALLOC_CONF" if m.backend == "HIP" else "PYTORCH_CUDA_ALLOC_CONF"
-    es_on = "expandable_segments is enabled" in m.text or any(
-        "expandable segments are already on" in o for o in m.oddities)
-    if "fragmentation" in ids and "size_bug" not in ids and not es_on:
+    if "fragmentation" in ids and "size_bug" not in ids and not m.expandable_on:
         if m.wording == "2.1+":
             out.append((f"{env}=expandable_segments:True",
                         "the cached but unallocated bytes exceed the request: segments that "

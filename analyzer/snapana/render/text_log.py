@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from snapana.analysis.text_diagnosis import OTHERS, OUTSIDE, TextCause, TextDiagnosis
+from snapana.analysis.text_diagnosis import (
+    OTHERS,
+    OUTSIDE,
+    OWN_OUTSIDE,
+    TextCause,
+    TextDiagnosis,
+)
 from snapana.render import ViewKind
 from snapana.sources.oom_text import OomMessage, Size
 from snapana.units import fmt_bytes
@@ -138,8 +144,9 @@ def _cause_sentence(c: TextCause, d: TextDiagnosis) -> str:
                 "device was held by something PyTorch does not manage")
         if OTHERS in terms:
             text += f"; other processes held {fmt_bytes(terms[OTHERS])}"
-        elif m.this_process is not None and m.this_process.bytes and m.reserved is not None:
-            own = m.this_process.bytes - m.reserved.bytes
+        elif OWN_OUTSIDE in dict(d.split) and m.this_process is not None \
+                and m.reserved is not None:
+            own = dict(d.split)[OWN_OUTSIDE]
             text += (f"; of it this process {fmt_bytes(own)} (this process "
                      f"{fmt_bytes(m.this_process.bytes)} − reserved "
                      f"{fmt_bytes(m.reserved.bytes)}: the CUDA context, NCCL buffers, "

@@ -21,6 +21,7 @@ import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from snapana.errors import InputError
 from snapana.limits import MAX_LOG_BYTES, MAX_LOG_MESSAGES
@@ -150,6 +151,11 @@ class OomMessage:
     private_pools: Size | None
     allowed: Size | None
     processes: tuple[tuple[int, Size], ...]
+    #: "Tried to allocate more than 1EB memory": a size bug, with no figure
+    exabyte: bool = False
+    #: expandable segments were on: the message says so (2.15) or, whole, leaves out the
+    #: hint that suggests them (2.14+); None when the text cannot tell
+    expandable_on: bool | None = None
     oddities: tuple[str, ...] = field(default=())
 
 
@@ -261,8 +267,20 @@ def _message(line: int, backend: str, body: str, prefix: str) -> OomMessage:
         allocated=allocated, reserved=reserved, unallocated=unallocated,
         this_process=_size(_find("this_process", body)),
         private_pools=_size(_find("private_pools", body)),
-        allowed=_size(_find("old_allowed", body)), processes=processes)
+        allowed=_size(_find("old_allowed", body)), processes=processes,
+        exabyte="exabyte" in found, expandable_on=_expandable_on(wording, found, body))
     return _with_oddities(msg, found, missing)
+
+
+def _expandable_on(wording: str, found: set[str], body: str) -> bool | None:
+    """Whether expandable segments were on, as far as the message tells: 2.15 says so; a
+    2.14+ message whole to its figures leaves out the hint suggesting them (or the paste
+    ends there: the oddity says both)."""
+    if "expandable_segments is enabled" in body:
+        return True
+    if wording == "2.1+" and "unallocated" in found:
+        return False if "try setting" in body or "See documentation" in body else True
+    return None
 
 
 def _with_oddities(m: OomMessage, found: set[str], missing: tuple[str, ...]) -> OomMessage:
@@ -289,8 +307,7 @@ def _with_oddities(m: OomMessage, found: set[str], missing: tuple[str, ...]) -> 
     if "exabyte" in found:
         odd.append("a request of more than an exabyte: a size bug (a negative or overflowed "
                    "size), not an OOM any setting can fix")
-    if m.wording == "2.1+" and "unallocated" in found and "try setting" not in m.text \
-            and "See documentation" not in m.text:
+    if m.expandable_on and "expandable_segments is enabled" not in m.text:
         odd.append("no expandable_segments hint after the figures: PyTorch 2.14 and later "
                    "leave it out when expandable segments are already on (or the paste "
                    "ends there)")
@@ -361,6 +378,18 @@ def _bounded(data: bytes, skipped: int, name: str) -> TextLog:
     return TextLog(name, tuple(messages), tuple(notes))
 
 
+def _tail(stream: BinaryIO, skipped: int = 0) -> tuple[bytes, int]:
+    """The last MAX_LOG_BYTES of `stream`, read a bound at a time, and how many bytes came
+    before them (plus `skipped`, already passed over by a seek)."""
+    data = b""
+    while more := stream.read(MAX_LOG_BYTES):
+        data += more
+        if len(data) > MAX_LOG_BYTES:
+            skipped += len(data) - MAX_LOG_BYTES
+            data = data[-MAX_LOG_BYTES:]
+    return data, skipped
+
+
 def read(path: Path) -> TextLog:
     """The OOM messages of a text file (plain or gzip'd): its last MAX_LOG_BYTES, where a
     dying job's log keeps them. InputError when it holds none."""
@@ -368,35 +397,21 @@ def read(path: Path) -> TextLog:
     try:
         size = os.fstat(raw.fileno()).st_size
         skipped = 0
-        if not compressed and size > MAX_LOG_BYTES:
+        if not compressed and size > MAX_LOG_BYTES:  # a plain file: straight to its tail
             skipped = size - MAX_LOG_BYTES
             raw.seek(skipped)
-        data = stream.read(MAX_LOG_BYTES + 1)
-        if compressed:  # the tail of the decompressed text, read a bound at a time
-            while True:
-                more = stream.read(MAX_LOG_BYTES)
-                if not more:
-                    break
-                skipped += len(data) + len(more) - MAX_LOG_BYTES
-                data = (data + more)[-MAX_LOG_BYTES:]
+        data, skipped = _tail(stream, skipped)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     finally:
         stream.close()
         raw.close()
-    return _found(_bounded(data[-MAX_LOG_BYTES:], skipped, str(path)), str(path))
+    return _found(_bounded(data, skipped, str(path)), str(path))
 
 
 def read_stdin() -> TextLog:
     """The OOM messages of a paste on standard input (`snapana summary -`)."""
-    data = sys.stdin.buffer.read(MAX_LOG_BYTES + 1)
-    skipped = 0
-    while len(data) > MAX_LOG_BYTES:
-        more = sys.stdin.buffer.read(MAX_LOG_BYTES)
-        skipped += len(data) - MAX_LOG_BYTES + len(more)
-        data = (data + more)[-MAX_LOG_BYTES:] if more else data[-MAX_LOG_BYTES:]
-        if not more:
-            break
+    data, skipped = _tail(sys.stdin.buffer)
     return _found(_bounded(data, skipped, "standard input"), "standard input")
 
 
