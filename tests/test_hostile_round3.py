@@ -312,6 +312,46 @@ def test_an_export_table_that_inflates_is_refused(tmp_path: Path, bomb: str) -> 
     assert "refused" in line and "frames.parquet" in line
 
 
+def _address_space(limit: int):
+    def limit_it() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return limit_it
+
+
+def test_a_plain_table_of_millions_of_rows_is_refused_under_an_address_space_limit(
+        tmp_path: Path) -> None:
+    """2M rows of plain pages (32 MB of snappy), within the rows bound for its size: read
+    under `ulimit -v 2.5G` (the fuzzer runs under 3G), where pyarrow's mimalloc pool and
+    glibc's per-thread arenas used to take the address space and polars aborted (SIGABRT)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "export"
+    assert invoke("export", str(SAMPLE), "-o", str(out)).returncode == 0
+    blocks = pq.read_table(out / "blocks.parquet")
+    table = blocks.slice(0, 1).take(pa.array([0] * 2_000_000, pa.int32()))
+    pq.write_table(table, out / "blocks.parquet", compression="snappy", use_dictionary=False)
+    result = _cli("summary", str(out), cwd=tmp_path, stdout=subprocess.PIPE,
+                  preexec_fn=_address_space(5 << 29))
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "blocks.parquet" in _one_line(result.stderr)
+
+
+@pytest.mark.parametrize("command", ["summary", "report"])
+def test_an_export_is_analysed_under_a_tight_address_space_limit(tmp_path: Path,
+                                                                  command: str) -> None:
+    """A genuine export analysed under `ulimit -v 1G`: it took 2.6 GB of address space
+    (mostly allocator reservations) and aborted under 2 GiB."""
+    out = tmp_path / "export"
+    assert invoke("export", str(SAMPLE), "-o", str(out)).returncode == 0
+    args = ["-o", str(tmp_path / "r.html")] if command == "report" else []
+    result = _cli(command, str(out), *args, cwd=tmp_path, stdout=subprocess.PIPE,
+                  preexec_fn=_address_space(1 << 30))
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_a_trace_allocation_overlapping_a_final_block_is_an_impossible_state(
         tmp_path: Path) -> None:
     """A trace that allocates over a block the final segments hold: the state cannot exist,
