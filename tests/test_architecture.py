@@ -141,6 +141,8 @@ TYPES_BESIDE_CODE = {
     "snapana.analysis.explain",
     "snapana.analysis.family_timeline",
     "snapana.analysis.knobs",
+    "snapana.analysis.log_check",
+    "snapana.analysis.log_evidence",
     "snapana.analysis.ranks.aggregate",
 }
 #: The calls that run a stage: replay, attribution, diagnosis.

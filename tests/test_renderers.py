@@ -38,18 +38,25 @@ VIEW_TYPES: dict[str, Any] = {"capture": CaptureView, "diff": DiffView, "ranks":
 
 
 def _text_logs() -> list[tuple[str, object]]:
-    """Text-log views: one message of each wording, and four ranks in one log."""
-    from snapana.analysis.text_diagnosis import diagnose
-    from snapana.sources.oom_text import read_messages
+    """Text-log views: one message of each wording, four ranks in one log, and a log whose
+    message comes with memory_summary(), nvidia-smi and a vLLM refusal."""
+    from snapana.log_session import weigh
+    from snapana.sources.log_text import read_text
 
+    from .test_log_texts import OLD_SUMMARY, _budget, _smi, _v1_too_long
     from .test_oom_text import GIB, Oom
 
     oom = Oom(request=2 * GIB, device=1, capacity=80 * GIB, free=GIB // 2,
               allocated=70 * GIB, unallocated=6 * GIB, this_process=77 * GIB)
+    budget, _, kv = _budget(79.11, 0.80, 14.99, 0.35, 1.24)
     texts = {"2.1+": oom.v2(), "1.4-2.0": oom.v14(), "1.0-1.3": oom.v10(),
              "ranks": "\n".join(f"[rank{k}]: torch.OutOfMemoryError: {oom.v2()}"
-                                 for k in range(4))}
-    return [(name, text_log_view(name, [diagnose(m) for m in read_messages(t)]))
+                                 for k in range(4)),
+             "beside": "\n".join((oom.v2(), OLD_SUMMARY, _smi(
+                 [(1, "NVIDIA H100 80GB HBM3", 80000, 81559)],
+                 [(1, 100, "python3", 64000), (1, 200, "python3", 15000)]))),
+             "vllm": budget + _v1_too_long(131072, kv + 2, kv, 100000)}
+    return [(name, text_log_view(name, weigh([read_text(t, name)])))
             for name, t in texts.items()]
 
 

@@ -1,18 +1,86 @@
-"""The wiring for text logs (issue 44), as `session` is for captures: read the text's OOM
-messages, diagnose each. Kept apart from `session` so that a paste is answered without
-importing the capture pipeline (polars, the rule engine): `snapana summary -` in well under
-a second."""
+"""The wiring for text logs (issue 44), as `session` is for captures: read what each text
+says about memory, diagnose every OOM message, weigh the tables and vLLM refusals beside
+them. Kept apart from `session` so that a paste is answered without importing the capture
+pipeline (polars, the rule engine): `snapana summary -` in well under a second."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from snapana.analysis.log_check import LogCheck, check, pick_message
+from snapana.analysis.log_evidence import (
+    KvEvidence,
+    SmiEvidence,
+    SummaryEvidence,
+    budget_before,
+    kv_evidence,
+    smi_evidence,
+    summary_evidence,
+)
 from snapana.analysis.text_diagnosis import TextDiagnosis, diagnose
-from snapana.sources import oom_text
+from snapana.sources import log_text
+
+if TYPE_CHECKING:
+    from snapana.analysis.diagnosis.findings import DeviceReport
 
 
-def read_logs(paths: list[Path] | None) -> tuple[list[oom_text.TextLog], list[TextDiagnosis]]:
-    """The logs (`None`: a paste on standard input) and every message of theirs diagnosed,
-    in order."""
-    logs = [oom_text.read_stdin()] if paths is None else [oom_text.read(p) for p in paths]
-    return logs, [diagnose(m) for log in logs for m in log.messages]
+@dataclass(frozen=True)
+class LogEvidence:
+    """Everything read from the texts, diagnosed, in the texts' order."""
+
+    logs: tuple[log_text.TextLog, ...]
+    diagnoses: tuple[TextDiagnosis, ...]
+    summaries: tuple[SummaryEvidence, ...]
+    smi: tuple[SmiEvidence, ...]
+    kv: tuple[KvEvidence, ...]
+
+
+def read_logs(paths: list[Path] | None, ranks: dict[Path, int] | None = None) -> LogEvidence:
+    """The logs (`None`: a paste on standard input) and what each says. `ranks`: a rank for
+    each file whose name carries one, given to its messages whose lines name none."""
+    logs = [log_text.read_stdin()] if paths is None else [  # several: an empty one is said
+        _ranked(log_text.read(p, require=len(paths) == 1), (ranks or {}).get(p)) for p in paths]
+    return weigh(logs)
+
+
+def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
+    """Every message of `logs` diagnosed; each table and refusal weighed against the
+    messages of its own log."""
+    diagnoses, summaries, smi, kv = [], [], [], []
+    for log in logs:
+        messages = list(log.messages)
+        diagnoses += [diagnose(m) for m in messages]
+        summaries += [summary_evidence(s, messages, log.name) for s in log.summaries]
+        tables = [smi_evidence(t, messages, log.name) for t in log.smi]
+        smi += tables
+        others = None if not log.smi else any(e.shared for e in tables)
+        budgets = list(log.budgets)
+        paired = [(r, budget_before(r, budgets)) for r in log.refusals]
+        alone = [b for b in budgets if all(b is not p for _, p in paired)]
+        kv += [kv_evidence(r, b, others, log.name) for r, b in paired]
+        kv += [kv_evidence(None, b, others, log.name) for b in alone]
+    return LogEvidence(tuple(logs), tuple(diagnoses), tuple(summaries), tuple(smi), tuple(kv))
+
+
+def _ranked(log: log_text.TextLog, rank: int | None) -> log_text.TextLog:
+    if rank is None:
+        return log
+    return replace(log, messages=tuple(m if m.rank is not None else replace(m, rank=rank)
+                                       for m in log.messages))
+
+
+def check_beside(paths: list[Path], reports: list[DeviceReport]) -> tuple[LogCheck, ...]:
+    """The OOM messages of logs given beside a snapshot, each device's failure checked
+    against the snapshot's figures at its OOM (GPU devices only; a log's message names the
+    CUDA device)."""
+    messages = [m for p in paths for m in log_text.read(p).messages]
+    out = []
+    for r in reports:
+        if not r.has_segments:
+            continue
+        m = pick_message(messages, r.device)
+        if m is not None:
+            out.append(check(m, r))
+    return tuple(out)

@@ -72,3 +72,11 @@ WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N",
                                                 help="worker processes (default: all cores)")]
 EngineOpt = Annotated[Engine, typer.Option("--engine", help="where the per-file work runs")]
 FormatOpt = Annotated[FormatChoice, typer.Option("--format", "-f")]
+
+LogOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--log", metavar="FILE",
+                 help="a log of the same failure: its OOM message is checked against the "
+                      "snapshot's figures (a log named among the inputs is taken the same "
+                      "way); repeatable"),
+]

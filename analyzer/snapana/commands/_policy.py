@@ -209,28 +209,99 @@ def none_analysed(multi: MultiReport | None, written: Path | None = None) -> Non
 
 
 def text_logs(files: list[str]) -> Any | None:
-    """The view of OOM messages read from text, when the inputs are text (`-`: a paste on
-    standard input; files whose content is a log); None when they are captures."""
+    """The view of what text inputs say about memory (`-`: a paste on standard input; files
+    whose content is a log; a folder of per-rank logs); None when the inputs are captures."""
     from snapana.log_session import read_logs
     from snapana.render.text_log import text_log_view
+
+    paths: list[Path] | None = None
+    skipped: list[str] = []
+    if files != ["-"]:
+        named = _text_paths(files)
+        if named is None:
+            return None
+        paths, skipped = named
+    evidence = read_logs(paths, _file_ranks(paths or []))
+    notes = [n for log in evidence.logs for n in log.notes] + skipped
+    empty = [log for log in evidence.logs if log.empty]
+    if empty and len(empty) == len(evidence.logs):
+        if len(empty) == 1:
+            from snapana.sources.log_text import found
+
+            found(empty[0], empty[0].name)  # its one-line refusal
+        raise InputError(f"none of the {len(empty)} text inputs says anything about GPU memory "
+                         "(no 'CUDA/HIP out of memory' message, memory_summary(), nvidia-smi "
+                         "table or vLLM KV-cache refusal)")
+    notes += [f"{inert(log.name, lines=False)}: nothing about GPU memory in it (no OOM "
+              "message, memory_summary(), nvidia-smi table or vLLM refusal)" for log in empty]
+    title = evidence.logs[0].name if len(evidence.logs) == 1 else f"{len(evidence.logs)} logs"
+    return text_log_view(title, evidence, notes)
+
+
+def split_logs(files: list[str], logs: list[Path] | None) -> tuple[list[str], list[Path]]:
+    """The inputs that are captures, and the logs beside them (`--log`, and text logs named
+    among captures: `snapana report oom.pickle job.log`)."""
+    beside = list(logs or ())
+    if len(files) < 2 or "-" in files:
+        return files, beside
+    texts = [f for f in files if Path(f).is_file() and _sniffs_as_text(Path(f))]
+    if not texts or len(texts) == len(files):
+        return files, beside
+    return [f for f in files if f not in texts], [*beside, *map(Path, texts)]
+
+
+def log_checks(beside: list[Path], reports: Any) -> tuple[Any, ...]:
+    """The OOM messages of the logs beside a capture checked against its reports."""
+    if not beside:
+        return ()
+    from snapana.log_session import check_beside
+
+    return check_beside(beside, list(reports))
+
+
+def _text_paths(files: list[str]) -> tuple[list[Path], list[str]] | None:
+    """The text files the inputs name (a folder: its text files, when it holds no snapshot)
+    and a note for each other file of such a folder; None when any input is a capture."""
+    from snapana.analysis.ranks.runner import EXPORT_MARKER, SNAPSHOT_SUFFIXES, expand_inputs
     from snapana.sources import sniff
 
-    paths = None
-    if files != ["-"]:
-        from snapana.analysis.ranks.runner import expand_inputs
+    paths: list[Path] = []
+    skipped: list[str] = []
+    for f in files:
+        p = Path(f)
+        if p.is_dir() and not (p / EXPORT_MARKER).exists():
+            members = sorted(m for m in p.iterdir() if m.is_file()
+                             and not m.name.startswith("."))
+            if any(m.name.lower().endswith(SNAPSHOT_SUFFIXES) for m in members):
+                return None
+            texts = [m for m in members if _sniffs_as_text(m)]
+            if not texts:
+                return None
+            paths += texts
+            skipped += [f"{inert(str(m), lines=False)}: not read (not a text log, or empty)"
+                        for m in members if m not in texts]
+        else:
+            paths += [p] if p.is_dir() else expand_inputs([f])
+    if not paths or any(p.is_dir() or sniff(p) != "text_log" for p in paths):
+        return None
+    return list(dict.fromkeys(paths)), skipped
 
-        paths = [p for f in files for p in ([Path(f)] if Path(f).is_dir() else
-                                            expand_inputs([f]))]
-        if not paths or any(p.is_dir() or sniff(p) != "text_log" for p in paths):
-            return None
+
+def _sniffs_as_text(path: Path) -> bool:
+    from snapana.sources import sniff
+
     try:
-        logs, diagnoses = read_logs(paths)
-    except InputError:
-        if paths is None or len(paths) == 1:
-            raise
-        return None  # one of several holds no OOM message: each is said in the rank table
-    title = logs[0].name if len(logs) == 1 else f"{len(logs)} logs"
-    return text_log_view(title, diagnoses, [n for log in logs for n in log.notes])
+        return sniff(path) == "text_log"
+    except InputError:  # empty, unreadable: not a log to read
+        return False
+
+
+def _file_ranks(paths: list[Path]) -> dict[Path, int]:
+    """The rank each log's file name carries (rank3.log, worker_rank_3.out), for messages
+    whose own lines name none."""
+    from snapana.analysis.ranks.aggregate import rank_of
+
+    return {p: r for p in paths if (r := rank_of(p)) is not None}
 
 
 def analyse_many(paths: list[Path], workers: int | None, rules: list[Path] | None,

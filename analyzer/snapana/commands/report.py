@@ -14,6 +14,7 @@ from snapana.commands._options import (
     CapacityOpt,
     DeviceOpt,
     FilesArg,
+    LogOpt,
     RulesOpt,
     WorkersOpt,
     integer,
@@ -43,6 +44,7 @@ def report(
     memray: Annotated[list[Path] | None, typer.Option(
         "--memray", metavar="FILE", help="a memray capture (host memory) of the same job")
     ] = None,
+    log: LogOpt = None,
 ) -> None:
     """Write a self-contained HTML report (opens offline, attach it to the ticket)."""
     logs = policy.text_logs(files)
@@ -55,15 +57,18 @@ def report(
         return
     from snapana.render.views import capture_view
 
+    files, beside = policy.split_logs(files, log)
     ins = policy.inputs(files, at)
     extras = [*(trace or ()), *(memray or ())] if ins.single is not None else []
     default = (Path(ins.single.name.split(".")[0] + ".html") if ins.single is not None
                else Path("snapana-report.html"))
-    out = policy.output_file(output, default, [*ins.files, *policy.with_sidecars(extras).files])
+    out = policy.output_file(output, default, [*ins.files, *policy.with_sidecars(extras).files,
+                                               *beside])
     policy.prepare(renderers.REPORT_FORMAT)
     shown = policy.shown(ins, device, rules, capacity, at, workers, rank, extras,
                          ahead=_explorer_ahead)
-    view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
+    view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks,
+                        log_checks=policy.log_checks(beside, shown.reports))
     policy.write(out, policy.render_view(view, renderers.REPORT_FORMAT, to_terminal=False),
                  shown.ranks)
 

@@ -10,6 +10,7 @@ from snapana.commands._options import (
     DeviceOpt,
     FilesArg,
     FormatOpt,
+    LogOpt,
     RulesOpt,
     WorkersOpt,
 )
@@ -23,6 +24,7 @@ def summary(
     capacity: CapacityOpt = None,
     at: AtOpt = None,
     workers: WorkersOpt = None,
+    log: LogOpt = None,
 ) -> None:
     """Print the verdict and what holds memory: a table, markdown for a ticket, JSON, or the
     HTML page. With several inputs: the rank table, then the failing (else the largest)
@@ -33,9 +35,11 @@ def summary(
         return
     from snapana.render.views import capture_view
 
+    files, beside = policy.split_logs(files, log)
     ins = policy.inputs(files, at)
     policy.prepare(format.value)
     shown = policy.shown(ins, device, rules, capacity, at, workers)
-    view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks)
+    view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks,
+                        log_checks=policy.log_checks(beside, shown.reports))
     policy.emit(policy.render_view(view, format.value))
     policy.none_analysed(shown.ranks)

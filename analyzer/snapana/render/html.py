@@ -146,6 +146,7 @@ def _page(title: str, devices: tuple[DeviceView, ...], ranks: RanksView | None,
         else None,
         together=together,
         devices=[_device(d) for d in devices],
+        log_checks=device_table.log_checks if device_table is not None else (),
         plotly_b64=plotly_js_gzip_b64(),
         plotly_template=plotly_template_json(),
     )

@@ -14,7 +14,7 @@ from snapana.model import Frame
 from snapana.render import Options
 from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
-from snapana.sources.oom_text import Size
+from snapana.sources.printed import Size
 from snapana.units import shown_name
 
 
@@ -64,6 +64,10 @@ def capture(view: CaptureView, options: Options) -> str:
                          "top_family_bytes": r.groups[0].bytes if r.groups else 0}
                         for r in gpus]}
     data["devices"] = [device_dict(d) for d in view.devices]
+    if view.log_checks:
+        data["log_checks"] = [{"title": c.title, "verdict": c.verdict,
+                               "columns": list(c.COLUMNS), "rows": [list(r) for r in c.rows]}
+                              for c in view.log_checks]
     return _dump(data)
 
 
@@ -292,8 +296,13 @@ def text_log(view: TextLogView, options: Options) -> str:
                         "text": t} for c, t in zip(d.causes, m.causes, strict=True)],
             "knobs": [{"knob": k, "why": why} for k, why in m.knobs],
             "notes": list(m.oddities), "verdict": m.verdict})
+    sections = [{"id": sec.id, "title": sec.title, "verdict": sec.verdict,
+                 "sentences": list(sec.sentences), "columns": list(sec.columns),
+                 "rows": [list(r) for r in sec.rows],
+                 "knobs": [{"knob": k, "why": why} for k, why in sec.knobs]}
+                for sec in view.sections]
     return _dump({"source": "text_log", "title": view.title, "messages": messages,
-                  "verdict": view.lead.verdict if view.lead else None,
+                  "verdict": view.verdict, "sections": sections,
                   "ranks": {"columns": list(view.rank_columns),
                             "rows": [list(r) for r in view.rank_rows]},
                   "not_read": list(view.unrecognised), "record": list(view.record)})

@@ -93,6 +93,9 @@ def capture(view: CaptureView, options: Options) -> str:
         out += ["", esc(view.device_note), ""]
     for d in view.devices:
         _device(out, d)
+    for c in view.log_checks:
+        out += ["", f"**The log beside it: {esc(c.title)}.** {esc(c.verdict)}"]
+        _table(out, c.COLUMNS, [[esc(x) for x in row] for row in c.rows])
     return "\n".join(out) + "\n"
 
 
@@ -137,9 +140,8 @@ def ranks(view: RanksView, options: Options) -> str:
 
 def text_log(view: TextLogView, options: Options) -> str:
     """A text log's OOM messages, as a ticket body."""
-    lead = view.lead
     out = [f"### GPU out of memory: {esc(view.title)}", "",
-           f"**Verdict.** {esc(lead.verdict)}" if lead else
+           f"**Verdict.** {esc(view.verdict)}" if view.verdict else
            "No out-of-memory message was found in the text."]
     _table(out, view.rank_columns, [[esc(c) for c in row] for row in view.rank_rows])
     for m in view.messages:
@@ -151,6 +153,10 @@ def text_log(view: TextLogView, options: Options) -> str:
         out += [""] + [f"- cause: {esc(c)}" for c in m.causes]
         out += [f"- knob: `{k}` — {esc(why)}" for k, why in m.knobs]
         out += [f"- note: {esc(o)}" for o in m.oddities]
+    for sec in view.sections:
+        out += ["", f"#### {esc(sec.title)}", ""] + [f"- {esc(t)}" for t in sec.sentences]
+        _table(out, sec.columns, [[esc(c) for c in row] for row in sec.rows])
+        out += [""] + [f"- knob: `{k}` — {esc(why)}" for k, why in sec.knobs]
     out += [""] + [f"- not read: {esc(u)}" for u in view.unrecognised]
     out += ["", "```", *view.record, "```"]
     return "\n".join(out) + "\n"

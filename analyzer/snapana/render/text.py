@@ -185,6 +185,13 @@ def capture(view: CaptureView, options: Options) -> str:
         if i:
             out.line()
         _device(out, d)
+    for c in view.log_checks:
+        out.line()
+        out.heading(f"the log beside it: {c.title}")
+        out.para(c.verdict, indent=INDENT)
+        if c.rows:
+            for ln in _columns(c.COLUMNS, c.rows, set()):
+                out.line(INDENT + ln)
     return out.text()
 
 
@@ -270,8 +277,7 @@ def text_log(view: TextLogView, options: Options) -> str:
     """A text log's OOM messages: the verdict, then each message's figures, its sum, its
     causes and knobs; what to record next time."""
     out = _Out(options)
-    lead = view.lead
-    out.para(f"Verdict. {lead.verdict}" if lead else
+    out.para(f"Verdict. {view.verdict}" if view.verdict else
              "No out-of-memory message was found in the text.")
     if view.rank_rows:
         out.line()
@@ -291,6 +297,16 @@ def text_log(view: TextLogView, options: Options) -> str:
             out.para(f"knob: {knob} — {why}", INDENT)
         for o in m.oddities:
             out.para(f"note: {o}", INDENT)
+    for sec in view.sections:
+        out.line()
+        out.para(f"── {sec.title}")
+        for sentence in sec.sentences:
+            out.para(sentence, INDENT)
+        if sec.rows:
+            for ln in _columns(sec.columns, sec.rows, set(sec.columns[sec.numeric_from:])):
+                out.line(INDENT + ln)
+        for knob, why in sec.knobs:
+            out.para(f"knob: {knob} — {why}", INDENT)
     for u in view.unrecognised:
         out.para(f"not read: {u}")
     out.line()

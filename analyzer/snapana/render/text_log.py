@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from snapana.analysis.log_evidence import Finding, KvEvidence, SmiEvidence, SummaryEvidence
 from snapana.analysis.text_diagnosis import (
     OTHERS,
     OUTSIDE,
@@ -18,8 +19,14 @@ from snapana.analysis.text_diagnosis import (
     TextDiagnosis,
 )
 from snapana.render import ViewKind
-from snapana.sources.oom_text import OomMessage, Size
+from snapana.sources.log_tables import SUMMARY_COLUMNS, SUMMARY_ROWS
+from snapana.sources.oom_text import OomMessage
+from snapana.sources.printed import Size
+from snapana.sources.vllm_text import KvBudget
 from snapana.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from snapana.log_session import LogEvidence
 
 #: Commands that record history so the next OOM leaves a snapshot (`snapana record`, or the
 #: two calls PyTorch documents). 100,000 entries hold a few training steps of a large model.
@@ -44,6 +51,21 @@ class MessageView:
 
 
 @dataclass(frozen=True)
+class EvidenceSection:
+    """A table or a refusal beside the messages (memory_summary, nvidia-smi, vLLM), worded:
+    what it says, its rows, the knobs it supports."""
+
+    id: str  # memory_summary | nvidia_smi | vllm
+    title: str
+    verdict: str  # one sentence; the page's verdict when the text has no OOM message
+    sentences: tuple[str, ...]
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    knobs: tuple[tuple[str, str], ...]
+    numeric_from: int = 1  # columns from this one on hold figures (right-aligned)
+
+
+@dataclass(frozen=True)
 class TextLogView:
     """Every OOM message of a text, worded; the ranks' spread when several ranks failed."""
 
@@ -54,12 +76,21 @@ class TextLogView:
     rank_columns: tuple[str, ...]
     record: tuple[str, ...]
     unrecognised: tuple[str, ...]
+    sections: tuple[EvidenceSection, ...] = ()
 
     @property
     def lead(self) -> MessageView | None:
         """The message the verdict is about: the first one in the text (the first rank
         to fail is usually the one whose OOM the others then follow)."""
         return self.messages[0] if self.messages else None
+
+    @property
+    def verdict(self) -> str | None:
+        """The first OOM message's verdict; without one, a vLLM refusal's, else a table's."""
+        if self.lead is not None:
+            return self.lead.verdict
+        ranked = sorted(self.sections, key=lambda s: s.id != "vllm")
+        return ranked[0].verdict if ranked else None
 
 
 def _shown(s: Size | None) -> str:
@@ -169,13 +200,18 @@ def _verdict(d: TextDiagnosis, where: str) -> str:
         _cause_sentence(d.causes[0], d) + "."
 
 
-def _where(m: OomMessage) -> str:
-    return f"line {m.line}" + (f" (rank {m.rank})" if m.rank is not None else "")
+def _where(m: OomMessage, named: bool = False) -> str:
+    head = f"{_base(m.source)} line {m.line}" if named else f"line {m.line}"
+    return head + (f" (rank {m.rank})" if m.rank is not None else "")
 
 
-def message_view(d: TextDiagnosis) -> MessageView:
+def _base(source: str) -> str:
+    return source.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def message_view(d: TextDiagnosis, named: bool = False) -> MessageView:
     m = d.message
-    where = _where(m)
+    where = _where(m, named)
     wording = (f"{m.wording} wording ({m.releases})" if m.wording != "unrecognised"
                else "not a wording PyTorch prints: only the clauses found are read")
     return MessageView(where, m.rank, m.device, wording, _figures(m), _split(d),
@@ -183,13 +219,14 @@ def message_view(d: TextDiagnosis) -> MessageView:
                        d.knobs, m.oddities, d)
 
 
-def _rank_table(views: Sequence[MessageView]) -> tuple[tuple[str, ...],
-                                                       tuple[tuple[str, ...], ...]]:
+def _rank_table(views: Sequence[MessageView], named: bool = False
+                ) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
     ranked = [v for v in views if v.rank is not None]
     if len({v.rank for v in ranked}) < 2:
         return (), ()
     columns = ("rank", "line", "GPU", "requested", "free", "reserved", "first cause")
-    rows = tuple((str(v.rank), str(v.diagnosis.message.line),
+    rows = tuple((str(v.rank), (f"{_base(v.diagnosis.message.source)}:" if named else "")
+                  + str(v.diagnosis.message.line),
                   "—" if v.device is None else str(v.device),
                   _shown(v.diagnosis.message.request), _shown(v.diagnosis.message.free),
                   _reserved(v.diagnosis.message),
@@ -215,8 +252,165 @@ def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
             "snapshot's trace starts mid-step.)")
 
 
-def text_log_view(title: str, diagnoses: Sequence[TextDiagnosis],
+def text_log_view(title: str, evidence: LogEvidence,
                   unrecognised: Sequence[str] = ()) -> TextLogView:
-    views = tuple(message_view(d) for d in diagnoses)
-    columns, rows = _rank_table(views)
-    return TextLogView(title, views, rows, columns, record_advice(views), tuple(unrecognised))
+    named = len(evidence.logs) > 1
+    views = tuple(message_view(d, named) for d in evidence.diagnoses)
+    columns, rows = _rank_table(views, named)
+    sections = (*(summary_section(e, named) for e in evidence.summaries),
+                *(smi_section(e, named) for e in evidence.smi),
+                *(kv_section(e, named) for e in evidence.kv))
+    return TextLogView(title, views, rows, columns, record_advice(views), tuple(unrecognised),
+                       sections)
+
+
+def _at(source: str, line: int, named: bool) -> str:
+    return f"{_base(source)} line {line}" if named else f"line {line}"
+
+
+def summary_section(e: SummaryEvidence, named: bool = False) -> EvidenceSection:
+    s = e.summary
+    where = _at(e.source, s.line, named)
+    rows = []
+    for name, (key, is_size) in SUMMARY_ROWS.items():
+        if is_size and key in s.sizes:
+            rows.append((name, *(x.text for x in s.sizes[key])))
+        elif not is_size and key in s.counts:
+            rows.append((name, *(f"{n:,}" if not slack else f"{n - slack:,}–{n + slack:,}"
+                                 for n, slack in s.counts[key])))
+    sentences = [_summary_sentence(f) for f in e.findings]
+    if s.ooms is not None:
+        sentences.insert(0, f"{s.ooms} CUDA OOM(s) and {s.retries} cudaMalloc retry(ies) "
+                            "counted by the allocator since the process started (or its "
+                            "statistics were reset).")
+    sentences.append("Figures are memory_summary()'s, rounded down to their unit; printed in "
+                     "an except handler, they are the state after the failed step unwound "
+                     "(its temporaries freed), not at the failure.")
+    for c in e.checks:
+        sentences.append(
+            f"{c.what}: the OOM message at line {e.message.line if e.message else '?'} "
+            f"printed {c.message.text}, the table {c.table.text}: "
+            + ("they agree within their rounding." if c.agrees else
+               f"they differ by {fmt_bytes(abs(c.message.bytes - c.table.bytes))}: the table "
+               "was printed at another moment (after the step unwound, or before it)."))
+    verdict = (f"{where}: memory_summary() of GPU {s.device}: "
+               + (_summary_sentence(e.findings[0]) if e.findings else "no figure read."))
+    return EvidenceSection("memory_summary", f"memory_summary() at {where} — GPU {s.device}",
+                           verdict, tuple(sentences), ("metric", *SUMMARY_COLUMNS),
+                           tuple(rows), e.knobs)
+
+
+def _summary_sentence(f: Finding) -> str:
+    t = dict(f.terms)
+    if f.id == "cached":
+        return (f"reserved {fmt_bytes(t['reserved'])} − allocated {fmt_bytes(t['allocated'])}"
+                f" = {fmt_bytes(t['reserved'] - t['allocated'])} cached but unallocated")
+    if f.id == "non_releasable":
+        return (f"non-releasable memory {fmt_bytes(t['non-releasable'])} = "
+                f"{t['non-releasable'] / t['reserved']:.0%} of reserved "
+                f"{fmt_bytes(t['reserved'])}: free pieces of blocks that are split and partly "
+                "in use, which neither a larger request nor the device can have "
+                "(fragmentation)")
+    if f.id == "rounding":
+        return (f"allocated {fmt_bytes(t['allocated'])} − requested "
+                f"{fmt_bytes(t['requested'])} = {fmt_bytes(t['allocated'] - t['requested'])} "
+                "of rounding (requests rounded up to 512 bytes, or to the block size)")
+    if f.id == "retries":
+        return (f"{t['retries']} cudaMalloc retries: the allocator freed its cache and tried "
+                "again that many times (each a device synchronisation): the process ran at "
+                "the edge of the card before it failed")
+    if f.id == "oversize":
+        return (f"{t['oversize segments']} oversize segment(s) now: max_split_size_mb is set "
+                "and larger blocks are kept whole")
+    return f.id
+
+
+def smi_section(e: SmiEvidence, named: bool = False) -> EvidenceSection:
+    t = e.table
+    where = _at(e.source, t.line, named)
+    rows = [(f"GPU {g.index}", g.name, g.used.text, g.total.text, "", "") for g in t.gpus]
+    rows += [(f"GPU {p.gpu}", p.name, p.used.text if p.used else "N/A", "",
+              str(p.pid) if p.pid is not None else "hidden", p.kind) for p in t.processes]
+    sentences = []
+    for gpu, procs in e.shared:
+        known = [n for _, _, n in procs if n is not None]
+        sentences.append(
+            f"GPU {gpu} is shared by {len(procs)} processes ("
+            + ", ".join((f"pid {pid} {name}" if pid is not None else "a hidden pid")
+                        + (f" {fmt_bytes(n)}" if n is not None else "")
+                        for pid, name, n in procs)
+            + (f"; {fmt_bytes(sum(known))} in all" if known else "") + ")")
+    for line, gpu in e.matched:
+        sentences.append(f"the OOM message at line {line} names processes nvidia-smi lists "
+                         f"on its GPU {gpu}")
+    hidden = sum(p.pid is None or p.used is None for p in t.processes)
+    if hidden:
+        sentences.append(f"{hidden} process row(s) show no pid or no usage (hidden in the "
+                         "paste, or N/A where the driver does not report it): not read as "
+                         "figures")
+    sentences.append("nvidia-smi numbers GPUs by PCI bus, the job by CUDA_VISIBLE_DEVICES: "
+                     "GPU N here need not be the message's GPU N; and 'used' leaves out what "
+                     "the driver reserves, so total − used is not the free memory CUDA saw.")
+    verdict = (f"{where}: nvidia-smi: " + sentences[0] + "." if e.shared else
+               f"{where}: nvidia-smi: no GPU shared by two processes.")
+    return EvidenceSection("nvidia_smi", f"nvidia-smi at {where} (driver {t.driver})",
+                           verdict, tuple(sentences),
+                           ("GPU", "name / process", "used", "total", "pid", "type"),
+                           tuple(rows), (), numeric_from=2)
+
+
+def kv_section(e: KvEvidence, named: bool = False) -> EvidenceSection:
+    r, b = e.refusal, e.budget
+    line = r.line if r is not None else b.line if b is not None else 0
+    where = _at(e.source, line, named)
+    sentences = []
+    if r is None:
+        head = "vLLM's memory budget: " + (
+            f"{b.kv.text} left for the KV cache" if b is not None and b.kv is not None
+            else "how it was spent")
+    elif r.kind == "no_blocks":
+        head = ("vLLM refused to start: no memory was left for the KV cache after the model's "
+                "weights and its profiling run")
+    elif r.needed is not None and r.available is not None:
+        head = (f"vLLM refused to start: one request of max_model_len {r.max_model_len:,} "
+                f"needs {r.needed.text} of KV cache and {r.available.text} was available "
+                f"({fmt_bytes(r.needed.bytes - r.available.bytes)} short)")
+    else:
+        head = (f"vLLM refused to start: max_model_len {r.max_model_len:,} is longer than "
+                f"the {r.tokens:,} tokens its KV cache holds")
+    if r is not None:
+        sentences.append(head + ". This is not a CUDA OOM: vLLM sized its cache from what "
+                         "the weights and a profiling run left and stopped before allocating "
+                         "it.")
+    rows: list[tuple[str, ...]] = []
+    if b is not None:
+        rows = [(w, s) for w, s in (
+            ("total GPU memory", b.total.text if b.total else None),
+            ("gpu_memory_utilization",
+             f"{b.utilization:.2f}" if b.utilization is not None else None),
+            ("budget (total × utilization)", b.budget.text if b.budget else None),
+            ("model weights", b.weights.text if b.weights else None),
+            ("non-torch memory", b.non_torch.text if b.non_torch else None),
+            ("activation peak (profiling run)", b.activation.text if b.activation else None),
+            ("left for the KV cache", b.kv.text if b.kv else None)) if s is not None]
+        sentences += _budget_sum(b)
+    for a in r.available_lines if r is not None else ():
+        rows.append(("'Available KV cache memory' logged", a.text))
+    return EvidenceSection("vllm", f"vLLM at {where}", f"{where}: {head}.", tuple(sentences),
+                           ("figure", "as printed") if rows else (), tuple(rows), e.knobs)
+
+
+def _budget_sum(b: KvBudget) -> list[str]:
+    """The budget as the sum vLLM computed: weights + non-torch + activations + the cache;
+    without its first line (a paste cut short) the parts alone."""
+    if b.weights is None or b.non_torch is None or b.activation is None or b.kv is None:
+        return []
+    parts = (b.weights, b.non_torch, b.activation, b.kv)
+    total = sum(s.bytes for s in parts)
+    terms = (f"weights {b.weights.text} + non-torch {b.non_torch.text} + activations "
+             f"{b.activation.text} + KV cache {b.kv.text}")
+    if b.budget is None:
+        return [f"{terms} = {fmt_bytes(total)} (the message's first line, with the total and "
+                "the utilisation, is not in the text)"]
+    return [f"budget {b.budget.text} = {terms} (sum {fmt_bytes(total)}, each rounded to "
+            "0.01 GiB)"]

@@ -28,11 +28,13 @@ from snapana.analysis.attribution.families import family_ids
 from snapana.analysis.compare import CaptureDiff
 from snapana.analysis.diagnosis.findings import Band, DeviceReport, Timeline
 from snapana.analysis.explain import ExplainedSite
+from snapana.analysis.log_check import LogCheck
 from snapana.analysis.ranks.aggregate import MultiReport
 from snapana.render import ViewKind
 from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
 from snapana.render.explorer import explorer_data
+from snapana.units import fmt_bytes
 
 TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
 FAMILY_POINTS = 700  # points per family area (ten areas: the page stays small)
@@ -477,6 +479,8 @@ class CaptureView:
     device_rows: tuple[tuple[str, ...], ...] = ()
     device_note: str = ""
     device_columns: tuple[str, ...] = w.DEVICE_COLUMNS
+    #: OOM messages of logs given beside the capture, checked against its figures
+    log_checks: tuple[LogCheckView, ...] = ()
 
     @property
     def several_sources(self) -> bool:
@@ -502,8 +506,46 @@ def clock_origin(reports: Sequence[DeviceReport]) -> int | None:
     return min(s[0] for s in spans)
 
 
+@dataclass(frozen=True)
+class LogCheckView:
+    """A log's OOM message against the snapshot's figures at its OOM: a row a figure."""
+
+    title: str
+    verdict: str
+    rows: tuple[tuple[str, str, str, str], ...]  # figure, the log printed, the snapshot, agree?
+
+    COLUMNS: ClassVar[tuple[str, ...]] = ("figure", "the log printed", "the snapshot", "")
+
+
+def log_check_view(c: LogCheck) -> LogCheckView:
+    m = c.message
+    where = (f"{m.source.replace(chr(92), '/').rsplit('/', 1)[-1]} line {m.line}"
+             + (f" (rank {m.rank})" if m.rank is not None else ""))
+    title = f"{where} against {c.path}, GPU {c.device}"
+    if not c.snapshot_oom:
+        return LogCheckView(title, "the snapshot records no OOM: it was dumped at another "
+                            "moment than the message, so their figures are not compared", ())
+    rows = tuple((f.what, f.printed.text, f"{fmt_bytes(f.snapshot)} ({f.how})",
+                  "agrees" if f.agrees else
+                  f"differs by {fmt_bytes(abs(f.printed.bytes - f.snapshot))}")
+                 for f in c.figures)
+    off = [f for f in c.figures if not f.agrees]
+    if not c.figures:
+        verdict = "the message holds none of the figures the snapshot records"
+    elif not off:
+        verdict = (f"the log's {len(c.figures)} figures agree with the snapshot's within their "
+                   "printed rounding: the two record the same failure")
+    else:
+        verdict = (f"{len(off)} of {len(c.figures)} figures disagree ("
+                   + ", ".join(f.what for f in off) + "): the log and the snapshot do not "
+                   "record the same moment (another rank's log, another step, or a snapshot "
+                   "dumped after memory was freed); read each on its own")
+    return LogCheckView(title, verdict, rows)
+
+
 def capture_view(reports: Iterable[DeviceReport], title: str,
-                 ranks: MultiReport | None = None) -> CaptureView:
+                 ranks: MultiReport | None = None,
+                 log_checks: Sequence[LogCheck] = ()) -> CaptureView:
     """Host sections (memray, the profiler's CPU) come after the GPU ones. Sources of one
     job on a shared clock count their time axes from one origin, so they line up."""
     reports = list(reports)
@@ -513,7 +555,8 @@ def capture_view(reports: Iterable[DeviceReport], title: str,
     one_process = len(gpus) > 1 and len({r.path for r in gpus}) == 1
     return CaptureView(title, tuple(views), ranks_view(ranks) if ranks is not None else None,
                        tuple(w.device_rows(gpus)) if one_process else (),
-                       w.skew_text(gpus) if one_process else "")
+                       w.skew_text(gpus) if one_process else "",
+                       log_checks=tuple(log_check_view(c) for c in log_checks))
 
 
 # ----- a diff -----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,13 +47,13 @@ def sniff(path: Path) -> str:
     if head[:4] == b"PAR1":
         return "memray_parquet"  # written by `snapana convert`
     stripped = head.lstrip()
-    if stripped[:1] in (b"{", b"["):
+    if stripped[:1] == b"{" or _JSON_ARRAY.match(stripped):
         from snapana.sources.memory_timeline import looks_like_timeline
 
         return "memory_timeline" if looks_like_timeline(stripped) else "kineto_trace"
     if head[:1] in (b"(", b"]", b"}") or head[:2] == b"(l":
         return "torch_snapshot"  # protocol 0/1 pickles (very old torch)
-    from snapana.sources.oom_text import looks_like_text
+    from snapana.sources.log_text import looks_like_text
 
     if looks_like_text(head):
         return "text_log"  # a job's log or a paste: read for its OOM messages
@@ -60,6 +61,12 @@ def sniff(path: Path) -> str:
         f"{path}: unrecognised format (not a torch memory snapshot pickle, profiler trace "
         "or memray capture)"
     )
+
+
+#: A JSON array's start: a value after the bracket. A log line "[rank0]: ..." or
+#: "[2025-03-14 09:20:11] ..." is not one.
+_JSON_ARRAY = re.compile(rb"\[\s*(?:[{\[\]\"]|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?\s*(?:[,\]]|$)"
+                         rb"|true\b|false\b|null\b|$)")
 
 
 def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
@@ -83,12 +90,13 @@ def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
 
         return memory_timeline.load(path, progress)
     if kind == "text_log":
-        from snapana.sources import oom_text
+        from snapana.sources import log_text
 
-        n = len(oom_text.read(path).messages)  # (none: "unrecognised format")
+        n = len(log_text.read(path).messages)  # (nothing about memory: "unrecognised")
         raise InputError(f"{path}: a text log with {n} out-of-memory message(s), not a "
-                         "capture: `snapana summary` and `snapana report` read it alone; "
-                         "this needs a snapshot, a profiler trace or a memray capture")
+                         "capture: `snapana summary` and `snapana report` read it (alone, or "
+                         "beside a snapshot with --log); this needs a snapshot, a profiler "
+                         "trace or a memray capture")
     from snapana.sources import memray_capture
 
     return memray_capture.load(path, progress)

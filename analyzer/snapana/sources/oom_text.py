@@ -16,40 +16,10 @@ decimals of KiB, MiB or GiB, so "79.15 GiB" is known to within 0.005 GiB (`Size.
 from __future__ import annotations
 
 import html
-import os
 import re
-import sys
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import BinaryIO
 
-from snapana.errors import InputError
-from snapana.limits import MAX_LOG_BYTES, MAX_LOG_MESSAGES
-from snapana.sources._io import open_input
-
-#: `format_size`'s units (c10/util/... and CUDACachingAllocator.cpp): powers of 1024. Older
-#: hand-written texts and other tools say KB/MB/GB for the same powers.
-_UNITS = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-          "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
-SIZE = r"(\d+(?:\.\d+)?)\s?(bytes|TiB|GiB|MiB|KiB|TB|GB|MB|KB|B)\b"
-
-
-@dataclass(frozen=True)
-class Size:
-    """A figure as printed: its bytes and how far the printed rounding may be off."""
-
-    bytes: int
-    slack: int
-    text: str
-
-    @staticmethod
-    def parse(number: str, unit: str) -> Size:
-        scale = _UNITS[unit]
-        decimals = len(number.split(".", 1)[1]) if "." in number else 0
-        value = round(float(number) * scale)
-        slack = (scale // 2) // (10 ** decimals) if scale > 1 else 0
-        return Size(value, slack, f"{number} {unit}")
-
+from snapana.sources.printed import SIZE, Size
 
 #: Each clause: name -> (regex, what it means, the releases that print it). Sizes are the
 #: regex's groups (number, unit); a clause with a leading integer group names a device or pid.
@@ -157,6 +127,7 @@ class OomMessage:
     #: hint that suggests them (2.14+); None when the text cannot tell
     expandable_on: bool | None = None
     oddities: tuple[str, ...] = field(default=())
+    source: str = ""  # the log it was read from (its name, or "standard input")
 
 
 def _find(name: str, text: str) -> re.Match[str] | None:
@@ -167,7 +138,7 @@ def _size(m: re.Match[str] | None, at: int = 1) -> Size | None:
     return None if m is None else Size.parse(m.group(at), m.group(at + 1))
 
 
-def _unescape(text: str) -> str:
+def unescape(text: str) -> str:
     """Undo what carried the log: HTML entities (a web page, a ticket), JSON string escapes
     (a log line stored as JSON: literal \\n and \\")."""
     if "&" in text:
@@ -229,7 +200,7 @@ def _wording(found: set[str]) -> tuple[str, str, tuple[str, ...]]:
 
 def read_messages(text: str) -> list[OomMessage]:
     """Every OOM message in `text`, in order."""
-    text = _unescape(text)
+    text = unescape(text)
     lines = text.splitlines()
     out: list[OomMessage] = []
     for i, line in enumerate(lines):
@@ -342,82 +313,3 @@ def cap_raw_byte(text: str) -> bool:
     """PyTorch 2.3.0's 'GPU \\x00 has a total capacity' (the device as a raw byte)."""
     return re.search(r"GPU ?[\x00-\x1f]? has a total capac", text) is not None \
         and re.search(r"GPU \d+ has a total capac", text) is None
-
-
-def looks_like_text(head: bytes) -> bool:
-    """Text, not a binary format: no NUL byte, and UTF-8 (a character cut at the end of the
-    head allowed)."""
-    if b"\x00" in head:
-        return False
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return exc.start >= len(head) - 3 and exc.reason.startswith("unexpected end")
-    return True
-
-
-@dataclass(frozen=True)
-class TextLog:
-    """The OOM messages of one text and what limited the reading."""
-
-    name: str
-    messages: tuple[OomMessage, ...]
-    notes: tuple[str, ...]
-
-
-def _bounded(data: bytes, skipped: int, name: str) -> TextLog:
-    notes = []
-    if skipped:
-        notes.append(f"only the last {MAX_LOG_BYTES >> 20} MiB of the text were read "
-                     f"({skipped:,} bytes before them skipped; SNAPANA has this bound in "
-                     "limits.MAX_LOG_BYTES)")
-    messages = read_messages(data.decode("utf-8", "replace"))
-    if len(messages) > MAX_LOG_MESSAGES:
-        notes.append(f"{len(messages):,} messages: the first {MAX_LOG_MESSAGES:,} are shown")
-        messages = messages[:MAX_LOG_MESSAGES]
-    return TextLog(name, tuple(messages), tuple(notes))
-
-
-def _tail(stream: BinaryIO, skipped: int = 0) -> tuple[bytes, int]:
-    """The last MAX_LOG_BYTES of `stream`, read a bound at a time, and how many bytes came
-    before them (plus `skipped`, already passed over by a seek)."""
-    data = b""
-    while more := stream.read(MAX_LOG_BYTES):
-        data += more
-        if len(data) > MAX_LOG_BYTES:
-            skipped += len(data) - MAX_LOG_BYTES
-            data = data[-MAX_LOG_BYTES:]
-    return data, skipped
-
-
-def read(path: Path) -> TextLog:
-    """The OOM messages of a text file (plain or gzip'd): its last MAX_LOG_BYTES, where a
-    dying job's log keeps them. InputError when it holds none."""
-    stream, raw, compressed = open_input(path)
-    try:
-        size = os.fstat(raw.fileno()).st_size
-        skipped = 0
-        if not compressed and size > MAX_LOG_BYTES:  # a plain file: straight to its tail
-            skipped = size - MAX_LOG_BYTES
-            raw.seek(skipped)
-        data, skipped = _tail(stream, skipped)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        stream.close()
-        raw.close()
-    return _found(_bounded(data, skipped, str(path)), str(path))
-
-
-def read_stdin() -> TextLog:
-    """The OOM messages of a paste on standard input (`snapana summary -`)."""
-    data, skipped = _tail(sys.stdin.buffer)
-    return _found(_bounded(data, skipped, "standard input"), "standard input")
-
-
-def _found(log: TextLog, name: str) -> TextLog:
-    if not log.messages:
-        raise InputError(f"{name}: unrecognised format (not a torch memory snapshot pickle, "
-                         "profiler trace or memray capture, and no 'CUDA out of memory' / "
-                         "'HIP out of memory' message in its text)")
-    return log

@@ -1,0 +1,120 @@
+"""A job's log or a paste, read for everything it says about GPU memory (issue 44): its
+OOM messages (`oom_text`), the `memory_summary()` and `nvidia-smi` tables beside them
+(`log_tables`), vLLM's KV-cache refusals and budget (`vllm_text`). A dying job's last words
+are at the end, so the tail of a long log is what is read."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import BinaryIO
+
+from snapana.errors import InputError
+from snapana.limits import MAX_LOG_BYTES, MAX_LOG_MESSAGES
+from snapana.sources._io import open_input
+from snapana.sources.log_tables import MemorySummary, SmiTable, read_smi, read_summaries
+from snapana.sources.oom_text import OomMessage, read_messages, unescape
+from snapana.sources.vllm_text import KvBudget, KvRefusal, read_budgets, read_refusals
+
+
+def looks_like_text(head: bytes) -> bool:
+    """Text, not a binary format: no NUL byte, and UTF-8 (a character cut at the end of the
+    head allowed)."""
+    if b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start >= len(head) - 3 and exc.reason.startswith("unexpected end")
+    return True
+
+
+@dataclass(frozen=True)
+class TextLog:
+    """What one text says about memory, and what limited the reading."""
+
+    name: str
+    messages: tuple[OomMessage, ...]
+    notes: tuple[str, ...]
+    summaries: tuple[MemorySummary, ...] = ()
+    smi: tuple[SmiTable, ...] = ()
+    refusals: tuple[KvRefusal, ...] = ()
+    budgets: tuple[KvBudget, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.messages or self.summaries or self.smi or self.refusals
+                    or self.budgets)
+
+
+def read_text(text: str, name: str) -> TextLog:
+    """What a text already in memory says (a notebook cell's paste)."""
+    return _bounded(text.encode("utf-8", "replace"), 0, name)
+
+
+def _bounded(data: bytes, skipped: int, name: str) -> TextLog:
+    notes = []
+    if skipped:
+        notes.append(f"only the last {MAX_LOG_BYTES >> 20} MiB of the text were read "
+                     f"({skipped:,} bytes before them skipped; SNAPANA has this bound in "
+                     "limits.MAX_LOG_BYTES)")
+    text = data.decode("utf-8", "replace")
+    messages = [replace(m, source=name) for m in read_messages(text)]
+    if len(messages) > MAX_LOG_MESSAGES:
+        notes.append(f"{len(messages):,} messages: the first {MAX_LOG_MESSAGES:,} are shown")
+        messages = messages[:MAX_LOG_MESSAGES]
+    lines = unescape(text).splitlines()
+    return TextLog(name, tuple(messages), tuple(notes),
+                   tuple(read_summaries(lines)[:MAX_LOG_MESSAGES]),
+                   tuple(read_smi(lines)[:MAX_LOG_MESSAGES]),
+                   tuple(read_refusals("\n".join(lines))[:MAX_LOG_MESSAGES]),
+                   tuple(read_budgets(lines)[:MAX_LOG_MESSAGES]))
+
+
+def _tail(stream: BinaryIO, skipped: int = 0) -> tuple[bytes, int]:
+    """The last MAX_LOG_BYTES of `stream`, read a bound at a time, and how many bytes came
+    before them (plus `skipped`, already passed over by a seek)."""
+    data = b""
+    while more := stream.read(MAX_LOG_BYTES):
+        data += more
+        if len(data) > MAX_LOG_BYTES:
+            skipped += len(data) - MAX_LOG_BYTES
+            data = data[-MAX_LOG_BYTES:]
+    return data, skipped
+
+
+def read(path: Path, require: bool = True) -> TextLog:
+    """The OOM messages of a text file (plain or gzip'd): its last MAX_LOG_BYTES, where a
+    dying job's log keeps them. InputError when it holds none."""
+    stream, raw, compressed = open_input(path)
+    try:
+        size = os.fstat(raw.fileno()).st_size
+        skipped = 0
+        if not compressed and size > MAX_LOG_BYTES:  # a plain file: straight to its tail
+            skipped = size - MAX_LOG_BYTES
+            raw.seek(skipped)
+        data, skipped = _tail(stream, skipped)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        stream.close()
+        raw.close()
+    log = _bounded(data, skipped, str(path))
+    return found(log, str(path)) if require else log
+
+
+def read_stdin() -> TextLog:
+    """The OOM messages of a paste on standard input (`snapana summary -`)."""
+    data, skipped = _tail(sys.stdin.buffer)
+    return found(_bounded(data, skipped, "standard input"), "standard input")
+
+
+def found(log: TextLog, name: str) -> TextLog:
+    if log.empty:
+        raise InputError(f"{name}: unrecognised format (not a torch memory snapshot pickle, "
+                         "profiler trace or memray capture, and no 'CUDA out of memory' / "
+                         "'HIP out of memory' message, memory_summary(), nvidia-smi table "
+                         "or vLLM KV-cache refusal in its text)")
+    return log
