@@ -413,3 +413,16 @@ def test_an_export_onto_a_filling_disk_is_an_output_failure(tmp_path: Path) -> N
     assert result.returncode == OUTPUT_ERROR
     assert "could not write" in _one_line(result.stderr)
     assert not list(tmp_path.iterdir())  # neither the folder nor its temporary one
+
+
+def test_memory_headroom_reads_the_address_space_limit() -> None:
+    """What a process under `ulimit -v` may still take is at most its limit less what it
+    maps: the figure an export table's read is admitted against."""
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+            "from snapana.limits import memory_headroom; "
+            "vm = [int(l.split()[1]) << 10 for l in open('/proc/self/status') "
+            "if l.startswith('VmSize:')][0]; print(memory_headroom(), vm)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    room, vm = int(out[0]), int(out[1])
+    assert 0 < room <= (3 << 30) - vm + (1 << 20)

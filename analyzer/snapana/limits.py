@@ -140,6 +140,42 @@ def export_bounds(file_bytes: int) -> tuple[int, int]:
             EXPORT_FREE + EXPORT_INFLATION * file_bytes)
 
 
+#: Memory reading an export table takes per byte its pages decode to (Arrow's buffers, the
+#: polars copy, the checks' temporaries; measured 2.2x for a 2M-row table), with the
+#: analysis after it: what must be free before the read starts.
+EXPORT_READ_FACTOR = 4
+
+
+def memory_headroom() -> int | None:
+    """Bytes this process may still take: the address-space limit (`ulimit -v`, a batch
+    system's cap) less what it maps now, and the machine's available memory; None where
+    neither is known. A Rust allocation that fails aborts the process (polars, pyarrow), so
+    an input too large for this headroom is refused before it is read."""
+    import resource
+
+    room: list[int] = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    status = _proc_kib("/proc/self/status", "VmSize")
+    if soft != resource.RLIM_INFINITY and status is not None:
+        room.append(soft - status)
+    available = _proc_kib("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        swap = _proc_kib("/proc/meminfo", "SwapFree") or 0
+        room.append(available + swap)
+    return min(room) if room else None
+
+
+def _proc_kib(path: str, key: str) -> int | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def max_rows(decoded_bytes: int) -> int:
     """Most rows a snapshot pickle of `decoded_bytes` (decompressed) may decode to."""
     return _env_int("SNAPANA_MAX_ROWS", 0) or ROWS_FREE + decoded_bytes // MIN_ROW_BYTES

@@ -225,6 +225,8 @@ def text_logs(files: list[str]) -> Any | None:
     notes = [n for log in evidence.logs for n in log.notes] + skipped
     empty = [log for log in evidence.logs if log.empty]
     if empty and len(empty) == len(evidence.logs):
+        if len(empty) > 1 and not any(Path(f).is_dir() for f in files):
+            return None  # files named one by one: each one's reason in the rank table
         if len(empty) == 1:
             from snapana.sources.log_text import found
 

@@ -21,6 +21,7 @@ except ImportError:  # Windows: no FIFOs to worry about
 
 from snapana.errors import InputError
 from snapana.limits import (
+    EXPORT_READ_FACTOR,
     MAX_BYTES,
     MAX_META_DEPTH,
     MAX_META_NODES,
@@ -30,8 +31,9 @@ from snapana.limits import (
     limit_hint,
     max_decompressed,
     max_ratio,
+    memory_headroom,
 )
-from snapana.units import inert
+from snapana.units import fmt_bytes, inert
 
 GZIP_MAGIC = b"\x1f\x8b"
 #: Bytes a decompressing reader asks for at once (a buffer size, not a bound).
@@ -290,6 +292,13 @@ def _bounded(path: Path, pf: Any, size: int) -> list[str]:
     if pages > decoded:
         raise InputError(f"{path}: its pages decode to {pages} bytes, more than an export's "
                          f"bound for a {size}-byte file ({decoded}): refused")
+    # every row is at least its columns' 8-byte values once decoded, whatever the pages say
+    need = EXPORT_READ_FACTOR * max(pages, meta.num_rows * meta.num_columns * 8)
+    room = memory_headroom()
+    if room is not None and need > room:
+        raise InputError(f"{path}: reading its {meta.num_rows:,} rows needs about "
+                         f"{fmt_bytes(need)} and this process may take {fmt_bytes(room)} "
+                         "more (its memory limit, or the machine's free memory): refused")
 
     def text(t: Any) -> bool:
         if pa.types.is_dictionary(t):
