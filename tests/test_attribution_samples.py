@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from snapana.allocator_model.rules import SMALL_SIZE, round_size
 from snapana.analysis.attribution import BlockContext, RuleError, load_rules
 from snapana.analysis.attribution.assign import Attributor
 from snapana.analysis.attribution.pack_parser import parse_pack
@@ -23,7 +24,6 @@ from snapana.session import analyse
 from snapana.sources import load
 from snapana.synth import CachingAllocatorSim
 from snapana.synth import stacks as S
-from snapana.synth.rules import SMALL_SIZE, round_size
 
 from .conftest import SAMPLES
 

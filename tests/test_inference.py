@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import snapana
-from snapana.synth.allocator import CachingAllocatorSim
+from snapana.allocator_model.simulator import CachingAllocatorSim
 from snapana.synth.recording import ring_buffer, start_late
 
 from .conftest import SAMPLES, corpus_params

@@ -16,9 +16,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 import snapana
+from snapana.allocator_model.simulator import CachingAllocatorSim
 from snapana.errors import InputError
 from snapana.render.wording import growth_lines
-from snapana.synth.allocator import CachingAllocatorSim
 from snapana.synth.recording import ring_buffer, start_late
 
 from .conftest import corpus_params

@@ -27,6 +27,7 @@ from snapana.render.views import (
     explain_view,
     ranks_view,
 )
+from snapana.render.whatif import WhatIfView, whatif_view
 from snapana.session import Session, open_capture
 
 from .conftest import SAMPLES, invoke
@@ -34,7 +35,7 @@ from .conftest import SAMPLES, invoke
 SAMPLE_FILES = sorted(SAMPLES.glob("*.pickle"))
 PACKAGE = Path(snapana.__file__).parent
 VIEW_TYPES: dict[str, Any] = {"capture": CaptureView, "diff": DiffView, "ranks": RanksView,
-              "explain": ExplainView, "text_log": TextLogView}
+              "explain": ExplainView, "text_log": TextLogView, "whatif": WhatIfView}
 
 
 def _text_logs() -> list[tuple[str, object]]:
@@ -76,6 +77,8 @@ def views() -> dict[str, list[tuple[str, object]]]:
         out["ranks"].append((p.name, ranks_view(aggregate([summaries[p]]))))
         items = sessions[p].explain(family=r.groups[0].name, limit=2)
         out["explain"].append((p.name, explain_view(items)))
+        out["whatif"].append((p.name, whatif_view(p.name, "expandable_segments:True",
+                                                  [sessions[p].whatif(True)])))
     out["ranks"].append(("all samples", ranks_view(aggregate(list(summaries.values())))))
     out["text_log"] += _text_logs()
     last = SAMPLE_FILES[-1]

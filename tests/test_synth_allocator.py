@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from snapana.synth.allocator import CachingAllocatorSim, SimulatedOOM
-from snapana.synth.rules import allocation_size, round_size, should_split
+from snapana.allocator_model.rules import allocation_size, round_size, should_split
+from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 STACK = (("/w/train.py", 10, "step"), ("/w/train.py", 1, "<module>"))

@@ -1,7 +1,8 @@
 """PyTorch's caching allocator as snapana models it, in one place: its sizes
 (c10/cuda/CUDACachingAllocator.cpp) and the block states a snapshot spells. Replay, placement,
-attribution, the sources and the tables read them from here; the simulator (`synth/`) keeps its
-own copy on purpose, as independent ground truth.
+attribution, the sources and the tables read them from here. The allocator model
+(`allocator_model/`: the simulator the samples are written with and captures are re-run in)
+keeps its own copy of the rules, written apart from these, so that each checks the other.
 """
 
 from __future__ import annotations

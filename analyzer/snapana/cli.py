@@ -20,6 +20,7 @@ from snapana.commands import (
     report,
     summary,
     synth,
+    whatif,
 )
 from snapana.commands._policy import err
 from snapana.errors import SnapanaError
@@ -153,7 +154,7 @@ def _main(
 
 # ----- the commands: one module each under snapana/commands/ ----------------------------------
 for _command in (report.report, summary.summary, batch.batch, explain.explain, synth.synth,
-                 convert.convert, export.export, diff.diff):
+                 convert.convert, export.export, diff.diff, whatif.whatif):
     app.command()(_command)
 app.command(context_settings=record.CONTEXT_SETTINGS)(record.record)
 

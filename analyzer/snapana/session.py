@@ -14,6 +14,7 @@ from typing import Literal, TypeAlias
 
 import polars as pl
 
+from snapana.analysis.allocator_replay import Prediction, Setting, before_window, predict
 from snapana.analysis.attribution import RuleError, load_rules
 from snapana.analysis.attribution.assign import Attributor
 from snapana.analysis.attribution.engine import RuleSet
@@ -169,6 +170,21 @@ class Session:
     def attributed_blocks(self, moment: Moment) -> pl.DataFrame:
         """Blocks live at `moment` (allocated and pending-free), each with its family."""
         return self.attributor.attribute(self.replay.blocks_at(moment))
+
+    def whatif(self, expandable_segments: bool | None = None,
+               capacity: int | None = None) -> Prediction:
+        """This device's recorded window re-run through the allocator model under the
+        recorded settings (the proof) and under the change (`None`: as recorded)."""
+        settings = self.capture.allocator_settings or {}
+        recorded = Setting(bool(settings.get("expandable_segments")))
+        changed = Setting(recorded.expandable_segments if expandable_segments is None
+                          else expandable_segments, capacity)
+        start = Moment("event", -1)
+        before = before_window(self.replay.segments_at(start).to_dicts(),
+                               self.replay.blocks_at(start).to_dicts())
+        events = self.capture.device_events(self.device).to_dicts()
+        return predict(events, self.device, recorded, changed, before,
+                       self.capture.capacity_bytes.get(self.device))
 
     def explain(self, *, block: int | None = None, family: str | None = None,
                 site: str | None = None, limit: int = 10) -> list[ExplainedSite]:

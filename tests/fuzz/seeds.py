@@ -283,7 +283,7 @@ def rank_snapshot(rank: int, oom: bool) -> bytes:
     and, with `oom`, a request the 256 MiB device cannot hold."""
     import pickle
 
-    from snapana.synth.allocator import CachingAllocatorSim, SimulatedOOM
+    from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
 
     mib = 1 << 20
     stack = (("/app/model.py", 40 + rank, "forward"), ("/app/train.py", 12, "main"))

@@ -50,7 +50,7 @@ REPORT_FORMAT: Format = "html"
 _SUFFIX_FORMATS: dict[str, Format] = {".html": "html", ".htm": "html"}
 
 #: What a view-model shows; each view class names its kind (`views.CaptureView.kind`).
-ViewKind = Literal["capture", "diff", "ranks", "explain", "text_log"]
+ViewKind = Literal["capture", "diff", "ranks", "explain", "text_log", "whatif"]
 VIEW_KINDS: tuple[ViewKind, ...] = get_args(ViewKind)
 
 
@@ -98,6 +98,9 @@ _REGISTRY: dict[tuple[str, str], str | Renderer] = {
     ("text_log", "markdown"): "snapana.render.markdown:text_log",
     ("text_log", "json"): "snapana.render.json:text_log",
     ("text_log", "html"): "snapana.render.html:text_log",
+    ("whatif", "text"): "snapana.render.text:whatif",
+    ("whatif", "markdown"): "snapana.render.markdown:whatif",
+    ("whatif", "json"): "snapana.render.json:whatif",
 }
 
 

@@ -14,6 +14,7 @@ from snapana.model import Frame
 from snapana.render import Options
 from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
+from snapana.render.whatif import WhatIfView
 from snapana.sources.printed import Size
 from snapana.units import shown_name
 
@@ -306,3 +307,27 @@ def text_log(view: TextLogView, options: Options) -> str:
                   "ranks": {"columns": list(view.rank_columns),
                             "rows": [list(r) for r in view.rank_rows]},
                   "not_read": list(view.unrecognised), "record": list(view.record)})
+
+
+def whatif(view: WhatIfView, options: Options) -> str:
+    """Each device's proof and prediction, with the figures of both runs in bytes."""
+    def run(r: Any) -> dict[str, Any] | None:
+        if r is None:
+            return None
+        return {"peak_reserved_bytes": r.peak_reserved, "peak_allocated_bytes": r.peak_allocated,
+                "segment_events": len(r.simulated),
+                "ooms": [{"event": i, "request_bytes": n} for i, n in r.simulated_ooms],
+                "stopped": r.stopped or None}
+    devices = []
+    for d in view.devices:
+        p, r = d.prediction, d.prediction.recorded
+        devices.append({
+            "device": d.device, "proof": d.proof, "verdict": d.verdict,
+            "reproduced": p.trusted, "recorded_segment_events": len(r.recorded),
+            "divergence": None if r.divergence is None else {
+                "position": r.divergence[0], "event": r.divergence[1], "why": r.divergence[2]},
+            "recorded_ooms": r.recorded_ooms, "capacity_bytes": p.capacity,
+            "recorded_capacity_bytes": p.recorded_capacity,
+            "as_recorded": run(r), "changed": run(p.changed)})
+    return _dump({"source": "whatif", "title": view.title, "change": view.change,
+                  "devices": devices, "not_simulated": list(view.not_simulated)})

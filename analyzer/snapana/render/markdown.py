@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from snapana.render import Options
 from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
+from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
+from snapana.render.whatif import WhatIfView
 from snapana.render.wording import GROWTH_HEADING, KNOB_COLUMNS, evidence_note
 from snapana.units import fmt_bytes
 
@@ -159,4 +161,15 @@ def text_log(view: TextLogView, options: Options) -> str:
         out += [""] + [f"- knob: `{k}` — {esc(why)}" for k, why in sec.knobs]
     out += [""] + [f"- not read: {esc(u)}" for u in view.unrecognised]
     out += ["", "```", *view.record, "```"]
+    return "\n".join(out) + "\n"
+
+
+def whatif(view: WhatIfView, options: Options) -> str:
+    out = [f"### What if: {esc(view.change)}", "", esc(view.title)]
+    for d in view.devices:
+        out += ["", f"#### Device {d.device}", "", esc(d.proof), "", f"**{esc(d.verdict)}**"]
+        _table(out, WHATIF_COLUMNS, [[esc(c) for c in row] for row in d.rows])
+    out += [""] + [f"- not simulated: {esc(n)}" for n in view.not_simulated]
+    out += ["", "_A simulation of the recorded window through the allocator model; what the "
+            "job did after its OOM is in no file._"]
     return "\n".join(out) + "\n"

@@ -15,6 +15,8 @@ from rich.text import Text
 
 from snapana.render import Options
 from snapana.render.text_log import TextLogView
+from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
+from snapana.render.whatif import WhatIfView
 from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:  # the views import the analysis (polars): a text log's page needs neither
@@ -312,4 +314,25 @@ def text_log(view: TextLogView, options: Options) -> str:
     out.line()
     for line in view.record:
         out.para(line)
+    return out.text()
+
+
+def whatif(view: WhatIfView, options: Options) -> str:
+    """Per device: whether the model reproduces the window, what the change does, the two
+    runs side by side."""
+    out = _Out(options)
+    out.para(f"What if: {view.change} — {view.title}")
+    for d in view.devices:
+        out.line()
+        out.heading(f"device {d.device}")
+        out.para(d.proof, INDENT)
+        out.para(d.verdict, INDENT)
+        if d.rows:
+            for ln in _columns(WHATIF_COLUMNS, d.rows, set()):
+                out.line(INDENT + ln)
+    for n in view.not_simulated:
+        out.para(f"not simulated: {n}")
+    out.line()
+    out.para("A simulation of the recorded window through the allocator model; what the job "
+             "did after its OOM is in no file.")
     return out.text()

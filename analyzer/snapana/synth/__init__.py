@@ -1,5 +1,5 @@
 """Synthetic snapshots: an allocator simulator and incident scenarios with ground truth."""
 
-from .allocator import CachingAllocatorSim, SimulatedOOM
+from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
 
 __all__ = ["CachingAllocatorSim", "SimulatedOOM"]

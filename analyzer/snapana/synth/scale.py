@@ -31,10 +31,10 @@ import random
 from pathlib import Path
 from typing import Any
 
+from snapana.allocator_model.frames import FrameDict
+from snapana.allocator_model.rules import MiB, allocation_size, is_small, round_size
 from snapana.io.output import atomic_path
 
-from .frames import FrameDict
-from .rules import MiB, allocation_size, is_small, round_size
 from .stacks import (
     ATTN,
     BACKWARD_STEP,

@@ -7,7 +7,7 @@ line numbers are plausible and only tell two sites in one function apart.
 
 from __future__ import annotations
 
-from .frames import Frame
+from snapana.allocator_model.frames import Frame
 
 SITE = "/usr/local/lib/python3.10/dist-packages"
 TORCH = f"{SITE}/torch"

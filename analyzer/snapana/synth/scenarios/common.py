@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..allocator import CachingAllocatorSim, SimulatedOOM
-from ..frames import Frame
-from ..rules import MiB, round_size
+from snapana.allocator_model.frames import Frame
+from snapana.allocator_model.rules import MiB, round_size
+from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
 
 # An 80 GB A800/A100 as torch reports it: "total capacity of 79.25 GiB".
 A800_CAPACITY = 81156 * MiB

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from snapana.allocator_model.rules import MiB
+from snapana.allocator_model.simulator import CachingAllocatorSim
+
 from .. import stacks as S
-from ..allocator import CachingAllocatorSim
-from ..rules import MiB
 from .common import A800_CAPACITY, Facts, Outcome, Script, calibrate_outside, failing_request, run
 from .common import truth as device_truth
 

@@ -3,9 +3,10 @@ in the fp32 logits: segments grow by mapped pages and free pages are unmapped be
 
 from __future__ import annotations
 
+from snapana.allocator_model.rules import MiB
+from snapana.allocator_model.simulator import CachingAllocatorSim
+
 from .. import stacks as S
-from ..allocator import CachingAllocatorSim
-from ..rules import MiB
 from .common import Facts, Outcome, calibrate_outside, failing_request
 
 CAPACITY = 22_593 * MiB  # a 24 GB card: "22.06 GiB"

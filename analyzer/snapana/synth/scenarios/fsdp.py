@@ -10,9 +10,10 @@ Exercises what the slime/swift incidents do not: non-default streams, ``record_s
 
 from __future__ import annotations
 
+from snapana.allocator_model.rules import MiB
+from snapana.allocator_model.simulator import CachingAllocatorSim
+
 from .. import stacks as S
-from ..allocator import CachingAllocatorSim
-from ..rules import MiB
 from .common import Facts, Outcome, run
 
 LAYERS, HIDDEN, FFN, VOCAB, WORLD, TOKENS = 16, 2048, 8192, 32000, 8, 4096

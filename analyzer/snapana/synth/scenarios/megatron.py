@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from snapana.allocator_model.simulator import CachingAllocatorSim
+
 from .. import stacks as S
-from ..allocator import CachingAllocatorSim
 
 BF16, FP32 = 2, 4
 

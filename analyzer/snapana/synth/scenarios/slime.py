@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from snapana.allocator_model.rules import MiB
+from snapana.allocator_model.simulator import CachingAllocatorSim
+
 from .. import stacks as S
-from ..allocator import CachingAllocatorSim
-from ..rules import MiB
 from .common import (
     A800_CAPACITY,
     Facts,

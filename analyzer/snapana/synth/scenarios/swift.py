@@ -8,9 +8,10 @@ but unallocated". The sample reproduces those four numbers exactly.
 
 from __future__ import annotations
 
+from snapana.allocator_model.rules import GiB, MiB, round_size
+from snapana.allocator_model.simulator import CachingAllocatorSim
+
 from .. import stacks as S
-from ..allocator import CachingAllocatorSim
-from ..rules import GiB, MiB, round_size
 from .common import (
     A800_CAPACITY,
     Facts,

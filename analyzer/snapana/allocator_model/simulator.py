@@ -106,6 +106,19 @@ class _AddressSpace:
                 return start
         raise MemoryError("simulated address space exhausted")
 
+    def take(self, start: int, size: int) -> None:
+        """Mark [start, start + size) used: a range held before the simulation began."""
+        out: list[tuple[int, int]] = []
+        for s, n in self._free:
+            if s + n <= start or start + size <= s:
+                out.append((s, n))
+                continue
+            if s < start:
+                out.append((s, start - s))
+            if start + size < s + n:
+                out.append((start + size, s + n - start - size))
+        self._free = out
+
     def release(self, start: int, size: int) -> None:
         self._free.append((start, size))
         self._free.sort()
@@ -202,6 +215,27 @@ class CachingAllocatorSim:
     def live_blocks(self) -> list[Block]:
         """Allocated and pending-free blocks, by address."""
         return sorted(self._live.values(), key=lambda b: b.address)
+
+    def adopt(self, address: int, size: int, stream: int, small: bool,
+              blocks: Sequence[tuple[int, int, int, bool]]) -> None:
+        """A segment of the default pool that existed before the simulation began (a
+        recorded window that starts mid-run), with its blocks: (address, size, requested,
+        allocated); the gaps between them are its free blocks."""
+        seg = Segment(address, size, stream, DEFAULT_POOL, small, False, self.table.empty)
+        at = address
+        for addr, nbytes, requested, allocated in sorted(blocks):
+            if addr > at:
+                seg.blocks.append(Block(at, addr - at, seg))
+            block = Block(addr, nbytes, seg, requested=requested, allocated=allocated)
+            seg.blocks.append(block)
+            if allocated:
+                self._live[addr] = block
+            at = addr + nbytes
+        if at < address + size:
+            seg.blocks.append(Block(at, address + size - at, seg))
+        self._segments.append(seg)
+        self._space.take(address, size)
+        self.reserved += size
 
     # ----------------------------------------------------------------- malloc / free
     def malloc(

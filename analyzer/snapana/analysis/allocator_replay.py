@@ -1,0 +1,282 @@
+"""A capture's recorded requests re-run through the model of PyTorch's caching allocator
+(issue 45): first under the settings the capture records, to prove the model on this very
+trace (its `cudaMalloc` / `cudaFree` / map / unmap must come out as PyTorch recorded them,
+size for size and in order, and an OOM must fail at the recorded request), then under a
+changed setting or capacity, to say whether the job would still have died and what its peak
+would have been.
+
+The model is the simulator that writes the samples (`allocator_model.simulator`: best fit over the
+(stream, size, address) order, splitting and coalescing, release-and-retry, expandable
+segments mapped by pages), driven by the trace:
+
+- `alloc` is a request of its recorded size on its stream; `free_completed` gives the block
+  back (a free that waited on another stream completes there, as in the allocator);
+- `oom` is a request that must fail: the model is given the device's capacity that makes the
+  recorded free memory true at that moment (what cudaMemGetInfo saw: other processes, the
+  CUDA context and non-PyTorch allocations included);
+- a recorded `segment_free` / `segment_unmap` that the model has not made itself is the job
+  releasing its cache (`torch.cuda.empty_cache()`, or a retry after a failed cudaMalloc):
+  the model releases its own cache there, and which segments it gives back is compared.
+
+What the model cannot know is said, and nothing is predicted from it: a free of a block
+allocated before the recorded window (the ring buffer dropped its start), a private pool
+(CUDA graphs: the trace does not name the pool of a request), a device whose window does not
+start empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
+
+#: Segment actions compared between the recorded trace and the model's.
+SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
+#: Capacity when the capture gives none: no OOM but the recorded ones (1 TiB: more than any
+#: device; the expandable ranges of 1 1/8 of it still fit the simulated address space).
+UNBOUNDED = 1 << 40
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a replay changes: expandable segments on or off, the device's capacity."""
+
+    expandable_segments: bool
+    capacity: int | None = None  # None: the one that makes the recorded OOM's free true
+
+
+@dataclass(frozen=True)
+class Before:
+    """The allocator's state before the recorded window, as the analysis's replay
+    reconstructs it: each segment as `CachingAllocatorSim.adopt` takes it (address, size,
+    stream, small, blocks of (address, size, requested, allocated)); `unsupported` says why
+    the model cannot start from it ("" when it can)."""
+
+    segments: tuple[tuple[int, int, int, bool, tuple[tuple[int, int, int, bool], ...]], ...]
+    unsupported: str = ""
+
+    @property
+    def reserved(self) -> int:
+        return sum(s[1] for s in self.segments)
+
+
+@dataclass
+class Replay:
+    """One device's trace re-run: the segment events on both sides, where they first part,
+    the OOMs, the peaks, and why the model stopped (if it did)."""
+
+    device: int
+    setting: Setting
+    recorded: list[tuple[str, int]] = field(default_factory=list)
+    recorded_at: list[int] = field(default_factory=list)  # their trace indices
+    simulated: list[tuple[str, int]] = field(default_factory=list)
+    #: (position in the segment events, trace index, why) of the first difference
+    divergence: tuple[int, int, str] | None = None
+    recorded_ooms: list[int] = field(default_factory=list)  # trace indices
+    #: trace index and request of each OOM the model raised
+    simulated_ooms: list[tuple[int, int]] = field(default_factory=list)
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    stopped: str = ""  # why the model could not go on ("" : the whole window was run)
+    stopped_at: int | None = None
+    final_segments: list[int] = field(default_factory=list)  # sizes, sorted
+    compared: int = 0  # segment events checked so far
+
+    @property
+    def exact(self) -> bool:
+        """Every segment event reproduced, in order, and nothing stopped the model."""
+        return not self.stopped and self.divergence is None and \
+            len(self.recorded) == len(self.simulated)
+
+    @property
+    def oom_reproduced(self) -> bool | None:
+        if not self.recorded_ooms:
+            return None
+        return [i for i, _ in self.simulated_ooms] == self.recorded_ooms
+
+
+def _capacity_for(events: list[dict[str, Any]], held: int = 0) -> int | None:
+    """The capacity that makes the last OOM's recorded free memory true: what was reserved
+    before the window (`held`) and by the recorded segment events until then, plus
+    device_free."""
+    reserved = held
+    capacity = None
+    for e in events:
+        a = e["action"]
+        if a in ("segment_alloc", "segment_map"):
+            reserved += e["size"]
+        elif a in ("segment_free", "segment_unmap"):
+            reserved -= e["size"]
+        elif a == "oom" and e.get("device_free") is not None:
+            capacity = reserved + int(e["device_free"])
+    return capacity
+
+
+def rerun(events: list[dict[str, Any]], device: int, setting: Setting,
+          before: Before | None = None, compare: bool = True) -> Replay:
+    """Re-run one device's `events` (dicts of action, addr, size, stream, device_free, idx,
+    in trace order) under `setting`, from the state `before` the window (None: empty).
+    `compare`: check the model's segment events against the recorded ones (under the
+    recorded settings); a what-if only runs."""
+    out = Replay(device, setting)
+    held = before.reserved if before is not None else 0
+    capacity = setting.capacity or _capacity_for(events, held) or UNBOUNDED
+    sim = CachingAllocatorSim(capacity, expandable_segments=setting.expandable_segments)
+    blocks: dict[int, int] = {}  # recorded address -> the model's
+    if before is not None:
+        if before.unsupported:
+            out.stopped, out.stopped_at = before.unsupported, -1
+            return out
+        for seg in before.segments:
+            sim.adopt(*seg)
+            blocks.update({b[0]: b[0] for b in seg[4] if b[3]})
+    made = _Made(sim)
+    for e in events:
+        action, idx = e["action"], int(e["idx"])
+        if action in SEGMENT_ACTIONS:
+            out.recorded.append((action, int(e["size"])))
+            out.recorded_at.append(idx)
+            if action in ("segment_free", "segment_unmap") and \
+                    len(made.events()) < len(out.recorded):
+                sim.release_cached(sim.table.empty)  # the job released its cache here
+        elif action == "alloc":
+            try:
+                blocks[int(e["addr"])] = sim.malloc(int(e["size"]), stream=int(e["stream"]))
+            except SimulatedOOM as oom:
+                out.simulated_ooms.append((idx, oom.requested))
+                out.stopped, out.stopped_at = ("the model ran out of memory here, where the "
+                                               "job did not: what followed is not simulated",
+                                               idx)
+                break
+        elif action == "free_completed":
+            addr = blocks.pop(int(e["addr"]), None)
+            if addr is None:
+                out.stopped, out.stopped_at = ("a block allocated before the recorded window is "
+                                               "freed here: the model does not hold it", idx)
+                break
+            sim.free(addr)
+        elif action == "oom":
+            out.recorded_ooms.append(idx)
+            try:
+                addr = sim.malloc(int(e["size"]), stream=int(e["stream"]))
+            except SimulatedOOM as oom:
+                out.simulated_ooms.append((idx, oom.requested))
+            else:
+                sim.free(addr)  # the model found room: the request fits here
+        out.peak_allocated = max(out.peak_allocated, sim.allocated)
+        out.peak_reserved = max(out.peak_reserved, sim.reserved)
+        if compare:
+            _compare(out, made.events(), idx)
+    out.simulated = list(made.events())
+    out.final_segments = sorted(s.size for s in sim._segments)
+    if compare and out.divergence is None and len(out.simulated) != len(out.recorded):
+        k = min(len(out.simulated), len(out.recorded))
+        out.divergence = (k, int(events[-1]["idx"]) if events else 0,
+                          "the model made more segment events than the trace records"
+                          if len(out.simulated) > len(out.recorded) else
+                          "the trace records segment events the model did not make")
+    return out
+
+
+class _Made:
+    """The model's segment events so far, read from its trace as it grows."""
+
+    def __init__(self, sim: CachingAllocatorSim) -> None:
+        self.sim = sim
+        self.seen = 0
+        self.made: list[tuple[str, int]] = []
+
+    def events(self) -> list[tuple[str, int]]:
+        trace = self.sim.trace
+        for t in trace[self.seen:]:
+            if t["action"] in SEGMENT_ACTIONS:
+                self.made.append((str(t["action"]), int(t["size"])))  # type: ignore[call-overload]
+        self.seen = len(trace)
+        return self.made
+
+
+def _compare(out: Replay, made: list[tuple[str, int]], idx: int) -> None:
+    """The first position where the model's segment events and the recorded ones differ
+    (checked as both grow: only the new positions): the recorded event's trace index, and
+    the event by which the model had made its own."""
+    if out.divergence is not None:
+        return
+    start = out.compared
+    end = min(len(made), len(out.recorded))
+    for k in range(start, end):
+        if made[k] != out.recorded[k]:
+            rec, got = out.recorded[k], made[k]
+            out.divergence = (k, out.recorded_at[k], f"recorded {rec[0]} of {rec[1]:,} "
+                                                     f"bytes, the model made {got[0]} of "
+                                                     f"{got[1]:,} bytes (by event {idx})")
+            return
+    out.compared = end
+
+
+def before_window(segments: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> Before:
+    """`Before` from the analysis's reconstruction of the state before the first event
+    (`DeviceReplay.segments_at` / `blocks_at` at index -1): rows of segments (address,
+    total_size, stream, pool, segment_type, expandable) and live blocks (address, size,
+    requested_size, segment_address). A block pending a free is held until its recorded
+    free completes, as an allocated one."""
+    if any(s["pool"] != "0,0" for s in segments):
+        return Before((), "segments of a private pool (CUDA graphs) were held before the "
+                          "window: the trace does not name the pool of a request")
+    if any(s["expandable"] for s in segments):
+        return Before((), "expandable segments were mapped before the window: the model "
+                          "does not know their reserved ranges")
+    held: dict[int, list[tuple[int, int, int, bool]]] = {}
+    for b in blocks:
+        if b["segment_address"] is None:
+            return Before((), "a block held before the window lies in no segment")
+        held.setdefault(int(b["segment_address"]), []).append(
+            (int(b["address"]), int(b["size"]),
+             int(b["requested_size"] if b["requested_size"] is not None else b["size"]),
+             True))
+    return Before(tuple((int(s["address"]), int(s["total_size"]), int(s["stream"]),
+                         s["segment_type"] == "small",
+                         tuple(held.get(int(s["address"]), ()))) for s in segments))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A changed setting's run beside the recorded one: `recorded` proves the model on this
+    trace (under the settings the capture records); `changed` is None when it does not (a
+    divergence, or what stopped the model), since a model that does not reproduce the job
+    predicts nothing about it."""
+
+    device: int
+    recorded: Replay
+    changed: Replay | None
+    #: the capacity of the changed run (the asked one, else the recorded run's) and of the
+    #: recorded run (the one the recorded OOM's free memory implies); None: no OOM and none
+    #: asked, so the model runs out of nothing
+    capacity: int | None
+    recorded_capacity: int | None
+    #: what else held the recorded card (its total less `recorded_capacity`), subtracted
+    #: from a changed card; None when the capture does not record the card's total
+    outside: int | None = None
+
+    @property
+    def trusted(self) -> bool:
+        return self.recorded.exact and self.recorded.oom_reproduced in (None, True)
+
+
+def predict(events: list[dict[str, Any]], device: int, recorded: Setting, changed: Setting,
+            before: Before | None, card: int | None = None) -> Prediction:
+    """Re-run the window under the recorded settings (compared) and, where the model
+    reproduces it, under `changed`. Capacities are what PyTorch could hold: the recorded
+    OOM's implies it (reserved + device free); a changed card keeps what else held the
+    recorded one (`card`, the recorded card's total, less that) when it is known."""
+    first = rerun(events, device, recorded, before)
+    held = before.reserved if before is not None else 0
+    implied = _capacity_for(events, held)
+    capacity = changed.capacity or implied
+    outside = card - implied if card and implied and card >= implied else None
+    if changed.capacity and outside is not None:
+        capacity = changed.capacity - outside  # the same memory outside PyTorch
+    ok = first.exact and first.oom_reproduced in (None, True)
+    second = rerun(events, device, Setting(changed.expandable_segments, capacity), before,
+                   compare=False) if ok else None
+    return Prediction(device, first, second, capacity, implied, outside)

@@ -1,0 +1,200 @@
+"""Issue 45, the allocator model re-run on a recorded trace: on small hand-worked traces (each
+segment event the allocator's documented rules make, worked out here), and on the corpus,
+where PyTorch's own recorded segment events are the expectation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from snapana.analysis.allocator_replay import Before, Setting, before_window, rerun
+
+from .conftest import corpus_params
+
+MIB = 1 << 20
+
+
+def _trace(*steps: tuple[str, int, int]) -> list[dict[str, Any]]:
+    """Events from (action, address, size); stream 0, indices in order."""
+    return [{"action": a, "addr": addr, "size": size, "stream": 0, "idx": i,
+             "device_free": None} for i, (a, addr, size) in enumerate(steps)]
+
+
+def _alloc(addr: int, size: int) -> list[tuple[str, int, int]]:
+    return [("alloc", addr, size)]
+
+
+def _free(addr: int, size: int) -> list[tuple[str, int, int]]:
+    return [("free_requested", addr, size), ("free_completed", addr, size)]
+
+
+def _worked() -> list[tuple[str, int, int]]:
+    """What CUDACachingAllocator does, by its rules: a 3 MiB request (large pool, under
+    kMinLargeAlloc) gets a 20 MiB segment (kLargeBuffer); 500 KB (small pool) a 2 MiB one
+    (kSmallBuffer); 18 MiB, more than the 17 MiB left in the first segment, a segment of
+    itself rounded to 2 MiB; once the 3 MiB block is freed (and coalesced with the rest of
+    its segment), a 4 MiB request is carved from that 20 MiB free block (best fit: the
+    smallest free block that holds it), so no new segment; 30 MiB, more than any free
+    block, needs one of 30 MiB."""
+    a, b, c, d, e = 0x1000_0000, 0x2000_0000, 0x3000_0000, 0x1000_0000, 0x4000_0000
+    return [("segment_alloc", a, 20 * MIB), *_alloc(a, 3 * MIB),
+            ("segment_alloc", b, 2 * MIB), *_alloc(b, 500_000),
+            ("segment_alloc", c, 18 * MIB), *_alloc(c, 18 * MIB - 100),
+            *_free(a, 3 * MIB), *_alloc(d, 4 * MIB),
+            ("segment_alloc", e, 30 * MIB), *_alloc(e, 30 * MIB)]
+
+
+def test_a_hand_worked_trace_is_reproduced_event_for_event() -> None:
+    r = rerun(_trace(*_worked()), 0, Setting(False))
+    assert r.exact, (r.divergence, r.recorded, r.simulated)
+    assert r.simulated == [("segment_alloc", n) for n in (20 * MIB, 2 * MIB, 18 * MIB, 30 * MIB)]
+    assert r.peak_reserved == 70 * MIB
+    assert r.final_segments == sorted([20 * MIB, 2 * MIB, 18 * MIB, 30 * MIB])
+
+
+def test_a_trace_the_rules_cannot_make_is_a_divergence_said_where() -> None:
+    """The same trace with the 18 MiB request recorded as taking a 22 MiB segment: the
+    model parts from it at that segment event, and says both sizes."""
+    steps = _worked()
+    steps[4] = ("segment_alloc", 0x3000_0000, 22 * MIB)
+    r = rerun(_trace(*steps), 0, Setting(False))
+    assert not r.exact
+    position, index, why = r.divergence  # type: ignore[misc]
+    assert position == 2 and index == 4
+    assert f"{22 * MIB:,}" in why and f"{18 * MIB:,}" in why
+
+
+def test_a_recorded_oom_is_reproduced_and_a_larger_card_removes_it() -> None:
+    """Two 20 MiB segments held, 10 MiB free on the device: a 24 MiB request needs a 24 MiB
+    segment and fails (nothing cached is free to release). The capacity that makes the
+    recorded free true is 40 + 10 MiB; with 80 MiB the request fits."""
+    steps = [("segment_alloc", 0x1000_0000, 20 * MIB), *_alloc(0x1000_0000, 20 * MIB),
+             ("segment_alloc", 0x2000_0000, 20 * MIB), *_alloc(0x2000_0000, 20 * MIB),
+             ("oom", 0, 24 * MIB)]
+    trace = _trace(*steps)
+    trace[-1]["device_free"] = 10 * MIB
+    r = rerun(trace, 0, Setting(False))
+    assert r.exact and r.oom_reproduced
+    assert r.simulated_ooms == [(4, 24 * MIB)]
+    bigger = rerun(trace, 0, Setting(False, capacity=80 * MIB), compare=False)
+    assert bigger.simulated_ooms == [] and bigger.peak_reserved == 64 * MIB
+
+
+def test_a_free_of_a_block_from_before_the_window_stops_the_model_unless_it_is_seeded() -> None:
+    """The ring buffer dropped the allocation: freed in the window, held before it. Without
+    the state before the window the model stops and says why; given it (the analysis's
+    reconstruction), the free lands and the cached block is reused."""
+    steps = [*_free(0x1000_0000, 6 * MIB), *_alloc(0x1000_0000, 5 * MIB)]
+    r = rerun(_trace(*steps), 0, Setting(False))
+    assert r.stopped.startswith("a block allocated before the recorded window")
+    before = before_window(
+        [{"address": 0x1000_0000, "total_size": 20 * MIB, "stream": 0, "pool": "0,0",
+          "segment_type": "large", "expandable": False}],
+        [{"address": 0x1000_0000, "size": 6 * MIB, "requested_size": 6 * MIB,
+          "segment_address": 0x1000_0000}])
+    r = rerun(_trace(*steps), 0, Setting(False), before)
+    assert r.exact and r.simulated == [] and r.final_segments == [20 * MIB]
+    private = before_window(
+        [{"address": 1, "total_size": 2 * MIB, "stream": 0, "pool": "1,0",
+          "segment_type": "small", "expandable": False}], [])
+    assert "private pool" in rerun(_trace(*steps), 0, Setting(False), private).stopped
+    assert Before(()).reserved == 0
+
+
+@pytest.mark.parametrize("path", corpus_params(
+    "torch_snapshots", "*kkaitlyn111+cs336-a2-systems__memory_files_memory_ctx512*"))
+def test_a_real_trace_is_reproduced_from_the_state_before_its_window(path) -> None:
+    """PyTorch's recorded segment events of a real training step are the expectation: all
+    1,379 of them come out of the model, size for size, in order, starting from the state
+    the analysis reconstructs before the window."""
+    from snapana.analysis.replay import Moment
+    from snapana.session import Session
+
+    session = Session.open(path)
+    state = session.replay
+    start = Moment("event", -1)
+    before = before_window(state.segments_at(start).to_dicts(),
+                           state.blocks_at(start).to_dicts())
+    events = session.capture.device_events(session.device).to_dicts()
+    recorded = [(e["action"], e["size"]) for e in events if e["action"].startswith("segment_")]
+    r = rerun(events, session.device, Setting(False), before)
+    assert r.simulated == recorded and r.exact
+    final = sorted(session.capture.segments["total_size"].to_list())
+    assert r.final_segments == final
+
+
+def _fragmented() -> list[dict[str, Any]]:
+    """A fragmentation OOM, worked by the rules: a 98 MiB request gets a 98 MiB segment
+    (>= kMinLargeAlloc: its own size rounded to 2 MiB); freed, a 4 MiB request is carved
+    from it (best fit: the only free block), leaving 94 MiB free that cannot be released
+    (the segment is not wholly free); a 110 MiB request then needs a new 110 MiB segment
+    and the device has 30 MiB free: OOM, with 94 MiB cached."""
+    trace = _trace(("segment_alloc", 0x1000_0000, 98 * MIB), *_alloc(0x1000_0000, 98 * MIB),
+                   *_free(0x1000_0000, 98 * MIB), *_alloc(0x1000_0000, 4 * MIB),
+                   ("oom", 0, 110 * MIB))
+    trace[-1]["device_free"] = 30 * MIB
+    return trace
+
+
+def test_expandable_segments_remove_a_fragmentation_oom_and_not_a_demand_one() -> None:
+    """With expandable segments every large request lives in one range mapped in 20 MiB
+    pages: 98 MiB maps 100 MiB; the 4 MiB block is carved from it; 110 MiB takes the 96 MiB
+    free tail and maps 20 MiB more: 120 MiB mapped within the 128 MiB PyTorch could hold
+    (98 MiB reserved + 30 MiB free at the OOM). A demand OOM (the recorded
+    `test_a_recorded_oom...` trace: both segments wholly in use) stays."""
+    from snapana.analysis.allocator_replay import predict
+
+    p = predict(_fragmented(), 0, Setting(False), Setting(True), None)
+    assert p.trusted and p.recorded_capacity == 128 * MIB
+    assert p.changed is not None and p.changed.simulated_ooms == []
+    assert p.changed.peak_reserved == 120 * MIB
+    steps = [("segment_alloc", 0x1000_0000, 20 * MIB), *_alloc(0x1000_0000, 20 * MIB),
+             ("segment_alloc", 0x2000_0000, 20 * MIB), *_alloc(0x2000_0000, 20 * MIB),
+             ("oom", 0, 24 * MIB)]
+    demand = _trace(*steps)
+    demand[-1]["device_free"] = 10 * MIB
+    p = predict(demand, 0, Setting(False), Setting(True), None)
+    assert p.trusted and p.changed is not None
+    assert [i for i, _ in p.changed.simulated_ooms] == [4]
+
+
+def test_no_prediction_from_a_model_that_does_not_reproduce_the_trace() -> None:
+    from snapana.analysis.allocator_replay import predict
+
+    steps = _worked()
+    steps[4] = ("segment_alloc", 0x3000_0000, 22 * MIB)
+    p = predict(_trace(*steps), 0, Setting(False), Setting(True), None)
+    assert not p.trusted and p.changed is None
+
+
+def test_the_whatif_command(tmp_path) -> None:
+    """On a bundled OOM sample: the proof first, then the verdict; a larger card (in JSON)
+    removes the OOM, the recorded card's implied capacity is reserved + device free at the
+    OOM (recomputed here from the raw pickle); a setting with no rule is said, not guessed;
+    nonsense is one line, exit 2."""
+    import json
+
+    from .conftest import ROOT, invoke, raw_load
+
+    sample = ROOT / "sample_snapshots" / "slime-tp1-logits-fp32-oom.pickle"
+    snap = raw_load(sample)
+    trace = snap["device_traces"][0]
+    delta = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    oom_at = max(i for i, e in enumerate(trace) if e["action"] == "oom")
+    reserved_at_oom = sum(delta.get(e["action"], 0) * e["size"] for e in trace[:oom_at])
+    before = sum(s["total_size"] for s in snap["segments"]) - sum(
+        delta.get(e["action"], 0) * e["size"] for e in trace)
+    implied = before + reserved_at_oom + trace[oom_at]["device_free"]
+    text = invoke("whatif", str(sample), "--set", "expandable_segments:True").stdout
+    assert "The model reproduces this window" in text
+    assert "still runs out of memory, at the recorded request" in text
+    data = json.loads(invoke("whatif", str(sample), "--capacity", "141GiB", "-f",
+                             "json").stdout)
+    (d,) = data["devices"]
+    assert d["reproduced"] and d["recorded_capacity_bytes"] == implied
+    assert d["changed"]["ooms"] == [] and "goes away" in d["verdict"]
+    out = invoke("whatif", str(sample), "--set", "max_split_size_mb:128")
+    assert out.returncode == 0 and "not simulated: max_split_size_mb:128" in out.stdout
+    bad = invoke("whatif", str(sample), "--set", "expandable_segments:maybe")
+    assert bad.returncode == 2 and "True or False" in bad.stderr
+    assert invoke("whatif", str(sample)).returncode == 2
