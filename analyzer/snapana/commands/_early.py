@@ -17,9 +17,9 @@ from pathlib import Path
 #: The commands that read one capture first, and their options that take a value.
 VALUE_OPTIONS: dict[str, frozenset[str]] = {
     "report": frozenset({"-o", "--output", "--device", "--rules", "--capacity", "--at",
-                         "--workers", "-j", "--rank", "--trace", "--memray"}),
+                         "--workers", "-j", "--rank", "--trace", "--memray", "--log"}),
     "summary": frozenset({"--format", "-f", "--device", "--rules", "--capacity", "--at",
-                          "--workers", "-j"}),
+                          "--workers", "-j", "--log"}),
 }
 #: Options before the command (the app's own) that take no value.
 _APP_FLAGS = frozenset({"--debug"})
