@@ -219,8 +219,11 @@ def test_children_die_with_snapana(tmp_path: Path, sig: str) -> None:
     (tmp_path / "a.pickle").write_bytes(slow_snapshot(3000))  # 600,000 blocks: seconds
     shutil.copy(tmp_path / "a.pickle", tmp_path / "b.pickle")
     script = Path(sys.executable).with_name("snapana")
+    # Ctrl-C as a terminal's foreground job gets it (a test run started in the background
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt)
     proc = subprocess.Popen([str(script), "summary", "-j", "2", "a.pickle", "b.pickle"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     family: list[int] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(_children(k) for k in family):

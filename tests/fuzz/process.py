@@ -67,6 +67,9 @@ def _prepare(settings: dict[str, Any], memory_limit: int) -> Any:
     stdout, fsize = settings.get("stdout", "file"), settings.get("fsize")
 
     def prepare() -> None:
+        # as a terminal's foreground job has it: a campaign or a CI run started in the
+        # background inherits SIGINT ignored, and Python then raises no KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         if memory_limit:
             resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
