@@ -201,11 +201,12 @@ def _verdict(d: TextDiagnosis, where: str) -> str:
 
 
 def _where(m: OomMessage, named: bool = False) -> str:
-    head = f"{_base(m.source)} line {m.line}" if named else f"line {m.line}"
+    head = f"{base_name(m.source)} line {m.line}" if named else f"line {m.line}"
     return head + (f" (rank {m.rank})" if m.rank is not None else "")
 
 
-def _base(source: str) -> str:
+def base_name(source: str) -> str:
+    """A log's file name without its folders (a rank table names the file, not the path)."""
     return source.replace("\\", "/").rsplit("/", 1)[-1]
 
 
@@ -225,7 +226,7 @@ def _rank_table(views: Sequence[MessageView], named: bool = False
     if len({v.rank for v in ranked}) < 2:
         return (), ()
     columns = ("rank", "line", "GPU", "requested", "free", "reserved", "first cause")
-    rows = tuple((str(v.rank), (f"{_base(v.diagnosis.message.source)}:" if named else "")
+    rows = tuple((str(v.rank), (f"{base_name(v.diagnosis.message.source)}:" if named else "")
                   + str(v.diagnosis.message.line),
                   "—" if v.device is None else str(v.device),
                   _shown(v.diagnosis.message.request), _shown(v.diagnosis.message.free),
@@ -265,7 +266,7 @@ def text_log_view(title: str, evidence: LogEvidence,
 
 
 def _at(source: str, line: int, named: bool) -> str:
-    return f"{_base(source)} line {line}" if named else f"line {line}"
+    return f"{base_name(source)} line {line}" if named else f"line {line}"
 
 
 def summary_section(e: SummaryEvidence, named: bool = False) -> EvidenceSection:

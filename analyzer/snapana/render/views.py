@@ -34,6 +34,7 @@ from snapana.render import ViewKind
 from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
 from snapana.render.explorer import explorer_data
+from snapana.render.text_log import base_name
 from snapana.units import fmt_bytes
 
 TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
@@ -519,7 +520,7 @@ class LogCheckView:
 
 def log_check_view(c: LogCheck) -> LogCheckView:
     m = c.message
-    where = (f"{m.source.replace(chr(92), '/').rsplit('/', 1)[-1]} line {m.line}"
+    where = (f"{base_name(m.source)} line {m.line}"
              + (f" (rank {m.rank})" if m.rank is not None else ""))
     title = f"{where} against {c.path}, GPU {c.device}"
     if not c.snapshot_oom:
