@@ -14,8 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from snapana.analysis.allocator_replay import Setting, before_window, rerun
-from snapana.analysis.replay import Moment
+from snapana.analysis.allocator_replay import SEGMENT_ACTIONS, Setting, rerun
 from snapana.errors import SnapanaError
 from snapana.session import Session
 from snapana.sources import load
@@ -43,20 +42,18 @@ def rows(path: Path) -> list[dict[str, object]]:
         events = capture.device_events(device).to_dicts()
         if not any(e["action"].startswith("segment_") for e in events):
             continue
-        state = Session(capture, device).replay
-        start = Moment("event", -1)
-        before = before_window(state.segments_at(start).to_dicts(),
-                               state.blocks_at(start).to_dicts())
-        r = rerun(events, device, Setting(expandable), before)
+        r = rerun(events, device, Setting(expandable), Session(capture, device).window_start)
         final = sorted(capture.segments.filter(capture.segments["device"] == device)
                        ["total_size"].to_list())
+        recorded = sum(e["action"] in SEGMENT_ACTIONS for e in events)
         out.append({
-            "file": path.name, "device": device, "recorded": len(r.recorded),
+            "file": path.name, "corpus": path.parent == CORPUS,
+            "device": device, "recorded": recorded,
             "simulated": len(r.simulated), "exact": r.exact,
             "divergence": "" if r.divergence is None else
             f"#{r.divergence[0]} at event {r.divergence[1]}: {r.divergence[2]}",
             "final_equal": r.final_segments == final if not r.stopped else None,
-            "oom": "-" if r.oom_reproduced is None else
+            "oom": "not run" if r.stopped_at == -1 else "-" if r.oom_reproduced is None else
             ("reproduced" if r.oom_reproduced else "not reproduced"),
             "note": r.stopped})
     return out
@@ -68,9 +65,13 @@ def main(argv: list[str]) -> int:
         print(" | ".join(str(row.get(k, "")) for k in (
             "file", "device", "recorded", "simulated", "exact", "final_equal", "oom",
             "divergence", "note")))
-    measured = [r for r in table if "recorded" in r]
-    exact = sum(bool(r["exact"]) for r in measured)
-    print(f"{exact} of {len(measured)} devices with segment events reproduced exactly")
+    for label, corpus in (("samples", False), ("corpus", True)):
+        measured = [r for r in table if "recorded" in r and r["corpus"] == corpus]
+        exact = sum(bool(r["exact"]) for r in measured)
+        files = {r["file"] for r in measured}
+        whole = sum(all(r["exact"] for r in measured if r["file"] == f) for f in files)
+        print(f"{label}: {exact} of {len(measured)} devices with segment events reproduced "
+              f"exactly ({whole} of {len(files)} files)")
     return 0
 
 

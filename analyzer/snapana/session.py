@@ -14,7 +14,13 @@ from typing import Literal, TypeAlias
 
 import polars as pl
 
-from snapana.analysis.allocator_replay import Prediction, Setting, before_window, predict
+from snapana.analysis.allocator_replay import (
+    Before,
+    Prediction,
+    Setting,
+    before_window,
+    predict,
+)
 from snapana.analysis.attribution import RuleError, load_rules
 from snapana.analysis.attribution.assign import Attributor
 from snapana.analysis.attribution.engine import RuleSet
@@ -179,12 +185,17 @@ class Session:
         recorded = Setting(bool(settings.get("expandable_segments")))
         changed = Setting(recorded.expandable_segments if expandable_segments is None
                           else expandable_segments, capacity)
-        start = Moment("event", -1)
-        before = before_window(self.replay.segments_at(start).to_dicts(),
-                               self.replay.blocks_at(start).to_dicts())
         events = self.capture.device_events(self.device).to_dicts()
-        return predict(events, self.device, recorded, changed, before,
+        return predict(events, self.device, recorded, changed, self.window_start,
                        self.capture.capacity_bytes.get(self.device))
+
+    @cached_property
+    def window_start(self) -> Before:
+        """The allocator's state before the recorded window, as the model starts from it."""
+        start = Moment("event", -1)
+        final = self.capture.segments.filter(pl.col("device") == self.device)
+        return before_window(self.replay.segments_at(start).to_dicts(),
+                             self.replay.blocks_at(start).to_dicts(), final["pool"].to_list())
 
     def explain(self, *, block: int | None = None, family: str | None = None,
                 site: str | None = None, limit: int = 10) -> list[ExplainedSite]:

@@ -9,7 +9,7 @@ scenario: that is the ground truth a report is checked against, never written to
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -29,6 +29,10 @@ ADDRESS_ORIGIN = 0x7F2A_0000_0000  # where a Linux process's cudaMalloc ranges u
 ADDRESS_SPAN = 1 << 44
 
 Stack = Sequence[Frame] | None
+#: Where the driver put a new range, when it is known (a replay of a recorded trace): asked
+#: with the segment event about to be made ("segment_alloc" or, for a new expandable
+#: segment, "segment_map") and its size; None when unknown.
+AddressOracle = Callable[[str, int], int | None]
 
 
 class SimulatedOOM(RuntimeError):
@@ -96,6 +100,21 @@ class _AddressSpace:
     def __init__(self) -> None:
         self._free: list[tuple[int, int]] = [(ADDRESS_ORIGIN, ADDRESS_SPAN)]
 
+    def free_at(self, start: int, size: int) -> bool:
+        """Whether [start, start + size) is wholly unused."""
+        return any(s <= start and start + size <= s + n for s, n in self._free)
+
+    def below(self, size: int, floor: int) -> int:
+        """The highest free range of `size` ending at or under `floor`: CUDA's driver hands
+        a process's cudaMalloc ranges out downwards (each new segment of a recorded trace
+        lies under the last), which decides ties between equal free blocks."""
+        for start, span in reversed(self._free):
+            top = min(start + span, floor)
+            if top - start >= size:
+                self.take(top - size, size)
+                return top - size
+        return self.reserve(size)
+
     def reserve(self, size: int) -> int:
         for i, (start, span) in enumerate(self._free):
             if span >= size:
@@ -141,7 +160,11 @@ class CachingAllocatorSim:
         outside_pytorch: int = 0,
         expandable_segments: bool = False,
         time_origin_us: int = TIME_ORIGIN_US,
+        addresses: AddressOracle | None = None,
     ) -> None:
+        """`addresses`: where new ranges go when a replay knows (the recorded trace's own);
+        given, the ranges it does not name go downwards under the lowest one held, as the
+        driver's do; without it (the samples) they go upwards from ADDRESS_ORIGIN."""
         self.capacity = capacity
         self.outside_pytorch = outside_pytorch
         self.expandable_segments = expandable_segments
@@ -156,6 +179,7 @@ class CachingAllocatorSim:
         self._pending: list[Block] = []
         self._freeable_pools: set[tuple[int, int]] = set()
         self._space = _AddressSpace()
+        self._addresses = addresses
         self._nevents = 0
 
     # ----------------------------------------------------------------- clock and trace
@@ -237,6 +261,18 @@ class CachingAllocatorSim:
         self._space.take(address, size)
         self.reserved += size
 
+    def _new_range(self, action: str, size: int) -> int:
+        """An address for a new segment (or expandable range) of `size`."""
+        if self._addresses is None:
+            return self._space.reserve(size)
+        hint = self._addresses(action, size)
+        if hint is not None and self._space.free_at(hint, size):
+            self._space.take(hint, size)
+            return hint
+        floor = min((seg.address for seg in self._segments),
+                    default=ADDRESS_ORIGIN + ADDRESS_SPAN)
+        return self._space.below(size, floor)
+
     # ----------------------------------------------------------------- malloc / free
     def malloc(
         self, size: int, stack: Stack = None, *, stream: int = 0,
@@ -299,17 +335,31 @@ class CachingAllocatorSim:
         self, rounded: int, small: bool, stream: int, pool: tuple[int, int]
     ) -> Block | None:
         """Best fit: the smallest cached free block of the same pool and stream (then lowest
-        address), the order of PyTorch's (stream, size, ptr) block set."""
-        best: Block | None = None
-        for seg in self._segments:
-            if seg.pool != pool or seg.small != small or seg.stream != stream:
-                continue
-            for b in seg.blocks:
-                if b.mapped and b.free and b.size >= rounded and (
-                    best is None or (b.size, b.address) < (best.size, best.address)
-                ):
-                    best = b
-        return best
+        address), the order of PyTorch's (stream, size, ptr) block set. With expandable
+        segments on, a block followed by unmapped pages counts as the size it can grow to,
+        and larger blocks are tried while they can grow to less (get_free_block's
+        ``expandable_size`` walk)."""
+        fits = sorted(
+            (b for seg in self._segments
+             if seg.pool == pool and seg.small == small and seg.stream == stream
+             for b in seg.blocks if b.mapped and b.free and b.size >= rounded),
+            key=lambda b: (b.size, b.address))
+        if not fits:
+            return None
+        at = 0
+        if self.expandable_segments:
+            while fits[at].segment.expandable and at + 1 < len(fits) and \
+                    self._expandable_size(fits[at + 1]) < self._expandable_size(fits[at]):
+                at += 1
+        return fits[at]
+
+    @staticmethod
+    def _expandable_size(block: Block) -> int:
+        """A free block's size plus the unmapped range right after it, if any."""
+        blocks = block.segment.blocks
+        i = blocks.index(block)
+        nxt = blocks[i + 1] if i + 1 < len(blocks) else None
+        return block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
     def _fits(self, nbytes: int) -> bool:
         return self.reserved + nbytes <= self.capacity - self.outside_pytorch
@@ -324,7 +374,7 @@ class CachingAllocatorSim:
         size = allocation_size(rounded)
         if not self._fits(size):
             return None
-        addr = self._space.reserve(size)
+        addr = self._new_range("segment_alloc", size)
         seg = Segment(addr, size, stream, pool, small, False, frames)
         seg.blocks.append(Block(addr, size, seg))
         self._segments.append(seg)
@@ -456,7 +506,8 @@ class CachingAllocatorSim:
             if s.expandable and s.small == small and s.stream == stream and s.pool == pool
             for b in s.blocks if not b.mapped
         ]
-        for b in sorted(unmapped, key=lambda b: (b.size, b.address)):
+        # pool.unmapped is ordered by (stream, address): the lowest gap that has room wins
+        for b in sorted(unmapped, key=lambda b: b.address):
             blocks = b.segment.blocks
             i = blocks.index(b)
             if i > 0 and blocks[i - 1].free:
@@ -470,7 +521,7 @@ class CachingAllocatorSim:
                 return blocks[i]
         page = expandable_page_size(small)
         vsize = self._virtual_size(page)
-        addr = self._space.reserve(vsize)
+        addr = self._new_range("segment_map", vsize)
         seg = Segment(addr, vsize, stream, pool, small, True, frames)
         seg.blocks.append(Block(addr, vsize, seg, mapped=False))
         self._segments.append(seg)
@@ -536,6 +587,11 @@ class CachingAllocatorSim:
         if current:
             runs.append(current)
         return runs
+
+    def segment_sizes(self) -> list[int]:
+        """The sizes a snapshot taken now would report for its segments, sorted."""
+        return sorted(sum(b.size for b in run)
+                      for seg in self._segments for run in self._segment_runs(seg))
 
     def _segment_dict(self, seg: Segment, run: list[Block]) -> dict[str, object]:
         blocks = []

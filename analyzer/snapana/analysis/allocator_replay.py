@@ -26,6 +26,7 @@ start empty.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +123,20 @@ def rerun(events: list[dict[str, Any]], device: int, setting: Setting,
     out = Replay(device, setting)
     held = before.reserved if before is not None else 0
     capacity = setting.capacity or _capacity_for(events, held) or UNBOUNDED
-    sim = CachingAllocatorSim(capacity, expandable_segments=setting.expandable_segments)
+    addresses: list[int] = []  # of the recorded segment events, in order
+    made: _Made
+
+    def recorded_address(action: str, size: int) -> int | None:
+        """The address the job's own cudaMalloc (or first map) returned for the segment
+        event the model is about to make, while the two sequences agree there."""
+        k = len(made.events())
+        if k >= len(addresses) or out.recorded[k][0] != action or \
+                (action == "segment_alloc" and out.recorded[k][1] != size):
+            return None
+        return addresses[k]
+
+    sim = CachingAllocatorSim(capacity, expandable_segments=setting.expandable_segments,
+                              addresses=recorded_address)
     blocks: dict[int, int] = {}  # recorded address -> the model's
     if before is not None:
         if before.unsupported:
@@ -137,6 +151,7 @@ def rerun(events: list[dict[str, Any]], device: int, setting: Setting,
         if action in SEGMENT_ACTIONS:
             out.recorded.append((action, int(e["size"])))
             out.recorded_at.append(idx)
+            addresses.append(int(e["addr"]))
             if action in ("segment_free", "segment_unmap") and \
                     len(made.events()) < len(out.recorded):
                 sim.release_cached(sim.table.empty)  # the job released its cache here
@@ -169,7 +184,7 @@ def rerun(events: list[dict[str, Any]], device: int, setting: Setting,
         if compare:
             _compare(out, made.events(), idx)
     out.simulated = list(made.events())
-    out.final_segments = sorted(s.size for s in sim._segments)
+    out.final_segments = sim.segment_sizes()
     if compare and out.divergence is None and len(out.simulated) != len(out.recorded):
         k = min(len(out.simulated), len(out.recorded))
         out.divergence = (k, int(events[-1]["idx"]) if events else 0,
@@ -214,15 +229,25 @@ def _compare(out: Replay, made: list[tuple[str, int]], idx: int) -> None:
     out.compared = end
 
 
-def before_window(segments: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> Before:
+def before_window(segments: list[dict[str, Any]], blocks: list[dict[str, Any]],
+                  final_pools: Iterable[str] = ()) -> Before:
     """`Before` from the analysis's reconstruction of the state before the first event
     (`DeviceReplay.segments_at` / `blocks_at` at index -1): rows of segments (address,
     total_size, stream, pool, segment_type, expandable) and live blocks (address, size,
     requested_size, segment_address). A block pending a free is held until its recorded
-    free completes, as an allocated one."""
+    free completes, as an allocated one. `final_pools`: the pools of the snapshot's own
+    segments; a private one there means some requests of the window went to a pool the
+    trace does not name, so the model is not run at all (rather than part from the trace
+    at the first of them)."""
     if any(s["pool"] != "0,0" for s in segments):
         return Before((), "segments of a private pool (CUDA graphs) were held before the "
                           "window: the trace does not name the pool of a request")
+    private = sorted({p for p in final_pools if p != "0,0"})
+    if private:
+        return Before((), f"private pools ({', '.join(private)}: CUDA graphs or "
+                          "torch.cuda.MemPool) hold segments in this snapshot, and the trace "
+                          "does not name the pool of a request: private pools are not "
+                          "simulated")
     if any(s["expandable"] for s in segments):
         return Before((), "expandable segments were mapped before the window: the model "
                           "does not know their reserved ranges")
