@@ -193,8 +193,11 @@ def test_the_whatif_command(tmp_path) -> None:
     (d,) = data["devices"]
     assert d["reproduced"] and d["recorded_capacity_bytes"] == implied
     assert d["changed"]["ooms"] == [] and "goes away" in d["verdict"]
-    out = invoke("whatif", str(sample), "--set", "max_split_size_mb:128")
-    assert out.returncode == 0 and "not simulated: max_split_size_mb:128" in out.stdout
+    out = invoke("whatif", str(sample), "--set", "garbage_collection_threshold:0.6")
+    assert out.returncode == 0 and "not simulated: garbage_collection_threshold:0.6" in out.stdout
+    assert "set_per_process_memory_fraction" in out.stdout
+    small = invoke("whatif", str(sample), "--set", "max_split_size_mb:20")
+    assert small.returncode == 2 and "must be > 20" in small.stderr
     bad = invoke("whatif", str(sample), "--set", "expandable_segments:maybe")
     assert bad.returncode == 2 and "True or False" in bad.stderr
     assert invoke("whatif", str(sample)).returncode == 2
@@ -266,7 +269,8 @@ def test_private_pools_are_said_up_front_and_nothing_is_run() -> None:
 
     from .conftest import ROOT
 
-    p = Session.open(ROOT / "sample_snapshots" / "swift-vllm-colocate-oom.pickle").whatif(True)
+    session = Session.open(ROOT / "sample_snapshots" / "swift-vllm-colocate-oom.pickle")
+    p = session.whatif("expandable_segments:True")
     assert p.changed is None and p.recorded.stopped_at == -1
     assert "private pools are not simulated" in p.recorded.stopped
 
@@ -303,3 +307,46 @@ def test_expandable_best_fit_counts_the_unmapped_room_after_a_block() -> None:
     assert r.exact, (r.divergence, r.simulated)
     assert r.simulated == [("segment_map", 20 * MIB)] * 2
     assert r.final_segments == [40 * MIB]
+
+
+def test_max_split_size_keeps_oversize_blocks_whole_and_frees_one_before_giving_up() -> None:
+    """max_split_size_mb:64, worked by get_free_block and release_available_cached_blocks on a
+    260 MiB card: 200 MiB and 30 MiB segments are cached free. The 200 MiB block is oversize
+    and serves only requests within 20 MiB of it, so 100 MiB asks cudaMalloc for 100 MiB;
+    that fails (230 + 100 > 260), and only the smallest cached block of at least
+    max(100, 64) MiB, the 200 MiB one, is cudaFreed before the retry: the 30 MiB segment
+    stays (emptying the whole cache would have freed it too). Without the setting the
+    100 MiB is carved from the cached block: no further segment event."""
+    from snapana.allocator_model.simulator import CachingAllocatorSim
+
+    def run(max_split: int | None) -> tuple[list[tuple[str, int]], list[int]]:
+        sim = CachingAllocatorSim(260 * MIB, max_split_size=max_split)
+        a, b = sim.malloc(200 * MIB), sim.malloc(30 * MIB)
+        sim.free(a)
+        sim.free(b)
+        sim.malloc(100 * MIB)
+        events = [(str(t["action"]), int(t["size"])) for t in sim.trace  # type: ignore[call-overload]
+                  if str(t["action"]).startswith("segment_")]
+        return events, sim.segment_sizes()
+
+    assert run(64 * MIB) == ([("segment_alloc", 200 * MIB), ("segment_alloc", 30 * MIB),
+                              ("segment_free", 200 * MIB), ("segment_alloc", 100 * MIB)],
+                             [30 * MIB, 100 * MIB])
+    assert run(None) == ([("segment_alloc", 200 * MIB), ("segment_alloc", 30 * MIB)],
+                         [30 * MIB, 200 * MIB])
+
+
+def test_roundup_power2_divisions_round_a_request_to_its_interval_step() -> None:
+    """roundup_power2_divisions:4: 1,100 MiB lies between 1 and 2 GiB, cut in four 256 MiB
+    steps, so it becomes 1,280 MiB and its segment is that size; 512-byte rounding would
+    have given 1,100 MiB."""
+    from snapana.allocator_model import config
+
+    conf, _ = config.parse(["roundup_power2_divisions:4"])
+    trace = _trace(("segment_alloc", 0x1000_0000, 1280 * MIB), *_alloc(0x1000_0000, 1100 * MIB))
+    setting = Setting.of(config.recorded({}), conf)
+    assert rerun(trace, 0, setting).exact
+    assert rerun(trace, 0, Setting(False), compare=False).simulated == [
+        ("segment_alloc", 1100 * MIB)]
+    listed, _ = config.parse(["roundup_power2_divisions:[256:1,512:2,>:4]"])
+    assert listed.roundup_divisions == (1,) * 9 + (2,) + (4,) * 6

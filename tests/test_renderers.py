@@ -78,7 +78,7 @@ def views() -> dict[str, list[tuple[str, object]]]:
         items = sessions[p].explain(family=r.groups[0].name, limit=2)
         out["explain"].append((p.name, explain_view(items)))
         out["whatif"].append((p.name, whatif_view(p.name, "expandable_segments:True",
-                                                  [sessions[p].whatif(True)])))
+                                                  [sessions[p].whatif("expandable_segments:True")])))
     out["ranks"].append(("all samples", ranks_view(aggregate(list(summaries.values())))))
     out["text_log"] += _text_logs()
     last = SAMPLE_FILES[-1]

@@ -14,6 +14,7 @@ from typing import Literal, TypeAlias
 
 import polars as pl
 
+from snapana.allocator_model import config as alloc_conf
 from snapana.analysis.allocator_replay import (
     Before,
     Prediction,
@@ -177,17 +178,22 @@ class Session:
         """Blocks live at `moment` (allocated and pending-free), each with its family."""
         return self.attributor.attribute(self.replay.blocks_at(moment))
 
-    def whatif(self, expandable_segments: bool | None = None,
-               capacity: int | None = None) -> Prediction:
+    def whatif(self, *settings: str, capacity: int | str | None = None) -> Prediction:
         """This device's recorded window re-run through the allocator model under the
-        recorded settings (the proof) and under the change (`None`: as recorded)."""
-        settings = self.capture.allocator_settings or {}
-        recorded = Setting(bool(settings.get("expandable_segments")))
-        changed = Setting(recorded.expandable_segments if expandable_segments is None
-                          else expandable_segments, capacity)
+        recorded settings (the proof) and under `settings` (PYTORCH_CUDA_ALLOC_CONF items,
+        e.g. "expandable_segments:True", "max_split_size_mb:512") and `capacity` (a card,
+        e.g. "141GiB"); a setting the model has no rule for is refused, never ignored."""
+        try:
+            asked, not_simulated = alloc_conf.parse(settings)
+        except alloc_conf.ConfError as exc:
+            raise InputError(f"setting {exc}") from None
+        if not_simulated:
+            raise InputError("not simulated: " + "; ".join(not_simulated))
+        card = resolve_capacity(capacity) if isinstance(capacity, str) else capacity
+        conf = alloc_conf.recorded(self.capture.allocator_settings)
         events = self.capture.device_events(self.device).to_dicts()
-        return predict(events, self.device, recorded, changed, self.window_start,
-                       self.capture.capacity_bytes.get(self.device))
+        return predict(events, self.device, Setting.of(conf), Setting.of(conf, asked, card),
+                       self.window_start, self.capture.capacity_bytes.get(self.device))
 
     @cached_property
     def window_start(self) -> Before:

@@ -1,5 +1,6 @@
 """The command line as input (issue #27): hostile values for every option that takes one
-(`--at`, `--capacity`, `--device`, `--workers`, `--rank`, `--block`, `--entries`, `--seed`),
+(`--at`, `--capacity`, `--device`, `--workers`, `--rank`, `--block`, `--entries`, `--seed`,
+`whatif --set`),
 and outputs onto special files (a FIFO, a copy of /dev/null, a socket, links to them). A
 value is read by one strict parser (ASCII digits, one sign, in range) and refused in one
 line that quotes it cut short; an output that is not a regular file or folder is refused
@@ -27,16 +28,27 @@ COUNTS = ("١", "-1", "0", "+0", "0x1", "1_0", " 1", "1 ", "99999999999999999999
           "²", "1.0", "", "--1", "4096", "4095", "\x1b[2J", "\ud800")
 BLOCK = ("١٢", "0x" + "f" * 40, "-0x10", " 0x10", "0x", "0x١", "0X10", "16", "1_6",
          "0x10\x1b[2J", HUGE, "0x3fffffffffffffff", "0x4000000000000000")
+SET = ("expandable_segments:maybe", "max_split_size_mb:20", "max_split_size_mb:" + HUGE,
+       "max_split_size_mb:-1", "max_split_size_mb:١٢٨", "roundup_power2_divisions:[",
+       "roundup_power2_divisions:[256:3]", "roundup_power2_divisions:" + HUGE,
+       "roundup_power2_divisions:[>:4]", "roundup_power2_divisions:[0:2]",
+       "roundup_power2_divisions:[" + "1:1," * 5000 + "]", "foo:bar", ":",
+       "expandable_segments", "garbage_collection_threshold:0.6",
+       "expandable_segments:True\x1b[2J", "\ud800:1", "max_split_size_mb:1" + "0" * 17,
+       "expandable_segments:True,max_split_size_mb:512")
 OPTIONS = {
     "--at": AT, "--capacity": CAPACITY, "--device": COUNTS, "--workers": COUNTS,
-    "--rank": COUNTS, "--block": BLOCK,
+    "--rank": COUNTS, "--block": BLOCK, "--set": SET,
 }
 #: (option, commands that take it).
 TAKES = {
     "--at": (["summary", "{input}", "-f", "json"], ["report", "{input}", "-o", "out.html"],
              ["explain", "{input}", "--family", "unknown"]),
-    "--capacity": (["summary", "{input}", "-f", "json"], ["report", "{input}", "-o", "o.html"]),
-    "--device": (["summary", "{input}", "-f", "json"], ["explain", "{input}"]),
+    "--capacity": (["summary", "{input}", "-f", "json"], ["report", "{input}", "-o", "o.html"],
+                   ["whatif", "{input}"]),
+    "--device": (["summary", "{input}", "-f", "json"], ["explain", "{input}"],
+                 ["whatif", "{input}", "--capacity", "141GiB"]),
+    "--set": (["whatif", "{input}"], ["whatif", "{input}", "-f", "json"]),
     "--workers": (["summary", "{input}", "{input}", "-f", "json"],),
     "--rank": (["report", "{input}", "{input}", "-o", "out.html"],),
     "--block": (["explain", "{input}"],),

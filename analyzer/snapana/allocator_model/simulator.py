@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from .frames import Frame, FrameDict, FrameTable
 from .rules import (
+    LARGE_BUFFER,
     allocation_size,
     expandable_page_size,
     is_small,
@@ -161,11 +162,18 @@ class CachingAllocatorSim:
         expandable_segments: bool = False,
         time_origin_us: int = TIME_ORIGIN_US,
         addresses: AddressOracle | None = None,
+        max_split_size: int | None = None,
+        roundup_divisions: Sequence[int] = (),
     ) -> None:
         """`addresses`: where new ranges go when a replay knows (the recorded trace's own);
         given, the ranges it does not name go downwards under the lowest one held, as the
-        driver's do; without it (the samples) they go upwards from ADDRESS_ORIGIN."""
+        driver's do; without it (the samples) they go upwards from ADDRESS_ORIGIN.
+        `max_split_size` (bytes; None: unlimited) and `roundup_divisions` (per power-of-two
+        interval from 1 MiB) are PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb and
+        roundup_power2_divisions."""
         self.capacity = capacity
+        self.max_split_size = max_split_size
+        self.roundup_divisions = tuple(roundup_divisions)
         self.outside_pytorch = outside_pytorch
         self.expandable_segments = expandable_segments
         self.table = FrameTable()
@@ -280,11 +288,13 @@ class CachingAllocatorSim:
     ) -> int:
         """Allocate ``size`` bytes; returns the block address or raises SimulatedOOM."""
         frames = self.table.stack(stack)
-        rounded = round_size(size)
+        rounded = round_size(size, self.roundup_divisions)
         small = is_small(rounded)
         block = self._find_free(rounded, small, stream, pool)
         if block is None:
             block = self._grow(rounded, small, stream, pool, frames)
+            if block is None and self._release_oversize(rounded, small, stream, pool, frames):
+                block = self._grow(rounded, small, stream, pool, frames)
             if block is None:
                 self.release_cached(frames)
                 block = self._grow(rounded, small, stream, pool, frames)
@@ -351,7 +361,44 @@ class CachingAllocatorSim:
             while fits[at].segment.expandable and at + 1 < len(fits) and \
                     self._expandable_size(fits[at + 1]) < self._expandable_size(fits[at]):
                 at += 1
-        return fits[at]
+        limit, found = self.max_split_size, fits[at]
+        if limit is not None and (rounded < limit <= found.size or
+                                  rounded >= limit and found.size >= rounded + LARGE_BUFFER):
+            return None  # an oversize block serves only requests within 20 MiB of it
+        return found
+
+    def _release_oversize(self, rounded: int, small: bool, stream: int,
+                          pool: tuple[int, int], frames: list[FrameDict]) -> bool:
+        """release_available_cached_blocks (max_split_size_mb set, a cudaMalloc failed):
+        cudaFree the smallest cached block of at least max(request, max_split_size), or else
+        oversize blocks from the largest down until as much is freed; whether it did."""
+        limit = self.max_split_size
+        if limit is None:
+            return False
+        key = max(rounded, limit)
+        cached = sorted(
+            (b for seg in self._segments
+             if seg.pool == pool and seg.small == small and seg.stream == stream
+             and not seg.expandable for b in seg.blocks if b.free),
+            key=lambda b: (b.size, b.address))
+        one = next((b for b in cached if b.size >= key), None)
+        if one is not None:
+            self._release_segment(one.segment, frames)
+            return True
+        released = 0
+        for block in reversed(cached):
+            if released >= key or block.size < limit:
+                break
+            released += block.size
+            self._release_segment(block.segment, frames)
+        return released >= key
+
+    def _release_segment(self, seg: Segment, frames: list[FrameDict]) -> None:
+        """release_block: cudaFree a cached segment (its one free block)."""
+        self._record("segment_free", seg.address, seg.size, seg.stream, frames)
+        self._segments.remove(seg)
+        self._space.release(seg.address, seg.size)
+        self.reserved -= seg.size
 
     @staticmethod
     def _expandable_size(block: Block) -> int:
@@ -384,7 +431,8 @@ class CachingAllocatorSim:
 
     def _split(self, block: Block, rounded: int, small: bool) -> Block:
         """Carve the request from the front; the old block object stays as the remainder."""
-        if not should_split(block.size, rounded, small or self.expandable_segments):
+        if not should_split(block.size, rounded, small or self.expandable_segments,
+                            self.max_split_size):
             return block
         seg = block.segment
         new = Block(block.address, rounded, seg)
@@ -435,10 +483,7 @@ class CachingAllocatorSim:
                 and len(s.blocks) == 1 and s.blocks[0].free
             ]
             for seg in sorted(whole, key=lambda s: (s.stream, s.size, s.address)):
-                self._record("segment_free", seg.address, seg.size, seg.stream, frames)
-                self._segments.remove(seg)
-                self._space.release(seg.address, seg.size)
-                self.reserved -= seg.size
+                self._release_segment(seg, frames)
             # release_blocks collects the pool's free expandable blocks in its set order
             # (stream, size, ptr), then unmaps each and frees a segment left fully unmapped
             free = sorted(

@@ -27,9 +27,10 @@ start empty.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from snapana.allocator_model.config import AllocConf
 from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
 
 #: Segment actions compared between the recorded trace and the model's.
@@ -41,10 +42,27 @@ UNBOUNDED = 1 << 40
 
 @dataclass(frozen=True)
 class Setting:
-    """What a replay changes: expandable segments on or off, the device's capacity."""
+    """The allocator a replay runs: expandable segments on or off, max_split_size_mb (in
+    bytes; None: unlimited), roundup_power2_divisions (per power-of-two interval from 1 MiB;
+    (): plain 512-byte rounding), and the device's capacity."""
 
     expandable_segments: bool
     capacity: int | None = None  # None: the one that makes the recorded OOM's free true
+    max_split_size: int | None = None
+    roundup_divisions: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, conf: AllocConf, over: AllocConf | None = None,
+           capacity: int | None = None) -> Setting:
+        """`conf` (what the capture records) with what `over` sets put over it."""
+        over = over or AllocConf()
+
+        def pick(name: str) -> Any:
+            mine = getattr(over, name)
+            return mine if mine is not None else getattr(conf, name)
+
+        return cls(bool(pick("expandable_segments")), capacity, pick("max_split_size"),
+                   pick("roundup_divisions") or ())
 
 
 @dataclass(frozen=True)
@@ -136,7 +154,9 @@ def rerun(events: list[dict[str, Any]], device: int, setting: Setting,
         return addresses[k]
 
     sim = CachingAllocatorSim(capacity, expandable_segments=setting.expandable_segments,
-                              addresses=recorded_address)
+                              addresses=recorded_address,
+                              max_split_size=setting.max_split_size,
+                              roundup_divisions=setting.roundup_divisions)
     blocks: dict[int, int] = {}  # recorded address -> the model's
     if before is not None:
         if before.unsupported:
@@ -302,6 +322,6 @@ def predict(events: list[dict[str, Any]], device: int, recorded: Setting, change
     if changed.capacity and outside is not None:
         capacity = changed.capacity - outside  # the same memory outside PyTorch
     ok = first.exact and first.oom_reproduced in (None, True)
-    second = rerun(events, device, Setting(changed.expandable_segments, capacity), before,
+    second = rerun(events, device, replace(changed, capacity=capacity), before,
                    compare=False) if ok else None
     return Prediction(device, first, second, capacity, implied, outside)

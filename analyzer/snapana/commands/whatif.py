@@ -12,19 +12,14 @@ from snapana.commands import _policy as policy
 from snapana.commands._options import DEFAULT_FORMAT, DeviceOpt, FileArg, FormatOpt
 from snapana.errors import InputError
 
-#: PYTORCH_CUDA_ALLOC_CONF keys the model has rules for, and those it has none for yet.
-SIMULATED = ("expandable_segments",)
-NOT_SIMULATED = ("max_split_size_mb", "garbage_collection_threshold",
-                 "roundup_power2_divisions", "release_lock_on_cudamalloc",
-                 "pinned_use_cuda_host_register")
-
 
 def whatif(
     file: FileArg,
     set_: Annotated[list[str] | None, typer.Option(
         "--set", metavar="KEY=VALUE",
-        help="an allocator setting, as PYTORCH_CUDA_ALLOC_CONF writes it "
-             "(expandable_segments:True or expandable_segments=True); repeatable")] = None,
+        help="an allocator setting, as PYTORCH_CUDA_ALLOC_CONF writes it: "
+             "expandable_segments:True, max_split_size_mb:512, "
+             "roundup_power2_divisions:4 or [256:1,>:4]; repeatable")] = None,
     capacity: Annotated[str | None, typer.Option(
         "--capacity", metavar="SIZE",
         help="the card to run on, e.g. 141GiB (default: the one the recorded OOM implies)")
@@ -33,45 +28,27 @@ def whatif(
     format: FormatOpt = DEFAULT_FORMAT,
 ) -> None:
     """Re-run the recorded window under a changed setting or card: does the OOM go away?"""
+    from snapana.allocator_model import config as alloc_conf
     from snapana.render.whatif import whatif_view
     from snapana.session import Session, resolve_capacity
 
-    expandable, not_simulated = _settings(set_ or [])
+    try:
+        asked, not_simulated = alloc_conf.parse(set_ or [])
+    except alloc_conf.ConfError as exc:
+        raise InputError(f"--set {exc}") from None
+    simulated = [p for item in set_ or [] for p in alloc_conf.split_pairs(item)
+                 if p.replace("=", ":", 1).partition(":")[0].strip() in alloc_conf.SIMULATED]
     card = resolve_capacity(capacity) if capacity is not None else None
-    if expandable is None and card is None and not not_simulated:
-        raise InputError("nothing to change: give --set expandable_segments:True (or False) "
-                         "or --capacity SIZE")
+    if not simulated and card is None and not not_simulated:
+        raise InputError("nothing to change: give --set KEY:VALUE (e.g. "
+                         "expandable_segments:True, max_split_size_mb:512) or --capacity SIZE")
     capture = policy.open_shown(file)
     devices = [device] if device is not None else capture.devices
-    predictions = [Session(capture, d).whatif(expandable, card) for d in devices
+    predictions = [Session(capture, d).whatif(*simulated, capacity=card) for d in devices
                    if d in capture.devices]
     if not predictions:
         raise InputError(f"{file}: no device {device} (devices: {capture.devices})")
-    change = ", ".join([*(f"expandable_segments:{expandable}" for _ in [0]
-                          if expandable is not None),
+    change = ", ".join([*(p if len(p) <= 60 else p[:59] + "…" for p in simulated),
                         *([f"a card of {capacity}"] if capacity else [])]) or "nothing simulated"
     policy.emit(policy.render_view(whatif_view(str(file), change, predictions,
                                                tuple(not_simulated)), format.value))
-
-
-def _settings(pairs: list[str]) -> tuple[bool | None, list[str]]:
-    """expandable_segments's asked value, and each asked setting the model has no rule for."""
-    expandable: bool | None = None
-    unknown: list[str] = []
-    for pair in (p for item in pairs for p in item.split(",") if p.strip()):
-        key, sep, value = pair.replace("=", ":", 1).partition(":")
-        key, value = key.strip(), value.strip()
-        if not sep or not value:
-            raise InputError(f"--set {pair!r}: expected KEY:VALUE (e.g. "
-                             "expandable_segments:True)")
-        if key == "expandable_segments":
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise InputError(f"--set {pair!r}: expandable_segments is True or False")
-            expandable = value.lower() in ("true", "1")
-        elif key in NOT_SIMULATED:
-            unknown.append(f"{key}:{value} (the allocator model has no rule for it yet: "
-                           "nothing is predicted for it)")
-        else:
-            raise InputError(f"--set {pair!r}: not a PYTORCH_CUDA_ALLOC_CONF setting "
-                             f"(known: {', '.join(SIMULATED + NOT_SIMULATED)})")
-    return expandable, unknown
