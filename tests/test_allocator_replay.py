@@ -350,3 +350,21 @@ def test_roundup_power2_divisions_round_a_request_to_its_interval_step() -> None
         ("segment_alloc", 1100 * MIB)]
     listed, _ = config.parse(["roundup_power2_divisions:[256:1,512:2,>:4]"])
     assert listed.roundup_divisions == (1,) * 9 + (2,) + (4,) * 6
+
+
+def test_the_smallest_capacity_is_the_least_20_mib_step_with_no_oom() -> None:
+    """Worked by hand: the demand OOM (40 MiB held, a 24 MiB request) fits from 64 MiB on,
+    so in 20 MiB steps 80 MiB, with or without expandable segments (20 MiB pages: 20 + 20 +
+    40 mapped would also be 80). The fragmentation OOM needs 98 + 110 = 208 MiB as
+    recorded (the 98 MiB segment cannot be released while 4 MiB of it is held): 220 MiB;
+    with expandable segments 120 MiB mapped suffice: 120 MiB."""
+    from snapana.analysis.allocator_replay import smallest_capacity
+
+    steps = [("segment_alloc", 0x1000_0000, 20 * MIB), *_alloc(0x1000_0000, 20 * MIB),
+             ("segment_alloc", 0x2000_0000, 20 * MIB), *_alloc(0x2000_0000, 20 * MIB),
+             ("oom", 0, 24 * MIB)]
+    demand = _trace(*steps)
+    demand[-1]["device_free"] = 10 * MIB
+    assert smallest_capacity(demand, 0, Setting(False), None) == (80 * MIB, "")
+    assert smallest_capacity(_fragmented(), 0, Setting(False), None) == (220 * MIB, "")
+    assert smallest_capacity(_fragmented(), 0, Setting(True), None) == (120 * MIB, "")

@@ -178,11 +178,14 @@ class Session:
         """Blocks live at `moment` (allocated and pending-free), each with its family."""
         return self.attributor.attribute(self.replay.blocks_at(moment))
 
-    def whatif(self, *settings: str, capacity: int | str | None = None) -> Prediction:
+    def whatif(self, *settings: str, capacity: int | str | None = None,
+               smallest: bool | None = None) -> Prediction:
         """This device's recorded window re-run through the allocator model under the
         recorded settings (the proof) and under `settings` (PYTORCH_CUDA_ALLOC_CONF items,
         e.g. "expandable_segments:True", "max_split_size_mb:512") and `capacity` (a card,
-        e.g. "141GiB"); a setting the model has no rule for is refused, never ignored."""
+        e.g. "141GiB"); a setting the model has no rule for is refused, never ignored.
+        `smallest`: seek the least memory the window fits in under the change (None: when
+        the trace is short enough for its dozen replays to be quick)."""
         try:
             asked, not_simulated = alloc_conf.parse(settings)
         except alloc_conf.ConfError as exc:
@@ -193,7 +196,8 @@ class Session:
         conf = alloc_conf.recorded(self.capture.allocator_settings)
         events = self.capture.device_events(self.device).to_dicts()
         return predict(events, self.device, Setting.of(conf), Setting.of(conf, asked, card),
-                       self.window_start, self.capture.capacity_bytes.get(self.device))
+                       self.window_start, self.capture.capacity_bytes.get(self.device),
+                       smallest)
 
     @cached_property
     def window_start(self) -> Before:

@@ -9,6 +9,7 @@ scenario: that is the ground truth a report is checked against, never written to
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -189,6 +190,11 @@ class CachingAllocatorSim:
         self._space = _AddressSpace()
         self._addresses = addresses
         self._nevents = 0
+        self._allocated = 0
+        #: free mapped blocks per (pool, small, stream), sorted by (size, address): PyTorch's
+        #: BlockPool.blocks, so a best fit is a bisection rather than a scan of every block
+        self._index: dict[tuple[tuple[int, int], bool, int], list[tuple[int, int]]] = {}
+        self._by_key: dict[tuple[int, int], Block] = {}
 
     # ----------------------------------------------------------------- clock and trace
     def advance(self, us: int) -> None:
@@ -232,7 +238,7 @@ class CachingAllocatorSim:
     @property
     def allocated(self) -> int:
         """Bytes in allocated blocks (PyTorch's allocated_bytes stat: block sizes)."""
-        return sum(b.size for b in self._live.values() if b.allocated)
+        return self._allocated
 
     @property
     def pending_free(self) -> int:
@@ -262,10 +268,14 @@ class CachingAllocatorSim:
             seg.blocks.append(block)
             if allocated:
                 self._live[addr] = block
+                self._allocated += nbytes
             at = addr + nbytes
         if at < address + size:
             seg.blocks.append(Block(at, address + size - at, seg))
         self._segments.append(seg)
+        for b in seg.blocks:
+            if b.free:
+                self._index_add(b)
         self._space.take(address, size)
         self.reserved += size
 
@@ -300,8 +310,10 @@ class CachingAllocatorSim:
                 block = self._grow(rounded, small, stream, pool, frames)
             if block is None:
                 self._raise_oom(rounded, small, stream, frames)
+        self._index_drop(block)
         block = self._split(block, rounded, small)
         block.allocated = True
+        self._allocated += block.size
         block.requested = size
         block.frames = frames
         block.family = family
@@ -324,6 +336,7 @@ class CachingAllocatorSim:
         frames = self.table.stack(stack) if stack is not None else block.frames
         self._record("free_requested", addr, block.requested, block.segment.stream, frames)
         block.allocated = False
+        self._allocated -= block.size
         if block.stream_uses:
             block.pending = True
             self._pending.append(block)
@@ -349,19 +362,16 @@ class CachingAllocatorSim:
         segments on, a block followed by unmapped pages counts as the size it can grow to,
         and larger blocks are tried while they can grow to less (get_free_block's
         ``expandable_size`` walk)."""
-        fits = sorted(
-            (b for seg in self._segments
-             if seg.pool == pool and seg.small == small and seg.stream == stream
-             for b in seg.blocks if b.mapped and b.free and b.size >= rounded),
-            key=lambda b: (b.size, b.address))
-        if not fits:
+        index = self._index.get((pool, small, stream), [])
+        at = bisect.bisect_left(index, (rounded, -1))
+        if at == len(index):
             return None
-        at = 0
         if self.expandable_segments:
-            while fits[at].segment.expandable and at + 1 < len(fits) and \
-                    self._expandable_size(fits[at + 1]) < self._expandable_size(fits[at]):
+            while self._by_key[index[at]].segment.expandable and at + 1 < len(index) and \
+                    self._expandable_size(self._by_key[index[at + 1]]) < \
+                    self._expandable_size(self._by_key[index[at]]):
                 at += 1
-        limit, found = self.max_split_size, fits[at]
+        limit, found = self.max_split_size, self._by_key[index[at]]
         if limit is not None and (rounded < limit <= found.size or
                                   rounded >= limit and found.size >= rounded + LARGE_BUFFER):
             return None  # an oversize block serves only requests within 20 MiB of it
@@ -395,6 +405,8 @@ class CachingAllocatorSim:
 
     def _release_segment(self, seg: Segment, frames: list[FrameDict]) -> None:
         """release_block: cudaFree a cached segment (its one free block)."""
+        for b in seg.blocks:
+            self._index_drop(b)
         self._record("segment_free", seg.address, seg.size, seg.stream, frames)
         self._segments.remove(seg)
         self._space.release(seg.address, seg.size)
@@ -439,6 +451,7 @@ class CachingAllocatorSim:
         block.address += rounded
         block.size -= rounded
         seg.blocks.insert(seg.blocks.index(block), new)
+        self._index_add(block)
         return new
 
     def _free_block(self, block: Block, frames: list[FrameDict]) -> None:
@@ -449,24 +462,46 @@ class CachingAllocatorSim:
         block.stream_uses.clear()
         block.frames = self.table.empty
         block.family = "unknown"
-        self._merge_neighbours(block)
+        self._index_add(self._merge_neighbours(block))
 
     def _merge_neighbours(self, block: Block) -> Block:
         """Coalesce with free neighbours in the same state; ``block`` survives, as in PyTorch."""
         blocks = block.segment.blocks
+        self._index_drop(block)
         i = blocks.index(block)
         if i + 1 < len(blocks):
             nxt = blocks[i + 1]
             if nxt.free and nxt.mapped == block.mapped:
+                self._index_drop(nxt)
                 block.size += nxt.size
                 del blocks[i + 1]
         if i > 0:
             prv = blocks[i - 1]
             if prv.free and prv.mapped == block.mapped:
+                self._index_drop(prv)
                 block.address = prv.address
                 block.size += prv.size
                 del blocks[i - 1]
         return block
+
+    def _index_add(self, block: Block) -> None:
+        """A free mapped block enters its pool's (size, address) order."""
+        if not block.mapped or not block.free:
+            return
+        seg = block.segment
+        key = (block.size, block.address)
+        bisect.insort(self._index.setdefault((seg.pool, seg.small, seg.stream), []), key)
+        self._by_key[key] = block
+
+    def _index_drop(self, block: Block) -> None:
+        """A block leaves the order (taken, merged, resized, unmapped or released)."""
+        key = (block.size, block.address)
+        if self._by_key.get(key) is not block:
+            return
+        del self._by_key[key]
+        seg = block.segment
+        index = self._index[(seg.pool, seg.small, seg.stream)]
+        del index[bisect.bisect_left(index, key)]
 
     def _releasable(self, pool: tuple[int, int]) -> bool:
         return pool == DEFAULT_POOL or pool in self._freeable_pools
@@ -590,7 +625,9 @@ class CachingAllocatorSim:
         block.requested = 0
         self.reserved += nbytes
         self._record("segment_map", block.address, nbytes, seg.stream, frames)
-        return self._merge_neighbours(block)
+        merged = self._merge_neighbours(block)
+        self._index_add(merged)
+        return merged
 
     def _unmap_block(self, block: Block, frames: list[FrameDict]) -> None:
         """unmap_block: unmap the whole pages inside a free mapped block (partial pages stay
@@ -602,11 +639,16 @@ class CachingAllocatorSim:
         hi = seg.address + page * ((block.end - seg.address) // page)
         if hi <= lo:
             return
+        self._index_drop(block)
         i = seg.blocks.index(block)
         if hi < block.end:
-            seg.blocks.insert(i + 1, Block(hi, block.end - hi, seg))
+            after = Block(hi, block.end - hi, seg)
+            seg.blocks.insert(i + 1, after)
+            self._index_add(after)
         if lo > block.address:
-            seg.blocks.insert(i, Block(block.address, lo - block.address, seg))
+            before = Block(block.address, lo - block.address, seg)
+            seg.blocks.insert(i, before)
+            self._index_add(before)
         block.address, block.size, block.mapped = lo, hi - lo, False
         self.reserved -= hi - lo
         self._merge_neighbours(block)

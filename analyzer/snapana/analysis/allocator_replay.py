@@ -302,14 +302,48 @@ class Prediction:
     #: what else held the recorded card (its total less `recorded_capacity`), subtracted
     #: from a changed card; None when the capture does not record the card's total
     outside: int | None = None
+    #: the least memory PyTorch could hold in which the changed run has no OOM (to
+    #: SMALLEST_STEP), and why it is None when it is
+    smallest: int | None = None
+    smallest_note: str = ""
 
     @property
     def trusted(self) -> bool:
         return self.recorded.exact and self.recorded.oom_reproduced in (None, True)
 
 
+#: Bisection step of the smallest capacity: one large-pool page (kLargeBuffer).
+SMALLEST_STEP = 20 << 20
+#: Above this many events the smallest capacity (a dozen replays) is not sought by default.
+SMALLEST_EVENTS = 50_000
+
+
+def smallest_capacity(events: list[dict[str, Any]], device: int, setting: Setting,
+                      before: Before | None) -> tuple[int | None, str]:
+    """The least capacity (to SMALLEST_STEP) in which the window runs without an OOM under
+    `setting`, by bisection between the peak allocated and the peak reserved of a run on an
+    unbounded device; why not, when it cannot be found."""
+    free_run = rerun(events, device, replace(setting, capacity=UNBOUNDED), before,
+                     compare=False)
+    if free_run.stopped:
+        return None, f"the model cannot run the window: {free_run.stopped}"
+    held = before.reserved if before is not None else 0
+    lo = max(free_run.peak_allocated, held) // SMALLEST_STEP  # in steps: fails below
+    hi = -(-free_run.peak_reserved // SMALLEST_STEP)  # fits: it never needed more
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        r = rerun(events, device, replace(setting, capacity=mid * SMALLEST_STEP), before,
+                  compare=False)
+        if r.simulated_ooms or r.stopped:
+            lo = mid
+        else:
+            hi = mid
+    return hi * SMALLEST_STEP, ""
+
+
 def predict(events: list[dict[str, Any]], device: int, recorded: Setting, changed: Setting,
-            before: Before | None, card: int | None = None) -> Prediction:
+            before: Before | None, card: int | None = None,
+            smallest: bool | None = None) -> Prediction:
     """Re-run the window under the recorded settings (compared) and, where the model
     reproduces it, under `changed`. Capacities are what PyTorch could hold: the recorded
     OOM's implies it (reserved + device free); a changed card keeps what else held the
@@ -324,4 +358,10 @@ def predict(events: list[dict[str, Any]], device: int, recorded: Setting, change
     ok = first.exact and first.oom_reproduced in (None, True)
     second = rerun(events, device, replace(changed, capacity=capacity), before,
                    compare=False) if ok else None
-    return Prediction(device, first, second, capacity, implied, outside)
+    least, note = None, "the model does not reproduce the window"
+    if ok and (smallest or smallest is None and len(events) <= SMALLEST_EVENTS):
+        least, note = smallest_capacity(events, device, changed, before)
+    elif ok:
+        note = (f"not sought: {len(events):,} events, more than {SMALLEST_EVENTS:,} (a dozen "
+                "replays); ask for it with --smallest")
+    return Prediction(device, first, second, capacity, implied, outside, least, note)

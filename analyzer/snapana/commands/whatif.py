@@ -24,6 +24,10 @@ def whatif(
         "--capacity", metavar="SIZE",
         help="the card to run on, e.g. 141GiB (default: the one the recorded OOM implies)")
     ] = None,
+    smallest: Annotated[bool | None, typer.Option(
+        "--smallest/--no-smallest",
+        help="seek the least memory the window fits in under the change (a dozen replays; "
+             "by default only for traces of up to 50,000 events)")] = None,
     device: DeviceOpt = None,
     format: FormatOpt = DEFAULT_FORMAT,
 ) -> None:
@@ -44,8 +48,8 @@ def whatif(
                          "expandable_segments:True, max_split_size_mb:512) or --capacity SIZE")
     capture = policy.open_shown(file)
     devices = [device] if device is not None else capture.devices
-    predictions = [Session(capture, d).whatif(*simulated, capacity=card) for d in devices
-                   if d in capture.devices]
+    predictions = [Session(capture, d).whatif(*simulated, capacity=card, smallest=smallest)
+                   for d in devices if d in capture.devices]
     if not predictions:
         raise InputError(f"{file}: no device {device} (devices: {capture.devices})")
     change = ", ".join([*(p if len(p) <= 60 else p[:59] + "…" for p in simulated),

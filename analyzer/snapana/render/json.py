@@ -328,6 +328,8 @@ def whatif(view: WhatIfView, options: Options) -> str:
                 "position": r.divergence[0], "event": r.divergence[1], "why": r.divergence[2]},
             "recorded_ooms": r.recorded_ooms, "capacity_bytes": p.capacity,
             "recorded_capacity_bytes": p.recorded_capacity,
+            "smallest_capacity_bytes": p.smallest, "smallest_note": p.smallest_note or None,
             "as_recorded": run(r), "changed": run(p.changed)})
     return _dump({"source": "whatif", "title": view.title, "change": view.change,
-                  "devices": devices, "not_simulated": list(view.not_simulated)})
+                  "devices": devices, "not_simulated": list(view.not_simulated),
+                  "footer": view.footer})

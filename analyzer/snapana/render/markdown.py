@@ -170,6 +170,5 @@ def whatif(view: WhatIfView, options: Options) -> str:
         out += ["", f"#### Device {d.device}", "", esc(d.proof), "", f"**{esc(d.verdict)}**"]
         _table(out, WHATIF_COLUMNS, [[esc(c) for c in row] for row in d.rows])
     out += [""] + [f"- not simulated: {esc(n)}" for n in view.not_simulated]
-    out += ["", "_A simulation of the recorded window through the allocator model; what the "
-            "job did after its OOM is in no file._"]
+    out += ["", f"_{esc(view.footer)}_"]
     return "\n".join(out) + "\n"

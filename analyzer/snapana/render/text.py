@@ -333,6 +333,5 @@ def whatif(view: WhatIfView, options: Options) -> str:
     for n in view.not_simulated:
         out.para(f"not simulated: {n}")
     out.line()
-    out.para("A simulation of the recorded window through the allocator model; what the job "
-             "did after its OOM is in no file.")
+    out.para(view.footer)
     return out.text()

@@ -31,6 +31,13 @@ class WhatIfView:
     devices: tuple[DeviceWhatIf, ...]
     not_simulated: tuple[str, ...]  # asked changes the model has no rule for
 
+    @property
+    def footer(self) -> str:
+        """What the figures are; what no file holds, when a recorded OOM ended the job."""
+        oom = any(d.prediction.recorded.recorded_ooms for d in self.devices)
+        return ("A simulation of the recorded window through the allocator model"
+                + ("; what the job did after its OOM is in no file." if oom else "."))
+
 
 def _ooms(r: Replay) -> str:
     if not r.simulated_ooms:
@@ -59,14 +66,22 @@ def _proof(p: Prediction) -> str:
 def _capacity(p: Prediction, changed: bool) -> str:
     n = p.capacity if changed else p.recorded_capacity
     if n is None:
-        return "not known (no OOM recorded): the model runs out of nothing"
+        return "not known (no OOM recorded): unbounded"
     if not changed or p.capacity == p.recorded_capacity:
-        return fmt_bytes(n) + " (reserved + device free at the recorded OOM)"
+        return fmt_bytes(n) + " (reserved + free at the OOM)"
     if p.outside is not None:
         return (fmt_bytes(n) + f" (the card asked less the {fmt_bytes(p.outside)} that "
                 "other memory held on the recorded card)")
     return (fmt_bytes(n) + " (the whole card asked: the capture does not record its card's "
             "total, so memory outside PyTorch is not subtracted)")
+
+
+def _smallest(p: Prediction) -> str:
+    if p.smallest is None:
+        return p.smallest_note
+    card = f"; a card of {fmt_bytes(p.smallest + p.outside)} with the recorded card's other " \
+        "memory" if p.outside is not None else ""
+    return f"{fmt_bytes(p.smallest)} (by bisection, to 20 MiB{card})"
 
 
 def _verdict(p: Prediction) -> str:
@@ -106,5 +121,6 @@ def whatif_view(title: str, change: str, predictions: list[Prediction],
                     ("OOM", _ooms(p.recorded), _ooms(c))]
             rows.append(("memory PyTorch could hold", _capacity(p, False),
                          _capacity(p, True)))
+            rows.append(("least memory with no OOM", "", _smallest(p)))
         devices.append(DeviceWhatIf(p.device, _proof(p), _verdict(p), tuple(rows), p))
     return WhatIfView(title, change, tuple(devices), not_simulated)
