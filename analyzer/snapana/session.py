@@ -19,8 +19,8 @@ from snapana.analysis.allocator_replay import (
     Before,
     Prediction,
     Setting,
-    before_window,
     predict,
+    window_start,
 )
 from snapana.analysis.attribution import RuleError, load_rules
 from snapana.analysis.attribution.assign import Attributor
@@ -202,10 +202,7 @@ class Session:
     @cached_property
     def window_start(self) -> Before:
         """The allocator's state before the recorded window, as the model starts from it."""
-        start = Moment("event", -1)
-        final = self.capture.segments.filter(pl.col("device") == self.device)
-        return before_window(self.replay.segments_at(start).to_dicts(),
-                             self.replay.blocks_at(start).to_dicts(), final["pool"].to_list())
+        return window_start(self.capture, self.replay)
 
     def explain(self, *, block: int | None = None, family: str | None = None,
                 site: str | None = None, limit: int = 10) -> list[ExplainedSite]:

@@ -26,12 +26,20 @@ start empty.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
 
 from snapana.allocator_model.config import AllocConf
 from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
+from snapana.analysis.replay import Moment
+
+if TYPE_CHECKING:
+    from snapana.analysis.attribution import Knob
+    from snapana.analysis.replay import DeviceReplay
+    from snapana.model import Capture
 
 #: Segment actions compared between the recorded trace and the model's.
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
@@ -365,3 +373,87 @@ def predict(events: list[dict[str, Any]], device: int, recorded: Setting, change
         note = (f"not sought: {len(events):,} events, more than {SMALLEST_EVENTS:,} (a dozen "
                 "replays); ask for it with --smallest")
     return Prediction(device, first, second, capacity, implied, outside, least, note)
+
+
+#: A report replays its knobs' settings over windows of up to this many events (two runs of
+#: the model each); beyond, `snapana whatif` runs them on request.
+REPLAY_EVENTS = 100_000
+
+
+@dataclass(frozen=True)
+class KnobReplay:
+    """A knob's allocator settings replayed over the recorded window, or why they were not
+    (`note`)."""
+
+    settings: tuple[str, ...]
+    prediction: Prediction | None
+    note: str = ""
+
+    @property
+    def oom_gone(self) -> bool | None:
+        """Whether the recorded OOM goes away (None: no OOM recorded, or no prediction)."""
+        p = self.prediction
+        if p is None or p.changed is None or not p.recorded.recorded_ooms:
+            return None
+        return not p.changed.simulated_ooms
+
+    @property
+    def helps(self) -> bool | None:
+        """Whether the replay bears the knob out: the recorded OOM goes away or, with no
+        OOM recorded, peak reserved falls (None: no prediction)."""
+        p = self.prediction
+        if p is None or p.changed is None:
+            return None
+        if p.recorded.recorded_ooms:
+            return self.oom_gone
+        return p.changed.peak_reserved < p.recorded.peak_reserved
+
+
+def window_start(capture: Capture, dr: DeviceReplay) -> Before:
+    """The allocator's state before a device's recorded window, as the model starts from
+    it (what the analysis's replay reconstructs there, and the pools the snapshot ends
+    with)."""
+    start = Moment("event", -1)
+    final = capture.segments.filter(pl.col("device") == dr.device)
+    return before_window(dr.segments_at(start).to_dicts(), dr.blocks_at(start).to_dicts(),
+                         final["pool"].to_list())
+
+
+def replay_knobs(capture: Capture, dr: DeviceReplay,
+                 knobs: Iterable[Knob]) -> dict[str, KnobReplay]:
+    """Each knob with allocator settings (`Knob.simulate`) replayed over the window: the
+    capture's own settings first (the proof), then with the knob's put over them."""
+    from snapana.allocator_model import config
+
+    simulated = [k for k in knobs if k.simulate]
+    if not simulated:
+        return {}
+    events = capture.device_events(dr.device).to_dicts()
+    if len(events) > REPLAY_EVENTS:
+        return {k.id: KnobReplay(k.simulate, None, f"not replayed: {len(events):,} events, "
+                                 f"more than {REPLAY_EVENTS:,}; snapana whatif runs it")
+                for k in simulated}
+    conf = config.recorded(capture.allocator_settings)
+    before = window_start(capture, dr)
+    out = {}
+    for k in simulated:
+        asked, _ = config.parse(k.simulate)
+        p = predict(events, dr.device, Setting.of(conf), Setting.of(conf, asked), before,
+                    capture.capacity_bytes.get(dr.device), smallest=False)
+        note = "" if p.changed is not None else (
+            f"not predicted: {p.recorded.stopped}" if p.recorded.stopped else
+            "not predicted: the model does not reproduce this window")
+        out[k.id] = KnobReplay(k.simulate, p if p.changed is not None else None, note)
+    return out
+
+
+def by_replay(knobs: tuple[Knob, ...], replays: Mapping[str, KnobReplay]) -> tuple[Knob, ...]:
+    """Knobs the replay shows to remove the recorded OOM first, those it shows not to help
+    (the OOM stays; with no OOM, peak reserved does not fall) last, the rest (argued, not
+    simulated) between, each group in its given order."""
+    def rank(k: Knob) -> int:
+        gone = replays[k.id].oom_gone if k.id in replays else None
+        helps = replays[k.id].helps if k.id in replays else None
+        return 0 if gone is True else 2 if helps is False else 1
+
+    return tuple(sorted(knobs, key=rank))

@@ -187,7 +187,8 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
                    "families": list(k.families), "causes": list(k.causes),
                    "direction": k.direction, "cost": k.cost, "effect": k.effect,
                    "caveat": k.caveat, "workload": k.workload,
-                   "applies": d.applies.get(k.id, "")}
+                   "applies": d.applies.get(k.id, ""),
+                   "replay": _knob_replay(d.replays.get(k.id))}
                   for k in d.knobs],
         "frameworks": list(d.frameworks),
         "oom_named": d.oom_named,
@@ -307,6 +308,17 @@ def text_log(view: TextLogView, options: Options) -> str:
                   "ranks": {"columns": list(view.rank_columns),
                             "rows": [list(r) for r in view.rank_rows]},
                   "not_read": list(view.unrecognised), "record": list(view.record)})
+
+
+def _knob_replay(r: Any) -> dict[str, Any] | None:
+    """A knob's replay in numbers (None: it has no allocator settings to replay)."""
+    if r is None:
+        return None
+    p = r.prediction
+    return {"settings": list(r.settings), "note": r.note or None,
+            "oom_gone": r.oom_gone, "helps": r.helps,
+            "peak_reserved_bytes": None if p is None else p.changed.peak_reserved,
+            "recorded_peak_reserved_bytes": None if p is None else p.recorded.peak_reserved}
 
 
 def whatif(view: WhatIfView, options: Options) -> str:

@@ -73,8 +73,8 @@ def _device(out: list[str], d: DeviceView) -> None:
     _table(out, ("without family", "bytes", "would the request fit?", "can go"),
            [(code(f), b, esc(res), esc(c)) for f, b, res, c in d.what_ifs])
     _table(out, KNOB_COLUMNS,
-           [(code(k), esc(cost), esc(on), esc(eff), esc(cav), esc(why))
-            for k, cost, on, eff, cav, why in d.knobs])
+           [(code(k), esc(cost), esc(on), esc(eff), esc(cav), esc(why), esc(replay))
+            for k, cost, on, eff, cav, why, replay in d.knobs])
     _table(out, ("cause", "verdict", "why"),
            [(esc(c), esc(st), esc(why)) for c, st, why in d.causes])
     for w in r.warnings:

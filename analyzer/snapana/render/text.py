@@ -112,13 +112,15 @@ def _device(out: _Out, d: DeviceView) -> None:
             out.para(result, indent=INDENT * 3)
     if d.knobs:
         out.heading("knobs (the first is the verdict's)")
-        for i, (knob, cost, acts_on, effect, caveat, applies) in enumerate(d.knobs, 1):
+        for i, (knob, cost, acts_on, effect, caveat, applies, replay) in enumerate(d.knobs,
+                                                                                    1):
             out.para(f"{i}. {knob}", first=INDENT, indent=INDENT * 3)
             out.para(f"[{cost}] acts on {acts_on}: {effect}", indent=INDENT * 3)
             if applies:
                 out.para(f"applies: {applies}", indent=INDENT * 3)
             if caveat:
                 out.para(f"caveat: {caveat}", indent=INDENT * 3)
+            out.para(f"replay: {replay}", indent=INDENT * 3)
     if d.causes:
         out.heading("cause checks")
         for cause, status, why in d.causes:

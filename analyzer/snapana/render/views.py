@@ -374,8 +374,8 @@ class DeviceView:
     verdict: str
     headline: tuple[tuple[str, str], ...]
     what_ifs: tuple[tuple[str, str, str, str], ...]
-    #: knob, cost, acts on, effect, caveat, why it applies
-    knobs: tuple[tuple[str, str, str, str, str, str], ...]
+    #: knob, cost, acts on, effect, caveat, why it applies, what the replay predicts
+    knobs: tuple[tuple[str, str, str, str, str, str, str], ...]
     causes: tuple[tuple[str, str, str], ...]  # cause, holds / rejected / not measured, why
     group_notes: Mapping[str, str]  # family -> its loop of live copies, checkable ('' none)
     growth: tuple[str, ...] = ()  # how the dominant families got to the moment, a line each

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from snapana.analysis.allocator_replay import KnobReplay
 from snapana.analysis.compare import CaptureDiff, GrowthChange, Side, SiteChange
 from snapana.analysis.diagnosis.findings import (
     Cause,
@@ -561,6 +562,12 @@ def verdict(r: DeviceReport) -> str:
             lead = (f"Near capacity ({fmt_bytes(d.headroom_bytes)} of headroom); "
                     "if this peak must shrink")
         parts.append(f"{lead}: {k.knob} ({cost_text(k)}) — {k.effect}.")
+        replayed = d.replays.get(k.id)
+        changed = replayed.prediction.changed if replayed and replayed.prediction else None
+        if replayed is not None and replayed.oom_gone and changed is not None:
+            parts.append("Replayed through the allocator model, the recorded window runs "
+                         "with it to its end: the OOM goes away (peak reserved "
+                         f"{fmt_bytes(changed.peak_reserved)}).")
     return " ".join(parts)
 
 
@@ -593,21 +600,45 @@ def _cache_words(r: DeviceReport) -> str:
             "unallocated")
     if d.capacity_bytes and r.reserved_bytes >= 0.9 * d.capacity_bytes:
         text += f", with the device near its {fmt_bytes(d.capacity_bytes)} capacity"
-    knobs = [k.knob for k in d.knobs if "large_cache" in k.causes]
+    knobs = [k.knob for k in d.knobs if "large_cache" in k.causes
+             and (k.id not in d.replays or d.replays[k.id].helps is not False)]
     if knobs:
         text += "; acting on it: " + "; ".join(knobs) + " (caveats in the knob list)"
     return text + "."
 
 
-KNOB_COLUMNS = ("knob", "cost", "acts on", "effect", "caveat", "applies because")
+KNOB_COLUMNS = ("knob", "cost", "acts on", "effect", "caveat", "applies because",
+                "predicted by replay")
 
 
-def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str, str]]:
+def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str, str, str]]:
     """Every knob of the diagnosis, in its order, with the evidence that it applies to this
-    job: every format shows this same list."""
+    job and what replaying it predicts: every format shows this same list."""
     d = r.diagnosis
     return [(k.knob, cost_text(k), ", ".join(k.families + k.causes), k.effect, k.caveat,
-             d.applies.get(k.id, "")) for k in d.knobs]
+             d.applies.get(k.id, ""), replay_text(d.replays.get(k.id)))
+            for k in d.knobs]
+
+
+def replay_text(r: KnobReplay | None) -> str:
+    """What the allocator model predicts for a knob over the recorded window, in words."""
+    if r is None:
+        return "not simulated (no mechanical model of it)"
+    p = r.prediction
+    if p is None or p.changed is None:
+        return r.note
+    c, rec = p.changed, p.recorded
+    peaks = (f"peak reserved {fmt_bytes(c.peak_reserved)} (as recorded, in the model: "
+             f"{fmt_bytes(rec.peak_reserved)})")
+    if rec.recorded_ooms:
+        if not c.simulated_ooms:
+            return f"the recorded OOM goes away; {peaks}; a simulation of the recorded window"
+        return (f"the recorded OOM stays (event {c.simulated_ooms[0][0]}); {peaks}; a "
+                "simulation of the recorded window")
+    if c.peak_reserved >= rec.peak_reserved:
+        return (f"no OOM either way, and peak reserved does not fall: {peaks}; the replay "
+                "does not bear this knob out here (a simulation of the recorded window)")
+    return f"no OOM either way; {peaks}; a simulation of the recorded window"
 
 
 def workload_statement(r: DeviceReport) -> str:

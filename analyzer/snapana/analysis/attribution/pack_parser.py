@@ -249,6 +249,10 @@ class Knob:
     unless_set: tuple[str, ...] = ()
     """Allocator settings (``allocator_settings`` keys) the knob turns on: not offered where
     the capture records them already on."""
+    simulate: tuple[str, ...] = ()
+    """PYTORCH_CUDA_ALLOC_CONF items (``expandable_segments:True``) that are this knob, for
+    the allocator model to replay the recorded window under (`analysis.allocator_replay`):
+    a knob with them is predicted, not only argued."""
 
 
 @dataclass(frozen=True)
@@ -318,6 +322,7 @@ _KNOB_KEYS = {
     "requires",
     "unless",
     "unless_set",
+    "simulate",
 }
 _EXAMPLE_KEYS = {
     "description",
@@ -742,6 +747,22 @@ def _ids(raw: Mapping[str, Any], key: str, known: Sequence[str], what: str, ctx:
     return tuple(values)
 
 
+def _simulated(raw: Mapping[str, Any], ctx: _Ctx) -> tuple[str, ...]:
+    """`simulate`: allocator settings the model has rules for, as PyTorch would accept them."""
+    from snapana.allocator_model import config
+
+    if "simulate" not in raw:
+        return ()
+    values = tuple(str(v) for v in _as_list(raw["simulate"], ctx, "simulate"))
+    try:
+        _, unsimulated = config.parse(values)
+    except config.ConfError as exc:
+        raise ctx.fail(f"`simulate`: {exc}") from None
+    if unsimulated:
+        raise ctx.fail(f"`simulate`: the allocator model has no rule for {unsimulated[0]}")
+    return values
+
+
 def _knobs(data: Mapping[str, Any], pack: str, ctx: _Ctx) -> list[Knob]:
     out: list[Knob] = []
     ctx.what = "knob"
@@ -784,6 +805,7 @@ def _knobs(data: Mapping[str, Any], pack: str, ctx: _Ctx) -> list[Knob]:
                 unless=_ids(raw, "unless", fact_ids(), "fact", ctx),
                 unless_set=_ids(raw, "unless_set", ALLOCATOR_SETTINGS, "allocator setting",
                                 ctx),
+                simulate=_simulated(raw, ctx),
             )
         )
     return out

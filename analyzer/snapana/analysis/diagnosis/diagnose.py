@@ -9,11 +9,12 @@ the vocabulary renderers read; this module is the algorithm.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePath
 
 import polars as pl
 
+from snapana.analysis.allocator_replay import by_replay, replay_knobs
 from snapana.analysis.attribution import chunk_groups, family_label
 from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
 from snapana.analysis.attribution.chunks import LOOP_FAMILIES
@@ -145,6 +146,10 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
     ev = job_evidence(capture, held, lifetimes, segments, live, attributor.rules, extra,
                       _devices_holding(capture), dr.n_events)
     diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history, ev)
+    if history and any(k.simulate for k in diagnosis.knobs):
+        replays = replay_knobs(capture, dr, diagnosis.knobs)
+        diagnosis = replace(diagnosis, knobs=by_replay(diagnosis.knobs, replays),
+                            replays=replays)
     if impossible is not None:
         caveats.insert(0, f"the state at this moment cannot exist ({impossible}): the "
                        "cached and free figures are not computable")

@@ -15,6 +15,7 @@ from typing import Literal, TypedDict
 import numpy as np
 import polars as pl
 
+from snapana.analysis.allocator_replay import KnobReplay
 from snapana.analysis.evidence import JobEvidence
 from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline
 from snapana.analysis.knobs import Knob
@@ -242,6 +243,9 @@ class Diagnosis:
     #: Without an OOM in the trace: what says the capture was written at one anyway (its
     #: sidecar's reason, its file name), in words; "" when nothing does.
     oom_named: str = ""
+    #: Knob id -> its allocator settings replayed over the recorded window (knobs with
+    #: `simulate`, in a capture with history): what the model predicts, or why it does not
+    replays: Mapping[str, KnobReplay] = field(default_factory=dict)
 
     def cause(self, cause_id: CauseId) -> Cause | None:
         return next((c for c in self.causes if c.id == cause_id), None)
