@@ -416,6 +416,8 @@ def test_the_report_replays_its_allocator_knob_and_leads_with_it(tmp_path) -> No
     assert knob["replay"]["oom_gone"] is True
     assert knob["replay"]["peak_reserved_bytes"] == 18_160 * MIB
     assert "| predicted by replay |" in invoke("summary", str(path), "-f", "markdown").stdout
+    whatif = invoke("whatif", str(path), "--set", "expandable_segments:True").stdout
+    assert "The recorded OOM goes away" in whatif
 
 
 def test_knobs_the_replay_contradicts_go_last_and_big_windows_are_not_replayed(
@@ -441,3 +443,44 @@ def test_knobs_the_replay_contradicts_go_last_and_big_windows_are_not_replayed(
     late = Session.open(path).report.diagnosis
     assert late.replays[knob.id].prediction is None
     assert "snapana whatif" in late.replays[knob.id].note
+
+
+def test_a_family_dropped_from_the_window_with_its_frees() -> None:
+    """The demand OOM (two 20 MiB blocks held, 10 MiB free, a 24 MiB request: 50 MiB PyTorch
+    could hold) without the first block's allocation: 20 + 24 = 44 MiB fits in 50, and the
+    peak allocated counts the request once it fits. Dropping the failed request itself
+    (its own family left out) also removes the OOM."""
+    steps = [("segment_alloc", 0x1000_0000, 20 * MIB), *_alloc(0x1000_0000, 20 * MIB),
+             ("segment_alloc", 0x2000_0000, 20 * MIB), *_alloc(0x2000_0000, 20 * MIB),
+             ("oom", 0, 24 * MIB)]
+    demand = _trace(*steps)
+    demand[-1]["device_free"] = 10 * MIB
+    from snapana.analysis.allocator_replay import predict
+
+    p = predict(demand, 0, Setting(False), Setting(False, drop=frozenset({1})), None)
+    assert p.trusted and p.recorded_capacity == 50 * MIB
+    assert p.changed is not None and p.changed.simulated_ooms == []
+    assert p.changed.peak_reserved == 44 * MIB and p.changed.peak_allocated == 44 * MIB
+    p = predict(demand, 0, Setting(False), Setting(False, drop=frozenset({4})), None)
+    assert p.changed is not None and p.changed.simulated_ooms == []
+    assert p.changed.recorded_ooms == [4]
+
+
+def test_whatif_drop_agrees_with_the_static_what_if(tmp_path) -> None:
+    """On the fp32-logits sample the report's what-if table says the request fits without
+    grad_buffer and not without saved_activations; replaying the window with each left out
+    says the same, and an unknown family is one line, exit 2, naming those present."""
+    import json
+
+    from snapana.session import Session
+
+    from .conftest import ROOT, invoke
+
+    sample = ROOT / "sample_snapshots" / "slime-tp1-logits-fp32-oom.pickle"
+    fits = {w.family: w.fits for w in Session.open(sample).report.diagnosis.what_ifs}
+    for family in ("grad_buffer", "saved_activations"):
+        (d,) = json.loads(invoke("whatif", str(sample), "--drop", family, "-f",
+                                 "json").stdout)["devices"]
+        assert d["reproduced"] and (d["changed"]["ooms"] == []) is fits[family], family
+    bad = invoke("whatif", str(sample), "--drop", "nope")
+    assert bad.returncode == 2 and "grad_buffer" in bad.stderr

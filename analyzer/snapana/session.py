@@ -7,7 +7,8 @@ goes through a Session; none of them calls replay, the attributor or diagnosis d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Literal, TypeAlias
@@ -25,10 +26,12 @@ from snapana.analysis.allocator_replay import (
 from snapana.analysis.attribution import RuleError, load_rules
 from snapana.analysis.attribution.assign import Attributor
 from snapana.analysis.attribution.engine import RuleSet
+from snapana.analysis.attribution.lifetimes import attribute_lifetimes
 from snapana.analysis.diagnosis.diagnose import device_report
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.explain import ExplainedSite, explain
 from snapana.analysis.replay import DeviceReplay, Moment, replay
+from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.errors import InputError
 from snapana.limits import MAX_DEVICES
 from snapana.model import Capture, ReadProgress
@@ -179,13 +182,15 @@ class Session:
         return self.attributor.attribute(self.replay.blocks_at(moment))
 
     def whatif(self, *settings: str, capacity: int | str | None = None,
-               smallest: bool | None = None) -> Prediction:
+               smallest: bool | None = None, drop: Sequence[str] = ()) -> Prediction:
         """This device's recorded window re-run through the allocator model under the
         recorded settings (the proof) and under `settings` (PYTORCH_CUDA_ALLOC_CONF items,
         e.g. "expandable_segments:True", "max_split_size_mb:512") and `capacity` (a card,
         e.g. "141GiB"); a setting the model has no rule for is refused, never ignored.
         `smallest`: seek the least memory the window fits in under the change (None: when
-        the trace is short enough for its dozen replays to be quick)."""
+        the trace is short enough for its dozen replays to be quick). `drop`: families whose
+        allocations in the window are left out, with their frees (blocks of theirs held
+        before the window stay)."""
         try:
             asked, not_simulated = alloc_conf.parse(settings)
         except alloc_conf.ConfError as exc:
@@ -194,10 +199,28 @@ class Session:
             raise InputError("not simulated: " + "; ".join(not_simulated))
         card = resolve_capacity(capacity) if isinstance(capacity, str) else capacity
         conf = alloc_conf.recorded(self.capture.allocator_settings)
-        events = self.capture.device_events(self.device).to_dicts()
-        return predict(events, self.device, Setting.of(conf), Setting.of(conf, asked, card),
-                       self.window_start, self.capture.capacity_bytes.get(self.device),
-                       smallest)
+        events = self.capture.device_events(self.device)
+        changed = replace(Setting.of(conf, asked, card), drop=self._allocations_of(drop))
+        return predict(events, self.device, Setting.of(conf), changed, self.window_start,
+                       self.capture.capacity_bytes.get(self.device), smallest)
+
+    def _allocations_of(self, families: Sequence[str]) -> frozenset[int]:
+        """Trace indices of the window's allocations of `families` (as attributed)."""
+        if not families:
+            return frozenset()
+        lifetimes = attribute_lifetimes(self.attributor, self.replay)
+        present = set(lifetimes["family"].unique().to_list())
+        missing = [f for f in families if f not in present]
+        if missing:
+            raise InputError(f"--drop {missing[0][:60]!r}: no allocation of that family in "
+                             f"this window (families: {', '.join(sorted(present - {''}))})")
+        rows = lifetimes.filter(pl.col("family").is_in(list(families))
+                                & (pl.col("alloc_idx") >= 0))
+        a = self.attributor
+        failed = [o.idx for o in self.replay.ooms if a.decide(o.stack_id, a.context(
+            o.stack_id, "0,0", o.stream, ACTIVE_ALLOCATED, o.requested_bytes, o.idx)).family
+            in families]  # a failed request of the family is left out as well
+        return frozenset(rows["alloc_idx"].to_list() + failed)
 
     @cached_property
     def window_start(self) -> Before:

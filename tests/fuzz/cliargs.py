@@ -1,6 +1,6 @@
 """The command line as input (issue #27): hostile values for every option that takes one
 (`--at`, `--capacity`, `--device`, `--workers`, `--rank`, `--block`, `--entries`, `--seed`,
-`whatif --set`),
+`whatif --set`, `--drop`),
 and outputs onto special files (a FIFO, a copy of /dev/null, a socket, links to them). A
 value is read by one strict parser (ASCII digits, one sign, in range) and refused in one
 line that quotes it cut short; an output that is not a regular file or folder is refused
@@ -36,9 +36,11 @@ SET = ("expandable_segments:maybe", "max_split_size_mb:20", "max_split_size_mb:"
        "expandable_segments", "garbage_collection_threshold:0.6",
        "expandable_segments:True\x1b[2J", "\ud800:1", "max_split_size_mb:1" + "0" * 17,
        "expandable_segments:True,max_split_size_mb:512")
+DROP = ("nope", "", "parameters", "unknown", "\x1b[2J", "\ud800", "x" * 5000, "logits\n",
+        "saved_activations")
 OPTIONS = {
     "--at": AT, "--capacity": CAPACITY, "--device": COUNTS, "--workers": COUNTS,
-    "--rank": COUNTS, "--block": BLOCK, "--set": SET,
+    "--rank": COUNTS, "--block": BLOCK, "--set": SET, "--drop": DROP,
 }
 #: (option, commands that take it).
 TAKES = {
@@ -49,6 +51,7 @@ TAKES = {
     "--device": (["summary", "{input}", "-f", "json"], ["explain", "{input}"],
                  ["whatif", "{input}", "--capacity", "141GiB"]),
     "--set": (["whatif", "{input}"], ["whatif", "{input}", "-f", "json"]),
+    "--drop": (["whatif", "{input}"], ["whatif", "{input}", "-f", "markdown"]),
     "--workers": (["summary", "{input}", "{input}", "-f", "json"],),
     "--rank": (["report", "{input}", "{input}", "-o", "out.html"],),
     "--block": (["explain", "{input}"],),

@@ -165,14 +165,17 @@ class CachingAllocatorSim:
         addresses: AddressOracle | None = None,
         max_split_size: int | None = None,
         roundup_divisions: Sequence[int] = (),
+        trace_actions: frozenset[str] | None = None,
     ) -> None:
         """`addresses`: where new ranges go when a replay knows (the recorded trace's own);
         given, the ranges it does not name go downwards under the lowest one held, as the
         driver's do; without it (the samples) they go upwards from ADDRESS_ORIGIN.
         `max_split_size` (bytes; None: unlimited) and `roundup_divisions` (per power-of-two
         interval from 1 MiB) are PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb and
-        roundup_power2_divisions."""
+        roundup_power2_divisions. `trace_actions`: the only actions written to `trace`
+        (None: all; a replay reads back only its segment events)."""
         self.capacity = capacity
+        self.trace_actions = trace_actions
         self.max_split_size = max_split_size
         self.roundup_divisions = tuple(roundup_divisions)
         self.outside_pytorch = outside_pytorch
@@ -211,6 +214,8 @@ class CachingAllocatorSim:
         self, action: str, addr: int, size: int, stream: int, frames: list[FrameDict],
         addr_key: str = "addr",
     ) -> None:
+        if self.trace_actions is not None and action not in self.trace_actions:
+            return
         self.trace.append({
             "action": action, addr_key: addr, "size": size, "stream": stream,
             "time_us": self._tick(), "compile_context": "N/A", "user_metadata": "",

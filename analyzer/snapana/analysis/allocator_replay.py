@@ -26,7 +26,7 @@ start empty.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 #: Segment actions compared between the recorded trace and the model's.
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
+#: What the model writes in its own trace during a replay (the rest is not read back).
+MODEL_ACTIONS = frozenset(SEGMENT_ACTIONS) | {"oom"}
 #: Capacity when the capture gives none: no OOM but the recorded ones (1 TiB: more than any
 #: device; the expandable ranges of 1 1/8 of it still fit the simulated address space).
 UNBOUNDED = 1 << 40
@@ -58,6 +60,8 @@ class Setting:
     capacity: int | None = None  # None: the one that makes the recorded OOM's free true
     max_split_size: int | None = None
     roundup_divisions: tuple[int, ...] = ()
+    #: trace indices of `alloc` events left out, with their frees (a family dropped)
+    drop: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, conf: AllocConf, over: AllocConf | None = None,
@@ -123,29 +127,56 @@ class Replay:
         return [i for i, _ in self.simulated_ooms] == self.recorded_ooms
 
 
-def _capacity_for(events: list[dict[str, Any]], held: int = 0) -> int | None:
+class Trace:
+    """A device's trace as columns (action, idx, addr, size, stream, device_free): what
+    the model reads, without a dict per event (a million-event window would hold a GiB of
+    them)."""
+
+    COLUMNS = ("action", "idx", "addr", "size", "stream", "device_free")
+
+    def __init__(self, events: pl.DataFrame | list[dict[str, Any]]) -> None:
+        if isinstance(events, pl.DataFrame):
+            self.columns = tuple(events[c].to_list() for c in self.COLUMNS)
+        else:
+            self.columns = tuple([e.get(c) for e in events] for c in self.COLUMNS)
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def rows(self) -> Iterator[tuple[Any, ...]]:
+        return zip(*self.columns, strict=True)
+
+
+Events = Trace | pl.DataFrame | list[dict[str, Any]]
+
+
+def as_trace(events: Events) -> Trace:
+    return events if isinstance(events, Trace) else Trace(events)
+
+
+def _capacity_for(events: Events, held: int = 0) -> int | None:
     """The capacity that makes the last OOM's recorded free memory true: what was reserved
     before the window (`held`) and by the recorded segment events until then, plus
     device_free."""
     reserved = held
     capacity = None
-    for e in events:
-        a = e["action"]
+    for a, _, _, size, _, device_free in as_trace(events).rows():
         if a in ("segment_alloc", "segment_map"):
-            reserved += e["size"]
+            reserved += size
         elif a in ("segment_free", "segment_unmap"):
-            reserved -= e["size"]
-        elif a == "oom" and e.get("device_free") is not None:
-            capacity = reserved + int(e["device_free"])
+            reserved -= size
+        elif a == "oom" and device_free is not None:
+            capacity = reserved + int(device_free)
     return capacity
 
 
-def rerun(events: list[dict[str, Any]], device: int, setting: Setting,
+def rerun(events: Events, device: int, setting: Setting,
           before: Before | None = None, compare: bool = True) -> Replay:
-    """Re-run one device's `events` (dicts of action, addr, size, stream, device_free, idx,
-    in trace order) under `setting`, from the state `before` the window (None: empty).
-    `compare`: check the model's segment events against the recorded ones (under the
-    recorded settings); a what-if only runs."""
+    """Re-run one device's `events` (action, addr, size, stream, device_free, idx, in trace
+    order) under `setting`, from the state `before` the window (None: empty). `compare`:
+    check the model's segment events against the recorded ones (under the recorded
+    settings); a what-if only runs."""
+    events = as_trace(events)
     out = Replay(device, setting)
     held = before.reserved if before is not None else 0
     capacity = setting.capacity or _capacity_for(events, held) or UNBOUNDED
@@ -162,10 +193,11 @@ def rerun(events: list[dict[str, Any]], device: int, setting: Setting,
         return addresses[k]
 
     sim = CachingAllocatorSim(capacity, expandable_segments=setting.expandable_segments,
-                              addresses=recorded_address,
+                              addresses=recorded_address, trace_actions=MODEL_ACTIONS,
                               max_split_size=setting.max_split_size,
                               roundup_divisions=setting.roundup_divisions)
     blocks: dict[int, int] = {}  # recorded address -> the model's
+    dropped: set[int] = set()  # recorded addresses of live blocks left out
     if before is not None:
         if before.unsupported:
             out.stopped, out.stopped_at = before.unsupported, -1
@@ -174,39 +206,47 @@ def rerun(events: list[dict[str, Any]], device: int, setting: Setting,
             sim.adopt(*seg)
             blocks.update({b[0]: b[0] for b in seg[4] if b[3]})
     made = _Made(sim)
-    for e in events:
-        action, idx = e["action"], int(e["idx"])
+    last = -1
+    for action, idx, at, size, stream, _ in events.rows():
+        last = idx
         if action in SEGMENT_ACTIONS:
-            out.recorded.append((action, int(e["size"])))
+            out.recorded.append((action, size))
             out.recorded_at.append(idx)
-            addresses.append(int(e["addr"]))
+            addresses.append(at)
             if action in ("segment_free", "segment_unmap") and \
                     len(made.events()) < len(out.recorded):
                 sim.release_cached(sim.table.empty)  # the job released its cache here
+        elif action == "alloc" and idx in setting.drop:
+            dropped.add(at)
         elif action == "alloc":
             try:
-                blocks[int(e["addr"])] = sim.malloc(int(e["size"]), stream=int(e["stream"]))
+                blocks[at] = sim.malloc(size, stream=stream)
             except SimulatedOOM as oom:
                 out.simulated_ooms.append((idx, oom.requested))
                 out.stopped, out.stopped_at = ("the model ran out of memory here, where the "
                                                "job did not: what followed is not simulated",
                                                idx)
                 break
+        elif action == "free_completed" and at in dropped:
+            dropped.discard(at)
         elif action == "free_completed":
-            addr = blocks.pop(int(e["addr"]), None)
+            addr = blocks.pop(at, None)
             if addr is None:
                 out.stopped, out.stopped_at = ("a block allocated before the recorded window is "
                                                "freed here: the model does not hold it", idx)
                 break
             sim.free(addr)
+        elif action == "oom" and idx in setting.drop:
+            out.recorded_ooms.append(idx)  # the failed request is of a family left out
         elif action == "oom":
             out.recorded_ooms.append(idx)
             try:
-                addr = sim.malloc(int(e["size"]), stream=int(e["stream"]))
+                addr = sim.malloc(size, stream=stream)
             except SimulatedOOM as oom:
                 out.simulated_ooms.append((idx, oom.requested))
-            else:
-                sim.free(addr)  # the model found room: the request fits here
+            else:  # the model found room: the request fits here, and is counted held
+                out.peak_allocated = max(out.peak_allocated, sim.allocated)
+                sim.free(addr)
         out.peak_allocated = max(out.peak_allocated, sim.allocated)
         out.peak_reserved = max(out.peak_reserved, sim.reserved)
         if compare:
@@ -215,7 +255,7 @@ def rerun(events: list[dict[str, Any]], device: int, setting: Setting,
     out.final_segments = sim.segment_sizes()
     if compare and out.divergence is None and len(out.simulated) != len(out.recorded):
         k = min(len(out.simulated), len(out.recorded))
-        out.divergence = (k, int(events[-1]["idx"]) if events else 0,
+        out.divergence = (k, max(last, 0),
                           "the model made more segment events than the trace records"
                           if len(out.simulated) > len(out.recorded) else
                           "the trace records segment events the model did not make")
@@ -326,11 +366,12 @@ SMALLEST_STEP = 20 << 20
 SMALLEST_EVENTS = 50_000
 
 
-def smallest_capacity(events: list[dict[str, Any]], device: int, setting: Setting,
+def smallest_capacity(events: Events, device: int, setting: Setting,
                       before: Before | None) -> tuple[int | None, str]:
     """The least capacity (to SMALLEST_STEP) in which the window runs without an OOM under
     `setting`, by bisection between the peak allocated and the peak reserved of a run on an
     unbounded device; why not, when it cannot be found."""
+    events = as_trace(events)
     free_run = rerun(events, device, replace(setting, capacity=UNBOUNDED), before,
                      compare=False)
     if free_run.stopped:
@@ -349,13 +390,14 @@ def smallest_capacity(events: list[dict[str, Any]], device: int, setting: Settin
     return hi * SMALLEST_STEP, ""
 
 
-def predict(events: list[dict[str, Any]], device: int, recorded: Setting, changed: Setting,
+def predict(events: Events, device: int, recorded: Setting, changed: Setting,
             before: Before | None, card: int | None = None,
             smallest: bool | None = None) -> Prediction:
     """Re-run the window under the recorded settings (compared) and, where the model
     reproduces it, under `changed`. Capacities are what PyTorch could hold: the recorded
     OOM's implies it (reserved + device free); a changed card keeps what else held the
     recorded one (`card`, the recorded card's total, less that) when it is known."""
+    events = as_trace(events)
     first = rerun(events, device, recorded, before)
     held = before.reserved if before is not None else 0
     implied = _capacity_for(events, held)
@@ -428,13 +470,14 @@ def replay_knobs(capture: Capture, dr: DeviceReplay,
     simulated = [k for k in knobs if k.simulate]
     if not simulated:
         return {}
-    events = capture.device_events(dr.device).to_dicts()
-    if len(events) > REPLAY_EVENTS:
-        return {k.id: KnobReplay(k.simulate, None, f"not replayed: {len(events):,} events, "
+    frame = capture.device_events(dr.device)
+    if frame.height > REPLAY_EVENTS:
+        return {k.id: KnobReplay(k.simulate, None, f"not replayed: {frame.height:,} events, "
                                  f"more than {REPLAY_EVENTS:,}; snapana whatif runs it")
                 for k in simulated}
     conf = config.recorded(capture.allocator_settings)
     before = window_start(capture, dr)
+    events = Trace(frame)
     out = {}
     for k in simulated:
         asked, _ = config.parse(k.simulate)

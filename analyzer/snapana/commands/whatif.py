@@ -24,6 +24,10 @@ def whatif(
         "--capacity", metavar="SIZE",
         help="the card to run on, e.g. 141GiB (default: the one the recorded OOM implies)")
     ] = None,
+    drop: Annotated[list[str] | None, typer.Option(
+        "--drop", metavar="FAMILY",
+        help="leave a family's allocations in the window out, with their frees (e.g. "
+             "saved_activations); repeatable")] = None,
     smallest: Annotated[bool | None, typer.Option(
         "--smallest/--no-smallest",
         help="seek the least memory the window fits in under the change (a dozen replays; "
@@ -43,16 +47,20 @@ def whatif(
     simulated = [p for item in set_ or [] for p in alloc_conf.split_pairs(item)
                  if p.replace("=", ":", 1).partition(":")[0].strip() in alloc_conf.SIMULATED]
     card = resolve_capacity(capacity) if capacity is not None else None
-    if not simulated and card is None and not not_simulated:
+    families = tuple(dict.fromkeys(drop or ()))
+    if not simulated and card is None and not not_simulated and not families:
         raise InputError("nothing to change: give --set KEY:VALUE (e.g. "
-                         "expandable_segments:True, max_split_size_mb:512) or --capacity SIZE")
+                         "expandable_segments:True, max_split_size_mb:512), --capacity SIZE "
+                         "or --drop FAMILY")
     capture = policy.open_shown(file)
     devices = [device] if device is not None else capture.devices
-    predictions = [Session(capture, d).whatif(*simulated, capacity=card, smallest=smallest)
+    predictions = [Session(capture, d).whatif(*simulated, capacity=card, smallest=smallest,
+                                              drop=families)
                    for d in devices if d in capture.devices]
     if not predictions:
         raise InputError(f"{file}: no device {device} (devices: {capture.devices})")
     change = ", ".join([*(p if len(p) <= 60 else p[:59] + "…" for p in simulated),
-                        *([f"a card of {capacity}"] if capacity else [])]) or "nothing simulated"
+                        *([f"a card of {capacity}"] if capacity else []),
+                        *(f"without {f[:60]}" for f in families)]) or "nothing simulated"
     policy.emit(policy.render_view(whatif_view(str(file), change, predictions,
                                                tuple(not_simulated)), format.value))
