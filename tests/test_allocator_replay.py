@@ -484,3 +484,29 @@ def test_whatif_drop_agrees_with_the_static_what_if(tmp_path) -> None:
         assert d["reproduced"] and (d["changed"]["ooms"] == []) is fits[family], family
     bad = invoke("whatif", str(sample), "--drop", "nope")
     assert bad.returncode == 2 and "grad_buffer" in bad.stderr
+    early = invoke("whatif", str(ROOT / "sample_snapshots" / "fsdp-train-step.pickle"),
+                   "--free-before-forward", "gradients", "--empty-cache-before-forward")
+    assert early.returncode == 0 and "gradients freed before each forward" in early.stdout
+    assert "The model reproduces this window" in early.stdout
+
+
+def test_a_family_freed_where_the_forward_starts() -> None:
+    """Worked by hand: a 20 MiB gradient is held when the forward starts (event 2) and a
+    20 MiB activation needs a segment; a 24 MiB request then fails with 10 MiB free (50 MiB
+    PyTorch could hold). Freed at the boundary, the gradient's cached block takes the
+    activation (best fit, no cudaMalloc), and the request's 24 MiB segment fits: 44 MiB.
+    Emptying the cache there instead frees nothing (the gradient is still held)."""
+    from snapana.analysis.allocator_replay import predict
+
+    steps = [("segment_alloc", 0x1000_0000, 20 * MIB), *_alloc(0x1000_0000, 20 * MIB),
+             ("segment_alloc", 0x2000_0000, 20 * MIB), *_alloc(0x2000_0000, 20 * MIB),
+             ("oom", 0, 24 * MIB)]
+    trace = _trace(*steps)
+    trace[-1]["device_free"] = 10 * MIB
+    early = Setting(False, free_at=frozenset({2}), free_allocs=frozenset({1}))
+    p = predict(trace, 0, Setting(False), early, None)
+    assert p.trusted and p.changed is not None
+    assert p.changed.simulated_ooms == [] and p.changed.peak_reserved == 44 * MIB
+    assert p.changed.simulated == [("segment_alloc", 20 * MIB), ("segment_alloc", 24 * MIB)]
+    emptied = predict(trace, 0, Setting(False), Setting(False, empty_at=frozenset({2})), None)
+    assert emptied.changed is not None and [i for i, _ in emptied.changed.simulated_ooms] == [4]

@@ -182,7 +182,9 @@ class Session:
         return self.attributor.attribute(self.replay.blocks_at(moment))
 
     def whatif(self, *settings: str, capacity: int | str | None = None,
-               smallest: bool | None = None, drop: Sequence[str] = ()) -> Prediction:
+               smallest: bool | None = None, drop: Sequence[str] = (),
+               free_before_forward: Sequence[str] = (),
+               empty_cache_before_forward: bool = False) -> Prediction:
         """This device's recorded window re-run through the allocator model under the
         recorded settings (the proof) and under `settings` (PYTORCH_CUDA_ALLOC_CONF items,
         e.g. "expandable_segments:True", "max_split_size_mb:512") and `capacity` (a card,
@@ -190,7 +192,9 @@ class Session:
         `smallest`: seek the least memory the window fits in under the change (None: when
         the trace is short enough for its dozen replays to be quick). `drop`: families whose
         allocations in the window are left out, with their frees (blocks of theirs held
-        before the window stay)."""
+        before the window stay). `free_before_forward`: families whose live blocks are freed
+        where each forward phase starts (its first allocation, as the phases are inferred);
+        `empty_cache_before_forward`: torch.cuda.empty_cache() there."""
         try:
             asked, not_simulated = alloc_conf.parse(settings)
         except alloc_conf.ConfError as exc:
@@ -201,21 +205,51 @@ class Session:
         conf = alloc_conf.recorded(self.capture.allocator_settings)
         events = self.capture.device_events(self.device)
         changed = replace(Setting.of(conf, asked, card), drop=self._allocations_of(drop))
+        if free_before_forward or empty_cache_before_forward:
+            starts = self._forward_starts()
+            allocs, held = self._blocks_of(free_before_forward)
+            changed = replace(changed, free_at=starts if free_before_forward else frozenset(),
+                              free_allocs=allocs, free_held=held,
+                              empty_at=starts if empty_cache_before_forward else frozenset())
         return predict(events, self.device, Setting.of(conf), changed, self.window_start,
                        self.capture.capacity_bytes.get(self.device), smallest)
+
+    def _forward_starts(self) -> frozenset[int]:
+        """Trace indices where a forward phase starts: its first allocation."""
+        lifetimes = attribute_lifetimes(self.attributor, self.replay).filter(
+            pl.col("alloc_idx") >= 0).sort("alloc_idx")
+        phase = lifetimes["phase"]
+        starts = lifetimes.filter((phase == "forward") & (phase.shift(1) != "forward")
+                                  | (phase == "forward") & phase.shift(1).is_null())
+        if starts.is_empty():
+            raise InputError("no forward phase is marked in this window (the phases are "
+                             "inferred from the frames and annotations): nothing to free "
+                             "before it")
+        return frozenset(starts["alloc_idx"].to_list())
+
+    def _blocks_of(self, families: Sequence[str]) -> tuple[frozenset[int], frozenset[int]]:
+        """The allocations of `families` in the window (trace indices) and their blocks
+        held from before it (addresses)."""
+        if not families:
+            return frozenset(), frozenset()
+        lifetimes = self._family_lifetimes(families)
+        return (frozenset(lifetimes.filter(pl.col("alloc_idx") >= 0)["alloc_idx"].to_list()),
+                frozenset(lifetimes.filter(pl.col("alloc_idx") < 0)["address"].to_list()))
+
+    def _family_lifetimes(self, families: Sequence[str]) -> pl.DataFrame:
+        lifetimes = attribute_lifetimes(self.attributor, self.replay)
+        present = set(lifetimes["family"].unique().to_list())
+        missing = [f for f in families if f not in present]
+        if missing:
+            raise InputError(f"{missing[0][:60]!r}: no allocation of that family in this "
+                             f"window (families: {', '.join(sorted(present - {''}))})")
+        return lifetimes.filter(pl.col("family").is_in(list(families)))
 
     def _allocations_of(self, families: Sequence[str]) -> frozenset[int]:
         """Trace indices of the window's allocations of `families` (as attributed)."""
         if not families:
             return frozenset()
-        lifetimes = attribute_lifetimes(self.attributor, self.replay)
-        present = set(lifetimes["family"].unique().to_list())
-        missing = [f for f in families if f not in present]
-        if missing:
-            raise InputError(f"--drop {missing[0][:60]!r}: no allocation of that family in "
-                             f"this window (families: {', '.join(sorted(present - {''}))})")
-        rows = lifetimes.filter(pl.col("family").is_in(list(families))
-                                & (pl.col("alloc_idx") >= 0))
+        rows = self._family_lifetimes(families).filter(pl.col("alloc_idx") >= 0)
         a = self.attributor
         failed = [o.idx for o in self.replay.ooms if a.decide(o.stack_id, a.context(
             o.stack_id, "0,0", o.stream, ACTIVE_ALLOCATED, o.requested_bytes, o.idx)).family

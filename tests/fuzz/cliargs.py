@@ -1,6 +1,6 @@
 """The command line as input (issue #27): hostile values for every option that takes one
 (`--at`, `--capacity`, `--device`, `--workers`, `--rank`, `--block`, `--entries`, `--seed`,
-`whatif --set`, `--drop`),
+`whatif --set`, `--drop`, `--free-before-forward`),
 and outputs onto special files (a FIFO, a copy of /dev/null, a socket, links to them). A
 value is read by one strict parser (ASCII digits, one sign, in range) and refused in one
 line that quotes it cut short; an output that is not a regular file or folder is refused
@@ -41,6 +41,7 @@ DROP = ("nope", "", "parameters", "unknown", "\x1b[2J", "\ud800", "x" * 5000, "l
 OPTIONS = {
     "--at": AT, "--capacity": CAPACITY, "--device": COUNTS, "--workers": COUNTS,
     "--rank": COUNTS, "--block": BLOCK, "--set": SET, "--drop": DROP,
+    "--free-before-forward": DROP,
 }
 #: (option, commands that take it).
 TAKES = {
@@ -52,6 +53,8 @@ TAKES = {
                  ["whatif", "{input}", "--capacity", "141GiB"]),
     "--set": (["whatif", "{input}"], ["whatif", "{input}", "-f", "json"]),
     "--drop": (["whatif", "{input}"], ["whatif", "{input}", "-f", "markdown"]),
+    "--free-before-forward": (["whatif", "{input}"],
+                              ["whatif", "{input}", "--empty-cache-before-forward"]),
     "--workers": (["summary", "{input}", "{input}", "-f", "json"],),
     "--rank": (["report", "{input}", "{input}", "-o", "out.html"],),
     "--block": (["explain", "{input}"],),

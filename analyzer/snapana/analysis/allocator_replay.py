@@ -62,6 +62,14 @@ class Setting:
     roundup_divisions: tuple[int, ...] = ()
     #: trace indices of `alloc` events left out, with their frees (a family dropped)
     drop: frozenset[int] = frozenset()
+    #: phase boundaries (trace indices: the first event of each forward) where the blocks
+    #: below are freed, and where the cache is emptied (torch.cuda.empty_cache())
+    free_at: frozenset[int] = frozenset()
+    #: blocks freed at `free_at`: by the trace index of their allocation, and, for blocks
+    #: held before the window, by address
+    free_allocs: frozenset[int] = frozenset()
+    free_held: frozenset[int] = frozenset()
+    empty_at: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, conf: AllocConf, over: AllocConf | None = None,
@@ -198,6 +206,7 @@ def rerun(events: Events, device: int, setting: Setting,
                               roundup_divisions=setting.roundup_divisions)
     blocks: dict[int, int] = {}  # recorded address -> the model's
     dropped: set[int] = set()  # recorded addresses of live blocks left out
+    allocated_at: dict[int, int] = {}  # recorded address -> trace index of its allocation
     if before is not None:
         if before.unsupported:
             out.stopped, out.stopped_at = before.unsupported, -1
@@ -209,6 +218,10 @@ def rerun(events: Events, device: int, setting: Setting,
     last = -1
     for action, idx, at, size, stream, _ in events.rows():
         last = idx
+        if idx in setting.free_at:
+            _free_early(sim, setting, blocks, allocated_at, dropped)
+        if idx in setting.empty_at:
+            sim.release_cached(sim.table.empty)
         if action in SEGMENT_ACTIONS:
             out.recorded.append((action, size))
             out.recorded_at.append(idx)
@@ -221,6 +234,7 @@ def rerun(events: Events, device: int, setting: Setting,
         elif action == "alloc":
             try:
                 blocks[at] = sim.malloc(size, stream=stream)
+                allocated_at[at] = idx
             except SimulatedOOM as oom:
                 out.simulated_ooms.append((idx, oom.requested))
                 out.stopped, out.stopped_at = ("the model ran out of memory here, where the "
@@ -260,6 +274,17 @@ def rerun(events: Events, device: int, setting: Setting,
                           if len(out.simulated) > len(out.recorded) else
                           "the trace records segment events the model did not make")
     return out
+
+
+def _free_early(sim: CachingAllocatorSim, setting: Setting, blocks: dict[int, int],
+                allocated_at: dict[int, int], dropped: set[int]) -> None:
+    """Free, at a phase boundary, the live blocks `setting` names; their recorded frees
+    later on are then skipped."""
+    for at in [a for a in blocks if allocated_at.get(a, -1) in setting.free_allocs
+               or a not in allocated_at and a in setting.free_held]:
+        sim.free(blocks.pop(at))
+        allocated_at.pop(at, None)
+        dropped.add(at)
 
 
 class _Made:

@@ -28,6 +28,13 @@ def whatif(
         "--drop", metavar="FAMILY",
         help="leave a family's allocations in the window out, with their frees (e.g. "
              "saved_activations); repeatable")] = None,
+    free_before_forward: Annotated[list[str] | None, typer.Option(
+        "--free-before-forward", metavar="FAMILY",
+        help="free a family's live blocks where each forward phase starts (e.g. gradients: "
+             "optimizer.zero_grad(set_to_none=True) before the forward); repeatable")] = None,
+    empty_cache_before_forward: Annotated[bool, typer.Option(
+        "--empty-cache-before-forward",
+        help="torch.cuda.empty_cache() where each forward phase starts")] = False,
     smallest: Annotated[bool | None, typer.Option(
         "--smallest/--no-smallest",
         help="seek the least memory the window fits in under the change (a dozen replays; "
@@ -48,19 +55,25 @@ def whatif(
                  if p.replace("=", ":", 1).partition(":")[0].strip() in alloc_conf.SIMULATED]
     card = resolve_capacity(capacity) if capacity is not None else None
     families = tuple(dict.fromkeys(drop or ()))
-    if not simulated and card is None and not not_simulated and not families:
+    early = tuple(dict.fromkeys(free_before_forward or ()))
+    if not simulated and card is None and not not_simulated and not families and not early \
+            and not empty_cache_before_forward:
         raise InputError("nothing to change: give --set KEY:VALUE (e.g. "
                          "expandable_segments:True, max_split_size_mb:512), --capacity SIZE "
-                         "or --drop FAMILY")
+                         "--drop FAMILY or --free-before-forward FAMILY")
     capture = policy.open_shown(file)
     devices = [device] if device is not None else capture.devices
-    predictions = [Session(capture, d).whatif(*simulated, capacity=card, smallest=smallest,
-                                              drop=families)
+    predictions = [Session(capture, d).whatif(
+        *simulated, capacity=card, smallest=smallest, drop=families, free_before_forward=early,
+        empty_cache_before_forward=empty_cache_before_forward)
                    for d in devices if d in capture.devices]
     if not predictions:
         raise InputError(f"{file}: no device {device} (devices: {capture.devices})")
     change = ", ".join([*(p if len(p) <= 60 else p[:59] + "…" for p in simulated),
                         *([f"a card of {capacity}"] if capacity else []),
-                        *(f"without {f[:60]}" for f in families)]) or "nothing simulated"
+                        *(f"without {f[:60]}" for f in families),
+                        *(f"{f[:60]} freed before each forward" for f in early),
+                        *(["torch.cuda.empty_cache() before each forward"]
+                          if empty_cache_before_forward else [])]) or "nothing simulated"
     policy.emit(policy.render_view(whatif_view(str(file), change, predictions,
                                                tuple(not_simulated)), format.value))
