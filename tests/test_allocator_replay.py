@@ -448,8 +448,7 @@ def test_knobs_the_replay_contradicts_go_last_and_big_windows_are_not_replayed(
 def test_a_family_dropped_from_the_window_with_its_frees() -> None:
     """The demand OOM (two 20 MiB blocks held, 10 MiB free, a 24 MiB request: 50 MiB PyTorch
     could hold) without the first block's allocation: 20 + 24 = 44 MiB fits in 50, and the
-    peak allocated counts the request once it fits. Dropping the failed request itself
-    (its own family left out) also removes the OOM."""
+    peak allocated counts the request once it fits."""
     steps = [("segment_alloc", 0x1000_0000, 20 * MIB), *_alloc(0x1000_0000, 20 * MIB),
              ("segment_alloc", 0x2000_0000, 20 * MIB), *_alloc(0x2000_0000, 20 * MIB),
              ("oom", 0, 24 * MIB)]
@@ -461,9 +460,6 @@ def test_a_family_dropped_from_the_window_with_its_frees() -> None:
     assert p.trusted and p.recorded_capacity == 50 * MIB
     assert p.changed is not None and p.changed.simulated_ooms == []
     assert p.changed.peak_reserved == 44 * MIB and p.changed.peak_allocated == 44 * MIB
-    p = predict(demand, 0, Setting(False), Setting(False, drop=frozenset({4})), None)
-    assert p.changed is not None and p.changed.simulated_ooms == []
-    assert p.changed.recorded_ooms == [4]
 
 
 def test_whatif_drop_agrees_with_the_static_what_if(tmp_path) -> None:
@@ -510,3 +506,28 @@ def test_a_family_freed_where_the_forward_starts() -> None:
     assert p.changed.simulated == [("segment_alloc", 20 * MIB), ("segment_alloc", 24 * MIB)]
     emptied = predict(trace, 0, Setting(False), Setting(False, empty_at=frozenset({2})), None)
     assert emptied.changed is not None and [i for i, _ in emptied.changed.simulated_ooms] == [4]
+
+
+@pytest.mark.parametrize("name", [
+    "expandable-segments-oom.pickle", "slime-tp1-logits-fp32-oom.pickle",
+    "slime-tp1-long-episode-softmax-oom.pickle", "slime-tp2-chunked-logprob-oom.pickle"])
+def test_the_what_if_table_and_the_window_replay_agree(name) -> None:
+    """Two independent answers to "without this family, would the job have fit?": the
+    static placement of the failed request in the state at the OOM, and the whole recorded
+    window replayed without the family's allocations. On the bundled OOMs (and the real
+    3-GPU one, measured in the note) they agree family for family; the row says both."""
+    from snapana.render.wording import what_if_rows
+    from snapana.session import Session
+
+    from .conftest import ROOT
+
+    report = Session.open(ROOT / "sample_snapshots" / name).report
+    d = report.diagnosis
+    checked = 0
+    for w, row in zip(d.what_ifs, what_if_rows(report), strict=True):
+        p = d.whatif_replays[w.family]
+        assert p.changed is not None
+        assert (not p.changed.simulated_ooms) is w.fits, w.family
+        assert "replaying the window without it" in row[2]
+        checked += 1
+    assert checked >= 3

@@ -20,6 +20,7 @@ from snapana.analysis.allocator_replay import (
     Before,
     Prediction,
     Setting,
+    family_allocations,
     predict,
     window_start,
 )
@@ -31,7 +32,6 @@ from snapana.analysis.diagnosis.diagnose import device_report
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.explain import ExplainedSite, explain
 from snapana.analysis.replay import DeviceReplay, Moment, replay
-from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.errors import InputError
 from snapana.limits import MAX_DEVICES
 from snapana.model import Capture, ReadProgress
@@ -191,9 +191,10 @@ class Session:
         e.g. "141GiB"); a setting the model has no rule for is refused, never ignored.
         `smallest`: seek the least memory the window fits in under the change (None: when
         the trace is short enough for its dozen replays to be quick). `drop`: families whose
-        allocations in the window are left out, with their frees (blocks of theirs held
-        before the window stay). `free_before_forward`: families whose live blocks are freed
-        where each forward phase starts (its first allocation, as the phases are inferred);
+        allocations in the window are left out with their frees (blocks held before the
+        window stay, and so does a failed request: does it fit without them?).
+        `free_before_forward`: families whose live blocks are freed where each forward phase
+        starts (its first allocation, as the phases are inferred);
         `empty_cache_before_forward`: torch.cuda.empty_cache() there."""
         try:
             asked, not_simulated = alloc_conf.parse(settings)
@@ -249,12 +250,7 @@ class Session:
         """Trace indices of the window's allocations of `families` (as attributed)."""
         if not families:
             return frozenset()
-        rows = self._family_lifetimes(families).filter(pl.col("alloc_idx") >= 0)
-        a = self.attributor
-        failed = [o.idx for o in self.replay.ooms if a.decide(o.stack_id, a.context(
-            o.stack_id, "0,0", o.stream, ACTIVE_ALLOCATED, o.requested_bytes, o.idx)).family
-            in families]  # a failed request of the family is left out as well
-        return frozenset(rows["alloc_idx"].to_list() + failed)
+        return family_allocations(self._family_lifetimes(families), families)
 
     @cached_property
     def window_start(self) -> Before:

@@ -250,8 +250,6 @@ def rerun(events: Events, device: int, setting: Setting,
                                                "freed here: the model does not hold it", idx)
                 break
             sim.free(addr)
-        elif action == "oom" and idx in setting.drop:
-            out.recorded_ooms.append(idx)  # the failed request is of a family left out
         elif action == "oom":
             out.recorded_ooms.append(idx)
             try:
@@ -417,13 +415,14 @@ def smallest_capacity(events: Events, device: int, setting: Setting,
 
 def predict(events: Events, device: int, recorded: Setting, changed: Setting,
             before: Before | None, card: int | None = None,
-            smallest: bool | None = None) -> Prediction:
+            smallest: bool | None = None, proof: Replay | None = None) -> Prediction:
     """Re-run the window under the recorded settings (compared) and, where the model
     reproduces it, under `changed`. Capacities are what PyTorch could hold: the recorded
     OOM's implies it (reserved + device free); a changed card keeps what else held the
-    recorded one (`card`, the recorded card's total, less that) when it is known."""
+    recorded one (`card`, the recorded card's total, less that) when it is known. `proof`:
+    the recorded run, when several changes share it."""
     events = as_trace(events)
-    first = rerun(events, device, recorded, before)
+    first = proof if proof is not None else rerun(events, device, recorded, before)
     held = before.reserved if before is not None else 0
     implied = _capacity_for(events, held)
     capacity = changed.capacity or implied
@@ -525,3 +524,36 @@ def by_replay(knobs: tuple[Knob, ...], replays: Mapping[str, KnobReplay]) -> tup
         return 0 if gone is True else 2 if helps is False else 1
 
     return tuple(sorted(knobs, key=rank))
+
+
+def family_allocations(lifetimes: pl.DataFrame, families: Iterable[str]) -> frozenset[int]:
+    """Trace indices of the window's allocations of `families` (`attribute_lifetimes`).
+    A failed request is kept whatever its family: the question is whether it fits without
+    the others."""
+    rows = lifetimes.filter(pl.col("family").is_in(list(families)) & (pl.col("alloc_idx") >= 0))
+    return frozenset(rows["alloc_idx"].to_list())
+
+
+def replay_without(capture: Capture, dr: DeviceReplay, lifetimes: pl.DataFrame,
+                   families: Iterable[str]) -> dict[str, Prediction]:
+    """The recorded window replayed without each family's allocations (the what-if table's
+    question asked of the whole window, not only of the failed request); {} when the window
+    is longer than REPLAY_EVENTS or the model does not reproduce it."""
+    from snapana.allocator_model import config
+
+    frame = capture.device_events(dr.device)
+    if frame.height > REPLAY_EVENTS or frame.is_empty():
+        return {}
+    events, before = Trace(frame), window_start(capture, dr)
+    recorded = Setting.of(config.recorded(capture.allocator_settings))
+    proof = rerun(events, dr.device, recorded, before)
+    if not proof.exact or proof.oom_reproduced is False:
+        return {}
+    card = capture.capacity_bytes.get(dr.device)
+    out = {}
+    for family in families:
+        drop = family_allocations(lifetimes, [family])
+        if drop:
+            out[family] = predict(events, dr.device, recorded, replace(recorded, drop=drop),
+                                  before, card, smallest=False, proof=proof)
+    return out

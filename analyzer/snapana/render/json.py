@@ -181,6 +181,7 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
                       "private_pool_reserved_bytes": w.private_pool_reserved_bytes,
                       "fits_if_pool_released": w.fits_if_pool_released,
                       "spare_terms": [list(t) for t in w.spare_terms],
+                      "window_replay": _window_replay(d.whatif_replays.get(w.family)),
                       "result": row[2], "can_go": row[3]}
                      for w, row in zip(d.what_ifs, view.what_ifs, strict=True)],
         "knobs": [{"id": k.id, "framework": k.framework, "knob": k.knob,
@@ -308,6 +309,16 @@ def text_log(view: TextLogView, options: Options) -> str:
                   "ranks": {"columns": list(view.rank_columns),
                             "rows": [list(r) for r in view.rank_rows]},
                   "not_read": list(view.unrecognised), "record": list(view.record)})
+
+
+def _window_replay(p: Any) -> dict[str, Any] | None:
+    """The window replayed without a family (None: not replayed)."""
+    if p is None or p.changed is None:
+        return None
+    return {"oom_gone": not p.changed.simulated_ooms,
+            "ooms": [{"event": i, "request_bytes": n} for i, n in p.changed.simulated_ooms],
+            "peak_reserved_bytes": p.changed.peak_reserved,
+            "peak_allocated_bytes": p.changed.peak_allocated}
 
 
 def _knob_replay(r: Any) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from snapana.analysis.allocator_replay import KnobReplay
+from snapana.analysis.allocator_replay import KnobReplay, Prediction
 from snapana.analysis.compare import CaptureDiff, GrowthChange, Side, SiteChange
 from snapana.analysis.diagnosis.findings import (
     Cause,
@@ -659,6 +659,16 @@ _CAN_GO = {"yes": "yes", "offload": "by offloading", "shrink": "only shrink (op 
            "unknown": "not known"}
 
 
+def _window_words(p: Prediction) -> str:
+    """The whole window replayed without a family: the recorded OOM, and the peak."""
+    assert p.changed is not None
+    if p.changed.simulated_ooms:
+        return ("replaying the window without it, the job still runs out of memory (event "
+                f"{p.changed.simulated_ooms[0][0]})")
+    return ("replaying the window without it, the recorded OOM goes away (peak reserved "
+            f"{fmt_bytes(p.changed.peak_reserved)})")
+
+
 def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
     d = r.diagnosis
     rows = []
@@ -674,6 +684,9 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
             result = f"still short by {fmt_bytes(-(w.spare_bytes or 0))}"
         if w.private_pool_bytes and w.fits is not None:
             result += f" — {_pool_words(w)}"
+        replayed = d.whatif_replays.get(w.family)
+        if replayed is not None and replayed.changed is not None:
+            result += f" — {_window_words(replayed)}"
         can_go = _CAN_GO.get(w.removable, "no (model state)")
         if w.removable == "offload" and d.reloading:
             can_go = "by offloading (not offered: the OOM is in the reload)"

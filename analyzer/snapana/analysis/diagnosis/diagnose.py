@@ -14,7 +14,7 @@ from pathlib import PurePath
 
 import polars as pl
 
-from snapana.analysis.allocator_replay import by_replay, replay_knobs
+from snapana.analysis.allocator_replay import by_replay, replay_knobs, replay_without
 from snapana.analysis.attribution import chunk_groups, family_label
 from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
 from snapana.analysis.attribution.chunks import LOOP_FAMILIES
@@ -150,6 +150,9 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
         replays = replay_knobs(capture, dr, diagnosis.knobs)
         diagnosis = replace(diagnosis, knobs=by_replay(diagnosis.knobs, replays),
                             replays=replays)
+    if history and oom is not None and lifetimes is not None and diagnosis.what_ifs:
+        diagnosis = replace(diagnosis, whatif_replays=replay_without(
+            capture, dr, lifetimes, [w.family for w in diagnosis.what_ifs]))
     if impossible is not None:
         caveats.insert(0, f"the state at this moment cannot exist ({impossible}): the "
                        "cached and free figures are not computable")

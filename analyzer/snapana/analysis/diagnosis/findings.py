@@ -15,7 +15,7 @@ from typing import Literal, TypedDict
 import numpy as np
 import polars as pl
 
-from snapana.analysis.allocator_replay import KnobReplay
+from snapana.analysis.allocator_replay import KnobReplay, Prediction
 from snapana.analysis.evidence import JobEvidence
 from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline
 from snapana.analysis.knobs import Knob
@@ -246,6 +246,9 @@ class Diagnosis:
     #: Knob id -> its allocator settings replayed over the recorded window (knobs with
     #: `simulate`, in a capture with history): what the model predicts, or why it does not
     replays: Mapping[str, KnobReplay] = field(default_factory=dict)
+    #: Family -> the recorded window replayed without its allocations (at an OOM with
+    #: history, for the what-if families; empty where the model does not reproduce it)
+    whatif_replays: Mapping[str, Prediction] = field(default_factory=dict)
 
     def cause(self, cause_id: CauseId) -> Cause | None:
         return next((c for c in self.causes if c.id == cause_id), None)
