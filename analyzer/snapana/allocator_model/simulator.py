@@ -260,11 +260,12 @@ class CachingAllocatorSim:
         return sorted(self._live.values(), key=lambda b: b.address)
 
     def adopt(self, address: int, size: int, stream: int, small: bool,
-              blocks: Sequence[tuple[int, int, int, bool]]) -> None:
+              blocks: Sequence[tuple[int, int, int, bool]],
+              pool: tuple[int, int] = DEFAULT_POOL) -> None:
         """A segment of the default pool that existed before the simulation began (a
         recorded window that starts mid-run), with its blocks: (address, size, requested,
         allocated); the gaps between them are its free blocks."""
-        seg = Segment(address, size, stream, DEFAULT_POOL, small, False, self.table.empty)
+        seg = Segment(address, size, stream, pool, small, False, self.table.empty)
         at = address
         for addr, nbytes, requested, allocated in sorted(blocks):
             if addr > at:

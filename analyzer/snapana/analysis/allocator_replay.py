@@ -18,14 +18,18 @@ segments mapped by pages), driven by the trace:
   releasing its cache (`torch.cuda.empty_cache()`, or a retry after a failed cudaMalloc):
   the model releases its own cache there, and which segments it gives back is compared.
 
+- a request's pool (the trace names none) is that of the segment its recorded address lies
+  in: private pools (CUDA graphs, MemPool) are known from the segments held before the
+  window and those the snapshot ends with.
+
 What the model cannot know is said, and nothing is predicted from it: a free of a block
-allocated before the recorded window (the ring buffer dropped its start), a private pool
-(CUDA graphs: the trace does not name the pool of a request), a device whose window does not
-start empty.
+allocated before the recorded window (the ring buffer dropped its start), expandable
+segments mapped before the window; wherever its run parts from the recorded one.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -94,6 +98,10 @@ class Before:
 
     segments: tuple[tuple[int, int, int, bool, tuple[tuple[int, int, int, bool], ...]], ...]
     unsupported: str = ""
+    #: the pool of each held segment (by position) and of each request of the window that
+    #: went to a private pool (by trace index): see `request_pools`
+    segment_pools: tuple[tuple[int, int], ...] = ()
+    pools: Mapping[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def reserved(self) -> int:
@@ -211,9 +219,11 @@ def rerun(events: Events, device: int, setting: Setting,
         if before.unsupported:
             out.stopped, out.stopped_at = before.unsupported, -1
             return out
-        for seg in before.segments:
-            sim.adopt(*seg)
+        for i, seg in enumerate(before.segments):
+            pool = before.segment_pools[i] if i < len(before.segment_pools) else (0, 0)
+            sim.adopt(*seg, pool=pool)
             blocks.update({b[0]: b[0] for b in seg[4] if b[3]})
+    pools = before.pools if before is not None else {}
     made = _Made(sim)
     last = -1
     for action, idx, at, size, stream, _ in events.rows():
@@ -233,7 +243,7 @@ def rerun(events: Events, device: int, setting: Setting,
             dropped.add(at)
         elif action == "alloc":
             try:
-                blocks[at] = sim.malloc(size, stream=stream)
+                blocks[at] = sim.malloc(size, stream=stream, pool=pools.get(idx, (0, 0)))
                 allocated_at[at] = idx
             except SimulatedOOM as oom:
                 out.simulated_ooms.append((idx, oom.requested))
@@ -253,7 +263,7 @@ def rerun(events: Events, device: int, setting: Setting,
         elif action == "oom":
             out.recorded_ooms.append(idx)
             try:
-                addr = sim.malloc(size, stream=stream)
+                addr = sim.malloc(size, stream=stream, pool=pools.get(idx, (0, 0)))
             except SimulatedOOM as oom:
                 out.simulated_ooms.append((idx, oom.requested))
             else:  # the model found room: the request fits here, and is counted held
@@ -320,25 +330,51 @@ def _compare(out: Replay, made: list[tuple[str, int]], idx: int) -> None:
     out.compared = end
 
 
+def _pool(text: object) -> tuple[int, int]:
+    """A pool id as the analysis writes it ("0,1") as the allocator's (0, 1)."""
+    a, _, b = str(text).partition(",")
+    return (int(a), int(b)) if a.strip().lstrip("-").isdigit() and \
+        b.strip().lstrip("-").isdigit() else (0, 0)
+
+
+def request_pools(events: Events, held: Iterable[tuple[int, int, tuple[int, int]]],
+                  final: Iterable[tuple[int, int, tuple[int, int]]]
+                  ) -> dict[int, tuple[int, int]]:
+    """The private pool of each request of the window, which the trace does not name: the
+    pool of the segment its recorded address lies in. A segment's pool is known when it
+    was held before the window (`held`: address, size, pool) or is still in the snapshot
+    at the end (`final`); one made and freed inside the window is taken as the default
+    pool, and the model's proof run shows whether that holds."""
+    at_end = {(a, n): p for a, n, p in final}
+    live: dict[int, tuple[int, tuple[int, int]]] = {a: (n, p) for a, n, p in held}
+    starts = sorted(live)
+    out: dict[int, tuple[int, int]] = {}
+    for action, idx, at, size, _, _ in as_trace(events).rows():
+        if action == "segment_alloc":
+            live[at] = (size, at_end.get((at, size), (0, 0)))
+            bisect.insort(starts, at)
+        elif action == "segment_free" and at in live:
+            del live[at]
+            starts.remove(at)
+        elif action in ("alloc", "oom") and starts and at is not None:
+            i = bisect.bisect_right(starts, at) - 1
+            if i >= 0:
+                n, pool = live[starts[i]]
+                if starts[i] <= at < starts[i] + n and pool != (0, 0):
+                    out[idx] = pool
+    return out
+
+
 def before_window(segments: list[dict[str, Any]], blocks: list[dict[str, Any]],
-                  final_pools: Iterable[str] = ()) -> Before:
+                  final: Iterable[dict[str, Any]] = (), events: Events | None = None
+                  ) -> Before:
     """`Before` from the analysis's reconstruction of the state before the first event
     (`DeviceReplay.segments_at` / `blocks_at` at index -1): rows of segments (address,
     total_size, stream, pool, segment_type, expandable) and live blocks (address, size,
     requested_size, segment_address). A block pending a free is held until its recorded
-    free completes, as an allocated one. `final_pools`: the pools of the snapshot's own
-    segments; a private one there means some requests of the window went to a pool the
-    trace does not name, so the model is not run at all (rather than part from the trace
-    at the first of them)."""
-    if any(s["pool"] != "0,0" for s in segments):
-        return Before((), "segments of a private pool (CUDA graphs) were held before the "
-                          "window: the trace does not name the pool of a request")
-    private = sorted({p for p in final_pools if p != "0,0"})
-    if private:
-        return Before((), f"private pools ({', '.join(private)}: CUDA graphs or "
-                          "torch.cuda.MemPool) hold segments in this snapshot, and the trace "
-                          "does not name the pool of a request: private pools are not "
-                          "simulated")
+    free completes, as an allocated one. `final`: the snapshot's own segments (address,
+    total_size, pool) and `events` the window, from which each request's private pool is
+    inferred (`request_pools`)."""
     if any(s["expandable"] for s in segments):
         return Before((), "expandable segments were mapped before the window: the model "
                           "does not know their reserved ranges")
@@ -350,9 +386,16 @@ def before_window(segments: list[dict[str, Any]], blocks: list[dict[str, Any]],
             (int(b["address"]), int(b["size"]),
              int(b["requested_size"] if b["requested_size"] is not None else b["size"]),
              True))
+    pools = tuple(_pool(s["pool"]) for s in segments)
+    pooled = request_pools(
+        events if events is not None else [],
+        [(int(s["address"]), int(s["total_size"]), p) for s, p in zip(segments, pools,
+                                                                       strict=True)],
+        [(int(f["address"]), int(f["total_size"]), _pool(f["pool"])) for f in final])
     return Before(tuple((int(s["address"]), int(s["total_size"]), int(s["stream"]),
                          s["segment_type"] == "small",
-                         tuple(held.get(int(s["address"]), ()))) for s in segments))
+                         tuple(held.get(int(s["address"]), ()))) for s in segments),
+                  segment_pools=pools, pools=pooled)
 
 
 @dataclass(frozen=True)
@@ -482,7 +525,7 @@ def window_start(capture: Capture, dr: DeviceReplay) -> Before:
     start = Moment("event", -1)
     final = capture.segments.filter(pl.col("device") == dr.device)
     return before_window(dr.segments_at(start).to_dicts(), dr.blocks_at(start).to_dicts(),
-                         final["pool"].to_list())
+                         final.to_dicts(), capture.device_events(dr.device))
 
 
 def replay_knobs(capture: Capture, dr: DeviceReplay,
