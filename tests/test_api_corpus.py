@@ -56,8 +56,13 @@ def _analysis_members(a: Analysis, tmp: Path) -> dict[str, Callable[[], Any]]:
     def at() -> None:
         dr = a.replay
         _check_state(a.at(), a)
-        for m in ("peak", "end", "interest"):
+        for m in ("end", "interest"):
             _check_state(a.at(moment=m), a)
+        if dr.has_history:
+            _check_state(a.at(moment="peak"), a)
+        else:  # no history, no peak: the error names the one moment there is
+            with pytest.raises(MomentError):
+                a.at(moment="peak")
         if a.device_report.oom is not None:
             _check_state(a.at(moment="oom"), a)
         else:
@@ -198,3 +203,20 @@ def test_every_public_member_works(path, tmp_path) -> None:
         except Exception as exc:  # collect them all: one run names every broken member
             failures.append(f"{name}: {type(exc).__name__}: {exc}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "llm-1.3b-no-history*"))
+def test_a_capture_without_history_has_no_peak_to_ask_for(path):
+    """Issue 46: asking a history-less capture for its peak is an error naming the moment it
+    has, in the API and on the command line, never the snapshot relabelled as a peak."""
+    import snapana
+    from snapana.analysis.replay import MomentError
+
+    from .conftest import invoke
+
+    a = snapana.load(path)
+    with pytest.raises(MomentError, match="no allocation history.*'end'"):
+        a.at(moment="peak")
+    assert a.at(moment="end").moment.kind == "snapshot"
+    out = invoke("summary", str(path), "--at", "peak")
+    assert out.returncode == 2 and "no allocation history" in out.stderr

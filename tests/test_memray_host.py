@@ -234,6 +234,8 @@ def test_corpus_capture_is_read_and_its_sites_named(path, reader_119, tmp_path):
         text = renderers.render(cv, fmt)
         assert "torch.cuda.memory" not in text and "_record_memory_history" not in text, fmt
     assert "torch" not in view.history_note
+    page = renderers.render(cv, "html")
+    assert "snapana — host memory report" in page and "GPU memory report" not in page
 
 
 # ----- a real training job ---------------------------------------------------------------------

@@ -149,3 +149,32 @@ def test_batch_of_files_without_ranks_keeps_every_file(tmp_path):
     ranks = pl.read_parquet(out / "ranks", hive_partitioning=True)
     assert sorted(Path(f).name for f in ranks["file"].to_list()) == [p.name for p in samples]
     assert set(ranks["rank"].to_list()) == {-1}
+
+
+def test_a_folder_is_read_by_content_and_nothing_is_dropped_silently(tmp_path):
+    """Issue 46: a folder holding a suffixed pickle (`rank1.pickle__<sha>`, as artefact
+    stores name them), a profiler trace, a memray capture, a text log, an empty file and a
+    sidecar: the two snapshots are analysed, each other file is named with why it is not."""
+    import shutil
+
+    shutil.copy(SAMPLES / "slime-tp2-recompute-loss-ok.pickle", tmp_path / "rank0.pickle")
+    shutil.copy(SAMPLES / "slime-tp2-chunked-logprob-oom.pickle",
+                tmp_path / "rank1.pickle__3f2a9c")
+    (tmp_path / "trace.json").write_text('{"traceEvents": [], "schemaVersion": 1}')
+    (tmp_path / "host.bin").write_bytes(b"memray\x00\x01 not a whole capture")
+    (tmp_path / "job.log").write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    (tmp_path / "empty.dat").write_bytes(b"")
+    (tmp_path / "rank9.pickle.meta.json").write_text("{}")
+    out = invoke("summary", str(tmp_path), "-f", "json")
+    data = json.loads(out.stdout)
+    assert data["headline"].startswith("2 inputs, 2 analysed.")
+    assert {Path(e["file"]).name for e in data["inputs"]} == {"rank0.pickle",
+                                                               "rank1.pickle__3f2a9c"}
+    why = {line.split(":", 1)[0]: line for line in data["skipped"]}
+    assert set(why) == {"trace.json", "host.bin", "job.log", "empty.dat",
+                        "rank9.pickle.meta.json"}
+    assert "profiler trace" in why["trace.json"] and "memray" in why["host.bin"]
+    assert "--log" in why["job.log"] and "empty file" in why["empty.dat"]
+    assert "sidecar" in why["rank9.pickle.meta.json"]
+    text = " ".join(invoke("summary", str(tmp_path)).stdout.split())
+    assert "5 other files not taken as inputs" in text

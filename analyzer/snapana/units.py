@@ -150,3 +150,8 @@ def parse_capacity(value: int | str) -> int:
         raise ValueError(f"capacity {quote(str(value))} is not a device size (0 < capacity <= "
                          f"{fmt_bytes(MAX_DEVICE_BYTES)}; e.g. 80GiB)")
     return n
+
+
+def plural(n: int, noun: str) -> str:
+    """"1 block", "2 blocks": a count with its noun (regular plurals only)."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")

@@ -179,6 +179,9 @@ class DeviceReplay:
                 raise MomentError(f"{where} has no OOM; try --at peak or --at end")
             return self.oom_moment
         if at == "peak":
+            if not self.has_history:
+                raise MomentError(f"{where} records no allocation history, so no peak: its "
+                                  "one moment is the snapshot ('end')")
             return self.peak
         if at == "end":
             return self.final

@@ -37,6 +37,8 @@ class Inputs:
     paths: list[Path]
     single: Path | None = None
     sidecars: dict[Path, Path | None] = field(default_factory=dict)
+    #: a line for each file of a named folder that is not an input, with why
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def files(self) -> list[Path]:
@@ -51,18 +53,24 @@ class Inputs:
 def inputs(files: list[str], at: str | None = None) -> Inputs:
     """The inputs named: one capture (a file, or an export folder) or many; `--at` applies
     to one capture only."""
-    from snapana.analysis.ranks.runner import expand_inputs
+    from snapana.analysis.ranks.runner import expand
     from snapana.sources.parquet_dir import MARKER
 
     only = Path(files[0]) if len(files) == 1 else None
     single = None
     if only is not None and (not only.is_dir() or (only / MARKER).is_file()):
-        paths = expand_inputs(files)
+        paths, _ = expand(files)
         single = paths[0] if len(paths) == 1 else None
     if single is None and at is not None:
         raise InputError("--at applies to one capture; with several inputs, pick one file")
-    paths = [single] if single is not None else expand_inputs(files)
-    return with_sidecars(paths, single)
+    skipped: list[str] = []
+    if single is None:
+        paths, skipped = expand(files)
+    else:
+        paths = [single]
+    ins = with_sidecars(paths, single)
+    ins.skipped = skipped
+    return ins
 
 
 def with_sidecars(paths: list[Path], single: Path | None = None) -> Inputs:
@@ -360,6 +368,7 @@ def shown(ins: Inputs, device: int | None, rules: list[Path] | None, capacity: s
             reports += [s.report for s in sessions_of(extra, None, ruleset, cap)]
         return Shown(reports)
     multi, run = analyse_many(ins.paths, workers, rules, ruleset, cap)
+    multi.skipped = list(ins.skipped)
     chosen = shown_in_full(multi, rank)
     if chosen is None:
         return Shown([], multi)

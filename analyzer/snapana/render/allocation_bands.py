@@ -37,7 +37,7 @@ import polars as pl
 from snapana.analysis.attribution.sites import format_frame, site_of
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.model import Frame, StackTable, is_python_frame
-from snapana.units import fmt_bytes
+from snapana.units import fmt_bytes, plural
 
 WINDOW_EVENTS = 1000  # the most events the window holds (the moment is the last)
 MIN_WINDOW_EVENTS = 100  # the fewest, when the trace has them
@@ -170,7 +170,7 @@ def allocations_view(r: DeviceReport, colours: Mapping[str, str], other_colour: 
     n_other = int(rest.sum())
     if n_other:
         ev = _breaks(edges, np.ones(width, dtype=bool))
-        label = f"other ({n_other:,} allocations)"
+        label = f"other ({plural(n_other, 'allocation')})"
         most = int((edges[1] - edges[0]).max(initial=0))
         bands.append(AllocationBand(
             kind="other", name=label, family="", size=most, count=n_other, evidence="",
@@ -220,7 +220,7 @@ class _Words:
         address, alloc = self._where(largest)
         counts = self.lt[members.tolist()]["evidence"].value_counts(sort=True)
         evidence = ", ".join(f"{e} ({c:,})" for e, c in counts.iter_rows())
-        what = f"{n:,} allocations held through the window"
+        what = f"{plural(n, 'allocation')} held through the window"
         return AllocationBand(
             kind="held", name=family, family=family, size=total, count=n,
             evidence=evidence, site=site,

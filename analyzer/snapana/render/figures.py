@@ -34,7 +34,7 @@ from snapana.render.views import (
     TimelineView,
 )
 from snapana.render.wording import RECORD_HISTORY, allocations_note, inferred_note, rank_label
-from snapana.units import GiB, fmt_bytes
+from snapana.units import GiB, fmt_bytes, plural
 
 #: The public names of a device's figures.
 FigureName = Literal["families", "timeline", "families_over_time", "allocations", "segments",
@@ -131,14 +131,14 @@ def families(v: DeviceView) -> Figure:
         values.append(g.bytes)
         text.append(fmt_bytes(g.bytes))  # short, so small boxes keep a readable label
         note = f" ({inferred_note(g)})" if g.inferred_bytes else ""
-        hover.append(f"{fmt_bytes(g.bytes)} in {g.blocks} blocks{note}")
+        hover.append(f"{fmt_bytes(g.bytes)} in {plural(g.blocks, 'block')}{note}")
         for i, s in enumerate(g.sites[:25]):
             ids.append(f"{gid}:{i}")
             labels.append(str(s["site"]))
             parents.append(gid)
             values.append(s["bytes"])
             text.append(fmt_bytes(s["bytes"]))
-            hover.append(f"{fmt_bytes(s['bytes'])} in {s['blocks']} blocks")
+            hover.append(f"{fmt_bytes(s['bytes'])} in {plural(s['blocks'], 'block')}")
         rest = g.sites[25:]
         if rest:
             ids.append(f"{gid}:rest")
@@ -431,7 +431,7 @@ def sites(v: DeviceView) -> Figure:
         fig["data"].append(_trace(
             "bar", y=[s.site for s in shown], x=[s.bytes / GiB for s in shown], name=family,
             marker=dict(color=v.colours.get(family, UNKNOWN_COLOUR)), orientation="h",
-            text=[f"{fmt_bytes(s.bytes)} in {s.blocks} blocks" for s in shown],
+            text=[f"{fmt_bytes(s.bytes)} in {plural(s.blocks, 'block')}" for s in shown],
             hovertemplate="%{y}<br>%{text}<extra>%{fullData.name}</extra>",
             textposition="none"))
     order = [s.site for s in r.top_sites]

@@ -20,7 +20,7 @@ from snapana.render.assets import plotly_js_gzip_b64, plotly_template_json
 from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.wording import GROWTH_HEADING, evidence_note
-from snapana.units import fmt_bytes
+from snapana.units import fmt_bytes, plural
 
 _TEMPLATES = Path(__file__).parent / "templates"
 _FIGURE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB)\b")
@@ -139,8 +139,12 @@ def _ranks(v: RanksView | None) -> dict[str, Any] | None:
 
 def _page(title: str, devices: tuple[DeviceView, ...], ranks: RanksView | None,
           together: dict[str, Any] | None, device_table: CaptureView | None = None) -> str:
+    hosts = {d.host for d in devices}
+    heading = ("host memory report" if hosts == {True} else
+               "GPU and host memory report" if hosts == {True, False} else "GPU memory report")
     return _template("report.html.j2").render(
         title=title,
+        heading=heading,
         multi=_ranks(ranks),
         device_table=device_table if device_table is not None and device_table.device_rows
         else None,
@@ -165,7 +169,7 @@ def capture(view: CaptureView, options: Options) -> str:
 
 def ranks(view: RanksView, options: Options) -> str:
     """The rank table and its heatmap alone."""
-    return _page(f"{len(view.report.ranks)} inputs", (), view, None)
+    return _page(plural(len(view.report.ranks), "input"), (), view, None)
 
 
 def diff(view: DiffView, options: Options) -> str:

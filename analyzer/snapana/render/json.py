@@ -183,7 +183,7 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
                       "spare_terms": [list(t) for t in w.spare_terms],
                       "window_replay": _window_replay(d.whatif_replays.get(w.family)),
                       "result": row[2], "can_go": row[3]}
-                     for w, row in zip(d.what_ifs, view.what_ifs, strict=True)],
+                     for w, row in zip(view.what_if_items, view.what_ifs, strict=True)],
         "knobs": [{"id": k.id, "framework": k.framework, "knob": k.knob,
                    "families": list(k.families), "causes": list(k.causes),
                    "direction": k.direction, "cost": k.cost, "effect": k.effect,
@@ -271,7 +271,8 @@ def ranks_dict(view: RanksView) -> dict[str, Any]:
             "outlier_families": [o["family"] for o in m.outliers if o["file"] == r.file],
         })
     return {"headline": view.headline, "inputs": entries, "one_job": m.one_job,
-            "why_not_one_job": m.why_not_one_job, "outliers": m.outliers}
+            "why_not_one_job": m.why_not_one_job, "outliers": m.outliers,
+            "skipped": list(m.skipped)}
 
 
 def _size(s: Size | None) -> dict[str, Any] | None:

@@ -26,7 +26,7 @@ import polars as pl
 
 from snapana.analysis.attribution.families import family_ids
 from snapana.analysis.compare import CaptureDiff
-from snapana.analysis.diagnosis.findings import Band, DeviceReport, Timeline
+from snapana.analysis.diagnosis.findings import Band, DeviceReport, Timeline, WhatIf
 from snapana.analysis.explain import ExplainedSite
 from snapana.analysis.log_check import LogCheck
 from snapana.analysis.ranks.aggregate import MultiReport
@@ -35,7 +35,7 @@ from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
 from snapana.render.explorer import explorer_data
 from snapana.render.text_log import base_name
-from snapana.units import fmt_bytes
+from snapana.units import fmt_bytes, plural
 
 TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
 FAMILY_POINTS = 700  # points per family area (ten areas: the page stays small)
@@ -351,7 +351,7 @@ def cap_ranges(blocks: Sequence[SegmentRange], seg_size: int,
                 f"{r['n']} blocks: {', '.join(labels[:3])}{'...' if len(labels) > 3 else ''}"
         if "by_state" in r:
             out.append(SegmentRange(r["offset"], r["size"], r["state"],
-                                    f"{r['n']} blocks in this range", r["by_state"]))
+                                    f"{plural(r['n'], 'block')} in this range", r["by_state"]))
         else:
             out.append(SegmentRange(r["offset"], r["size"], r["state"], label))
     return out
@@ -394,6 +394,8 @@ class DeviceView:
     #: demand or fragmentation from the segments
     sizes: tuple[tuple[str, str, str, str], ...] = ()
     demand: str = ""
+    #: the what-ifs `what_ifs` words, in its order (wording.shown_what_ifs)
+    what_if_items: tuple[WhatIf, ...] = ()
 
     @cached_property
     def timeline(self) -> TimelineView:
@@ -443,6 +445,7 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
     return DeviceView(
         report=r, name=w.device_text(r), moment=w.moment_text(r), verdict=w.verdict(r),
         headline=tuple(w.headline_rows(r)), what_ifs=tuple(w.what_if_rows(r)),
+        what_if_items=tuple(w.shown_what_ifs(r)),
         knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)),
         group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r),
         history_note=w.host_history_note(r) if r.source in w.HOST_SOURCES else "",

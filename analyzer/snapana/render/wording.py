@@ -22,7 +22,7 @@ from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.analysis.knobs import COST_WORDS, Knob
 from snapana.analysis.ranks.aggregate import MultiReport, RankSummary
 from snapana.render.allocation_bands import AllocationsView
-from snapana.units import fmt_bytes, parse_bytes
+from snapana.units import fmt_bytes, parse_bytes, plural
 
 #: A figure of a state that cannot exist (the report's warnings say why).
 NOT_COMPUTABLE = "not computable"
@@ -121,8 +121,9 @@ def repeat_text(c: ChunkLoop) -> str:
             fmt_bytes(round(c["count"] * parse_bytes(size))) == total:
         return f"{c['count']} × {size} = {total}"
     if c["min_size"] == c["max_size"]:
-        return f"{c['count']} blocks of {size} each, total {total}"
-    return (f"{c['count']} blocks, {fmt_bytes(c['min_size'])}–{fmt_bytes(c['max_size'])}, "
+        return f"{plural(c['count'], 'block')} of {size} each, total {total}"
+    return (f"{plural(c['count'], 'block')}, "
+            f"{fmt_bytes(c['min_size'])}–{fmt_bytes(c['max_size'])}, "
             f"total {total}")
 
 
@@ -456,7 +457,7 @@ def _sizes_words(r: DeviceReport) -> str:
     held = sum(g.total for g in groups)
     return (f"By size, the largest tensors are {'; '.join(parts)}: "
             f"{_pct(held / (r.allocated_bytes or 1))} of allocated in "
-            f"{sum(g.count for g in groups)} blocks (the sizes table lists them).")
+            f"{plural(sum(g.count for g in groups), 'block')} (the sizes table lists them).")
 
 
 def demand_statement(r: DeviceReport) -> str:
@@ -669,10 +670,26 @@ def _window_words(p: Prediction) -> str:
             f"{fmt_bytes(p.changed.peak_reserved)})")
 
 
+#: A what-if row for a family under this share of allocated is left out (unless it alone
+#: makes the request fit, or the verdict names it): a few KiB cannot change the outcome.
+WHATIF_MIN_SHARE = 0.01
+
+
+def shown_what_ifs(r: DeviceReport) -> list[WhatIf]:
+    """The what-ifs a report shows: none without a request and without history (each row
+    would only restate the family's size at the snapshot), and not the negligible ones."""
+    d = r.diagnosis
+    if not d.history and all(w.fits is None for w in d.what_ifs):
+        return []
+    floor = WHATIF_MIN_SHARE * r.allocated_bytes
+    named = {d.excess_family, d.alternative_family, d.request_family}
+    return [w for w in d.what_ifs if w.fits or w.bytes >= floor or w.family in named]
+
+
 def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
     d = r.diagnosis
     rows = []
-    for w in d.what_ifs:
+    for w in shown_what_ifs(r):
         if w.fits is None:
             result = (f"peak lower by {fmt_bytes(w.bytes)}" if d.history else
                       f"{fmt_bytes(w.bytes)} less at the high-water mark"
@@ -1017,9 +1034,19 @@ def rank_rows(m: MultiReport) -> list[tuple[str, str, str, str, str, str, str]]:
     return out
 
 
+#: Files of a folder not taken as inputs, listed by name in the headline (the rest counted).
+SKIPPED_SHOWN = 10
+
+
 def ranks_headline(m: MultiReport) -> str:
     n_ok, n = len(m.ok), len(m.ranks)
-    parts = [f"{n} inputs, {n_ok} analysed."]
+    parts = [f"{plural(n, 'input')}, {n_ok} analysed."]
+    if m.skipped:
+        shown = "; ".join(m.skipped[:SKIPPED_SHOWN])
+        more = f"; and {len(m.skipped) - SKIPPED_SHOWN} more" \
+            if len(m.skipped) > SKIPPED_SHOWN else ""
+        parts.append(f"{plural(len(m.skipped), 'other file')} not taken as inputs: "
+                     f"{shown}{more}.")
     first = m.first_oom
     if first is not None and first.oom is not None:
         who = (f"rank {first.rank} ({first.file.rsplit('/', 1)[-1]})" if first.rank is not None

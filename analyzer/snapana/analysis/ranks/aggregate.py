@@ -82,6 +82,8 @@ class MultiReport:
     families: list[str]
     one_job: bool
     why_not_one_job: list[str]
+    #: a line for each file of a named folder that is not an input, with why
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> list[RankSummary]:

@@ -36,17 +36,36 @@ if TYPE_CHECKING:
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".pt", ".snapshot")
 
 
+#: What a folder's other files are, by what their first bytes say (`sources.sniff`), and
+#: why a rank table does not take them.
+NOT_A_RANK = {
+    "kineto_trace": "a torch.profiler trace: give it alone, or beside a snapshot with --trace",
+    "memory_timeline": "a profiler memory timeline: give it alone, or with --trace",
+    "memray": "a memray capture: give it alone, or beside a snapshot with --memray",
+    "memray_parquet": "a converted memray capture: give it alone, or with --memray",
+    "text_log": "a text log: give it alone, or beside a snapshot with --log",
+}
+
+
 def expand_inputs(args: Iterable[str | Path]) -> list[Path]:
     """Files, directories (their snapshot files) and globs, in a stable order."""
+    return expand(args)[0]
+
+
+def expand(args: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
+    """`expand_inputs`, and a line for each file of a named folder that is not taken, with
+    why: a folder's files are told apart by content, never dropped without a word."""
     out: list[Path] = []
+    skipped: list[str] = []
     for arg in args:
         p = Path(arg)
         if p.is_dir() and not (p / EXPORT_MARKER).exists():
-            found = sorted(f for f in p.iterdir()
-                           if f.is_file() and f.name.lower().endswith(SNAPSHOT_SUFFIXES))
+            found, passed = _folder(p)
             if not found:
-                raise InputError(f"{p}: no snapshot files (*.pickle) in this directory")
+                raise InputError(f"{p}: no snapshot files (*.pickle) in this directory"
+                                 + (f" ({len(passed)} other files)" if passed else ""))
             out.extend(found)
+            skipped.extend(passed)
         elif any(ch in str(arg) for ch in "*?[") and not p.exists():
             matches = sorted(Path(m) for m in glob.glob(str(arg)))
             if not matches:
@@ -54,7 +73,37 @@ def expand_inputs(args: Iterable[str | Path]) -> list[Path]:
             out.extend(matches)
         else:
             out.append(p)
-    return list(dict.fromkeys(out))  # each input once, first mention wins
+    return list(dict.fromkeys(out)), skipped  # each input once, first mention wins
+
+
+def _folder(folder: Path) -> tuple[list[Path], list[str]]:
+    """A folder's snapshots (by name, or by content whatever their name: `x.pickle__sha`),
+    and a line for each other file."""
+    from snapana.sources import sniff
+    from snapana.units import inert
+
+    found: list[Path] = []
+    skipped: list[str] = []
+    for f in sorted(folder.iterdir()):
+        if f.name.startswith(".") or not f.is_file():
+            continue
+        if f.name.lower().endswith(SNAPSHOT_SUFFIXES):
+            found.append(f)
+            continue
+        if f.name.endswith(".meta.json"):
+            skipped.append(f"{inert(f.name, lines=False)}: a sidecar, read with its capture")
+            continue
+        try:
+            kind = sniff(f)
+        except InputError as exc:
+            why = str(exc).removeprefix(f"{f}: ")
+            skipped.append(f"{inert(f.name, lines=False)}: not read ({inert(why, lines=False)})")
+            continue
+        if kind == "torch_snapshot":
+            found.append(f)
+        else:
+            skipped.append(f"{inert(f.name, lines=False)}: {NOT_A_RANK.get(kind, kind)}")
+    return found, skipped
 
 
 def summarize_file(path: str, rule_files: list[str] | None = None,
