@@ -276,3 +276,30 @@ def test_package_root_exports_survive_every_submodule_import(tmp_path: Path) -> 
     assert cmp.families["change"].abs().sum() == 0
     with pytest.raises(AttributeError):
         snapana.nope  # noqa: B018
+
+
+def test_notebook_outputs_have_a_short_plain_form(oom: Analysis) -> None:
+    """Issue 46: a notebook saves every output's text/plain beside its HTML, and a terminal
+    IPython prints it: the explorer's is one line (not its 2 MB page), an explanation's a
+    small table (not the dataclasses' regexes and frames), each under 1 KB; the HTML forms
+    carry the content."""
+    from snapana.analysis.explain import ExplainedSite
+
+    page = oom.explore()
+    assert len(repr(page)) < 1024 and "Explorer" in repr(page)
+    assert len(page.html) > 100_000 and "srcdoc" in page._repr_html_()
+    sites = oom.explain(limit=5)
+    assert sites and all(isinstance(e, ExplainedSite) for e in sites)
+    text = repr(sites)
+    assert len(text) < 1024 and sites[0].family in text
+    assert "<table" in sites._repr_html_() and sites[0].family in sites._repr_html_()
+
+
+def test_timeline_counts_from_the_first_event_beside_the_trace_clock(oom: Analysis) -> None:
+    """time_us is the trace's clock; since_start_us the same instant counted from the
+    device's first recorded event (read here from the raw pickle's trace), as every figure
+    and the report count."""
+    raw = raw_load(Path(oom.capture.path))
+    first = min(e["time_us"] for e in raw["device_traces"][oom.device] if "time_us" in e)
+    t = oom.timeline
+    assert t.height and (t["since_start_us"] == t["time_us"] - first).all()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html as _html
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,6 +21,7 @@ import polars as pl
 from snapana.analysis.attribution.assign import Attributor
 from snapana.analysis.attribution.engine import RuleSet
 from snapana.analysis.diagnosis.findings import DeviceReport, Diagnosis
+from snapana.analysis.explain import ExplainedSite
 from snapana.analysis.replay import DeviceReplay, Moment
 from snapana.caching_allocator import ACTIVE_PENDING_FREE
 from snapana.io import tables
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from snapana.analysis.compare import CaptureDiff
-    from snapana.analysis.explain import ExplainedSite
     from snapana.render import Format
     from snapana.render.figures import DiffFigureName, FigureName
     from snapana.render.views import CaptureView, DeviceView, DiffView
@@ -176,15 +176,22 @@ class Analysis:
 
     @cached_property
     def timeline(self) -> pl.DataFrame:
-        """event, time_us, family, bytes: each family's live bytes after every event where
-        they change (event -1: before the first event; time_us None without a clock). At
-        any event the families' latest values add up to allocated bytes. Empty without
-        history."""
+        """event, time_us, since_start_us, family, bytes: each family's live bytes after
+        every event where they change (event -1: before the first event). time_us is the
+        trace's own clock, since_start_us the time since its first event (what every figure
+        shows); both None without a clock. At any event the families' latest values add up
+        to allocated bytes. Empty without history."""
         t = self.device_report.timeline
         if t.families is None:
             return pl.DataFrame(schema={"event": pl.Int64, "time_us": pl.Int64,
-                                        "family": pl.Utf8, "bytes": pl.Int64})
-        return t.families.frame(t.times_us)
+                                        "since_start_us": pl.Int64, "family": pl.Utf8,
+                                        "bytes": pl.Int64})
+        frame = t.families.frame(t.times_us)
+        times = self.capture.device_events(self.device)["time_us"].drop_nulls()
+        origin = times.min() if len(times) else None
+        since = (pl.col("time_us") - origin) if origin is not None else pl.lit(None, pl.Int64)
+        return frame.with_columns(since.cast(pl.Int64).alias("since_start_us")).select(
+            "event", "time_us", "since_start_us", "family", "bytes")
 
     def stack(self, stack_id: int) -> list[tuple[str, str, int]]:
         """The frames of one stack, innermost first: (filename, function, line)."""
@@ -229,10 +236,12 @@ class Analysis:
         return go.Figure(figures.figure(name, self._device_view))
 
     def explain(self, *, block: int | None = None, family: str | None = None,
-                site: str | None = None, limit: int = 10) -> list[ExplainedSite]:
+                site: str | None = None, limit: int = 10) -> Explanations:
         """Why blocks at the moment of interest got their family: the rule, matched frames
-        and near misses, per distinct stack (what `snapana explain` prints)."""
-        return self.session.explain(block=block, family=family, site=site, limit=limit)
+        and near misses, per distinct stack (what `snapana explain` prints). A list of
+        `ExplainedSite`, shown as a table."""
+        return Explanations(self.session.explain(block=block, family=family, site=site,
+                                                 limit=limit))
 
     def explain_text(self, **selection: Any) -> str:
         """`explain(...)` as the terminal prints it."""
@@ -294,16 +303,41 @@ class Analysis:
 
 @dataclass(frozen=True)
 class Explorer:
-    """The report page (`Analysis.explore`); a notebook shows it in an iframe."""
+    """The report page (`Analysis.explore`); a notebook shows it in an iframe, and its plain
+    form is one line (a notebook saves each output's text/plain beside its HTML)."""
 
-    html: str
+    html: str = field(repr=False)
     height: int = 900
+
+    def __repr__(self) -> str:
+        return (f"<snapana.Explorer: the report page, {len(self.html) / 1e6:.1f} MB; shown "
+                "inline in a notebook, or .html to write it>")
 
     def _repr_html_(self) -> str:
         # srcdoc keeps the page whole and its scripts apart from the notebook's
         return (f'<iframe class="snapana-explorer" srcdoc="{_html.escape(self.html)}" '
                 f'style="width:100%;height:{int(self.height)}px;border:1px solid #ddd" '
                 'sandbox="allow-scripts"></iframe>')
+
+
+class Explanations(list[ExplainedSite]):
+    """`Analysis.explain`'s answer: a list of `ExplainedSite`, largest first, with a table
+    for its plain and HTML forms (not the dataclasses' regexes and frames)."""
+
+    def rows(self) -> list[tuple[str, str, str, str, str]]:
+        return [(e.family, fmt_bytes(e.bytes), str(e.blocks),
+                 e.explanation.decision.rule_id or e.method or e.evidence, e.site)
+                for e in self]
+
+    def __repr__(self) -> str:
+        if not self:
+            return "<no blocks explained>"
+        lines = [f"{f:<24} {b:>11} {n:>6}  {r}  {site[:60]}"
+                 for f, b, n, r, site in self.rows()]
+        return "\n".join([f"{'family':<24} {'bytes':>11} {'blocks':>6}  rule  site", *lines])
+
+    def _repr_html_(self) -> str:
+        return _table(("family", "bytes", "blocks", "decided by", "site"), self.rows())
 
 
 class Comparison:
