@@ -104,6 +104,11 @@ def test_every_command_on_a_sample(laptop) -> None:
     _ok(laptop, f"snapana export {OOM} -o exported && snapana report exported -o exp.html")
     assert (work / "exported" / "snapana-export.json").is_file()
     assert "saved_logprob_softmax" in (work / "exp.html").read_text()
+    whatif = _ok(laptop, f"snapana whatif {OOM} --set expandable_segments:True").stdout
+    assert "The model reproduces this window" in whatif
+    (work / "budget.toml").write_text('peak_reserved = "200 GiB"\n[chunks]\n'
+                                      'saved_logprob_softmax = 100\n')
+    assert "Within budget" in _ok(laptop, f"snapana check {OOM} --budget budget.toml").stdout
     _ok(laptop, "snapana synth --list")
     _ok(laptop, "snapana synth fsdp-train-step -o synth.pickle && snapana summary synth.pickle")
     ranks = work / "ranks"

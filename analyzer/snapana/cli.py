@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 
 from snapana.commands import (
     batch,
+    check,
     convert,
     diff,
     explain,
@@ -154,7 +155,7 @@ def _main(
 
 # ----- the commands: one module each under snapana/commands/ ----------------------------------
 for _command in (report.report, summary.summary, batch.batch, explain.explain, synth.synth,
-                 convert.convert, export.export, diff.diff, whatif.whatif):
+                 convert.convert, export.export, diff.diff, whatif.whatif, check.check):
     app.command()(_command)
 app.command(context_settings=record.CONTEXT_SETTINGS)(record.record)
 

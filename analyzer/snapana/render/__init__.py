@@ -50,7 +50,7 @@ REPORT_FORMAT: Format = "html"
 _SUFFIX_FORMATS: dict[str, Format] = {".html": "html", ".htm": "html"}
 
 #: What a view-model shows; each view class names its kind (`views.CaptureView.kind`).
-ViewKind = Literal["capture", "diff", "ranks", "explain", "text_log", "whatif"]
+ViewKind = Literal["capture", "diff", "ranks", "explain", "text_log", "whatif", "check"]
 VIEW_KINDS: tuple[ViewKind, ...] = get_args(ViewKind)
 
 
@@ -101,6 +101,9 @@ _REGISTRY: dict[tuple[str, str], str | Renderer] = {
     ("whatif", "text"): "snapana.render.text:whatif",
     ("whatif", "markdown"): "snapana.render.markdown:whatif",
     ("whatif", "json"): "snapana.render.json:whatif",
+    ("check", "text"): "snapana.render.text:check",
+    ("check", "markdown"): "snapana.render.markdown:check",
+    ("check", "json"): "snapana.render.json:check",
 }
 
 

@@ -12,6 +12,7 @@ from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import Frame
 from snapana.render import Options
+from snapana.render.check import CheckView
 from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.whatif import WhatIfView
@@ -357,3 +358,14 @@ def whatif(view: WhatIfView, options: Options) -> str:
     return _dump({"source": "whatif", "title": view.title, "change": view.change,
                   "devices": devices, "not_simulated": list(view.not_simulated),
                   "footer": view.footer})
+
+
+def check(view: CheckView, options: Options) -> str:
+    """Each budget line with its limit and measured figure (bytes, or a share)."""
+    return _dump({"source": "check", "title": view.title, "budget": view.budget,
+                  "where": view.where, "within_budget": not view.breaches,
+                  "verdict": view.verdict,
+                  "checks": [{"name": c.name, "limit": c.limit, "measured": c.actual,
+                              "holds": c.ok, "detail": c.detail or None,
+                              "limit_value": c.limit_value, "measured_value": c.actual_value}
+                             for c in view.checks]})

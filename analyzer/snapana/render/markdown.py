@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from snapana.render import Options
+from snapana.render.check import COLUMNS as CHECK_COLUMNS
+from snapana.render.check import CheckView
 from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
@@ -171,4 +173,12 @@ def whatif(view: WhatIfView, options: Options) -> str:
         _table(out, WHATIF_COLUMNS, [[esc(c) for c in row] for row in d.rows])
     out += [""] + [f"- not simulated: {esc(n)}" for n in view.not_simulated]
     out += ["", f"_{esc(view.footer)}_"]
+    return "\n".join(out) + "\n"
+
+
+def check(view: CheckView, options: Options) -> str:
+    out = [f"### snapana budget check: {esc(view.title)}", "", esc(view.where), "",
+           f"**{esc(view.verdict)}**"]
+    _table(out, CHECK_COLUMNS, [[esc(c) for c in row] for row in view.rows()])
+    out += [""] + [f"- {esc(line)}" for line in view.breach_lines()]
     return "\n".join(out) + "\n"

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.text import Text
 
 from snapana.render import Options
+from snapana.render.check import COLUMNS as CHECK_COLUMNS
+from snapana.render.check import CheckView
 from snapana.render.text_log import TextLogView
 from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
 from snapana.render.whatif import WhatIfView
@@ -336,4 +338,19 @@ def whatif(view: WhatIfView, options: Options) -> str:
         out.para(f"not simulated: {n}")
     out.line()
     out.para(view.footer)
+    return out.text()
+
+
+def check(view: CheckView, options: Options) -> str:
+    """The verdict, then each budget line: limit, measured, whether it holds."""
+    out = _Out(options)
+    out.para(f"Budget check: {view.title} — {view.where}")
+    out.para(view.verdict)
+    out.line()
+    for ln in _columns(CHECK_COLUMNS, view.rows(), set()):
+        out.line(INDENT + ln)
+    if view.breaches:
+        out.line()
+        for line in view.breach_lines():
+            out.para(line)
     return out.text()

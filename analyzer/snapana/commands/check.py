@@ -1,0 +1,102 @@
+"""`snapana check CAPTURE --budget budget.toml`: a capture against a memory budget, for CI
+(issue 47). Exit 0 within budget, 1 over it (each breach one line: the figure, the budget,
+where it comes from), 2 for bad input as everywhere. Besides the chosen format: a JUnit XML
+file (`--junit`), GitHub workflow annotations (`--annotate github`), and the markdown
+summary appended to $GITHUB_STEP_SUMMARY when a GitHub Actions step sets it."""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from snapana.commands import _policy as policy
+from snapana.commands._options import (
+    DEFAULT_FORMAT,
+    AtOpt,
+    CapacityOpt,
+    DeviceOpt,
+    FileArg,
+    FormatOpt,
+)
+from snapana.errors import InputError
+
+#: Exit code of a capture over its budget (bad input stays 2, as everywhere).
+OVER_BUDGET = 1
+#: The moment measured, in words.
+MOMENT_WORDS = {"oom": "the OOM", "peak": "the peak", "snapshot": "the snapshot",
+                "event": "the event asked for"}
+
+
+class Annotate(str, Enum):
+    github = "github"
+
+
+def check(
+    file: FileArg,
+    budget: Annotated[Path, typer.Option(
+        "--budget", metavar="BUDGET.toml",
+        help="the limits: no_oom, peak_allocated, peak_reserved, cached_share, "
+             "[families], [chunks] (see the README's CI section)")],
+    junit: Annotated[Path | None, typer.Option(
+        "--junit", metavar="FILE.xml", help="also write a JUnit XML report there")] = None,
+    annotate: Annotated[Annotate | None, typer.Option(
+        "--annotate", help="also print each breach as a CI annotation (github: ::error)")
+    ] = None,
+    device: DeviceOpt = None,
+    capacity: CapacityOpt = None,
+    at: AtOpt = None,
+    format: FormatOpt = DEFAULT_FORMAT,
+) -> None:
+    """Check a capture against a memory budget: exit 0 within it, 1 over it."""
+    from snapana.analysis.budget import check as check_budget
+    from snapana.analysis.budget import read_budget
+    from snapana.io.output import write_atomic
+    from snapana.render.check import CheckView, github_annotations, junit_xml
+
+    rules, cap = policy.check_rules(None, capacity)
+    limits = read_budget(_budget_text(budget), str(budget))
+    if junit is not None and junit.resolve() in (file.resolve(), budget.resolve()):
+        raise InputError(f"--junit {junit}: is an input; choose another path")
+    sessions = policy.sessions_of(file, device, rules, cap, at)
+    reports = [s.report for s in sessions]
+    shown = reports[0]
+    when = MOMENT_WORDS.get(shown.moment.kind, shown.moment.kind)
+    where = f"cuda:{shown.device} at {when}" if shown.device >= 0 else f"host memory at {when}"
+    view = CheckView(file.name, budget.name, where,
+                     tuple(check_budget(limits, shown, reports)))
+    policy.emit(policy.render_view(view, format.value))
+    if annotate is Annotate.github:
+        for line in github_annotations(view):
+            policy.emit(line + "\n")
+    if junit is not None:
+        write_atomic(junit, junit_xml(view))
+        policy.wrote(junit)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write(policy.render_view(view, "markdown", to_terminal=False) + "\n")
+    if view.breaches:
+        raise typer.Exit(OVER_BUDGET)
+
+
+#: A budget file is a few lines; anything larger is not one.
+MAX_BUDGET_BYTES = 1 << 20
+
+
+def _budget_text(path: Path) -> str:
+    """The budget file's text: a regular file (never a FIFO that would block), small, UTF-8;
+    noted as an input so no output may replace it."""
+    from snapana.sources._io import open_regular
+
+    with open_regular(path) as fh:
+        data = fh.read(MAX_BUDGET_BYTES + 1)
+    if len(data) > MAX_BUDGET_BYTES:
+        raise InputError(f"{path}: over {MAX_BUDGET_BYTES >> 20} MiB: not a budget file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text: not a budget file") from None
