@@ -154,3 +154,31 @@ def test_a_budget_that_is_not_a_file_is_refused(tmp_path) -> None:
     junit = invoke("check", str(OK_SAMPLE), "--budget", str(_budget(
         tmp_path, "b.toml", "no_oom = true\n")), "--junit", str(OK_SAMPLE))
     assert junit.returncode == 2 and "is an input" in junit.stderr
+
+
+def test_diff_fail_on_gates_growth_from_a_baseline() -> None:
+    """`snapana diff BEFORE AFTER --fail-on`: the growth of a family and of the peak, with
+    the true figures of both sides from their ground-truth sidecars: a limit at the true
+    growth holds (exit 0), one byte under it is breached (exit 1, one line naming the
+    family); new_family and oom name what the after capture has that the baseline had not."""
+    before, after = _truth(OK_SAMPLE), _truth(OOM_SAMPLE)
+    family = "saved_logprob_softmax"
+    growth = _family_bytes(after).get(family, 0) - _family_bytes(before).get(family, 0)
+    assert growth > 0
+    base = ["diff", str(OK_SAMPLE), str(OOM_SAMPLE), "-f", "json"]
+    assert invoke(*base, "--fail-on", f"family:{family}>+{growth}B").returncode == 0
+    out = invoke(*base, "--fail-on", f"family:{family}>+{growth - 1}B")
+    assert out.returncode == 1
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"over budget: family {family}")
+    json.loads(out.stdout)  # the comparison itself is still written whole
+    peak = after["peak_allocated_bytes"] - before["peak_allocated_bytes"]
+    assert invoke(*base, "--fail-on", f"peak_allocated>+{max(peak, 0)}B").returncode == 0
+    gates = invoke(*base, "--fail-on", "new_family", "--fail-on", "oom")
+    assert gates.returncode == 1 and len(gates.stderr.strip().splitlines()) == 2
+    assert family in gates.stderr
+    same = invoke("diff", str(OK_SAMPLE), str(OK_SAMPLE), "--fail-on", "new_family",
+                  "--fail-on", "oom", "--fail-on", "reserved>+0%")
+    assert same.returncode == 0
+    bad = invoke(*base, "--fail-on", "family:kv_cahce>+1GiB")
+    assert bad.returncode == 2 and "is not a family" in bad.stderr

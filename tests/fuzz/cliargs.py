@@ -38,10 +38,14 @@ SET = ("expandable_segments:maybe", "max_split_size_mb:20", "max_split_size_mb:"
        "expandable_segments:True,max_split_size_mb:512")
 DROP = ("nope", "", "parameters", "unknown", "\x1b[2J", "\ud800", "x" * 5000, "logits\n",
         "saved_activations")
+FAIL_ON = ("peak>+5", "family:>+1GiB", "reserved>+" + HUGE + "GiB", "reserved>+1e9%",
+           "family:\ud800>+1GiB", "new_family\x1b[2J", "oom", "peak_allocated>+-5%",
+           "reserved>+5%%", "family:kv_cache>+512MiB", "reserved>+" + "9" * 400 + "%",
+           "reserved>+1.2.3%", "reserved>+0.0000001%")
 OPTIONS = {
     "--at": AT, "--capacity": CAPACITY, "--device": COUNTS, "--workers": COUNTS,
     "--rank": COUNTS, "--block": BLOCK, "--set": SET, "--drop": DROP,
-    "--free-before-forward": DROP,
+    "--free-before-forward": DROP, "--fail-on": FAIL_ON,
 }
 #: (option, commands that take it).
 TAKES = {
@@ -53,6 +57,7 @@ TAKES = {
                  ["whatif", "{input}", "--capacity", "141GiB"]),
     "--set": (["whatif", "{input}"], ["whatif", "{input}", "-f", "json"]),
     "--drop": (["whatif", "{input}"], ["whatif", "{input}", "-f", "markdown"]),
+    "--fail-on": (["diff", "{input}", "{input}"],),
     "--free-before-forward": (["whatif", "{input}"],
                               ["whatif", "{input}", "--empty-cache-before-forward"]),
     "--workers": (["summary", "{input}", "{input}", "-f", "json"],),

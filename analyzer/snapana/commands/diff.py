@@ -16,6 +16,7 @@ from snapana.commands._options import (
     FormatOpt,
     RulesOpt,
 )
+from snapana.commands._policy import err
 
 
 def diff(
@@ -31,6 +32,10 @@ def diff(
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
+    fail_on: Annotated[list[str] | None, typer.Option(
+        "--fail-on", metavar="EXPR",
+        help="exit 1 when the after capture grew past a limit: peak_allocated>+5%, "
+             "reserved>+2GiB, family:kv_cache>+512MiB, new_family, oom; repeatable")] = None,
 ) -> None:
     """Compare two captures, e.g. before and after a fix: the change per family and site,
     the peak, and whether the OOM is gone."""
@@ -42,11 +47,22 @@ def diff(
         stem = f"{before.name.split('.')[0]}-vs-{after.name.split('.')[0]}"
         out = policy.output_file(output, Path(f"{stem}.html"),
                                  policy.with_sidecars([before, after]).files)
+    from snapana.analysis.regression import evaluate, parse_gate
+    from snapana.render.check import CheckView
+
+    gates = [parse_gate(g) for g in fail_on or ()]
     ruleset, cap = policy.check_rules(rules, capacity)
-    view = diff_view(snapana.diff(before, after, device=device, rules=ruleset,
-                                  capacity=cap).diff)
+    compared = snapana.diff(before, after, device=device, rules=ruleset, capacity=cap).diff
+    view = diff_view(compared)
     if out is None:
         policy.emit(policy.render_view(view, format.value))
-        return
-    policy.write(out, policy.render_view(view, renderers.format_for_path(out, format.value),
-                                         to_terminal=False))
+    else:
+        policy.write(out, policy.render_view(
+            view, renderers.format_for_path(out, format.value), to_terminal=False))
+    if gates:
+        gated = CheckView(f"{before.name} → {after.name}", "--fail-on", "before → after",
+                          tuple(evaluate(gates, compared)))
+        for line in gated.breach_lines():
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
+        if gated.breaches:
+            raise typer.Exit(1)
