@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+#: pytester runs the plugin's own tests (snapana.pytest_plugin) in a sandboxed pytest.
+pytest_plugins = ["pytester"]
+
 ROOT = Path(__file__).resolve().parent.parent
 #: ../shared/corpus next to the checkout; SNAPANA_CORPUS points elsewhere (a git worktree)
 CORPUS = Path(os.environ.get("SNAPANA_CORPUS") or ROOT.parent / "shared" / "corpus")

@@ -80,11 +80,13 @@ def test_no_import_cycle() -> None:
     assert not cycles, f"import cycles: {cycles}"
 
 
-FACES = {"snapana.cli", "snapana.api", "snapana.__main__"} | {
+FACES = {"snapana.cli", "snapana.api", "snapana.__main__", "snapana.pytest_plugin"} | {
     m for m in MODULES if m.startswith("snapana.commands")}
 DRIVERS = {"snapana.session", "snapana.analysis.ranks.runner", "snapana.io.export"}
 #: The command line: the typer app and the commands it registers.
 CLI = {"snapana.cli"} | {m for m in MODULES if m.startswith("snapana.commands")}
+#: The faces that record as well as analyse: the command line and the pytest plugin.
+RECORDING_FACES = CLI | {"snapana.pytest_plugin"}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -114,7 +116,7 @@ def test_stages_import_only_earlier_stages(name: str) -> None:
     if name.startswith("snapana.record"):  # runs inside the user's job: stdlib and torch
         assert all(d.startswith("snapana.record") for d in deps), \
             f"the capture side imports the analyzer: {deps}"
-    elif name not in CLI:
+    elif name not in RECORDING_FACES:
         assert not {d for d in deps if d.startswith("snapana.record")}, \
             f"{name}: the analyzer never imports the capture code"
 

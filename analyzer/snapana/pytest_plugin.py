@@ -1,0 +1,130 @@
+"""A pytest plugin for GPU memory budgets (issue 47), the habit pytest-memray's
+`limit_memory` set for host memory:
+
+    @pytest.mark.cuda_memory(limit="2 GiB", families={"kv_cache": "512 MiB"})
+    def test_generate(): ...
+
+A marked test runs with PyTorch's memory history recorded (through the same backend
+`snapana record` uses); afterwards its snapshot and HTML report are written to
+`--snapana-dir`, and the test fails when its peak allocated passes `limit`, a family held
+more than its budget at any point of the recording, or it raised torch.OutOfMemoryError: the
+message carries the verdict and the family table. Without CUDA a marked test is skipped,
+saying so (or fails under `--snapana-require-cuda`). Unmarked tests are untouched, and
+nothing heavy is imported until a marked test runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Generator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MARK = "cuda_memory"
+DEFAULT_DIR = "snapana-memory"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("snapana", "GPU memory budgets (snapana)")
+    group.addoption("--snapana-dir", default=DEFAULT_DIR, metavar="DIR",
+                    help="where cuda_memory tests leave their snapshot and report")
+    group.addoption("--snapana-require-cuda", action="store_true",
+                    help="fail cuda_memory tests where CUDA is missing, instead of skipping")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARK}(limit=None, families=None): record GPU memory around the test "
+        "and fail it past the budget (peak allocated; bytes per family) or on an OOM")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
+    mark = item.get_closest_marker(MARK)
+    if mark is None:
+        yield
+        return
+    from snapana.record.cuda import backend
+
+    cuda = backend()
+    budget = _budget(mark.kwargs, item.nodeid)
+    if not cuda.available():
+        if item.config.getoption("--snapana-require-cuda"):
+            pytest.fail("cuda_memory: CUDA is not available (--snapana-require-cuda)",
+                        pytrace=False)
+        pytest.skip("cuda_memory: CUDA is not available: no GPU memory to record")
+    cuda.start_history(100_000, "python")
+    outcome = yield
+    raised = outcome.excinfo[1] if outcome.excinfo else None
+    oom = raised is not None and type(raised).__name__ == "OutOfMemoryError"
+    snapshot = cuda.snapshot()
+    verdict = _judge(item, snapshot, budget, oom)
+    if verdict:
+        outcome.force_exception(pytest.fail.Exception(verdict, pytrace=False))
+
+
+def _budget(kwargs: Mapping[str, Any], nodeid: str) -> dict[str, Any]:
+    """The marker's budget, sizes read with their units (a bad one fails the test early)."""
+    from snapana.units import parse_bytes
+
+    def size(value: Any, what: str) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return parse_bytes(str(value).replace(" ", ""))
+        except ValueError as exc:
+            raise pytest.UsageError(f"{nodeid}: cuda_memory {what}: {exc}") from None
+
+    unknown = set(kwargs) - {"limit", "families"}
+    if unknown:
+        raise pytest.UsageError(f"{nodeid}: cuda_memory takes limit= and families=, not "
+                                f"{', '.join(sorted(unknown))}")
+    limit = kwargs.get("limit")
+    families = kwargs.get("families") or {}
+    return {"limit": None if limit is None else size(limit, "limit"),
+            "families": {f: size(v, f"families[{f!r}]") for f, v in families.items()}}
+
+
+def _judge(item: pytest.Item, snapshot: dict[str, Any], budget: dict[str, Any],
+           oom: bool) -> str:
+    """Write the snapshot and its report; the failure message ("" within budget)."""
+    import pickle
+
+    import polars as pl
+
+    import snapana
+    from snapana.units import fmt_bytes
+
+    folder = Path(item.config.getoption("--snapana-dir"))
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid)[-120:]
+    path = folder / f"{stem}.pickle"
+    path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    a = snapana.load(path)
+    a.report(folder / f"{stem}.html")
+    held = {g.name: g.bytes for g in a.device_report.groups}
+    timeline = a.timeline  # each family's bytes over the window: its most is what counts
+    if timeline.height:
+        for family, most in timeline.group_by("family").agg(
+                pl.col("bytes").max()).iter_rows():
+            held[family] = max(held.get(family, 0), int(most))
+    breaches = []
+    if oom:
+        breaches.append("the test ran out of GPU memory")
+    peak = a.device_report.peak_allocated_bytes
+    if budget["limit"] is not None and peak > budget["limit"]:
+        breaches.append(f"peak allocated {fmt_bytes(peak)} > limit "
+                        f"{fmt_bytes(budget['limit'])}")
+    for family, most in budget["families"].items():
+        if held.get(family, 0) > most:
+            breaches.append(f"family {family} {fmt_bytes(held[family])} > "
+                            f"{fmt_bytes(most)}")
+    if not breaches:
+        return ""
+    table = "\n".join(f"  {name:<28} {fmt_bytes(n):>12}"
+                      for name, n in sorted(held.items(), key=lambda kv: -kv[1]))
+    return ("cuda_memory budget: " + "; ".join(breaches) + "\n" + a.verdict
+            + "\nthe most each family held over the recording:\n" + table
+            + f"\nsnapshot and report: {path} (.html beside it)")
