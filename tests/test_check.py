@@ -182,3 +182,17 @@ def test_diff_fail_on_gates_growth_from_a_baseline() -> None:
     assert same.returncode == 0
     bad = invoke(*base, "--fail-on", "family:kv_cahce>+1GiB")
     assert bad.returncode == 2 and "is not a family" in bad.stderr
+
+
+def test_diff_fail_on_writes_junit_and_annotations(tmp_path) -> None:
+    junitparser = pytest.importorskip("junitparser")
+    report = tmp_path / "gates.xml"
+    out = invoke("diff", str(OK_SAMPLE), str(OOM_SAMPLE), "--fail-on", "new_family",
+                 "--fail-on", "reserved>+100%", "--junit", str(report), "--annotate-github")
+    assert out.returncode == 1
+    cases = {c.name: c.is_passed for suite in junitparser.JUnitXml.fromfile(str(report))
+             for c in suite}
+    assert cases == {"new_family": False, "reserved": True}
+    assert sum(ln.startswith("::error ") for ln in out.stdout.splitlines()) == 1
+    alone = invoke("diff", str(OK_SAMPLE), str(OOM_SAMPLE), "--junit", str(report))
+    assert alone.returncode == 2 and "--fail-on" in alone.stderr

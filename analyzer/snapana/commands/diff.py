@@ -17,6 +17,7 @@ from snapana.commands._options import (
     RulesOpt,
 )
 from snapana.commands._policy import err
+from snapana.errors import InputError
 
 
 def diff(
@@ -36,6 +37,12 @@ def diff(
         "--fail-on", metavar="EXPR",
         help="exit 1 when the after capture grew past a limit: peak_allocated>+5%, "
              "reserved>+2GiB, family:kv_cache>+512MiB, new_family, oom; repeatable")] = None,
+    junit: Annotated[Path | None, typer.Option(
+        "--junit", metavar="FILE.xml",
+        help="with --fail-on: also write each limit as a JUnit test case there")] = None,
+    annotate: Annotated[bool, typer.Option(
+        "--annotate-github", help="with --fail-on: print each breach as a GitHub ::error")
+    ] = False,
 ) -> None:
     """Compare two captures, e.g. before and after a fix: the change per family and site,
     the peak, and whether the OOM is gone."""
@@ -48,9 +55,15 @@ def diff(
         out = policy.output_file(output, Path(f"{stem}.html"),
                                  policy.with_sidecars([before, after]).files)
     from snapana.analysis.regression import evaluate, parse_gate
-    from snapana.render.check import CheckView
+    from snapana.io.output import write_atomic
+    from snapana.render.check import CheckView, github_annotations, junit_xml
 
     gates = [parse_gate(g) for g in fail_on or ()]
+    if (junit is not None or annotate) and not gates:
+        raise InputError("--junit and --annotate-github report the --fail-on limits: give "
+                         "at least one --fail-on EXPR")
+    if junit is not None and junit.resolve() in (before.resolve(), after.resolve()):
+        raise InputError(f"--junit {junit}: is an input; choose another path")
     ruleset, cap = policy.check_rules(rules, capacity)
     compared = snapana.diff(before, after, device=device, rules=ruleset, capacity=cap).diff
     view = diff_view(compared)
@@ -64,5 +77,11 @@ def diff(
                           tuple(evaluate(gates, compared)))
         for line in gated.breach_lines():
             err.print(line, markup=False, highlight=False, soft_wrap=True)
+        if annotate:
+            for line in github_annotations(gated):
+                policy.emit(line + "\n")
+        if junit is not None:
+            write_atomic(junit, junit_xml(gated))
+            policy.wrote(junit)
         if gated.breaches:
             raise typer.Exit(1)
