@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 import snapana
 from snapana import render as registry
+from snapana.analysis.budget import check as check_budget
+from snapana.analysis.budget import read_budget
 from snapana.analysis.compare import diff_reports
 from snapana.analysis.ranks.aggregate import aggregate
 from snapana.analysis.ranks.runner import summarize_many
 from snapana.render import FORMATS, Options, formats, registered, render
+from snapana.render.check import CheckView
 from snapana.render.text_log import TextLogView, text_log_view
 from snapana.render.views import (
     CaptureView,
@@ -35,7 +38,8 @@ from .conftest import SAMPLES, invoke
 SAMPLE_FILES = sorted(SAMPLES.glob("*.pickle"))
 PACKAGE = Path(snapana.__file__).parent
 VIEW_TYPES: dict[str, Any] = {"capture": CaptureView, "diff": DiffView, "ranks": RanksView,
-              "explain": ExplainView, "text_log": TextLogView, "whatif": WhatIfView}
+              "explain": ExplainView, "text_log": TextLogView, "whatif": WhatIfView,
+              "check": CheckView}
 
 
 def _text_logs() -> list[tuple[str, object]]:
@@ -79,6 +83,10 @@ def views() -> dict[str, list[tuple[str, object]]]:
         out["explain"].append((p.name, explain_view(items)))
         out["whatif"].append((p.name, whatif_view(p.name, "expandable_segments:True",
                                                   [sessions[p].whatif("expandable_segments:True")])))
+        limits = read_budget('no_oom = true\npeak_reserved = "70 GiB"\n[families]\n'
+                             f'{r.groups[0].name} = "1 GiB"\n', "budget.toml")
+        out["check"].append((p.name, CheckView(p.name, "budget.toml", "the moment", tuple(
+            check_budget(limits, r, [r])))))
     out["ranks"].append(("all samples", ranks_view(aggregate(list(summaries.values())))))
     out["text_log"] += _text_logs()
     last = SAMPLE_FILES[-1]
