@@ -90,7 +90,8 @@ def test_marked_tests_pass_within_budget_and_fail_past_it(pytester, truth) -> No
     pytester.makeconftest(STAND_IN)
     top, top_bytes = _top(truth)
     pytester.makepyfile(test_budget=_tests(truth["peak_allocated_bytes"], top, top_bytes))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "0",
+    # -rN: no short summary, which under CI=true repeats each failure message in full
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "0", "-rN",
                                            "--snapana-dir", "mem")
     result.assert_outcomes(passed=2, failed=3)
     text = result.stdout.str()
