@@ -80,13 +80,15 @@ def test_no_import_cycle() -> None:
     assert not cycles, f"import cycles: {cycles}"
 
 
-FACES = {"snapana.cli", "snapana.api", "snapana.__main__", "snapana.pytest_plugin"} | {
+FACES = {"snapana.cli", "snapana.api", "snapana.__main__", "snapana.pytest_plugin",
+         "snapana.cell_magic"} | {
     m for m in MODULES if m.startswith("snapana.commands")}
 DRIVERS = {"snapana.session", "snapana.analysis.ranks.runner", "snapana.io.export"}
 #: The command line: the typer app and the commands it registers.
 CLI = {"snapana.cli"} | {m for m in MODULES if m.startswith("snapana.commands")}
-#: The faces that record as well as analyse: the command line and the pytest plugin.
-RECORDING_FACES = CLI | {"snapana.pytest_plugin"}
+#: The faces that record as well as analyse: the command line, the pytest plugin and the
+#: notebook cell magic.
+RECORDING_FACES = CLI | {"snapana.pytest_plugin", "snapana.cell_magic"}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

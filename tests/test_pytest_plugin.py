@@ -8,27 +8,11 @@ from __future__ import annotations
 import pytest
 
 from .conftest import require
+from .cuda_stand_in import STAND_IN as BACKEND
 
-STAND_IN = '''
+STAND_IN = """
 import pytest
-from snapana.record import cuda
-from snapana.synth.scenarios import run_scenario
-
-
-class StandIn(cuda.CudaBackend):
-    def __init__(self, available):
-        self._available = available
-        self.calls = []
-
-    def available(self):
-        return self._available
-
-    def start_history(self, max_entries, stacks):
-        self.calls.append("start_history")
-
-    def snapshot(self):
-        self.calls.append("snapshot")
-        return dict(run_scenario("fsdp-train-step")[0])
+""" + BACKEND + """
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -38,11 +22,7 @@ def stand_in(request):
 
 def pytest_addoption(parser):
     parser.addoption("--no-gpu", action="store_true")
-
-
-class OutOfMemoryError(RuntimeError):
-    """What torch.OutOfMemoryError is called."""
-'''
+"""
 
 
 @pytest.fixture()

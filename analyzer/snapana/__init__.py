@@ -57,6 +57,13 @@ def export(source: str | Path | Analysis, out_dir: str | Path, **options: Any) -
     return export_capture(_Path(source), _Path(out_dir), **options)
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext snapana`: the `%%snapana` cell magic (see `snapana.cell_magic`)."""
+    from snapana.cell_magic import load_ipython_extension as _load_extension
+
+    _load_extension(ipython)
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:

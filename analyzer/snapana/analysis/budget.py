@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import tomllib
@@ -57,6 +58,26 @@ class Check:
     detail: str = ""  # where a breach comes from (the family's top site), "" when it holds
     limit_value: float = 0.0
     actual_value: float = 0.0
+
+
+#: A budget file is a few lines; anything larger is not one.
+MAX_BUDGET_BYTES = 1 << 20
+
+
+def read_budget_file(path: Path) -> Budget:
+    """A budget file: a regular file (never a FIFO that would block), small, UTF-8; noted as
+    an input so no output may replace it."""
+    from snapana.sources._io import open_regular
+
+    with open_regular(path) as fh:
+        data = fh.read(MAX_BUDGET_BYTES + 1)
+    if len(data) > MAX_BUDGET_BYTES:
+        raise InputError(f"{path}: over {MAX_BUDGET_BYTES >> 20} MiB: not a budget file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text: not a budget file") from None
+    return read_budget(text, str(path))
 
 
 def read_budget(text: str, where: str) -> Budget:

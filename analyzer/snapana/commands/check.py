@@ -53,12 +53,12 @@ def check(
 ) -> None:
     """Check a capture against a memory budget: exit 0 within it, 1 over it."""
     from snapana.analysis.budget import check as check_budget
-    from snapana.analysis.budget import read_budget
+    from snapana.analysis.budget import read_budget_file
     from snapana.io.output import write_atomic
     from snapana.render.check import CheckView, github_annotations, junit_xml
 
     rules, cap = policy.check_rules(None, capacity)
-    limits = read_budget(_budget_text(budget), str(budget))
+    limits = read_budget_file(budget)
     if junit is not None and junit.resolve() in (file.resolve(), budget.resolve()):
         raise InputError(f"--junit {junit}: is an input; choose another path")
     sessions = policy.sessions_of(file, device, rules, cap, at)
@@ -81,22 +81,3 @@ def check(
             fh.write(policy.render_view(view, "markdown", to_terminal=False) + "\n")
     if view.breaches:
         raise typer.Exit(OVER_BUDGET)
-
-
-#: A budget file is a few lines; anything larger is not one.
-MAX_BUDGET_BYTES = 1 << 20
-
-
-def _budget_text(path: Path) -> str:
-    """The budget file's text: a regular file (never a FIFO that would block), small, UTF-8;
-    noted as an input so no output may replace it."""
-    from snapana.sources._io import open_regular
-
-    with open_regular(path) as fh:
-        data = fh.read(MAX_BUDGET_BYTES + 1)
-    if len(data) > MAX_BUDGET_BYTES:
-        raise InputError(f"{path}: over {MAX_BUDGET_BYTES >> 20} MiB: not a budget file")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text: not a budget file") from None

@@ -30,6 +30,11 @@ class CudaBackend:
         torch.cuda.memory._record_memory_history(enabled="all", context="all",
                                                  stacks=stacks, max_entries=max_entries)
 
+    def stop_history(self) -> None:
+        import torch
+
+        torch.cuda.memory._record_memory_history(enabled=None)
+
     def snapshot(self) -> dict[str, Any]:
         import torch
 
