@@ -133,10 +133,11 @@ def raw_load(path: Path):
         return _NoGlobals(src).load()
 
 
-def invoke(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def invoke(*args: str, cwd: Path | None = None,
+           columns: int = 200) -> subprocess.CompletedProcess:
     """Run the CLI inside this process (typer's CliRunner): the same commands, streams and
-    exit codes as the console script, without a Python start-up per call. An unexpected
-    exception propagates, so a test shows its traceback."""
+    exit codes as the console script, without a Python start-up per call, in a terminal of
+    `columns`. An unexpected exception propagates, so a test shows its traceback."""
     from snapana.cli import app
     from typer.testing import CliRunner
 
@@ -144,7 +145,7 @@ def invoke(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     if cwd is not None:
         os.chdir(cwd)
     try:
-        result = CliRunner(env={"COLUMNS": "200"}).invoke(app, list(args),
+        result = CliRunner(env={"COLUMNS": str(columns)}).invoke(app, list(args),
                                                           catch_exceptions=False)
     finally:
         os.chdir(old)

@@ -48,12 +48,98 @@ def _text(console: Console) -> str:
 
 
 def _wrap(text: str, width: int, first: str, indent: str) -> list[str]:
-    """`text` wrapped at spaces to `width` columns, never inside a word or between a figure
-    and its unit."""
+    """`text` wrapped at spaces to `width` columns, never between a figure and its unit; a
+    word wider than the line (a long path) is split where a path splits (`/`, `.`, `:`)."""
     glued = _FIGURE.sub("\\1\u00a0\\2", text)
-    return [ln.replace("\u00a0", " ") for ln in textwrap.wrap(
+    lines = [ln.replace("\u00a0", " ") for ln in textwrap.wrap(
         glued, width, initial_indent=first, subsequent_indent=indent,
         break_long_words=False, break_on_hyphens=False) or [first]]
+    out: list[str] = []
+    for ln in lines:
+        lead = first if not out else indent
+        if len(ln) <= width:
+            out.append(ln)
+            continue
+        pieces = _split_word(ln[len(lead):], width - len(lead), width - len(indent))
+        out += [lead + pieces[0], *(indent + p for p in pieces[1:])]
+    return out
+
+
+#: Where a word too long for its line is split: after a path's separators.
+_SPLIT_AFTER = "/.:_,;"
+
+
+def _split_word(word: str, first: int, rest: int) -> list[str]:
+    """`word` in pieces of at most `first` then `rest` characters, each cut after the last
+    separator that fits (anywhere, if none does)."""
+    pieces: list[str] = []
+    room = max(1, first)
+    while len(word) > room:
+        cut = max((word.rfind(c, 0, room) for c in _SPLIT_AFTER), default=-1) + 1
+        cut = cut if cut > room // 3 else room
+        pieces.append(word[:cut])
+        word = word[cut:]
+        room = max(1, rest)
+    return [*pieces, word]
+
+
+def _fold(cell: str, width: int) -> list[str]:
+    """A table cell as lines of at most `width` characters."""
+    if len(cell) <= width:
+        return [cell]
+    return _wrap(cell, width, "", "")
+
+
+#: The narrowest a text column is folded to before the table becomes one record per row.
+MIN_CELL = 12
+
+
+def _table(header: tuple[str, ...], rows: Sequence[Sequence[str]], numeric: set[str],
+           width: int) -> list[list[str]]:
+    """The header's lines, then each row's: aligned columns within `width`. Text columns
+    wider than the room fold (a cell on several lines); figures never do. A table that
+    cannot fit that way becomes one record per row ("column: value" lines)."""
+    cells = [[str(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    text_cols = [i for i, h in enumerate(header) if h not in numeric]
+
+    def excess() -> int:
+        return sum(widths) + 2 * (len(widths) - 1) - width
+
+    # a column of words folds better than one of names: it gives way first, down to half
+    weight = [2 if any(" " in r[i] for r in cells[1:]) else 1 for i in range(len(header))]
+    while excess() > 0:
+        shrinkable = [i for i in text_cols if widths[i] > MIN_CELL]
+        if not shrinkable:
+            break
+        widths[max(shrinkable, key=lambda i: widths[i] * weight[i])] -= 1
+    if excess() > 0:
+        return [[], *(_record(header, r, width) for r in cells[1:])]
+    out = []
+    for row in cells:
+        folded = [_fold(c, w) for c, w in zip(row, widths, strict=True)]
+        lines = []
+        for k in range(max(len(f) for f in folded)):
+            parts = [f[k] if k < len(f) else "" for f in folded]
+            lines.append("  ".join(p.rjust(w) if h in numeric else p.ljust(w) for p, w, h
+                                   in zip(parts, widths, header, strict=True)).rstrip())
+        out.append(lines)
+    return out
+
+
+def _record(header: tuple[str, ...], row: Sequence[str], width: int) -> list[str]:
+    """One row of a table too wide for the terminal: its first cell, then "column: value"."""
+    lines = _wrap(row[0], width, "", INDENT)
+    for h, c in zip(header[1:], row[1:], strict=True):
+        if c:
+            lines += _wrap(f"{h}: {c}" if h else c, width, INDENT, INDENT * 2)
+    return lines
+
+
+def _columns(header: tuple[str, ...], rows: Sequence[Sequence[str]],
+             numeric: set[str], width: int) -> list[str]:
+    """`_table`'s lines, one after another."""
+    return [ln for lines in _table(header, rows, numeric, width) for ln in lines]
 
 
 class _Out:
@@ -73,9 +159,22 @@ class _Out:
         for ln in _wrap(text, self.width, indent if first is None else first, indent):
             self.line(ln, style)
 
+    def table(self, header: tuple[str, ...], rows: Sequence[Sequence[str]],
+              numeric: set[str], indent: str = INDENT) -> list[list[str]]:
+        """Each row's lines (the header's first) of a table that fits this terminal after
+        `indent`; `write_table` prints them."""
+        return [[indent + ln for ln in lines]
+                for lines in _table(header, rows, numeric, self.width - len(indent))]
+
+    def write_table(self, header: tuple[str, ...], rows: Sequence[Sequence[str]],
+                    numeric: set[str], indent: str = INDENT) -> None:
+        for lines in self.table(header, rows, numeric, indent):
+            for ln in lines:
+                self.line(ln)
+
     def heading(self, text: str) -> None:
         self.line()
-        self.line(text, "bold")
+        self.para(text, INDENT, first="", style="bold")
 
     def text(self) -> str:
         return _text(self.console)
@@ -154,11 +253,13 @@ def _groups(out: _Out, d: DeviceView) -> None:
     rows = [(g.name, fmt_bytes(g.bytes), str(g.blocks),
              f"{g.bytes / r.allocated_bytes:.1%}" if r.allocated_bytes else "0.0%",
              wording.inferred_note(g)) for g in r.groups[:TOP_GROUPS]]
-    lines = _columns(("family", "bytes", "blocks", "share", ""), rows,
-                     numeric={"bytes", "blocks", "share"})
-    out.line(INDENT + lines[0])
-    for g, ln in zip(r.groups[:TOP_GROUPS], lines[1:], strict=True):
-        out.line(INDENT + ln)
+    head, *lines = out.table(("family", "bytes", "blocks", "share", ""), rows,
+                             numeric={"bytes", "blocks", "share"})
+    for ln in head:
+        out.line(ln)
+    for g, row_lines in zip(r.groups[:TOP_GROUPS], lines, strict=True):
+        for ln in row_lines:
+            out.line(ln)
         note = d.group_notes.get(g.name, "")
         if note:
             out.para(note, indent=INDENT * 3)
@@ -179,11 +280,14 @@ def capture(view: CaptureView, options: Options) -> str:
             out.line()
     if view.device_rows:
         out.heading("devices of this process")
-        lines = _columns(view.device_columns[:4], [row[:4] for row in view.device_rows],
-                         numeric={"peak allocated"})
-        out.line(INDENT + lines[0], "bold")
-        for row, ln in zip(view.device_rows, lines[1:], strict=True):
-            out.line(INDENT + ln)
+        head, *lines = out.table(view.device_columns[:4],
+                                 [row[:4] for row in view.device_rows],
+                                 numeric={"peak allocated"})
+        for ln in head:
+            out.line(ln, "bold")
+        for row, row_lines in zip(view.device_rows, lines, strict=True):
+            for ln in row_lines:
+                out.line(ln)
             out.para(f"{view.device_columns[4]} {row[4]}", indent=INDENT * 3)
         out.para(view.device_note, indent=INDENT)
         out.line()
@@ -196,8 +300,7 @@ def capture(view: CaptureView, options: Options) -> str:
         out.heading(f"the log beside it: {c.title}")
         out.para(c.verdict, indent=INDENT)
         if c.rows:
-            for ln in _columns(c.COLUMNS, c.rows, set()):
-                out.line(INDENT + ln)
+            out.write_table(c.COLUMNS, c.rows, set())
     return out.text()
 
 
@@ -205,10 +308,13 @@ def _ranks(out: _Out, view: RanksView) -> None:
     out.para(view.headline)
     out.line()
     head = ("rank", "file", "OOM", "reserved", "allocated")
-    lines = _columns(head, [row[:5] for row in view.rows], numeric={"reserved", "allocated"})
-    out.line(INDENT + lines[0], "bold")
-    for row, ln in zip(view.rows, lines[1:], strict=True):
-        out.line(INDENT + ln)
+    header, *lines = out.table(head, [row[:5] for row in view.rows],
+                               numeric={"reserved", "allocated"})
+    for ln in header:
+        out.line(ln, "bold")
+    for row, row_lines in zip(view.rows, lines, strict=True):
+        for ln in row_lines:
+            out.line(ln)
         extra = "; ".join(x for x in (f"top family {row[5]}" if row[5] != "-" else "", row[6])
                           if x)
         if extra:
@@ -248,35 +354,26 @@ def explain(view: ExplainView, options: Options) -> str:
 def diff(view: DiffView, options: Options) -> str:
     from snapana.render import wording
 
-    out = [f"before: {view.before}", f"after:  {view.after}", "",
-           f"Verdict: {view.verdict}", ""]
+    width = max(40, options.width)
+    out = [*_wrap(f"before: {view.before}", width, "", INDENT * 4),
+           *_wrap(f"after:  {view.after}", width, "", INDENT * 4), "",
+           *_wrap(f"Verdict: {view.verdict}", width, "", INDENT), ""]
     numeric = {"before", "after", "change"}
-    out += _columns(("", "before", "after", "change"), view.totals, numeric)
+    out += _columns(("", "before", "after", "change"), view.totals, numeric, width)
     if view.families:
         out += ["", *_columns(("family", "before", "after", "change", ""), view.families,
-                              numeric)]
+                              numeric, width)]
     if view.growth:
-        out += ["", f"{wording.GROWTH_HEADING}:"]
+        out += ["", *_wrap(f"{wording.GROWTH_HEADING}:", width, "", INDENT)]
         for line in view.growth:
-            out += _wrap(line, max(40, options.width), INDENT, INDENT * 3)
+            out += _wrap(line, width, INDENT, INDENT * 3)
     if view.history_note:
-        out += ["", *_wrap(view.history_note, max(40, options.width), "", "")]
+        out += ["", *_wrap(view.history_note, width, "", "")]
     sites = view.sites[:TOP_SITES]
     if sites:
         out += ["", *_columns(("family", "site", "before", "after", "change", ""), sites,
-                              numeric)]
+                              numeric, width)]
     return "\n".join(out) + "\n"
-
-
-def _columns(header: tuple[str, ...], rows: Sequence[Sequence[str]],
-             numeric: set[str]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(row: Sequence[str]) -> str:
-        return "  ".join(str(c).rjust(w) if h in numeric else str(c).ljust(w)
-                         for c, w, h in zip(row, widths, header, strict=True)).rstrip()
-
-    return [line(header), *(line(r) for r in rows)]
 
 
 def text_log(view: TextLogView, options: Options) -> str:
@@ -287,8 +384,8 @@ def text_log(view: TextLogView, options: Options) -> str:
              "No out-of-memory message was found in the text.")
     if view.rank_rows:
         out.line()
-        for ln in _columns(view.rank_columns, view.rank_rows, {"requested", "free", "reserved"}):
-            out.line(ln)
+        out.write_table(view.rank_columns, view.rank_rows, {"requested", "free", "reserved"},
+                        indent="")
     for m in view.messages:
         out.line()
         out.para(f"── {m.where}" + (f", GPU {m.device}" if m.device is not None else "") +
@@ -309,8 +406,7 @@ def text_log(view: TextLogView, options: Options) -> str:
         for sentence in sec.sentences:
             out.para(sentence, INDENT)
         if sec.rows:
-            for ln in _columns(sec.columns, sec.rows, set(sec.columns[sec.numeric_from:])):
-                out.line(INDENT + ln)
+            out.write_table(sec.columns, sec.rows, set(sec.columns[sec.numeric_from:]))
         for knob, why in sec.knobs:
             out.para(f"knob: {knob} — {why}", INDENT)
     for u in view.unrecognised:
@@ -332,8 +428,7 @@ def whatif(view: WhatIfView, options: Options) -> str:
         out.para(d.proof, INDENT)
         out.para(d.verdict, INDENT)
         if d.rows:
-            for ln in _columns(WHATIF_COLUMNS, d.rows, set()):
-                out.line(INDENT + ln)
+            out.write_table(WHATIF_COLUMNS, d.rows, set())
     for n in view.not_simulated:
         out.para(f"not simulated: {n}")
     out.line()
@@ -347,8 +442,7 @@ def check(view: CheckView, options: Options) -> str:
     out.para(f"Budget check: {view.title} — {view.where}")
     out.para(view.verdict)
     out.line()
-    for ln in _columns(CHECK_COLUMNS, view.rows(), set()):
-        out.line(INDENT + ln)
+    out.write_table(CHECK_COLUMNS, view.rows(), set())
     if view.breaches:
         out.line()
         for line in view.breach_lines():
