@@ -30,9 +30,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from snapana.analysis.attribution.families import UNKNOWN
 from snapana.analysis.attribution.sites import site_of
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.family_timeline import FamilyTimeline
+from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import StackTable
 
 #: How the page reads a packed column back: bytes per value, then (in this order undone)
@@ -319,36 +321,54 @@ def _made_ahead(made: Future[_Allocations] | None, spans: pl.DataFrame,
 
 def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: str,
                   origin: int | None) -> dict[str, Any] | None:
-    """What the page's explorer needs for one device (None without a recorded history):
-    the lifetimes (alloc, free, size, stack, address, family, evidence), the per-event
-    reserved bytes and clock, the distinct stacks (lines) and their sites, all packed; the
-    distinct frame lines and site names, gzipped; the families with their colours.
-    `origin` is where the page's time axis counts from (µs)."""
+    """What the page's explorer needs for one device (without a recorded history, the
+    snapshot's own blocks: `_snapshot_spans`): the lifetimes (alloc, free, size, stack,
+    address, family, evidence), the per-event reserved bytes and clock, the distinct stacks
+    (lines) and their sites, all packed; the distinct frame lines and site names, gzipped;
+    the families with their colours. `origin` is where the page's time axis counts from
+    (µs). None where there is nothing to explore."""
     t = r.timeline
     ft = t.families
     ahead_made = _AHEAD.pop(id(t.reserved), None)  # taken even when not shown: none left
-    if not r.diagnosis.history or ft is None or t.stacks is None or t.n_events == 0:
+    if not r.diagnosis.history:
+        spans = _snapshot_spans(r)
+        if spans is None or t.stacks is None:
+            return None
+        made = _allocations(spans, np.array([r.reserved_bytes], dtype=np.int64), t.stacks)
+        events = {"n_events": 1, "moment": 0, "moment_kind": r.moment.kind,
+                  "x_is_time": False, "x0": 0, "no_history": True}
+        return _page_data(r, spans, made, sorted(spans["family"].unique().to_list()), {},
+                          events, colours, unknown_colour)
+    if ft is None or t.stacks is None or t.n_events == 0:
         return None
-    n = t.n_events
     lt = ft.spans  # the lifetimes the family timeline counts, from `start` to `end`
     made = _made_ahead(ahead_made, lt, t.reserved) or _allocations(lt, t.reserved, t.stacks)
-    families = list(ft.families)
-    evidence = sorted(lt["evidence"].unique().to_list())
-    columns = {
-        "family": lt["family"].cast(pl.Enum(families)).to_physical().to_numpy()
-        .astype(np.int64)[made.order],
-        "evidence": lt["evidence"].cast(pl.Enum(evidence)).to_physical().to_numpy()
-        .astype(np.int64)[made.order],
-    }
-    if t.times_us is not None:
-        columns["time"] = np.asarray(t.times_us, dtype=np.int64)
-    specs, blob = _blob(made.parts + _pack_parts(columns, delta=frozenset({"time"})))
+    clock = {} if t.times_us is None else {"time": np.asarray(t.times_us, dtype=np.int64)}
     x0 = origin if origin is not None else (int(t.times_us[0]) if t.times_us is not None
                                             else 0)
+    events = {"n_events": t.n_events, "moment": r.moment.idx, "moment_kind": r.moment.kind,
+              "x_is_time": t.times_us is not None, "x0": x0}
+    return _page_data(r, lt, made, list(ft.families), clock, events, colours, unknown_colour)
+
+
+def _page_data(r: DeviceReport, spans: pl.DataFrame, made: _Allocations, families: list[str],
+               clock: dict[str, np.ndarray], events: dict[str, Any],
+               colours: Mapping[str, str], unknown_colour: str) -> dict[str, Any]:
+    """The explorer's data after its `events`: the allocations' columns with their families
+    and evidence (and the clock, when there is one), packed; the texts; the families'
+    colours."""
+    evidence = sorted(spans["evidence"].unique().to_list())
+    columns = {
+        "family": spans["family"].cast(pl.Enum(families)).to_physical().to_numpy()
+        .astype(np.int64)[made.order],
+        "evidence": spans["evidence"].cast(pl.Enum(evidence)).to_physical().to_numpy()
+        .astype(np.int64)[made.order],
+        **clock,
+    }
+    specs, blob = _blob(made.parts + _pack_parts(columns, delta=frozenset({"time"})))
     named = [f for f in (r.diagnosis.excess_family, r.diagnosis.request_family) if f]
     return {
-        "n_events": n, "moment": r.moment.idx, "moment_kind": r.moment.kind,
-        "x_is_time": t.times_us is not None, "x0": x0,
+        **events,
         "families": families, "colours": [colours.get(f, unknown_colour) for f in families],
         "named": named, "evidence": evidence,
         # the frame lines and site names, a JSON list each, gzipped (paths repeat a lot)
@@ -357,3 +377,19 @@ def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: s
         "no_frames_site": made.no_frames,
         "columns": specs, "packed": blob,
     }
+
+
+def _snapshot_spans(r: DeviceReport) -> pl.DataFrame | None:
+    """A capture without history has one moment, the snapshot: its allocated blocks are the
+    allocations, live from event 0 on, so find, the sites and their stacks work on the
+    blocks' own frames. None when no block carries a frame (there is nothing to find)."""
+    stacks = r.timeline.stacks
+    blocks = r.live_blocks.filter(pl.col("state") == ACTIVE_ALLOCATED)
+    if stacks is None or blocks.is_empty() or "evidence" not in blocks.columns or not any(
+            stacks.stack(int(s)) for s in blocks["stack_id"].unique().to_list()):
+        return None
+    return blocks.select(
+        pl.lit(0, pl.Int64).alias("start"), pl.lit(1, pl.Int64).alias("end"),
+        pl.col("size").cast(pl.Int64), pl.col("stack_id"), pl.col("address").cast(pl.Int64),
+        pl.col("family").fill_null(UNKNOWN), pl.col("evidence").fill_null(UNKNOWN),
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("alloc_idx"))

@@ -126,7 +126,8 @@ def _device(d: DeviceView) -> tuple[DeviceView, dict[str, str]]:
              and (name != "families_over_time" or d.timeline.families)
              and (name != "allocations" or d.allocations is not None)]
     out: dict[str, str] = {name: _figure_json(figures.FIGURES[name](d)) for name in drawn}
-    if d.explorer is not None and "families_over_time" in out:  # the explorer's data
+    # the explorer's data: moments picked on the family timeline, or the snapshot's one
+    if d.explorer is not None and ("families_over_time" in out or d.explorer.get("no_history")):
         out["explorer"] = _in_script(json.dumps(d.explorer, separators=(",", ":")))
     return d, out
 

@@ -419,8 +419,8 @@ class DeviceView:
 
     @cached_property
     def explorer(self) -> dict[str, Any] | None:
-        """Every allocation of the trace, packed for the page's explorer (None without
-        history; see `explorer.explorer_data`)."""
+        """Every allocation of the trace, packed for the page's explorer (without history,
+        the snapshot's blocks when they carry frames; see `explorer.explorer_data`)."""
         return explorer_data(self.report, self.colours, UNKNOWN_COLOUR, self.origin)
 
     @cached_property

@@ -224,11 +224,12 @@ def _impossible(segments: pl.DataFrame, live: pl.DataFrame, pools: tuple[PoolFre
 
 
 def _with_family(live: pl.DataFrame, held: pl.DataFrame) -> pl.DataFrame:
-    """The live blocks with the family of the allocated block at their address. One family
-    per address (the first), so the join is one-to-one: an inconsistent capture can hold
-    several live blocks at one address, and joining on a repeated key multiplies rows."""
-    families = held.select("address", "family").unique("address", keep="first",
-                                                        maintain_order=True)
+    """The live blocks with the family (and its evidence) of the allocated block at their
+    address. One family per address (the first), so the join is one-to-one: an inconsistent
+    capture can hold several live blocks at one address, and joining on a repeated key
+    multiplies rows."""
+    families = held.select("address", "family", "evidence").unique(
+        "address", keep="first", maintain_order=True)
     return live.join(families, on="address", how="left", maintain_order="left")
 
 

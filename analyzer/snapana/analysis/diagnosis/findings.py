@@ -277,7 +277,8 @@ class DeviceReport:
     top_sites: tuple[Site, ...]
     timeline: Timeline
     segments: pl.DataFrame  # the segments at the moment (pool, stream, address, total_size)
-    live_blocks: pl.DataFrame  # blocks live at the moment (allocated, pending free), by family
+    #: blocks live at the moment (allocated, pending free), with their family and evidence
+    live_blocks: pl.DataFrame
     n_events: int
     warnings: tuple[str, ...]
     before_recording_bytes: int
