@@ -343,29 +343,32 @@ def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: s
         return None
     lt = ft.spans  # the lifetimes the family timeline counts, from `start` to `end`
     made = _made_ahead(ahead_made, lt, t.reserved) or _allocations(lt, t.reserved, t.stacks)
-    clock = {} if t.times_us is None else {"time": np.asarray(t.times_us, dtype=np.int64)}
+    extra = _segment_columns(t.segments, t.n_events)
+    if t.times_us is not None:
+        extra["time"] = np.asarray(t.times_us, dtype=np.int64)
     x0 = origin if origin is not None else (int(t.times_us[0]) if t.times_us is not None
                                             else 0)
     events = {"n_events": t.n_events, "moment": r.moment.idx, "moment_kind": r.moment.kind,
               "x_is_time": t.times_us is not None, "x0": x0}
-    return _page_data(r, lt, made, list(ft.families), clock, events, colours, unknown_colour)
+    return _page_data(r, lt, made, list(ft.families), extra, events, colours, unknown_colour)
 
 
 def _page_data(r: DeviceReport, spans: pl.DataFrame, made: _Allocations, families: list[str],
-               clock: dict[str, np.ndarray], events: dict[str, Any],
+               extra: dict[str, np.ndarray], events: dict[str, Any],
                colours: Mapping[str, str], unknown_colour: str) -> dict[str, Any]:
     """The explorer's data after its `events`: the allocations' columns with their families
-    and evidence (and the clock, when there is one), packed; the texts; the families'
-    colours."""
+    and evidence (and the `extra` columns: the clock, the segments), packed; the texts; the
+    families' colours."""
     evidence = sorted(spans["evidence"].unique().to_list())
     columns = {
         "family": spans["family"].cast(pl.Enum(families)).to_physical().to_numpy()
         .astype(np.int64)[made.order],
         "evidence": spans["evidence"].cast(pl.Enum(evidence)).to_physical().to_numpy()
         .astype(np.int64)[made.order],
-        **clock,
+        **extra,
     }
-    specs, blob = _blob(made.parts + _pack_parts(columns, delta=frozenset({"time"})))
+    specs, blob = _blob(made.parts + _pack_parts(columns,
+                                                 delta=frozenset({"time", "seg_open"})))
     named = [f for f in (r.diagnosis.excess_family, r.diagnosis.request_family) if f]
     return {
         **events,
@@ -393,3 +396,22 @@ def _snapshot_spans(r: DeviceReport) -> pl.DataFrame | None:
         pl.col("size").cast(pl.Int64), pl.col("stack_id"), pl.col("address").cast(pl.Int64),
         pl.col("family").fill_null(UNKNOWN), pl.col("evidence").fill_null(UNKNOWN),
         pl.int_range(pl.len(), dtype=pl.Int64).alias("alloc_idx"))
+
+
+def _segment_columns(segments: pl.DataFrame | None, n_events: int) -> dict[str, np.ndarray]:
+    """Each segment's life for the page's allocator-state and cached-segment views: its
+    address and size, the event that made it (+1: 0 is before the first event), how many
+    events it lived (to the end of the trace when never freed) and, for a mapped range of
+    an expandable segment, which one (+1), in the order made."""
+    if segments is None or segments.is_empty():
+        return {}
+    seg = segments.sort("open_idx", "address")
+    opened = np.maximum(seg["open_idx"].to_numpy(), -1)
+    closed = np.minimum(seg["close_idx"].to_numpy(), n_events)
+    # an expandable segment is mapped range by range: the page joins the contiguous ranges
+    # of one virtual segment, as the replay's `segments_at` does (0: not expandable)
+    vseg = (seg["vseg"].fill_null(-1).to_numpy() + 1 if "vseg" in seg.columns
+            else np.zeros(seg.height, dtype=np.int64))
+    vseg = np.where(seg["expandable"].fill_null(False).to_numpy(), vseg, 0)
+    return {"seg_address": seg["address"].to_numpy(), "seg_size": seg["total_size"].to_numpy(),
+            "seg_open": opened + 1, "seg_life": closed - opened, "seg_vseg": vseg}

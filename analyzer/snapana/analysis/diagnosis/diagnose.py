@@ -772,6 +772,7 @@ def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
         growth=growth,
         family_sites=sites,
         stacks=capture.stacks,
+        segments=None if dr.segment_intervals.is_empty() else dr.segment_intervals,
     )
 
 

@@ -127,6 +127,9 @@ class Timeline:
     family_sites: Mapping[str, str] = field(default_factory=dict)
     #: the capture's stacks, to show the frames of a block of `families.lifetimes`
     stacks: StackTable | None = None
+    #: each segment's life over the trace (address, total_size, pool, stream, open_idx,
+    #: close_idx: the replay's `segment_intervals`); None where no segments are recorded
+    segments: pl.DataFrame | None = None
 
     @property
     def n_events(self) -> int:

@@ -1,0 +1,91 @@
+"""Issue 46, the segment views MemoryViz has — the allocator's state after any event and the
+cached segments over the trace — in real headless Chromium: a click on the cached-segment
+timeline at three places picks an event, and the segments drawn there equal the replay's
+segments at that event (`a.at(event=N).segments`), the blocks drawn its allocated blocks;
+hovering the largest block there shows the stack its allocation recorded in the pickle."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import polars as pl
+import pytest
+import snapana
+from snapana.caching_allocator import ACTIVE_ALLOCATED
+
+from .browser import open_report
+from .conftest import SAMPLES, corpus_files, invoke
+
+CLICKS = (0.2, 0.55, 0.95)
+CORPUS = ("Constructor-Sun+code_location__memory_snapshot.pickle",
+          "gpt-medium-ctx1024-train.pickle")
+SEG = "section.device .explore-segments"
+
+
+def _inputs() -> list:
+    corpus = [f for f in corpus_files("torch_snapshots", "*.pickle") if f.name in CORPUS]
+    return [pytest.param(f, id=f.name) for f in sorted(SAMPLES.glob("*.pickle")) + corpus]
+
+
+def _raw_frames(path: Path, device: int, address: int, event: int) -> list[str] | None:
+    """The frames the pickle recorded for the allocation at `address` live after `event`:
+    the last `alloc` entry at that address up to the event (None: made before the trace)."""
+    trace = pickle.loads(path.read_bytes())["device_traces"][device]
+    for entry in reversed(trace[:event + 1]):
+        if entry["action"] == "alloc" and entry["addr"] == address:
+            return [f"{f['filename']}:{f['line']} {f['name']}" for f in entry["frames"]]
+    return None
+
+
+@pytest.mark.chromium
+@pytest.mark.parametrize("snap", _inputs())
+def test_segments_drawn_are_the_replays(tmp_path: Path, snap: Path) -> None:
+    out = tmp_path / "report.html"
+    assert invoke("report", str(snap), "-o", str(out)).returncode == 0
+    a = snapana.load(snap)
+    seen: list[dict] = []
+
+    def act(page) -> None:
+        for fraction in CLICKS:
+            page.locator(f"{SEG} .segt-canvas").first.scroll_into_view_if_needed()
+            canvas = page.locator(f"{SEG} .segt-canvas").first.bounding_box()
+            page.mouse.click(canvas["x"] + canvas["width"] * fraction,
+                             canvas["y"] + canvas["height"] * 0.98)
+            page.wait_for_timeout(150)
+            got = page.evaluate(f"""(() => {{ const s = document.querySelector('{SEG}');
+              return {{event: Number(s.dataset.event), drawn: s.drawn, blocks: s.blocks,
+                       column: s.column(Number(s.dataset.event))}}; }})()""")
+            largest = max(got["blocks"], key=lambda b: b[1]) if got["blocks"] else None
+            got["hover"] = None
+            if largest is not None:
+                page.locator(f"{SEG} .seg-canvas").first.scroll_into_view_if_needed()
+                x, y = page.evaluate(f"document.querySelector('{SEG}').pointOf({largest[0]})")
+                page.mouse.move(x, y)
+                page.wait_for_timeout(100)
+                got["hover"] = (largest[0], page.evaluate(
+                    f"document.querySelector('{SEG} .seg-tip').textContent"))
+            seen.append(got)
+
+    visit = open_report(out, act=act)
+    assert not visit.console_errors
+    assert len(seen) == len(CLICKS)
+    compared = 0
+    for got in seen:
+        event = got["event"]
+        state = a.at(event=event)
+        want = sorted(state.segments.select("address", "total_size").iter_rows())
+        assert sorted(map(tuple, got["drawn"])) == want, f"event {event}"
+        assert sorted(map(tuple, got["column"])) == want, f"event {event}"
+        live = state.blocks.filter(pl.col("state") == ACTIVE_ALLOCATED)
+        assert sorted(map(tuple, got["blocks"])) == sorted(
+            live.select("address", "size").iter_rows()), f"event {event}"
+        if got["hover"] is not None:
+            address, tip = got["hover"]
+            assert f"at 0x{address:x}" in tip
+            frames = _raw_frames(snap, a.device, address, event)
+            if frames is not None:
+                shown = tip.split("stack, innermost first:\n", 1)[1].splitlines()
+                assert shown == (frames or ["(no frames recorded)"])
+                compared += 1
+    assert compared, "no hovered block was allocated inside the trace"
