@@ -73,6 +73,20 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"SNAPANA_JUDGES names unknown judges: {sorted(unknown)}")
 
 
+def _reads_the_corpus(item: pytest.Item) -> bool:
+    """A test parametrized over files of the real corpus."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, Path) and v.is_relative_to(CORPUS) for v in params.values())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test parametrized over the real corpus is marked `corpus`: the README's quick
+    run leaves those (and `slow` ones) to CI's second phase (pyproject's addopts)."""
+    for item in items:
+        if _reads_the_corpus(item):
+            item.add_marker(pytest.mark.corpus)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A marked test whose judge is absent: skipped with its name, or failed where demanded."""
     _current[:] = [item]

@@ -230,6 +230,7 @@ def _fidelity(path) -> list[tuple[str, int, bool, bool, bool | None]]:
     return rows
 
 
+@pytest.mark.corpus
 def test_the_fidelity_table_of_the_corpus() -> None:
     """Issue 45's bar: at least 90% of the real captures' devices with segment events come
     out of the model exactly (every cudaMalloc / cudaFree / map / unmap, size for size, in

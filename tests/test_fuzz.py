@@ -13,6 +13,9 @@ from .fuzz.cases import Case
 from .fuzz.hostile import hostile_cases
 from .fuzz.runner import Runner
 
+#: a campaign over the corpus and hostile cases: minutes, so CI's second phase runs it
+pytestmark = pytest.mark.slow
+
 SEED = 14
 CASES = 150
 #: What no input may ever cause.

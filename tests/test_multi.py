@@ -120,6 +120,7 @@ def test_dask_engine_in_local_mode(incident, tmp_path):
     assert by_rank[IMBALANCED] > by_rank[0]
 
 
+@pytest.mark.corpus
 def test_unrelated_corpus_files_are_said_to_be_unrelated(tmp_path):
     if not SNAPSHOTS.is_dir():
         pytest.skip("../shared/corpus absent")
