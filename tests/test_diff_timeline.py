@@ -194,3 +194,29 @@ def test_a_side_without_a_clock_puts_both_on_the_event_index(tmp_path: Path) -> 
     assert tl.axis_note in fig["layout"]["title"]["text"]
     both = snapana.diff(timed, timed).view.timelines
     assert both is not None and both.before.x_is_time and both.axis_note == ""
+
+
+def _seconds(path: Path) -> float:
+    """A run's length on its clock, from the raw trace: the last event's time minus the
+    first's."""
+    times = [e["time_us"] for e in pickle.loads(path.read_bytes())["device_traces"][0]
+             if "time_us" in e]
+    return (times[-1] - times[0]) / 1e6
+
+
+@pytest.mark.parametrize("before,after", [
+    (BEFORE, AFTER),
+    (SAMPLES / "fsdp-train-step.pickle", SAMPLES / "swift-vllm-colocate-oom.pickle")])
+def test_runs_of_very_different_length_get_an_x_axis_each(before: Path, after: Path) -> None:
+    """Two runs share the x axis unless one is more than SHARED_AXIS_RATIO times as long as
+    the other (the shorter would fill a corner of the width): then each row has its own
+    axis with its own tick labels, and the title says why."""
+    ratio = max(_seconds(before), _seconds(after)) / min(_seconds(before), _seconds(after))
+    fig = snapana.diff(before, after).figure("families_over_time")
+    layout = fig.to_plotly_json()["layout"]
+    own = ratio > figures.SHARED_AXIS_RATIO
+    assert (layout["xaxis"].get("matches") is None) == own
+    assert layout["xaxis"].get("showticklabels", True) == own
+    assert ("own x axis" in layout["title"]["text"]) == own
+    if own:
+        assert f"{ratio:.0f}×" in layout["title"]["text"]

@@ -324,3 +324,20 @@ def test_a_serving_engines_baseline_is_not_called_weights(tmp_path, frame, engin
         assert f"in a {engine} process" in base["reason"] and "KV-cache" in base["reason"]
     else:
         assert base["family"] == "parameters" and base["method"] == "lifetime:persistent"
+
+
+@pytest.mark.parametrize("path", corpus_params("kineto_traces", "*resnet50*"))
+def test_made_up_addresses_are_never_shown(path, tmp_path):
+    """A 2021 trace gives memory that predates profiling no address; the blocks get keys
+    from a made-up range, which no report, hover or explanation shows as an address."""
+    from snapana.units import SYNTHETIC_ADDRESSES
+
+    a = snapana.load(path)
+    made_up = a.blocks.filter(pl.col("address") >= SYNTHETIC_ADDRESSES)
+    assert made_up.height, "this trace has memory from before profiling"
+    out = a.report(tmp_path / "r.html")
+    page = out.read_text()
+    assert "0x7e00000000" not in page.lower()
+    assert "no address recorded" in page  # the allocations view's hover says so
+    said = a.explain_text(family=str(made_up["family"][0]))
+    assert "0x7e00000000" not in said.lower()

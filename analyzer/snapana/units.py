@@ -155,3 +155,12 @@ def parse_capacity(value: int | str) -> int:
 def plural(n: int, noun: str) -> str:
     """"1 block", "2 blocks": a count with its noun (regular plurals only)."""
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+#: Addresses at and above this one are made up, for blocks whose source records none (a
+#: profiler trace's pre-existing memory): keys, never shown as a place in memory.
+SYNTHETIC_ADDRESSES = 0x7E00_0000_0000_0000
+
+
+def address_text(address: int) -> str:
+    """An address as a person reads it; a made-up one says there is none."""
+    return "no address recorded" if address >= SYNTHETIC_ADDRESSES else f"0x{address:x}"

@@ -37,7 +37,7 @@ import polars as pl
 from snapana.analysis.attribution.sites import format_frame, site_of
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.model import Frame, StackTable, is_python_frame
-from snapana.units import fmt_bytes, plural
+from snapana.units import address_text, fmt_bytes, plural
 
 WINDOW_EVENTS = 1000  # the most events the window holds (the moment is the last)
 MIN_WINDOW_EVENTS = 100  # the fewest, when the trace has them
@@ -255,7 +255,7 @@ class _Words:
             f"live at the {self.moment}"
         return (str(row["family"]), int(row["size"]), str(row["evidence"]), site_of(frames),
                 self.index.setdefault(sid, len(self.index)) if frames else -1,
-                f"allocated {born}, {freed}, at 0x{int(row['address']):x}")
+                f"allocated {born}, {freed}, at {address_text(int(row['address']))}")
 
     def _where(self, i: int) -> tuple[int, int]:
         """Allocation `i`'s address and allocating event."""

@@ -36,6 +36,7 @@ from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.family_timeline import FamilyTimeline
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import StackTable
+from snapana.units import SYNTHETIC_ADDRESSES
 
 #: How the page reads a packed column back: bytes per value, then (in this order undone)
 #: zigzag for signed deltas, a running sum (`delta`: over all rows; `group`: over the rows
@@ -372,6 +373,7 @@ def _page_data(r: DeviceReport, spans: pl.DataFrame, made: _Allocations, familie
     named = [f for f in (r.diagnosis.excess_family, r.diagnosis.request_family) if f]
     return {
         **events,
+        "synthetic_from": SYNTHETIC_ADDRESSES,  # addresses made up where none was recorded
         "families": families, "colours": [colours.get(f, unknown_colour) for f in families],
         "named": named, "evidence": evidence,
         # the frame lines and site names, a JSON list each, gzipped (paths repeat a lot)

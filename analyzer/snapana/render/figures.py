@@ -522,43 +522,64 @@ def families_before_after(v: DiffView) -> Figure:
     tl = v.timelines
     if tl is None:
         return _nothing_over_time(v.history_note or "No family timelines in this diff")
-    fig = _two_rows(f"before: {v.before}", f"after: {v.after}")
+    lengths = [_extent(tl.before), _extent(tl.after)]
+    shared = max(lengths) <= SHARED_AXIS_RATIO * min(lengths)
+    fig = _two_rows(f"before: {v.before}", f"after: {v.after}", shared)
     shown: set[str] = set()
     windows = []
     for row, (side, t) in enumerate((("before", tl.before), ("after", tl.after)), 1):
         windows.append(_side_families(fig, row, side, t, shown))
     title = f"Live bytes per family, before and after ({tl.axis})"
-    if tl.axis_note:
-        title += f"<br><sub>{tl.axis_note}</sub>"
+    notes = [tl.axis_note] if tl.axis_note else []
+    if not shared:
+        notes.append(f"each run on its own x axis: one is {max(lengths) / min(lengths):.0f}× "
+                     "as long as the other")
+    if notes:
+        title += f"<br><sub>{'; '.join(notes)}</sub>"
     top = tl.top_bytes / GiB * 1.05
     gib = dict(title="GiB", range=[0, top])
     _update(fig, yaxis=gib, yaxis2=gib, xaxis2=dict(title=tl.axis))
+    if not shared:
+        _update(fig, xaxis=dict(title=tl.axis))
     _update(fig, height=760, margin=dict(l=50, r=10, t=90, b=40), title=title,
             legend=dict(orientation="h", traceorder="normal"), hovermode="x unified")
     if all(windows):  # both quiet before their moments: open on what both sides did
         window = [min(w[0] for w in windows if w), max(w[1] for w in windows if w)]
-        _update(fig, xaxis=dict(range=window, autorange=False),
-                xaxis2=dict(range=window, autorange=False))
+        top_w, bottom_w = (window, window) if shared else (list(windows[0] or window),
+                                                            list(windows[1] or window))
+        _update(fig, xaxis=dict(range=top_w, autorange=False),
+                xaxis2=dict(range=bottom_w, autorange=False))
         _update(fig, updatemenus=[dict(
             type="buttons", direction="right", x=1, xanchor="right", y=1.06,
             yanchor="bottom", showactive=True, buttons=[
                 dict(label="around the moments", method="relayout",
-                     args=[{"xaxis.range": window, "xaxis2.range": window}]),
+                     args=[{"xaxis.range": top_w, "xaxis2.range": bottom_w}]),
                 dict(label="full range", method="relayout",
                      args=[{"xaxis.autorange": True, "xaxis2.autorange": True}])])])
     return fig
 
 
-def _two_rows(top: str, bottom: str) -> Figure:
+#: Two runs share an x axis unless one is this many times as long as the other: then the
+#: shorter would be squeezed into a corner of the width, and each gets its own axis.
+SHARED_AXIS_RATIO = 4
+
+
+def _extent(t: TimelineView) -> float:
+    """How long a side's trace is on its axis (µs or events; at least 1)."""
+    return float(max(t.x[-1] - t.x[0], 1)) if t.x else 1.0
+
+
+def _two_rows(top: str, bottom: str, shared: bool = True) -> Figure:
     """What `make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
     subplot_titles=(top, bottom))` lays out: two rows on one x axis (the upper follows the
-    lower, which carries the tick labels), each titled above its plot."""
+    lower, which carries the tick labels), each titled above its plot; not `shared`, each
+    row on an x axis of its own, each with its tick labels."""
     def title(text: str, y: float) -> dict[str, Any]:
         return dict(font=dict(size=16), showarrow=False, text=text, x=0.5, xanchor="center",
                     xref="paper", y=y, yanchor="bottom", yref="paper")
 
-    return _figure(xaxis=dict(anchor="y", domain=[0.0, 1.0], matches="x2",
-                              showticklabels=False),
+    upper = dict(matches="x2", showticklabels=False) if shared else {}
+    return _figure(xaxis=dict(anchor="y", domain=[0.0, 1.0], **upper),
                    yaxis=dict(anchor="x", domain=[0.55, 1.0]),
                    xaxis2=dict(anchor="y2", domain=[0.0, 1.0]),
                    yaxis2=dict(anchor="x2", domain=[0.0, 0.45]),

@@ -19,7 +19,7 @@ from snapana.render.check import CheckView
 from snapana.render.text_log import TextLogView
 from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
 from snapana.render.whatif import WhatIfView
-from snapana.units import fmt_bytes
+from snapana.units import address_text, fmt_bytes
 
 if TYPE_CHECKING:  # the views import the analysis (polars): a text log's page needs neither
     from snapana.render.views import CaptureView, DeviceView, DiffView, ExplainView, RanksView
@@ -333,7 +333,7 @@ def explain(view: ExplainView, options: Options) -> str:
     for it in view.items:
         d = it.explanation.decision
         console.print(f"[bold]{it.site}[/bold]: {it.blocks} block(s), {fmt_bytes(it.bytes)}"
-                      f" — e.g. {', '.join(hex(a) for a in it.addresses)}", highlight=False)
+                      f" — e.g. {', '.join(map(address_text, it.addresses))}", highlight=False)
         console.print(str(it.explanation), markup=False, highlight=False)
         if it.evidence == "inventory":
             console.print(f"named by the recording's tensor inventory: {it.family} — "

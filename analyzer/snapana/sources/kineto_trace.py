@@ -36,10 +36,11 @@ from snapana.model import (
 )
 from snapana.sources._io import MetaError, sanitize
 from snapana.sources.json_stream import stream_json
+from snapana.units import SYNTHETIC_ADDRESSES
 
 CPU_DEVICE = -1
 #: Address range for blocks the trace gives no address for (2021 layout, pre-existing memory).
-_SYNTH_BASE = 0x7E00_0000_0000_0000
+_SYNTH_BASE = SYNTHETIC_ADDRESSES
 _MEMORY = "[memory]"
 _OOM = "[OutOfMemory]"
 #: Interval categories that become frames, with their nesting rank when two share start and
