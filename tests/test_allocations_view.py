@@ -54,8 +54,12 @@ def _check(path: Path) -> None:
     held = [b for b in av.bands if b.kind == "held"]
     other = [b for b in av.bands if b.kind == "other"]
     assert len(drawn) <= ab.BAND_COUNT and av.points("allocation") <= ab.POINT_LIMIT
-    assert av.points() <= ab.POINT_LIMIT + 4 * ab.WINDOW_EVENTS + 4 * len(held)
-    assert len(other) <= 1 and (not other or av.bands[-1] is other[0])
+    assert av.points() <= ab.POINT_LIMIT + 4 * ab.WINDOW_EVENTS * len(other) + 4 * len(held)
+    # the summed bands are on top: one per family (the largest), then at most one grey one
+    assert len(other) <= ab.OTHER_FAMILIES + 1
+    assert all(x is y for x, y in zip(av.bands[len(av.bands) - len(other):], other, strict=True))
+    assert [b.family for b in other].count("") <= 1 and all(b.family for b in other[:-1])
+    assert len({b.family for b in other}) == len(other)
     assert av.count("allocation") + av.count("held") + av.count("other") == lt.height
     assert all(b.count > 1 for b in held)
     # each allocation band is its lifetime: live exactly then, as thick as its block
@@ -146,8 +150,20 @@ def test_the_verdicts_family_has_bands_of_its_own() -> None:
     live = [b for b in mine if b.end > av.end]  # live at the OOM
     assert len(live) == d.accumulating["count"]
     assert all(b.size == d.accumulating["chunk_size"] for b in live)
-    other = next(b for b in av.bands if b.kind == "other")
-    assert "saved_logprob_softmax" not in other.detail
+    other = [b for b in av.bands if b.kind == "other"]
+    assert other and all("saved_logprob_softmax" not in b.detail for b in other)
+    # what is summed on top is named by family: the first summed band is the family with the
+    # most bytes among the allocations not drawn as bands of their own (the replay's)
+    own = {(b.address, b.alloc_idx) for b in av.bands if b.kind == "allocation"}
+    lives = a.device_report.timeline.families.lifetimes.filter(
+        (pl.col("alloc_idx") <= av.end) & (pl.col("free_req_idx") > av.start)
+        & ~((pl.col("alloc_idx") <= av.start) & (pl.col("free_req_idx") > av.end)))
+    summed: dict[str, int] = {}
+    for ad, al, s, f in lives.select("address", "alloc_idx", "size", "family").iter_rows():
+        if (ad, al) not in own:
+            summed[f] = summed.get(f, 0) + s
+    assert other[0].family == max(summed, key=summed.get)
+    assert other[0].name.startswith(f"other {other[0].family} (")
 
 
 def test_figure_draws_the_bands() -> None:
@@ -237,7 +253,7 @@ def test_clicking_a_band_shows_its_stack_in_chromium(tmp_path: Path) -> None:
     for line, f in zip(lines, python, strict=False):
         assert line.endswith(f":{f['line']} {f['name']}"), (line, f)
         assert f["filename"].endswith(line.split(":")[0])
-    assert got["other"].startswith(f"other ({av.count('other'):,} allocations)")
+    assert got["other"].startswith(av.bands[-1].name + ":")
     assert "stack" not in got["other"]
 
 

@@ -15,14 +15,15 @@ window (parameters, optimizer state: flat rectangles that say nothing about the 
 one band per family at the bottom (a family with one such allocation keeps it as its own
 band). Of the others, the `BAND_COUNT` largest are bands of their own (those of the families
 the verdict names first, so its family is never hidden in `other`), stacked above in the
-order they were allocated, and the rest are summed into one `other` band on top, so the top
-edge is allocated bytes after every event. A band's outline needs a point only where
-something below it starts or ends; when the allocations' outlines would need more than
-`POINT_LIMIT` points, fewer (the largest) are drawn. The `other` outline needs at most 4
-points per event of the window, so the points in all stay under `POINT_LIMIT` + 4 ×
-`WINDOW_EVENTS`. A stack shows its Python frames when it has any
-(counting the C++ frames left out), at most `STACK_FRAMES`; each distinct frame line and
-each distinct stack is kept once.
+order they were allocated, and the rest are summed into `other` bands on top, one per family
+for the `OTHER_FAMILIES` largest among them (in the family's colour, so what grew last is
+still named), then one grey band, so the top edge is allocated bytes after every event. A
+band's outline needs a point only where something below it starts or ends; when the
+allocations' outlines would need more than `POINT_LIMIT` points, fewer (the largest) are
+drawn. An `other` outline needs at most 4 points per event of the window, so the points in
+all stay under `POINT_LIMIT` + 4 × (`OTHER_FAMILIES` + 1) × `WINDOW_EVENTS`. A stack shows
+its Python frames when it has any (counting the C++ frames left out), at most
+`STACK_FRAMES`; each distinct frame line and each distinct stack is kept once.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ WINDOW_EVENTS = 1000  # the most events the window holds (the moment is the last
 MIN_WINDOW_EVENTS = 100  # the fewest, when the trace has them
 BAND_COUNT = 60  # allocations drawn as bands of their own: the largest
 POINT_LIMIT = 3_000  # outline points of the allocations' bands (the page stays small)
+OTHER_FAMILIES = 5  # families whose smaller allocations are summed into a band of their own
 STACK_FRAMES = 30  # frames shown per stack (innermost first)
 TAIL_SHARE = 0.02  # the state at the moment is drawn this share of the window wide
 
@@ -149,8 +151,6 @@ def allocations_view(r: DeviceReport, colours: Mapping[str, str], other_colour: 
         rest = ~in_group
         rest[drawn] = False
         total = base + held.sum(axis=0)
-        edges = np.stack([total, total + _live_bytes(size[rest], born[rest], gone[rest],
-                                                     start, width)])
         points = 4 * sum(len(_breaks(below[k], live[k])) for k in range(len(drawn)))
         if points <= point_limit or len(shown) <= 1:
             break
@@ -167,19 +167,24 @@ def allocations_view(r: DeviceReport, colours: Mapping[str, str], other_colour: 
     bands += [words.band(int(i), live[k], below[k], start,
                          colours.get(str(family[i]), unknown_colour))
               for k, i in enumerate(drawn)]
-    n_other = int(rest.sum())
-    if n_other:
-        ev = _breaks(edges, np.ones(width, dtype=bool))
-        label = f"other ({plural(n_other, 'allocation')})"
-        most = int((edges[1] - edges[0]).max(initial=0))
+    under_rest = total
+    for name, members in _rest_by_family(family, size, rest, OTHER_FAMILIES):
+        live_bytes = _live_bytes(size[members], born[members], gone[members], start, width)
+        top = under_rest + live_bytes
+        n = len(members)
+        label = f"other {name} ({plural(n, 'allocation')})" if name else \
+            f"other ({plural(n, 'allocation')})"
+        most = int(live_bytes.max(initial=0))
+        ev = _breaks(np.stack([under_rest, top]), np.ones(width, dtype=bool))
         bands.append(AllocationBand(
-            kind="other", name=label, family="", size=most, count=n_other, evidence="",
+            kind="other", name=label, family=name, size=most, count=n, evidence="",
             site="", hover=f"{label}<br>up to {fmt_bytes(most)} at once",
             detail=f"{label}: the smaller allocations live in the window, summed; up to "
                    f"{fmt_bytes(most)} ({most:,} bytes) at once"
-                   + words.families_at_moment(np.flatnonzero(rest)),
-            stack=-1, colour=other_colour, events=ev + start, base=edges[0][ev],
-            top=edges[1][ev], end=end + 1))
+                   + words.families_at_moment(members),
+            stack=-1, colour=colours.get(name, unknown_colour) if name else other_colour,
+            events=ev + start, base=under_rest[ev], top=top[ev], end=end + 1))
+        under_rest = top
     lines, stacks = words.stack_table()
     return AllocationsView(start, end, moment, _x(t.times_us, start, end),
                            t.times_us is not None, tuple(bands), lines, stacks, len(size))
@@ -298,6 +303,23 @@ def window_start(allocated: np.ndarray, end: int, most: int = WINDOW_EVENTS,
     seg = allocated[lo:end + 1]
     trough = lo + len(seg) - 1 - int(np.argmin(seg[::-1]))
     return max(lo, min(trough, end - fewest + 1))
+
+
+def _rest_by_family(family: np.ndarray, size: np.ndarray, rest: np.ndarray, most: int
+                    ) -> list[tuple[str, np.ndarray]]:
+    """The allocations not drawn (`rest`), as the summed bands on top: one per family for
+    the `most` families with the most bytes among them, then one (family "") for the rest;
+    so the top of the chart still says which family grew last."""
+    rows = np.flatnonzero(rest)
+    if not rows.size:
+        return []
+    names, inverse = np.unique(family[rows], return_inverse=True)
+    totals = np.bincount(inverse, weights=size[rows])
+    order = sorted(range(len(names)), key=lambda k: (-totals[k], str(names[k])))
+    own = order[:most] if len(order) > most + 1 else order  # never a remainder of one family
+    out = [(str(names[k]), rows[inverse == k]) for k in own]
+    left = rows[~np.isin(inverse, own)]
+    return out + ([("", left)] if left.size else [])
 
 
 def _live_bytes(size: np.ndarray, born: np.ndarray, gone: np.ndarray, start: int,
