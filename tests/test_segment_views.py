@@ -2,11 +2,13 @@
 cached segments over the trace — in real headless Chromium: a click on the cached-segment
 timeline at three places picks an event, and the segments drawn there equal the replay's
 segments at that event (`a.at(event=N).segments`), the blocks drawn its allocated blocks;
-hovering the largest block there shows the stack its allocation recorded in the pickle."""
+hovering the largest block there shows its Python frames and clicking it pins the whole
+stack its allocation recorded in the pickle."""
 
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 
 import polars as pl
@@ -63,8 +65,11 @@ def test_segments_drawn_are_the_replays(tmp_path: Path, snap: Path) -> None:
                 x, y = page.evaluate(f"document.querySelector('{SEG}').pointOf({largest[0]})")
                 page.mouse.move(x, y)
                 page.wait_for_timeout(100)
-                got["hover"] = (largest[0], page.evaluate(
-                    f"document.querySelector('{SEG} .seg-tip').textContent"))
+                tip = page.evaluate(f"document.querySelector('{SEG} .seg-tip').textContent")
+                page.mouse.click(x, y)  # pins the whole stack
+                page.wait_for_timeout(100)
+                got["hover"] = (largest[0], tip, page.evaluate(
+                    f"document.querySelector('{SEG} .seg-stack').textContent"))
             seen.append(got)
 
     visit = open_report(out, act=act)
@@ -81,11 +86,15 @@ def test_segments_drawn_are_the_replays(tmp_path: Path, snap: Path) -> None:
         assert sorted(map(tuple, got["blocks"])) == sorted(
             live.select("address", "size").iter_rows()), f"event {event}"
         if got["hover"] is not None:
-            address, tip = got["hover"]
-            assert f"at 0x{address:x}" in tip
+            address, tip, pinned = got["hover"]
+            assert f"at 0x{address:x}" in tip and f"at 0x{address:x}" in pinned
             frames = _raw_frames(snap, a.device, address, event)
             if frames is not None:
-                shown = tip.split("stack, innermost first:\n", 1)[1].splitlines()
+                # pinned: the whole stack; hovered: its Python frames (else its first), <= 12
+                shown = pinned.split("stack, innermost first:\n", 1)[1].splitlines()
                 assert shown == (frames or ["(no frames recorded)"])
+                brief = tip.split("stack, innermost first:\n", 1)[1].splitlines()
+                python = [f for f in frames if re.search(r"\.py:\d+ ", f)] or frames
+                assert brief[:len(python[:12])] == python[:12] or not frames
                 compared += 1
     assert compared, "no hovered block was allocated inside the trace"
