@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 import snapana
 from snapana.caching_allocator import ACTIVE_ALLOCATED
+from snapana.units import fmt_bytes
 
 from .browser import open_report
 from .conftest import SAMPLES, corpus_files, invoke
@@ -98,3 +99,18 @@ def test_segments_drawn_are_the_replays(tmp_path: Path, snap: Path) -> None:
                 assert brief[:len(python[:12])] == python[:12] or not frames
                 compared += 1
     assert compared, "no hovered block was allocated inside the trace"
+
+
+def test_the_segment_maps_hover_names_the_blocks_site() -> None:
+    """The segment map at the report's moment: a block's hover says its family and where it
+    was allocated (a frame of its own stack in the pickle), not only its family and size."""
+    path = SAMPLES / "slime-tp2-chunked-logprob-oom.pickle"
+    snap = pickle.loads(path.read_bytes())
+    fig = snapana.load(path).figure("segments")
+    texts = [t for trace in fig.data if trace.name == "active_allocated" for t in trace.text]
+    largest = max((b for seg in snap["segments"] for b in seg["blocks"]
+                   if b["state"] == "active_allocated" and b.get("frames")),
+                  key=lambda b: b["size"])
+    names = {f["name"] for f in largest["frames"] if f["filename"].endswith(".py")}
+    mine = [t for t in texts if t.endswith(fmt_bytes(largest["size"])) and " · " in t]
+    assert mine and any(any(n in t for n in names) for t in mine)

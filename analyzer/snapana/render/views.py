@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 
 from snapana.analysis.attribution.families import family_ids
+from snapana.analysis.attribution.sites import site_of
 from snapana.analysis.compare import CaptureDiff
 from snapana.analysis.diagnosis.findings import Band, DeviceReport, Timeline, WhatIf
 from snapana.analysis.explain import ExplainedSite
@@ -289,11 +290,21 @@ def segment_map(r: DeviceReport, per_pool: int = SEGMENT_MAP_LIMIT,
         .filter(pl.col("segment_address").is_in([c[1] for c in chosen]))
         .sort("address")
     )
+    stacks = r.timeline.stacks
+    sites: dict[int, str] = {}
+
+    def label(family: str | None, stack_id: int) -> str:
+        """The block's family and, where it has frames, its site (the bar's hover)."""
+        if stacks is not None and stack_id not in sites:
+            frames = stacks.stack(int(stack_id))
+            sites[stack_id] = f" · {site_of(frames)}" if frames else ""
+        return (family or "") + sites.get(stack_id, "")
+
     by_seg: dict[int, list[SegmentRange]] = {}
-    for a, s, st, lab, sa in live.select(
-        "address", "size", "state", "family", "segment_address"
+    for a, s, st, fam, sid, sa in live.select(
+        "address", "size", "state", "family", "stack_id", "segment_address"
     ).iter_rows():
-        by_seg.setdefault(sa, []).append(SegmentRange(a - sa, s, st, lab or ""))
+        by_seg.setdefault(sa, []).append(SegmentRange(a - sa, s, st, label(fam, sid)))
     return tuple(
         SegmentView(pool, stream, address, size,
                     tuple(cap_ranges(by_seg.get(address, []), size, per_segment)))
