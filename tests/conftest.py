@@ -30,9 +30,10 @@ SAMPLES = ROOT / "sample_snapshots"
 # A test with no judge marker must pass on the README's install alone.
 JUDGES: dict[str, str] = {
     "torch": "the CPU build of PyTorch (pip install torch==2.13.0)",
-    "chromium": "Debian's headless chromium (apt-get install chromium) driven by playwright",
+    "chromium": "Debian's headless chromium (apt-get install chromium) driven by playwright "
+                "(pip install -e '.[judges]')",
     "memray": "memray (in the dev extra)",
-    "ray": "Ray (in the dev extra)",
+    "ray": "Ray (pip install -e '.[ray]')",
     "dask": "Dask (in the dev extra)",
     # older memray releases, each pip-installed into a venv of its own by the test (minutes
     # the first time): built only where a run demands them (.ci/run's second phase)
@@ -110,7 +111,9 @@ def judge_missing(name: str, why: str) -> None:
 def require(module: str) -> Any:
     """Import what a test needs. A judge's module (torch, memray, ...) may only be required by
     a test marked with that judge — so no test can skip itself into green for want of a
-    marker; anything else (the dev tools) is part of the README's install and must import."""
+    marker; anything else is part of the install its run needs (the README's for the quick
+    run; the `judges` extra, as CI's second phase installs, for the slow ones) and must
+    import."""
     judge = judge_of(module)
     item = _current[0] if _current else None
     if judge is not None and item is not None and item.get_closest_marker(judge) is None:
