@@ -224,3 +224,20 @@ def test_metadata_codec_keeps_python_types() -> None:
     assert back["t"] == (1, "a", None) and back["$odd"] == b"\x00\xff"
     assert back["nested"]["k"][1][2] == 7 and isinstance(back["nested"]["k"][1][2], np.int32)
     assert back["s"] == {3} and back["f"] == set()
+
+
+def test_an_export_folders_allocator_settings_are_read_as_a_snapshots(tmp_path: Path) -> None:
+    """Free-form settings in an export folder's marker are bounded and made finite as a
+    snapshot's are: an infinite roundup_power2_divisions entry (JSON allows `Infinity`) once
+    made `whatif` fail with an internal error; now it is kept as text and the replay runs."""
+    from .conftest import invoke
+
+    out = tmp_path / "ex"
+    export_capture(SAMPLES / "fsdp-train-step.pickle", out)
+    marker = json.loads((out / "snapana-export.json").read_text())
+    marker["allocator_settings"]["roundup_power2_divisions"]["128"] = float("inf")
+    (out / "snapana-export.json").write_text(json.dumps(marker))
+    run = invoke("whatif", str(out), "--set", "expandable_segments:True", "-f", "json")
+    assert run.returncode == 0, run.stderr
+    settings = parquet_dir.load(out).allocator_settings
+    assert settings["roundup_power2_divisions"]["128"] == "inf"

@@ -429,3 +429,30 @@ def test_memory_headroom_reads_the_address_space_limit() -> None:
                          timeout=60, check=True).stdout.split()
     room, vm = int(out[0]), int(out[1])
     assert 0 < room <= (3 << 30) - vm + (1 << 20)
+
+
+def test_a_truncated_gzip_with_a_huge_memo_index_is_refused_by_the_bounded_decode(tmp_path):
+    """A truncated gzip whose pickle puts a value at memo index 795,351,912: the bounded
+    child once gave up counting the truncated stream, so the unbounded in-process decode ran
+    and CPython's unpickler sized its memo for that index (12 GB resident) before failing.
+    The child now decodes a truncated stream as far as it goes, under its memory limit, and
+    the file is refused for its memory. Run under a 2 GiB address-space limit: the
+    unbounded decode would meet it as a MemoryError inside the pickle reader instead."""
+    import gzip
+    import random
+    import resource
+    import struct
+
+    text = "".join(random.Random(5).choices("abcdefghij", k=2 << 20)).encode()
+    body = (b"\x80\x02}r" + struct.pack("<I", 795_351_912)  # {} put at that memo index
+            + b"X" + struct.pack("<I", len(text)) + text + b"0.")  # 2 MB of text, POP, STOP
+    (tmp_path / "s.pickle").write_bytes(gzip.compress(body)[:-8])  # no CRC, no length
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    result = _cli("summary", "s.pickle", cwd=tmp_path, stdout=subprocess.DEVNULL,
+                  preexec_fn=limit)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs far more memory than a snapshot" in lines[0], lines

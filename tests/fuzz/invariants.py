@@ -19,6 +19,11 @@ def strict_json(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constants)
 
 
+#: Objects a report echoes from its input as they were written (the allocator settings PyTorch
+#: recorded, the job's metadata): their keys are the input's, not figures of the report.
+ECHOED = ("allocator_settings", "metadata")
+
+
 def _byte_figures(obj: Any, path: str = "") -> list[tuple[str, Any]]:
     found = []
     stack = [(obj, path)]
@@ -26,7 +31,8 @@ def _byte_figures(obj: Any, path: str = "") -> list[tuple[str, Any]]:
         o, p = stack.pop()
         if isinstance(o, dict):
             for k, v in o.items():
-                stack.append((v, f"{p}.{k}"))
+                if k not in ECHOED:
+                    stack.append((v, f"{p}.{k}"))
         elif isinstance(o, list):
             for i, v in enumerate(o):
                 stack.append((v, f"{p}[{i}]"))

@@ -45,6 +45,8 @@ GOOD = ("refused", "ok")
 CLASSES = ("refused", "ok", "traceback", "internal", "multiline", "invariant", "crash", "hang",
            "memory", "overwrite", "real-refused", "executed", "orphan")
 OUTPUT_ERROR = 4
+#: What `check` and `diff --fail-on` exit with when a limit is breached (not a failure).
+OVER_BUDGET = 1
 #: Raw control characters text output must never hold (tab and newline are layout); an
 #: input's escape sequence reaching a terminal (screen clear, OSC 52 clipboard writes).
 _RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -336,9 +338,10 @@ class Runner:
         if code == 3:
             return Outcome("internal", err.strip().splitlines()[-1][:160] if err.strip()
                            else "", **base)
-        if code != 0:
-            return Outcome("traceback", f"exit {code}", **base)
         cmd = case.command()
+        gate = "--fail-on" in cmd or cmd[:1] == ["check"]
+        if code != 0 and not (code == OVER_BUDGET and gate):  # 1: a breached budget
+            return Outcome("traceback", f"exit {code}", **base)
         raw = _RAW_CONTROL.search(err) or (None if "json" in cmd else _RAW_CONTROL.search(out))
         if raw:
             return Outcome("invariant", "raw control character in text output",

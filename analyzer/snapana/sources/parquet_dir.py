@@ -42,7 +42,14 @@ from snapana.model import (
     StackTable,
 )
 from snapana.sources._checks import first_event_outside_segments
-from snapana.sources._io import check_regular, first_line, open_regular, read_parquet
+from snapana.sources._io import (
+    MetaError,
+    check_regular,
+    first_line,
+    open_regular,
+    read_parquet,
+    sanitize,
+)
 
 #: The file that makes a folder an export (and holds its metadata).
 MARKER = "snapana-export.json"
@@ -430,6 +437,11 @@ def _meta_fields(meta: dict[str, Any], path: Path) -> dict[str, Any]:
         settings = decode(meta.get("allocator_settings"), "allocator_settings")
         if settings is not None and not isinstance(settings, dict):
             raise CodecError("allocator_settings: not an object")
+        if settings is not None:  # free-form, as a snapshot's: bounded, finite, inert
+            try:
+                settings = sanitize(settings, "allocator_settings")
+            except MetaError as exc:
+                raise CodecError(str(exc)) from None
         for key in ("has_trace", "has_time"):
             if not isinstance(meta.get(key, False), bool):
                 raise CodecError(f"{key}: not true or false")

@@ -549,7 +549,7 @@ os._exit(0)
 #: restricted unpickler and writes one JSON line. SIGALRM's default action ends the process
 #: even inside a C loop.
 CHILD = r"""
-import gc, gzip, io, json, os, pickle, sys, time
+import gc, gzip, io, json, os, pickle, sys, time, zlib
 gc.disable()  # millions of dicts and no cycles: collecting would cost more than decoding
 path = sys.argv[1]
 limit, base, factor = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -701,7 +701,12 @@ try:
     src, gz = stream()
     if gz:
         buf = bytearray(1 << 20)
-        while src.readinto(buf):
+        try:
+            while src.readinto(buf):
+                pass
+        except (EOFError, OSError, zlib.error):
+            # truncated or corrupt: decoded below as far as it goes, under the same limits
+            # (the parent's decode, which has none, must never get further than this one)
             pass
         size = src.n
     else:
