@@ -28,6 +28,7 @@ from snapana.api import Analysis, Explorer, load
 from snapana.errors import InputError
 from snapana.io.output import write_atomic
 from snapana.record.cuda import backend
+from snapana.render.check import breach_line
 
 MAGIC = "snapana"
 DEFAULT_DIR = "snapana-memory"
@@ -76,9 +77,7 @@ class CellMemory:
     def lines(self) -> list[str]:
         head = ("OVER BUDGET: " if self.breaches else "OUT OF MEMORY: " if self.oom
                 else "within budget: " if self.checks else "")
-        return ([head + self.verdict]
-                + [f"over budget: {c.name}: measured {c.actual}; budget: {c.limit}"
-                   + (f"; {c.detail}" if c.detail else "") for c in self.breaches]
+        return ([head + self.verdict] + [breach_line(c) for c in self.breaches]
                 + [f"snapshot: {self.path}"])
 
     def __repr__(self) -> str:

@@ -20,7 +20,11 @@ from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
+try:
+    import pytest
+except ImportError as exc:  # only pytest loads this module (its pytest11 entry point)
+    raise ImportError("snapana.pytest_plugin is a pytest plugin: it runs inside pytest "
+                      "(pip install pytest)") from exc
 
 MARK = "cuda_memory"
 DEFAULT_DIR = "snapana-memory"

@@ -39,8 +39,13 @@ class CheckView:
 
     def breach_lines(self) -> list[str]:
         """One line per breach: what, how much, the budget, and where it comes from."""
-        return [f"over budget: {c.name}: measured {c.actual}; budget: {c.limit}"
-                + (f"; {c.detail}" if c.detail else "") for c in self.breaches]
+        return [breach_line(c) for c in self.breaches]
+
+
+def breach_line(c: Check) -> str:
+    """A breached budget line in words (`check`, the cell magic)."""
+    return (f"over budget: {c.name}: measured {c.actual}; budget: {c.limit}"
+            + (f"; {c.detail}" if c.detail else ""))
 
 
 def junit_xml(view: CheckView) -> str:

@@ -333,7 +333,7 @@ def explorer_data(r: DeviceReport, colours: Mapping[str, str], unknown_colour: s
     ahead_made = _AHEAD.pop(id(t.reserved), None)  # taken even when not shown: none left
     if not r.diagnosis.history:
         spans = _snapshot_spans(r)
-        if spans is None or t.stacks is None:
+        if spans is None or t.stacks is None:  # (no spans without stacks: for the type)
             return None
         made = _allocations(spans, np.array([r.reserved_bytes], dtype=np.int64), t.stacks)
         events = {"n_events": 1, "moment": 0, "moment_kind": r.moment.kind,

@@ -169,8 +169,11 @@ class _Out:
     def write_table(self, header: tuple[str, ...], rows: Sequence[Sequence[str]],
                     numeric: set[str], indent: str = INDENT) -> None:
         for lines in self.table(header, rows, numeric, indent):
-            for ln in lines:
-                self.line(ln)
+            self.lines(lines)
+
+    def lines(self, lines: Sequence[str], style: str | None = None) -> None:
+        for ln in lines:
+            self.line(ln, style)
 
     def heading(self, text: str) -> None:
         self.line()
@@ -255,11 +258,9 @@ def _groups(out: _Out, d: DeviceView) -> None:
              wording.inferred_note(g)) for g in r.groups[:TOP_GROUPS]]
     head, *lines = out.table(("family", "bytes", "blocks", "share", ""), rows,
                              numeric={"bytes", "blocks", "share"})
-    for ln in head:
-        out.line(ln)
+    out.lines(head)
     for g, row_lines in zip(r.groups[:TOP_GROUPS], lines, strict=True):
-        for ln in row_lines:
-            out.line(ln)
+        out.lines(row_lines)
         note = d.group_notes.get(g.name, "")
         if note:
             out.para(note, indent=INDENT * 3)
@@ -283,11 +284,9 @@ def capture(view: CaptureView, options: Options) -> str:
         head, *lines = out.table(view.device_columns[:4],
                                  [row[:4] for row in view.device_rows],
                                  numeric={"peak allocated"})
-        for ln in head:
-            out.line(ln, "bold")
+        out.lines(head, "bold")
         for row, row_lines in zip(view.device_rows, lines, strict=True):
-            for ln in row_lines:
-                out.line(ln)
+            out.lines(row_lines)
             out.para(f"{view.device_columns[4]} {row[4]}", indent=INDENT * 3)
         out.para(view.device_note, indent=INDENT)
         out.line()
@@ -310,11 +309,9 @@ def _ranks(out: _Out, view: RanksView) -> None:
     head = ("rank", "file", "OOM", "reserved", "allocated")
     header, *lines = out.table(head, [row[:5] for row in view.rows],
                                numeric={"reserved", "allocated"})
-    for ln in header:
-        out.line(ln, "bold")
+    out.lines(header, "bold")
     for row, row_lines in zip(view.rows, lines, strict=True):
-        for ln in row_lines:
-            out.line(ln)
+        out.lines(row_lines)
         extra = "; ".join(x for x in (f"top family {row[5]}" if row[5] != "-" else "", row[6])
                           if x)
         if extra:
