@@ -26,6 +26,7 @@ from snapana.analysis.replay import DeviceReplay, Moment
 from snapana.caching_allocator import ACTIVE_PENDING_FREE
 from snapana.io import tables
 from snapana.model import Capture, ReadProgress
+from snapana.render.notebook_table import table
 from snapana.session import RulesLike, Session, open_capture
 from snapana.units import fmt_bytes
 
@@ -71,7 +72,12 @@ class State:
 
     @property
     def families(self) -> pl.DataFrame:
-        return tables.families_of_blocks(self.blocks)
+        return table(tables.families_of_blocks(self.blocks))
+
+    def __repr__(self) -> str:
+        return (f"<snapana.State {self.moment.kind} (event {self.moment.idx}): allocated "
+                f"{fmt_bytes(self.allocated)}, reserved {fmt_bytes(self.reserved)}, "
+                f"{len(self.blocks):,} blocks; .blocks .segments .families>")
 
     def _repr_html_(self) -> str:
         head = (f"<b>{self.moment.kind}</b> (event {self.moment.idx}): allocated "
@@ -148,31 +154,31 @@ class Analysis:
     @cached_property
     def events(self) -> pl.DataFrame:
         """This device's trace, in order (empty when no history was recorded)."""
-        return self.capture.device_events(self.device)
+        return table(self.capture.device_events(self.device))
 
     @cached_property
     def segments(self) -> pl.DataFrame:
         """This device's segments as the capture ends (for a moment, use `at(...).segments`)."""
-        return self.capture.device_segments(self.device)
+        return table(self.capture.device_segments(self.device))
 
     @cached_property
     def frames(self) -> pl.DataFrame:
-        return self.capture.stacks.frames_df()
+        return table(self.capture.stacks.frames_df())
 
     @cached_property
     def stacks(self) -> pl.DataFrame:
         """stack_id, depth, site and the frames as text (innermost first, one per line)."""
-        return tables.stacks(self.session)
+        return table(tables.stacks(self.session))
 
     @cached_property
     def families(self) -> pl.DataFrame:
         """family, bytes, blocks, label, share at the moment of interest: the report's groups."""
-        return tables.families(self.device_report)
+        return table(tables.families(self.device_report))
 
     @cached_property
     def sites(self) -> pl.DataFrame:
         """family, site, bytes, blocks, label, rule_id: the drill-down below `families`."""
-        return tables.sites(self.device_report)
+        return table(tables.sites(self.device_report))
 
     @cached_property
     def timeline(self) -> pl.DataFrame:
@@ -183,15 +189,15 @@ class Analysis:
         to allocated bytes. Empty without history."""
         t = self.device_report.timeline
         if t.families is None:
-            return pl.DataFrame(schema={"event": pl.Int64, "time_us": pl.Int64,
+            return table(pl.DataFrame(schema={"event": pl.Int64, "time_us": pl.Int64,
                                         "since_start_us": pl.Int64, "family": pl.Utf8,
-                                        "bytes": pl.Int64})
+                                        "bytes": pl.Int64}))
         frame = t.families.frame(t.times_us)
         times = self.capture.device_events(self.device)["time_us"].drop_nulls()
         origin = times.min() if len(times) else None
         since = (pl.col("time_us") - origin) if origin is not None else pl.lit(None, pl.Int64)
-        return frame.with_columns(since.cast(pl.Int64).alias("since_start_us")).select(
-            "event", "time_us", "since_start_us", "family", "bytes")
+        return table(frame.with_columns(since.cast(pl.Int64).alias("since_start_us")).select(
+            "event", "time_us", "since_start_us", "family", "bytes"))
 
     def stack(self, stack_id: int) -> list[tuple[str, str, int]]:
         """The frames of one stack, innermost first: (filename, function, line)."""
@@ -210,7 +216,7 @@ class Analysis:
         m = self._moment(dr, event, time, moment or ("interest" if given == 0 else None))
         live = self.session.attributed_blocks(m)
         pending = int(live.filter(pl.col("state") == ACTIVE_PENDING_FREE)["size"].sum())
-        return State(m, tables.public_blocks(live, self.device), dr.segments_at(m),
+        return State(m, table(tables.public_blocks(live, self.device)), table(dr.segments_at(m)),
                      dr.allocated_at(m), dr.reserved_at(m), pending)
 
     def _moment(self, dr: DeviceReplay, event: int | None, time: int | None,
@@ -360,23 +366,23 @@ class Comparison:
     @cached_property
     def families(self) -> pl.DataFrame:
         """family, before, after, change (bytes), blocks before/after, status."""
-        return pl.DataFrame(
+        return table(pl.DataFrame(
             [(c.family, c.before_bytes, c.after_bytes, c.change_bytes, c.before_blocks,
               c.after_blocks, c.status) for c in self.diff.families],
             orient="row", schema={"family": pl.Utf8, "before": pl.Int64, "after": pl.Int64,
                                   "change": pl.Int64, "before_blocks": pl.Int64,
-                                  "after_blocks": pl.Int64, "status": pl.Utf8})
+                                  "after_blocks": pl.Int64, "status": pl.Utf8}))
 
     @cached_property
     def sites(self) -> pl.DataFrame:
         """family, site, before, after, change, chunk counts, status (new, vanished, ...)."""
-        return pl.DataFrame(
+        return table(pl.DataFrame(
             [(c.family, c.site, c.before_bytes, c.after_bytes, c.change_bytes,
               c.before_chunks, c.after_chunks, c.status) for c in self.diff.sites],
             orient="row", schema={"family": pl.Utf8, "site": pl.Utf8, "before": pl.Int64,
                                   "after": pl.Int64, "change": pl.Int64,
                                   "before_chunks": pl.Int64, "after_chunks": pl.Int64,
-                                  "status": pl.Utf8})
+                                  "status": pl.Utf8}))
 
     def figure(self, name: DiffFigureName = "change") -> go.Figure:
         """A plotly figure of the diff report: 'change' (per family, a bar each) or
