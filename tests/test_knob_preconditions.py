@@ -172,3 +172,39 @@ def test_the_loss_chain_in_the_programs_own_code_gets_the_fused_cross_entropy_kn
     assert d.request_family == "logits"
     assert "torch.fused_cross_entropy" in _ids(r)
     assert d.workload == "training"
+
+
+DECORATED = (f"{SITE}/torch/utils/_contextlib.py", 116, "decorate_context")
+
+
+@pytest.mark.parametrize("guided", [True, False])
+def test_a_no_grad_decorator_speaks_for_the_blocks_made_under_it(tmp_path, guided) -> None:
+    """Guided diffusion: a text encoder runs under @torch.no_grad(), the UNet outside it
+    (its activations are kept for the guidance backward). The decorator's frame is in the
+    capture, but not in the frames of the UNet's blocks, so the job is not called inference
+    and torch.inference_mode() (which would break the guidance) is not advised outright.
+    When the UNet too runs under the decorator, it speaks for them: inference."""
+    main = ("/job/main.py", 124, "<module>")
+    text = [(f"{SITE}/transformers/models/clip/modeling_clip.py", 261, "forward"), CALL,
+            ("/job/ptp_utils.py", 471, "compute_embeddings"), DECORATED, main]
+    unet = [(f"{SITE}/diffusers/models/unets/unet_2d_blocks.py", 2423, "forward"), CALL,
+            ("/job/ptp_utils.py", 258, "lcm_diffusion_step"),
+            *([] if guided else [DECORATED]), ("/job/guided_diffusion.py", 35, "guide"),
+            main]
+    sim = CachingAllocatorSim(capacity=8192 * MiB)
+    for _ in range(2):
+        sim.malloc(8 * MiB, text, family="saved_activations")
+    for _ in range(12):
+        sim.malloc(300 * MiB, unet, family="saved_activations")
+    r = _report(tmp_path, sim)
+    d = r.diagnosis
+    if not guided:
+        assert d.workload == "inference"
+        assert "grad_mode_decorator" in d.evidence.facts
+        return
+    assert d.workload != "inference", d.workload
+    assert "grad_mode_decorator" not in d.evidence.facts
+    said = d.evidence.facts["outside_grad_mode"]
+    assert "ptp_utils.py:compute_embeddings" in said and "16.00 MiB of the" in said
+    first = _ids(r)[:1]
+    assert first != ["torch.inference_mode"], _ids(r)

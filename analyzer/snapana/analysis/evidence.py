@@ -24,6 +24,7 @@ from snapana.analysis.attribution.facts import (
     frame_place,
     is_library,
     seen_facts,
+    shown_at,
 )
 from snapana.analysis.attribution.families import training_marks
 from snapana.caching_allocator import ALLOCATOR_DEFAULTS
@@ -144,7 +145,8 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
         return Workload("undetermined", tuple(said["autograd"][:1]))
     if framed:
         return Workload("undetermined", (
-            "no backward, optimizer, gradient or training / inference driver in the frames",))
+            "no backward, optimizer, gradient or training / inference driver in the frames",
+            *([facts["outside_grad_mode"]] if "outside_grad_mode" in facts else [])))
     return Workload(None, ())
 
 
@@ -187,6 +189,34 @@ def _training_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, str]:
             for ph in sorted(phases):
                 if ph not in out and (table["phase"] == ph).any():
                     out[ph] = f"blocks made in the {ph} phase"
+    return out
+
+
+def scoped_facts(facts: Mapping[str, str], capture: Capture,
+                 held: pl.DataFrame) -> dict[str, str]:
+    """`facts` less those scoped to blocks (`of_blocks`) that most of the held bytes of their
+    families do not show in their own frames; a dropped one is said in `outside_grad_mode`."""
+    out = dict(facts)
+    share = fact_limits()["of_blocks_share"]
+    for spec in fact_specs():
+        if not spec.of_blocks or spec.id not in out or held.is_empty():
+            continue
+        mine = held.filter(pl.col("family").is_in(list(spec.of_blocks)))
+        total = int(mine["size"].sum())
+        if not total:
+            continue
+        by_stack = mine.group_by("stack_id").agg(pl.col("size").sum()).sort(
+            "size", descending=True)
+        inside = [(place, int(size)) for sid, size in by_stack.iter_rows()
+                  if (place := shown_at(spec, capture.stacks.stack(int(sid))))]
+        made = sum(size for _, size in inside)
+        if made < share * total:
+            out.pop(spec.id)
+            where = f" ({inside[0][0]})" if inside else ""
+            out["outside_grad_mode"] = (
+                f"a function decorated with @torch.no_grad() / @torch.inference_mode(){where} "
+                f"made {fmt_bytes(made)} of the {fmt_bytes(total)} of "
+                f"{' / '.join(spec.of_blocks)} held; the rest carry no such frame")
     return out
 
 
@@ -266,7 +296,8 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     """The evidence at one moment of one device (the facts are the capture's)."""
     markers = rules.markers if rules is not None else markers_of(builtin_packs())
     names = (a.get("name") for a in capture.annotations if isinstance(a, Mapping))
-    facts = seen_facts(capture.stacks.frames, (n for n in names if isinstance(n, str)))
+    facts = scoped_facts(seen_facts(capture.stacks.frames,
+                                    (n for n in names if isinstance(n, str))), capture, held)
     free = free_segments(segments, live)
     if sum(free.values()):
         facts["free_segments"] = f"{fmt_bytes(sum(free.values()))} in segments holding no " \

@@ -38,6 +38,9 @@ class FactSpec:
     frames: tuple[FactPattern, ...]
     annotations: tuple[str, ...] = ()  # glob patterns on annotation names
     weak: bool = False  # speaks for a workload only where no other fact does
+    #: families whose held blocks must show the fact in their own frames for it to hold (a
+    #: no_grad decorator speaks for the forward that ran inside it, not for another one)
+    of_blocks: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=1)
@@ -49,7 +52,8 @@ def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
         FactSpec(f["id"], f.get("says", ""), f["words"],
                  tuple(FactPattern(p.get("file", ""), tuple(p.get("functions", ())),
                                    bool(p.get("user_code", False))) for p in f["frames"]),
-                 tuple(f.get("annotations", ())), bool(f.get("weak", False)))
+                 tuple(f.get("annotations", ())), bool(f.get("weak", False)),
+                 tuple(f.get("of_blocks", ())))
         for f in data["fact"])
     return facts, tuple(data["limits"]["library_paths"])
 
@@ -76,9 +80,11 @@ def fact_ids() -> tuple[str, ...]:
 #: the cached-but-unallocated bytes lie inside segments that also hold live blocks: what
 #: expandable segments avoid, and what empty_cache() cannot give back), `layered_activations`
 #: (saved activations held from at least two sites: there is a block boundary to checkpoint at;
-#: one op's output is its own checkpoint).
+#: one op's output is its own checkpoint), `outside_grad_mode` (a fact scoped to blocks, such
+#: as a no_grad decorator, was seen, but not in the frames of most of the blocks it would
+#: speak for: it does not hold, and this says where it was seen).
 COMPUTED_FACTS = ("free_segments", "several_devices", "optimizer_state", "stranded_cache",
-                  "layered_activations")
+                  "layered_activations", "outside_grad_mode")
 
 
 def _matches(p: FactPattern, frame: Frame, library: tuple[str, ...]) -> bool:
@@ -103,6 +109,16 @@ def frame_place(frame: Frame) -> str:
         if cut in path:
             path = path.split(cut, 1)[1]
     return f"{path}:{frame[1]}"
+
+
+def shown_at(spec: FactSpec, stack: tuple[Frame, ...]) -> str | None:
+    """Where `stack` (innermost first) shows the fact: the frame the matching one called (a
+    decorator's wrapper calls the decorated function), else the match; None: it does not."""
+    library = _spec()[1]
+    for i, frame in enumerate(stack):
+        if any(_matches(p, frame, library) for p in spec.frames):
+            return frame_place(stack[i - 1] if i else frame)
+    return None
 
 
 def seen_facts(frames: Iterable[Frame], annotations: Iterable[str] = ()) -> dict[str, str]:
