@@ -16,7 +16,7 @@ import snapana
 from snapana.allocator_model.simulator import CachingAllocatorSim
 from snapana.synth.recording import ring_buffer, start_late
 
-from .conftest import SAMPLES, corpus_params
+from .conftest import SAMPLES, corpus_params, run_cli
 
 MiB = 1 << 20
 TORCH = "/usr/lib/python3/site-packages/torch"
@@ -209,3 +209,45 @@ def test_no_unknown_reason_denies_a_family_the_report_holds(path) -> None:
             assert grads.is_empty(), label
         if "no gradient of the window mirrors it" in label:
             assert size not in grad_sizes, (size, label)
+
+
+AUTOGRAD_THREAD = (("??", 0, "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::"
+                    "malloc(void**, signed char, unsigned long, CUstream_st*)"),
+                   ("??", 0, "torch::autograd::Engine::thread_main("
+                    "std::shared_ptr<torch::autograd::GraphTask> const&)"))
+
+
+def test_held_gradients_whose_allocations_fell_out_of_the_trace_mirror_the_parameters(
+        tmp_path: Path) -> None:
+    """Recording began after the model was built (its weights have no frames) and the ring
+    buffer then lost every gradient allocation; the gradients are held at the end of the
+    next forward, named by their own autograd-thread frames. They still mirror the
+    parameters one for one (a real capture: a 7.6 GiB model left unknown), and the explain
+    text names the family the blocks ended with before what the rules said."""
+    sim = CachingAllocatorSim(80 * 1024 * MiB)
+    for s in SIZES:
+        sim.malloc(s, INIT, family="parameters")
+    after_model = len(sim.trace)
+    for _ in range(2):
+        acts = [sim.malloc(s, FORWARD, family="saved_activations") for s in SIZES]
+        grads = [sim.malloc(s, AUTOGRAD_THREAD, family="gradients") for s in SIZES]
+        for a in acts:
+            sim.free(a)
+        for g in grads[: len(grads) if _ == 0 else 0]:
+            sim.free(g, ZERO)
+    for s in SIZES[:3]:  # the next forward, gradients still held
+        sim.malloc(s, FORWARD, family="saved_activations")
+    late = start_late(sim.snapshot(), after_model)
+    snap = ring_buffer(late, 5)  # only the forward's last allocations are left
+    assert not any(e["action"] == "alloc" and e["size"] in set(SIZES) and e.get("frames")
+                   and "thread_main" in e["frames"][-1]["name"]
+                   for e in snap["device_traces"][0])
+    truth = {b.address: b.family for b in sim.live_blocks()}
+    blocks = _analyse(tmp_path, snap, "held-gradients")
+    wrong, got, want = _compare(blocks, truth)
+    assert not wrong
+    assert got["parameters"] == want["parameters"] == sum(SIZES)
+    out = run_cli("explain", str(tmp_path / "held-gradients.pickle"), "--family",
+                  "parameters").stdout
+    first = next(line for line in out.splitlines() if line.startswith("family:"))
+    assert first.startswith("family: parameters, inferred by the inference stage"), out

@@ -331,13 +331,16 @@ def explain(view: ExplainView, options: Options) -> str:
         d = it.explanation.decision
         console.print(f"[bold]{it.site}[/bold]: {it.blocks} block(s), {fmt_bytes(it.bytes)}"
                       f" — e.g. {', '.join(map(address_text, it.addresses))}", highlight=False)
-        console.print(str(it.explanation), markup=False, highlight=False)
+        # the family the blocks ended with comes first; the rules' decision follows it
         if it.evidence == "inventory":
-            console.print(f"named by the recording's tensor inventory: {it.family} — "
-                          f"{it.why}", markup=False, highlight=False)
+            console.print(f"family: {it.family}, named by the recording's tensor inventory "
+                          f"— {it.why}", markup=False, highlight=False)
         elif it.evidence == "inferred" and it.method and it.family != d.family:
-            console.print(f"inferred by the inference stage: {it.family} "
+            console.print(f"family: {it.family}, inferred by the inference stage "
                           f"({it.method}) — {it.why}", markup=False, highlight=False)
+            console.print("the rules, which left it unknown for lack of frames:",
+                          markup=False, highlight=False)
+        console.print(str(it.explanation), markup=False, highlight=False)
         marked = set(d.matched_frames)
         for i, (fname, name, line) in enumerate(it.stack):
             if not (fname.endswith(".py") or i in marked):

@@ -448,6 +448,12 @@ class Attributor:
                 most[int(size)] = max(most.get(int(size), 0), live_n[int(size)])
             else:
                 others.append((int(size), family))
+        # gradients held now whose allocations fell out of the trace (a ring buffer that
+        # wrapped) are gradients of the window all the same: as many of a size at once
+        held_grads = Counter(s for s, f, _, _ in live
+                             if f in inference.MIRROR_FAMILIES and s in sizes)
+        for size, n in held_grads.items():
+            most[size] = max(most.get(size, 0), n)
         allocated = int(allocs["size"].sum())
         freed = int(ev.filter(pl.col("action") == "free_requested")["size"].sum())
         backward = any(p in ("backward", "optimizer") for _, _, p, _ in live) or (
