@@ -251,3 +251,44 @@ def test_held_gradients_whose_allocations_fell_out_of_the_trace_mirror_the_param
                   "parameters").stdout
     first = next(line for line in out.splitlines() if line.startswith("family:"))
     assert first.startswith("family: parameters, inferred by the inference stage"), out
+
+
+def test_state_replaced_each_step_and_gradients_kept_in_place(tmp_path: Path) -> None:
+    """A hand-written AdamW that makes new moments each step (two lines, freeing the old),
+    gradients accumulated in place (never zeroed, so the backward keeps none of its own),
+    recording begun after the warm-up steps: weights and gradients are frameless, same
+    sizes, never freed. The moments the frames name count the parameters (two sites: two
+    per parameter), so the frameless blocks are that many parameters and as many gradients
+    (which block is which is not recorded, the totals are). A real capture (CS336) called
+    them 'likely frozen weights'."""
+    wrapper = (f"{TORCH}/optim/optimizer.py", 485, "wrapper")  # a torch.optim.Optimizer
+    moment_m = (("/work/optimizer.py", 74, "step"), wrapper, ("/work/bench.py", 54, "train"))
+    moment_v = (("/work/optimizer.py", 75, "step"), wrapper, ("/work/bench.py", 54, "train"))
+    sim = CachingAllocatorSim(80 * 1024 * MiB)
+    for s in SIZES:
+        sim.malloc(s, INIT, family="parameters")
+    state: list[int] = []
+    mark = 0
+    for step in range(3):
+        if step == 2:
+            mark = len(sim.trace)  # recording begins
+        acts = [sim.malloc(s, FORWARD, family="saved_activations") for s in SIZES]
+        for s, a in zip(reversed(SIZES), reversed(acts), strict=True):
+            g = sim.malloc(s, AUTOGRAD_THREAD, family="gradients")
+            if step:  # accumulated into the existing .grad, then freed
+                sim.free(g)
+            sim.free(a)
+        old, state = state, []
+        for s in SIZES:
+            state += [sim.malloc(s, moment_m, family="optimizer_state"),
+                      sim.malloc(s, moment_v, family="optimizer_state")]
+        for addr in old:
+            sim.free(addr, moment_m)
+    truth = {b.address: b.family for b in sim.live_blocks()}
+    blocks = _analyse(tmp_path, start_late(sim.snapshot(), mark), "state-mirror")
+    _, got, want = _compare(blocks, truth)
+    assert got == want, (got, want)
+    model = {"parameters", "gradients"}
+    for address, family, method in blocks.select("address", "family", "method").iter_rows():
+        if truth[address] in model:
+            assert family in model and method.startswith("state-mirror:"), (family, method)

@@ -349,7 +349,12 @@ class Attributor:
         named = Counter((int(size or full), fam) for i, (size, full, fam) in enumerate(zip(
             blocks["requested_size"], blocks["size"], cols["family"], strict=True))
             if i not in unknown_rows and fam in inference.MIRRORED)
-        evidence = replace(self._evidence(candidates, live), named=named)
+        state_stacks: dict[int, set[int]] = {}
+        for size, fam, _, sid in live:
+            if fam == "optimizer_state":
+                state_stacks.setdefault(size, set()).add(sid)
+        evidence = replace(self._evidence(candidates, live), named=named,
+                           state_stacks={s: len(v) for s, v in state_stacks.items()})
         found = inference.infer(candidates, evidence, self._freed(candidates),
                                 label=self.capture.has_trace)
         for i, address in zip(rows, candidates["address"], strict=True):

@@ -7,6 +7,11 @@ Methods (conclusions and wording in packs/inference.toml):
   the sizes of the parameters, and AdamW-style optimizer state has two tensors per parameter
   of the same size. Blocks alive before recording whose requested sizes match the gradients'
   one for one are the parameters (and, two more per size, the optimizer state).
+- state mirror: in a window with a backward, the optimizer state that frames name counts
+  the parameters (its distinct allocation stacks per size are its tensors per parameter);
+  frameless blocks never freed, of those sizes, as many as the parameters or twice as many,
+  are the parameters (and their gradients, kept since before recording: a backward that
+  accumulates into an existing .grad keeps no gradient of its own to mirror).
 - lifetime: in a capture with no gradients (inference), blocks alive before recording that
   the whole recorded window never frees are the model's weights and buffers.
 Only blocks that the recorded window never frees are candidates: a window with gradients in
@@ -142,6 +147,9 @@ class Evidence:
     #: (requested size, family) -> blocks at the moment that rules or frames already give a
     #: model-state family (parameters, optimizer_state, gradients)
     named: Counter[tuple[int, str]] = field(default_factory=Counter)
+    #: requested size -> distinct stacks of the optimizer_state blocks frames name at the
+    #: moment: the state tensors per parameter (Adam: exp_avg, exp_avg_sq)
+    state_stacks: Mapping[int, int] = field(default_factory=dict)
     #: the serving engine whose frames the capture holds (inference.toml `engines`), "" none:
     #: what it held before recording is its weights and its pre-sized KV-cache pool
     engine: str = ""
@@ -212,7 +220,44 @@ def _model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
     kept = _kept_gradients(before, ev, methods) if ev.backward else {}
     if kept:  # the rest is decided without them
         before = before.filter(~pl.col("address").is_in(list(kept)))
-    return kept | _more_model_state(before, ev, methods, limits)
+    named = _more_model_state(before, ev, methods, limits)
+    if ev.backward:  # what the window's gradients leave unexplained, the named state may
+        rest = before.filter(~pl.col("address").is_in(list(named)))
+        named |= _state_mirror(rest, ev, methods, limits)
+    return kept | named
+
+
+def _state_mirror(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
+                  limits: dict[str, Any]) -> dict[int, Inferred]:
+    """In a window with a backward, frameless blocks of the sizes of the optimizer state that
+    frames name: per size, the state's distinct stacks are its tensors per parameter
+    (exp_avg, exp_avg_sq: two), so the state counts the parameters; as many blocks are the
+    parameters, twice as many the parameters and their gradients, kept since before
+    recording (the backward accumulates into an existing .grad and allocates none that
+    lives). Any other count says nothing."""
+    by_size = _by_size(before)
+    found: dict[int, tuple[int, list[int]]] = {}
+    for size, addrs in by_size.items():
+        stacks = ev.state_stacks.get(size, 0)
+        state = ev.named[(size, "optimizer_state")]
+        if not stacks or state % stacks:
+            continue
+        params = state // stacks - ev.named[(size, "parameters")]
+        if params > 0 and len(addrs) in (params, 2 * params):
+            found[size] = (params, addrs)
+    matched = sum(len(a) for _, a in found.values())
+    if (matched < limits["min_mirror_share"] * before.height
+            or len(found) < limits["min_distinct_sizes"]):
+        return {}
+    param, grad = methods["state-mirror:parameters"], methods["state-mirror:gradients"]
+    out: dict[int, Inferred] = {}
+    for size, (params, addrs) in found.items():
+        words = {"state": ev.named[(size, "optimizer_state")],
+                 "per": ev.state_stacks[size], "params": params}
+        for i, a in enumerate(addrs):
+            m = param if i < params else grad
+            out[a] = Inferred(m.family, m.id, m.why.format(**words))
+    return out
 
 
 def _more_model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
