@@ -100,6 +100,17 @@ def test_fragmentation_is_said_when_the_free_pieces_are_small(tmp_path: Path) ->
     path = _write(tmp_path, "frag.pickle", _snapshot([512 * MiB], free=pieces))
     demand = _json(path)["diagnosis"]["demand_statement"]
     assert "fragmentation holds that share" in demand and "2.00 MiB" in demand
+    assert "needs a new segment" in demand
+    # expandable segments grow at their end instead: the same state says so (and one
+    # allocated block is "1 block")
+    snap = _snapshot([512 * MiB], free=pieces)
+    for seg in snap["segments"]:
+        seg["is_expandable"] = True
+    path = _write(tmp_path, "frag-expandable.pickle", snap)
+    dev = _json(path)
+    demand = dev["diagnosis"]["demand_statement"]
+    assert "expandable segment's end" in demand and "new segment" not in demand
+    assert "allocated in 1 block," in invoke("summary", str(path)).stdout.replace("\n", " ")
 
 
 @pytest.mark.parametrize(("name", "named"), [("rank3_oom.pickle", True),

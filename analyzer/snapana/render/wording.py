@@ -477,10 +477,13 @@ def demand_statement(r: DeviceReport) -> str:
                 f"({_pct(cached / r.reserved_bytes)}) is cached but unallocated, most of it in "
                 f"one free piece of {fmt_bytes(largest)}: memory the cache kept, not lost to "
                 "fragmentation.")
+    expandable = r.diagnosis.evidence is not None and r.diagnosis.evidence.expandable
+    larger = ("maps new memory at an expandable segment's end" if expandable else
+              "needs a new segment")
     return (f"{fmt_bytes(cached)} of the {fmt_bytes(r.reserved_bytes)} PyTorch reserved "
             f"({_pct(cached / r.reserved_bytes)}) is cached but unallocated in pieces of at most "
-            f"{fmt_bytes(largest)}: fragmentation holds that share (a larger request needs a "
-            "new segment).")
+            f"{fmt_bytes(largest)}: fragmentation holds that share (a larger request "
+            f"{larger}).")
 
 
 def verdict(r: DeviceReport) -> str:
@@ -497,7 +500,7 @@ def verdict(r: DeviceReport) -> str:
         _host_verdict(r, parts)
     elif not d.history and r.at is None:
         blocks = sum(g.blocks for g in r.groups)
-        state = f"{fmt_bytes(r.allocated_bytes)} allocated in {blocks} blocks"
+        state = f"{fmt_bytes(r.allocated_bytes)} allocated in {plural(blocks, 'block')}"
         if r.reserved_known:
             state += f", {fmt_bytes(r.reserved_bytes)} reserved"
         if d.oom_named:
