@@ -204,7 +204,7 @@ def test_a_no_grad_decorator_speaks_for_the_blocks_made_under_it(tmp_path, guide
         return
     assert d.workload != "inference", d.workload
     assert "grad_mode_decorator" not in d.evidence.facts
-    said = d.evidence.facts["outside_grad_mode"]
+    said = d.evidence.facts["scoped_elsewhere"]
     assert "ptp_utils.py:compute_embeddings" in said and "16.00 MiB of the" in said
     first = _ids(r)[:1]
     assert first != ["torch.inference_mode"], _ids(r)

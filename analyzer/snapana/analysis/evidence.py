@@ -146,7 +146,7 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
     if framed:
         return Workload("undetermined", (
             "no backward, optimizer, gradient or training / inference driver in the frames",
-            *([facts["outside_grad_mode"]] if "outside_grad_mode" in facts else [])))
+            *([facts["scoped_elsewhere"]] if "scoped_elsewhere" in facts else [])))
     return Workload(None, ())
 
 
@@ -195,7 +195,7 @@ def _training_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, str]:
 def scoped_facts(facts: Mapping[str, str], capture: Capture,
                  held: pl.DataFrame) -> dict[str, str]:
     """`facts` less those scoped to blocks (`of_blocks`) that most of the held bytes of their
-    families do not show in their own frames; a dropped one is said in `outside_grad_mode`."""
+    families do not show in their own frames; a dropped one is said in `scoped_elsewhere`."""
     out = dict(facts)
     share = fact_limits()["of_blocks_share"]
     for spec in fact_specs():
@@ -213,9 +213,8 @@ def scoped_facts(facts: Mapping[str, str], capture: Capture,
         if made < share * total:
             out.pop(spec.id)
             where = f" ({inside[0][0]})" if inside else ""
-            out["outside_grad_mode"] = (
-                f"a function decorated with @torch.no_grad() / @torch.inference_mode(){where} "
-                f"made {fmt_bytes(made)} of the {fmt_bytes(total)} of "
+            out["scoped_elsewhere"] = (
+                f"{spec.seen_as}{where} made {fmt_bytes(made)} of the {fmt_bytes(total)} of "
                 f"{' / '.join(spec.of_blocks)} held; the rest carry no such frame")
     return out
 

@@ -41,6 +41,7 @@ class FactSpec:
     #: families whose held blocks must show the fact in their own frames for it to hold (a
     #: no_grad decorator speaks for the forward that ran inside it, not for another one)
     of_blocks: tuple[str, ...] = ()
+    seen_as: str = ""  # with `of_blocks`: what a frame showing it is, in words
 
 
 @lru_cache(maxsize=1)
@@ -53,7 +54,7 @@ def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
                  tuple(FactPattern(p.get("file", ""), tuple(p.get("functions", ())),
                                    bool(p.get("user_code", False))) for p in f["frames"]),
                  tuple(f.get("annotations", ())), bool(f.get("weak", False)),
-                 tuple(f.get("of_blocks", ())))
+                 tuple(f.get("of_blocks", ())), f.get("seen_as", ""))
         for f in data["fact"])
     return facts, tuple(data["limits"]["library_paths"])
 
@@ -80,11 +81,11 @@ def fact_ids() -> tuple[str, ...]:
 #: the cached-but-unallocated bytes lie inside segments that also hold live blocks: what
 #: expandable segments avoid, and what empty_cache() cannot give back), `layered_activations`
 #: (saved activations held from at least two sites: there is a block boundary to checkpoint at;
-#: one op's output is its own checkpoint), `outside_grad_mode` (a fact scoped to blocks, such
+#: one op's output is its own checkpoint), `scoped_elsewhere` (a fact scoped to blocks, such
 #: as a no_grad decorator, was seen, but not in the frames of most of the blocks it would
 #: speak for: it does not hold, and this says where it was seen).
 COMPUTED_FACTS = ("free_segments", "several_devices", "optimizer_state", "stranded_cache",
-                  "layered_activations", "outside_grad_mode")
+                  "layered_activations", "scoped_elsewhere")
 
 
 def _matches(p: FactPattern, frame: Frame, library: tuple[str, ...]) -> bool:
