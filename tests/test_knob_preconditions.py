@@ -208,3 +208,40 @@ def test_a_no_grad_decorator_speaks_for_the_blocks_made_under_it(tmp_path, guide
     assert "ptp_utils.py:compute_embeddings" in said and "16.00 MiB of the" in said
     first = _ids(r)[:1]
     assert first != ["torch.inference_mode"], _ids(r)
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_an_out_of_place_optimizer_of_the_programs_own_gets_the_in_place_knob(
+        tmp_path, own) -> None:
+    """A hand-written AdamW (a torch.optim.Optimizer subclass) whose step allocates a new
+    tensor per expression: the peak is inside the step, its temporaries made by the
+    program's own optimizer.py. The in-place knob is offered, with that frame as evidence;
+    for torch.optim's own foreach update it is not (fused=True is that one's knob)."""
+    wrapper = (f"{SITE}/torch/optim/optimizer.py", 485, "wrapper")
+    driver = ("/job/bench.py", 54, "train")
+    if own:
+        update = [("/job/cs336_basics/optimizer.py", 74, "step"), wrapper, driver]
+    else:
+        update = [(f"{SITE}/torch/optim/adamw.py", 500, "_multi_tensor_adamw"),
+                  (f"{SITE}/torch/optim/adamw.py", 200, "step"), wrapper, driver]
+    params = [(f"{SITE}/torch/nn/modules/module.py", 1174, "to"), driver]
+    sim = CachingAllocatorSim(capacity=16384 * MiB)
+    for _ in range(4):
+        sim.malloc(256 * MiB, params, family="parameters")
+    for _ in range(4):
+        sim.malloc(256 * MiB, BACKWARD + [driver], family="gradients")
+    with sim.annotate("Optimizer.step#AdamW.step"):
+        state = [sim.malloc(256 * MiB, update, family="optimizer_state") for _ in range(8)]
+        temps = [sim.malloc(256 * MiB, update, family="optimizer_temporaries")
+                 for _ in range(6)]
+        for t in temps:
+            sim.free(t, update)
+    assert state
+    r = _report(tmp_path, sim)
+    d = r.diagnosis
+    assert d.phase == "optimizer", d.phase
+    if own:
+        assert "torch.own_optimizer_in_place" in _ids(r), _ids(r)
+        assert "cs336_basics/optimizer.py:step" in d.applies["torch.own_optimizer_in_place"]
+    else:
+        assert "torch.own_optimizer_in_place" not in _ids(r)

@@ -219,6 +219,22 @@ def scoped_facts(facts: Mapping[str, str], capture: Capture,
     return out
 
 
+def own_optimizer_step(capture: Capture, held: pl.DataFrame) -> str:
+    """Where the program's own code (not an installed library's) made the step temporaries
+    held at the moment: its optimizer's update is written out of place ("" when none)."""
+    if held.is_empty():
+        return ""
+    temps = held.filter(pl.col("family") == "optimizer_temporaries")
+    by_stack = temps.group_by("stack_id").agg(pl.col("size").sum()).sort(
+        "size", descending=True)
+    for sid in by_stack["stack_id"].to_list():
+        inner = next((f for f in capture.stacks.stack(int(sid)) if is_python_file(f[0])), None)
+        if inner is not None and not is_library(inner[0].replace("\\", "/")):
+            return (f"the program's own optimizer step made {fmt_bytes(int(temps['size'].sum()))}"
+                    f" of update temporaries: {frame_place(inner)}")
+    return ""
+
+
 # ----- owners and the allocator state ---------------------------------------------------
 
 def family_owners(capture: Capture, held: pl.DataFrame,
@@ -313,6 +329,9 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
                                        "sites"
     if devices_holding > 1:
         facts["several_devices"] = f"{devices_holding} devices hold memory"
+    own = own_optimizer_step(capture, held)
+    if own:
+        facts["own_optimizer_step"] = own
     facts.update(forward_retention(lifetimes, n_events))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
     marks = _training_marks((held, lifetimes))

@@ -83,9 +83,11 @@ def fact_ids() -> tuple[str, ...]:
 #: (saved activations held from at least two sites: there is a block boundary to checkpoint at;
 #: one op's output is its own checkpoint), `scoped_elsewhere` (a fact scoped to blocks, such
 #: as a no_grad decorator, was seen, but not in the frames of most of the blocks it would
-#: speak for: it does not hold, and this says where it was seen).
+#: speak for: it does not hold, and this says where it was seen), `own_optimizer_step` (the
+#: optimizer update temporaries held were made by the program's own code, not a library's).
 COMPUTED_FACTS = ("free_segments", "several_devices", "optimizer_state", "stranded_cache",
-                  "layered_activations", "scoped_elsewhere")
+                  "layered_activations", "scoped_elsewhere",
+                  "own_optimizer_step")
 
 
 def _matches(p: FactPattern, frame: Frame, library: tuple[str, ...]) -> bool:
