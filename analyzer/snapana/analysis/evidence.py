@@ -19,6 +19,7 @@ import polars as pl
 
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
 from snapana.analysis.attribution.facts import (
+    FactPattern,
     fact_limits,
     fact_specs,
     frame_place,
@@ -27,7 +28,7 @@ from snapana.analysis.attribution.facts import (
     shown_at,
 )
 from snapana.analysis.attribution.families import training_marks
-from snapana.caching_allocator import ALLOCATOR_DEFAULTS
+from snapana.caching_allocator import ACTIVE_ALLOCATED, ALLOCATOR_DEFAULTS
 from snapana.model import Capture, Frame, is_python_file
 from snapana.units import fmt_bytes
 
@@ -194,29 +195,43 @@ def _training_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, str]:
 
 def scoped_facts(facts: Mapping[str, str], capture: Capture,
                  held: pl.DataFrame) -> dict[str, str]:
-    """`facts` less those scoped to blocks (`of_blocks`) that most of the held bytes of their
-    families do not show in their own frames; a dropped one is said in `scoped_elsewhere`."""
+    """`facts` less those scoped to blocks (`of_blocks`) that most bytes of the blocks they
+    speak for do not show in their own frames; a dropped one is said in `scoped_elsewhere`.
+    The blocks: those `held` at the moment, else those every device holds at the end."""
     out = dict(facts)
     share = fact_limits()["of_blocks_share"]
+    end = capture.blocks.filter(pl.col("state") == ACTIVE_ALLOCATED) \
+        if capture.blocks.height else capture.blocks
     for spec in fact_specs():
-        if not spec.of_blocks or spec.id not in out or held.is_empty():
+        if not spec.of_blocks or spec.id not in out:
             continue
-        mine = held.filter(pl.col("family").is_in(list(spec.of_blocks)))
-        total = int(mine["size"].sum())
-        if not total:
+        for population in (held, end):
+            mine = _sizes_by_stack(capture, population, spec.of_blocks)
+            if mine:
+                break
+        else:
             continue
-        by_stack = mine.group_by("stack_id").agg(pl.col("size").sum()).sort(
-            "size", descending=True)
-        inside = [(place, int(size)) for sid, size in by_stack.iter_rows()
-                  if (place := shown_at(spec, capture.stacks.stack(int(sid))))]
-        made = sum(size for _, size in inside)
+        inside = [(place, size) for sid, size in mine
+                  if (place := shown_at(spec.frames, capture.stacks.stack(sid)))]
+        made, total = sum(size for _, size in inside), sum(size for _, size in mine)
         if made < share * total:
             out.pop(spec.id)
             where = f" ({inside[0][0]})" if inside else ""
             out["scoped_elsewhere"] = (
-                f"{spec.seen_as}{where} made {fmt_bytes(made)} of the {fmt_bytes(total)} of "
-                f"{' / '.join(spec.of_blocks)} held; the rest carry no such frame")
+                f"{spec.seen_as}{where} made {fmt_bytes(made)} of the {fmt_bytes(total)} "
+                "that a module's forward made; the rest carry no such frame")
     return out
+
+
+def _sizes_by_stack(capture: Capture, blocks: pl.DataFrame,
+                    patterns: tuple[FactPattern, ...]) -> list[tuple[int, int]]:
+    """(stack id, bytes) of `blocks` whose stacks show one of `patterns`, largest first."""
+    if blocks.is_empty():
+        return []
+    by_stack = blocks.group_by("stack_id").agg(pl.col("size").sum()).sort(
+        "size", descending=True)
+    return [(int(sid), int(size)) for sid, size in by_stack.iter_rows()
+            if sid is not None and shown_at(patterns, capture.stacks.stack(int(sid)))]
 
 
 def own_optimizer_step(capture: Capture, held: pl.DataFrame) -> str:

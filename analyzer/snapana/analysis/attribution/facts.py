@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
 from snapana.model import Frame, is_python_file
 
@@ -38,9 +39,10 @@ class FactSpec:
     frames: tuple[FactPattern, ...]
     annotations: tuple[str, ...] = ()  # glob patterns on annotation names
     weak: bool = False  # speaks for a workload only where no other fact does
-    #: families whose held blocks must show the fact in their own frames for it to hold (a
-    #: no_grad decorator speaks for the forward that ran inside it, not for another one)
-    of_blocks: tuple[str, ...] = ()
+    #: frames of the blocks the fact speaks for: it holds only when most of their bytes show
+    #: it in their own frames (a no_grad decorator speaks for the forward that ran inside it,
+    #: not for another one); empty: the fact is the capture's
+    of_blocks: tuple[FactPattern, ...] = ()
     seen_as: str = ""  # with `of_blocks`: what a frame showing it is, in words
 
 
@@ -50,13 +52,16 @@ def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
         "evidence.toml").read_text(encoding="utf-8")
     data = tomllib.loads(text)
     facts = tuple(
-        FactSpec(f["id"], f.get("says", ""), f["words"],
-                 tuple(FactPattern(p.get("file", ""), tuple(p.get("functions", ())),
-                                   bool(p.get("user_code", False))) for p in f["frames"]),
+        FactSpec(f["id"], f.get("says", ""), f["words"], _patterns(f["frames"]),
                  tuple(f.get("annotations", ())), bool(f.get("weak", False)),
-                 tuple(f.get("of_blocks", ())), f.get("seen_as", ""))
+                 _patterns(f.get("of_blocks", ())), f.get("seen_as", ""))
         for f in data["fact"])
     return facts, tuple(data["limits"]["library_paths"])
+
+
+def _patterns(raw: Iterable[dict[str, Any]]) -> tuple[FactPattern, ...]:
+    return tuple(FactPattern(p.get("file", ""), tuple(p.get("functions", ())),
+                             bool(p.get("user_code", False))) for p in raw)
 
 
 @lru_cache(maxsize=1)
@@ -114,12 +119,13 @@ def frame_place(frame: Frame) -> str:
     return f"{path}:{frame[1]}"
 
 
-def shown_at(spec: FactSpec, stack: tuple[Frame, ...]) -> str | None:
-    """Where `stack` (innermost first) shows the fact: the frame the matching one called (a
-    decorator's wrapper calls the decorated function), else the match; None: it does not."""
+def shown_at(patterns: tuple[FactPattern, ...], stack: tuple[Frame, ...]) -> str | None:
+    """Where `stack` (innermost first) shows one of `patterns`: the frame the matching one
+    called (a decorator's wrapper calls the decorated function), else the match; None: it
+    does not."""
     library = _spec()[1]
     for i, frame in enumerate(stack):
-        if any(_matches(p, frame, library) for p in spec.frames):
+        if any(_matches(p, frame, library) for p in patterns):
             return frame_place(stack[i - 1] if i else frame)
     return None
 
