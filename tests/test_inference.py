@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -292,3 +293,25 @@ def test_state_replaced_each_step_and_gradients_kept_in_place(tmp_path: Path) ->
     for address, family, method in blocks.select("address", "family", "method").iter_rows():
         if truth[address] in model:
             assert family in model and method.startswith("state-mirror:"), (family, method)
+
+
+def test_the_state_mirror_leaves_no_room_for_gradients_frames_already_name() -> None:
+    """Per size: the named state counts the parameters (two stacks: two per parameter). When
+    frames already name that many gradients, twice as many frameless blocks are not the
+    parameters and their gradients: nothing is concluded for that size."""
+    from snapana.analysis.attribution import inference
+
+    sizes = [4 * MiB, 2 * MiB, 1 * MiB]
+    rows = [(0x1000_0000 + i * 0x100_0000, s) for i, s in enumerate(sizes * 2)]
+    candidates = pl.DataFrame({"address": [a for a, _ in rows],
+                               "requested_size": [s for _, s in rows],
+                               "alloc_idx": [-1] * len(rows),
+                               "free_req_idx": [inference.NEVER] * len(rows)})
+    named = Counter({(s, "optimizer_state"): 2 for s in sizes})
+    base = inference.gather({}, [], 100, 1.0, backward=True)
+    base = replace(base, named=named, state_stacks=dict.fromkeys(sizes, 2))
+    found = inference.infer(candidates, base, label=False)
+    assert Counter(f.family for f in found.values()) == {"parameters": 3, "gradients": 3}
+    framed_grads = replace(base, named=named + Counter({(s, "gradients"): 1 for s in sizes}))
+    found = inference.infer(candidates, framed_grads, label=False)
+    assert not [f for f in found.values() if f.method.startswith("state-mirror")]

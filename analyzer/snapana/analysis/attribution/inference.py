@@ -243,7 +243,9 @@ def _state_mirror(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method]
         if not stacks or state % stacks:
             continue
         params = state // stacks - ev.named[(size, "parameters")]
-        if params > 0 and len(addrs) in (params, 2 * params):
+        # gradients frames already name leave fewer of the size to be kept gradients
+        kept = max(0, params - ev.named[(size, "gradients")])
+        if params > 0 and len(addrs) in (params, params + kept):
             found[size] = (params, addrs)
     matched = sum(len(a) for _, a in found.values())
     if (matched < limits["min_mirror_share"] * before.height
