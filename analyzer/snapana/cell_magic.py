@@ -23,17 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from snapana.analysis.budget import Check, check, read_budget_file
+from snapana.analysis.budget import Budget, Check, check, read_budget_file
 from snapana.api import Analysis, Explorer, load
 from snapana.errors import InputError
 from snapana.io.output import write_atomic
-from snapana.record.cuda import backend
+from snapana.record.cuda import AROUND_ONE_STEP, backend
 from snapana.render.check import breach_line
 
 MAGIC = "snapana"
 DEFAULT_DIR = "snapana-memory"
-#: The ring of history entries kept while the cell runs (as the pytest plugin).
-DEFAULT_ENTRIES = 100_000
 
 _cells = itertools.count(1)
 
@@ -51,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="a budget file (as `snapana check --budget`)")
     p.add_argument("--dir", type=Path, default=Path(DEFAULT_DIR),
                    help="where the cell's snapshot is written")
-    p.add_argument("--max-entries", type=int, default=DEFAULT_ENTRIES)
+    p.add_argument("--max-entries", type=int, default=AROUND_ONE_STEP)
     p.add_argument("--height", type=int, default=900, help="the explorer's height in px")
     return p
 
@@ -146,7 +144,8 @@ def run_cell_magic(ipython: Any, line: str, cell: str) -> None:
     display(shown)
 
 
-def _shown(a: Analysis, path: Path, budget: Any, oom: bool, height: int) -> CellMemory:
+def _shown(a: Analysis, path: Path, budget: Budget | None, oom: bool,
+           height: int) -> CellMemory:
     reports = [s.report for s in a.session.devices()]
     checks = tuple(check(budget, a.device_report, reports)) if budget is not None else ()
     return CellMemory(path, a.verdict, oom or a.device_report.oom is not None, checks,

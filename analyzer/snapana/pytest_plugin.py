@@ -50,7 +50,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
     if mark is None:
         yield
         return
-    from snapana.record.cuda import backend
+    from snapana.record.cuda import AROUND_ONE_STEP, backend
 
     cuda = backend()
     budget = _budget(mark.kwargs, item.nodeid)
@@ -59,11 +59,14 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
             pytest.fail("cuda_memory: CUDA is not available (--snapana-require-cuda)",
                         pytrace=False)
         pytest.skip("cuda_memory: CUDA is not available: no GPU memory to record")
-    cuda.start_history(100_000, "python")
-    outcome = yield
+    cuda.start_history(AROUND_ONE_STEP, "python")
+    try:
+        outcome = yield
+        snapshot = cuda.snapshot()
+    finally:
+        cuda.stop_history()  # the next test, marked or not, runs without recording
     raised = outcome.excinfo[1] if outcome.excinfo else None
     oom = raised is not None and type(raised).__name__ == "OutOfMemoryError"
-    snapshot = cuda.snapshot()
     verdict = _judge(item, snapshot, budget, oom)
     if verdict:
         outcome.force_exception(pytest.fail.Exception(verdict, pytrace=False))

@@ -156,6 +156,7 @@ def plural(n: int, noun: str) -> str:
     """"1 block", "2 blocks": a count with its noun (regular plurals only)."""
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
+
 #: Addresses at and above this one are made up, for blocks whose source records none (a
 #: profiler trace's pre-existing memory): keys, never shown as a place in memory.
 SYNTHETIC_ADDRESSES = 0x7E00_0000_0000_0000

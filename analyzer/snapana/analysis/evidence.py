@@ -200,16 +200,12 @@ def scoped_facts(facts: Mapping[str, str], capture: Capture,
     The blocks: those `held` at the moment, else those every device holds at the end."""
     out = dict(facts)
     share = fact_limits()["of_blocks_share"]
-    end = capture.blocks.filter(pl.col("state") == ACTIVE_ALLOCATED) \
-        if capture.blocks.height else capture.blocks
     for spec in fact_specs():
         if not spec.of_blocks or spec.id not in out:
             continue
-        for population in (held, end):
-            mine = _sizes_by_stack(capture, population, spec.of_blocks)
-            if mine:
-                break
-        else:
+        mine = (_sizes_by_stack(capture, held, spec.of_blocks)
+                or _sizes_by_stack(capture, _allocated_at_end(capture), spec.of_blocks))
+        if not mine:
             continue
         inside = [(place, size) for sid, size in mine
                   if (place := shown_at(spec.frames, capture.stacks.stack(sid)))]
@@ -221,6 +217,12 @@ def scoped_facts(facts: Mapping[str, str], capture: Capture,
                 f"{spec.seen_as}{where} made {fmt_bytes(made)} of the {fmt_bytes(total)} "
                 "that a module's forward made; the rest carry no such frame")
     return out
+
+
+def _allocated_at_end(capture: Capture) -> pl.DataFrame:
+    """Every device's allocated blocks as the capture ends."""
+    blocks = capture.blocks
+    return blocks.filter(pl.col("state") == ACTIVE_ALLOCATED) if blocks.height else blocks
 
 
 def _sizes_by_stack(capture: Capture, blocks: pl.DataFrame,

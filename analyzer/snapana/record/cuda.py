@@ -15,6 +15,10 @@ from typing import Any
 #: device_free), the signature of PyTorch's out-of-memory observer.
 OomObserver = Callable[[int, int, int, int], None]
 
+#: History entries kept around one test or one notebook cell (the pytest plugin, the cell
+#: magic): a step's allocations, not a whole job's.
+AROUND_ONE_STEP = 100_000
+
 
 class CudaBackend:
     """The real thing: PyTorch's memory-history recorder on this process's GPUs."""

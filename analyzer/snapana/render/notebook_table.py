@@ -16,6 +16,8 @@ from typing import Any, cast
 
 import polars as pl
 
+from snapana.units import plural
+
 #: The most bytes a table's plain form takes (a notebook keeps it beside the HTML).
 PLAIN_LIMIT = 1000
 #: Rows shown at most (polars shows head and tail around an ellipsis row).
@@ -52,9 +54,8 @@ def plain_text(frame: pl.DataFrame) -> str:
     names = ", ".join(frame.columns)
     if len(names) > HEADING_CHARS:
         names = names[:HEADING_CHARS - 3] + "..."
-    heading = (f"{frame.height:,} row{'s' * (frame.height != 1)} × {frame.width} "
-               f"column{'s' * (frame.width != 1)} (print() for polars' table): {names}")
-    text = heading
+    heading = (f"{plural(frame.height, 'row')} × {plural(frame.width, 'column')} "
+               f"(print() for polars' table): {names}")
     for rows in range(ROWS, 0, -2):
         with pl.Config(tbl_rows=rows, tbl_cols=COLUMNS, fmt_str_lengths=CELL_CHARS,
                        tbl_width_chars=COLUMNS * (CELL_CHARS + 8),

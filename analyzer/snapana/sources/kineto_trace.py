@@ -39,8 +39,6 @@ from snapana.sources.json_stream import stream_json
 from snapana.units import SYNTHETIC_ADDRESSES
 
 CPU_DEVICE = -1
-#: Address range for blocks the trace gives no address for (2021 layout, pre-existing memory).
-_SYNTH_BASE = SYNTHETIC_ADDRESSES
 _MEMORY = "[memory]"
 _OOM = "[OutOfMemory]"
 #: Interval categories that become frames, with their nesting rank when two share start and
@@ -393,7 +391,7 @@ class _DeviceBuild:
 
 def _next_synth(counter: list[int]) -> int:
     counter[0] += 1
-    return _SYNTH_BASE + counter[0]
+    return SYNTHETIC_ADDRESSES + counter[0]  # no address recorded (2021 layout, pre-existing)
 
 
 def build_device(dev: int, events: list[_MemEvent], counter: list[int]) -> _DeviceBuild:
