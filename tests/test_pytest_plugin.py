@@ -137,3 +137,27 @@ def test_big():
     else:
         result.assert_outcomes(skipped=1)
         assert "CUDA is not available" in result.stdout.str()
+
+
+def test_history_is_recorded_around_a_marked_test_only(pytester) -> None:
+    """Each marked test starts history, takes its snapshot and stops it again, so an unmarked
+    test after it runs without recording (the cell magic does the same per cell)."""
+    pytester.makeconftest(STAND_IN)
+    pytester.makepyfile(test_calls='''
+import pytest
+from snapana.record import cuda
+
+@pytest.mark.cuda_memory(limit="1000 GiB")
+def test_a():
+    pass
+
+@pytest.mark.cuda_memory(limit="1000 GiB")
+def test_b():
+    pass
+
+def test_c_unmarked_runs_unrecorded():
+    assert cuda._backend.calls == ["start", "snapshot", "stop"] * 2
+''')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "0", "-rN",
+                                           "--snapana-dir", "mem")
+    result.assert_outcomes(passed=3)
