@@ -24,10 +24,11 @@ import numpy as np
 import polars as pl
 
 from snapana.analysis.attribution import inference
+from snapana.analysis.attribution.distinct import distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
 from snapana.analysis.attribution.families import family_label
 from snapana.analysis.attribution.sites import site_of
-from snapana.analysis.attribution.stack import BlockContext
+from snapana.analysis.attribution.stack import BlockContext, Stack
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.io.sidecar_reader import ROLE_FAMILY
 from snapana.model import EMPTY_STACK, Capture
@@ -112,58 +113,84 @@ class TracePhases:
     def __init__(self, capture: Capture, device: int, rules: RuleSet,
                  windows: AnnotationWindows) -> None:
         ev = capture.device_events(device)
-        actions = ev["action"].to_list()
-        stack_ids = ev["stack_id"].to_list()
-        times = ev["time_us"].to_list() if capture.has_time else [None] * len(actions)
-        memo: dict[tuple[int, tuple[str, ...]], str] = {}
-        marks: list[tuple[float, str]] = []
-        for i, (act, sid, t) in enumerate(zip(actions, stack_ids, times, strict=True)):
-            if act != "alloc" or sid is None or sid == EMPTY_STACK:
-                continue
-            ann = windows.at(t)
-            phase = memo.get((sid, ann))
-            if phase is None:
-                stack = capture.stacks.stack(sid)
-                phase = memo[(sid, ann)] = rules.infer_phase(
-                    stack, BlockContext(has_alloc_event=True, annotations=ann)
-                ) if stack else "unknown"
-            if phase != "unknown":
-                marks.append((float(i), phase))
-        if capture.has_time and windows.windows:
+        sids = ev["stack_id"].fill_null(EMPTY_STACK).to_numpy().astype(np.int64)
+        rows = np.flatnonzero((ev["action"] == "alloc").to_numpy() & (sids != EMPTY_STACK))
+        ann = np.zeros(rows.size, dtype=np.int64)
+        names: list[tuple[str, ...]] = [()]
+        times = timed = None
+        if capture.has_time:
+            t = ev["time_us"]
+            times, timed = t.fill_null(-1).to_numpy(), t.is_not_null().to_numpy()
+            if windows.windows and rows.size:
+                ann, names = windows.at_many(times[rows])
+                ann = np.where(timed[rows], ann, 0)
+        # each allocation with frames: the phase its stack infers with the annotations open
+        # at its time, decided once per distinct (stack, open annotations)
+        first, which = distinct_rows((sids[rows], ann))
+        phases = [self._infer(rules, capture.stacks.stack(int(sids[rows[k]])), names[ann[k]])
+                  for k in first.tolist()]
+        pos: list[np.ndarray] = [rows.astype(np.float64)]
+        phase: list[list[str]] = [phases]
+        code: list[np.ndarray] = [which]
+        if times is not None and windows.windows:
             # a window opens just before the first event at/after its start and closes just
             # after the last event at/before its end
-            timed = [(t, k) for k, t in enumerate(times) if t is not None]
-            tpos = [t for t, _ in timed]
+            at = np.flatnonzero(timed)
+            tpos = times[at]
             for start, end, name in windows.windows:
-                phase = rules.infer_phase((), BlockContext(annotations=(name,)))
-                if phase == "unknown":
+                ph = rules.infer_phase((), BlockContext(annotations=(name,)))
+                if ph == "unknown":
                     continue
-                j = bisect.bisect_left(tpos, start)
-                marks.append(((timed[j][1] if j < len(timed) else len(times)) - 0.5, phase))
+                j = int(np.searchsorted(tpos, start, side="left"))
+                marks = [(at[j] if j < at.size else len(times)) - 0.5]
                 if end < 2**62:
-                    j = bisect.bisect_right(tpos, end)
-                    marks.append(((timed[j - 1][1] if j > 0 else -1) + 0.5, phase))
-        marks.sort()
-        self._pos = [m[0] for m in marks]
-        self._phase = [m[1] for m in marks]
+                    j = int(np.searchsorted(tpos, end, side="right"))
+                    marks.append((at[j - 1] if j > 0 else -1) + 0.5)
+                pos.append(np.asarray(marks, dtype=np.float64))
+                code.append(np.full(len(marks), sum(map(len, phase)), dtype=np.int64))
+                phase.append([ph])
+        # the marks' phases as codes into their names in sorted order, so that sorting by
+        # (position, code) orders the marks as sorting (position, phase name) pairs would
+        names_seen = [p for group in phase for p in group]
+        self._kinds = sorted(set(names_seen) - {"unknown"})
+        remap = np.asarray([self._kinds.index(p) if p != "unknown" else -1
+                            for p in names_seen], dtype=np.int64)
+        all_code = remap[np.concatenate(code)] if names_seen else np.empty(0, np.int64)
+        all_pos = np.concatenate(pos)[all_code >= 0]
+        all_code = all_code[all_code >= 0]
+        order = np.lexsort((all_code, all_pos))
+        self._pos = all_pos[order]
+        self._code = all_code[order]
         self._memo: dict[int, str | None] = {}
+
+    def _marks_of(self, *phases: str) -> np.ndarray:
+        """Which marks are of one of `phases`."""
+        wanted = [k for k, p in enumerate(self._kinds) if p in phases]
+        return np.isin(self._code, wanted)
+
+    @staticmethod
+    def _infer(rules: RuleSet, stack: Stack, annotations: tuple[str, ...]) -> str:
+        if not stack:
+            return "unknown"
+        return rules.infer_phase(stack, BlockContext(has_alloc_event=True,
+                                                     annotations=annotations))
 
     def in_backward(self, alloc_idx: np.ndarray) -> np.ndarray:
         """`at` over an array of event indices: True where it would say ``"backward"``."""
-        codes = {"backward": 1, "forward": 2, "optimizer": 3}
-        phase = np.array([codes.get(p, 4) for p in self._phase] + [0], dtype=np.int8)
-        pos = np.asarray(self._pos, dtype=np.float64)
+        code = np.zeros(self._code.size + 1, dtype=np.int8)  # the sentinel past the end: 0
+        code[:-1] = 4
+        for name, c in (("backward", 1), ("forward", 2), ("optimizer", 3)):
+            code[:-1][self._marks_of(name)] = c
         x = np.asarray(alloc_idx, dtype=np.float64)
-        j = np.searchsorted(pos, x, side="left")
-        left = np.where(j > 0, phase[np.maximum(j - 1, 0)], 0)  # 0: no mark on that side
-        right = phase[np.searchsorted(pos, x, side="right")]  # the sentinel past the end
+        j = np.searchsorted(self._pos, x, side="left")
+        left = np.where(j > 0, code[np.maximum(j - 1, 0)], 0)  # 0: no mark on that side
+        right = code[np.searchsorted(self._pos, x, side="right")]
         return (left == 1) | (right == 1) | ((left == 2) & ((right == 0) | (right == 3)))
 
     def within(self, phase: str, alloc_idx: np.ndarray, free_idx: np.ndarray) -> np.ndarray:
         """True where no allocation or annotation mark of another phase lies between each
         allocation and its free: both happened in the same run of `phase`."""
-        other = np.asarray([p for p, ph in zip(self._pos, self._phase, strict=True)
-                            if ph != phase and ph != "unknown"], dtype=np.float64)
+        other = self._pos[~self._marks_of(phase)]
         lo = np.searchsorted(other, np.asarray(alloc_idx, dtype=np.float64), side="right")
         hi = np.searchsorted(other, np.asarray(free_idx, dtype=np.float64), side="left")
         return hi <= lo
@@ -171,7 +198,7 @@ class TracePhases:
     def has_phase(self, *phases: str) -> bool:
         """Whether any allocation or annotation window of the trace infers one of
         `phases`."""
-        return any(p in phases for p in self._phase)
+        return bool(self._marks_of(*phases).any())
 
     def at(self, alloc_idx: int) -> str | None:
         """``"backward"`` when the frameless allocation at event ``alloc_idx`` happened while
@@ -287,37 +314,60 @@ class Attributor:
             [pl.Series(k, v, dtype=pl.Utf8) for k, v in cols.items()]
         )
 
-    def transient(self, families: Sequence[str | None], alloc_idx: np.ndarray,
-                  free_idx: np.ndarray) -> list[tuple[int, inference.Transient]]:
-        """(row, the rule that applies) for the rows whose family a phase only uses while it runs
-        (`inference.transient_rules`): allocated and freed in the window, in the same run of
-        that phase."""
+    def transient(self, family: np.ndarray, names: Sequence[str | None],
+                  alloc_idx: np.ndarray, free_idx: np.ndarray,
+                  ) -> list[tuple[np.ndarray, inference.Transient]]:
+        """(rows, the rule that applies) for the rows whose family (`family`: each row's
+        index into `names`) a phase only uses while it runs (`inference.transient_rules`):
+        allocated and freed in the window, in the same run of that phase, by a stack of that
+        phase."""
         rules = {t.family: t for t in inference.transient_rules()}
         if not rules or not self.capture.has_trace:
             return []
         n = self.capture.device_events(self.device).height
         alloc_idx, free_idx = np.asarray(alloc_idx), np.asarray(free_idx)
-        out: list[tuple[int, inference.Transient]] = []
-        for family, t in rules.items():
-            rows = np.flatnonzero(np.asarray([f == family for f in families], dtype=bool)
-                                  & (alloc_idx >= 0) & (free_idx > alloc_idx) & (free_idx < n))
-            if not rows.size:
+        in_window = (alloc_idx >= 0) & (free_idx > alloc_idx) & (free_idx < n)
+        out: list[tuple[np.ndarray, inference.Transient]] = []
+        for name, t in rules.items():
+            codes = [k for k, f in enumerate(names) if f == name]
+            rows = np.flatnonzero(np.isin(family, codes) & in_window) if codes else []
+            if not len(rows):
                 continue
-            same = self.trace_phases().within(t.phase, alloc_idx[rows], free_idx[rows])
-            out += [(int(r), t) for r in rows[same]
-                    if self._free_phase(int(free_idx[r])) == t.phase]
+            rows = rows[self.trace_phases().within(t.phase, alloc_idx[rows], free_idx[rows])]
+            rows = rows[self._free_phases(free_idx[rows]) == t.phase]
+            if rows.size:
+                out.append((rows, t))
         return out
 
-    def _free_phase(self, free_idx: int) -> str | None:
-        """The phase of the stack that freed a block at event `free_idx` (None: no frames):
-        a step's temporary is freed inside the step, state by whoever drops it later."""
+    def _free_phases(self, free_idx: np.ndarray) -> np.ndarray:
+        """The phase of the stack that freed each block at the events `free_idx` (None: no
+        frames): a step's temporary is freed inside the step, state by whoever drops it
+        later. Decided once per distinct (stack, size band, open annotations), as
+        `context` would build it for a default-pool block on the default stream."""
+        if not free_idx.size:
+            return np.empty(0, dtype=object)
         ev = self.capture.device_events(self.device)
-        sid = ev["stack_id"][free_idx]
-        if sid is None or not self.stacks.stack(int(sid)):
-            return None
-        size = int(ev["size"][free_idx] or 0)
-        return self.decide(int(sid), self.context(int(sid), "0,0", 0, ACTIVE_ALLOCATED, size,
-                                                  free_idx)).phase
+        at = pl.Series(free_idx, dtype=pl.Int64)
+        sids = ev["stack_id"].gather(at).fill_null(-1).to_numpy().astype(np.int64)
+        sizes = ev["size"].gather(at).fill_null(0).to_numpy().astype(np.int64)
+        ann = np.zeros(free_idx.size, dtype=np.int64)
+        names: list[tuple[str, ...]] = [()]
+        clock = self.event_times()
+        if clock is not None and self.windows.windows:
+            times, timed = clock
+            ann, names = self.windows.at_many(times[free_idx])
+            ann = np.where(timed[free_idx], ann, 0)
+        first, which = distinct_rows((sids + 1, self.rules.size_bands(sizes), ann))
+        phases: list[str | None] = []
+        for row in first.tolist():
+            sid = int(sids[row])
+            if sid < 0 or not self.stacks.stack(sid):
+                phases.append(None)
+                continue
+            phases.append(self.decide(sid, BlockContext(
+                pool_id=(0, 0), stream=0, state=ACTIVE_ALLOCATED, size=int(sizes[row]),
+                has_alloc_event=True, annotations=names[ann[row]])).phase)
+        return np.asarray(phases, dtype=object)[which]
 
     def _working_sets(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Blocks of a state family that the same run of their phase freed: its working
@@ -325,7 +375,8 @@ class Attributor:
         if "free_req_idx" not in blocks.columns:
             return
         born, freed = blocks["alloc_idx"].to_numpy(), blocks["free_req_idx"].to_numpy()
-        for i, t in self.transient(cols["family"], born, freed):
+        working = self.transient(np.arange(len(cols["family"])), cols["family"], born, freed)
+        for i, t in ((int(i), t) for rows, t in working for i in rows):
             why = t.why.format(lived=int(freed[i] - born[i]))
             cols["label"][i] = f"{family_label(t.becomes)} ({t.label})"
             cols["reason"][i] = f"{cols['reason'][i]}; {why}" if cols["reason"][i] else why

@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from snapana.analysis.attribution.assign import Attributor, parse_pool
+from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.stack import BlockContext
 from snapana.analysis.replay import DeviceReplay
 
@@ -40,7 +41,7 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
     capture = attributor.capture
     alloc_idx = lt["alloc_idx"].to_numpy()
     stack_ids = lt["stack_id"].to_numpy()
-    ids, _, stack_code = _distinct(stack_ids)
+    ids, _, stack_code = distinct(stack_ids)
     framed = np.array([bool(attributor.stacks.stack(int(s))) for s in ids])[stack_code]
     has_event = alloc_idx >= 0
 
@@ -64,7 +65,7 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
     pool_names, pool_code = _pools(dr)
     parts = (stack_code, pool_code, lt["stream"].to_numpy() == 0,
              attributor.rules.size_bands(lt["size"].to_numpy()), has_event, ann, hint)
-    first, which = _distinct_rows(parts)
+    first, which = distinct_rows(parts)
     sizes = lt["size"].to_numpy()
     families: list[str | None] = []
     phases: list[str | None] = []
@@ -84,14 +85,13 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
     codes: dict[str, tuple[np.ndarray, list[str | None]]] = {
         "family": (which, families), "phase": (which.copy(), phases),
         "evidence": (np.where(unknown[which], 0, np.where(framed, 1, 2)), evidences)}
-    working = attributor.transient([families[k] for k in which], alloc_idx,
-                                   lt["free_req_idx"].to_numpy())
-    if working:  # a state family's blocks its phase frees in the same run: its working set
-        index, values = codes["family"]
-        for row, t in working:
-            index[row] = len(values) if t.becomes not in values else values.index(t.becomes)
-            if t.becomes not in values:
-                values.append(t.becomes)
+    # a state family's blocks its phase frees in the same run: its working set
+    index, values = codes["family"]
+    for rows, t in attributor.transient(which, families, alloc_idx,
+                                        lt["free_req_idx"].to_numpy()):
+        if t.becomes not in values:
+            values.append(t.becomes)
+        index[rows] = values.index(t.becomes)
     if held is not None and not held.is_empty():
         _take_held(lt, held, codes)
     return lt.with_columns(
@@ -119,37 +119,6 @@ def _take_held(lt: pl.DataFrame, held: pl.DataFrame,
         index, values = codes[c]
         index[rows[given]] = len(values) + np.arange(int(given.sum()))
         values.extend(value.filter(pl.Series(given)).to_list())
-
-
-def _distinct_rows(parts: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The first row of each distinct row of the non-negative integer columns `parts`, and
-    each row's distinct-row number. The columns are folded into one code, made dense again
-    only when the next fold could overflow."""
-    code = np.zeros(len(parts[0]), dtype=np.int64)
-    for col in parts:
-        c = col.astype(np.int64)
-        width = int(c.max(initial=0)) + 1
-        if int(code.max(initial=0)) >= (2**62) // width:
-            _, code = np.unique(code, return_inverse=True)
-        code = code * width + c
-    _, first, which = _distinct(code)
-    return first, which
-
-
-def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`np.unique(values, return_index=True, return_inverse=True)` of integers: the distinct
-    values in order, the first row of each, each row's index into them. Where they are
-    non-negative and none is much larger than the rows are many (stack ids, folded codes),
-    without sorting the rows: their first rows by hashing (polars), each row's index by a
-    table; a million rows in a fifth of the sort's time."""
-    if not values.size or values.min() < 0 or values.max() >= 4 * values.size + 4096:
-        return np.unique(values, return_index=True, return_inverse=True)
-    first = pl.Series(values).arg_unique().to_numpy().astype(np.int64)
-    first = first[np.argsort(values[first])]
-    distinct = values[first]
-    index = np.empty(int(distinct[-1]) + 1, dtype=np.int64)
-    index[distinct] = np.arange(distinct.size)
-    return distinct, first, index[values]
 
 
 def _pools(dr: DeviceReplay) -> tuple[list[str], np.ndarray]:
