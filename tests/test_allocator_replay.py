@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import polars as pl
 import pytest
 from snapana.analysis.allocator_replay import Before, Setting, before_window, rerun
 
@@ -62,6 +63,23 @@ def test_a_trace_the_rules_cannot_make_is_a_divergence_said_where() -> None:
     position, index, why = r.divergence  # type: ignore[misc]
     assert position == 2 and index == 4
     assert f"{22 * MIB:,}" in why and f"{18 * MIB:,}" in why
+
+
+def test_a_proof_cut_at_its_divergence_says_what_the_whole_run_says() -> None:
+    """A proof that only decides whether a prediction is made stops simulating where the
+    model parts from the recording (issue 55: nothing after it is used); it says the same
+    divergence and counts every recorded segment event, as the whole run does, and says
+    where it was cut: at the 18 MiB request (event 5), where the model made its own
+    segment. Both the dict form and the polars frame."""
+    steps = _worked()
+    steps[4] = ("segment_alloc", 0x3000_0000, 22 * MIB)
+    for events in (_trace(*steps), pl.DataFrame(_trace(*steps))):
+        whole = rerun(events, 0, Setting(False))
+        cut = rerun(events, 0, Setting(False), until_divergence=True)
+        assert cut.divergence == whole.divergence and not cut.exact
+        assert cut.recorded == whole.recorded and cut.recorded_at == whole.recorded_at
+        assert whole.cut_at is None and cut.cut_at == 5
+        assert len(cut.simulated) < len(whole.simulated)
 
 
 def test_a_recorded_oom_is_reproduced_and_a_larger_card_removes_it() -> None:

@@ -129,6 +129,9 @@ class Replay:
     stopped_at: int | None = None
     final_segments: list[int] = field(default_factory=list)  # sizes, sorted
     compared: int = 0  # segment events checked so far
+    #: the trace index where a proof run was cut once it had parted from the recorded segment
+    #: events (`rerun(..., until_divergence=True)`): its peaks and model events stop there
+    cut_at: int | None = None
 
     @property
     def exact(self) -> bool:
@@ -153,8 +156,10 @@ class Trace:
     def __init__(self, events: pl.DataFrame | list[dict[str, Any]]) -> None:
         if isinstance(events, pl.DataFrame):
             self.columns = tuple(events[c].to_list() for c in self.COLUMNS)
+            self.frame: pl.DataFrame | None = events
         else:
             self.columns = tuple([e.get(c) for e in events] for c in self.COLUMNS)
+            self.frame = None
 
     def __len__(self) -> int:
         return len(self.columns[0])
@@ -174,9 +179,21 @@ def _capacity_for(events: Events, held: int = 0) -> int | None:
     """The capacity that makes the last OOM's recorded free memory true: what was reserved
     before the window (`held`) and by the recorded segment events until then, plus
     device_free."""
+    trace = as_trace(events)
+    if trace.frame is not None:  # the same sums as columns
+        f = trace.frame
+        change = (pl.when(pl.col("action").is_in(["segment_alloc", "segment_map"]))
+                  .then(pl.col("size")).when(pl.col("action").is_in(
+                      ["segment_free", "segment_unmap"])).then(-pl.col("size"))
+                  .otherwise(0).fill_null(0).cast(pl.Int64))
+        known = f.select(change.cum_sum().alias("reserved"), "action", "device_free").filter(
+            (pl.col("action") == "oom") & pl.col("device_free").is_not_null())
+        if known.is_empty():
+            return None
+        return held + int(known["reserved"][-1]) + int(known["device_free"][-1])
     reserved = held
     capacity = None
-    for a, _, _, size, _, device_free in as_trace(events).rows():
+    for a, _, _, size, _, device_free in trace.rows():
         if a in ("segment_alloc", "segment_map"):
             reserved += size
         elif a in ("segment_free", "segment_unmap"):
@@ -187,11 +204,14 @@ def _capacity_for(events: Events, held: int = 0) -> int | None:
 
 
 def rerun(events: Events, device: int, setting: Setting,
-          before: Before | None = None, compare: bool = True) -> Replay:
+          before: Before | None = None, compare: bool = True,
+          until_divergence: bool = False) -> Replay:
     """Re-run one device's `events` (action, addr, size, stream, device_free, idx, in trace
     order) under `setting`, from the state `before` the window (None: empty). `compare`:
     check the model's segment events against the recorded ones (under the recorded
-    settings); a what-if only runs."""
+    settings); a what-if only runs. `until_divergence`: a proof that only decides whether a
+    prediction is made stops simulating where the model parts from the recording (nothing
+    after it is used); the recorded segment events are still all counted."""
     events = as_trace(events)
     out = Replay(device, setting)
     held = before.reserved if before is not None else 0
@@ -273,6 +293,10 @@ def rerun(events: Events, device: int, setting: Setting,
         out.peak_reserved = max(out.peak_reserved, sim.reserved)
         if compare:
             _compare(out, made.events(), idx)
+            if until_divergence and out.divergence is not None:
+                out.cut_at = idx
+                _count_recorded(out, events, idx)
+                break
     out.simulated = list(made.events())
     out.final_segments = sim.segment_sizes()
     if compare and out.divergence is None and len(out.simulated) != len(out.recorded):
@@ -282,6 +306,14 @@ def rerun(events: Events, device: int, setting: Setting,
                           if len(out.simulated) > len(out.recorded) else
                           "the trace records segment events the model did not make")
     return out
+
+
+def _count_recorded(out: Replay, events: Trace, after: int) -> None:
+    """The recorded segment events after trace index `after`, not simulated."""
+    for action, idx, _, size, _, _ in events.rows():
+        if idx > after and action in SEGMENT_ACTIONS:
+            out.recorded.append((action, size))
+            out.recorded_at.append(idx)
 
 
 def _free_early(sim: CachingAllocatorSim, setting: Setting, blocks: dict[int, int],
@@ -347,6 +379,8 @@ def request_pools(events: Events, held: Iterable[tuple[int, int, tuple[int, int]
     pool, and the model's proof run shows whether that holds."""
     at_end = {(a, n): p for a, n, p in final}
     live: dict[int, tuple[int, tuple[int, int]]] = {a: (n, p) for a, n, p in held}
+    if all(p == (0, 0) for p in at_end.values()) and all(p == (0, 0) for _, p in live.values()):
+        return {}  # no segment of a private pool: every request is the default pool's
     starts = sorted(live)
     out: dict[int, tuple[int, int]] = {}
     for action, idx, at, size, _, _ in as_trace(events).rows():
@@ -465,7 +499,8 @@ def predict(events: Events, device: int, recorded: Setting, changed: Setting,
     recorded one (`card`, the recorded card's total, less that) when it is known. `proof`:
     the recorded run, when several changes share it."""
     events = as_trace(events)
-    first = proof if proof is not None else rerun(events, device, recorded, before)
+    first = proof if proof is not None else rerun(events, device, recorded, before,
+                                                  until_divergence=True)
     held = before.reserved if before is not None else 0
     implied = _capacity_for(events, held)
     capacity = changed.capacity or implied
@@ -589,7 +624,7 @@ def replay_without(capture: Capture, dr: DeviceReplay, lifetimes: pl.DataFrame,
         return {}
     events, before = Trace(frame), window_start(capture, dr)
     recorded = Setting.of(config.recorded(capture.allocator_settings))
-    proof = rerun(events, dr.device, recorded, before)
+    proof = rerun(events, dr.device, recorded, before, until_divergence=True)
     if not proof.exact or proof.oom_reproduced is False:
         return {}
     card = capture.capacity_bytes.get(dr.device)

@@ -342,7 +342,7 @@ def whatif(view: WhatIfView, options: Options) -> str:
         return {"peak_reserved_bytes": r.peak_reserved, "peak_allocated_bytes": r.peak_allocated,
                 "segment_events": len(r.simulated),
                 "ooms": [{"event": i, "request_bytes": n} for i, n in r.simulated_ooms],
-                "stopped": r.stopped or None}
+                "stopped": r.stopped or None, "cut_at_event": r.cut_at}
     devices = []
     for d in view.devices:
         p, r = d.prediction, d.prediction.recorded
