@@ -1,7 +1,15 @@
-"""`snapana report` and `snapana summary` against a plain `pickle.load` of the same file.
+"""`snapana report`, `summary` and `whatif` against a plain `pickle.load` of the same file:
+the one speed table (issue 55), and CI's guard.
 
     python benchmarks/vs_pickle.py [--entries 1000000,5000000] [--lists 1000000] [--rounds 3]
-                                   [--cache DIR]
+                                   [--cache DIR] [--guard 3] [--trace-plot-python PY]
+
+`--guard X` exits 1 when `report`'s median wall ratio on the first size passes X (CI's second
+phase runs the 1M file with X = 3: loose enough that a shared machine's noise cannot trip it,
+tight enough to catch a per-row Python loop over a million rows). `--trace-plot-python PY`
+(an interpreter with torch) adds the real corpus, `report` against PyTorch's own
+`trace_plot` file by file (`vs_trace_plot.py`). The start-up row is `snapana summary` of the
+smallest bundled sample against `python -c "import pickle"`: what a small capture costs.
 
 For each size a snapshot is generated at run time (`snapana synth --entries N`, into a
 temporary folder unless --cache names one; never committed); for each `--lists` size, one
@@ -36,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+ROOT = Path(__file__).resolve().parent.parent
 PLAIN = "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))"
 #: The same load with the garbage collector off, as the decode child runs: not a baseline the
 #: targets are set against, but the floor of any reader that builds the trace's dicts (the
@@ -151,7 +161,9 @@ def snapana_command() -> list[str]:
     return [sys.executable, "-m", "snapana"]
 
 
-def bench(path: Path, rounds: int) -> None:
+def bench(path: Path, rounds: int) -> dict[str, list[float]]:
+    """The interleaved rounds of one file; each command's median ratios to pickle.load
+    (wall, cpu, peak RSS, tree RSS), also printed."""
     snapana = snapana_command()
     with tempfile.TemporaryDirectory() as tmp:
         html = Path(tmp) / "r.html"
@@ -160,6 +172,7 @@ def bench(path: Path, rounds: int) -> None:
             "(gc off)": [sys.executable, "-c", PLAIN_NO_GC, str(path)],
             "summary": [*snapana, "summary", str(path)],
             "report": [*snapana, "report", str(path), "-o", str(html)],
+            "whatif": [*snapana, "whatif", str(path), "--set", "expandable_segments:True"],
         }
         rows: dict[str, list[tuple[float, float, int, int]]] = {k: [] for k in commands}
         for r in range(rounds):
@@ -177,6 +190,7 @@ def bench(path: Path, rounds: int) -> None:
           f"medians (ratio to pickle.load of the same round); HTML {html_mb:.2f} MB")
     print(f"{'':12} {'wall s':>7} {'x':>5} {'cpu s':>7} {'x':>5} {'peak RSS':>9} {'x':>5} "
           f"{'tree RSS':>9} {'x':>5} {'tree PSS':>9} {'x':>5}")
+    ratios = {}
     for name, vals in rows.items():
         med = [statistics.median(v[k] for v in vals) for k in range(4)]
         ratio = [statistics.median(v[k] / b[k] for v, b in zip(vals, base, strict=True))
@@ -184,6 +198,32 @@ def bench(path: Path, rounds: int) -> None:
         print(f"{name:12} {med[0]:7.2f} {ratio[0]:5.2f} {med[1]:7.2f} {ratio[1]:5.2f} "
               f"{med[2] / 2**20:8.0f}M {ratio[2]:5.2f} {med[3] / 2**20:8.0f}M {ratio[3]:5.2f} "
               f"{pss[name] / 2**20:8.0f}M {pss[name] / pss['pickle.load']:5.2f}")
+        ratios[name] = ratio
+    return ratios
+
+
+def startup(rounds: int) -> float:
+    """`snapana summary` of the smallest bundled sample against `python -c "import pickle"`,
+    interleaved: the median ratio of wall times (printed)."""
+    small = min((ROOT / "sample_snapshots").glob("*.pickle"), key=lambda p: p.stat().st_size)
+    per = []
+    for _ in range(rounds):
+        base = run([sys.executable, "-c", "import pickle"])[0]
+        per.append(run([*snapana_command(), "summary", str(small)])[0] / base)
+    ratio = statistics.median(per)
+    print(f"\nstart-up: snapana summary {small.name} ({small.stat().st_size / 1e6:.1f} MB) "
+          f"/ python -c 'import pickle': {ratio:.1f}x wall (median of {rounds})")
+    return ratio
+
+
+def table(results: dict[str, dict[str, list[float]]]) -> None:
+    """Every file's ratios in one table: wall, cpu and peak RSS of each command over the
+    same round's pickle.load."""
+    print(f"\n{'file':28} {'command':9} {'wall x':>7} {'cpu x':>6} {'RSS x':>6}")
+    for name, ratios in results.items():
+        for cmd in ("summary", "report", "whatif"):
+            w, c, m, _ = ratios[cmd]
+            print(f"{name[:28]:28} {cmd:9} {w:7.2f} {c:6.2f} {m:6.2f}")
 
 
 def stages(path: Path) -> None:
@@ -208,17 +248,36 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=None,
                     help="keep generated snapshots here between runs")
     ap.add_argument("--no-stages", action="store_true", help="skip the stage breakdown")
+    ap.add_argument("--guard", type=float, default=None,
+                    help="exit 1 when report's median wall ratio on the first size passes this")
+    ap.add_argument("--trace-plot-python", default=None,
+                    help="an interpreter with torch: add the real corpus against trace_plot")
     args = ap.parse_args()
     sizes = [(int(s.replace("_", "")), False) for s in args.entries.split(",") if s]
     sizes += [(int(s.replace("_", "")), True) for s in args.lists.split(",") if s]
+    results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.cache or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for n, list_per_entry in sizes:
             path = generate(n, folder, list_per_entry)
-            bench(path, args.rounds)
+            results[path.name] = bench(path, args.rounds)
             if not args.no_stages:
                 stages(path)
+    startup(args.rounds)
+    table(results)
+    if args.trace_plot_python:
+        from vs_trace_plot import compare, default_corpus
+
+        compare(default_corpus(), args.trace_plot_python, 1)
+    if args.guard is not None and results:
+        first, ratios = next(iter(results.items()))
+        wall = ratios["report"][0]
+        verdict = "passes" if wall > args.guard else "within"
+        print(f"\nguard: report / pickle.load wall on {first} = {wall:.2f}x, {verdict} "
+              f"{args.guard:g}x")
+        if wall > args.guard:
+            sys.exit(1)
 
 
 if __name__ == "__main__":

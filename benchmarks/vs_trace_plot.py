@@ -62,7 +62,12 @@ def main() -> None:
 
         compileall.compile_dir(Path(snapana.__file__).parent, quiet=1)
         print(f"byte-compiled {Path(snapana.__file__).parent} (as pip installs a wheel)")
-    corpus = args.corpus or default_corpus()
+    compare(args.corpus or default_corpus(), args.torch_python, args.rounds)
+
+
+def compare(corpus: Path, torch_python: str, rounds: int) -> None:
+    """One line per corpus file: snapana report and trace_plot wall times and their ratio;
+    then the median and largest ratio and the start-up cost of the smallest file."""
     files = sorted(p for p in corpus.iterdir() if p.is_file())
     ratios: list[float] = []
     print(f"{'file':64} {'MB':>6} {'snapana s':>9} {'trace_plot s':>12} {'ratio':>6}")
@@ -73,10 +78,10 @@ def main() -> None:
             viz: list[float] = []
             per: list[float] = []
             notes = set()
-            for _ in range(args.rounds):
+            for _ in range(rounds):
                 a, code_a, err_a = timed([sys.executable, "-m", "snapana", "report", str(path),
                                           "-o", ours])
-                b, code_b, err_b = timed([args.torch_python, "-m",
+                b, code_b, err_b = timed([torch_python, "-m",
                                           "torch.cuda._memory_viz", "trace_plot", str(path),
                                           "-o", theirs])
                 if code_a:
@@ -95,8 +100,8 @@ def main() -> None:
         smallest = min(files, key=lambda p: p.stat().st_size)
         alone = statistics.median(timed([sys.executable, "-m", "snapana", "report",
                                          str(smallest), "-o", ours])[0]
-                                   for _ in range(max(args.rounds, 3)))
-    print(f"\n{len(ratios)} files, {args.rounds} round(s): ratio snapana / trace_plot median "
+                                   for _ in range(max(rounds, 3)))
+    print(f"\n{len(ratios)} files, {rounds} round(s): ratio snapana / trace_plot median "
           f"{statistics.median(ratios):.2f}, max {max(ratios):.2f} "
           f"({sum(r > 1 for r in ratios)} above 1)")
     print(f"snapana report of the smallest file ({smallest.name}, "
