@@ -26,6 +26,8 @@ SP = "/opt/venv/lib/python3.11/site-packages/"
 MiB = 1 << 20
 GiB = 1 << 30
 
+PACKS = Path(__file__).resolve().parent.parent / "analyzer/snapana/analysis/attribution/packs"
+
 
 def py(path: str, name: str, line: int = 10) -> tuple[str, str, int]:
     """A Python frame; paths not starting with '/' are put under site-packages."""
@@ -161,12 +163,46 @@ def test_vocabulary_holds_families_phases_and_causes():
     assert "outside_pytorch" in cause_ids() and "fragmentation" in cause_ids()
     assert "logits" in families_with_lifetime("transient")
     assert "recompute" in families_with_lifetime("working_set")
-    with pytest.raises(ValueError, match=r"^v.toml: \[\[family\]\] 'x': unknown field 'colour'$"):
-        parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\ncolour = 1\n',
+    with pytest.raises(ValueError, match=r"^v.toml: \[\[family\]\] 'x': unknown field 'shade'$"):
+        parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\nshade = 1\n',
                          "v.toml")
     with pytest.raises(ValueError, match="`lifetime` must be one of"):
         parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\n'
-                         'lifetime = "forever"\n', "v.toml")
+                         'colour = "#000000"\nlifetime = "forever"\n', "v.toml")
+    with pytest.raises(ValueError, match="missing required field `colour`"):
+        parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\n', "v.toml")
+    with pytest.raises(ValueError, match="`colour` must be #rrggbb"):
+        parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\n'
+                         'colour = "red"\n', "v.toml")
+
+
+def test_family_colours_are_given_distinct_and_stable() -> None:
+    """Every family's colour is written in the vocabulary (issue 59: it was its place in the
+    list, so a new family recoloured every later one, and 24 families shared 20 colours:
+    optimizer_temporaries was drawn in saved_activations' colour). Read from the data file
+    itself: every pair of families at least 30 apart in RGB, none near the grey of "other";
+    what the renderer draws is the data's colour; a family inserted first recolours none."""
+    import itertools
+    import math
+
+    import tomllib
+    from snapana.analysis.attribution.families import parse_vocabulary
+    from snapana.render.views import OTHER_COLOUR, family_colour
+
+    text = (PACKS / "vocabulary.toml").read_text()
+    given = {f["id"]: f["colour"].lower() for f in tomllib.loads(text)["family"]}
+
+    def rgb(c: str) -> tuple[int, ...]:
+        return tuple(int(c[i:i + 2], 16) for i in (1, 3, 5))
+
+    close = [(a, b) for (a, ca), (b, cb) in itertools.combinations(given.items(), 2)
+             if math.dist(rgb(ca), rgb(cb)) < 30]
+    assert not close
+    assert all(math.dist(rgb(c), rgb(OTHER_COLOUR)) >= 30 for c in given.values())
+    assert {f: family_colour(f) for f in given} == given
+    first = '[[family]]\nid = "new"\nlabel = "n"\ndescription = "d"\ncolour = "#000001"\n\n'
+    inserted = parse_vocabulary(first + text)
+    assert {f.id: f.colour for f in inserted.families if f.id != "new"} == given
 
 
 def test_framework_rules_default_above_generic_pytorch(rules):

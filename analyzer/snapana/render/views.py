@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution.families import family_ids
+from snapana.analysis.attribution.families import get_family, vocabulary
 from snapana.analysis.attribution.sites import site_of
 from snapana.analysis.compare import CaptureDiff
 from snapana.analysis.diagnosis.findings import Band, DeviceReport, Timeline, WhatIf
@@ -49,24 +49,20 @@ BAND_LIMIT = 2000  # annotation bands drawn per timeline (the longest; the rest 
 
 # ----- the timeline -----------------------------------------------------------------------
 #: Family colours: one per family id, the same in every report, figure and diff — a
-#: vocabulary family by its place in the vocabulary, any other (a user pack's) by a hash of its
-#: name; `unknown` is always grey, so an unattributed share never looks like a family.
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5",
-           "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939")
-UNKNOWN_COLOUR = "#9e9e9e"
+#: vocabulary family's own (`Family.colour`), any other (a user pack's) one of those by a hash
+#: of its name; `unknown` is always grey, so an unattributed share never looks like a family.
+UNKNOWN_COLOUR = get_family("unknown").colour
 OTHER_COLOUR = "#d9d9d9"
 FAMILY_AREAS = 9  # families drawn in the family timeline; the rest are one "other" area
 
 
 def family_colour(family: str) -> str:
-    """The one colour of a family, whatever the report (see `PALETTE`)."""
-    if family == "unknown":
-        return UNKNOWN_COLOUR
-    known = [f for f in family_ids() if f != "unknown"]
-    if family in known:
-        return PALETTE[known.index(family) % len(PALETTE)]
-    return PALETTE[zlib.crc32(family.encode()) % len(PALETTE)]
+    """The one colour of a family, whatever the report (see `UNKNOWN_COLOUR`)."""
+    try:
+        return get_family(family).colour
+    except KeyError:
+        palette = [f.colour for f in vocabulary().families if f.id != "unknown"]
+        return palette[zlib.crc32(family.encode()) % len(palette)]
 
 
 def family_colours(*reports: DeviceReport) -> dict[str, str]:

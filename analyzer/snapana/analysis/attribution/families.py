@@ -8,6 +8,7 @@ that is not a rule pack.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +45,10 @@ class Family:
     id: str
     label: str
     description: str
+    colour: str
+    """``#rrggbb``: the family's one colour in every report, figure and diff. Given in the
+    vocabulary, not derived from the family's place in it, so a new family recolours no
+    other; the colours of families that meet in one report must be told apart (a test)."""
     lifetime: str | None = None
     """One of :data:`LIFETIMES`, or None (model state, or not known)."""
     workload: str | None = None
@@ -76,9 +81,11 @@ class Vocabulary:
     causes: tuple[Cause, ...]
 
 
+_COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
+
 _TABLES: dict[str, tuple[set[str], set[str]]] = {
     # table -> (required fields, optional fields)
-    "family": ({"id", "label", "description"}, {"lifetime", "workload"}),
+    "family": ({"id", "label", "description", "colour"}, {"lifetime", "workload"}),
     "phase": ({"id", "label", "description"}, {"workload"}),
     "cause": ({"id", "description"}, set()),
 }
@@ -109,6 +116,8 @@ def _entries(data: Mapping[str, Any], table: str, source: str) -> list[dict[str,
             raise ValueError(f"{where}: `lifetime` must be one of {LIFETIMES}")
         if raw.get("workload", WORKLOADS[0]) != WORKLOADS[0]:
             raise ValueError(f"{where}: `workload` can only be {WORKLOADS[0]!r}")
+        if "colour" in raw and not _COLOUR.fullmatch(raw["colour"]):
+            raise ValueError(f"{where}: `colour` must be #rrggbb")
     return entries
 
 
@@ -122,7 +131,8 @@ def parse_vocabulary(text: str, source: str = VOCABULARY_FILE) -> Vocabulary:
     if extra:
         raise ValueError(f"{source}: unknown table {extra[0]!r} (allowed: family, phase, cause)")
     fams = tuple(
-        Family(f["id"], f["label"], f["description"], f.get("lifetime"), f.get("workload"))
+        Family(f["id"], f["label"], f["description"], f["colour"].lower(), f.get("lifetime"),
+               f.get("workload"))
         for f in _entries(data, "family", source)
     )
     if UNKNOWN not in {f.id for f in fams}:
