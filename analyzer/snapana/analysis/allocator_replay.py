@@ -246,11 +246,13 @@ def rerun(events: Events, device: int, setting: Setting,
     pools = before.pools if before is not None else {}
     made = _Made(sim)
     last = -1
+    free_at, empty_at = setting.free_at, setting.empty_at
+    trace = sim.trace  # the model's segment events (and OOMs) as it makes them
     for action, idx, at, size, stream, _ in events.rows():
         last = idx
-        if idx in setting.free_at:
+        if free_at and idx in free_at:
             _free_early(sim, setting, blocks, allocated_at, dropped)
-        if idx in setting.empty_at:
+        if empty_at and idx in empty_at:
             sim.release_cached(sim.table.empty)
         if action in SEGMENT_ACTIONS:
             out.recorded.append((action, size))
@@ -289,9 +291,12 @@ def rerun(events: Events, device: int, setting: Setting,
             else:  # the model found room: the request fits here, and is counted held
                 out.peak_allocated = max(out.peak_allocated, sim.allocated)
                 sim.free(addr)
-        out.peak_allocated = max(out.peak_allocated, sim.allocated)
-        out.peak_reserved = max(out.peak_reserved, sim.reserved)
-        if compare:
+        if sim.allocated > out.peak_allocated:
+            out.peak_allocated = sim.allocated
+        if sim.reserved > out.peak_reserved:
+            out.peak_reserved = sim.reserved
+        # only a new segment event on either side can part the two sequences
+        if compare and (len(trace) != made.seen or len(out.recorded) > out.compared):
             _compare(out, made.events(), idx)
             if until_divergence and out.divergence is not None:
                 out.cut_at = idx

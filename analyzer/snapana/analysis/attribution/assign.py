@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from snapana.analysis.attribution import inference
-from snapana.analysis.attribution.distinct import distinct_rows
+from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
 from snapana.analysis.attribution.families import family_label
 from snapana.analysis.attribution.sites import site_of
@@ -175,12 +175,19 @@ class TracePhases:
         return rules.infer_phase(stack, BlockContext(has_alloc_event=True,
                                                      annotations=annotations))
 
-    def in_backward(self, alloc_idx: np.ndarray) -> np.ndarray:
-        """`at` over an array of event indices: True where it would say ``"backward"``."""
-        code = np.zeros(self._code.size + 1, dtype=np.int8)  # the sentinel past the end: 0
+    @cached_property
+    def _neighbour_code(self) -> np.ndarray:
+        """Each mark as `in_backward` reads it (1 backward, 2 forward, 3 optimizer, 4 other),
+        and a 0 past the end: no mark on that side."""
+        code = np.zeros(self._code.size + 1, dtype=np.int8)
         code[:-1] = 4
         for name, c in (("backward", 1), ("forward", 2), ("optimizer", 3)):
             code[:-1][self._marks_of(name)] = c
+        return code
+
+    def in_backward(self, alloc_idx: np.ndarray) -> np.ndarray:
+        """`at` over an array of event indices: True where it would say ``"backward"``."""
+        code = self._neighbour_code
         x = np.asarray(alloc_idx, dtype=np.float64)
         j = np.searchsorted(self._pos, x, side="left")
         left = np.where(j > 0, code[np.maximum(j - 1, 0)], 0)  # 0: no mark on that side
@@ -275,6 +282,43 @@ class Attributor:
             self._memo[key] = hit
         return hit
 
+    def decide_rows(self, stack_ids: np.ndarray, sizes: np.ndarray, event_idx: np.ndarray,
+                    streams: np.ndarray | None = None) -> tuple[np.ndarray, list[Decision]]:
+        """`decide(sid, context(sid, "0,0", stream, ACTIVE_ALLOCATED, size, idx))` for many
+        rows at once (default pool; `streams` None: the default stream): each row's index
+        into the returned decisions, one per distinct (stack, stream, size band, open
+        annotations, backward hint), so a window of a million allocations costs what its
+        distinct keys do, not a context per row."""
+        n = len(stack_ids)
+        sids = np.asarray(stack_ids, dtype=np.int64)
+        idx = np.asarray(event_idx, dtype=np.int64)
+        sizes = np.asarray(sizes, dtype=np.int64)
+        default = np.ones(n, dtype=bool) if streams is None else np.asarray(streams) == 0
+        ann = np.zeros(n, dtype=np.int64)
+        names: list[tuple[str, ...]] = [()]
+        clock = self.event_times()
+        inside = (idx >= 0) & (idx < (len(clock[0]) if clock is not None else 0))
+        if clock is not None and self.windows.windows and inside.any():
+            times, timed = clock
+            at = np.where(inside, idx, 0)
+            ann, names = self.windows.at_many(times[at])
+            ann = np.where(inside & timed[at], ann, 0)
+        has_event = self.capture.has_trace
+        ids, _, code = distinct(sids)
+        framed = np.asarray([bool(self.stacks.stack(int(i))) for i in ids], dtype=bool)
+        hint = np.zeros(n, dtype=bool)
+        ask = (idx >= 0) & ~framed[code] if has_event else np.zeros(n, dtype=bool)
+        if ask.any():
+            hint[ask] = self.trace_phases().in_backward(idx[ask])
+        first, which = distinct_rows((code, default, self.rules.size_bands(sizes), ann, hint,
+                                      idx >= 0))
+        decisions = [self.decide(int(sids[r]), BlockContext(
+            pool_id=(0, 0), stream=0 if default[r] else 1, state=ACTIVE_ALLOCATED,
+            size=int(sizes[r]), has_alloc_event=bool(idx[r] >= 0) if has_event else None,
+            annotations=names[ann[r]], phase_hint="backward" if hint[r] else None))
+            for r in first.tolist()]
+        return which, decisions
+
     def site(self, stack_id: int) -> str:
         s = self._sites.get(stack_id)
         if s is None:
@@ -342,32 +386,21 @@ class Attributor:
     def _free_phases(self, free_idx: np.ndarray) -> np.ndarray:
         """The phase of the stack that freed each block at the events `free_idx` (None: no
         frames): a step's temporary is freed inside the step, state by whoever drops it
-        later. Decided once per distinct (stack, size band, open annotations), as
-        `context` would build it for a default-pool block on the default stream."""
+        later."""
         if not free_idx.size:
             return np.empty(0, dtype=object)
         ev = self.capture.device_events(self.device)
         at = pl.Series(free_idx, dtype=pl.Int64)
-        sids = ev["stack_id"].gather(at).fill_null(-1).to_numpy().astype(np.int64)
+        sids = ev["stack_id"].gather(at).fill_null(EMPTY_STACK).to_numpy().astype(np.int64)
         sizes = ev["size"].gather(at).fill_null(0).to_numpy().astype(np.int64)
-        ann = np.zeros(free_idx.size, dtype=np.int64)
-        names: list[tuple[str, ...]] = [()]
-        clock = self.event_times()
-        if clock is not None and self.windows.windows:
-            times, timed = clock
-            ann, names = self.windows.at_many(times[free_idx])
-            ann = np.where(timed[free_idx], ann, 0)
-        first, which = distinct_rows((sids + 1, self.rules.size_bands(sizes), ann))
-        phases: list[str | None] = []
-        for row in first.tolist():
-            sid = int(sids[row])
-            if sid < 0 or not self.stacks.stack(sid):
-                phases.append(None)
-                continue
-            phases.append(self.decide(sid, BlockContext(
-                pool_id=(0, 0), stream=0, state=ACTIVE_ALLOCATED, size=int(sizes[row]),
-                has_alloc_event=True, annotations=names[ann[row]])).phase)
-        return np.asarray(phases, dtype=object)[which]
+        which, decisions = self.decide_rows(sids, sizes, free_idx)
+        phases = np.asarray([d.phase for d in decisions], dtype=object)
+        return np.where(self._framed(sids), phases[which], None)
+
+    def _framed(self, stack_ids: np.ndarray) -> np.ndarray:
+        """Whether each stack id has frames (each distinct id looked up once)."""
+        ids, _, code = distinct(stack_ids)
+        return np.asarray([bool(self.stacks.stack(int(i))) for i in ids], dtype=bool)[code]
 
     def _working_sets(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Blocks of a state family that the same run of their phase freed: its working
@@ -456,18 +489,20 @@ class Attributor:
         if "free_req_idx" not in candidates.columns:
             return {}
         ev = self.capture.device_events(self.device)
-        out = {}
-        for address, free_idx, size in candidates.filter(
+        freed = candidates.filter(
             (pl.col("free_req_idx") >= 0) & (pl.col("free_req_idx") < ev.height)
-        ).select("address", "free_req_idx", "size").iter_rows():
-            sid = int(ev["stack_id"][int(free_idx)])
+        ).select("address", "free_req_idx", "size")
+        at = freed["free_req_idx"].cast(pl.Int64)
+        sids = ev["stack_id"].gather(at).fill_null(EMPTY_STACK).to_numpy().astype(np.int64)
+        which, decisions = self.decide_rows(sids, freed["size"].to_numpy(), at.to_numpy())
+        out = {}
+        for address, sid, k in zip(freed["address"].to_list(), sids.tolist(), which.tolist(),
+                                   strict=True):
             stack = self.stacks.stack(sid)
-            if not stack:
-                continue
-            phase = self.decide(sid, self.context(sid, "0,0", 0, ACTIVE_ALLOCATED, size,
-                                                  int(free_idx))).phase
-            out[int(address)] = inference.Freed(phase, frozenset(f[1] for f in stack),
-                                                self.site(sid))
+            if stack:
+                out[int(address)] = inference.Freed(decisions[k].phase,
+                                                    frozenset(f[1] for f in stack),
+                                                    self.site(sid))
         return out
 
     def _evidence(self, candidates: pl.DataFrame,
@@ -487,8 +522,12 @@ class Attributor:
         grad_at: dict[int, int] = {}  # address -> size, for gradients alive now
         most: dict[int, int] = {}
         others: list[tuple[int, str]] = [(s, f) for s, f, _, _ in live if s in sizes]
-        for action, address, sid, stream, size, pos in same.select(
-                "action", "addr", "stack_id", "stream", "size", "pos").iter_rows():
+        made = same.filter(pl.col("action") == "alloc")
+        which, decisions = self.decide_rows(
+            made["stack_id"].fill_null(EMPTY_STACK).to_numpy(), made["size"].to_numpy(),
+            made["pos"].to_numpy(), made["stream"].fill_null(0).to_numpy())
+        families = iter(np.asarray([d.family for d in decisions], dtype=object)[which].tolist())
+        for action, address, size in same.select("action", "addr", "size").iter_rows():
             if action == "free_requested":
                 # the size the gradient was allocated with: a free naming another size (a
                 # trace at odds with itself, warned by the replay) frees that one
@@ -496,8 +535,7 @@ class Attributor:
                 if held is not None:
                     live_n[held] -= 1
                 continue
-            family = self.decide(sid, self.context(sid, "0,0", stream or 0, ACTIVE_ALLOCATED,
-                                                   size, int(pos))).family
+            family = next(families)
             if family in inference.MIRROR_FAMILIES:
                 grad_at[int(address)] = int(size)
                 live_n[int(size)] = live_n.get(int(size), 0) + 1
