@@ -40,7 +40,8 @@ class ScaledRun:
 @dataclass(frozen=True)
 class Change:
     """What a next-step knob does to the resized window: allocations left out (growth
-    rows), families held at their recorded size, an allocator setting over the recorded."""
+    rows), families held at most at their recorded size (made in chunks of the recorded
+    tokens), an allocator setting over the recorded."""
 
     drop_rows: frozenset[int] = frozenset()
     hold_rows: frozenset[int] = frozenset()
@@ -72,7 +73,7 @@ class Window:
         new = self.growth.factor(sizes)
         if change.hold_rows:
             hold = np.fromiter(change.hold_rows, dtype=np.int64)
-            new[hold] = self.growth.blocks["requested"].to_numpy()[hold]
+            new[hold] = np.minimum(new[hold], self.growth.blocks["requested"].to_numpy()[hold])
         size = self.events["size"].to_numpy().copy()
         in_window = self._rows >= 0
         size[self._rows[in_window]] = new[in_window]

@@ -23,7 +23,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -48,6 +48,9 @@ KNOBS = ("batch", "seq")
 #: An exponent measured between two captures within this of a whole number is that number.
 SNAP = 0.05
 
+#: A resized block is never taken larger than this (1 PiB: more than any card; it keeps the
+#: bytes in int64 at any size a bisection tries).
+LARGEST = 1 << 50
 #: How a block's growth was decided (the `how` column).
 FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE = (
     "family", "scores", "calibrated", "unclassified", "indivisible")
@@ -113,6 +116,8 @@ class ScalingRules:
     families: Mapping[str, tuple[int, int, str]]  # family -> (batch, seq, why)
     scores: tuple[ScoreRule, ...]
     next_steps: tuple[NextStep, ...]
+    #: family -> (families whose sizes it mirrors, the family a block of no such size is)
+    mirrors: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1)
@@ -122,13 +127,15 @@ def load_rules() -> ScalingRules:
     data: dict[str, Any] = tomllib.loads(text)
     families = {name: (int(f["batch"]), int(f["seq"]), str(f.get("why", "")))
                 for name, f in data.get("family", {}).items()}
+    mirrors = {name: (tuple(f["mirror"]), str(f["unmatched"]))
+               for name, f in data.get("family", {}).items() if "mirror" in f}
     scores = tuple(ScoreRule(s["id"], re.compile(s["function"]), int(s["batch"]),
                              int(s["seq"]), s["assumption"]) for s in data.get("scores", []))
     steps = tuple(NextStep(n["id"], n.get("text", ""), bool(n.get("drop_scores", False)),
                            tuple(n.get("drop_families", ())), tuple(n.get("hold_families", ())),
                            n.get("setting", ""), n.get("caveat", ""))
                   for n in data.get("next_step", []))
-    return ScalingRules(families, scores, steps)
+    return ScalingRules(families, scores, steps, mirrors)
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,7 @@ class Growth:
             numer *= np.power(float(sizes[knob]), e)
             scale *= np.power(sizes[knob] / size.recorded, e)
         out = np.where(exact, np.round(req / denom) * numer, np.round(req * scale))
-        return np.maximum(out, 0).astype(np.int64)
+        return np.clip(out, 0, LARGEST).astype(np.int64)
 
     def held_fixed(self) -> pl.DataFrame:
         """Blocks held at their recorded size although their family might grow: per site,
@@ -176,12 +183,13 @@ class Growth:
 
 def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> pl.DataFrame:
     """The blocks a resized replay resizes, with their family and site: every allocation of
-    the window and every block held before it (`attribute_lifetimes`, with the families the
-    report gives the blocks held at `moment`), and each failed request (`alloc_idx` its OOM
-    event, `address` −1), classified as the diagnosis does."""
-    live = dr.blocks_at(moment)
-    held = attributor.attribute(live.filter(pl.col("state") == ACTIVE_ALLOCATED))
-    lt = attribute_lifetimes(attributor, dr, held)
+    the window and every block held before it (`attribute_lifetimes`; a block held from
+    before the window to `moment` takes the family the report gives it there), and each
+    failed request (`alloc_idx` its OOM event, `address` −1), classified as the diagnosis
+    does."""
+    live = dr.blocks_at(moment).filter((pl.col("state") == ACTIVE_ALLOCATED)
+                                       & (pl.col("alloc_idx") < 0))
+    lt = attribute_lifetimes(attributor, dr, attributor.attribute(live))
     blocks = lt.select("alloc_idx", "address",
                        pl.coalesce("requested_size", "size").alias("requested"),
                        "stack_id", "stream", "family")
@@ -207,6 +215,11 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     `.stack(stack_id)` (frames innermost first)."""
     rules = rules or load_rules()
     fam = blocks["family"].to_list()
+    for family, (mirrored, unmatched) in rules.mirrors.items():
+        sizes_of = set(blocks.filter(pl.col("family").is_in(list(mirrored)))["requested"]
+                       .to_list())
+        fam = [unmatched if f == family and r not in sizes_of else f
+               for f, r in zip(fam, blocks["requested"].to_list(), strict=True)]
     e_b = np.array([rules.families[f][0] if f in rules.families else 0 for f in fam],
                    dtype=np.float64)
     e_s = np.array([rules.families[f][1] if f in rules.families else 0 for f in fam],

@@ -23,6 +23,12 @@ def synth(
     seed: Annotated[int, typer.Option("--seed", metavar="N",
                                       parser=integer("--seed", 0, 2**63 - 1),
                                       help="with --entries")] = 0,
+    batch: Annotated[int | None, typer.Option(
+        "--batch", metavar="N", parser=integer("--batch", 1, 4096),
+        help="with gpt-train-sized: the batch (default 2)")] = None,
+    seq: Annotated[int | None, typer.Option(
+        "--seq", metavar="N", parser=integer("--seq", 1, 65536),
+        help="with gpt-train-sized: the sequence length (default 128)")] = None,
     list_per_entry: Annotated[bool, typer.Option(
         "--list-per-entry", help="with --entries: a new frame list per trace entry, as "
         "PyTorch writes (a file four times as large: what real captures hold)")] = False,
@@ -42,7 +48,19 @@ def synth(
         policy.wrote(out)
         return
 
-    known = [*SCENARIOS, *MULTI_DEVICE]  # the bundled samples, then multi-GPU captures
+    from snapana.synth.scenarios.sized import NAME as SIZED
+
+    known = [*SCENARIOS, *MULTI_DEVICE, SIZED]  # samples, multi-GPU captures, any-size job
+    if (batch is not None or seq is not None) and scenario != SIZED:
+        raise InputError(f"--batch and --seq go with {SIZED}")
+    if scenario == SIZED:
+        from snapana.synth.scenarios import write_snapshot
+        from snapana.synth.scenarios.sized import sized_job
+
+        b, s = batch or 2, seq or 128
+        policy.wrote(*write_snapshot(*sized_job(b, s), policy.output_file(
+            output, Path(f"{SIZED}-b{b}-s{s}.pickle"), [])))
+        return
     if list_ or scenario is None:
         for name in known:
             typer.echo(name + ("  (several devices)" if name in MULTI_DEVICE else ""))

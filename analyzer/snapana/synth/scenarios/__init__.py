@@ -68,7 +68,12 @@ def truth_path(pickle_path: str | os.PathLike[str]) -> Path:
 def write_sample(name: str, out_pickle_path: str | os.PathLike[str]) -> tuple[Path, Path]:
     """Write the scenario's snapshot (pickle protocol 4, builtins only) and its truth JSON
     beside it, each atomically. Deterministic: the same bytes on every run."""
-    snapshot, gt = run_scenario(name)
+    return write_snapshot(*run_scenario(name), out_pickle_path)
+
+
+def write_snapshot(snapshot: dict[str, object], gt: dict[str, object],
+                   out_pickle_path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Write a snapshot and its truth JSON beside it, each atomically."""
     path = Path(out_pickle_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, pickle.dumps(snapshot, protocol=4))
@@ -82,4 +87,5 @@ def write_all(out_dir: str | os.PathLike[str]) -> list[Path]:
     return [write_sample(n, Path(out_dir) / f"{n}.pickle")[0] for n in SCENARIOS]
 
 
-__all__ = ["MULTI_DEVICE", "SCENARIOS", "run_scenario", "truth_path", "write_all", "write_sample"]
+__all__ = ["MULTI_DEVICE", "SCENARIOS", "run_scenario", "truth_path", "write_all", "write_sample",
+           "write_snapshot"]
