@@ -122,3 +122,14 @@ def test_corpus_pair_within_ten_percent(small):
     actual = bench.raw_peak_allocated(big)
     predicted = bench.predicted_peak(small, ["seq=128:2048"])
     assert abs(predicted / actual - 1) <= 0.10, (predicted, actual)
+
+
+def test_readme_fit_line_is_what_the_command_prints():
+    """The README's two lines: its command, and the sentence it quotes from the output."""
+    text = (ROOT / "README.md").read_text()
+    command = next(line for line in text.splitlines()
+                   if line.startswith("snapana whatif") and "--fit" in line)
+    quoted = text.split(command, 1)[1].splitlines()[1].lstrip("# ").strip()
+    out = invoke(*command.split()[1:], cwd=ROOT, columns=400)
+    assert out.returncode == 0, out.stderr
+    assert quoted in " ".join(out.stdout.split()), quoted
