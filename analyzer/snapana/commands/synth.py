@@ -35,7 +35,7 @@ def synth(
 ) -> None:
     """Write a simulated snapshot (and its ground-truth sidecar) for a seed incident, or a
     large one (--entries N) for benchmarks."""
-    from snapana.synth.scenarios import MULTI_DEVICE, SCENARIOS, write_sample
+    from snapana.synth.scenarios import MULTI_DEVICE, SCENARIOS, SIZED, write_sample
 
     if entries is not None:
         from snapana.synth.scale import write_scale_snapshot
@@ -48,22 +48,20 @@ def synth(
         policy.wrote(out)
         return
 
-    from snapana.synth.scenarios.sized import NAME as SIZED
-
-    known = [*SCENARIOS, *MULTI_DEVICE, SIZED]  # samples, multi-GPU captures, any-size job
-    if (batch is not None or seq is not None) and scenario != SIZED:
-        raise InputError(f"--batch and --seq go with {SIZED}")
-    if scenario == SIZED:
-        from snapana.synth.scenarios import write_snapshot
-        from snapana.synth.scenarios.sized import sized_job
-
-        b, s = batch or 2, seq or 128
-        policy.wrote(*write_snapshot(*sized_job(b, s), policy.output_file(
-            output, Path(f"{SIZED}-b{b}-s{s}.pickle"), [])))
-        return
+    known = [*SCENARIOS, *MULTI_DEVICE, *SIZED]  # samples, multi-GPU captures, any size
     if list_ or scenario is None:
         for name in known:
-            typer.echo(name + ("  (several devices)" if name in MULTI_DEVICE else ""))
+            typer.echo(name + ("  (several devices)" if name in MULTI_DEVICE else
+                               "  (any --batch and --seq)" if name in SIZED else ""))
+        return
+    if (batch is not None or seq is not None) and scenario not in SIZED:
+        raise InputError(f"--batch and --seq go with {', '.join(SIZED)}")
+    if scenario in SIZED:
+        from snapana.synth.scenarios import write_snapshot
+
+        b, s = batch or 2, seq or 128
+        policy.wrote(*write_snapshot(*SIZED[scenario](b, s), policy.output_file(
+            output, Path(f"{scenario}-b{b}-s{s}.pickle"), [])))
         return
     if scenario not in known:
         raise InputError(f"unknown scenario {scenario!r}; known: {', '.join(known)}")

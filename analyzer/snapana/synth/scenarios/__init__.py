@@ -19,6 +19,7 @@ from .common import Outcome, truth
 from .dataparallel import dataparallel_3gpu_oom
 from .expandable import expandable_segments_oom
 from .fsdp import fsdp_train_step
+from .sized import sized_job
 from .slime import (
     tp1_logits_fp32_oom,
     tp1_long_episode_softmax_oom,
@@ -42,6 +43,13 @@ SCENARIOS: dict[str, Callable[[], Outcome]] = {
 #: them. Their truth lists the devices (`devices`, `failed_devices`).
 MULTI_DEVICE: dict[str, Callable[[], tuple[dict[str, object], dict[str, object]]]] = {
     "dataparallel-3gpu-expandable-oom": dataparallel_3gpu_oom,
+}
+
+
+#: Jobs written at any batch and sequence length (`snapana synth NAME --batch B --seq S`),
+#: each size with its own ground truth: (batch, seq) -> (snapshot, truth).
+SIZED: dict[str, Callable[[int, int], tuple[dict[str, object], dict[str, object]]]] = {
+    "gpt-train-sized": sized_job,
 }
 
 
@@ -87,5 +95,5 @@ def write_all(out_dir: str | os.PathLike[str]) -> list[Path]:
     return [write_sample(n, Path(out_dir) / f"{n}.pickle")[0] for n in SCENARIOS]
 
 
-__all__ = ["MULTI_DEVICE", "SCENARIOS", "run_scenario", "truth_path", "write_all", "write_sample",
-           "write_snapshot"]
+__all__ = ["MULTI_DEVICE", "SCENARIOS", "SIZED", "run_scenario", "truth_path", "write_all",
+           "write_sample", "write_snapshot"]
