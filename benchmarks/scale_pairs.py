@@ -25,6 +25,18 @@ BOLONG = ("torch_snapshots/bolongcheng+assignment2-systems__benchmarks_memory_sn
           "cl{}_dtypetorch.float32.pickle")
 #: Corpus pairs of one job that differ only in sequence (same precision, same mode).
 CORPUS_PAIRS = [(BOLONG.format(128), BOLONG.format(2048), ["seq=128:2048"])]
+#: Near pairs the issue names: one job at two sizes that may differ in more than the size.
+#: `mode_and_precision` decides from the raw frames whether a pair is comparable.
+KK = "torch_snapshots/kkaitlyn111+cs336-a2-systems__"
+WL = "torch_snapshots/Wedsonlin+assignment2-systems__results_medium_"
+NEAR_PAIRS = [(KK + "cs336_systems_memory_logs_memory_ctx128_forward.pickle",
+               KK + "memory_files_memory_ctx256_forward_mixed.pickle", ["seq=128:256"]),
+              (WL + "128_inference_memory_snapshot.pickle",
+               WL + "512_training_memory_snapshot.pickle", ["seq=128:512"])]
+#: Frames that say how a capture ran: (what, fragments of a frame's "file function").
+MARKS = (("mixed precision (torch.autocast)", ("amp/autocast_mode.py", "at::autocast::")),
+         ("a backward", ("torch/autograd/__init__.py", "torch::autograd::Engine")),
+         ("an optimizer step", ("torch/optim/",)))
 #: Simulated pairs: (batch, seq) of the smaller and of the larger run.
 SIM_PAIRS = [((2, 128), (2, 512)), ((2, 256), (2, 1024)), ((2, 128), (8, 128)),
              ((1, 128), (4, 512))]
@@ -35,10 +47,25 @@ class _Builtins(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} refused")
 
 
+def _load(path: Path) -> dict:
+    with path.open("rb") as fh:
+        return _Builtins(fh).load()
+
+
+def mode_and_precision(path: Path) -> frozenset[str]:
+    """Which of MARKS the capture's frames show (blocks and trace entries), from the raw
+    pickle: two captures of one job are comparable across sizes only when these agree."""
+    snap = _load(path)
+    frames = [f for s in snap["segments"] for b in s["blocks"] for f in b.get("frames", ())]
+    frames += [f for t in snap["device_traces"] for e in t for f in e.get("frames", ())]
+    text = {f"{f['filename']} {f['name']}" for f in frames}
+    return frozenset(what for what, parts in MARKS
+                     if any(p in t for p in parts for t in text))
+
+
 def raw_peak_allocated(path: Path, device: int = 0) -> int:
     """The capture's peak allocated bytes on `device`, from the raw snapshot alone."""
-    with path.open("rb") as fh:
-        snap = _Builtins(fh).load()
+    snap = _load(path)
     final = sum(b["size"] for s in snap["segments"] if s.get("device", 0) == device
                 for b in s["blocks"] if b["state"] in ("active_allocated", "active_pending_free"))
     trace = snap["device_traces"][device]
@@ -94,13 +121,39 @@ def rows() -> list[tuple[str, str, int, int, float]]:
     return out
 
 
+def near_rows() -> list[tuple[str, str, int, int, float, str]]:
+    """The near pairs, each with why it is or is not comparable."""
+    out = []
+    for small, big, scale in NEAR_PAIRS:
+        if not (CORPUS / small).exists() or not (CORPUS / big).exists():
+            continue
+        a, b = mode_and_precision(CORPUS / small), mode_and_precision(CORPUS / big)
+        why = ("comparable: the same mode and precision" if a == b else
+               "not comparable: only the larger shows " + ", ".join(sorted(b - a))
+               if b > a else "not comparable: " + ", ".join(sorted(a ^ b)) + " differ")
+        pred = predicted_peak(CORPUS / small, scale)
+        actual = raw_peak_allocated(CORPUS / big)
+        out.append((Path(small).name[:60], " ".join(scale), pred, actual, pred / actual - 1,
+                    why))
+    return out
+
+
 def main() -> int:
-    print(f"{'pair':62} {'--scale':24} {'predicted':>16} {'actual':>16} {'error':>8}")
+    head = f"{'pair':62} {'--scale':24} {'predicted':>16} {'actual':>16} {'error':>8}"
+    print(head)
     worst = 0.0
     for name, scale, pred, actual, err in rows():
         worst = max(worst, abs(err))
         print(f"{name:62} {scale:24} {pred:16,} {actual:16,} {err:+8.2%}")
     print(f"worst error {worst:.2%} (the bar: 10%)")
+    near = near_rows()
+    if near:
+        print("\nnear pairs (not held to the bar unless comparable)")
+        print(head)
+        for name, scale, pred, actual, err, why in near:
+            print(f"{name:62} {scale:24} {pred:16,} {actual:16,} {err:+8.2%}\n    {why}")
+            if why.startswith("comparable"):
+                worst = max(worst, abs(err))
     return 0 if worst <= 0.10 else 1
 
 

@@ -19,11 +19,15 @@ from .conftest import CORPUS, ROOT, invoke
 
 
 def _bench():
+    """benchmarks/scale_pairs.py, loaded as a module: the pairs and the raw-pickle peak."""
     spec = importlib.util.spec_from_file_location("scale_pairs",
                                                   ROOT / "benchmarks" / "scale_pairs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+BENCH = _bench()
 
 
 def _sized(tmp: Path, batch: int, seq: int) -> tuple[Path, int]:
@@ -110,17 +114,16 @@ def test_fit_on_each_sample(name):
     assert not past["fits"] and past["ooms"] and past["sizes"]["seq"] == fit["largest"] + 1
 
 
-@pytest.mark.parametrize("small", [CORPUS / _bench().CORPUS_PAIRS[0][0]],
+@pytest.mark.parametrize("small", [CORPUS / BENCH.CORPUS_PAIRS[0][0]],
                          ids=["bolongcheng-xl-fwd-fp32"])
 def test_corpus_pair_within_ten_percent(small):
     """cl2048's peak predicted from cl128 (same XL model, forward, fp32) within 10% of the
     peak recomputed from the raw cl2048 pickle."""
-    bench = _bench()
-    big = CORPUS / bench.CORPUS_PAIRS[0][1]
+    big = CORPUS / BENCH.CORPUS_PAIRS[0][1]
     if not small.exists() or not big.exists():
         pytest.skip("../shared/corpus absent")
-    actual = bench.raw_peak_allocated(big)
-    predicted = bench.predicted_peak(small, ["seq=128:2048"])
+    actual = BENCH.raw_peak_allocated(big)
+    predicted = BENCH.predicted_peak(small, ["seq=128:2048"])
     assert abs(predicted / actual - 1) <= 0.10, (predicted, actual)
 
 
@@ -133,3 +136,18 @@ def test_readme_fit_line_is_what_the_command_prints():
     out = invoke(*command.split()[1:], cwd=ROOT, columns=400)
     assert out.returncode == 0, out.stderr
     assert quoted in " ".join(out.stdout.split()), quoted
+
+
+@pytest.mark.parametrize(("small", "big", "comparable"), [
+    (CORPUS / BENCH.CORPUS_PAIRS[0][0], CORPUS / BENCH.CORPUS_PAIRS[0][1], True),
+    *((CORPUS / a, CORPUS / b, False) for a, b, _ in BENCH.NEAR_PAIRS)],
+    ids=["bolongcheng-cl128-cl2048", "kkaitlyn-ctx128-ctx256-mixed",
+         "wedsonlin-128-inference-512-training"])
+def test_which_corpus_pairs_are_comparable(small, big, comparable):
+    """The size pair shows the same mode and precision in its frames; the near pairs do not
+    (the larger kkaitlyn capture runs under torch.autocast; the larger Wedsonlin one trains,
+    under autocast, where the smaller infers)."""
+    if not small.exists() or not big.exists():
+        pytest.skip("../shared/corpus absent")
+    a, b = BENCH.mode_and_precision(small), BENCH.mode_and_precision(big)
+    assert (a == b) is comparable, (a, b)
