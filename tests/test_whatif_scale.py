@@ -68,6 +68,24 @@ def test_calibrate_measures_seq_squared(tmp_path):
     assert abs(p.target.replay.peak_allocated / truth - 1) <= 0.10
 
 
+def test_cli_calibrate(tmp_path):
+    """--calibrate with --calibrate-size: the JSON says how many allocations were measured,
+    and a missing half of the pair is refused with one line."""
+    path, _ = _sized(tmp_path, 2, 128)
+    other, _ = _sized(tmp_path, 2, 256)
+    out = invoke("whatif", str(path), "--scale", "seq=128:1024", "--calibrate", str(other),
+                 "--calibrate-size", "seq=256", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    said = " ".join(json.loads(out.stdout)["devices"][0]["assumptions"])
+    assert "measured against the capture at seq=256" in said
+    for args in (["--calibrate", str(other)], ["--calibrate-size", "seq=256"],
+                 ["--calibrate", str(other), "--calibrate-size", "batch=4"],
+                 ["--calibrate", str(other), "--calibrate-size", "seq=128"]):
+        bad = invoke("whatif", str(path), "--scale", "seq=128:1024", *args)
+        assert bad.returncode == 2, (args, bad.stdout)
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
 def test_cli_scale_and_bad_input(tmp_path):
     path, _ = _sized(tmp_path, 2, 128)
     out = invoke("whatif", str(path), "--scale", "seq=128:512", "--format", "json")

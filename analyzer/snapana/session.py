@@ -38,7 +38,7 @@ from snapana.analysis.scaled_replay import (
     memory_for_pytorch,
     predict_sizes,
 )
-from snapana.analysis.scaling import Size, call_paths, decide, window_blocks
+from snapana.analysis.scaling import ScaleError, Size, call_paths, decide, window_blocks
 from snapana.analysis.scaling import calibrate as measure
 from snapana.errors import InputError
 from snapana.limits import MAX_DEVICES
@@ -234,8 +234,11 @@ class Session:
         if calibrate is not None:
             other, knob, size = calibrate
             theirs = window_blocks(other.attributor, other.replay, other.moment)
-            growth = measure(growth, call_paths(blocks, self.capture.stacks),
-                             call_paths(theirs, other.capture.stacks), knob, size)
+            try:
+                growth = measure(growth, call_paths(blocks, self.capture.stacks),
+                                 call_paths(theirs, other.capture.stacks), knob, size)
+            except ScaleError as exc:
+                raise InputError(f"--calibrate: {exc}") from None
         conf = alloc_conf.recorded(self.capture.allocator_settings)
         return Window(self.device, self.capture.device_events(self.device), growth,
                       Setting.of(conf))
@@ -258,7 +261,7 @@ class Session:
         targets = {k: s.target for k, s in sizes.items() if s.target is not None}
         return predict_sizes(window, targets, fit, capacity, note,
                              (self.replay.peak_allocated_bytes, int(self.replay.reserved.max(
-                                 initial=0))))
+                                 initial=0))), o.idx if o is not None else None)
 
     def _forward_starts(self) -> frozenset[int]:
         """Trace indices where a forward phase starts: its first allocation."""

@@ -239,6 +239,7 @@ class SizePrediction:
     fit: Fit | None
     capacity: int | None
     capacity_note: str
+    recorded_oom: int | None = None  # trace index of the capture's own OOM
 
 
 def memory_for_pytorch(card: int | None, implied: int | None,
@@ -260,7 +261,8 @@ def memory_for_pytorch(card: int | None, implied: int | None,
 
 def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | None,
                   capacity: int | None, capacity_note: str,
-                  recorded_peaks: tuple[int, int]) -> SizePrediction:
+                  recorded_peaks: tuple[int, int],
+                  recorded_oom: int | None = None) -> SizePrediction:
     """The proof run at the recorded sizes, the run at `targets` (when any), and the largest
     `fit_knob` on `capacity` (when asked)."""
     sizes = window.growth.sizes
@@ -269,4 +271,4 @@ def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | No
     fit = largest_fit(window, fit_knob, capacity) if fit_knob is not None and capacity \
         else None
     return SizePrediction(window.device, window.growth, proof, *recorded_peaks, target, fit,
-                          capacity, capacity_note)
+                          capacity, capacity_note, recorded_oom)

@@ -73,10 +73,17 @@ def _outcome(p: SizePrediction, run: ScaledRun) -> str:
 
 def _proof(p: SizePrediction) -> str:
     r = p.proof.replay
+    oom = ""
+    if p.recorded_oom is not None:
+        first = r.simulated_ooms[0][0] if r.simulated_ooms else None
+        oom = (f"; it runs out at the recorded request (event {p.recorded_oom:,})"
+               if first == p.recorded_oom else
+               f"; it does NOT run out at the recorded request (event {p.recorded_oom:,}): "
+               + ("no OOM" if first is None else f"it runs out at event {first:,}"))
     return (f"At the recorded size ({sizes_text(p.proof.sizes)}) the resized model peaks at "
             f"{fmt_bytes(r.peak_allocated)} allocated and {fmt_bytes(r.peak_reserved)} reserved;"
             f" the capture recorded {fmt_bytes(p.recorded_peak_allocated)} and "
-            f"{fmt_bytes(p.recorded_peak_reserved)}.")
+            f"{fmt_bytes(p.recorded_peak_reserved)}{oom}.")
 
 
 def _verdict(p: SizePrediction) -> str:
