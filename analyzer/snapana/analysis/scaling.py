@@ -215,11 +215,14 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     `.stack(stack_id)` (frames innermost first)."""
     rules = rules or load_rules()
     fam = blocks["family"].to_list()
+    reread: dict[int, str] = {}  # row -> why its family's rule gave way to another's
     for family, (mirrored, unmatched) in rules.mirrors.items():
         sizes_of = set(blocks.filter(pl.col("family").is_in(list(mirrored)))["requested"]
                        .to_list())
-        fam = [unmatched if f == family and r not in sizes_of else f
-               for f, r in zip(fam, blocks["requested"].to_list(), strict=True)]
+        for i, (f, r) in enumerate(zip(fam, blocks["requested"].to_list(), strict=True)):
+            if f == family and r not in sizes_of:
+                fam[i] = unmatched
+                reread[i] = f"a {family} block the size of no {' or '.join(mirrored)} block: "
     e_b = np.array([rules.families[f][0] if f in rules.families else 0 for f in fam],
                    dtype=np.float64)
     e_s = np.array([rules.families[f][1] if f in rules.families else 0 for f in fam],
@@ -229,6 +232,8 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     why = np.array([rules.families[f][2] if f in rules.families else
                     f"family {f or 'unknown'} has no scaling rule: held at its recorded size"
                     for f in fam], dtype=object)
+    for i, head in reread.items():
+        why[i] = head + str(why[i])
     grows = known & ((e_b > 0) | (e_s > 0))
     assumptions: list[str] = []
     stack_ids = blocks["stack_id"].to_numpy()
