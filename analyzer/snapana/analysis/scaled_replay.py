@@ -16,7 +16,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import polars as pl
 
-from snapana.analysis.allocator_replay import UNBOUNDED, Replay, Setting, Trace, rerun
+from snapana.analysis.allocator_replay import (
+    SMALLEST_EVENTS,
+    UNBOUNDED,
+    Replay,
+    Setting,
+    Trace,
+    rerun,
+)
 from snapana.analysis.scaling import SCORES, Growth, NextStep, load_rules
 
 #: --fit doubles the size from the recorded one up to this many times before it says that
@@ -115,6 +122,7 @@ class StepKnob:
     caveat: str
     at_next: ScaledRun
     largest: int | None
+    note: str = ""  # why `largest` was not sought
 
 
 @dataclass(frozen=True)
@@ -159,10 +167,12 @@ def _bisect(fits: Callable[[int], bool], recorded: int) -> tuple[int | None, int
     return lo, hi, ""
 
 
-def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True) -> Fit:
+def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
+                step_largest: bool = True) -> Fit:
     """The largest `knob` whose resized window runs without an OOM on `capacity` bytes, by
     bisection on the replay, with each next-step knob (`scaling.toml` `[[next_step]]`)
-    replayed one size past it."""
+    replayed one size past it and, with `step_largest`, the largest size with it (a
+    bisection per knob)."""
     recorded = window.growth.sizes[knob].recorded
     runs: dict[int, ScaledRun] = {}
 
@@ -178,9 +188,13 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True) ->
     if steps and past is not None:
         for step, change in _changes(window):
             mine: dict[int, ScaledRun] = {}
-            found, _, _ = _bisect(lambda k, c=change, m=mine: fits(k, c, m), past)
+            found = _bisect(lambda k, c=change, m=mine: fits(k, c, m), past)[0] \
+                if step_largest else None
             at_next = mine.get(past) or window.run({knob: past}, capacity, change)
-            knobs.append(StepKnob(step.id, _knob_text(step), step.caveat, at_next, found))
+            knobs.append(StepKnob(step.id, _knob_text(step), step.caveat, at_next, found,
+                                  "" if step_largest else
+                                  f"not sought: {window.events.height:,} events, more than "
+                                  f"{SMALLEST_EVENTS:,} (a bisection per knob)"))
     return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs))
 
 
@@ -268,7 +282,8 @@ def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | No
     sizes = window.growth.sizes
     proof = window.run({k: s.recorded for k, s in sizes.items()}, capacity)
     target = window.run(targets, capacity) if targets else None
-    fit = largest_fit(window, fit_knob, capacity) if fit_knob is not None and capacity \
-        else None
+    fit = largest_fit(window, fit_knob, capacity,
+                      step_largest=window.events.height <= SMALLEST_EVENTS) \
+        if fit_knob is not None and capacity else None
     return SizePrediction(window.device, window.growth, proof, *recorded_peaks, target, fit,
                           capacity, capacity_note, recorded_oom)

@@ -396,7 +396,8 @@ def scale(view: ScaleView, options: Options) -> str:
                 "knob": f.knob, "largest": f.largest, "note": f.note or None,
                 "replays": f.replays, "proof": run(f.proof), "past": run(f.past),
                 "next_step": [{"knob": k.id, "text": k.text, "caveat": k.caveat or None,
-                               "at_next": run(k.at_next), "largest": k.largest}
+                               "at_next": run(k.at_next), "largest": k.largest,
+                               "largest_note": k.note or None}
                               for k in f.steps]},
             "fit_words": list(d.fit), "assumptions": list(d.assumptions),
             "held_fixed": [{"site": s, "family": fam, "why": w, "blocks": n, "bytes": b}

@@ -114,7 +114,7 @@ def _fit(p: SizePrediction) -> tuple[str, ...]:
     for k in f.steps:
         n = k.at_next.sizes[f.knob]
         gain = (f"with it the largest is {k.largest:,}" if k.largest is not None else
-                "with it no largest is found")
+                f"the largest with it {k.note}" if k.note else "with it no largest is found")
         caveat = f" (caveat: {k.caveat})" if k.caveat else ""
         out.append(f"knob {k.id} — {k.text}: at {f.knob}={n:,} "
                    + ("it fits" if k.at_next.fits else _outcome(p, k.at_next))
