@@ -15,7 +15,7 @@ from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.sized import sized_job
 
-from .conftest import CORPUS, ROOT, invoke
+from .conftest import CORPUS, ROOT, invoke, raw_load
 
 
 def _bench():
@@ -169,3 +169,25 @@ def test_which_corpus_pairs_are_comparable(small, big, comparable):
         pytest.skip("../shared/corpus absent")
     a, b = BENCH.mode_and_precision(small), BENCH.mode_and_precision(big)
     assert (a == b) is comparable, (a, b)
+
+
+def test_a_capture_without_trace_resizes_its_snapshot(tmp_path):
+    """No trace: the snapshot's blocks alone are resized, and the proof compares the model
+    with what the snapshot holds (allocated or awaiting a free; reserved), from the raw file."""
+    import pickle
+
+    snap = raw_load(ROOT / "sample_snapshots" / "fsdp-train-step.pickle")
+    snap["device_traces"] = [[]]
+    path = tmp_path / "no-trace.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    held = sum(b["size"] for s in snap["segments"] for b in s["blocks"]
+               if b["state"] != "inactive")
+    reserved = sum(s["total_size"] for s in snap["segments"])
+    out = invoke("whatif", str(path), "--scale", "seq=4096:8192", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    dev = json.loads(out.stdout)["devices"][0]
+    assert dev["recorded_peak_allocated_bytes"] == held
+    assert dev["recorded_peak_reserved_bytes"] == reserved
+    assert dev["at_recorded_size"]["peak_allocated_bytes"] == held
+    assert "no trace" in dev["proof"]
+    assert dev["at_asked_size"]["peak_allocated_bytes"] > held

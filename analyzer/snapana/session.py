@@ -259,9 +259,18 @@ class Session:
             raise InputError("--fit needs a card: give --capacity SIZE (no OOM is recorded "
                              "to imply one)")
         targets = {k: s.target for k, s in sizes.items() if s.target is not None}
-        return predict_sizes(window, targets, fit, capacity, note,
-                             (self.replay.peak_allocated_bytes, int(self.replay.reserved.max(
-                                 initial=0))), o.idx if o is not None else None)
+        return predict_sizes(window, targets, fit, capacity, note, self._recorded_peaks(),
+                             o.idx if o is not None else None)
+
+    def _recorded_peaks(self) -> tuple[int, int]:
+        """Peak allocated and reserved as the capture records them, to set beside a resized
+        run at the recorded size; with no trace, the snapshot's (its blocks awaiting a free
+        counted, as the model holds them)."""
+        dr = self.replay
+        if dr.has_history:
+            return dr.peak_allocated_bytes, int(dr.reserved.max(initial=0))
+        live = dr.blocks_at(dr.final)
+        return int(live["size"].sum()), dr.reserved_at(dr.final)
 
     def _forward_starts(self) -> frozenset[int]:
         """Trace indices where a forward phase starts: its first allocation."""

@@ -254,6 +254,7 @@ class SizePrediction:
     capacity: int | None
     capacity_note: str
     recorded_oom: int | None = None  # trace index of the capture's own OOM
+    traced: bool = True  # False: no trace, the snapshot's blocks alone are resized
 
 
 def memory_for_pytorch(card: int | None, implied: int | None,
@@ -286,4 +287,4 @@ def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | No
                       step_largest=window.events.height <= SMALLEST_EVENTS) \
         if fit_knob is not None and capacity else None
     return SizePrediction(window.device, window.growth, proof, *recorded_peaks, target, fit,
-                          capacity, capacity_note, recorded_oom)
+                          capacity, capacity_note, recorded_oom, not window.events.is_empty())

@@ -80,9 +80,11 @@ def _proof(p: SizePrediction) -> str:
                if first == p.recorded_oom else
                f"; it does NOT run out at the recorded request (event {p.recorded_oom:,}): "
                + ("no OOM" if first is None else f"it runs out at event {first:,}"))
+    recorded = ("the capture recorded" if p.traced else
+                "the capture has no trace (only its snapshot's blocks are resized) and holds")
     return (f"At the recorded size ({sizes_text(p.proof.sizes)}) the resized model peaks at "
             f"{fmt_bytes(r.peak_allocated)} allocated and {fmt_bytes(r.peak_reserved)} reserved;"
-            f" the capture recorded {fmt_bytes(p.recorded_peak_allocated)} and "
+            f" {recorded} {fmt_bytes(p.recorded_peak_allocated)} and "
             f"{fmt_bytes(p.recorded_peak_reserved)}{oom}.")
 
 
