@@ -269,7 +269,7 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
                   + " × ".join(f"{k}{'²' if e == 2 else ''} {sizes[k].recorded}"
                                for k, e in (("batch", e_b[i]), ("seq", e_s[i]))
                                if k in sizes and e > 0)
-                  + f" as a {fam[i]} block must be: held at its recorded size")
+                  + f" as a block of {fam[i]} must be: held at its recorded size")
     e_b[bad] = 0
     e_s[bad] = 0
     how[bad] = INDIVISIBLE

@@ -157,6 +157,10 @@ def _assumptions(p: SizePrediction) -> tuple[str, ...]:
                f"{n:,} ({fmt_bytes(b)}) {words.get(h, h)}"
                for h, n, b in by_how.iter_rows()) + ".",
            *p.growth.assumptions]
+    if not p.growth.held_fixed().is_empty():
+        out.append("A block held fixed keeps its recorded size and its count: where it is one "
+                   "chunk of a loop over chunks of a fixed size (a chunked log-prob), a larger "
+                   "size makes more chunks, which the replay does not add.")
     if p.growth.calibration:
         out.append(p.growth.calibration.capitalize() + ".")
     if p.fit is not None:
