@@ -32,6 +32,7 @@ import numpy as np
 import polars as pl
 
 from snapana.analysis.attribution.lifetimes import attribute_lifetimes
+from snapana.analysis.replay import NEVER
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import is_python_frame
 
@@ -192,16 +193,34 @@ def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> p
     lt = attribute_lifetimes(attributor, dr, attributor.attribute(live))
     blocks = lt.select("alloc_idx", "address",
                        pl.coalesce("requested_size", "size").alias("requested"),
-                       "stack_id", "stream", "family")
+                       "stack_id", "stream", "family",
+                       pl.col("free_done_idx").fill_null(NEVER).alias("free_idx"))
     failed = pl.DataFrame(
         [(o.idx, -1, o.requested_bytes, o.stack_id, o.stream, attributor.decide(
             o.stack_id, attributor.context(o.stack_id, "0,0", o.stream, ACTIVE_ALLOCATED,
-                                           o.requested_bytes, o.idx)).family)
+                                           o.requested_bytes, o.idx)).family, NEVER)
          for o in dr.ooms], schema=blocks.schema, orient="row")
     blocks = pl.concat([blocks, failed])
     sites = {sid: attributor.site(sid) for sid in blocks["stack_id"].unique().to_list()}
     return blocks.with_columns(
         pl.col("stack_id").replace_strict(sites, return_dtype=pl.Utf8).alias("site"))
+
+
+def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str]) -> list[int]:
+    """Rows of `family` that no block of the `mirrored` families accounts for: per size, the
+    blocks beyond the count of mirrored blocks of that size, the shortest-lived first (a
+    weight's .grad lives to the next zero_grad; an activation's gradient only through the
+    backward)."""
+    mirrors = (blocks.filter(pl.col("family").is_in(list(mirrored)))
+               .group_by("requested").agg(pl.len().alias("_mirrors")))
+    rows = (blocks.with_row_index("_row").filter(pl.col("family") == family)
+            .join(mirrors, on="requested", how="left")
+            .with_columns(pl.col("_mirrors").fill_null(0),
+                          (pl.col("free_idx") - pl.col("alloc_idx")).alias("_life"))
+            .with_columns(pl.col("_life").rank("ordinal", descending=True)
+                          .over("requested").alias("_rank"))
+            .filter(pl.col("_rank") > pl.col("_mirrors")))
+    return rows["_row"].to_list()
 
 
 def _frames(stack: Sequence[Any]) -> tuple[tuple[str, str, int], ...]:
@@ -210,19 +229,17 @@ def _frames(stack: Sequence[Any]) -> tuple[tuple[str, str, int], ...]:
 
 def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
            rules: ScalingRules | None = None) -> Growth:
-    """The growth of each row of `blocks` (alloc_idx, address, requested, stack_id, family,
-    site) from the rules and the sizes themselves. `stacks`: a stack table with
-    `.stack(stack_id)` (frames innermost first)."""
+    """The growth of each row of `blocks` (alloc_idx, address, requested, stack_id, stream,
+    family, free_idx, site: `window_blocks`) from the rules and the sizes themselves.
+    `stacks`: a stack table with `.stack(stack_id)` (frames innermost first)."""
     rules = rules or load_rules()
     fam = blocks["family"].to_list()
     reread: dict[int, str] = {}  # row -> why its family's rule gave way to another's
     for family, (mirrored, unmatched) in rules.mirrors.items():
-        sizes_of = set(blocks.filter(pl.col("family").is_in(list(mirrored)))["requested"]
-                       .to_list())
-        for i, (f, r) in enumerate(zip(fam, blocks["requested"].to_list(), strict=True)):
-            if f == family and r not in sizes_of:
-                fam[i] = unmatched
-                reread[i] = f"a {family} block the size of no {' or '.join(mirrored)} block: "
+        for row in _unmirrored(blocks, family, mirrored):
+            fam[row] = unmatched
+            reread[row] = (f"more {family} blocks of its size than {' or '.join(mirrored)} "
+                           "blocks, and among the shortest-lived: ")
     e_b = np.array([rules.families[f][0] if f in rules.families else 0 for f in fam],
                    dtype=np.float64)
     e_s = np.array([rules.families[f][1] if f in rules.families else 0 for f in fam],
