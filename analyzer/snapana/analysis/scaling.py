@@ -231,62 +231,68 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
            rules: ScalingRules | None = None) -> Growth:
     """The growth of each row of `blocks` (alloc_idx, address, requested, stack_id, stream,
     family, free_idx, site: `window_blocks`) from the rules and the sizes themselves.
-    `stacks`: a stack table with `.stack(stack_id)` (frames innermost first)."""
+    `stacks`: a stack table with `.stack(stack_id)` (frames innermost first). Columns
+    throughout: per-row Python only over distinct stacks."""
     rules = rules or load_rules()
-    fam = blocks["family"].to_list()
-    reread: dict[int, str] = {}  # row -> why its family's rule gave way to another's
+    n = blocks.height
+    effective = blocks["family"].fill_null("")
+    prefix = pl.Series([""] * n, dtype=pl.Utf8)
     for family, (mirrored, unmatched) in rules.mirrors.items():
-        for row in _unmirrored(blocks, family, mirrored):
-            fam[row] = unmatched
-            reread[row] = (f"more {family} blocks of its size than {' or '.join(mirrored)} "
-                           "blocks, and among the shortest-lived: ")
-    e_b = np.array([rules.families[f][0] if f in rules.families else 0 for f in fam],
-                   dtype=np.float64)
-    e_s = np.array([rules.families[f][1] if f in rules.families else 0 for f in fam],
-                   dtype=np.float64)
-    known = np.array([f in rules.families for f in fam], dtype=bool)
+        rows = _unmirrored(blocks, family, mirrored)
+        effective = effective.scatter(rows, unmatched)
+        prefix = prefix.scatter(rows, f"more {family} blocks of its size than "
+                                      f"{' or '.join(mirrored)} blocks, and among the "
+                                      "shortest-lived: ")
+    table = pl.DataFrame({"_family": list(rules.families),
+                          "e_batch": [float(r[0]) for r in rules.families.values()],
+                          "e_seq": [float(r[1]) for r in rules.families.values()],
+                          "_why": [r[2] for r in rules.families.values()]},
+                         schema={"_family": pl.Utf8, "e_batch": pl.Float64,
+                                 "e_seq": pl.Float64, "_why": pl.Utf8})
+    ruled = (pl.DataFrame({"_family": effective, "_prefix": prefix})
+             .join(table, on="_family", how="left", maintain_order="left"))
+    known = ruled["e_batch"].is_not_null().to_numpy()
+    e_b = ruled["e_batch"].fill_null(0.0).to_numpy().copy()
+    e_s = ruled["e_seq"].fill_null(0.0).to_numpy().copy()
+    why = ruled.select(pl.when(pl.col("_why").is_not_null())
+                       .then(pl.col("_prefix") + pl.col("_why"))
+                       .otherwise(pl.format("family {} has no scaling rule: held at its "
+                                            "recorded size",
+                                            pl.when(pl.col("_family") == "")
+                                            .then(pl.lit("unknown"))
+                                            .otherwise(pl.col("_family")))))
+    why = why.to_series().to_numpy().astype(object)
     how = np.where(known, FAMILY, UNCLASSIFIED).astype(object)
-    why = np.array([rules.families[f][2] if f in rules.families else
-                    f"family {f or 'unknown'} has no scaling rule: held at its recorded size"
-                    for f in fam], dtype=object)
-    for i, head in reread.items():
-        why[i] = head + str(why[i])
     grows = known & ((e_b > 0) | (e_s > 0))
-    assumptions: list[str] = []
     stack_ids = blocks["stack_id"].to_numpy()
     requested = blocks["requested"].to_numpy()
+    assumptions: list[str] = []
+    distinct = np.unique(stack_ids)
     for rule in rules.scores:
-        hits: dict[int, str] = {}
-        for sid in np.unique(stack_ids):
-            for _, function, _ in _frames(stacks.stack(int(sid))):
-                if rule.function.search(function):
-                    hits[int(sid)] = function
-                    break
+        hits = {int(sid): fn for sid in distinct
+                for fn in [next((f for _, f, _ in _frames(stacks.stack(int(sid)))
+                                 if rule.function.search(f)), None)] if fn is not None}
         under = np.isin(stack_ids, list(hits)) & grows
         if not under.any():
             continue
-        largest = int(requested[under].max())
-        scores = under & (requested == largest)
+        scores = under & (requested == int(requested[under].max()))
         e_b[scores], e_s[scores] = rule.batch, rule.seq
         how[scores] = SCORES
         sites = blocks["site"].filter(pl.Series(scores)).unique(maintain_order=True).to_list()
         fn = hits[int(stack_ids[scores][0])]
         why[scores] = rule.assumption.format(site=", ".join(sites[:3]), function=fn)
-        assumptions.append(rule.assumption.format(
-            site=", ".join(sites[:3]) + (f" (+{len(sites) - 3} more)" if len(sites) > 3 else ""),
-            function=fn) + f"; the smaller blocks under {fn} follow their family")
+        more = f" (+{len(sites) - 3} more)" if len(sites) > 3 else ""
+        assumptions.append(rule.assumption.format(site=", ".join(sites[:3]) + more,
+                                                  function=fn)
+                           + f"; the smaller blocks under {fn} follow their family")
     # the size itself: a [batch, seq, ...] block divides by batch × seq
-    need = np.ones(len(requested), dtype=np.float64)
+    need = np.ones(n, dtype=np.float64)
     for knob, e in (("batch", e_b), ("seq", e_s)):
         if knob in sizes:
             need *= np.power(float(sizes[knob].recorded), e)
     bad = grows & (np.mod(requested, need) != 0)
-    for i in np.flatnonzero(bad):
-        why[i] = (f"{int(requested[i]):,} bytes is not a multiple of "
-                  + " × ".join(f"{k}{'²' if e == 2 else ''} {sizes[k].recorded}"
-                               for k, e in (("batch", e_b[i]), ("seq", e_s[i]))
-                               if k in sizes and e > 0)
-                  + f" as a block of {fam[i]} must be: held at its recorded size")
+    if bad.any():
+        why[bad] = _indivisible(blocks.filter(pl.Series(bad)), e_b[bad], e_s[bad], sizes)
     e_b[bad] = 0
     e_s[bad] = 0
     how[bad] = INDIVISIBLE
@@ -296,6 +302,25 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         pl.Series("how", how.tolist(), dtype=pl.Utf8),
         pl.Series("why", why.tolist(), dtype=pl.Utf8))
     return Growth(table, dict(sizes), tuple(assumptions))
+
+
+def _indivisible(rows: pl.DataFrame, e_b: np.ndarray, e_s: np.ndarray,
+                 sizes: Mapping[str, Size]) -> np.ndarray:
+    """Why each of `rows` is held fixed: its bytes are not a multiple of the stated sizes
+    its exponents say it must divide by."""
+    parts = []
+    for knob, e in (("batch", e_b), ("seq", e_s)):
+        if knob in sizes:
+            name = pl.Series(np.where(e == 2, f"{knob}² {sizes[knob].recorded}",
+                                      np.where(e > 0, f"{knob} {sizes[knob].recorded}", "")))
+            parts.append(name)
+    said = pl.DataFrame({f"_{i}": p for i, p in enumerate(parts)}).select(
+        pl.concat_str([pl.col(f"_{i}") for i in range(len(parts))], separator=" × ")
+        .str.strip_chars(" ×").str.replace(" ×  × ", " × ", literal=True)).to_series()
+    return (rows.select(pl.format("{} bytes is not a multiple of {} as a block of {} must be: "
+                                  "held at its recorded size", pl.col("requested"),
+                                  pl.lit(said), pl.col("family")))
+            .to_series().to_numpy().astype(object))
 
 
 def call_paths(blocks: pl.DataFrame, stacks: Any) -> pl.DataFrame:
