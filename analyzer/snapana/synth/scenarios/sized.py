@@ -14,7 +14,7 @@ from snapana.allocator_model.simulator import CachingAllocatorSim
 
 from .. import stacks as S
 from ..recording import start_late
-from .common import A800_CAPACITY, Facts, Outcome, run
+from .common import A800_CAPACITY, Facts, Outcome, Script, run, truth
 
 NAME = "gpt-train-sized"
 LAYERS, HIDDEN, HEADS, FFN, VOCAB = 6, 1024, 16, 4096, 32768
@@ -38,7 +38,7 @@ def _attention(i: int, line: int) -> S.Chain:
     return [*_layer(i, 80), (MODEL, line, "attention")]
 
 
-def _script(batch: int, seq: int) -> tuple[list[int], object]:
+def _script(batch: int, seq: int) -> tuple[list[int], Script]:
     """The script and the trace position where recording starts (after model and optimizer
     state are built)."""
     start: list[int] = []
@@ -110,9 +110,7 @@ def _script(batch: int, seq: int) -> tuple[list[int], object]:
 def sized_job(batch: int, seq: int) -> tuple[dict[str, object], dict[str, object]]:
     """(snapshot, truth) of the step at `batch` × `seq`: truth's `peak_allocated_bytes` is the
     simulator's own peak over the whole run (the weights included)."""
-    from .common import truth
-
     start, script = _script(batch, seq)
-    out: Outcome = run(script, A800_CAPACITY, 0)  # type: ignore[arg-type]
+    out: Outcome = run(script, A800_CAPACITY, 0)
     snapshot = start_late(out.sim.snapshot(), start[0])
     return snapshot, truth(NAME, out)
