@@ -188,8 +188,11 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
     if steps and past is not None:
         for step, change in _changes(window):
             mine: dict[int, ScaledRun] = {}
-            found = _bisect(lambda k, c=change, m=mine: fits(k, c, m), past)[0] \
-                if step_largest else None
+
+            def fits_with(k: int, c: Change = change, m: dict[int, ScaledRun] = mine) -> bool:
+                return fits(k, c, m)
+
+            found = _bisect(fits_with, past)[0] if step_largest else None
             at_next = mine.get(past) or window.run({knob: past}, capacity, change)
             knobs.append(StepKnob(step.id, _knob_text(step), step.caveat, at_next, found,
                                   "" if step_largest else

@@ -254,14 +254,13 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     known = ruled["e_batch"].is_not_null().to_numpy()
     e_b = ruled["e_batch"].fill_null(0.0).to_numpy().copy()
     e_s = ruled["e_seq"].fill_null(0.0).to_numpy().copy()
-    why = ruled.select(pl.when(pl.col("_why").is_not_null())
-                       .then(pl.col("_prefix") + pl.col("_why"))
-                       .otherwise(pl.format("family {} has no scaling rule: held at its "
-                                            "recorded size",
-                                            pl.when(pl.col("_family") == "")
-                                            .then(pl.lit("unknown"))
-                                            .otherwise(pl.col("_family")))))
-    why = why.to_series().to_numpy().astype(object)
+    unruled = pl.when(pl.col("_family") == "").then(pl.lit("unknown")).otherwise(
+        pl.col("_family"))
+    said = ruled.select(
+        pl.when(pl.col("_why").is_not_null()).then(pl.col("_prefix") + pl.col("_why"))
+        .otherwise(pl.format("family {} has no scaling rule: held at its recorded size",
+                             unruled)))
+    why = said.to_series().to_numpy().astype(object)
     how = np.where(known, FAMILY, UNCLASSIFIED).astype(object)
     grows = known & ((e_b > 0) | (e_s > 0))
     stack_ids = blocks["stack_id"].to_numpy()

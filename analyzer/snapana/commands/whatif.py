@@ -137,8 +137,8 @@ def _scaled(file: Path, scale: list[str], capacity: str | None, fit: bool,
         raise InputError(f"{file}: no device {device} (devices: {capture.devices})")
     with_other = None
     if calibrate is not None:
-        knob, size = next(iter(other.items()))
-        with_other = (Session(policy.open_shown(calibrate), device), knob, size.recorded)
+        differs, size = next(iter(other.items()))
+        with_other = (Session(policy.open_shown(calibrate), device), differs, size.recorded)
     knob = next(iter(sizes)) if fit else None
     predictions = [Session(capture, d).resize(sizes, capacity, knob, with_other)
                    for d in devices if d in capture.devices]
