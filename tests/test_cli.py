@@ -208,12 +208,18 @@ def test_an_internal_error_is_one_line_and_exit_3(args, tmp_path: Path, monkeypa
 def test_synth_lists_and_writes_every_scenario_the_registry_has(tmp_path: Path) -> None:
     """`synth --list` names the bundled samples and the multi-GPU captures, and a listed
     multi-GPU scenario is written with its truth (its devices in the snapshot)."""
-    from snapana.synth.scenarios import MULTI_DEVICE, SCENARIOS
+    from snapana.synth.scenarios import MULTI_DEVICE, SCENARIOS, SIZED
 
     listed = invoke("synth", "--list")
     assert listed.returncode == 0
     names = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
-    assert names == [*SCENARIOS, *MULTI_DEVICE]
+    assert names == [*SCENARIOS, *MULTI_DEVICE, *SIZED]
+    sized = tmp_path / "sized.pickle"
+    assert invoke("synth", next(iter(SIZED)), "--batch", "3", "--seq", "64", "-o",
+                  str(sized)).returncode == 0
+    assert json.loads(sized.with_suffix(".truth.json").read_text())["facts"] == {
+        "batch": 3, "seq": 64}
+    assert invoke("synth", next(iter(SCENARIOS)), "--seq", "64").returncode == 2
     name = next(iter(MULTI_DEVICE))
     out = tmp_path / "dp.pickle"
     assert invoke("synth", name, "-o", str(out)).returncode == 0

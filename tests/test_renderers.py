@@ -17,8 +17,10 @@ from snapana.analysis.budget import read_budget
 from snapana.analysis.compare import diff_reports
 from snapana.analysis.ranks.aggregate import aggregate
 from snapana.analysis.ranks.runner import summarize_many
+from snapana.analysis.scaling import parse_sizes
 from snapana.render import FORMATS, Options, formats, registered, render
 from snapana.render.check import CheckView
+from snapana.render.scale import ScaleView, scale_view
 from snapana.render.text_log import TextLogView, text_log_view
 from snapana.render.views import (
     CaptureView,
@@ -39,7 +41,7 @@ SAMPLE_FILES = sorted(SAMPLES.glob("*.pickle"))
 PACKAGE = Path(snapana.__file__).parent
 VIEW_TYPES: dict[str, Any] = {"capture": CaptureView, "diff": DiffView, "ranks": RanksView,
               "explain": ExplainView, "text_log": TextLogView, "whatif": WhatIfView,
-              "check": CheckView}
+              "check": CheckView, "scale": ScaleView}
 
 
 def _text_logs() -> list[tuple[str, object]]:
@@ -83,6 +85,9 @@ def views() -> dict[str, list[tuple[str, object]]]:
         out["explain"].append((p.name, explain_view(items)))
         out["whatif"].append((p.name, whatif_view(p.name, "expandable_segments:True",
                                                   [sessions[p].whatif("expandable_segments:True")])))
+        sizes = parse_sizes(["seq=4096:8192"])
+        out["scale"].append((p.name, scale_view(p.name, "seq 4,096 → 8,192", [
+            sessions[p].resize(sizes, "80GiB", "seq" if i == 0 else None)])))
         limits = read_budget('no_oom = true\npeak_reserved = "70 GiB"\n[families]\n'
                              f'{r.groups[0].name} = "1 GiB"\n', "budget.toml")
         out["check"].append((p.name, CheckView(p.name, "budget.toml", "the moment", tuple(

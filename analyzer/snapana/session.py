@@ -7,7 +7,7 @@ goes through a Session; none of them calls replay, the attributor or diagnosis d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +32,14 @@ from snapana.analysis.diagnosis.diagnose import device_report
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.explain import ExplainedSite, explain
 from snapana.analysis.replay import DeviceReplay, Moment, replay
+from snapana.analysis.scaled_replay import (
+    SizePrediction,
+    Window,
+    memory_for_pytorch,
+    predict_sizes,
+)
+from snapana.analysis.scaling import ScaleError, Size, call_paths, decide, window_blocks
+from snapana.analysis.scaling import calibrate as measure
 from snapana.errors import InputError
 from snapana.limits import MAX_DEVICES
 from snapana.model import Capture, ReadProgress
@@ -214,6 +222,55 @@ class Session:
                               empty_at=starts if empty_cache_before_forward else frozenset())
         return predict(events, self.device, Setting.of(conf), changed, self.window_start,
                        self.capture.capacity_bytes.get(self.device), smallest)
+
+    def scaling(self, sizes: Mapping[str, Size],
+                calibrate: tuple[Session, str, int] | None = None) -> Window:
+        """This device's window ready to be replayed at other sizes (`--scale`): each block's
+        growth decided from its family, site and size, and, given `calibrate` (a session of
+        the same job, the knob in which it differs and its size there), measured against
+        that capture."""
+        blocks = window_blocks(self.attributor, self.replay, self.moment)
+        growth = decide(blocks, self.capture.stacks, sizes)
+        if calibrate is not None:
+            other, knob, size = calibrate
+            theirs = window_blocks(other.attributor, other.replay, other.moment)
+            try:
+                growth = measure(growth, call_paths(blocks, self.capture.stacks),
+                                 call_paths(theirs, other.capture.stacks), knob, size)
+            except ScaleError as exc:
+                raise InputError(f"--calibrate: {exc}") from None
+        conf = alloc_conf.recorded(self.capture.allocator_settings)
+        return Window(self.device, self.capture.device_events(self.device), growth,
+                      Setting.of(conf))
+
+    def resize(self, sizes: Mapping[str, Size], card: int | str | None = None,
+               fit: str | None = None,
+               calibrate: tuple[Session, str, int] | None = None) -> SizePrediction:
+        """This device's window replayed at the asked sizes (`sizes`' targets) on `card`
+        (None: the card the recorded OOM implies), and the largest `fit` knob that fits it."""
+        window = self.scaling(sizes, calibrate)
+        o = self.replay.oom
+        implied = int(self.replay.reserved[o.idx]) + o.device_free_bytes \
+            if o is not None and o.device_free_bytes is not None else None
+        capacity, note = memory_for_pytorch(
+            resolve_capacity(card) if isinstance(card, str) else card, implied,
+            self.capture.capacity_bytes.get(self.device))
+        if fit is not None and capacity is None:
+            raise InputError("--fit needs a card: give --capacity SIZE (no OOM is recorded "
+                             "to imply one)")
+        targets = {k: s.target for k, s in sizes.items() if s.target is not None}
+        return predict_sizes(window, targets, fit, capacity, note, self._recorded_peaks(),
+                             o.idx if o is not None else None)
+
+    def _recorded_peaks(self) -> tuple[int, int]:
+        """Peak allocated and reserved as the capture records them, to set beside a resized
+        run at the recorded size; with no trace, the snapshot's (its blocks awaiting a free
+        counted, as the model holds them)."""
+        dr = self.replay
+        if dr.has_history:
+            return dr.peak_allocated_bytes, int(dr.reserved.max(initial=0))
+        live = dr.blocks_at(dr.final)
+        return int(live["size"].sum()), dr.reserved_at(dr.final)
 
     def _forward_starts(self) -> frozenset[int]:
         """Trace indices where a forward phase starts: its first allocation."""

@@ -4,6 +4,7 @@ A prediction is made only where the model reproduces the recorded window first."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -39,10 +40,36 @@ def whatif(
         "--smallest/--no-smallest",
         help="seek the least memory the window fits in under the change (a dozen replays; "
              "by default only for traces of up to 50,000 events)")] = None,
+    scale: Annotated[list[str] | None, typer.Option(
+        "--scale", metavar="KNOB=RECORDED[:TARGET]",
+        help="resize the job: batch=4:16 or seq=128:2048 (the capture's size, then the one "
+             "to predict); both may be given; with --fit only the recorded size is needed")
+    ] = None,
+    fit: Annotated[bool, typer.Option(
+        "--fit", help="with --scale and a card: the largest batch (or seq) that fits, by "
+                      "bisection on the replay, and the knob that would buy the next step")
+    ] = False,
+    calibrate: Annotated[Path | None, typer.Option(
+        "--calibrate", metavar="OTHER.pickle",
+        help="a capture of the same job at another size: each allocation's growth is "
+             "measured against it (give its size with --calibrate-size)")] = None,
+    calibrate_size: Annotated[str | None, typer.Option(
+        "--calibrate-size", metavar="KNOB=SIZE",
+        help="the --calibrate capture's size in the one knob it differs in, e.g. seq=512")
+    ] = None,
     device: DeviceOpt = None,
     format: FormatOpt = DEFAULT_FORMAT,
 ) -> None:
-    """Re-run the recorded window under a changed setting or card: does the OOM go away?"""
+    """Re-run the recorded window under a changed setting or card: does the OOM go away?
+    With --scale: at another batch or sequence length, and the largest that fits (--fit)."""
+    if scale or fit or calibrate is not None or calibrate_size is not None:
+        if set_ or drop or free_before_forward or empty_cache_before_forward or smallest:
+            raise InputError("--scale is replayed alone: leave out --set, --drop, "
+                             "--free-before-forward, --empty-cache-before-forward and "
+                             "--smallest")
+        _scaled(file, scale or [], capacity, fit, calibrate, calibrate_size, device,
+                format.value)
+        return
     from snapana.allocator_model import config as alloc_conf
     from snapana.render.whatif import whatif_view
     from snapana.session import Session, resolve_capacity
@@ -77,3 +104,47 @@ def whatif(
                           if empty_cache_before_forward else [])]) or "nothing simulated"
     policy.emit(policy.render_view(whatif_view(str(file), change, predictions,
                                                tuple(not_simulated)), format.value))
+
+
+def _scaled(file: Path, scale: list[str], capacity: str | None, fit: bool,
+            calibrate: Path | None, calibrate_size: str | None, device: int | None,
+            fmt: str) -> None:
+    """`--scale`: the window resized and replayed; `--fit`: the largest size that fits."""
+    from snapana.analysis.scaling import ScaleError, parse_sizes
+    from snapana.render.scale import scale_view
+    from snapana.session import Session
+
+    try:
+        sizes = parse_sizes(scale)
+        other = parse_sizes([calibrate_size]) if calibrate_size is not None else {}
+    except ScaleError as exc:
+        raise InputError(f"--scale {exc}") from None
+    if not sizes:
+        raise InputError("give the capture's size: --scale batch=RECORDED[:TARGET] or "
+                         "--scale seq=RECORDED[:TARGET]")
+    if fit and len(sizes) != 1:
+        raise InputError("--fit finds one knob: give one --scale (batch=N or seq=N)")
+    if not fit and not any(s.target is not None for s in sizes.values()):
+        raise InputError("nothing to predict: give a target (--scale seq=128:2048) or --fit")
+    if (calibrate is None) != (not other):
+        raise InputError("--calibrate OTHER.pickle and --calibrate-size KNOB=SIZE go together")
+    if other and (len(other) != 1 or next(iter(other)) not in sizes):
+        raise InputError("--calibrate-size names the one knob the other capture differs in, "
+                         "and --scale must give that knob")
+    capture = policy.open_shown(file)
+    devices = [device] if device is not None else capture.devices
+    if not [d for d in devices if d in capture.devices]:
+        raise InputError(f"{file}: no device {device} (devices: {capture.devices})")
+    with_other = None
+    if calibrate is not None:
+        differs, size = next(iter(other.items()))
+        with_other = (Session(policy.open_shown(calibrate), device), differs, size.recorded)
+    knob = next(iter(sizes)) if fit else None
+    predictions = [Session(capture, d).resize(sizes, capacity, knob, with_other)
+                   for d in devices if d in capture.devices]
+    change = ", ".join([*(f"{k} {s.recorded:,}" + (f" → {s.target:,}" if s.target else "")
+                          for k, s in sizes.items()),
+                        *([f"the largest {knob} that fits"] if knob else []),
+                        *([f"a card of {capacity}"] if capacity else []),
+                        *([f"calibrated on {calibrate.name}"] if calibrate else [])])
+    policy.emit(policy.render_view(scale_view(str(file), change, predictions), fmt))

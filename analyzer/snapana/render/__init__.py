@@ -50,7 +50,8 @@ REPORT_FORMAT: Format = "html"
 _SUFFIX_FORMATS: dict[str, Format] = {".html": "html", ".htm": "html"}
 
 #: What a view-model shows; each view class names its kind (`views.CaptureView.kind`).
-ViewKind = Literal["capture", "diff", "ranks", "explain", "text_log", "whatif", "check"]
+ViewKind = Literal["capture", "diff", "ranks", "explain", "text_log", "whatif", "check",
+                   "scale"]
 VIEW_KINDS: tuple[ViewKind, ...] = get_args(ViewKind)
 
 
@@ -104,6 +105,9 @@ _REGISTRY: dict[tuple[str, str], str | Renderer] = {
     ("check", "text"): "snapana.render.text:check",
     ("check", "markdown"): "snapana.render.markdown:check",
     ("check", "json"): "snapana.render.json:check",
+    ("scale", "text"): "snapana.render.text:scale",
+    ("scale", "markdown"): "snapana.render.markdown:scale",
+    ("scale", "json"): "snapana.render.json:scale",
 }
 
 

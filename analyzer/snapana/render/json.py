@@ -13,6 +13,7 @@ from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import Frame
 from snapana.render import Options
 from snapana.render.check import CheckView
+from snapana.render.scale import ScaleView
 from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.whatif import WhatIfView
@@ -369,3 +370,38 @@ def check(view: CheckView, options: Options) -> str:
                               "holds": c.ok, "detail": c.detail or None,
                               "limit_value": c.limit_value, "measured_value": c.actual_value}
                              for c in view.checks]})
+
+
+def scale(view: ScaleView, options: Options) -> str:
+    """Each device's runs in bytes, the largest size that fits and its proof, the
+    assumptions and the blocks held fixed."""
+    def run(r: Any) -> dict[str, Any] | None:
+        if r is None:
+            return None
+        return {"sizes": dict(r.sizes), "peak_allocated_bytes": r.replay.peak_allocated,
+                "peak_reserved_bytes": r.replay.peak_reserved, "fits": r.fits,
+                "ooms": [{"event": i, "request_bytes": n} for i, n in r.replay.simulated_ooms],
+                "stopped": r.replay.stopped or None}
+    devices = []
+    for d in view.devices:
+        p, f = d.prediction, d.prediction.fit
+        held = p.growth.held_fixed()
+        devices.append({
+            "device": d.device, "proof": d.proof, "verdict": d.verdict,
+            "recorded_peak_allocated_bytes": p.recorded_peak_allocated,
+            "recorded_peak_reserved_bytes": p.recorded_peak_reserved,
+            "at_recorded_size": run(p.proof), "at_asked_size": run(p.target),
+            "capacity_bytes": p.capacity, "capacity_note": p.capacity_note,
+            "fit": None if f is None else {
+                "knob": f.knob, "largest": f.largest, "note": f.note or None,
+                "replays": f.replays, "proof": run(f.proof), "past": run(f.past),
+                "next_step": [{"knob": k.id, "text": k.text, "caveat": k.caveat or None,
+                               "at_next": run(k.at_next), "largest": k.largest,
+                               "largest_note": k.note or None}
+                              for k in f.steps]},
+            "fit_words": list(d.fit), "assumptions": list(d.assumptions),
+            "held_fixed": [{"site": s, "family": fam, "why": w, "blocks": n, "bytes": b}
+                           for s, fam, w, n, b in held.select(
+                               "site", "family", "why", "blocks", "bytes").iter_rows()]})
+    return _dump({"source": "whatif", "title": view.title, "change": view.change,
+                  "devices": devices, "footer": view.footer})

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from snapana.render import Options
 from snapana.render.check import COLUMNS as CHECK_COLUMNS
 from snapana.render.check import CheckView
+from snapana.render.scale import COLUMNS as SCALE_COLUMNS
+from snapana.render.scale import HELD_COLUMNS, ScaleView
 from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
@@ -181,4 +183,16 @@ def check(view: CheckView, options: Options) -> str:
            f"**{esc(view.verdict)}**"]
     _table(out, CHECK_COLUMNS, [[esc(c) for c in row] for row in view.rows()])
     out += [""] + [f"- {esc(line)}" for line in view.breach_lines()]
+    return "\n".join(out) + "\n"
+
+
+def scale(view: ScaleView, options: Options) -> str:
+    out = [f"### What if: {esc(view.change)}", "", esc(view.title)]
+    for d in view.devices:
+        out += ["", f"#### Device {d.device}", "", esc(d.proof), "", f"**{esc(d.verdict)}**"]
+        _table(out, SCALE_COLUMNS, [[esc(c) for c in row] for row in d.rows])
+        out += [""] + [f"- {esc(line)}" for line in d.fit]
+        out += ["", "Assumed:", ""] + [f"- {esc(line)}" for line in d.assumptions]
+        _table(out, HELD_COLUMNS, [[esc(c) for c in row] for row in d.held_fixed])
+    out += ["", f"_{esc(view.footer)}_"]
     return "\n".join(out) + "\n"

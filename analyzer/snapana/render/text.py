@@ -16,6 +16,8 @@ from rich.text import Text
 from snapana.render import Options
 from snapana.render.check import COLUMNS as CHECK_COLUMNS
 from snapana.render.check import CheckView
+from snapana.render.scale import COLUMNS as SCALE_COLUMNS
+from snapana.render.scale import HELD_COLUMNS, ScaleView
 from snapana.render.text_log import TextLogView
 from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
 from snapana.render.whatif import WhatIfView
@@ -447,4 +449,30 @@ def check(view: CheckView, options: Options) -> str:
         out.line()
         for line in view.breach_lines():
             out.para(line)
+    return out.text()
+
+
+def scale(view: ScaleView, options: Options) -> str:
+    """Per device: the proof, the asked size, the largest that fits, the assumptions and
+    the blocks held fixed."""
+    out = _Out(options)
+    out.para(f"What if: {view.change} — {view.title}")
+    for d in view.devices:
+        out.line()
+        out.heading(f"device {d.device}")
+        out.para(d.proof, INDENT)
+        out.para(d.verdict, INDENT)
+        out.write_table(SCALE_COLUMNS, d.rows, set())
+        for line in d.fit:
+            out.para(line, INDENT)
+        out.line()
+        out.heading("assumed")
+        for line in d.assumptions:
+            out.para(line, INDENT)
+        if d.held_fixed:
+            out.line()
+            out.heading("held at their recorded size")
+            out.write_table(HELD_COLUMNS, d.held_fixed, set())
+    out.line()
+    out.para(view.footer)
     return out.text()

@@ -19,6 +19,7 @@ from .common import Outcome, truth
 from .dataparallel import dataparallel_3gpu_oom
 from .expandable import expandable_segments_oom
 from .fsdp import fsdp_train_step
+from .sized import sized_job
 from .slime import (
     tp1_logits_fp32_oom,
     tp1_long_episode_softmax_oom,
@@ -45,6 +46,13 @@ MULTI_DEVICE: dict[str, Callable[[], tuple[dict[str, object], dict[str, object]]
 }
 
 
+#: Jobs written at any batch and sequence length (`snapana synth NAME --batch B --seq S`),
+#: each size with its own ground truth: (batch, seq) -> (snapshot, truth).
+SIZED: dict[str, Callable[[int, int], tuple[dict[str, object], dict[str, object]]]] = {
+    "gpt-train-sized": sized_job,
+}
+
+
 def run_scenario(name: str) -> tuple[dict[str, object], dict[str, object]]:
     """(snapshot dict in PyTorch's layout, ground-truth dict) for one scenario."""
     if name in MULTI_DEVICE:
@@ -68,7 +76,12 @@ def truth_path(pickle_path: str | os.PathLike[str]) -> Path:
 def write_sample(name: str, out_pickle_path: str | os.PathLike[str]) -> tuple[Path, Path]:
     """Write the scenario's snapshot (pickle protocol 4, builtins only) and its truth JSON
     beside it, each atomically. Deterministic: the same bytes on every run."""
-    snapshot, gt = run_scenario(name)
+    return write_snapshot(*run_scenario(name), out_pickle_path)
+
+
+def write_snapshot(snapshot: dict[str, object], gt: dict[str, object],
+                   out_pickle_path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Write a snapshot and its truth JSON beside it, each atomically."""
     path = Path(out_pickle_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, pickle.dumps(snapshot, protocol=4))
@@ -82,4 +95,5 @@ def write_all(out_dir: str | os.PathLike[str]) -> list[Path]:
     return [write_sample(n, Path(out_dir) / f"{n}.pickle")[0] for n in SCENARIOS]
 
 
-__all__ = ["MULTI_DEVICE", "SCENARIOS", "run_scenario", "truth_path", "write_all", "write_sample"]
+__all__ = ["MULTI_DEVICE", "SCENARIOS", "SIZED", "run_scenario", "truth_path", "write_all",
+           "write_sample", "write_snapshot"]

@@ -1,0 +1,293 @@
+"""The recorded window at another batch or sequence length (issue 61): each request resized
+as `scaling` decided, replayed through the allocator model; the peaks it reaches, whether and
+where it runs out on a card, and the largest size that fits, found by bisection on the replay.
+
+The resized job starts fresh: the blocks held before the window (the weights, the optimizer
+state) are requested first, in address order, at their resized sizes, then the window's
+requests and frees in their recorded order. The same run at the recorded sizes is the proof:
+its peaks beside the ones the capture recorded show what starting fresh changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import polars as pl
+
+from snapana.analysis.allocator_replay import (
+    SMALLEST_EVENTS,
+    UNBOUNDED,
+    Replay,
+    Setting,
+    Trace,
+    rerun,
+)
+from snapana.analysis.scaling import SCORES, Growth, NextStep, load_rules
+
+#: --fit doubles the size from the recorded one up to this many times before it says that
+#: nothing it can see stops the growth.
+MAX_DOUBLINGS = 20
+
+
+@dataclass(frozen=True)
+class ScaledRun:
+    """One replay at `sizes` (knob -> size) on `capacity` bytes (None: unbounded)."""
+
+    sizes: Mapping[str, int]
+    replay: Replay
+    capacity: int | None
+
+    @property
+    def fits(self) -> bool:
+        return not self.replay.simulated_ooms and not self.replay.stopped
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a next-step knob does to the resized window: allocations left out (growth
+    rows), families held at most at their recorded size (made in chunks of the recorded
+    tokens), an allocator setting over the recorded."""
+
+    drop_rows: frozenset[int] = frozenset()
+    hold_rows: frozenset[int] = frozenset()
+    setting: Setting | None = None
+
+
+@dataclass
+class Window:
+    """What every resized run replays: the window's `events` (action, idx, addr, size,
+    stream, device_free), the `growth` of each of its blocks, the recorded allocator
+    `setting`, and the device."""
+
+    device: int
+    events: pl.DataFrame
+    growth: Growth
+    setting: Setting
+    _rows: np.ndarray = field(init=False)  # each growth row's event position (-1: held)
+
+    def __post_init__(self) -> None:
+        pos = self.events.select("idx").with_row_index("_pos")
+        rows = self.growth.blocks.select("alloc_idx").with_row_index("_row").join(
+            pos, left_on="alloc_idx", right_on="idx", how="left").sort("_row")
+        self._rows = rows["_pos"].fill_null(-1).to_numpy().astype(np.int64)
+
+    def trace(self, sizes: Mapping[str, int], change: Change = Change()) -> tuple[Trace,
+                                                                                 frozenset[int]]:
+        """The resized trace (the held blocks first, as allocations with negative trace
+        indices) and the trace indices `change` leaves out."""
+        new = self.growth.factor(sizes)
+        if change.hold_rows:
+            hold = np.fromiter(change.hold_rows, dtype=np.int64)
+            new[hold] = np.minimum(new[hold], self.growth.blocks["requested"].to_numpy()[hold])
+        size = self.events["size"].to_numpy().copy()
+        in_window = self._rows >= 0
+        size[self._rows[in_window]] = new[in_window]
+        held = np.flatnonzero(~in_window)
+        order = held[np.argsort(self.growth.blocks["address"].to_numpy()[held], kind="stable")]
+        prelude_idx = -2 - np.arange(len(order))
+        prelude = pl.DataFrame({
+            "action": ["alloc"] * len(order), "idx": prelude_idx,
+            "addr": self.growth.blocks["address"].to_numpy()[order],
+            "size": new[order],
+            "stream": self.growth.blocks["stream"].to_numpy()[order],
+            "device_free": [None] * len(order)},
+            schema={"action": pl.Utf8, "idx": pl.Int64, "addr": pl.Int64, "size": pl.Int64,
+                    "stream": pl.Int64, "device_free": pl.Int64})
+        window = self.events.select(*Trace.COLUMNS).with_columns(pl.Series("size", size))
+        trace = Trace(pl.concat([prelude, window.cast(prelude.schema)]))
+        idx = self.growth.blocks["alloc_idx"].to_numpy()
+        prelude_of = dict(zip(order.tolist(), prelude_idx.tolist(), strict=True))
+        drop = frozenset(int(idx[r]) if idx[r] >= 0 else prelude_of[r] for r in change.drop_rows)
+        return trace, drop
+
+    def run(self, sizes: Mapping[str, int], capacity: int | None,
+            change: Change = Change()) -> ScaledRun:
+        """One replay of the resized window on `capacity` bytes."""
+        trace, drop = self.trace(sizes, change)
+        setting = replace(change.setting or self.setting, capacity=capacity or UNBOUNDED,
+                          drop=drop)
+        return ScaledRun(dict(sizes), rerun(trace, self.device, setting, None, compare=False),
+                         capacity)
+
+
+@dataclass(frozen=True)
+class StepKnob:
+    """A next-step knob replayed one size past the largest that fits: whether that size then
+    fits, and the largest size with the knob."""
+
+    id: str
+    text: str
+    caveat: str
+    at_next: ScaledRun
+    largest: int | None
+    note: str = ""  # why `largest` was not sought
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The largest `knob` that fits `capacity`, the run that proves it and the run one size
+    past it (where it runs out), or `note` saying why there is none."""
+
+    knob: str
+    capacity: int
+    largest: int | None
+    proof: ScaledRun | None
+    past: ScaledRun | None
+    replays: int
+    note: str = ""
+    steps: tuple[StepKnob, ...] = ()
+
+
+def _bisect(fits: Callable[[int], bool], recorded: int) -> tuple[int | None, int | None, str]:
+    """The largest n with `fits(n)`, assumed monotone (a larger job never needs less): from
+    the recorded size, doubling up or bisecting down; (largest, first that does not fit,
+    why none)."""
+    if fits(recorded):
+        lo, hi = recorded, recorded * 2
+        for _ in range(MAX_DOUBLINGS):
+            if not fits(hi):
+                break
+            lo, hi = hi, hi * 2
+        else:
+            return None, None, (f"still fits at {lo:,} ({MAX_DOUBLINGS} doublings of the "
+                                "recorded size): nothing this window holds grows enough to "
+                                "stop it")
+    else:
+        lo, hi = 0, recorded
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0:
+        return None, hi, "even a size of 1 does not fit: what does not grow fills the card"
+    return lo, hi, ""
+
+
+def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
+                step_largest: bool = True) -> Fit:
+    """The largest `knob` whose resized window runs without an OOM on `capacity` bytes, by
+    bisection on the replay, with each next-step knob (`scaling.toml` `[[next_step]]`)
+    replayed one size past it and, with `step_largest`, the largest size with it (a
+    bisection per knob)."""
+    recorded = window.growth.sizes[knob].recorded
+    runs: dict[int, ScaledRun] = {}
+
+    def fits(n: int, change: Change = Change(), memo: dict[int, ScaledRun] = runs) -> bool:
+        if n not in memo:
+            memo[n] = window.run({knob: n}, capacity, change)
+        return memo[n].fits
+
+    n, past, note = _bisect(fits, recorded)
+    proof = runs.get(n) if n is not None else None
+    past_run = runs.get(past) if past is not None else None
+    knobs: list[StepKnob] = []
+    if steps and past is not None:
+        for step, change in _changes(window):
+            mine: dict[int, ScaledRun] = {}
+
+            def fits_with(k: int, c: Change = change, m: dict[int, ScaledRun] = mine) -> bool:
+                return fits(k, c, m)
+
+            found = _bisect(fits_with, past)[0] if step_largest else None
+            at_next = mine.get(past) or window.run({knob: past}, capacity, change)
+            knobs.append(StepKnob(step.id, _knob_text(step), step.caveat, at_next, found,
+                                  "" if step_largest else
+                                  f"not sought: {window.events.height:,} events, more than "
+                                  f"{SMALLEST_EVENTS:,} (a bisection per knob)"))
+    return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs))
+
+
+def _changes(window: Window) -> list[tuple[NextStep, Change]]:
+    """The next-step knobs that act on something in this window, as changes."""
+    from snapana.allocator_model import config
+
+    blocks = window.growth.blocks
+    out = []
+    for step in load_rules().next_steps:
+        rows: set[int] = set()
+        held: set[int] = set()
+        setting = None
+        if step.drop_scores:
+            rows |= set(np.flatnonzero(blocks["how"].to_numpy() == SCORES).tolist())
+        if step.drop_families:
+            rows |= set(np.flatnonzero(blocks["family"].is_in(list(step.drop_families))
+                                       .to_numpy()).tolist())
+        if step.hold_families:
+            held |= set(np.flatnonzero(blocks["family"].is_in(list(step.hold_families))
+                                       .to_numpy()).tolist())
+        if step.setting:
+            asked, _ = config.parse([step.setting])
+            over = {name: getattr(asked, name) for name in
+                    ("expandable_segments", "max_split_size", "roundup_divisions")
+                    if getattr(asked, name) is not None}
+            setting = replace(window.setting, **over)
+            if setting == window.setting:
+                continue  # already set
+        if rows or held or setting is not None:
+            out.append((step, Change(frozenset(rows), frozenset(held), setting)))
+    return out
+
+
+def _knob_text(step: NextStep) -> str:
+    """The pack knob's own words where the step names one."""
+    if step.text:
+        return step.text
+    from snapana.analysis.knobs import load_knobs
+
+    return next((k.knob for k in load_knobs() if k.id == step.id), step.id)
+
+
+@dataclass(frozen=True)
+class SizePrediction:
+    """A device's window at other sizes: the resized run at the recorded sizes (the proof,
+    beside the peaks the capture itself recorded), at the asked sizes, and the largest size
+    that fits `capacity`."""
+
+    device: int
+    growth: Growth
+    proof: ScaledRun
+    recorded_peak_allocated: int
+    recorded_peak_reserved: int
+    target: ScaledRun | None
+    fit: Fit | None
+    capacity: int | None
+    capacity_note: str
+    recorded_oom: int | None = None  # trace index of the capture's own OOM
+    traced: bool = True  # False: no trace, the snapshot's blocks alone are resized
+
+
+def memory_for_pytorch(card: int | None, implied: int | None,
+                       total: int | None) -> tuple[int | None, str]:
+    """What PyTorch may hold on the card a run is asked on, in words too: the card less what
+    held the recorded card outside PyTorch (its `total` less the `implied` capacity the
+    recorded OOM's free memory gives) when both are known; the implied one when no card is
+    asked; None (unbounded) when neither is known."""
+    if card is None:
+        if implied is None:
+            return None, "not known (no OOM recorded and no --capacity): unbounded"
+        return implied, "reserved + free at the recorded OOM"
+    if total is not None and implied is not None and total >= implied:
+        return card - (total - implied), (f"the card asked less the {total - implied:,} bytes "
+                                          "other memory held on the recorded card")
+    return card, ("the whole card asked: memory outside PyTorch is not known, so none is "
+                  "subtracted")
+
+
+def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | None,
+                  capacity: int | None, capacity_note: str,
+                  recorded_peaks: tuple[int, int],
+                  recorded_oom: int | None = None) -> SizePrediction:
+    """The proof run at the recorded sizes, the run at `targets` (when any), and the largest
+    `fit_knob` on `capacity` (when asked)."""
+    sizes = window.growth.sizes
+    proof = window.run({k: s.recorded for k, s in sizes.items()}, capacity)
+    target = window.run(targets, capacity) if targets else None
+    fit = largest_fit(window, fit_knob, capacity,
+                      step_largest=window.events.height <= SMALLEST_EVENTS) \
+        if fit_knob is not None and capacity else None
+    return SizePrediction(window.device, window.growth, proof, *recorded_peaks, target, fit,
+                          capacity, capacity_note, recorded_oom, not window.events.is_empty())

@@ -1,0 +1,375 @@
+"""How each block of a capture grows with the batch and the sequence length (issue 61): the
+decision behind `snapana whatif --scale`, made once per block from what attribution found.
+
+A block's growth is a pair of exponents (batch, seq): its bytes at another size are its
+recorded bytes times (batch'/batch)^e_b × (seq'/seq)^e_s. They come, strongest first, from
+
+- a second capture of the same job at another size (`calibrate`): each allocation is paired
+  with the same-numbered allocation of the same call path in the other capture, and the ratio
+  of their sizes gives the exponent;
+- a score-matrix site (`scaling.toml` `[[scores]]`): the largest blocks made under an
+  attention function of an unfused attention grow with seq²;
+- the block's family (`scaling.toml` `[family.*]`): model state not at all, activations,
+  logits and KV cache linearly in both.
+
+A block whose family has no rule, or whose size is not a multiple of the stated batch / seq
+as its exponents say it must be, is held at its recorded size and listed: the prediction says
+how much it did not scale.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+
+from snapana.analysis.attribution.lifetimes import attribute_lifetimes
+from snapana.analysis.replay import NEVER
+from snapana.caching_allocator import ACTIVE_ALLOCATED
+from snapana.model import is_python_frame
+
+if TYPE_CHECKING:
+    from snapana.analysis.attribution.assign import Attributor
+    from snapana.analysis.replay import DeviceReplay, Moment
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
+    import tomli as tomllib
+
+KNOBS = ("batch", "seq")
+#: An exponent measured between two captures within this of a whole number is that number.
+SNAP = 0.05
+
+#: A resized block is never taken larger than this (1 PiB: more than any card; it keeps the
+#: bytes in int64 at any size a bisection tries).
+LARGEST = 1 << 50
+#: How a block's growth was decided (the `how` column).
+FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE = (
+    "family", "scores", "calibrated", "unclassified", "indivisible")
+
+
+class ScaleError(ValueError):
+    """A --scale or --calibrate-size text that does not say a size."""
+
+
+@dataclass(frozen=True)
+class Size:
+    """One knob's sizes: as recorded, and as asked (None: only the recorded one, for --fit)."""
+
+    knob: str
+    recorded: int
+    target: int | None = None
+
+
+def parse_sizes(items: Sequence[str]) -> dict[str, Size]:
+    """`batch=4:16`, `seq=128:2048`, `seq=128` (recorded only) as Sizes by knob."""
+    out: dict[str, Size] = {}
+    for item in items:
+        knob, eq, rest = item.partition("=")
+        knob = knob.strip()
+        if not eq or knob not in KNOBS:
+            raise ScaleError(f"{item[:60]!r}: give batch=RECORDED[:TARGET] or "
+                             "seq=RECORDED[:TARGET], e.g. seq=128:2048")
+        parts = rest.split(":")
+        if len(parts) > 2 or not all(p.strip().isdigit() and 0 < int(p) <= 1 << 32
+                                     for p in parts):
+            raise ScaleError(f"{item[:60]!r}: sizes are whole numbers from 1 to 2^32, "
+                             "e.g. seq=128:2048")
+        if knob in out:
+            raise ScaleError(f"{knob} is given twice")
+        out[knob] = Size(knob, int(parts[0]), int(parts[1]) if len(parts) == 2 else None)
+    return out
+
+
+@dataclass(frozen=True)
+class ScoreRule:
+    id: str
+    function: re.Pattern[str]
+    batch: int
+    seq: int
+    assumption: str
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """A knob replayed at one size past the largest that fits (`[[next_step]]`)."""
+
+    id: str
+    text: str
+    drop_scores: bool = False
+    drop_families: tuple[str, ...] = ()
+    hold_families: tuple[str, ...] = ()
+    setting: str = ""
+    caveat: str = ""
+
+
+@dataclass(frozen=True)
+class ScalingRules:
+    families: Mapping[str, tuple[int, int, str]]  # family -> (batch, seq, why)
+    scores: tuple[ScoreRule, ...]
+    next_steps: tuple[NextStep, ...]
+    #: family -> (families whose sizes it mirrors, the family a block of no such size is)
+    mirrors: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+
+
+@lru_cache(maxsize=1)
+def load_rules() -> ScalingRules:
+    """The built-in `scaling.toml`."""
+    text = resources.files("snapana.analysis").joinpath("scaling.toml").read_text("utf-8")
+    data: dict[str, Any] = tomllib.loads(text)
+    families = {name: (int(f["batch"]), int(f["seq"]), str(f.get("why", "")))
+                for name, f in data.get("family", {}).items()}
+    mirrors = {name: (tuple(f["mirror"]), str(f["unmatched"]))
+               for name, f in data.get("family", {}).items() if "mirror" in f}
+    scores = tuple(ScoreRule(s["id"], re.compile(s["function"]), int(s["batch"]),
+                             int(s["seq"]), s["assumption"]) for s in data.get("scores", []))
+    steps = tuple(NextStep(n["id"], n.get("text", ""), bool(n.get("drop_scores", False)),
+                           tuple(n.get("drop_families", ())), tuple(n.get("hold_families", ())),
+                           n.get("setting", ""), n.get("caveat", ""))
+                  for n in data.get("next_step", []))
+    return ScalingRules(families, scores, steps, mirrors)
+
+
+@dataclass(frozen=True)
+class Growth:
+    """Each block's growth. `blocks`: one row per allocation of the window (`alloc_idx` ≥ 0,
+    the failed requests included) and per block held before it (`alloc_idx` −1, by
+    `address`), with `requested` bytes, `family`, `site`, exponents `e_batch` / `e_seq`,
+    `how` (one of FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE) and `why`.
+    `assumptions`: the sentences the prediction rests on."""
+
+    blocks: pl.DataFrame
+    sizes: Mapping[str, Size]
+    assumptions: tuple[str, ...]
+    calibration: str = ""  # what the second capture decided, in words ("" : none given)
+
+    def factor(self, sizes: Mapping[str, int]) -> np.ndarray:
+        """Each block's bytes at `sizes` (knob -> size; a knob not given keeps its
+        recorded size): exact integers where the block divides by its recorded sizes."""
+        req = self.blocks["requested"].to_numpy().astype(np.float64)
+        scale = np.ones(len(req))
+        exact = np.ones(len(req), dtype=bool)
+        denom = np.ones(len(req))
+        numer = np.ones(len(req))
+        for knob in KNOBS:
+            size = self.sizes.get(knob)
+            if size is None or knob not in sizes:
+                continue
+            e = self.blocks[f"e_{knob}"].to_numpy()
+            whole = np.equal(np.round(e), e)
+            exact &= whole
+            denom *= np.power(float(size.recorded), e)
+            numer *= np.power(float(sizes[knob]), e)
+            scale *= np.power(sizes[knob] / size.recorded, e)
+        out = np.where(exact, np.round(req / denom) * numer, np.round(req * scale))
+        return np.clip(out, 0, LARGEST).astype(np.int64)
+
+    def held_fixed(self) -> pl.DataFrame:
+        """Blocks held at their recorded size although their family might grow: per site,
+        how many, their bytes, and why."""
+        fixed = self.blocks.filter(pl.col("how").is_in([UNCLASSIFIED, INDIVISIBLE]))
+        return (fixed.group_by("site", "family", "why")
+                .agg(pl.len().alias("blocks"), pl.col("requested").sum().alias("bytes"))
+                .sort("bytes", descending=True))
+
+
+def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> pl.DataFrame:
+    """The blocks a resized replay resizes, with their family and site: every allocation of
+    the window and every block held before it (`attribute_lifetimes`; a block held from
+    before the window to `moment` takes the family the report gives it there), and each
+    failed request (`alloc_idx` its OOM event, `address` −1), classified as the diagnosis
+    does."""
+    live = dr.blocks_at(moment).filter((pl.col("state") == ACTIVE_ALLOCATED)
+                                       & (pl.col("alloc_idx") < 0))
+    lt = attribute_lifetimes(attributor, dr, attributor.attribute(live))
+    blocks = lt.select("alloc_idx", "address",
+                       pl.coalesce("requested_size", "size").alias("requested"),
+                       "stack_id", "stream", "family",
+                       pl.col("free_done_idx").fill_null(NEVER).alias("free_idx"))
+    failed = pl.DataFrame(
+        [(o.idx, -1, o.requested_bytes, o.stack_id, o.stream, attributor.decide(
+            o.stack_id, attributor.context(o.stack_id, "0,0", o.stream, ACTIVE_ALLOCATED,
+                                           o.requested_bytes, o.idx)).family, NEVER)
+         for o in dr.ooms], schema=blocks.schema, orient="row")
+    blocks = pl.concat([blocks, failed])
+    sites = {sid: attributor.site(sid) for sid in blocks["stack_id"].unique().to_list()}
+    return blocks.with_columns(
+        pl.col("stack_id").replace_strict(sites, return_dtype=pl.Utf8).alias("site"))
+
+
+def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str]) -> list[int]:
+    """Rows of `family` that no block of the `mirrored` families accounts for: per size, the
+    blocks beyond the count of mirrored blocks of that size, the shortest-lived first (a
+    weight's .grad lives to the next zero_grad; an activation's gradient only through the
+    backward)."""
+    mirrors = (blocks.filter(pl.col("family").is_in(list(mirrored)))
+               .group_by("requested").agg(pl.len().alias("_mirrors")))
+    rows = (blocks.with_row_index("_row").filter(pl.col("family") == family)
+            .join(mirrors, on="requested", how="left")
+            .with_columns(pl.col("_mirrors").fill_null(0),
+                          (pl.col("free_idx") - pl.col("alloc_idx")).alias("_life"))
+            .with_columns(pl.col("_life").rank("ordinal", descending=True)
+                          .over("requested").alias("_rank"))
+            .filter(pl.col("_rank") > pl.col("_mirrors")))
+    return rows["_row"].to_list()
+
+
+def _frames(stack: Sequence[Any]) -> tuple[tuple[str, str, int], ...]:
+    return tuple((str(f[0]), str(f[1]), int(f[2])) for f in stack if is_python_frame(f))
+
+
+def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
+           rules: ScalingRules | None = None) -> Growth:
+    """The growth of each row of `blocks` (alloc_idx, address, requested, stack_id, stream,
+    family, free_idx, site: `window_blocks`) from the rules and the sizes themselves.
+    `stacks`: a stack table with `.stack(stack_id)` (frames innermost first). Columns
+    throughout: per-row Python only over distinct stacks."""
+    rules = rules or load_rules()
+    n = blocks.height
+    effective = blocks["family"].fill_null("")
+    prefix = pl.Series([""] * n, dtype=pl.Utf8)
+    for family, (mirrored, unmatched) in rules.mirrors.items():
+        rows = _unmirrored(blocks, family, mirrored)
+        effective = effective.scatter(rows, unmatched)
+        prefix = prefix.scatter(rows, f"more {family} blocks of its size than "
+                                      f"{' or '.join(mirrored)} blocks, and among the "
+                                      "shortest-lived: ")
+    table = pl.DataFrame({"_family": list(rules.families),
+                          "e_batch": [float(r[0]) for r in rules.families.values()],
+                          "e_seq": [float(r[1]) for r in rules.families.values()],
+                          "_why": [r[2] for r in rules.families.values()]},
+                         schema={"_family": pl.Utf8, "e_batch": pl.Float64,
+                                 "e_seq": pl.Float64, "_why": pl.Utf8})
+    ruled = (pl.DataFrame({"_family": effective, "_prefix": prefix})
+             .join(table, on="_family", how="left", maintain_order="left"))
+    known = ruled["e_batch"].is_not_null().to_numpy()
+    e_b = ruled["e_batch"].fill_null(0.0).to_numpy().copy()
+    e_s = ruled["e_seq"].fill_null(0.0).to_numpy().copy()
+    unruled = pl.when(pl.col("_family") == "").then(pl.lit("unknown")).otherwise(
+        pl.col("_family"))
+    said = ruled.select(
+        pl.when(pl.col("_why").is_not_null()).then(pl.col("_prefix") + pl.col("_why"))
+        .otherwise(pl.format("family {} has no scaling rule: held at its recorded size",
+                             unruled)))
+    why = said.to_series().to_numpy().astype(object)
+    how = np.where(known, FAMILY, UNCLASSIFIED).astype(object)
+    grows = known & ((e_b > 0) | (e_s > 0))
+    stack_ids = blocks["stack_id"].to_numpy()
+    requested = blocks["requested"].to_numpy()
+    assumptions: list[str] = []
+    distinct = np.unique(stack_ids)
+    for rule in rules.scores:
+        hits = {int(sid): fn for sid in distinct
+                for fn in [next((f for _, f, _ in _frames(stacks.stack(int(sid)))
+                                 if rule.function.search(f)), None)] if fn is not None}
+        under = np.isin(stack_ids, list(hits)) & grows
+        if not under.any():
+            continue
+        scores = under & (requested == int(requested[under].max()))
+        e_b[scores], e_s[scores] = rule.batch, rule.seq
+        how[scores] = SCORES
+        sites = blocks["site"].filter(pl.Series(scores)).unique(maintain_order=True).to_list()
+        fn = hits[int(stack_ids[scores][0])]
+        why[scores] = rule.assumption.format(site=", ".join(sites[:3]), function=fn)
+        more = f" (+{len(sites) - 3} more)" if len(sites) > 3 else ""
+        assumptions.append(rule.assumption.format(site=", ".join(sites[:3]) + more,
+                                                  function=fn)
+                           + f"; the smaller blocks under {fn} follow their family")
+    # the size itself: a [batch, seq, ...] block divides by batch × seq
+    need = np.ones(n, dtype=np.float64)
+    for knob, e in (("batch", e_b), ("seq", e_s)):
+        if knob in sizes:
+            need *= np.power(float(sizes[knob].recorded), e)
+    bad = grows & (np.mod(requested, need) != 0)
+    if bad.any():
+        why[bad] = _indivisible(blocks.filter(pl.Series(bad)), e_b[bad], e_s[bad], sizes)
+    e_b[bad] = 0
+    e_s[bad] = 0
+    how[bad] = INDIVISIBLE
+    table = blocks.select("alloc_idx", "address", "requested", "stack_id", "stream",
+                          "family", "site").with_columns(
+        pl.Series("e_batch", e_b), pl.Series("e_seq", e_s),
+        pl.Series("how", how.tolist(), dtype=pl.Utf8),
+        pl.Series("why", why.tolist(), dtype=pl.Utf8))
+    return Growth(table, dict(sizes), tuple(assumptions))
+
+
+def _indivisible(rows: pl.DataFrame, e_b: np.ndarray, e_s: np.ndarray,
+                 sizes: Mapping[str, Size]) -> np.ndarray:
+    """Why each of `rows` is held fixed: its bytes are not a multiple of the stated sizes
+    its exponents say it must divide by."""
+    parts = []
+    for knob, e in (("batch", e_b), ("seq", e_s)):
+        if knob in sizes:
+            name = pl.Series(np.where(e == 2, f"{knob}² {sizes[knob].recorded}",
+                                      np.where(e > 0, f"{knob} {sizes[knob].recorded}", "")))
+            parts.append(name)
+    said = pl.DataFrame({f"_{i}": p for i, p in enumerate(parts)}).select(
+        pl.concat_str([pl.col(f"_{i}") for i in range(len(parts))], separator=" × ")
+        .str.strip_chars(" ×").str.replace(" ×  × ", " × ", literal=True)).to_series()
+    return (rows.select(pl.format("{} bytes is not a multiple of {} as a block of {} must be: "
+                                  "held at its recorded size", pl.col("requested"),
+                                  pl.lit(said), pl.col("family")))
+            .to_series().to_numpy().astype(object))
+
+
+def call_paths(blocks: pl.DataFrame, stacks: Any) -> pl.DataFrame:
+    """`blocks` (alloc_idx ≥ 0, in trace order) with `path` (the stack's Python frames as one
+    text) and `nth` (the how-manyth allocation of that path): the key that pairs an
+    allocation with its counterpart in a capture of the same job at another size."""
+    ids = blocks["stack_id"].unique().to_list()
+    text = {sid: "\n".join(f"{f}:{n}:{line}" for f, n, line in _frames(stacks.stack(sid)))
+            for sid in ids}
+    framed = blocks.filter(pl.col("alloc_idx") >= 0).sort("alloc_idx")
+    return framed.with_columns(
+        pl.col("stack_id").replace_strict(text, return_dtype=pl.Utf8).alias("path"),
+    ).filter(pl.col("path") != "").with_columns(
+        pl.int_range(pl.len()).over("path").alias("nth"))
+
+
+def calibrate(growth: Growth, mine: pl.DataFrame, other: pl.DataFrame, knob: str,
+              other_size: int) -> Growth:
+    """`growth` with the exponent of `knob` measured against a capture of the same job at
+    `other_size` (`mine` / `other`: `call_paths` of each): each allocation paired with the
+    same path's same-numbered allocation there; the exponent log(ratio) / log(size ratio),
+    a whole number when within SNAP of one. A path whose count of allocations differs
+    between the two keeps its rule (the two runs did not make the same calls there)."""
+    size = growth.sizes[knob]
+    if other_size == size.recorded:
+        raise ScaleError(f"the other capture's {knob} is the recorded one ({other_size}): "
+                         "nothing to measure")
+    counts = (mine.group_by("path").len().join(other.group_by("path").len(), on="path",
+                                               suffix="_other"))
+    same = counts.filter(pl.col("len") == pl.col("len_other"))["path"]
+    pairs = (mine.filter(pl.col("path").is_in(same.implode()))
+             .join(other.select("path", "nth", pl.col("requested").alias("requested_other")),
+                   on=["path", "nth"]).filter((pl.col("requested") > 0)
+                                              & (pl.col("requested_other") > 0)))
+    log_step = math.log(other_size / size.recorded)
+    e = np.log(pairs["requested_other"].to_numpy() / pairs["requested"].to_numpy()) / log_step
+    e = np.where(np.abs(e - np.round(e)) < SNAP, np.round(e), e)
+    measured = pairs.select("alloc_idx").with_columns(pl.Series("_e", e))
+    table = growth.blocks.join(measured, on="alloc_idx", how="left")
+    hit = table["_e"].is_not_null()
+    table = table.with_columns(
+        pl.when(hit).then(pl.col("_e")).otherwise(pl.col(f"e_{knob}")).alias(f"e_{knob}"),
+        pl.when(hit).then(pl.lit(CALIBRATED)).otherwise(pl.col("how")).alias("how"),
+        pl.when(hit).then(pl.format("measured against the capture at {}={}: bytes × ({}'/{})^"
+                                    "{}", pl.lit(knob), pl.lit(other_size), pl.lit(knob),
+                                    pl.lit(knob), pl.col("_e").round(2)))
+        .otherwise(pl.col("why")).alias("why")).drop("_e")
+    paths = mine["path"].n_unique()
+    words = (f"{int(hit.sum()):,} allocations on {pairs['path'].n_unique():,} of {paths:,} "
+             f"call paths measured against the capture at {knob}={other_size}"
+             + (f"; {paths - same.len():,} paths allocate a different number of times there "
+                "and keep their rule" if paths > same.len() else ""))
+    return Growth(table, growth.sizes, growth.assumptions, words)
