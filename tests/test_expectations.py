@@ -52,15 +52,20 @@ def _html_text(page: str) -> str:
 
 
 def _readable(path: Path, tmp_path: Path) -> Path:
-    """A memray capture of memray 1.19 (format 12), which the installed memray refuses, is
-    read through that release (`convert --memray-python`, as the refusal tells the user)."""
+    """A memray capture of a format the installed memray refuses (1.19's format 12, or the
+    older 10 and 11) is read through the release snapana names for it (`convert
+    --memray-python`, as the refusal tells the user)."""
     if "memray" not in path.parent.name:
         return path
+    from snapana.sources.memray_capture import read_header
+
     from .test_memray_host import _venv_with
 
-    py = _venv_with("1.19.3")
+    pin = read_header(path).pin
+    release = pin.removeprefix("memray==") if pin else "1.19.3"
+    py = _venv_with(release)
     if py is None:
-        judge_missing("memray_releases", "memray 1.19.3 (pip failed)")
+        judge_missing("memray_releases", f"memray {release} (pip failed)")
     out = tmp_path / "capture.parquet"
     got = invoke("convert", str(path), "-o", str(out), "--memray-python", str(py))
     assert got.returncode == 0, got.stderr
