@@ -297,7 +297,10 @@ def text_log(view: TextLogView, options: Options) -> str:
             "processes": [{"pid": pid, **(_size(s) or {})} for pid, s in msg.processes],
             "segment_bytes": d.segment,
             "split": [{"what": w, "bytes": n} for w, n in d.split],
-            "causes": [{"id": c.id, "terms": [{"what": w, "bytes": n} for w, n in c.terms],
+            "shortfall_bytes": d.shortfall, "missing": list(d.missing),
+            "causes": [{"id": c.id, "role": c.role, "needed_bytes": c.needed,
+                        "share_of_shortfall": c.share,
+                        "terms": [{"what": w, "bytes": n} for w, n in c.terms],
                         "text": t} for c, t in zip(d.causes, m.causes, strict=True)],
             "knobs": [{"knob": k, "why": why} for k, why in m.knobs],
             "notes": list(m.oddities), "verdict": m.verdict})

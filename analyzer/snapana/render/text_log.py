@@ -11,13 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from snapana.analysis.log_evidence import Finding, KvEvidence, SmiEvidence, SummaryEvidence
-from snapana.analysis.text_diagnosis import (
-    OTHERS,
-    OUTSIDE,
-    OWN_OUTSIDE,
-    TextCause,
-    TextDiagnosis,
-)
+from snapana.analysis.text_diagnosis import CLAUSE_WORDS, TextCause, TextDiagnosis
 from snapana.render import ViewKind
 from snapana.sources.log_tables import SUMMARY_COLUMNS, SUMMARY_ROWS
 from snapana.sources.oom_text import OomMessage
@@ -138,15 +132,37 @@ def _t(c: TextCause, what: str) -> int:
     return dict(c.terms)[what]
 
 
+#: What each counterfactual cause is, in words.
+HOLDERS = {"fragmentation": "the idle cache (reserved by PyTorch but unallocated)",
+           "other_processes": "other processes on the card (and the driver)",
+           "demand": "the live tensors (allocated by PyTorch)",
+           "own_outside": "this process's memory outside PyTorch's allocator",
+           "outside_pytorch": "memory outside PyTorch's allocator"}
+
+
 def _cause_sentence(c: TextCause, d: TextDiagnosis) -> str:
-    m = d.message
+    if c.role == "open":
+        return (f"open: {HOLDERS.get(c.id, c.id)} — the text lacks a figure it needs")
+    if c.role == "candidate":
+        return (f"candidate: {HOLDERS.get(c.id, c.id)} held {fmt_bytes(c.terms[0][1])}, "
+                f"enough alone for the {fmt_bytes(d.shortfall or 0)} shortfall; it leads "
+                "unless the missing figure says an open cause before it does")
+    if c.role == "contributor":
+        return _contributor_sentence(c, d)
+    return _lead_sentence(c, d)
+
+
+def _lead_sentence(c: TextCause, d: TextDiagnosis) -> str:
+    gap = d.shortfall or 0
+    shortfall = (f"the request ({fmt_bytes(d.segment or 0)}) was {fmt_bytes(gap)} more than "
+                 f"the device's free {fmt_bytes((d.segment or 0) - gap)}")
     if c.id == "size_bug" and _t(c, "request") >= 1 << 60:
         return ("a request of more than an exabyte: a size bug (a negative or overflowed "
                 "size), not an OOM any setting can fix")
     if c.id == "size_bug":
         return (f"the request ({fmt_bytes(_t(c, 'request'))}) is larger than the whole device "
                 f"({fmt_bytes(_t(c, 'capacity'))}): a size bug (a shape, a dtype, a "
-                "mis-set batch), not an OOM any setting can fix")
+                "mis-set batch); nothing else held on the card could have made it fit")
     if c.id == "spill":
         return (f"PyTorch's allocated {fmt_bytes(_t(c, 'allocated'))} is above the device's "
                 f"{fmt_bytes(_t(c, 'capacity'))}: the driver spilled into system memory "
@@ -164,40 +180,69 @@ def _cause_sentence(c: TextCause, d: TextDiagnosis) -> str:
         return (f"the allocator asked the device for {fmt_bytes(_t(c, 'segment asked for'))} "
                 f"while {fmt_bytes(_t(c, 'free'))} was free: another limit was hit (a memory "
                 "fraction, a private pool, a driver refusal), not the device's capacity")
+    if c.id == "card_full":
+        return (f"the card is full: {fmt_bytes(_t(c, 'free'))} free and a request of "
+                f"{fmt_bytes(_t(c, 'request'))} are within {fmt_bytes(_t(c, 'within'))} "
+                f"(1% of the card's {fmt_bytes(_t(c, 'capacity'))}) of each other, and the "
+                "driver cannot hand out the last of what it reports free")
+    if c.id == "undecided":
+        missing = " and ".join(f"'{CLAUSE_WORDS.get(k, k)}'" for k in d.missing) or "a figure"
+        opened = [HOLDERS[o.id] for o in d.causes
+                  if o.role in ("open", "candidate") and o.id in HOLDERS]
+        return (f"not decided: the text lacks the {missing} figure (the paste is cut short), "
+                f"and {shortfall}; whether " + " or ".join(opened) + " leads depends on it")
     if c.id == "fragmentation":
         return (f"fragmentation: PyTorch held {fmt_bytes(_t(c, 'cached but unallocated'))} "
                 "reserved but unallocated, at least the request "
-                f"({fmt_bytes(_t(c, 'request'))}), and no free cached block was large enough "
-                "(the message does not record the largest free block: a snapshot does)")
-    if c.id == "outside_pytorch":
-        terms = dict(c.terms)
-        text = (f"memory outside PyTorch's allocator: {fmt_bytes(terms[OUTSIDE])} of the "
-                "device was held by something PyTorch does not manage")
-        if OTHERS in terms:
-            text += f"; other processes held {fmt_bytes(terms[OTHERS])}"
-        elif OWN_OUTSIDE in dict(d.split) and m.this_process is not None \
-                and m.reserved is not None:
-            own = dict(d.split)[OWN_OUTSIDE]
-            text += (f"; of it this process {fmt_bytes(own)} (this process "
-                     f"{fmt_bytes(m.this_process.bytes)} − reserved "
-                     f"{fmt_bytes(m.reserved.bytes)}: the CUDA context, NCCL buffers, "
-                     "cuBLAS workspaces, another allocator)")
-        return text + " — a snapshot cannot see it; nvidia-smi beside the log can"
+                f"({fmt_bytes(_t(c, 'request'))}): had that idle cache been one free block, "
+                "the request would have fit in it (the message does not record the largest "
+                "free block: a snapshot does)")
+    held = fmt_bytes(c.terms[0][1])
+    if c.id == "other_processes":
+        return (f"other processes held {held} of the card: {shortfall}, and with that much "
+                "less held by them the request would have fit — nvidia-smi beside the log "
+                "names them")
     if c.id == "demand":
-        return (f"demand: PyTorch's live tensors held {fmt_bytes(_t(c, 'allocated by PyTorch'))}"
-                f" and the request ({fmt_bytes(_t(c, 'request'))}) did not fit in what was "
-                "left; which tensors those were, only a snapshot says")
+        return (f"demand: {shortfall}, and no other holder alone held that much; PyTorch's "
+                f"live tensors held {held}, and {fmt_bytes(gap)} fewer of them would have let "
+                "it fit")
+    if c.id == "own_outside":
+        return (f"this process's memory outside PyTorch's allocator ({held}: this process "
+                f"{fmt_bytes(_t(c, 'this process'))} − reserved {fmt_bytes(_t(c, 'reserved'))}"
+                f": the CUDA context, NCCL buffers, cuBLAS workspaces, another allocator): "
+                f"{shortfall}, and {fmt_bytes(gap)} less of it would have let it fit")
+    if c.id == "outside_pytorch":
+        return (f"memory outside PyTorch's allocator ({held}: this process's CUDA context and "
+                f"libraries, other processes, the driver — the message does not split it): "
+                f"{shortfall}, and {fmt_bytes(gap)} less of it would have let it fit")
     return c.id
+
+
+def _contributor_sentence(c: TextCause, d: TextDiagnosis) -> str:
+    held = c.terms[0][1]
+    what = HOLDERS.get(c.id, c.id)
+    if c.share is None:
+        return f"also held: {what}, {fmt_bytes(held)}"
+    gap = fmt_bytes(d.shortfall or 0)
+    part = f"{c.share:.0%} of the {gap} shortfall"
+    if c.id == "fragmentation":
+        return (f"contributor: {what} held {fmt_bytes(held)}, less than the request: no one "
+                f"block of it could have served it; given back to the device it would have "
+                f"covered {part}")
+    if c.share >= 1:
+        return (f"also enough alone: {what} held {fmt_bytes(held)}, at least the {gap} "
+                "shortfall (the lead comes first by the order causes are weighed in)")
+    return f"contributor: {what} held {fmt_bytes(held)}: {part}"
 
 
 def _verdict(d: TextDiagnosis, where: str) -> str:
     m = d.message
     dev = f"GPU {m.device}" if m.device is not None else "the GPU"
     req = f"a request of {m.request.text}" if m.request else "a request (size not in the text)"
-    if not d.causes:
+    if d.lead is None:
         return f"{where}: {m.backend} out of memory on {dev} for {req}."
     return f"{where}: {m.backend} out of memory on {dev} for {req}: " + \
-        _cause_sentence(d.causes[0], d) + "."
+        _cause_sentence(d.lead, d) + "."
 
 
 def _where(m: OomMessage, named: bool = False) -> str:
@@ -231,14 +276,14 @@ def _rank_table(views: Sequence[MessageView], named: bool = False
                   "—" if v.device is None else str(v.device),
                   _shown(v.diagnosis.message.request), _shown(v.diagnosis.message.free),
                   _reserved(v.diagnosis.message),
-                  v.diagnosis.causes[0].id if v.diagnosis.causes else "—") for v in ranked)
+                  v.diagnosis.lead.id if v.diagnosis.lead else "—") for v in ranked)
     return columns, rows
 
 
 def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
     """What to record so that the next OOM comes with a snapshot: the allocator's history
     names the tensors these figures only count."""
-    causes = Counter(c.id for v in views for c in v.diagnosis.causes)
+    causes = Counter(v.diagnosis.lead.id for v in views if v.diagnosis.lead is not None)
     why = ("which tensors held the memory" if causes.get("demand") else
            "which blocks split the cache" if causes.get("fragmentation") else
            "what held the memory")
