@@ -20,7 +20,11 @@ from snapana.sources.vllm_text import KvBudget
 from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:
+    from snapana.analysis.traceback_request import RequestFinding
     from snapana.log_session import LogEvidence
+
+#: What every statement from a traceback is limited to.
+TRACEBACK_SCOPE = "from the traceback: one request, not what held the rest"
 
 #: Commands that record history so the next OOM leaves a snapshot (`snapana record`, or the
 #: two calls PyTorch documents). 100,000 entries hold a few training steps of a large model.
@@ -42,6 +46,10 @@ class MessageView:
     knobs: tuple[tuple[str, str], ...]
     oddities: tuple[str, ...]
     diagnosis: TextDiagnosis
+    #: the failing request named from its traceback (issue 57), and the knobs acting on it
+    request: tuple[str, ...] = ()
+    request_knobs: tuple[tuple[str, str], ...] = ()
+    finding: RequestFinding | None = None
 
 
 @dataclass(frozen=True)
@@ -255,14 +263,43 @@ def base_name(source: str) -> str:
     return source.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def message_view(d: TextDiagnosis, named: bool = False) -> MessageView:
+def message_view(d: TextDiagnosis, named: bool = False,
+                 request: RequestFinding | None = None) -> MessageView:
     m = d.message
     where = _where(m, named)
     wording = (f"{m.wording} wording ({m.releases})" if m.wording != "unrecognised"
                else "not a wording PyTorch prints: only the clauses found are read")
-    return MessageView(where, m.rank, m.device, wording, _figures(m), _split(d),
-                       _verdict(d, where), tuple(_cause_sentence(c, d) for c in d.causes),
-                       d.knobs, m.oddities, d)
+    verdict = _verdict(d, where)
+    if request is not None:
+        verdict += " " + _request_headline(request)
+    return MessageView(where, m.rank, m.device, wording, _figures(m), _split(d), verdict,
+                       tuple(_cause_sentence(c, d) for c in d.causes), d.knobs, m.oddities, d,
+                       _request_sentences(request) if request is not None else (),
+                       request.knobs if request is not None else (), request)
+
+
+def _request_headline(r: RequestFinding) -> str:
+    """The verdict's sentence on the failing request, limited to what a traceback shows."""
+    if r.rule_id is None:
+        return (f"The failing request ({TRACEBACK_SCOPE}): no rule of the packs names its "
+                "frames.")
+    return (f"The failing request ({TRACEBACK_SCOPE}) is {r.family} — {r.label} — made at "
+            f"{r.site}" + (f" (`{r.code}`)" if r.code else "")
+            + (f", called from {r.called_from}" + (f" (`{r.called_code}`)" if r.called_code
+                                                   else "") if r.called_from else "") + ".")
+
+
+def _request_sentences(r: RequestFinding) -> tuple[str, ...]:
+    t = r.traceback
+    out = [f"{TRACEBACK_SCOPE.capitalize()}: {len(t.frames)} frame(s) from line "
+           f"{t.first_line}" + (f" (rank {t.rank})" if t.rank is not None else "") + "."]
+    out.append(f"family: {r.family} ({r.label}); phase {r.phase}; {r.reason}"
+               if r.rule_id is not None else f"family: {r.family}; {r.reason}")
+    if r.owners:
+        out.append("owned by " + ", ".join(f"{fw} ({where})" for fw, where in r.owners)
+                   + " — the first framework frames walking out from the allocation")
+    out.append(r.workload)
+    return tuple(out)
 
 
 def _rank_table(views: Sequence[MessageView], named: bool = False
@@ -301,7 +338,9 @@ def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
 def text_log_view(title: str, evidence: LogEvidence,
                   unrecognised: Sequence[str] = ()) -> TextLogView:
     named = len(evidence.logs) > 1
-    views = tuple(message_view(d, named) for d in evidence.diagnoses)
+    requests = evidence.requests or (None,) * len(evidence.diagnoses)
+    views = tuple(message_view(d, named, r)
+                  for d, r in zip(evidence.diagnoses, requests, strict=True))
     columns, rows = _rank_table(views, named)
     sections = (*(summary_section(e, named) for e in evidence.summaries),
                 *(smi_section(e, named) for e in evidence.smi),

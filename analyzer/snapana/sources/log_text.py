@@ -16,6 +16,7 @@ from snapana.limits import MAX_LOG_BYTES, MAX_LOG_MESSAGES
 from snapana.sources._io import open_input
 from snapana.sources.log_tables import MemorySummary, SmiTable, read_smi, read_summaries
 from snapana.sources.oom_text import OomMessage, read_messages, unescape
+from snapana.sources.traceback_text import Traceback, read_tracebacks
 from snapana.sources.vllm_text import KvBudget, KvRefusal, read_budgets, read_refusals
 
 
@@ -42,6 +43,8 @@ class TextLog:
     smi: tuple[SmiTable, ...] = ()
     refusals: tuple[KvRefusal, ...] = ()
     budgets: tuple[KvBudget, ...] = ()
+    #: the Python tracebacks of the text (read for the OOM messages' stacks)
+    tracebacks: tuple[Traceback, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -70,7 +73,8 @@ def _bounded(data: bytes, skipped: int, name: str) -> TextLog:
                    tuple(read_summaries(lines)[:MAX_LOG_MESSAGES]),
                    tuple(read_smi(lines)[:MAX_LOG_MESSAGES]),
                    tuple(read_refusals("\n".join(lines))[:MAX_LOG_MESSAGES]),
-                   tuple(read_budgets(lines)[:MAX_LOG_MESSAGES]))
+                   tuple(read_budgets(lines)[:MAX_LOG_MESSAGES]),
+                   tuple(read_tracebacks(lines)[-MAX_LOG_MESSAGES:]) if messages else ())
 
 
 def _tail(stream: BinaryIO, skipped: int = 0) -> tuple[bytes, int]:
