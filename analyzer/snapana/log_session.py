@@ -9,6 +9,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from snapana.analysis.framework_memory import (
+    FrameworkEvidence,
+    across_ranks,
+    framework_evidence,
+)
 from snapana.analysis.log_check import LogCheck, check, pick_message
 from snapana.analysis.log_evidence import (
     KvEvidence,
@@ -39,6 +44,8 @@ class LogEvidence:
     kv: tuple[KvEvidence, ...]
     #: for each diagnosis, the failing request named from its traceback (None: none read)
     requests: tuple[RequestFinding | None, ...] = ()
+    #: frameworks' memory lines, per log, framework and rank, judged
+    frameworks: tuple[FrameworkEvidence, ...] = ()
 
 
 def read_logs(paths: list[Path] | None, ranks: dict[Path, int] | None = None) -> LogEvidence:
@@ -54,10 +61,12 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
     messages of its own log."""
     diagnoses, summaries, smi, kv = [], [], [], []
     requests: list[RequestFinding | None] = []
+    frameworks: list[FrameworkEvidence] = []
     for log in logs:
         messages = list(log.messages)
         diagnoses += [diagnose(m) for m in messages]
         requests += _requests(log)
+        frameworks += framework_evidence(log.memory_lines, messages, log.name)
         summaries += [summary_evidence(s, messages, log.name) for s in log.summaries]
         tables = [smi_evidence(t, messages, log.name) for t in log.smi]
         smi += tables
@@ -68,7 +77,7 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
         kv += [kv_evidence(r, b, others, log.name) for r, b in paired]
         kv += [kv_evidence(None, b, others, log.name) for b in alone]
     return LogEvidence(tuple(logs), tuple(diagnoses), tuple(summaries), tuple(smi), tuple(kv),
-                       tuple(requests))
+                       tuple(requests), tuple(across_ranks(frameworks)))
 
 
 def _requests(log: log_text.TextLog) -> list[RequestFinding | None]:
@@ -90,7 +99,9 @@ def _ranked(log: log_text.TextLog, rank: int | None) -> log_text.TextLog:
     if rank is None:
         return log
     return replace(log, messages=tuple(m if m.rank is not None else replace(m, rank=rank)
-                                       for m in log.messages))
+                                       for m in log.messages),
+                   memory_lines=tuple(m if m.rank is not None else replace(m, rank=rank)
+                                      for m in log.memory_lines))
 
 
 def check_beside(paths: list[Path], reports: list[DeviceReport]) -> tuple[LogCheck, ...]:

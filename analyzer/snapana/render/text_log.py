@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from snapana.analysis.framework_memory import FrameworkEvidence
 from snapana.analysis.log_evidence import Finding, KvEvidence, SmiEvidence, SummaryEvidence
 from snapana.analysis.text_diagnosis import CLAUSE_WORDS, TextCause, TextDiagnosis
 from snapana.render import ViewKind
@@ -344,7 +345,8 @@ def text_log_view(title: str, evidence: LogEvidence,
     columns, rows = _rank_table(views, named)
     sections = (*(summary_section(e, named) for e in evidence.summaries),
                 *(smi_section(e, named) for e in evidence.smi),
-                *(kv_section(e, named) for e in evidence.kv))
+                *(kv_section(e, named) for e in evidence.kv),
+                *(framework_section(e, named) for e in evidence.frameworks))
     return TextLogView(title, views, rows, columns, record_advice(views), tuple(unrecognised),
                        sections)
 
@@ -479,6 +481,14 @@ def kv_section(e: KvEvidence, named: bool = False) -> EvidenceSection:
             ("activation peak (profiling run)", b.activation.text if b.activation else None),
             ("left for the KV cache", b.kv.text if b.kv else None)) if s is not None]
         sentences += _budget_sum(b)
+        for f in e.findings:
+            if f.id == "activation_half":
+                t = dict(f.terms)
+                sentences.append(
+                    f"the profiling run's activation peak ({fmt_bytes(t['activation peak'])}) "
+                    f"takes {t['activation peak'] / t['budget']:.0%} of the budget "
+                    f"({fmt_bytes(t['budget'])}): half or more of what vLLM may use goes to "
+                    "one step's activations, not to the KV cache")
     for a in r.available_lines if r is not None else ():
         rows.append(("'Available KV cache memory' logged", a.text))
     return EvidenceSection("vllm", f"vLLM at {where}", f"{where}: {head}.", tuple(sentences),
@@ -499,3 +509,83 @@ def _budget_sum(b: KvBudget) -> list[str]:
                 "the utilisation, is not in the text)"]
     return [f"budget {b.budget.text} = {terms} (sum {fmt_bytes(total)}, each rounded to "
             "0.01 GiB)"]
+
+
+#: Each framework's name as its section says it.
+FRAMEWORK_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "torch_memory_saver": "torch_memory_saver",
+                   "megatron": "Megatron report_memory", "deepspeed": "DeepSpeed see_memory_usage"}
+
+
+def framework_section(e: FrameworkEvidence, named: bool = False) -> EvidenceSection:
+    """A framework's memory lines on one rank: each line's figures as printed, the budget
+    they add up to, which term the OOM ate, the knob with its figure."""
+    first = e.lines[0]
+    where = _at(e.source, first.line, named)
+    who = FRAMEWORK_NAMES.get(e.framework, e.framework)
+    rank = f" (rank {e.rank})" if e.rank is not None else ""
+    rows = tuple((str(m.line), m.format.split(".", 1)[1], m.label or "—",
+                  ", ".join(f"{k}={v.text if isinstance(v, Size) else v}"
+                            for k, v in m.figures.items())) for m in e.lines)
+    sentences = tuple(_framework_sentence(f, e) for f in e.findings)
+    verdict = f"{where}: {who}{rank}: " + (sentences[-1] if sentences else "its lines read.")
+    return EvidenceSection("framework", f"{who} memory lines{rank} from {where}", verdict,
+                           sentences, ("line", "format", "label", "figures as printed"),
+                           rows, e.knobs, numeric_from=4)
+
+
+def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
+    t = dict(f.terms)
+    b = fmt_bytes
+    if f.id in ("sglang_budget", "vllm_budget"):
+        return ("start-up budget: " if f.id == "sglang_budget" else "budget: ") + ", ".join(
+            f"{what} {b(n)}" for what, n in f.terms) + " (figures as the framework printed them)"
+    if f.id == "sglang_kv_tokens":
+        return f"the KV cache pool holds {t['tokens']:,} tokens"
+    if f.id == "sglang_fraction":
+        return f"mem_fraction_static = {t['mem_fraction_static']:.2f} (its ServerArgs line)"
+    if f.id == "sglang_oom":
+        left = t.get("left after start-up")
+        return (f"the OOM at line {e.message.line if e.message else '?'} asked "
+                f"{b(t['request'])} with {b(t['free'])} free: {b(t['shortfall'])} short"
+                + (f"; SGLang's start-up left {b(left)} of the card" if left is not None else "")
+                + " — the knobs below are the budget terms that alone held that much")
+    if f.id == "saver_refused":
+        times = f" ({t['times']} times)" if t["times"] > 1 else ""
+        return (f"torch_memory_saver refused an allocation of {b(t['size'])}{times}: "
+                f"{b(t['free'])} free less its margin {b(t['margin'])} leaves "
+                f"{b(t['free'] - t['margin'])}")
+    if f.id == "saver_margin":
+        return (f"the allocation fits the free memory; the margin ({b(t['margin'])}) is what "
+                "refused it")
+    if f.id == "saver_short":
+        return (f"the allocation ({b(t['size'])}) is {b(t['size'] - t['free'])} more than the "
+                f"card's free {b(t['free'])}: no margin would let it through — what holds the "
+                "card (a colocated engine, this process's own tensors) must give it back")
+    if f.id == "vllm_kv_negative":
+        return (f"Available KV cache memory is {b(t['KV cache'])}: the weights, the profiling "
+                "run's activations and the memory outside torch took more than vLLM's budget")
+    if f.id == "vllm_kv_tokens":
+        return (f"the KV cache holds {t['tokens']:,} tokens; a request may be "
+                f"{t['max_model_len']:,} long")
+    if f.id == "vllm_activation_half":
+        return (f"the profiling run's activation peak {b(t['activation'])} takes "
+                f"{t['activation'] / t['budget']:.0%} of the budget {b(t['budget'])}: at least "
+                "half of it goes to one step's activations, not the KV cache")
+    if f.id == "report_peak":
+        return (f"highest reported peak: {b(t['max reserved'])} reserved, "
+                f"{b(t['max allocated'])} allocated (line {t['line']})")
+    if f.id == "report_cached":
+        return (f"last report (line {t['line']}): {b(t['reserved'])} reserved − "
+                f"{b(t['allocated'])} allocated = {b(t['reserved'] - t['allocated'])} cached")
+    if f.id == "report_vs_oom":
+        over = t["reserved at the OOM"] + t["request"] - t["reported peak"]
+        return (f"the OOM came with {b(t['reserved at the OOM'])} reserved and a request of "
+                f"{b(t['request'])}: " + (f"{b(over)} beyond the highest reported peak — "
+                                          "the failing step needed more than any reported one"
+                                          if over > 0 else
+                                          "within the highest reported peak"))
+    if f.id == "uneven_ranks":
+        (high, hb), (low, lb) = f.terms
+        return (f"{high} peaks at {b(hb)}, {low} at {b(lb)}: the ranks are uneven "
+                f"({b(hb - lb)} apart: a heavier pipeline stage, longer sequences on one rank)")
+    return f.id
