@@ -221,3 +221,28 @@ def test_a_paste_cut_mid_clause_names_the_missing_figure(at: int) -> None:
         assert "candidate" not in roles.values()
     verdict = message_view(d).verdict
     assert "not decided" in verdict and "reserved by PyTorch but unallocated" in verdict
+
+
+def test_one_record_block_per_run(tmp_path) -> None:
+    """Four ranks' logs (each with an OOM message, a traceback-less paste) read as one run:
+    every format says what to record next time once, not once per message."""
+    import json
+
+    from .conftest import invoke
+
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for rank, (_, text, _) in enumerate(MESSAGES[:4]):
+        (folder / f"rank{rank}.log").write_text(f"[rank{rank}]: {text}\n[rank{rank}]: {text}\n")
+    record = "_record_memory_history(max_entries="
+    text = invoke("summary", str(folder))
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.count("Verdict.") == 1 and text.stdout.count(record) == 1
+    md = invoke("summary", "--format", "markdown", str(folder))
+    assert md.stdout.count(record) == 1
+    doc = json.loads(invoke("summary", "--format", "json", str(folder)).stdout)
+    assert len(doc["messages"]) == 8
+    assert sum(line.count(record) for line in doc["record"]) == 1
+    page = tmp_path / "r.html"
+    assert invoke("report", str(folder), "-o", str(page)).returncode == 0
+    assert page.read_text().count(record) == 1
