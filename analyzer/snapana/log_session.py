@@ -26,7 +26,7 @@ from snapana.analysis.log_evidence import (
 )
 from snapana.analysis.text_diagnosis import TextDiagnosis, diagnose
 from snapana.sources import log_text
-from snapana.sources.traceback_text import traceback_of
+from snapana.sources.traceback_text import ending_at, traceback_of
 
 if TYPE_CHECKING:
     from snapana.analysis.diagnosis.findings import DeviceReport
@@ -83,15 +83,16 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
 def _requests(log: log_text.TextLog) -> list[RequestFinding | None]:
     """Each message's failing request, named from its traceback by the rule packs. The rules
     engine is imported only for a log that has a traceback to read."""
-    stacks = [traceback_of(list(log.tracebacks), m.line, m.rank) for m in log.messages]
+    by_end = ending_at(log.tracebacks)
+    stacks = [traceback_of(by_end, m.line, m.rank) for m in log.messages]
     if not any(t is not None and t.frames for t in stacks):
         return [None] * len(stacks)
     from snapana.analysis.attribution import load_rules
-    from snapana.analysis.traceback_request import name_request
+    from snapana.analysis.traceback_request import RequestNamer
 
-    rules = load_rules()
+    namer = RequestNamer(load_rules())
     return [None if t is None or not t.frames else
-            name_request(t, m.request.bytes if m.request else None, rules, m.expandable_on)
+            namer.name(t, m.request.bytes if m.request else None, m.expandable_on)
             for m, t in zip(log.messages, stacks, strict=True)]
 
 

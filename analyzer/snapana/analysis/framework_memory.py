@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import sys
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -63,14 +64,34 @@ def framework_evidence(memory_lines: Sequence[MemoryLine], messages: Sequence[Oo
     groups: dict[tuple[str, int | None], list[MemoryLine]] = {}
     for m in memory_lines:
         groups.setdefault((m.framework, m.rank), []).append(m)
+    after = _MessagesAfter(messages)
     out = []
     for (framework, rank), lines in groups.items():
-        message = next((msg for msg in messages if msg.line > lines[0].line
-                        and (rank is None or msg.rank in (None, rank))), None)
+        message = after.first(lines[0].line, rank)
         findings, knobs = _JUDGES[framework](lines, message)
         out.append(FrameworkEvidence(framework, rank, tuple(lines), tuple(findings),
                                      tuple(knobs), message, source))
     return out
+
+
+class _MessagesAfter:
+    """The first OOM message after a line, of a rank (or naming none): a binary search in
+    each rank's messages, so many groups and many messages stay cheap."""
+
+    def __init__(self, messages: Sequence[OomMessage]) -> None:
+        ordered = sorted(messages, key=lambda m: m.line)
+        self.all = (ordered, [m.line for m in ordered])
+        ranked: dict[int | None, list[OomMessage]] = {}
+        for m in ordered:
+            ranked.setdefault(m.rank, []).append(m)
+        self.by_rank = {r: (ms, [m.line for m in ms]) for r, ms in ranked.items()}
+
+    def first(self, line: int, rank: int | None) -> OomMessage | None:
+        none: tuple[list[OomMessage], list[int]] = ([], [])
+        pools = [self.all] if rank is None else [self.by_rank.get(rank, none),
+                                                 self.by_rank.get(None, none)]
+        found = [ms[k] for ms, lines in pools if (k := bisect_right(lines, line)) < len(ms)]
+        return min(found, key=lambda m: m.line) if found else None
 
 
 def across_ranks(evidence: list[FrameworkEvidence]) -> list[FrameworkEvidence]:

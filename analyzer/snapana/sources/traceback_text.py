@@ -18,14 +18,13 @@ repetition is bounded.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 #: A line longer than this is no traceback line (a frame line is a path and a name).
 MAX_TRACE_LINE = 4096
 #: Frames kept per traceback (the innermost ones: a recursion's are the same few).
 MAX_FRAMES = 512
-#: Lines of other ranks (or other output) a traceback may skip between two of its own.
-MAX_INTERLEAVED = 200
 #: Source lines one frame may print (a multi-line call in 3.13) before the text is no
 #: longer read as its traceback.
 MAX_SOURCE_LINES = 40
@@ -38,6 +37,8 @@ _FRAME = re.compile(r'File "([^"\n]{1,1024})", line (\d{1,9})(?:, in ([^\s,]{1,2
 #: A torchrun rank tag before a line ("[rank3]:", "[Rank 3]").
 RANK_TAG = re.compile(r"\[rank ?(\d{1,6})\]", re.IGNORECASE)
 _CARETS = frozenset("^~ \t")
+#: How much of a line's start is searched for its rank tag.
+RANK_SPAN = 200
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Traceback:
 
 
 def _rank(line: str) -> int | None:
-    m = RANK_TAG.search(line[:200])
+    m = RANK_TAG.search(line[:RANK_SPAN])
     return int(m.group(1)) if m else None
 
 
@@ -73,7 +74,7 @@ def _body(line: str, prefix: str) -> str:
     """A line without the traceback's prefix (a tag or a timestamp of the same shape)."""
     if prefix and line.startswith(prefix):
         return line[len(prefix):]
-    tag = RANK_TAG.search(line[:200])
+    tag = RANK_TAG.search(line[:RANK_SPAN])
     if tag is not None:  # "[rank0]: ..." with another timestamp before it
         rest = line[tag.end():]
         return rest[1:] if rest.startswith(":") else rest
@@ -81,56 +82,69 @@ def _body(line: str, prefix: str) -> str:
 
 
 def read_tracebacks(lines: list[str]) -> list[Traceback]:
-    """Every traceback of `lines`, in the order their headers appear."""
-    out = []
+    """Every traceback of `lines`, in the order their headers appear. One pass: each line
+    goes to the traceback open for its rank tag (or for untagged lines), so ranks printing
+    at once are read apart and no line is read twice."""
+    reading: dict[int | None, _Reading] = {}
+    out: list[Traceback] = []
     for i, line in enumerate(lines):
         if len(line) > MAX_TRACE_LINE:
             continue
+        rank = _rank(line)
         at = line.find(_HEADER)
         if at >= 0:
-            out.append(_read_one(lines, i, line[:at]))
-    return out
+            if rank in reading:  # cut: a new one begins before it ended
+                out.append(reading.pop(rank).finish(0, ""))
+            reading[rank] = _Reading(i + 1, line[:at], rank)
+        elif rank in reading:
+            done = reading[rank].feed(line, i + 1)
+            if done is not None:
+                out.append(done)
+                del reading[rank]
+    out += [r.finish(0, "") for r in reading.values()]
+    return sorted(out, key=lambda t: t.first_line)
 
 
-def _read_one(lines: list[str], start: int, prefix: str) -> Traceback:
-    rank = _rank(prefix)
-    frames: list[TraceFrame] = []
-    pending: tuple[str, int, str] | None = None  # a frame whose source line may follow
-    skipped = loose = 0
-    for k in range(start + 1, len(lines)):
-        line = lines[k]
-        if len(line) > MAX_TRACE_LINE or (rank is not None and _rank(line) != rank):
-            skipped += 1
-            if skipped > MAX_INTERLEAVED:
-                break
-            continue
-        skipped = 0
-        body = _body(line, prefix)
+class _Reading:
+    """A traceback being read: its frames so far, a frame whose source line may follow."""
+
+    def __init__(self, first_line: int, prefix: str, rank: int | None) -> None:
+        self.first_line, self.prefix, self.rank = first_line, prefix, rank
+        self.frames: list[TraceFrame] = []
+        self.pending: tuple[str, int, str] | None = None
+        self.loose = 0
+
+    def finish(self, end_line: int, exception: str) -> Traceback:
+        if self.pending is not None:
+            self.frames.append(TraceFrame(*self.pending, ""))
+            self.pending = None
+        return Traceback(self.first_line, end_line, self.rank,
+                         tuple(self.frames[-MAX_FRAMES:]), exception)
+
+    def feed(self, line: str, number: int) -> Traceback | None:
+        """Read one more line; the traceback when this line ends it."""
+        body = _body(line, self.prefix)
         at = body.find(_FRAME_AT)
         m = _FRAME.match(body, at) if at >= 0 else None
         if m is not None and not body[:at].strip(" \t|"):
-            if pending is not None:
-                frames.append(TraceFrame(*pending, ""))
-            pending = (m.group(1), int(m.group(2)), m.group(3) or "")
-            loose = 0
-            continue
+            if self.pending is not None:
+                self.frames.append(TraceFrame(*self.pending, ""))
+            self.pending = (m.group(1), int(m.group(2)), m.group(3) or "")
+            self.loose = 0
+            if len(self.frames) > 2 * MAX_FRAMES:
+                del self.frames[:MAX_FRAMES]  # the innermost are kept
+            return None
         text = body.strip()
         if not text or set(text) <= _CARETS:
-            continue  # a blank line inside, or the carets under a source line
+            return None  # a blank line inside, or the carets under a source line
         if _is_exception(text) and not body[:1].isspace():
-            if pending is not None:
-                frames.append(TraceFrame(*pending, ""))
-            return Traceback(start + 1, k + 1, rank, tuple(frames[-MAX_FRAMES:]), text)
-        if pending is not None:  # its source line
-            frames.append(TraceFrame(*pending, text))
-            pending = None
-            continue
-        loose += 1  # more source lines of one frame (3.13 prints a call's every line)
-        if loose > MAX_SOURCE_LINES:
-            break
-    if pending is not None:
-        frames.append(TraceFrame(*pending, ""))
-    return Traceback(start + 1, 0, rank, tuple(frames[-MAX_FRAMES:]), "")
+            return self.finish(number, text)
+        if self.pending is not None:  # its source line
+            self.frames.append(TraceFrame(*self.pending, text))
+            self.pending = None
+            return None
+        self.loose += 1  # more source lines of one frame (3.13 prints a call's every line)
+        return self.finish(0, "") if self.loose > MAX_SOURCE_LINES else None
 
 
 #: An exception line: a dotted name (with Ray's "(Cause)" after it) and a colon, or a bare
@@ -146,16 +160,18 @@ def _is_exception(text: str) -> bool:
     return m.group(0).endswith(":") or text.endswith(_BARE)
 
 
-def traceback_of(tracebacks: list[Traceback], line: int, rank: int | None,
+def traceback_of(by_end: dict[int, Traceback], line: int, rank: int | None,
                  within: int = 3) -> Traceback | None:
-    """The traceback of the OOM message at `line` (1-based): the one whose exception line it
-    is, else the last one of its rank ending at most `within` lines before it."""
-    best = None
-    for t in tracebacks:
-        if rank is not None and t.rank not in (None, rank):
-            continue
-        if t.end_line == line:
+    """The traceback of the OOM message at `line` (1-based), from the tracebacks keyed by
+    their exception line (`ending_at`): the one whose exception line it is, else the nearest
+    of its rank ending at most `within` lines before it."""
+    for end in range(line, line - within - 1, -1):
+        t = by_end.get(end)
+        if t is not None and (rank is None or t.rank in (None, rank)):
             return t
-        if 0 < t.end_line < line and line - t.end_line <= within:
-            best = t
-    return best
+    return None
+
+
+def ending_at(tracebacks: Iterable[Traceback]) -> dict[int, Traceback]:
+    """Tracebacks keyed by the line of their exception (those cut short have none)."""
+    return {t.end_line: t for t in tracebacks if t.end_line}
