@@ -70,9 +70,14 @@ def _rank(line: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+#: Digits made one, to compare a prefix's shape (a timestamp that moved on).
+_DIGITS = str.maketrans("0123456789", "0000000000")
+
+
 def _body(line: str, prefix: str) -> str:
     """A line without the traceback's prefix (a tag or a timestamp of the same shape)."""
-    if prefix and line.startswith(prefix):
+    if prefix and (line.startswith(prefix) or line[:len(prefix)].translate(_DIGITS)
+                   == prefix.translate(_DIGITS)):
         return line[len(prefix):]
     tag = RANK_TAG.search(line[:RANK_SPAN])
     if tag is not None:  # "[rank0]: ..." with another timestamp before it
