@@ -267,3 +267,49 @@ def test_many_cut_tracebacks_are_each_read_once() -> None:
     got = read_tracebacks(lines)
     assert time.process_time() - start < 2.0
     assert sorted(t.rank for t in got) == list(ranks) and all(len(t.frames) == 20 for t in got)
+
+
+#: SGLang's scheduler receiving the trainer's weights in a colocated job (slime + SGLang):
+#: sglang/srt/managers/tp_worker.py and model_executor/model_runner.py as the sources quote
+#: them (update_weights_from_tensor unwrapping each serialized tensor onto the device).
+SGLANG_UPDATE = [
+    ("/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", 2210,
+     "update_weights_from_tensor",
+     "success, message = self.tp_worker.update_weights_from_tensor(recv_req)"),
+    ("/sgl-workspace/sglang/python/sglang/srt/managers/tp_worker.py", 168,
+     "update_weights_from_tensor",
+     "success, message = self.model_runner.update_weights_from_tensor("),
+    ("/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", 779,
+     "update_weights_from_tensor", "named_tensors = ["),
+    ("/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", 780,
+     "<listcomp>", "(name, _unwrap_tensor(tensor, tp_rank=self.tp_rank))"),
+    ("/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", 796,
+     "_unwrap_tensor", "return tensor.to(torch.cuda.current_device())"),
+]
+
+
+def test_a_colocated_sglang_weight_update_is_named_with_its_budget() -> None:
+    """SGLang logs the scheduler's traceback as one record (the prefix on its first line
+    only). The request is named by the SGLang pack (weights received from the trainer); the
+    trainer's knob for its buckets is not offered, its frames not being in this process; the
+    start-up lines of the same rank give the budget and --mem-fraction-static its value."""
+    from .test_framework_lines import GIB as G
+    from .test_framework_lines import sglang_startup
+
+    head = "[2026-02-01 00:09:12 TP0] Scheduler hit an exception: "
+    lines = traceback_lines(SGLANG_UPDATE, "torch.OutOfMemoryError: " + message(
+        "3.20 GiB", "1.10 GiB", "76.60 GiB", "70.95 GiB", "420.00 MiB", "79.19 GiB"))
+    text = sglang_startup(0, 78 * G, 16 * G, 28 * G, 420000, 2 * G, 0.85) + head + \
+        "\n".join(lines) + "\n"
+    ev = weigh([read_text(text, "sglang.log")])
+    (finding,) = ev.requests
+    want = decided(SGLANG_UPDATE, int(3.2 * (1 << 30)))
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert want.rule_id == "sglang.update_weights"
+    assert "sglang" in {fw for fw, _ in finding.owners}
+    assert not any(k.startswith("--update-weight-buffer-size") for k, _ in finding.knobs)
+    (fw,) = ev.frameworks
+    gap = round(3.20 * G) - round(1.10 * G)
+    lower = -(-gap * 100 // round(79.19 * G)) / 100
+    assert fw.message is not None
+    assert fw.knobs[0][0] == f"--mem-fraction-static {0.85 - lower:.2f}"
