@@ -191,15 +191,22 @@ def test_vllm_v1_lines_and_their_judgements() -> None:
 
 def test_vllm_v1_negative_cache_with_the_card_size_of_an_oom_message() -> None:
     """Seed 003's 'Available KV cache memory: -27.82 GiB' and, on the same rank, the
-    card's 79.25 GiB from the OOM that followed: the utilisation would have to rise by at
-    least 27.82 / 79.25 of the card, if nothing else held that memory."""
-    text = ("INFO 03-12 11:58:22 [gpu_worker.py:424] Available KV cache memory: -27.82 GiB\n"
-            "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.50 GiB. "
+    card's 79.25 GiB from the OOM that followed. Without the profiling line nothing says
+    what took the budget (there: the colocated trainer's buffers), so no utilisation is
+    offered; with it, the utilisation would have to rise by at least 27.82 / 79.25 of the
+    card, if nothing else held that memory."""
+    card = ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.50 GiB. "
             "GPU 0 has a total capacity of 79.25 GiB of which 975.94 MiB is free. Including "
             "non-PyTorch memory, this process has 78.25 GiB memory in use. Of the allocated "
             "memory 77.28 GiB is allocated by PyTorch, and 66.45 MiB is reserved by PyTorch "
             "but unallocated.\n")
-    (fw,) = weigh([read_text(text, "s3.log")]).frameworks
+    kv_line = "INFO 03-12 11:58:22 [gpu_worker.py:424] Available KV cache memory: -27.82 GiB\n"
+    (fw,) = weigh([read_text(kv_line + card, "s3.log")]).frameworks
+    assert not fw.knobs and "vllm_unsplit" in {f.id for f in fw.findings}
+    profile = ("DEBUG 03-12 11:58:22 [gpu_worker.py:400] Memory profiling takes 3.51 seconds. "
+               "Total non KV cache memory: 67.40GiB; torch peak memory increase: 1.21GiB; "
+               "non-torch forward increase memory: 0.66GiB; weights memory: 65.53GiB.\n")
+    (fw,) = weigh([read_text(profile + kv_line + card, "s3.log")]).frameworks
     more = math.ceil(round(27.82 * GIB) * 100 / round(79.25 * GIB)) / 100
     (knob, why), = fw.knobs
     assert knob == f"--gpu-memory-utilization +{more:.2f} or more"

@@ -223,7 +223,9 @@ def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
     if kv is not None and kv < 0:
         findings.append(Finding("vllm_kv_negative", (("KV cache", kv),)))
         cap = message.capacity.bytes if message is not None and message.capacity else None
-        if cap:
+        if non_kv is None:  # what took the budget is not split: no value can be given
+            findings.append(Finding("vllm_unsplit", (("KV cache", kv),)))
+        elif cap:
             more = math.ceil(-kv * 100 / cap) / 100
             knobs.append(_knob("vllm_gpu_memory_utilization", f"+{more:.2f} or more",
                                f"the budget was {fmt_bytes(-kv)} short of its non-KV memory: "

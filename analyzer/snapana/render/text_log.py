@@ -564,6 +564,10 @@ def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
     if f.id == "vllm_kv_negative":
         return (f"Available KV cache memory is {b(t['KV cache'])}: the weights, the profiling "
                 "run's activations and the memory outside torch took more than vLLM's budget")
+    if f.id == "vllm_unsplit":
+        return ("the log does not split what took it (vLLM's 'Total non KV cache memory' "
+                "line is debug-level): a colocated trainer's memory, another process's, or "
+                "vLLM's own weights and activations — no utilisation is offered without it")
     if f.id == "vllm_kv_tokens":
         return (f"the KV cache holds {t['tokens']:,} tokens; a request may be "
                 f"{t['max_model_len']:,} long")
