@@ -115,9 +115,11 @@ def decided(frames: list[tuple[str, int, str, str]], request: int):
     return RULES.with_sites([stack]).classify(stack, BlockContext(size=request))
 
 
-def slime_ray_log() -> str:
+def slime_ray_log(remote_header: bool = True) -> str:
     """The driver's traceback through ray.get, Ray's RayTaskError line, then the actor's own
-    traceback ending in the OOM message (THUDM/slime#1951's shape)."""
+    frames ending in the OOM message (THUDM/slime#1951's shape): Ray prints them right after
+    its exception line, without a header (`remote_header=False`); a log that re-raised the
+    cause has one."""
     driver = [
         ("/root/slime/train.py", 110, "<module>", "train(args)"),
         ("/root/slime/train.py", 88, "train",
@@ -132,12 +134,13 @@ def slime_ray_log() -> str:
              "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
              *traceback_lines(SLIME_FRAMES, "torch.OutOfMemoryError: " + message(
                  "58.15 GiB", "47.69 GiB", "31.50 GiB", "23.50 GiB", "502.00 MiB",
-                 "79.19 GiB"))]
+                 "79.19 GiB"))[0 if remote_header else 1:]]
     return "\n".join(lines) + "\n"
 
 
-def test_slime_log_prob_copy_is_named_by_the_slime_pack() -> None:
-    log = read_text(slime_ray_log(), "slime.log")
+@pytest.mark.parametrize("remote_header", [False, True])
+def test_slime_log_prob_copy_is_named_by_the_slime_pack(remote_header: bool) -> None:
+    log = read_text(slime_ray_log(remote_header), "slime.log")
     (finding,) = weigh([log]).requests
     want = decided(SLIME_FRAMES, int(58.15 * (1 << 30)))
     assert (finding.family, finding.rule_id) == (want.family, want.rule_id)

@@ -7,8 +7,9 @@ N, in function` lines, each followed by its source line and, since 3.11, a line 
 the exception line ends it. A log prefix before every line is allowed (a timestamp, a
 torchrun "[rank3]:" tag); where the header carries a rank tag, only lines with the same tag
 belong to it, so the tracebacks of ranks printing at once are read apart. Chained
-tracebacks ("During handling of the above exception ...") and Ray's remote one are each a
-traceback of their own; the one ending at the OOM message is its stack.
+tracebacks ("During handling of the above exception ...") and Ray's remote one (the
+actor's frames printed after the RayTaskError line, with no header) are each a traceback
+of their own; the one ending at the OOM message is its stack.
 
 Every line is matched in linear time: lines longer than MAX_TRACE_LINE are not frame
 lines, a frame line is found by its literal `File "` and matched from there, every
@@ -37,6 +38,9 @@ _FRAME = re.compile(r'File "([^"\n]{1,1024})", line (\d{1,9})(?:, in ([^\s,]{1,2
 #: A torchrun rank tag before a line ("[rank3]:", "[Rank 3]").
 RANK_TAG = re.compile(r"\[rank ?(\d{1,6})\]", re.IGNORECASE)
 _CARETS = frozenset("^~ \t")
+#: Ray's exception for a remote task's failure: the actor's own frames follow it without a
+#: header of their own ("ray.exceptions.RayTaskError(OutOfMemoryError): ray::A.f() ...").
+_REMOTE = "RayTaskError("
 #: How much of a line's start is searched for its rank tag.
 RANK_SPAN = 200
 
@@ -106,8 +110,16 @@ def read_tracebacks(lines: list[str]) -> list[Traceback]:
             if done is not None:
                 out.append(done)
                 del reading[rank]
+                if _REMOTE in done.exception:  # Ray prints the actor's frames next, headless
+                    reading[rank] = _Reading(i + 1, _prefix_of(line, done.exception), rank)
     out += [r.finish(0, "") for r in reading.values()]
     return sorted(out, key=lambda t: t.first_line)
+
+
+def _prefix_of(line: str, exception: str) -> str:
+    """The prefix of the line an exception was read from (what stands before it)."""
+    at = line.find(exception[:40])
+    return line[:at] if at > 0 else ""
 
 
 class _Reading:
