@@ -304,3 +304,24 @@ def test_a_log_of_framework_lines_alone_is_read_not_refused(tmp_path: Path, name
     assert result.returncode == 0, result.stderr
     assert "SGLang memory lines (rank 0)" in result.stdout
     assert result.stdout.count("Next time, record the allocator's history") == 1
+
+
+def test_sglang_speculative_captures_add_up() -> None:
+    """A speculative engine captures the target's and the draft's graphs, each line in the
+    newer wording ('Capture target verify CUDA graph end. elapsed=... s, mem usage=... GB,
+    avail mem=... GB.'); the graphs term is their sum since the last memory pool."""
+    p = "[2026-09-11 23:46:13 TP0 EP0] "
+    usages = (600 * MIB, 300 * MIB)
+    text = "\n".join([
+        f"{p}Memory pool end. avail mem={gb(9 * GIB)} GB",
+        f"{p}Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=6, "
+        f"bs=[1, 2, 3, 4], avail mem={gb(9 * GIB)} GB",
+        f"{p}Capture target verify CUDA graph end. elapsed=13.48 s, mem usage="
+        f"{gb(usages[0])} GB, avail mem={gb(9 * GIB - usages[0])} GB.",
+        f"{p}Capture draft verify CUDA graph end. elapsed=2.10 s, mem usage="
+        f"{gb(usages[1])} GB, avail mem={gb(9 * GIB - sum(usages))} GB.",
+    ])
+    (fw,) = weigh([read_text(text, "spec.log")]).frameworks
+    terms = dict(fw.findings[0].terms)
+    assert terms["CUDA graphs"] == sum(printed(u) for u in usages)
+    assert terms["left after start-up"] == printed(9 * GIB - sum(usages))

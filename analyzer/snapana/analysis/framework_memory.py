@@ -129,10 +129,8 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
     kv_line = _last(lines, "sglang.kv_allocated")
     k, v, kv = (_bytes(kv_line, n) for n in ("k", "v", "kv"))
     pool = kv if kv is not None else (k + v if k is not None and v is not None else None)
-    begin, end = _last(lines, "sglang.graph_begin"), _last(lines, "sglang.graph_end")
-    graphs = _bytes(end, "usage")
-    if graphs is None and _bytes(begin, "avail") is not None and _bytes(end, "avail") is not None:
-        graphs = _bytes(begin, "avail") - _bytes(end, "avail")  # type: ignore[operator]
+    end = _last(lines, "sglang.graph_end")
+    graphs = _graphs(lines)
     budget = _last(lines, "sglang.budget")
     left = next((b for b in (_bytes(budget, "left"), _bytes(end, "avail"),
                              _bytes(_last(lines, "sglang.pool_end"), "avail")) if b is not None),
@@ -176,6 +174,16 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
                            f"the CUDA graphs took {fmt_bytes(graphs)}, at least the "
                            f"{fmt_bytes(gap)} the OOM lacked"))
     return findings, knobs
+
+
+def _graphs(lines: Sequence[MemoryLine]) -> int | None:
+    """What the CUDA graphs of the last start-up took: every capture's 'mem usage' after the
+    last memory pool (a speculative engine captures the target's and the draft's)."""
+    pool = _last(lines, "sglang.pool_end")
+    since = pool.line if pool is not None else 0
+    used = [_bytes(m, "usage") for m in lines if m.format == "sglang.graph_end"
+            and m.line > since]
+    return sum(u for u in used if u is not None) if used else None
 
 
 # ----- torch_memory_saver ---------------------------------------------------------------
