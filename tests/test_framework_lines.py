@@ -325,3 +325,25 @@ def test_sglang_speculative_captures_add_up() -> None:
     terms = dict(fw.findings[0].terms)
     assert terms["CUDA graphs"] == sum(printed(u) for u in usages)
     assert terms["left after start-up"] == printed(9 * GIB - sum(usages))
+
+
+def test_vllm_06_profiling_results_with_another_instance_on_the_card() -> None:
+    """vLLM 0.6's worker: 'Memory profiling results: total_gpu_memory=%.2fGiB
+    initial_memory_usage=%.2fGiB peak_torch_memory=%.2fGiB memory_usage_post_profile=%.2fGib
+    non_torch_memory=%.2fGiB kv_cache_size=%.2fGiB gpu_memory_utilization=%.2f' (its 'Gib'
+    as printed), after 'Loading model weights took %.4f GB'. A second instance held 40 GiB
+    before profiling: said, with the budget total × utilisation."""
+    total, util, weights, initial, peak, kv = 79.15, 0.90, 27.60, 68.01, 10.77, -8.00
+    text = (f"INFO 12-06 14:55:15 model_runner.py:1077] Loading model weights took "
+            f"{weights:.4f} GB\n"
+            f"INFO 12-06 14:55:15 worker.py:232] Memory profiling results: total_gpu_memory="
+            f"{total:.2f}GiB initial_memory_usage={initial:.2f}GiB peak_torch_memory="
+            f"{peak:.2f}GiB memory_usage_post_profile={initial + 0.03:.2f}Gib non_torch_memory="
+            f"0.40GiB kv_cache_size={kv:.2f}GiB gpu_memory_utilization={util:.2f}\n")
+    (fw,) = weigh([read_text(text, "v06.log")]).frameworks
+    terms = dict(fw.findings[0].terms)
+    assert terms["budget (total × utilisation)"] == int(round(total * GIB) * util)
+    assert terms["activation peak (profiling run)"] == round(peak * GIB)
+    (held,) = [f for f in fw.findings if f.id == "vllm_held_at_start"]
+    assert dict(held.terms)["held"] == round(initial * GIB) - round(weights * GIB)
+    assert not fw.knobs  # another instance holds the memory: no utilisation to raise

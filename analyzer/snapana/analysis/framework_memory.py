@@ -28,6 +28,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
     import tomli as tomllib
 
+#: vLLM 0.6's initial usage beyond its weights from this share of the card on: memory
+#: another process (or another instance) held before profiling (a CUDA context is ~1%).
+OTHERS_AT_START = 0.05
 #: Megatron ranks whose peaks differ by this share of the highest are uneven.
 UNEVEN_RANKS = 0.10
 
@@ -222,18 +225,32 @@ def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
     non_kv, activation = _bytes(profile, "non_kv"), _bytes(profile, "activation")
     tokens_line, conc = _last(lines, "vllm.kv_tokens"), _last(lines, "vllm.concurrency")
     budget = non_kv + kv if non_kv is not None and kv is not None else None
+    old = _last(lines, "vllm.profile_v06")
+    findings_v06: list[Finding] = []
+    if old is not None:  # 0.6.x: the budget is total × utilisation, the peak its own figure
+        total, util = _bytes(old, "total"), old.number("utilization")
+        activation, kv = _bytes(old, "activation"), _bytes(old, "kv")
+        budget = int(total * util) if total is not None and util is not None else None
+        initial = _bytes(old, "initial")
+        held = initial - weights if initial is not None and weights is not None else None
+        if held is not None and total and held >= OTHERS_AT_START * total:
+            findings_v06.append(Finding("vllm_held_at_start", (("held", held),
+                                                               ("total", total))))
     terms = [(what, n) for what, n in (
         ("weights", weights), ("activation peak (profiling run)", activation),
         ("non-torch memory", _bytes(profile, "non_torch")), ("non-KV memory in all", non_kv),
-        ("KV cache", kv), ("budget (non-KV + KV)", budget)) if n is not None]
+        ("KV cache", kv),
+        ("budget (total × utilisation)" if old is not None else "budget (non-KV + KV)", budget))
+        if n is not None]
     findings = [Finding("vllm_budget", tuple(terms))] if terms else []
+    findings += findings_v06
     knobs: list[tuple[str, str]] = []
     if kv is not None and kv < 0:
         findings.append(Finding("vllm_kv_negative", (("KV cache", kv),)))
         cap = message.capacity.bytes if message is not None and message.capacity else None
-        if non_kv is None:  # what took the budget is not split: no value can be given
+        if non_kv is None and old is None:  # what took the budget is not split: no value
             findings.append(Finding("vllm_unsplit", (("KV cache", kv),)))
-        elif cap:
+        elif cap and old is None:
             more = math.ceil(-kv * 100 / cap) / 100
             knobs.append(_knob("vllm_gpu_memory_utilization", f"+{more:.2f} or more",
                                f"the budget was {fmt_bytes(-kv)} short of its non-KV memory: "

@@ -564,6 +564,10 @@ def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
     if f.id == "vllm_kv_negative":
         return (f"Available KV cache memory is {b(t['KV cache'])}: the weights, the profiling "
                 "run's activations and the memory outside torch took more than vLLM's budget")
+    if f.id == "vllm_held_at_start":
+        return (f"{b(t['held'])} of the card ({t['held'] / t['total']:.0%}) was in use before "
+                "profiling besides the weights (initial_memory_usage − weights): another "
+                "process or vLLM instance on the card, which the budget counts against itself")
     if f.id == "vllm_unsplit":
         return ("the log does not split what took it (vLLM's 'Total non KV cache memory' "
                 "line is debug-level): a colocated trainer's memory, another process's, or "
