@@ -347,3 +347,23 @@ def test_vllm_06_profiling_results_with_another_instance_on_the_card() -> None:
     (held,) = [f for f in fw.findings if f.id == "vllm_held_at_start"]
     assert dict(held.terms)["held"] == round(initial * GIB) - round(weights * GIB)
     assert not fw.knobs  # another instance holds the memory: no utilisation to raise
+
+
+def test_mangled_memory_lines_never_raise() -> None:
+    """Every anchor followed by fragments of figures (commas alone, signs, units without
+    numbers, numbers past their bounds): read or skipped, never an exception, and the
+    judgements of what was read hold."""
+    import random
+
+    r = random.Random(57)
+    bits = [",", ",,,", "-", "1", "0.5", "GB", "GiB", " ", "=", "x", "99999999999", "|", ".",
+            " tokens", " tokens per request: ", " GB, V size: ", " | max allocated: "]
+    lines = []
+    for _ in range(3000):
+        f = r.choice(line_formats())
+        lines.append(r.choice(["", "[rank3]: ", "[2026 TP1] "]) + f.anchor
+                     + "".join(r.choice(bits) for _ in range(r.randrange(0, 30))))
+        lines.append(f.pattern.pattern.replace("\\", "")[:200])
+    read = read_memory_lines(lines)
+    weigh([read_text("\n".join(lines), "fuzz.log")])  # judged without raising
+    assert all(m.figures for m in read)

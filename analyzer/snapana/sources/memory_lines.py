@@ -32,7 +32,7 @@ MAX_ANCHORS_PER_LINE = 16
 #: How much of a line's start is searched for its rank tag.
 RANK_SPAN = 300
 
-_PIECES = {"num": r"\d{1,9}(?:\.\d{1,6})?", "int": r"\d{1,20}", "count": r"[\d,]{1,27}"}
+_PIECES = {"num": r"\d{1,9}(?:\.\d{1,6})?", "int": r"\d{1,20}", "count": r"\d[\d,]{0,26}"}
 #: A rank tag: torchrun's "[rank3]", Megatron's "[Rank 3]", SGLang's "TP3" (its tensor
 #: parallel rank: one process per GPU), vLLM's "rank=3".
 RANK_TAG = re.compile(r"\[[Rr]ank ?(\d{1,6})\]|\bTP(\d{1,4})\b|\brank=(\d{1,6})\b")
