@@ -9,6 +9,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from snapana.analysis.framework_memory import (
+    FrameworkEvidence,
+    across_ranks,
+    framework_evidence,
+)
 from snapana.analysis.log_check import LogCheck, check, pick_message
 from snapana.analysis.log_evidence import (
     KvEvidence,
@@ -21,9 +26,11 @@ from snapana.analysis.log_evidence import (
 )
 from snapana.analysis.text_diagnosis import TextDiagnosis, diagnose
 from snapana.sources import log_text
+from snapana.sources.traceback_text import ending_at, traceback_of
 
 if TYPE_CHECKING:
     from snapana.analysis.diagnosis.findings import DeviceReport
+    from snapana.analysis.traceback_request import RequestFinding
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,10 @@ class LogEvidence:
     summaries: tuple[SummaryEvidence, ...]
     smi: tuple[SmiEvidence, ...]
     kv: tuple[KvEvidence, ...]
+    #: for each diagnosis, the failing request named from its traceback (None: none read)
+    requests: tuple[RequestFinding | None, ...] = ()
+    #: frameworks' memory lines, per log, framework and rank, judged
+    frameworks: tuple[FrameworkEvidence, ...] = ()
 
 
 def read_logs(paths: list[Path] | None, ranks: dict[Path, int] | None = None) -> LogEvidence:
@@ -49,9 +60,13 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
     """Every message of `logs` diagnosed; each table and refusal weighed against the
     messages of its own log."""
     diagnoses, summaries, smi, kv = [], [], [], []
+    requests: list[RequestFinding | None] = []
+    frameworks: list[FrameworkEvidence] = []
     for log in logs:
         messages = list(log.messages)
         diagnoses += [diagnose(m) for m in messages]
+        requests += _requests(log)
+        frameworks += framework_evidence(log.memory_lines, messages, log.name)
         summaries += [summary_evidence(s, messages, log.name) for s in log.summaries]
         tables = [smi_evidence(t, messages, log.name) for t in log.smi]
         smi += tables
@@ -61,14 +76,33 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
         alone = [b for b in budgets if all(b is not p for _, p in paired)]
         kv += [kv_evidence(r, b, others, log.name) for r, b in paired]
         kv += [kv_evidence(None, b, others, log.name) for b in alone]
-    return LogEvidence(tuple(logs), tuple(diagnoses), tuple(summaries), tuple(smi), tuple(kv))
+    return LogEvidence(tuple(logs), tuple(diagnoses), tuple(summaries), tuple(smi), tuple(kv),
+                       tuple(requests), tuple(across_ranks(frameworks)))
+
+
+def _requests(log: log_text.TextLog) -> list[RequestFinding | None]:
+    """Each message's failing request, named from its traceback by the rule packs. The rules
+    engine is imported only for a log that has a traceback to read."""
+    by_end = ending_at(log.tracebacks)
+    stacks = [traceback_of(by_end, m.line, m.rank) for m in log.messages]
+    if not any(t is not None and t.frames for t in stacks):
+        return [None] * len(stacks)
+    from snapana.analysis.attribution import load_rules
+    from snapana.analysis.traceback_request import RequestNamer
+
+    namer = RequestNamer(load_rules())
+    return [None if t is None or not t.frames else
+            namer.name(t, m.request.bytes if m.request else None, m.expandable_on)
+            for m, t in zip(log.messages, stacks, strict=True)]
 
 
 def _ranked(log: log_text.TextLog, rank: int | None) -> log_text.TextLog:
     if rank is None:
         return log
     return replace(log, messages=tuple(m if m.rank is not None else replace(m, rank=rank)
-                                       for m in log.messages))
+                                       for m in log.messages),
+                   memory_lines=tuple(m if m.rank is not None else replace(m, rank=rank)
+                                      for m in log.memory_lines))
 
 
 def check_beside(paths: list[Path], reports: list[DeviceReport]) -> tuple[LogCheck, ...]:

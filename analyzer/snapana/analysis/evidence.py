@@ -28,6 +28,7 @@ from snapana.analysis.attribution.facts import (
     shown_at,
 )
 from snapana.analysis.attribution.families import training_marks
+from snapana.analysis.attribution.stack import import_path
 from snapana.caching_allocator import ACTIVE_ALLOCATED, ALLOCATOR_DEFAULTS
 from snapana.model import Capture, Frame, is_python_file
 from snapana.units import fmt_bytes
@@ -290,7 +291,8 @@ def _stack_owners(stack: tuple[Frame, ...], markers: Mapping[str, tuple[str, ...
         path = frame[0].replace("\\", "/")
         if not is_python_file(path):
             continue
-        found = [fw for fw, parts in markers.items() if any(p in path for p in parts)]
+        package = import_path(path)
+        found = [fw for fw, parts in markers.items() if any(p in package for p in parts)]
         if not out and not found:
             if not is_library(path):
                 return {}  # the program's own code made it
@@ -362,3 +364,17 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
                        settings, expandable or bool(settings and _is_on(
                            settings.get("expandable_segments"), "expandable_segments")), free,
                        frozenset(fw for fw, parts in markers.items() if parts))
+
+
+def stack_evidence(stack: tuple[Frame, ...], family: str,
+                   markers: Mapping[str, tuple[str, ...]],
+                   expandable: bool | None = None) -> JobEvidence:
+    """The evidence one stack gives (a traceback's failing request, issue 57): the facts its
+    frames show, the workload they speak for, the frameworks that own the request's family
+    by its own frames. A log records no allocator settings (`expandable`: the OOM message
+    says expandable segments were on) and no segments."""
+    facts = seen_facts(stack)
+    workload = decide_workload(facts, {}, any(is_python_file(f[0]) for f in stack))
+    return JobEvidence(workload, facts, {family: _stack_owners(stack, markers)}, None,
+                       bool(expandable), {}, frozenset(fw for fw, parts in markers.items()
+                                                       if parts))

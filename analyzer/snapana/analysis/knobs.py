@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
 from snapana.analysis.attribution.families import families_with_lifetime
 from snapana.analysis.attribution.pack_parser import KNOB_COSTS, Knob
+from snapana.analysis.attribution.stack import import_path
 
 if TYPE_CHECKING:
     from snapana.analysis.evidence import JobEvidence
@@ -32,6 +33,7 @@ __all__ = [
     "knobs_for",
     "load_knobs",
     "preference",
+    "reloads_offloaded",
     "stop_knob",
     "transient_families",
     "working_set_families",
@@ -78,7 +80,7 @@ def framework_markers(rules: RuleSet | None = None) -> dict[str, tuple[str, ...]
 def frameworks_in(filenames: list[str], rules: RuleSet | None = None) -> set[str]:
     """The frameworks a capture's frames come from (so only their knobs are suggested)."""
     markers = framework_markers(rules)
-    paths = [f.replace("\\", "/") for f in filenames]
+    paths = [import_path(f.replace("\\", "/")) for f in filenames]
     return {name for name, parts in markers.items()
             if any(part in p for p in paths for part in parts)}
 
@@ -208,6 +210,14 @@ def preference(k: Knob) -> tuple[bool, bool, int, int]:
     families)."""
     return (k.framework in _ALWAYS, k.direction == "bounds",
             _COST_RANK.get(k.cost, len(KNOB_COSTS)), len(k.families))
+
+
+def reloads_offloaded(phase_rule_id: str | None) -> bool:
+    """The phase rule that named the OOM's phase marks reloading offloaded state: packs name
+    such rules ``<pack>.phase_reload_*`` (verl, ms-swift: load_megatron_model_to_gpu). An
+    offload knob is then not offered (that is the path that failed)."""
+    return phase_rule_id is not None and \
+        phase_rule_id.rsplit(".", 1)[-1].startswith("phase_reload")
 
 
 def best_knob(family: str, frameworks: set[str], phase: str | None,

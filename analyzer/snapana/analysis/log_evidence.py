@@ -21,6 +21,8 @@ NON_RELEASABLE_SHARE = 0.05
 WEIGHTS_SHARE = 0.8
 #: The activation peak from this share of the budget on is worth batching fewer tokens.
 ACTIVATION_SHARE = 0.2
+#: From this share of the budget on, the activation peak gets a word of its own (issue 57).
+ACTIVATION_HALF = 0.5
 #: vLLM's gpu_memory_utilization above which raising it is not offered: the rest of the card
 #: is the CUDA context, NCCL and the sampler's buffers.
 MAX_UTILIZATION = 0.95
@@ -184,8 +186,18 @@ def kv_evidence(r: KvRefusal | None, budget: KvBudget | None, others_on_gpu: boo
         findings.append(Finding("budget", tuple((w, s.bytes) for w, s in (
             ("total", budget.total), ("budget", budget.budget), ("KV cache", budget.kv))
             if s is not None) + tuple(spent)))
+        whole, peak = budget.budget, budget.activation
+        if whole is not None and peak is not None and whole.bytes > 0 \
+                and peak.bytes >= ACTIVATION_HALF * whole.bytes:
+            findings.append(Finding("activation_half", (("activation peak", peak.bytes),
+                                                        ("budget", whole.bytes))))
         if r is not None:
             knobs += _budget_knobs(r, budget, sum(n for _, n in spent), others_on_gpu)
+        elif any(f.id == "activation_half" for f in findings):
+            knobs.append(("--max-num-batched-tokens <fewer>",
+                          f"the profiling run's activation peak ({peak.text}) is "  # type: ignore[union-attr]
+                          f"{peak.bytes / whole.bytes:.0%} of the budget; it grows with the "  # type: ignore[union-attr]
+                          "tokens one step batches, and the KV cache gets what it leaves"))
     return KvEvidence(r, budget, tuple(findings), tuple(knobs), source)
 
 

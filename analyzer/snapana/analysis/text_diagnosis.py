@@ -1,38 +1,74 @@
-"""Why an OOM message's allocation failed, from its own figures (issue 44).
+"""Why an OOM message's allocation failed, from its own figures (issues 44, 57).
 
 The message holds the request, the device's capacity and free bytes, what PyTorch's
 allocator held (allocated, and reserved but unallocated) and, since 2.2, what this process
-held in all. From those alone: the device's memory splits into free + PyTorch's reserved +
-the rest (`outside`: this process's memory outside PyTorch's allocator, other processes, the
-driver), and each cause is a comparison of printed figures, kept with its terms so that a
-report can show the sum. Nothing the message does not print is assumed: the largest free
-cached block is never in it, so fragmentation is "cached bytes larger than the request", said
-with that caveat.
+held in all. From those alone the device's memory splits into free + PyTorch's reserved +
+the rest (this process's memory outside PyTorch's allocator, other processes, the driver).
+
+Causes are counterfactual (DESIGN.md, "one evidence model"): the request did not fit by its
+shortfall (request − free); each cause says what would have had to be different, in bytes,
+for it to fit, and a cause leads only if that change alone covers the shortfall. The idle
+cache (reserved but unallocated) is the exception: what it holds is not free to the device,
+so it speaks only where it is at least the request (one free block of it would have served
+the request: fragmentation). Where no cause alone covers the shortfall, the live tensors
+(demand) lead and the others follow as contributors with their share of it. A figure the
+text lacks (a paste cut mid-clause) leaves the causes it decides open, and says so. Nothing
+the message does not print is assumed: the largest free cached block is never in it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from snapana.sources.oom_text import OomMessage
+from snapana.sources.oom_text import CLAUSES, OomMessage
 
-#: Memory outside PyTorch's allocator counts as a cause from this share of the device on
-#: (a CUDA context alone takes 0.3-1 GiB of an 80 GiB card: about 1%).
-OUTSIDE_SHARE = 0.05
-#: The names of two cause terms renderers look up.
+#: The names of the split's terms renderers look up.
 OUTSIDE = "outside PyTorch's allocator"
 OTHERS = "other processes (the message's process lines)"
 OWN_OUTSIDE = "this process outside PyTorch's allocator"
 ELSEWHERE = "other processes and the driver"
 
+#: cudaMemGetInfo's free counts memory a new allocation cannot take (the driver's page
+#: tables and reserve); a request that is larger than what is free by no more than this
+#: share of the card, yet failed, met a full card rather than another limit.
+FULL_CARD_SHARE = 0.01
+
+#: The order in which causes that each alone cover the shortfall lead: what the figures
+#: show to be the story first (a size bug, a cache with the bytes, another process), then
+#: the live tensors, and only last this process's memory outside the cache (mostly its CUDA
+#: context, which no setting removes) and the outside memory not split by process.
+LEAD_ORDER = ("fragmentation", "other_processes", "demand", "own_outside", "outside_pytorch")
+
+#: Causes that decide alone, whatever else the figures say (the request could never fit, or
+#: the figures are not the card's).
+DECISIVE = ("size_bug", "spill", "other_limit", "card_full")
+
+#: Each clause's meaning in a few words, for a sentence naming a missing figure.
+CLAUSE_WORDS = {k: v[1].split(" (")[0].split(":")[0] for k, v in CLAUSES.items()} | {
+    "unallocated": "reserved by PyTorch but unallocated", "allocated": "allocated by PyTorch",
+    "this_process": "this process has ... memory in use", "request": "Tried to allocate",
+    "capacity": "total capacity ... is free"}
+
+#: Which figure each counterfactual cause needs (a message clause, named as CLAUSES does).
+NEEDS = {"fragmentation": ("unallocated",), "other_processes": ("this_process",),
+         "demand": ("allocated",), "own_outside": ("this_process", "unallocated"),
+         "outside_pytorch": ("unallocated",)}
+
 
 @dataclass(frozen=True)
 class TextCause:
-    """One reason the request did not fit, with the figures it compares."""
+    """One reason the request did not fit, with the figures it compares. `role`: lead (it
+    alone explains the failure), contributor (part of the shortfall: `share` of it), or open
+    (a figure it needs is not in the text), candidate (it would lead unless the missing
+    figure says an open one does). `needed`: the bytes that would have had to be
+    different for the request to fit (None: no change to it would have)."""
 
-    id: str  # fragmentation | outside_pytorch | other_processes | demand | size_bug |
-    #          other_limit | spill
+    id: str  # size_bug | spill | other_limit | card_full | fragmentation | other_processes |
+    #          demand | own_outside | outside_pytorch | undecided
     terms: tuple[tuple[str, int], ...]
+    role: str = "lead"
+    needed: int | None = None
+    share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -42,60 +78,201 @@ class TextDiagnosis:
     message: OomMessage
     #: the device's memory, split: (what, bytes), adding up to the capacity where it is known
     split: tuple[tuple[str, int], ...]
+    #: the lead cause first, then contributors and causes left open
     causes: tuple[TextCause, ...]
     #: PYTORCH_CUDA_ALLOC_CONF / environment knobs the causes support, each with its reason
     knobs: tuple[tuple[str, str], ...]
     #: bytes the allocator would have asked the device for (the request's segment)
     segment: int | None
+    #: request − free: what the device lacked (None: a figure is missing)
+    shortfall: int | None = None
+    #: message clauses the causes needed and the text does not hold (a cut paste)
+    missing: tuple[str, ...] = ()
+
+    @property
+    def lead(self) -> TextCause | None:
+        return self.causes[0] if self.causes else None
+
+
+def _bytes(s: object) -> int | None:
+    return getattr(s, "bytes", None)
 
 
 def diagnose(m: OomMessage) -> TextDiagnosis:
-    req = m.request.bytes if m.request else None
-    cap = m.capacity.bytes if m.capacity else None
-    free = m.free.bytes if m.free else None
-    reserved = m.reserved.bytes if m.reserved else None
-    cached = m.unallocated.bytes if m.unallocated else (
-        reserved - m.allocated.bytes if reserved is not None and m.allocated else None)
-    # "Tried to allocate" prints what the allocator asked the device for (`alloc_size`,
-    # the request's segment), not the tensor's size: compared with free as it is
-    segment = req
-    split: list[tuple[str, int]] = []
-    outside = None
-    if cap is not None and free is not None and reserved is not None:
-        outside = cap - free - reserved
-        split = [("free", free), ("reserved by PyTorch", reserved), (OUTSIDE, outside)]
-        own = m.this_process.bytes if m.this_process is not None else 0
-        if own:  # this process's figure (0: the driver could not see it) splits the rest
-            split[2:] = [(OWN_OUTSIDE, own - reserved), (ELSEWHERE, cap - free - own)]
-    causes: list[TextCause] = []
-    if req is not None and cap is not None and req > cap + m.capacity.slack:  # type: ignore[union-attr]
-        causes.append(TextCause("size_bug", (("request", req), ("capacity", cap))))
-    if m.allocated is not None and cap is not None and m.allocated.bytes > cap:
-        causes.append(TextCause("spill", (("allocated", m.allocated.bytes), ("capacity", cap))))
-    if (segment is not None and free is not None and m.allowed is None and m.free is not None
-            and segment < free - m.free.slack):
-        causes.append(TextCause("other_limit", (("segment asked for", segment), ("free", free))))
-    if m.wording == "2.12+ fraction" and req is not None:
-        causes.append(TextCause("other_limit", (("request", req),)))
+    req, cap, free = _bytes(m.request), _bytes(m.capacity), _bytes(m.free)
+    reserved, allocated = _bytes(m.reserved), _bytes(m.allocated)
+    cached = _bytes(m.unallocated) if m.unallocated is not None else (
+        reserved - allocated if reserved is not None and allocated is not None else None)
+    own = _bytes(m.this_process) or None  # 0: the driver could not see this process
+    split = _split(cap, free, reserved, own)
+    shortfall = req - free if req is not None and free is not None else None
+    decisive = _decisive(m, req, cap, free, reserved)
+    if decisive:
+        causes = decisive + _holders(m, allocated, cached, own, reserved, cap, free)
+        return TextDiagnosis(m, split, tuple(causes), _knobs(m, causes), req, shortfall)
+    candidates, missing = _counterfactuals(m, req, shortfall, allocated, cached, own,
+                                           reserved, cap, free)
+    causes = _ranked(candidates, shortfall)
+    return TextDiagnosis(m, split, tuple(causes), _knobs(m, causes), req, shortfall,
+                         missing)
+
+
+def _split(cap: int | None, free: int | None, reserved: int | None, own: int | None
+           ) -> tuple[tuple[str, int], ...]:
+    if cap is None or free is None or reserved is None:
+        return ()
+    if own:  # this process's figure splits the rest
+        return (("free", free), ("reserved by PyTorch", reserved),
+                (OWN_OUTSIDE, own - reserved), (ELSEWHERE, cap - free - own))
+    return (("free", free), ("reserved by PyTorch", reserved), (OUTSIDE, cap - free - reserved))
+
+
+def _decisive(m: OomMessage, req: int | None, cap: int | None, free: int | None,
+              reserved: int | None) -> list[TextCause]:
+    """Causes no counterfactual about the card's other holders can change: a request larger
+    than the card, figures that are not the card's, a limit other than the card's memory,
+    a card full to within its last percent."""
+    out: list[TextCause] = []
     if m.exabyte:
-        causes.append(TextCause("size_bug", (("request", 1 << 60), ("capacity", cap or 0))))
+        out.append(TextCause("size_bug", (("request", 1 << 60), ("capacity", cap or 0))))
+    if req is not None and cap is not None and req > cap + m.capacity.slack:  # type: ignore[union-attr]
+        out.append(TextCause("size_bug", (("request", req), ("capacity", cap))))
+    if m.allocated is not None and cap is not None and m.allocated.bytes > cap:
+        out.append(TextCause("spill", (("allocated", m.allocated.bytes), ("capacity", cap))))
+    if m.wording == "2.12+ fraction" and req is not None:
+        out.append(TextCause("other_limit", (("request", req),)))
     if m.allowed is not None and reserved is not None and req is not None:
-        causes.append(TextCause("other_limit", (("allowed", m.allowed.bytes),
-                                                ("reserved", reserved), ("request", req))))
-    if cached is not None and req is not None and cached >= req:
-        causes.append(TextCause("fragmentation", (("cached but unallocated", cached),
-                                                  ("request", req))))
-    if outside is not None and cap and req is not None and outside >= OUTSIDE_SHARE * cap:
-        terms = [(OUTSIDE, outside), ("free", free or 0), ("request", req)]
-        others = _other_processes(m)
-        if others is not None:
-            terms.append((OTHERS, others))
-        causes.append(TextCause("outside_pytorch", tuple(terms)))
-    if not any(c.id in ("size_bug", "spill", "other_limit", "fragmentation") for c in causes):
-        if m.allocated is not None and req is not None:
-            causes.append(TextCause("demand", (("allocated by PyTorch", m.allocated.bytes),
-                                               ("request", req))))
-    return TextDiagnosis(m, tuple(split), tuple(causes), _knobs(m, causes), segment)
+        out.append(TextCause("other_limit", (("allowed", m.allowed.bytes),
+                                             ("reserved", reserved), ("request", req))))
+    if out or req is None or free is None or m.allowed is not None:
+        return out
+    slack = m.request.slack + m.free.slack  # type: ignore[union-attr]
+    if req <= free + slack:  # the figures say it fits, yet it failed
+        margin = int(FULL_CARD_SHARE * cap) if cap else 0
+        if cap is not None and free - req <= max(margin, slack):
+            out.append(TextCause("card_full", (("free", free), ("request", req),
+                                               ("capacity", cap), ("within", margin))))
+        else:
+            out.append(TextCause("other_limit", (("segment asked for", req), ("free", free))))
+    return out
+
+
+def _holders(m: OomMessage, allocated: int | None, cached: int | None, own: int | None,
+             reserved: int | None, cap: int | None, free: int | None) -> list[TextCause]:
+    """Beside a decisive cause: what held the card, as contributors without a share."""
+    out = []
+    if allocated is not None:
+        out.append(TextCause("demand", (("allocated by PyTorch", allocated),), "contributor"))
+    if cached:
+        out.append(TextCause("fragmentation", (("cached but unallocated", cached),),
+                             "contributor"))
+    if own and reserved is not None and cap is not None and free is not None:
+        if cap - free - own > 0:
+            out.append(TextCause("other_processes", ((OTHERS, cap - free - own),),
+                                 "contributor"))
+    return out
+
+
+def _counterfactuals(m: OomMessage, req: int | None, shortfall: int | None,
+                     allocated: int | None, cached: int | None, own: int | None,
+                     reserved: int | None, cap: int | None, free: int | None
+                     ) -> tuple[dict[str, TextCause | None], tuple[str, ...]]:
+    """Each cause with the bytes it held and what would have had to change; None where a
+    figure it needs is missing. And the clauses missing that way."""
+    have = {"unallocated": cached is not None, "this_process": own is not None,
+            "allocated": allocated is not None}
+    out: dict[str, TextCause | None] = {}
+    if req is None or shortfall is None:
+        return {}, tuple(k for k in ("request", "capacity") if getattr(m, k) is None)
+    if cached is None:
+        out["fragmentation"] = None
+    elif cached:
+        out["fragmentation"] = TextCause(
+            "fragmentation", (("cached but unallocated", cached), ("request", req)),
+            needed=req if cached >= req else None)
+    if own is not None and cap is not None and free is not None:
+        listed = _other_processes(m)
+        others = cap - free - own if listed is None else listed
+        rounding = sum(s.slack for s in (m.capacity, m.free, m.this_process) if s is not None)
+        if others > rounding:  # (less is the printed figures' rounding)
+            out["other_processes"] = TextCause(
+                "other_processes", ((OTHERS if listed is not None else ELSEWHERE, others),
+                                    ("shortfall", shortfall)), needed=shortfall)
+    if allocated is None:
+        out["demand"] = None
+    else:
+        out["demand"] = TextCause("demand", (("allocated by PyTorch", allocated),
+                                             ("shortfall", shortfall)), needed=shortfall)
+    if own is not None:
+        if reserved is None:
+            out["own_outside"] = None
+        elif own - reserved > 0:
+            out["own_outside"] = TextCause(
+                "own_outside", ((OWN_OUTSIDE, own - reserved), ("this process", own),
+                                ("reserved", reserved), ("shortfall", shortfall)),
+                needed=shortfall)
+    elif cap is not None and free is not None:
+        if reserved is None:
+            out["outside_pytorch"] = None
+        elif cap - free - reserved > 0:
+            out["outside_pytorch"] = TextCause(
+                "outside_pytorch", ((OUTSIDE, cap - free - reserved), ("shortfall", shortfall)),
+                needed=shortfall)
+    missing = tuple(dict.fromkeys(
+        clause for cause, c in out.items() if c is None
+        for clause in NEEDS[cause] if not have.get(clause, True)))
+    return out, missing
+
+
+def _covers(c: TextCause, shortfall: int) -> bool:
+    """The cause alone would have let the request fit."""
+    held = c.terms[0][1]
+    if c.id == "fragmentation":
+        return c.needed is not None  # one free block of the cache could have served it
+    return held >= shortfall
+
+
+def _ranked(candidates: dict[str, TextCause | None], shortfall: int | None
+            ) -> list[TextCause]:
+    """The lead (the first cause in LEAD_ORDER that alone covers the shortfall, unless one
+    before it is open), then the contributors with their share, then the open ones."""
+    if shortfall is None:
+        return []
+    lead: TextCause | None = None
+    open_before: list[str] = []
+    for cid in LEAD_ORDER:
+        if cid not in candidates:
+            continue
+        c = candidates[cid]
+        if c is None:
+            open_before.append(cid)
+        elif _covers(c, shortfall):
+            lead = c
+            break
+    if open_before:
+        undecided = TextCause("undecided", (), "lead")
+        opened = [TextCause(cid, (), "open") for cid in open_before]
+        if lead is not None:  # it leads unless a missing figure says an open one does
+            opened.append(TextCause(lead.id, lead.terms, "candidate", lead.needed))
+        rest = [_contributor(c, shortfall) for c in candidates.values()
+                if c is not None and c is not lead]
+        return [undecided, *opened, *(r for r in rest if r is not None)]
+    if lead is None:
+        lead = candidates.get("demand")
+        if lead is None:
+            return []
+    rest = [_contributor(c, shortfall) for c in candidates.values()
+            if c is not None and c is not lead]
+    return [lead, *(r for r in rest if r is not None)]
+
+
+def _contributor(c: TextCause, shortfall: int) -> TextCause | None:
+    """A cause beside the lead, with the share of the shortfall it would have covered."""
+    held = c.terms[0][1]
+    if held <= 0 or shortfall <= 0:
+        return None
+    return TextCause(c.id, c.terms, "contributor", c.needed,
+                     min(held, shortfall) / shortfall)
 
 
 def _other_processes(m: OomMessage) -> int | None:
@@ -108,19 +285,19 @@ def _other_processes(m: OomMessage) -> int | None:
 
 
 def _knobs(m: OomMessage, causes: list[TextCause]) -> tuple[tuple[str, str], ...]:
-    """Knobs the message's figures support, each with the figure that supports it."""
-    ids = {c.id for c in causes}
+    """Knobs the message's figures support, each with the figure that supports it: only a
+    leading fragmentation (the idle cache could have served the request)."""
     out: list[tuple[str, str]] = []
     env = "PYTORCH_HIP_ALLOC_CONF" if m.backend == "HIP" else "PYTORCH_CUDA_ALLOC_CONF"
-    if "fragmentation" in ids and "size_bug" not in ids and not m.expandable_on:
+    if causes and causes[0].id == "fragmentation" and not m.expandable_on:
         if m.wording == "2.1+":
             out.append((f"{env}=expandable_segments:True",
-                        "the cached but unallocated bytes exceed the request: segments that "
-                        "grow in place leave no gaps between them (unless it was already set: "
-                        "the message does not say)"))
+                        "the cached but unallocated bytes are at least the request: segments "
+                        "that grow in place leave no gaps between them (unless it was already "
+                        "set: the message does not say)"))
         else:
             out.append((f"{env}=max_split_size_mb:<size>",
-                        "the cached but unallocated bytes exceed the request; this release "
-                        "predates expandable segments (2.1): capping splits keeps large "
-                        "blocks whole"))
+                        "the cached but unallocated bytes are at least the request; this "
+                        "release predates expandable segments (2.1): capping splits keeps "
+                        "large blocks whole"))
     return tuple(out)

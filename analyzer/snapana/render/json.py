@@ -14,7 +14,7 @@ from snapana.model import Frame
 from snapana.render import Options
 from snapana.render.check import CheckView
 from snapana.render.scale import ScaleView
-from snapana.render.text_log import TextLogView
+from snapana.render.text_log import TRACEBACK_SCOPE, TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.whatif import WhatIfView
 from snapana.sources.printed import Size
@@ -281,6 +281,20 @@ def _size(s: Size | None) -> dict[str, Any] | None:
     return None if s is None else {"bytes": s.bytes, "slack_bytes": s.slack, "printed": s.text}
 
 
+def _request(r: Any, knobs: tuple[tuple[str, str], ...]) -> dict[str, Any] | None:
+    """The failing request named from its traceback (None: no traceback read)."""
+    if r is None:
+        return None
+    t = r.traceback
+    return {"scope": TRACEBACK_SCOPE, "family": r.family, "label": r.label, "rule": r.rule_id,
+            "phase": r.phase, "site": r.site or None, "code": r.code or None,
+            "owners": [{"framework": fw, "where": w} for fw, w in r.owners],
+            "workload": r.workload, "knobs": [{"knob": k, "why": why} for k, why in knobs],
+            "traceback": {"line": t.first_line, "rank": t.rank,
+                          "frames": [{"file": f.path, "line": f.line, "function": f.function,
+                                      "code": f.code} for f in t.frames]}}
+
+
 def text_log(view: TextLogView, options: Options) -> str:
     """A text log's OOM messages: each figure as printed and in bytes (with the rounding it
     may carry), the split, the causes with their terms, the knobs, the notes."""
@@ -298,9 +312,13 @@ def text_log(view: TextLogView, options: Options) -> str:
             "processes": [{"pid": pid, **(_size(s) or {})} for pid, s in msg.processes],
             "segment_bytes": d.segment,
             "split": [{"what": w, "bytes": n} for w, n in d.split],
-            "causes": [{"id": c.id, "terms": [{"what": w, "bytes": n} for w, n in c.terms],
+            "shortfall_bytes": d.shortfall, "missing": list(d.missing),
+            "causes": [{"id": c.id, "role": c.role, "needed_bytes": c.needed,
+                        "share_of_shortfall": c.share,
+                        "terms": [{"what": w, "bytes": n} for w, n in c.terms],
                         "text": t} for c, t in zip(d.causes, m.causes, strict=True)],
             "knobs": [{"knob": k, "why": why} for k, why in m.knobs],
+            "failing_request": _request(m.finding, m.request_knobs),
             "notes": list(m.oddities), "verdict": m.verdict})
     sections = [{"id": sec.id, "title": sec.title, "verdict": sec.verdict,
                  "sentences": list(sec.sentences), "columns": list(sec.columns),

@@ -158,6 +158,8 @@ def text_log(view: TextLogView, options: Options) -> str:
             out += ["", esc(m.split)]
         out += [""] + [f"- cause: {esc(c)}" for c in m.causes]
         out += [f"- knob: `{k}` — {esc(why)}" for k, why in m.knobs]
+        out += [f"- request: {esc(t)}" for t in m.request]
+        out += [f"- knob for the request: `{k}` — {esc(why)}" for k, why in m.request_knobs]
         out += [f"- note: {esc(o)}" for o in m.oddities]
     for sec in view.sections:
         out += ["", f"#### {esc(sec.title)}", ""] + [f"- {esc(t)}" for t in sec.sentences]

@@ -400,6 +400,10 @@ def text_log(view: TextLogView, options: Options) -> str:
             out.para(f"cause: {c}", INDENT)
         for knob, why in m.knobs:
             out.para(f"knob: {knob} — {why}", INDENT)
+        for sentence in m.request:
+            out.para(f"request: {sentence}", INDENT)
+        for knob, why in m.request_knobs:
+            out.para(f"knob for the request: {knob} — {why}", INDENT)
         for o in m.oddities:
             out.para(f"note: {o}", INDENT)
     for sec in view.sections:

@@ -10,14 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from snapana.analysis.framework_memory import FrameworkEvidence
 from snapana.analysis.log_evidence import Finding, KvEvidence, SmiEvidence, SummaryEvidence
-from snapana.analysis.text_diagnosis import (
-    OTHERS,
-    OUTSIDE,
-    OWN_OUTSIDE,
-    TextCause,
-    TextDiagnosis,
-)
+from snapana.analysis.text_diagnosis import CLAUSE_WORDS, TextCause, TextDiagnosis
 from snapana.render import ViewKind
 from snapana.sources.log_tables import SUMMARY_COLUMNS, SUMMARY_ROWS
 from snapana.sources.oom_text import OomMessage
@@ -26,7 +21,11 @@ from snapana.sources.vllm_text import KvBudget
 from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:
+    from snapana.analysis.traceback_request import RequestFinding
     from snapana.log_session import LogEvidence
+
+#: What every statement from a traceback is limited to.
+TRACEBACK_SCOPE = "from the traceback: one request, not what held the rest"
 
 #: Commands that record history so the next OOM leaves a snapshot (`snapana record`, or the
 #: two calls PyTorch documents). 100,000 entries hold a few training steps of a large model.
@@ -48,6 +47,10 @@ class MessageView:
     knobs: tuple[tuple[str, str], ...]
     oddities: tuple[str, ...]
     diagnosis: TextDiagnosis
+    #: the failing request named from its traceback (issue 57), and the knobs acting on it
+    request: tuple[str, ...] = ()
+    request_knobs: tuple[tuple[str, str], ...] = ()
+    finding: RequestFinding | None = None
 
 
 @dataclass(frozen=True)
@@ -138,15 +141,37 @@ def _t(c: TextCause, what: str) -> int:
     return dict(c.terms)[what]
 
 
+#: What each counterfactual cause is, in words.
+HOLDERS = {"fragmentation": "the idle cache (reserved by PyTorch but unallocated)",
+           "other_processes": "other processes on the card (and the driver)",
+           "demand": "the live tensors (allocated by PyTorch)",
+           "own_outside": "this process's memory outside PyTorch's allocator",
+           "outside_pytorch": "memory outside PyTorch's allocator"}
+
+
 def _cause_sentence(c: TextCause, d: TextDiagnosis) -> str:
-    m = d.message
+    if c.role == "open":
+        return (f"open: {HOLDERS.get(c.id, c.id)} — the text lacks a figure it needs")
+    if c.role == "candidate":
+        return (f"candidate: {HOLDERS.get(c.id, c.id)} held {fmt_bytes(c.terms[0][1])}, "
+                f"enough alone for the {fmt_bytes(d.shortfall or 0)} shortfall; it leads "
+                "unless the missing figure says an open cause before it does")
+    if c.role == "contributor":
+        return _contributor_sentence(c, d)
+    return _lead_sentence(c, d)
+
+
+def _lead_sentence(c: TextCause, d: TextDiagnosis) -> str:
+    gap = d.shortfall or 0
+    shortfall = (f"the request ({fmt_bytes(d.segment or 0)}) was {fmt_bytes(gap)} more than "
+                 f"the device's free {fmt_bytes((d.segment or 0) - gap)}")
     if c.id == "size_bug" and _t(c, "request") >= 1 << 60:
         return ("a request of more than an exabyte: a size bug (a negative or overflowed "
                 "size), not an OOM any setting can fix")
     if c.id == "size_bug":
         return (f"the request ({fmt_bytes(_t(c, 'request'))}) is larger than the whole device "
                 f"({fmt_bytes(_t(c, 'capacity'))}): a size bug (a shape, a dtype, a "
-                "mis-set batch), not an OOM any setting can fix")
+                "mis-set batch); nothing else held on the card could have made it fit")
     if c.id == "spill":
         return (f"PyTorch's allocated {fmt_bytes(_t(c, 'allocated'))} is above the device's "
                 f"{fmt_bytes(_t(c, 'capacity'))}: the driver spilled into system memory "
@@ -164,40 +189,69 @@ def _cause_sentence(c: TextCause, d: TextDiagnosis) -> str:
         return (f"the allocator asked the device for {fmt_bytes(_t(c, 'segment asked for'))} "
                 f"while {fmt_bytes(_t(c, 'free'))} was free: another limit was hit (a memory "
                 "fraction, a private pool, a driver refusal), not the device's capacity")
+    if c.id == "card_full":
+        return (f"the card is full: {fmt_bytes(_t(c, 'free'))} free and a request of "
+                f"{fmt_bytes(_t(c, 'request'))} are within {fmt_bytes(_t(c, 'within'))} "
+                f"(1% of the card's {fmt_bytes(_t(c, 'capacity'))}) of each other, and the "
+                "driver cannot hand out the last of what it reports free")
+    if c.id == "undecided":
+        missing = " and ".join(f"'{CLAUSE_WORDS.get(k, k)}'" for k in d.missing) or "a figure"
+        opened = [HOLDERS[o.id] for o in d.causes
+                  if o.role in ("open", "candidate") and o.id in HOLDERS]
+        return (f"not decided: the text lacks the {missing} figure (the paste is cut short), "
+                f"and {shortfall}; whether " + " or ".join(opened) + " leads depends on it")
     if c.id == "fragmentation":
         return (f"fragmentation: PyTorch held {fmt_bytes(_t(c, 'cached but unallocated'))} "
                 "reserved but unallocated, at least the request "
-                f"({fmt_bytes(_t(c, 'request'))}), and no free cached block was large enough "
-                "(the message does not record the largest free block: a snapshot does)")
-    if c.id == "outside_pytorch":
-        terms = dict(c.terms)
-        text = (f"memory outside PyTorch's allocator: {fmt_bytes(terms[OUTSIDE])} of the "
-                "device was held by something PyTorch does not manage")
-        if OTHERS in terms:
-            text += f"; other processes held {fmt_bytes(terms[OTHERS])}"
-        elif OWN_OUTSIDE in dict(d.split) and m.this_process is not None \
-                and m.reserved is not None:
-            own = dict(d.split)[OWN_OUTSIDE]
-            text += (f"; of it this process {fmt_bytes(own)} (this process "
-                     f"{fmt_bytes(m.this_process.bytes)} − reserved "
-                     f"{fmt_bytes(m.reserved.bytes)}: the CUDA context, NCCL buffers, "
-                     "cuBLAS workspaces, another allocator)")
-        return text + " — a snapshot cannot see it; nvidia-smi beside the log can"
+                f"({fmt_bytes(_t(c, 'request'))}): had that idle cache been one free block, "
+                "the request would have fit in it (the message does not record the largest "
+                "free block: a snapshot does)")
+    held = fmt_bytes(c.terms[0][1])
+    if c.id == "other_processes":
+        return (f"other processes held {held} of the card: {shortfall}, and with that much "
+                "less held by them the request would have fit — nvidia-smi beside the log "
+                "names them")
     if c.id == "demand":
-        return (f"demand: PyTorch's live tensors held {fmt_bytes(_t(c, 'allocated by PyTorch'))}"
-                f" and the request ({fmt_bytes(_t(c, 'request'))}) did not fit in what was "
-                "left; which tensors those were, only a snapshot says")
+        return (f"demand: {shortfall}, and no other holder alone held that much; PyTorch's "
+                f"live tensors held {held}, and {fmt_bytes(gap)} fewer of them would have let "
+                "it fit")
+    if c.id == "own_outside":
+        return (f"this process's memory outside PyTorch's allocator ({held}: this process "
+                f"{fmt_bytes(_t(c, 'this process'))} − reserved {fmt_bytes(_t(c, 'reserved'))}"
+                f": the CUDA context, NCCL buffers, cuBLAS workspaces, another allocator): "
+                f"{shortfall}, and {fmt_bytes(gap)} less of it would have let it fit")
+    if c.id == "outside_pytorch":
+        return (f"memory outside PyTorch's allocator ({held}: this process's CUDA context and "
+                f"libraries, other processes, the driver — the message does not split it): "
+                f"{shortfall}, and {fmt_bytes(gap)} less of it would have let it fit")
     return c.id
+
+
+def _contributor_sentence(c: TextCause, d: TextDiagnosis) -> str:
+    held = c.terms[0][1]
+    what = HOLDERS.get(c.id, c.id)
+    if c.share is None:
+        return f"also held: {what}, {fmt_bytes(held)}"
+    gap = fmt_bytes(d.shortfall or 0)
+    part = f"{c.share:.0%} of the {gap} shortfall"
+    if c.id == "fragmentation":
+        return (f"contributor: {what} held {fmt_bytes(held)}, less than the request: no one "
+                f"block of it could have served it; given back to the device it would have "
+                f"covered {part}")
+    if c.share >= 1:
+        return (f"also enough alone: {what} held {fmt_bytes(held)}, at least the {gap} "
+                "shortfall (the lead comes first by the order causes are weighed in)")
+    return f"contributor: {what} held {fmt_bytes(held)}: {part}"
 
 
 def _verdict(d: TextDiagnosis, where: str) -> str:
     m = d.message
     dev = f"GPU {m.device}" if m.device is not None else "the GPU"
     req = f"a request of {m.request.text}" if m.request else "a request (size not in the text)"
-    if not d.causes:
+    if d.lead is None:
         return f"{where}: {m.backend} out of memory on {dev} for {req}."
     return f"{where}: {m.backend} out of memory on {dev} for {req}: " + \
-        _cause_sentence(d.causes[0], d) + "."
+        _cause_sentence(d.lead, d) + "."
 
 
 def _where(m: OomMessage, named: bool = False) -> str:
@@ -210,14 +264,43 @@ def base_name(source: str) -> str:
     return source.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def message_view(d: TextDiagnosis, named: bool = False) -> MessageView:
+def message_view(d: TextDiagnosis, named: bool = False,
+                 request: RequestFinding | None = None) -> MessageView:
     m = d.message
     where = _where(m, named)
     wording = (f"{m.wording} wording ({m.releases})" if m.wording != "unrecognised"
                else "not a wording PyTorch prints: only the clauses found are read")
-    return MessageView(where, m.rank, m.device, wording, _figures(m), _split(d),
-                       _verdict(d, where), tuple(_cause_sentence(c, d) for c in d.causes),
-                       d.knobs, m.oddities, d)
+    verdict = _verdict(d, where)
+    if request is not None:
+        verdict += " " + _request_headline(request)
+    return MessageView(where, m.rank, m.device, wording, _figures(m), _split(d), verdict,
+                       tuple(_cause_sentence(c, d) for c in d.causes), d.knobs, m.oddities, d,
+                       _request_sentences(request) if request is not None else (),
+                       request.knobs if request is not None else (), request)
+
+
+def _request_headline(r: RequestFinding) -> str:
+    """The verdict's sentence on the failing request, limited to what a traceback shows."""
+    if r.rule_id is None:
+        return (f"The failing request ({TRACEBACK_SCOPE}): no rule of the packs names its "
+                "frames.")
+    return (f"The failing request ({TRACEBACK_SCOPE}) is {r.family} — {r.label} — made at "
+            f"{r.site}" + (f" (`{r.code}`)" if r.code else "")
+            + (f", called from {r.called_from}" + (f" (`{r.called_code}`)" if r.called_code
+                                                   else "") if r.called_from else "") + ".")
+
+
+def _request_sentences(r: RequestFinding) -> tuple[str, ...]:
+    t = r.traceback
+    out = [f"{TRACEBACK_SCOPE.capitalize()}: {len(t.frames)} frame(s) from line "
+           f"{t.first_line}" + (f" (rank {t.rank})" if t.rank is not None else "") + "."]
+    out.append(f"family: {r.family} ({r.label}); phase {r.phase}; {r.reason}"
+               if r.rule_id is not None else f"family: {r.family}; {r.reason}")
+    if r.owners:
+        out.append("owned by " + ", ".join(f"{fw} ({where})" for fw, where in r.owners)
+                   + " — the first framework frames walking out from the allocation")
+    out.append(r.workload)
+    return tuple(out)
 
 
 def _rank_table(views: Sequence[MessageView], named: bool = False
@@ -231,14 +314,14 @@ def _rank_table(views: Sequence[MessageView], named: bool = False
                   "—" if v.device is None else str(v.device),
                   _shown(v.diagnosis.message.request), _shown(v.diagnosis.message.free),
                   _reserved(v.diagnosis.message),
-                  v.diagnosis.causes[0].id if v.diagnosis.causes else "—") for v in ranked)
+                  v.diagnosis.lead.id if v.diagnosis.lead else "—") for v in ranked)
     return columns, rows
 
 
 def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
     """What to record so that the next OOM comes with a snapshot: the allocator's history
     names the tensors these figures only count."""
-    causes = Counter(c.id for v in views for c in v.diagnosis.causes)
+    causes = Counter(v.diagnosis.lead.id for v in views if v.diagnosis.lead is not None)
     why = ("which tensors held the memory" if causes.get("demand") else
            "which blocks split the cache" if causes.get("fragmentation") else
            "what held the memory")
@@ -256,11 +339,14 @@ def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
 def text_log_view(title: str, evidence: LogEvidence,
                   unrecognised: Sequence[str] = ()) -> TextLogView:
     named = len(evidence.logs) > 1
-    views = tuple(message_view(d, named) for d in evidence.diagnoses)
+    requests = evidence.requests or (None,) * len(evidence.diagnoses)
+    views = tuple(message_view(d, named, r)
+                  for d, r in zip(evidence.diagnoses, requests, strict=True))
     columns, rows = _rank_table(views, named)
     sections = (*(summary_section(e, named) for e in evidence.summaries),
                 *(smi_section(e, named) for e in evidence.smi),
-                *(kv_section(e, named) for e in evidence.kv))
+                *(kv_section(e, named) for e in evidence.kv),
+                *(framework_section(e, named) for e in evidence.frameworks))
     return TextLogView(title, views, rows, columns, record_advice(views), tuple(unrecognised),
                        sections)
 
@@ -395,6 +481,14 @@ def kv_section(e: KvEvidence, named: bool = False) -> EvidenceSection:
             ("activation peak (profiling run)", b.activation.text if b.activation else None),
             ("left for the KV cache", b.kv.text if b.kv else None)) if s is not None]
         sentences += _budget_sum(b)
+        for f in e.findings:
+            if f.id == "activation_half":
+                t = dict(f.terms)
+                sentences.append(
+                    f"the profiling run's activation peak ({fmt_bytes(t['activation peak'])}) "
+                    f"takes {t['activation peak'] / t['budget']:.0%} of the budget "
+                    f"({fmt_bytes(t['budget'])}): half or more of what vLLM may use goes to "
+                    "one step's activations, not to the KV cache")
     for a in r.available_lines if r is not None else ():
         rows.append(("'Available KV cache memory' logged", a.text))
     return EvidenceSection("vllm", f"vLLM at {where}", f"{where}: {head}.", tuple(sentences),
@@ -415,3 +509,91 @@ def _budget_sum(b: KvBudget) -> list[str]:
                 "the utilisation, is not in the text)"]
     return [f"budget {b.budget.text} = {terms} (sum {fmt_bytes(total)}, each rounded to "
             "0.01 GiB)"]
+
+
+#: Each framework's name as its section says it.
+FRAMEWORK_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "torch_memory_saver": "torch_memory_saver",
+                   "megatron": "Megatron report_memory", "deepspeed": "DeepSpeed see_memory_usage"}
+
+
+def framework_section(e: FrameworkEvidence, named: bool = False) -> EvidenceSection:
+    """A framework's memory lines on one rank: each line's figures as printed, the budget
+    they add up to, which term the OOM ate, the knob with its figure."""
+    first = e.lines[0]
+    where = _at(e.source, first.line, named)
+    who = FRAMEWORK_NAMES.get(e.framework, e.framework)
+    rank = f" (rank {e.rank})" if e.rank is not None else ""
+    rows = tuple((str(m.line), m.format.split(".", 1)[1], m.label or "—",
+                  ", ".join(f"{k}={v.text if isinstance(v, Size) else v}"
+                            for k, v in m.figures.items())) for m in e.lines)
+    sentences = tuple(_framework_sentence(f, e) for f in e.findings)
+    verdict = f"{where}: {who}{rank}: " + (sentences[-1] if sentences else "its lines read.")
+    return EvidenceSection("framework", f"{who} memory lines{rank} from {where}", verdict,
+                           sentences, ("line", "format", "label", "figures as printed"),
+                           rows, e.knobs, numeric_from=4)
+
+
+def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
+    t = dict(f.terms)
+    b = fmt_bytes
+    if f.id in ("sglang_budget", "vllm_budget"):
+        return ("start-up budget: " if f.id == "sglang_budget" else "budget: ") + ", ".join(
+            f"{what} {b(n)}" for what, n in f.terms) + " (figures as the framework printed them)"
+    if f.id == "sglang_kv_tokens":
+        return f"the KV cache pool holds {t['tokens']:,} tokens"
+    if f.id == "sglang_fraction":
+        return f"mem_fraction_static = {t['mem_fraction_static']:.2f} (its ServerArgs line)"
+    if f.id == "sglang_oom":
+        left = t.get("left after start-up")
+        return (f"the OOM at line {e.message.line if e.message else '?'} asked "
+                f"{b(t['request'])} with {b(t['free'])} free: {b(t['shortfall'])} short"
+                + (f"; SGLang's start-up left {b(left)} of the card" if left is not None else "")
+                + " — the knobs below are the budget terms that alone held that much")
+    if f.id == "saver_refused":
+        times = f" ({t['times']} times)" if t["times"] > 1 else ""
+        return (f"torch_memory_saver refused an allocation of {b(t['size'])}{times}: "
+                f"{b(t['free'])} free less its margin {b(t['margin'])} leaves "
+                f"{b(t['free'] - t['margin'])}")
+    if f.id == "saver_margin":
+        return (f"the allocation fits the free memory; the margin ({b(t['margin'])}) is what "
+                "refused it")
+    if f.id == "saver_short":
+        return (f"the allocation ({b(t['size'])}) is {b(t['size'] - t['free'])} more than the "
+                f"card's free {b(t['free'])}: no margin would let it through — what holds the "
+                "card (a colocated engine, this process's own tensors) must give it back")
+    if f.id == "vllm_kv_negative":
+        return (f"Available KV cache memory is {b(t['KV cache'])}: the weights, the profiling "
+                "run's activations and the memory outside torch took more than vLLM's budget")
+    if f.id == "vllm_held_at_start":
+        return (f"{b(t['held'])} of the card ({t['held'] / t['total']:.0%}) was in use before "
+                "profiling besides the weights (initial_memory_usage − weights): another "
+                "process or vLLM instance on the card, which the budget counts against itself")
+    if f.id == "vllm_unsplit":
+        return ("the log does not split what took it (vLLM's 'Total non KV cache memory' "
+                "line is debug-level): a colocated trainer's memory, another process's, or "
+                "vLLM's own weights and activations — no utilisation is offered without it")
+    if f.id == "vllm_kv_tokens":
+        return (f"the KV cache holds {t['tokens']:,} tokens; a request may be "
+                f"{t['max_model_len']:,} long")
+    if f.id == "vllm_activation_half":
+        return (f"the profiling run's activation peak {b(t['activation'])} takes "
+                f"{t['activation'] / t['budget']:.0%} of the budget {b(t['budget'])}: at least "
+                "half of it goes to one step's activations, not the KV cache")
+    if f.id == "report_peak":
+        return (f"highest reported peak: {b(t['max reserved'])} reserved, "
+                f"{b(t['max allocated'])} allocated (line {t['line']})")
+    if f.id == "report_cached":
+        return (f"last report (line {t['line']}): {b(t['reserved'])} reserved − "
+                f"{b(t['allocated'])} allocated = {b(t['reserved'] - t['allocated'])} cached")
+    if f.id == "report_vs_oom":
+        over = t["reserved at the OOM"] + t["request"] - t["reported peak"]
+        return (f"the OOM came with {b(t['reserved at the OOM'])} reserved and a request of "
+                f"{b(t['request'])}: " + (f"{b(over)} beyond the highest reported peak — "
+                                          "the failing step needed more than any reported one"
+                                          if over > 0 else
+                                          "within the highest reported peak"))
+    if f.id == "uneven_ranks":
+        (high, hb), (low, lb) = f.terms
+        return (f"{high} peaks at {b(hb)}, {low} at {b(lb)}: the ranks are uneven "
+                f"({b(hb - lb)} apart: a heavier pipeline stage, longer sequences on one rank)")
+    return f.id

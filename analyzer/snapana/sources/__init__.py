@@ -51,7 +51,7 @@ def sniff(path: Path) -> str:
         from snapana.sources.memory_timeline import looks_like_timeline
 
         return "memory_timeline" if looks_like_timeline(stripped) else "kineto_trace"
-    if head[:1] in (b"(", b"]", b"}") or head[:2] == b"(l":
+    if _OLD_PICKLE.match(head):
         return "torch_snapshot"  # protocol 0/1 pickles (very old torch)
     from snapana.sources.log_text import looks_like_text
 
@@ -62,6 +62,11 @@ def sniff(path: Path) -> str:
         "or memray capture)"
     )
 
+
+#: A protocol 0 / 1 pickle's start: MARK and a dict or list opcode ("(dp0", "(lp0"), or an
+#: empty dict / list and its memo (proto 1: "}q\x00", "]q\x00"). A log whose first line is
+#: Ray's "(TaskActor pid=1234) ..." is text.
+_OLD_PICKLE = re.compile(rb"\((?:[dl](?:p\d|\n|\()|\()|[\]}](?:q|\(|\x94)")
 
 #: A JSON array's start: a value after the bracket. A log line "[rank0]: ..." or
 #: "[2025-03-14 09:20:11] ..." is not one.

@@ -15,7 +15,9 @@ from snapana.errors import InputError
 from snapana.limits import MAX_LOG_BYTES, MAX_LOG_MESSAGES
 from snapana.sources._io import open_input
 from snapana.sources.log_tables import MemorySummary, SmiTable, read_smi, read_summaries
+from snapana.sources.memory_lines import MemoryLine, read_memory_lines
 from snapana.sources.oom_text import OomMessage, read_messages, unescape
+from snapana.sources.traceback_text import Traceback, read_tracebacks
 from snapana.sources.vllm_text import KvBudget, KvRefusal, read_budgets, read_refusals
 
 
@@ -42,11 +44,15 @@ class TextLog:
     smi: tuple[SmiTable, ...] = ()
     refusals: tuple[KvRefusal, ...] = ()
     budgets: tuple[KvBudget, ...] = ()
+    #: the Python tracebacks of the text (read for the OOM messages' stacks)
+    tracebacks: tuple[Traceback, ...] = ()
+    #: frameworks' own memory lines (SGLang, vLLM, torch_memory_saver, Megatron, DeepSpeed)
+    memory_lines: tuple[MemoryLine, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not (self.messages or self.summaries or self.smi or self.refusals
-                    or self.budgets)
+                    or self.budgets or self.memory_lines)
 
 
 def read_text(text: str, name: str) -> TextLog:
@@ -70,7 +76,10 @@ def _bounded(data: bytes, skipped: int, name: str) -> TextLog:
                    tuple(read_summaries(lines)[:MAX_LOG_MESSAGES]),
                    tuple(read_smi(lines)[:MAX_LOG_MESSAGES]),
                    tuple(read_refusals("\n".join(lines))[:MAX_LOG_MESSAGES]),
-                   tuple(read_budgets(lines)[:MAX_LOG_MESSAGES]))
+                   tuple(read_budgets(lines)[:MAX_LOG_MESSAGES]),
+                   tuple(read_tracebacks(lines)[-MAX_LOG_MESSAGES:]) if messages else (),
+                   tuple(replace(m, source=name)
+                         for m in read_memory_lines(lines)[-MAX_LOG_MESSAGES:]))
 
 
 def _tail(stream: BinaryIO, skipped: int = 0) -> tuple[bytes, int]:
@@ -115,6 +124,6 @@ def found(log: TextLog, name: str) -> TextLog:
     if log.empty:
         raise InputError(f"{name}: unrecognised format (not a torch memory snapshot pickle, "
                          "profiler trace or memray capture, and no 'CUDA out of memory' / "
-                         "'HIP out of memory' message, memory_summary(), nvidia-smi table "
-                         "or vLLM KV-cache refusal in its text)")
+                         "'HIP out of memory' message, memory_summary(), nvidia-smi table, "
+                         "vLLM KV-cache refusal or framework memory line in its text)")
     return log

@@ -150,6 +150,18 @@ def path_has_suffix(path: str, suffix: str) -> bool:
     return path.endswith(suffix) and path[-len(suffix) - 1] == "/"
 
 
+def import_path(path: str) -> str:
+    """What follows `site-packages/` or `dist-packages/` (the package a frame is in), else
+    the path: a framework's marker is looked for there, so that an environment named after
+    a framework (`/envs/ms-swift/lib/.../torch/storage.py`) does not make torch's frames
+    that framework's."""
+    for marker in ("site-packages/", "dist-packages/"):
+        i = path.rfind(marker)
+        if i >= 0:
+            return path[i + len(marker):]
+    return path
+
+
 def short_path(path: str, keep: int = 3) -> str:
     """A readable path for messages and tables: what follows `site-packages/` or
     `dist-packages/` (the import path), else the last `keep` components."""

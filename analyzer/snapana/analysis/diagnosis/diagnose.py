@@ -46,6 +46,7 @@ from snapana.analysis.knobs import (
     frees_in_phase,
     knobs_for,
     preference,
+    reloads_offloaded,
     stop_knob,
     transient_families,
     undetermined_families,
@@ -309,8 +310,8 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         decision = attributor.decide(o.stack_id, ctx)
         req_family, req_label, phase = decision.family, decision.label, decision.phase
         req_site = attributor.site(o.stack_id)
-        reloading = _reloading(attributor.rules.explain(capture.stacks.stack(o.stack_id), ctx)
-                               .phase_rule_id)
+        reloading = reloads_offloaded(
+            attributor.rules.explain(capture.stacks.stack(o.stack_id), ctx).phase_rule_id)
         device_free = o.device_free_bytes or 0
         if capacity is not None and o.device_free_bytes is not None:
             outside = capacity - state.reserved - o.device_free_bytes
@@ -494,13 +495,6 @@ def _knob_families(state: _AtMoment, what_ifs: list[WhatIf], request_family: str
         if total >= shortfall:
             return out | set(together)
     return out
-
-
-def _reloading(phase_rule_id: str | None) -> bool:
-    """The phase rule that named the OOM's phase marks reloading offloaded state: packs name
-    such rules ``<pack>.phase_reload_*`` (verl, ms-swift: load_megatron_model_to_gpu)."""
-    return phase_rule_id is not None and \
-        phase_rule_id.rsplit(".", 1)[-1].startswith("phase_reload")
 
 
 def _accumulation(groups: tuple[Group, ...], family: str | None,

@@ -1,0 +1,336 @@
+"""What frameworks' own memory lines say (issue 57): SGLang's start-up budget, vLLM V1's,
+torch_memory_saver's refusals, Megatron's and DeepSpeed's memory reports, per rank.
+
+Each framework's lines of one rank are read together into its budget terms (weights, KV
+pool, CUDA graphs, activations, what was left), and judged: which term the OOM of that rank
+ate, and the knob that changes it with its figure, where the figures give one. A knob is
+offered only when the term it shrinks alone covers what was short (counterfactual, as the
+OOM message's causes are); its words are data (`framework_knobs.toml`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from snapana.analysis.log_evidence import ACTIVATION_HALF, Finding
+from snapana.sources.memory_lines import MemoryLine
+from snapana.sources.oom_text import OomMessage
+from snapana.units import fmt_bytes
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
+    import tomli as tomllib
+
+#: vLLM 0.6's initial usage beyond its weights from this share of the card on: memory
+#: another process (or another instance) held before profiling (a CUDA context is ~1%).
+OTHERS_AT_START = 0.05
+#: Megatron ranks whose peaks differ by this share of the highest are uneven.
+UNEVEN_RANKS = 0.10
+
+
+@dataclass(frozen=True)
+class FrameworkEvidence:
+    """One framework's memory lines on one rank of one log, judged."""
+
+    framework: str
+    rank: int | None
+    lines: tuple[MemoryLine, ...]
+    findings: tuple[Finding, ...]
+    knobs: tuple[tuple[str, str], ...]  # (knob with its figure, why the figures support it)
+    message: OomMessage | None  # the OOM of the same rank after the lines, if any
+    source: str = ""
+
+
+@lru_cache(maxsize=1)
+def _knob_words() -> dict[str, dict[str, str]]:
+    text = (resources.files(__package__) / "framework_knobs.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)["knob"]
+
+
+def _knob(kid: str, value: str, why: str) -> tuple[str, str]:
+    words = _knob_words()[kid]
+    return (words["knob"].format(value=value),
+            f"{words['effect']} — {why} (cost: {words['caveat']})")
+
+
+def framework_evidence(memory_lines: Sequence[MemoryLine], messages: Sequence[OomMessage],
+                       source: str = "") -> list[FrameworkEvidence]:
+    """Every (framework, rank) group of `memory_lines`, judged against the OOM message of
+    the same rank that follows its first line."""
+    groups: dict[tuple[str, int | None], list[MemoryLine]] = {}
+    for m in memory_lines:
+        groups.setdefault((m.framework, m.rank), []).append(m)
+    after = _MessagesAfter(messages)
+    out = []
+    for (framework, rank), lines in groups.items():
+        message = after.first(lines[0].line, rank)
+        findings, knobs = _JUDGES[framework](lines, message)
+        out.append(FrameworkEvidence(framework, rank, tuple(lines), tuple(findings),
+                                     tuple(knobs), message, source))
+    return out
+
+
+class _MessagesAfter:
+    """The first OOM message after a line, of a rank (or naming none): a binary search in
+    each rank's messages, so many groups and many messages stay cheap."""
+
+    def __init__(self, messages: Sequence[OomMessage]) -> None:
+        ordered = sorted(messages, key=lambda m: m.line)
+        self.all = (ordered, [m.line for m in ordered])
+        ranked: dict[int | None, list[OomMessage]] = {}
+        for m in ordered:
+            ranked.setdefault(m.rank, []).append(m)
+        self.by_rank = {r: (ms, [m.line for m in ms]) for r, ms in ranked.items()}
+
+    def first(self, line: int, rank: int | None) -> OomMessage | None:
+        none: tuple[list[OomMessage], list[int]] = ([], [])
+        pools = [self.all] if rank is None else [self.by_rank.get(rank, none),
+                                                 self.by_rank.get(None, none)]
+        found = [ms[k] for ms, lines in pools if (k := bisect_right(lines, line)) < len(ms)]
+        return min(found, key=lambda m: m.line) if found else None
+
+
+def across_ranks(evidence: list[FrameworkEvidence]) -> list[FrameworkEvidence]:
+    """`evidence` of every log (a folder of per-rank logs), with a word on Megatron ranks
+    whose reported peaks differ added to the first one's findings."""
+    out = list(evidence)
+    megatron = [k for k, e in enumerate(out) if e.framework == "megatron"]
+    if megatron:
+        out[megatron[0]] = _uneven_ranks([out[k] for k in megatron])
+    return out
+
+
+def _last(lines: Sequence[MemoryLine], fmt: str) -> MemoryLine | None:
+    return next((m for m in reversed(lines) if m.format == fmt), None)
+
+
+def _bytes(line: MemoryLine | None, name: str) -> int | None:
+    s = line.size(name) if line is not None else None
+    return s.bytes if s is not None else None
+
+
+def _shortfall(message: OomMessage | None) -> int | None:
+    if message is None or message.request is None or message.free is None:
+        return None
+    gap = message.request.bytes - message.free.bytes
+    return gap if gap > 0 else None
+
+
+# ----- SGLang ---------------------------------------------------------------------------
+
+def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
+            ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    before = _bytes(_last(lines, "sglang.load_weight_begin"), "avail")
+    loaded = _last(lines, "sglang.load_weight_end")
+    kv_line = _last(lines, "sglang.kv_allocated")
+    k, v, kv = (_bytes(kv_line, n) for n in ("k", "v", "kv"))
+    pool = kv if kv is not None else (k + v if k is not None and v is not None else None)
+    end = _last(lines, "sglang.graph_end")
+    graphs = _graphs(lines)
+    budget = _last(lines, "sglang.budget")
+    left = next((b for b in (_bytes(budget, "left"), _bytes(end, "avail"),
+                             _bytes(_last(lines, "sglang.pool_end"), "avail")) if b is not None),
+                None)
+    fraction = _last(lines, "sglang.server_args")
+    mfs = fraction.number("mem_fraction_static") if fraction is not None else None
+    terms = [(what, n) for what, n in (
+        ("free before the weights", before), ("weights", _bytes(loaded, "weights")),
+        ("KV cache pool", pool), ("CUDA graphs", graphs), ("left after start-up", left))
+        if n is not None]
+    findings = [Finding("sglang_budget", tuple(terms))] if terms else []
+    if kv_line is not None and kv_line.number("tokens") is not None:
+        findings.append(Finding("sglang_kv_tokens", (("tokens", int(kv_line.figures["tokens"])),
+                                                      ("bytes", pool or 0))))
+    if mfs is not None:
+        findings.append(Finding("sglang_fraction", (("mem_fraction_static", mfs),)))
+    knobs: list[tuple[str, str]] = []
+    gap = _shortfall(message)
+    if gap is None or message is None:
+        return findings, knobs
+    findings.append(Finding("sglang_oom", (("request", message.request.bytes),  # type: ignore[union-attr]
+                                           ("free", message.free.bytes),  # type: ignore[union-attr]
+                                           ("shortfall", gap))
+                            + ((("left after start-up", left),) if left is not None else ())))
+    cap = message.capacity.bytes if message.capacity is not None else None
+    if pool is not None and pool >= gap:
+        if mfs is not None and cap:
+            lower = math.ceil(gap * 100 / cap) / 100
+            value = f"{max(mfs - lower, 0):.2f}"
+            why = (f"the KV cache pool ({fmt_bytes(pool)}) alone covers the {fmt_bytes(gap)} the "
+                   f"OOM lacked: {mfs:.2f} − {fmt_bytes(gap)} / {fmt_bytes(cap)} of the card "
+                   f"(rounded up to {lower:.2f}) leaves it that much")
+        else:
+            value = "<lower>"
+            why = (f"the KV cache pool ({fmt_bytes(pool)}) alone covers the {fmt_bytes(gap)} the "
+                   "OOM lacked; the log does not print the fraction or the card's size to "
+                   "say by how much")
+        knobs.append(_knob("sglang_mem_fraction_static", value, why))
+    if graphs is not None and graphs >= gap:
+        knobs.append(_knob("sglang_cuda_graph_max_bs", "<smaller>",
+                           f"the CUDA graphs took {fmt_bytes(graphs)}, at least the "
+                           f"{fmt_bytes(gap)} the OOM lacked"))
+    return findings, knobs
+
+
+def _graphs(lines: Sequence[MemoryLine]) -> int | None:
+    """What the CUDA graphs of the last start-up took: every capture's 'mem usage' after the
+    last memory pool (a speculative engine captures the target's and the draft's)."""
+    pool = _last(lines, "sglang.pool_end")
+    since = pool.line if pool is not None else 0
+    used = [_bytes(m, "usage") for m in lines if m.format == "sglang.graph_end"
+            and m.line > since]
+    return sum(u for u in used if u is not None) if used else None
+
+
+# ----- torch_memory_saver ---------------------------------------------------------------
+
+def _memory_saver(lines: Sequence[MemoryLine], message: OomMessage | None
+                  ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    last = lines[-1]
+    size, free, margin = (_bytes(last, n) for n in ("size", "free", "margin"))
+    assert size is not None and free is not None and margin is not None
+    repeated = int(last.figures.get("repeated", 1)) + len(lines) - 1
+    findings = [Finding("saver_refused", (("size", size), ("free", free), ("margin", margin),
+                                          ("times", repeated)))]
+    knobs = []
+    if size <= free:
+        findings.append(Finding("saver_margin", (("size", size), ("free", free),
+                                                 ("margin", margin))))
+        knobs.append(_knob("memory_saver_margin", f"<= {free - size:,}",
+                           f"the allocation ({fmt_bytes(size)}) fits the {fmt_bytes(free)} free; "
+                           f"the margin ({fmt_bytes(margin)}) refused it: a margin of at most "
+                           f"free − size = {fmt_bytes(free - size)} lets it through"))
+    else:
+        findings.append(Finding("saver_short", (("size", size), ("free", free),
+                                                ("margin", margin))))
+    return findings, knobs
+
+
+# ----- vLLM V1 --------------------------------------------------------------------------
+
+def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
+          ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    profile = _last(lines, "vllm.profile_v1")
+    weights = next((w for w in (_bytes(_last(lines, "vllm.model_loading"), "weights"),
+                                _bytes(_last(lines, "vllm.model_weights_v0"), "weights"),
+                                _bytes(profile, "weights")) if w is not None), None)
+    kv = _bytes(_last(lines, "vllm.kv_available"), "kv")
+    non_kv, activation = _bytes(profile, "non_kv"), _bytes(profile, "activation")
+    tokens_line, conc = _last(lines, "vllm.kv_tokens"), _last(lines, "vllm.concurrency")
+    budget = non_kv + kv if non_kv is not None and kv is not None else None
+    old = _last(lines, "vllm.profile_v06")
+    findings_v06: list[Finding] = []
+    if old is not None:  # 0.6.x: the budget is total × utilisation, the peak its own figure
+        total, util = _bytes(old, "total"), old.number("utilization")
+        activation, kv = _bytes(old, "activation"), _bytes(old, "kv")
+        budget = int(total * util) if total is not None and util is not None else None
+        initial = _bytes(old, "initial")
+        held = initial - weights if initial is not None and weights is not None else None
+        if held is not None and total and held >= OTHERS_AT_START * total:
+            findings_v06.append(Finding("vllm_held_at_start", (("held", held),
+                                                               ("total", total))))
+    terms = [(what, n) for what, n in (
+        ("weights", weights), ("activation peak (profiling run)", activation),
+        ("non-torch memory", _bytes(profile, "non_torch")), ("non-KV memory in all", non_kv),
+        ("KV cache", kv),
+        ("budget (total × utilisation)" if old is not None else "budget (non-KV + KV)", budget))
+        if n is not None]
+    findings = [Finding("vllm_budget", tuple(terms))] if terms else []
+    findings += findings_v06
+    knobs: list[tuple[str, str]] = []
+    if kv is not None and kv < 0:
+        findings.append(Finding("vllm_kv_negative", (("KV cache", kv),)))
+        cap = message.capacity.bytes if message is not None and message.capacity else None
+        if non_kv is None and old is None:  # what took the budget is not split: no value
+            findings.append(Finding("vllm_unsplit", (("KV cache", kv),)))
+        elif cap and old is None:
+            more = math.ceil(-kv * 100 / cap) / 100
+            knobs.append(_knob("vllm_gpu_memory_utilization", f"+{more:.2f} or more",
+                               f"the budget was {fmt_bytes(-kv)} short of its non-KV memory: "
+                               f"{fmt_bytes(-kv)} / {fmt_bytes(cap)} of the card (the OOM "
+                               "message's capacity), plus the KV cache one request needs — if "
+                               "no other process holds that memory (a colocated trainer's "
+                               "memory counts against vLLM's budget)"))
+    if tokens_line is not None and conc is not None:
+        tokens = int(tokens_line.figures["tokens"])
+        max_len, times = int(conc.figures["max_model_len"]), float(conc.figures["concurrency"])
+        findings.append(Finding("vllm_kv_tokens", (("tokens", tokens),
+                                                   ("max_model_len", max_len))))
+        if times < 1:
+            knobs.append(_knob("vllm_max_model_len", f"{tokens:,}",
+                               f"the KV cache holds {tokens:,} tokens, less than one request "
+                               f"of {max_len:,} (concurrency {times:.2f}x)"))
+    if activation is not None and budget and activation >= ACTIVATION_HALF * budget:
+        findings.append(Finding("vllm_activation_half", (("activation", activation),
+                                                         ("budget", budget))))
+        knobs.append(_knob("vllm_max_num_batched_tokens", "<fewer>",
+                           f"the profiling run's activation peak ({fmt_bytes(activation)}) is "
+                           f"{activation / budget:.0%} of the budget ({fmt_bytes(budget)}): "
+                           "the KV cache gets what it leaves"))
+    return findings, knobs
+
+
+# ----- Megatron and DeepSpeed reports ---------------------------------------------------
+
+def _megatron(lines: Sequence[MemoryLine], message: OomMessage | None
+              ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    peak = max(lines, key=lambda m: _bytes(m, "max_reserved") or 0)
+    findings = [Finding("report_peak", (("max reserved", _bytes(peak, "max_reserved") or 0),
+                                        ("max allocated", _bytes(peak, "max_allocated") or 0),
+                                        ("line", peak.line)))]
+    findings += _against_message(_bytes(peak, "max_reserved"), message)
+    return findings, []
+
+
+def _deepspeed(lines: Sequence[MemoryLine], message: OomMessage | None
+               ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    peak = max(lines, key=lambda m: _bytes(m, "max_ca") or 0)
+    last = lines[-1]
+    findings = [Finding("report_peak", (("max reserved", _bytes(peak, "max_ca") or 0),
+                                        ("max allocated", _bytes(peak, "max_ma") or 0),
+                                        ("line", peak.line))),
+                Finding("report_cached", (("reserved", _bytes(last, "ca") or 0),
+                                          ("allocated", _bytes(last, "ma") or 0),
+                                          ("line", last.line)))]
+    findings += _against_message(_bytes(peak, "max_ca"), message)
+    return findings, []
+
+
+def _against_message(peak: int | None, message: OomMessage | None) -> list[Finding]:
+    """The failing step against the reported peak: what PyTorch held when it failed, and the
+    request on top, beyond the highest peak a report printed."""
+    if peak is None or message is None or message.reserved is None or message.request is None:
+        return []
+    return [Finding("report_vs_oom", (("reported peak", peak),
+                                      ("reserved at the OOM", message.reserved.bytes),
+                                      ("request", message.request.bytes)))]
+
+
+def _uneven_ranks(evidence: list[FrameworkEvidence]) -> FrameworkEvidence:
+    """The first rank's evidence, with a word on ranks whose reported peaks differ (an
+    uneven pipeline stage, longer sequences on one rank)."""
+    first = evidence[0]
+    peaks = [(e.rank, e.findings[0].terms[0][1]) for e in evidence if e.rank is not None]
+    if len(peaks) < 2:
+        return first
+    high, low = max(peaks, key=lambda p: p[1]), min(peaks, key=lambda p: p[1])
+    if not high[1] or high[1] - low[1] < UNEVEN_RANKS * high[1]:
+        return first
+    return FrameworkEvidence(
+        first.framework, first.rank, first.lines,
+        (*first.findings, Finding("uneven_ranks", ((f"rank {high[0]}", high[1]),
+                                                   (f"rank {low[0]}", low[1])))),
+        first.knobs, first.message, first.source)
+
+
+_JUDGES: dict[str, Callable[[Sequence[MemoryLine], OomMessage | None],
+                            tuple[list[Finding], list[tuple[str, str]]]]] = {
+    "sglang": _sglang, "torch_memory_saver": _memory_saver, "vllm": _vllm,
+    "megatron": _megatron, "deepspeed": _deepspeed}

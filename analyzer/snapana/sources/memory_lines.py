@@ -1,0 +1,138 @@
+"""The memory lines frameworks print about themselves, read into figures (issue 57): SGLang's
+start-up budget, torch_memory_saver's refusals, vLLM V1's weights / KV cache / profiling
+lines, Megatron's report_memory, DeepSpeed's see_memory_usage. The formats are data
+(`memory_lines.toml`, each with the format string it was read from); this module only finds
+and reads them.
+
+Each line is looked at once: a format's literal anchor is found with str.find, and its
+pattern, bounded repetitions only, is matched at that position; lines longer than
+MAX_MEMORY_LINE are not read (a ServerArgs repr runs to a few thousand characters). A rank
+is read from the line's prefix (torchrun's "[rank3]:", Megatron's "[Rank 3]", SGLang's
+"TP3", vLLM's "rank=3")."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+from snapana.sources.printed import Size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
+    import tomli as tomllib
+
+#: Lines longer than this are not read for memory figures.
+MAX_MEMORY_LINE = 65_536
+#: Places an anchor is tried on one line (a short anchor such as DeepSpeed's "MA ").
+MAX_ANCHORS_PER_LINE = 16
+#: How much of a line's start is searched for its rank tag.
+RANK_SPAN = 300
+
+_PIECES = {"num": r"\d{1,9}(?:\.\d{1,6})?", "int": r"\d{1,20}", "count": r"\d[\d,]{0,26}"}
+#: A rank tag: torchrun's "[rank3]", Megatron's "[Rank 3]", SGLang's "TP3" (its tensor
+#: parallel rank: one process per GPU), vLLM's "rank=3".
+RANK_TAG = re.compile(r"\[[Rr]ank ?(\d{1,6})\]|\bTP(\d{1,4})\b|\brank=(\d{1,6})\b")
+_BYTE_UNITS = {"GB", "GiB", "MB", "MiB", "KB", "KiB", "bytes", "B"}
+
+
+@dataclass(frozen=True)
+class LineFormat:
+    id: str
+    framework: str
+    anchor: str
+    pattern: re.Pattern[str]
+    units: dict[str, str]
+    source: str  # the framework source and format string it was read from
+    label: str = ""  # "prefix" | "previous" | ""
+
+
+@dataclass(frozen=True)
+class MemoryLine:
+    """One memory line: its format, rank, figures (bytes as Size, counts as int, shares as
+    float), and the name it gives itself (Megatron's '(after 10 iterations)')."""
+
+    line: int  # 1-based
+    format: str
+    framework: str
+    rank: int | None
+    figures: dict[str, Size | int | float]
+    label: str = ""
+    source: str = ""  # the log it was read from
+
+    def size(self, name: str) -> Size | None:
+        v = self.figures.get(name)
+        return v if isinstance(v, Size) else None
+
+    def number(self, name: str) -> float | None:
+        v = self.figures.get(name)
+        return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+@lru_cache(maxsize=1)
+def line_formats() -> tuple[LineFormat, ...]:
+    text = (resources.files(__package__) / "memory_lines.toml").read_text(encoding="utf-8")
+    out = []
+    for entry in tomllib.loads(text)["line"]:
+        pattern = entry["pattern"]
+        for name, piece in _PIECES.items():
+            pattern = pattern.replace("{" + name + "}", piece)
+        out.append(LineFormat(entry["id"], entry["framework"], entry["anchor"],
+                              re.compile(pattern), dict(entry["units"]), entry["source"],
+                              entry.get("label", "")))
+    return tuple(out)
+
+
+def _figure(value: str, unit: str) -> Size | int | float:
+    if unit == "count":
+        return int(value.replace(",", ""))
+    if unit == "float":
+        return float(value)
+    if unit == "bytes":
+        return Size(int(value), 0, f"{value} bytes")
+    negative = value.startswith("-")
+    size = Size.parse(value.lstrip("-"), unit)
+    return Size(-size.bytes, size.slack, value + " " + unit) if negative else size
+
+
+def _rank(head: str) -> int | None:
+    m = RANK_TAG.search(head[-RANK_SPAN:])
+    if m is None:
+        return None
+    return int(next(g for g in m.groups() if g is not None))
+
+
+def read_memory_lines(lines: list[str]) -> list[MemoryLine]:
+    """Every framework memory line of `lines`, in order."""
+    formats = line_formats()
+    out = []
+    for i, line in enumerate(lines):
+        if len(line) > MAX_MEMORY_LINE:
+            continue
+        for f in formats:
+            at = line.find(f.anchor)
+            tries = 0
+            while at >= 0 and tries < MAX_ANCHORS_PER_LINE:
+                m = f.pattern.match(line, at)
+                if m is not None:
+                    out.append(_read(f, m, line, lines, i, at))
+                    break
+                at = line.find(f.anchor, at + 1)
+                tries += 1
+    return out
+
+
+def _read(f: LineFormat, m: re.Match[str], line: str, lines: list[str], i: int,
+          at: int) -> MemoryLine:
+    figures = {name: _figure(value, f.units[name])
+               for name, value in m.groupdict().items() if value is not None}
+    label = ""
+    if f.label == "prefix":
+        head = line[:at]
+        label = head[head.rfind("]") + 1:].strip()[:200]
+    elif f.label == "previous" and i:
+        label = lines[i - 1].strip()[:200]
+    return MemoryLine(i + 1, f.id, f.framework, _rank(line[:at]), figures, label)

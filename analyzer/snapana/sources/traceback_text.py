@@ -1,0 +1,194 @@
+"""Python tracebacks read from a log (issue 57): the failing allocation's stack.
+
+The traceback above an OOM message holds the Python frames of the request that failed —
+the same frames a snapshot records for a block, so the same rule packs can name it. Each
+traceback starts at "Traceback (most recent call last):"; its frames are `File "path", line
+N, in function` lines, each followed by its source line and, since 3.11, a line of carets;
+the exception line ends it. A log prefix before every line is allowed (a timestamp, a
+torchrun "[rank3]:" tag); where the header carries a rank tag, only lines with the same tag
+belong to it, so the tracebacks of ranks printing at once are read apart. Chained
+tracebacks ("During handling of the above exception ...") and Ray's remote one (the
+actor's frames printed after the RayTaskError line, with no header) are each a traceback
+of their own; the one ending at the OOM message is its stack.
+
+Every line is matched in linear time: lines longer than MAX_TRACE_LINE are not frame
+lines, a frame line is found by its literal `File "` and matched from there, every
+repetition is bounded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: A line longer than this is no traceback line (a frame line is a path and a name).
+MAX_TRACE_LINE = 4096
+#: Frames kept per traceback (the innermost ones: a recursion's are the same few).
+MAX_FRAMES = 512
+#: Source lines one frame may print (a multi-line call in 3.13) before the text is no
+#: longer read as its traceback.
+MAX_SOURCE_LINES = 40
+
+_HEADER = "Traceback (most recent call last):"
+_FRAME_AT = 'File "'
+#: Matched at the position of `File "`: path, line, function (absent where a markdown
+#: paste ate `<module>`).
+_FRAME = re.compile(r'File "([^"\n]{1,1024})", line (\d{1,9})(?:, in ([^\s,]{1,256}))?')
+#: A torchrun rank tag before a line ("[rank3]:", "[Rank 3]").
+RANK_TAG = re.compile(r"\[rank ?(\d{1,6})\]", re.IGNORECASE)
+_CARETS = frozenset("^~ \t")
+#: Ray's exception for a remote task's failure: the actor's own frames follow it without a
+#: header of their own ("ray.exceptions.RayTaskError(OutOfMemoryError): ray::A.f() ...").
+_REMOTE = "RayTaskError("
+#: How much of a line's start is searched for its rank tag.
+RANK_SPAN = 200
+
+
+@dataclass(frozen=True)
+class TraceFrame:
+    path: str
+    line: int
+    function: str  # "" where the paste lost it
+    code: str  # the source line printed under it ("" when none)
+
+
+@dataclass(frozen=True)
+class Traceback:
+    """One traceback: its frames outermost first (as printed), where it ends."""
+
+    first_line: int  # 1-based line of its header
+    end_line: int  # 1-based line of its exception line (0: the text ends first)
+    rank: int | None
+    frames: tuple[TraceFrame, ...]
+    exception: str  # the exception line, its prefix removed
+
+    @property
+    def stack(self) -> tuple[tuple[str, str, int], ...]:
+        """The frames innermost first, as a snapshot stores them: (file, function, line)."""
+        return tuple((f.path, f.function, f.line) for f in reversed(self.frames))
+
+
+def _rank(line: str) -> int | None:
+    m = RANK_TAG.search(line[:RANK_SPAN])
+    return int(m.group(1)) if m else None
+
+
+#: Digits made one, to compare a prefix's shape (a timestamp that moved on).
+_DIGITS = str.maketrans("0123456789", "0000000000")
+
+
+def _body(line: str, prefix: str) -> str:
+    """A line without the traceback's prefix (a tag or a timestamp of the same shape)."""
+    if prefix and (line.startswith(prefix) or line[:len(prefix)].translate(_DIGITS)
+                   == prefix.translate(_DIGITS)):
+        return line[len(prefix):]
+    tag = RANK_TAG.search(line[:RANK_SPAN])
+    if tag is not None:  # "[rank0]: ..." with another timestamp before it
+        rest = line[tag.end():]
+        return rest[1:] if rest.startswith(":") else rest
+    return line
+
+
+def read_tracebacks(lines: list[str]) -> list[Traceback]:
+    """Every traceback of `lines`, in the order their headers appear. One pass: each line
+    goes to the traceback open for its rank tag (or for untagged lines), so ranks printing
+    at once are read apart and no line is read twice."""
+    reading: dict[int | None, _Reading] = {}
+    out: list[Traceback] = []
+    for i, line in enumerate(lines):
+        if len(line) > MAX_TRACE_LINE:
+            continue
+        rank = _rank(line)
+        at = line.find(_HEADER)
+        if at >= 0:
+            if rank in reading:  # cut: a new one begins before it ended
+                out.append(reading.pop(rank).finish(0, ""))
+            reading[rank] = _Reading(i + 1, line[:at], rank)
+        elif rank in reading:
+            done = reading[rank].feed(line, i + 1)
+            if done is not None:
+                out.append(done)
+                del reading[rank]
+                if _REMOTE in done.exception:  # Ray prints the actor's frames next, headless
+                    reading[rank] = _Reading(i + 1, _prefix_of(line, done.exception), rank)
+    out += [r.finish(0, "") for r in reading.values()]
+    return sorted(out, key=lambda t: t.first_line)
+
+
+def _prefix_of(line: str, exception: str) -> str:
+    """The prefix of the line an exception was read from (what stands before it)."""
+    at = line.find(exception[:40])
+    return line[:at] if at > 0 else ""
+
+
+class _Reading:
+    """A traceback being read: its frames so far, a frame whose source line may follow."""
+
+    def __init__(self, first_line: int, prefix: str, rank: int | None) -> None:
+        self.first_line, self.prefix, self.rank = first_line, prefix, rank
+        self.frames: list[TraceFrame] = []
+        self.pending: tuple[str, int, str] | None = None
+        self.loose = 0
+
+    def finish(self, end_line: int, exception: str) -> Traceback:
+        if self.pending is not None:
+            self.frames.append(TraceFrame(*self.pending, ""))
+            self.pending = None
+        return Traceback(self.first_line, end_line, self.rank,
+                         tuple(self.frames[-MAX_FRAMES:]), exception)
+
+    def feed(self, line: str, number: int) -> Traceback | None:
+        """Read one more line; the traceback when this line ends it."""
+        body = _body(line, self.prefix)
+        at = body.find(_FRAME_AT)
+        m = _FRAME.match(body, at) if at >= 0 else None
+        if m is not None and not body[:at].strip(" \t|"):
+            if self.pending is not None:
+                self.frames.append(TraceFrame(*self.pending, ""))
+            self.pending = (m.group(1), int(m.group(2)), m.group(3) or "")
+            self.loose = 0
+            if len(self.frames) > 2 * MAX_FRAMES:
+                del self.frames[:MAX_FRAMES]  # the innermost are kept
+            return None
+        text = body.strip()
+        if not text or set(text) <= _CARETS:
+            return None  # a blank line inside, or the carets under a source line
+        if _is_exception(text) and not body[:1].isspace():
+            return self.finish(number, text)
+        if self.pending is not None:  # its source line
+            self.frames.append(TraceFrame(*self.pending, text))
+            self.pending = None
+            return None
+        self.loose += 1  # more source lines of one frame (3.13 prints a call's every line)
+        return self.finish(0, "") if self.loose > MAX_SOURCE_LINES else None
+
+
+#: An exception line: a dotted name (with Ray's "(Cause)" after it) and a colon, or a bare
+#: exception class name.
+_EXCEPTION = re.compile(r"[A-Za-z_][\w.]{0,200}(?:\([\w.]{1,200}\))?(?::|$)")
+_BARE = ("Error", "Exception", "Interrupt", "Exit")
+
+
+def _is_exception(text: str) -> bool:
+    m = _EXCEPTION.match(text)
+    if m is None:
+        return False
+    return m.group(0).endswith(":") or text.endswith(_BARE)
+
+
+def traceback_of(by_end: dict[int, Traceback], line: int, rank: int | None,
+                 within: int = 3) -> Traceback | None:
+    """The traceback of the OOM message at `line` (1-based), from the tracebacks keyed by
+    their exception line (`ending_at`): the one whose exception line it is, else the nearest
+    of its rank ending at most `within` lines before it."""
+    for end in range(line, line - within - 1, -1):
+        t = by_end.get(end)
+        if t is not None and (rank is None or t.rank in (None, rank)):
+            return t
+    return None
+
+
+def ending_at(tracebacks: Iterable[Traceback]) -> dict[int, Traceback]:
+    """Tracebacks keyed by the line of their exception (those cut short have none)."""
+    return {t.end_line: t for t in tracebacks if t.end_line}

@@ -1,0 +1,318 @@
+"""The traceback above an OOM message as the failing allocation's stack (issue 57).
+
+The logs are written here with the frame lines the frameworks' own sources print (file,
+line, function and source line read from slime v0.2.4, Megatron-LM main and the ms-swift /
+vLLM log of seed 003, kept verbatim). What the log reader names is checked against the
+rules engine run by the test on the stack it builds itself from the frames it wrote
+(innermost first, as a snapshot stores it): the same packs, the same decision."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from snapana.analysis.attribution import load_rules
+from snapana.analysis.attribution.stack import BlockContext
+from snapana.log_session import weigh
+from snapana.render.text_log import text_log_view
+from snapana.sources.log_text import read_text
+from snapana.sources.traceback_text import read_tracebacks
+
+from .conftest import invoke
+
+RULES = load_rules()
+SITE = "/usr/local/lib/python3.12/dist-packages"
+
+#: (file, line, function, source line), outermost first: slime v0.2.4's log-prob pass
+#: (slime/backends/megatron_utils/loss.py, slime/utils/ppo_utils.py) into Megatron's fused
+#: cross entropy, whose calculate_logits_max is torch.compile'd (jit_fuser).
+SLIME_FRAMES = [
+    ("/root/slime/slime/backends/megatron_utils/loss.py", 269, "get_log_probs_and_entropy",
+     "log_prob, entropy = calculate_log_probs_and_entropy("),
+    ("/root/slime/slime/utils/ppo_utils.py", 672, "calculate_log_probs_and_entropy",
+     "log_prob = compute_log_probs(logits.clone(), tokens, tp_group)"),
+    ("/root/slime/slime/utils/ppo_utils.py", 158, "compute_log_probs",
+     "return -fused_vocab_parallel_cross_entropy(logits, tokens, process_group)"),
+    ("/root/Megatron-LM/megatron/core/fusions/fused_cross_entropy.py", 148,
+     "fused_vocab_parallel_cross_entropy",
+     "return _VocabParallelCrossEntropy.apply(vocab_parallel_logits, target, tp_group)"),
+    (f"{SITE}/torch/autograd/function.py", 575, "apply",
+     "return super().apply(*args, **kwargs)  # type: ignore[misc]"),
+    ("/root/Megatron-LM/megatron/core/fusions/fused_cross_entropy.py", 93, "forward",
+     "vocab_parallel_logits, logits_max = calculate_logits_max(vocab_parallel_logits)"),
+    (f"{SITE}/torch/_dynamo/eval_frame.py", 655, "_fn", "return fn(*args, **kwargs)"),
+    (f"{SITE}/torch/_functorch/aot_autograd.py", 1130, "forward",
+     "return compiled_fn(full_args)"),
+    (f"{SITE}/torch/_inductor/output_code.py", 613, "__call__",
+     "return self.current_callable(inputs)"),
+]
+#: Megatron's Float16Module turning the bf16 logits fp32 (megatron/core/transformer/module.py)
+MEGATRON_FP32 = [
+    ("/workspace/Megatron-LM/pretrain_gpt.py", 196, "forward_step",
+     "output_tensor = model(tokens, position_ids, attention_mask, labels=labels)"),
+    (f"{SITE}/torch/nn/modules/module.py", 1751, "_wrapped_call_impl",
+     "return self._call_impl(*args, **kwargs)"),
+    (f"{SITE}/torch/nn/modules/module.py", 1762, "_call_impl",
+     "return forward_call(*args, **kwargs)"),
+    ("/workspace/Megatron-LM/megatron/core/transformer/module.py", 566, "forward",
+     "outputs = float16_to_fp32(outputs)"),
+    ("/workspace/Megatron-LM/megatron/core/transformer/module.py", 442, "float16_to_fp32",
+     "return conversion_helper(val, float_conversion)"),
+    ("/workspace/Megatron-LM/megatron/core/transformer/module.py", 401, "conversion_helper",
+     "return conversion(val)"),
+    ("/workspace/Megatron-LM/megatron/core/transformer/module.py", 439, "float_conversion",
+     "val = val.float()"),
+]
+#: Megatron's unfused vocab-parallel cross entropy (megatron/core/tensor_parallel/
+#: cross_entropy.py): another rank failing elsewhere in the same step.
+MEGATRON_CE = [
+    ("/workspace/Megatron-LM/megatron/core/models/common/language_module/language_module.py",
+     200, "compute_language_model_loss",
+     "loss = tensor_parallel.vocab_parallel_cross_entropy("),
+    ("/workspace/Megatron-LM/megatron/core/tensor_parallel/cross_entropy.py", 233,
+     "vocab_parallel_cross_entropy", "return _VocabParallelCrossEntropy.apply("),
+    (f"{SITE}/torch/autograd/function.py", 575, "apply",
+     "return super().apply(*args, **kwargs)  # type: ignore[misc]"),
+    ("/workspace/Megatron-LM/megatron/core/tensor_parallel/cross_entropy.py", 127, "forward",
+     "vocab_parallel_logits, logits_max = VocabParallelCrossEntropy.calculate_logits_max("),
+    ("/workspace/Megatron-LM/megatron/core/tensor_parallel/cross_entropy.py", 25,
+     "calculate_logits_max", "vocab_parallel_logits = vocab_parallel_logits.float()"),
+]
+
+
+def message(request: str, free: str, own: str, allocated: str, cached: str,
+            capacity: str = "79.15 GiB") -> str:
+    """PyTorch 2.2+'s OOM message (c10/cuda/CUDACachingAllocator.cpp)."""
+    return (f"CUDA out of memory. Tried to allocate {request}. GPU 0 has a total capacity of "
+            f"{capacity} of which {free} is free. Including non-PyTorch memory, this process "
+            f"has {own} memory in use. Of the allocated memory {allocated} is allocated by "
+            f"PyTorch, and {cached} is reserved by PyTorch but unallocated. If reserved but "
+            "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF="
+            "expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+            "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-"
+            "variables)")
+
+
+def traceback_lines(frames: list[tuple[str, int, str, str]], exception: str,
+                    prefix: str = "", carets: bool = True) -> list[str]:
+    """A traceback as CPython 3.11+ prints it: each frame, its source line, its carets."""
+    out = [f"{prefix}Traceback (most recent call last):"]
+    for path, line, function, code in frames:
+        out.append(f'{prefix}  File "{path}", line {line}, in {function}')
+        out.append(f"{prefix}    {code}")
+        if carets:
+            out.append(f"{prefix}    {'^' * min(len(code), 40)}")
+    return [*out, f"{prefix}{exception}"]
+
+
+def stack_of(frames: list[tuple[str, int, str, str]]) -> tuple[tuple[str, str, int], ...]:
+    """The snapshot's form of the frames: (file, function, line), innermost first."""
+    return tuple((path, function, line) for path, line, function, _ in reversed(frames))
+
+
+def decided(frames: list[tuple[str, int, str, str]], request: int):
+    stack = stack_of(frames)
+    return RULES.with_sites([stack]).classify(stack, BlockContext(size=request))
+
+
+def slime_ray_log(remote_header: bool = True) -> str:
+    """The driver's traceback through ray.get, Ray's RayTaskError line, then the actor's own
+    frames ending in the OOM message (THUDM/slime#1951's shape): Ray prints them right after
+    its exception line, without a header (`remote_header=False`); a log that re-raised the
+    cause has one."""
+    driver = [
+        ("/root/slime/train.py", 110, "<module>", "train(args)"),
+        ("/root/slime/train.py", 88, "train",
+         "ray.get(actor_model.async_train(rollout_id, rollout_data_ref))"),
+        (f"{SITE}/ray/_private/worker.py", 1012, "get_objects",
+         "raise value.as_instanceof_cause()"),
+    ]
+    lines = ["(MegatronTrainRayActor pid=2025282) training step 3",
+             *traceback_lines(driver, "ray.exceptions.RayTaskError(OutOfMemoryError): "
+                              "ray::MegatronTrainRayActor.train() (pid=2025282, "
+                              "ip=10.252.197.29)"),
+             "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+             *traceback_lines(SLIME_FRAMES, "torch.OutOfMemoryError: " + message(
+                 "58.15 GiB", "47.69 GiB", "31.50 GiB", "23.50 GiB", "502.00 MiB",
+                 "79.19 GiB"))[0 if remote_header else 1:]]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("remote_header", [False, True])
+def test_slime_log_prob_copy_is_named_by_the_slime_pack(remote_header: bool) -> None:
+    log = read_text(slime_ray_log(remote_header), "slime.log")
+    (finding,) = weigh([log]).requests
+    want = decided(SLIME_FRAMES, int(58.15 * (1 << 30)))
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert want.rule_id == "slime.logprob_logits_copy" and want.family == "logits"
+    # the actor's traceback, not the driver's: its frames are the ones written
+    assert finding.traceback.stack == stack_of(SLIME_FRAMES)
+    assert finding.code == SLIME_FRAMES[5][3] and finding.called_code == SLIME_FRAMES[2][3]
+    assert {fw for fw, _ in finding.owners} >= {"slime", "megatron"}
+    knobs = [k for k, _ in finding.knobs]
+    # slime's own knobs bounding the tokens of the micro-batch, its owner shown by frames
+    assert "--max-tokens-per-gpu" in knobs
+    assert all("— " in why for _, why in finding.knobs)
+    view = text_log_view("slime.log", weigh([log]))
+    assert "from the traceback: one request, not what held the rest" in view.verdict
+    assert "logits.clone()" in view.verdict
+
+
+def test_megatron_ranks_printing_at_once_are_read_apart() -> None:
+    """torchrun prefixes every line with its rank; two ranks' tracebacks interleave line by
+    line. Each message gets its own rank's frames."""
+    rank0 = traceback_lines(MEGATRON_FP32, "torch.OutOfMemoryError: " + message(
+        "29.50 GiB", "12.31 GiB", "66.20 GiB", "63.91 GiB", "1.48 GiB"), "[rank0]: ")
+    rank1 = traceback_lines(MEGATRON_CE, "torch.OutOfMemoryError: " + message(
+        "14.75 GiB", "3.02 GiB", "75.49 GiB", "72.80 GiB", "1.92 GiB"), "[rank1]: ",
+        carets=False)
+    lines = []
+    for k in range(max(len(rank0), len(rank1))):
+        lines += [*rank0[k:k + 1], *rank1[k:k + 1]]
+    log = read_text("\n".join(lines), "torchrun.log")
+    ev = weigh([log])
+    by_rank = {d.message.rank: r for d, r in zip(ev.diagnoses, ev.requests, strict=True)}
+    for rank, frames, size in ((0, MEGATRON_FP32, 29.50), (1, MEGATRON_CE, 14.75)):
+        got = by_rank[rank]
+        want = decided(frames, int(size * (1 << 30)))
+        assert got.traceback.stack == stack_of(frames), rank
+        assert (got.family, got.rule_id) == (want.family, want.rule_id), rank
+    assert by_rank[0].rule_id == "megatron.logits_fp32"
+    assert by_rank[0].code == "val = val.float()"
+
+
+#: Seed 003's last traceback, verbatim as its log printed it: ms-swift's colocated vLLM
+#: engine refused to start and the offload context's reload then ran out of memory (the
+#: log had lost its indentation and the dunder names, as pasted).
+SEED_003 = """\
+[rank0]: Traceback (most recent call last):
+[rank0]: File "/data_nvme0n1/zpk/ms-swift/swift/megatron/trainers/rollout_mixin.py", line 220, in init_rollout_engine
+[rank0]: with context():
+[rank0]: File "/data_nvme0n1/conda/envs/ms-swift/lib/python3.12/contextlib.py", line 155, in exit
+[rank0]: self.gen.throw(value)
+[rank0]: File "/data_nvme0n1/zpk/ms-swift/swift/megatron/trainers/rollout_mixin.py", line 582, in offload_context
+[rank0]: load_megatron_model_to_gpu(self.wrapped_models)
+[rank0]: File "/data_nvme0n1/conda/envs/ms-swift/lib/python3.12/site-packages/torch/utils/contextlib.py", line 124, in decorate_context
+[rank0]: return func(*args, **kwargs)
+[rank0]: ^^^^^^^^^^^^^^^^^^^^^
+[rank0]: File "/data_nvme0n1/zpk/ms-swift/swift/megatron/trainers/utils.py", line 128, in load_megatron_model_to_gpu
+[rank0]: buffer.param_data.storage().resize(buffer.param_data_size)
+[rank0]: File "/data_nvme0n1/conda/envs/ms-swift/lib/python3.12/site-packages/torch/storage.py", line 1257, in resize
+[rank0]: self.resize(size)
+[rank0]: File "/data_nvme0n1/conda/envs/ms-swift/lib/python3.12/site-packages/torch/storage.py", line 1261, in resize
+[rank0]: self.untyped_storage.resize(size * self._element_size())
+[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.50 GiB. GPU 0 has a total capacity of 79.25 GiB of which 975.94 MiB is free. Including non-PyTorch memory, this process has 78.25 GiB memory in use. Of the allocated memory 77.28 GiB is allocated by PyTorch, with 26.83 MiB allocated in private pools (e.g., CUDA Graphs), and 66.45 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_ALLOC_CONF=expandable_segments:True to avoid fragmentation. See documentation for Memory Management (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)
+"""  # noqa: E501 (verbatim log lines)
+
+
+def test_a_vllm_colocated_reload_is_named_without_offload_advice() -> None:
+    """Seed 003: the request is the Megatron buffers ms-swift reloads after offloading them
+    for vLLM; the ms-swift pack's rule names it, and its offload knob (the path that failed)
+    is not offered — as on a snapshot of the same failure."""
+    (tb,) = read_tracebacks(SEED_003.splitlines())
+    frames = [(p, ln, fn, "") for p, fn, ln in reversed(tb.stack)]
+    assert len(frames) == 7 and frames[-1][2] == "resize"
+    (finding,) = weigh([read_text(SEED_003, "seed003.log")]).requests
+    want = decided(frames, int(7.5 * (1 << 30)))
+    assert (finding.family, finding.rule_id) == (want.family, "ms_swift.load_megatron_model")
+    assert finding.code == "buffer.param_data.storage().resize(buffer.param_data_size)"
+    assert not any("offload" in k for k, _ in finding.knobs)
+    # the environment named after the framework does not make torch's frames its own
+    assert all("torch/storage.py" not in where for _, where in finding.owners)
+
+
+def test_json_and_markdown_carry_the_request(tmp_path) -> None:
+    path = tmp_path / "slime.log"
+    path.write_text(slime_ray_log())
+    result = invoke("summary", "--format", "json", str(path))
+    assert result.returncode == 0, result.stderr
+    (msg,) = json.loads(result.stdout)["messages"]
+    req = msg["failing_request"]
+    assert req["family"] == "logits" and req["rule"] == "slime.logprob_logits_copy"
+    assert [f["line"] for f in req["traceback"]["frames"]] == [f[1] for f in SLIME_FRAMES]
+    md = invoke("summary", "--format", "markdown", str(path))
+    assert "request: from the traceback" in md.stdout.lower()
+
+
+@pytest.mark.parametrize("filler", ["9", " ", ".", 'File "', "[rank1]: "])
+def test_traceback_lines_are_read_in_linear_time(filler: str) -> None:
+    """100 KB of one character (and of a frame's start) on one line and over many lines:
+    every pattern is bounded, so the count of lines read is all the work there is."""
+    import time
+
+    text = "Traceback (most recent call last):\n" + filler * (100_000 // len(filler))
+    many = "Traceback (most recent call last):\n" + "\n".join([filler * 50] * 2000)
+    start = time.process_time()
+    for t in (text, many):
+        read_tracebacks(t.splitlines())
+    assert time.process_time() - start < 2.0
+
+
+def test_many_cut_tracebacks_are_each_read_once() -> None:
+    """Headers whose tracebacks never reach an exception line (a log cut, or ranks that
+    died mid-print): each ends at the next header, so the lines read are the log's lines
+    once, not once per header (5,000 of them took a minute before)."""
+    import time
+
+    lines = []
+    for _ in range(5000):
+        lines += ["Traceback (most recent call last):", '  File "a.py", line 1, in f', "    x()"]
+    start = time.process_time()
+    got = read_tracebacks(lines)
+    assert time.process_time() - start < 2.0
+    assert len(got) == 5000 and all(len(t.frames) == 1 and t.end_line == 0 for t in got)
+    # a thousand ranks' headers, then their frames interleaved: each line read once
+    ranks = range(1000)
+    lines = [f"[rank{r}]: Traceback (most recent call last):" for r in ranks]
+    for k in range(20):
+        lines += [f'[rank{r}]:   File "a.py", line {k + 1}, in f' for r in ranks]
+    start = time.process_time()
+    got = read_tracebacks(lines)
+    assert time.process_time() - start < 2.0
+    assert sorted(t.rank for t in got) == list(ranks) and all(len(t.frames) == 20 for t in got)
+
+
+#: SGLang's scheduler receiving the trainer's weights in a colocated job (slime + SGLang):
+#: sglang/srt/managers/tp_worker.py and model_executor/model_runner.py as the sources quote
+#: them (update_weights_from_tensor unwrapping each serialized tensor onto the device).
+SGLANG_UPDATE = [
+    ("/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", 2210,
+     "update_weights_from_tensor",
+     "success, message = self.tp_worker.update_weights_from_tensor(recv_req)"),
+    ("/sgl-workspace/sglang/python/sglang/srt/managers/tp_worker.py", 168,
+     "update_weights_from_tensor",
+     "success, message = self.model_runner.update_weights_from_tensor("),
+    ("/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", 779,
+     "update_weights_from_tensor", "named_tensors = ["),
+    ("/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", 780,
+     "<listcomp>", "(name, _unwrap_tensor(tensor, tp_rank=self.tp_rank))"),
+    ("/sgl-workspace/sglang/python/sglang/srt/model_executor/model_runner.py", 796,
+     "_unwrap_tensor", "return tensor.to(torch.cuda.current_device())"),
+]
+
+
+def test_a_colocated_sglang_weight_update_is_named_with_its_budget() -> None:
+    """SGLang logs the scheduler's traceback as one record (the prefix on its first line
+    only). The request is named by the SGLang pack (weights received from the trainer); the
+    trainer's knob for its buckets is not offered, its frames not being in this process; the
+    start-up lines of the same rank give the budget and --mem-fraction-static its value."""
+    from .test_framework_lines import GIB as G
+    from .test_framework_lines import sglang_startup
+
+    head = "[2026-02-01 00:09:12 TP0] Scheduler hit an exception: "
+    lines = traceback_lines(SGLANG_UPDATE, "torch.OutOfMemoryError: " + message(
+        "3.20 GiB", "1.10 GiB", "76.60 GiB", "70.95 GiB", "420.00 MiB", "79.19 GiB"))
+    text = sglang_startup(0, 78 * G, 16 * G, 28 * G, 420000, 2 * G, 0.85) + head + \
+        "\n".join(lines) + "\n"
+    ev = weigh([read_text(text, "sglang.log")])
+    (finding,) = ev.requests
+    want = decided(SGLANG_UPDATE, int(3.2 * (1 << 30)))
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert want.rule_id == "sglang.update_weights"
+    assert "sglang" in {fw for fw, _ in finding.owners}
+    assert not any(k.startswith("--update-weight-buffer-size") for k, _ in finding.knobs)
+    (fw,) = ev.frameworks
+    gap = round(3.20 * G) - round(1.10 * G)
+    lower = -(-gap * 100 // round(79.19 * G)) / 100
+    assert fw.message is not None
+    assert fw.knobs[0][0] == f"--mem-fraction-static {0.85 - lower:.2f}"
