@@ -208,6 +208,13 @@ def memray_stall_seconds() -> float:
 
 
 #: A text log is read from its end (where a dying job's OOM stands): at most this many bytes,
-#: and at most this many OOM messages shown (a log can repeat one a million times).
+#: and at most this many OOM messages read and shown (a log can repeat one a million times;
+#: the anchors past them are counted, never read, and each shown message costs the renderers
+#: a dozen lines: 1,000 keep a 100 KB text of anchors under a second).
 MAX_LOG_BYTES = 256 << 20
-MAX_LOG_MESSAGES = 10_000
+MAX_LOG_MESSAGES = 1_000
+#: A text log's line is matched up to this many characters: every pattern of the text readers
+#: runs over at most this much at a time, so reading is linear in the text whatever a line
+#: holds (a real log line, even a JSON record carrying a traceback, is far shorter). A longer
+#: line is read up to it and the reading says so.
+MAX_LOG_LINE = 8192

@@ -1,0 +1,222 @@
+"""Issue 58, the fourth hostile round: text is read in linear time, every figure and budget
+is bounded, outputs that are not files are refused, and an amplified frame name is stored
+once in the report.
+
+Linearity is shown by counting work, never by a clock: each pattern of the text readers runs
+in a step-counting copy of `re`'s backtracking engine (`regex_steps`) over pathological
+inputs of two lengths, and the readers themselves run over 100 KB and 1 MB texts with every
+pattern call recorded (the span each call is given, and their sum).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from snapana.limits import MAX_LOG_LINE, MAX_LOG_MESSAGES
+from snapana.sources import log_tables, log_text, oom_text, vllm_text
+
+from .regex_steps import Budget, search_steps
+
+READERS = (oom_text, log_tables, vllm_text)
+
+
+def _patterns() -> dict[str, re.Pattern[str]]:
+    """Every compiled pattern the text readers hold, by module and name."""
+    out = {}
+    for module in READERS:
+        for name, value in vars(module).items():
+            if isinstance(value, re.Pattern):
+                out[f"{module.__name__.rsplit('.', 1)[1]}.{name}"] = value
+            elif isinstance(value, dict) and value and all(
+                    isinstance(v, re.Pattern) for v in value.values()):
+                for key, pattern in value.items():
+                    out[f"{module.__name__.rsplit('.', 1)[1]}.{name}[{key}]"] = pattern
+    return out
+
+
+PATTERNS = _patterns()
+
+
+def _prefix(pattern: re.Pattern[str]) -> str:
+    """The literal text a pattern starts with (its anchor): repeated, it makes a search try
+    the rest of the pattern at every copy."""
+    out = []
+    for ch in pattern.pattern:
+        if ch.isalnum() or ch in " -:;,'":
+            out.append(ch)
+        elif ch == "\\" or not out:
+            continue
+        else:
+            break
+    return "".join(out)
+
+
+def _hostile(pattern: re.Pattern[str], n: int) -> dict[str, str]:
+    """Pathological texts of `n` characters for `pattern`: runs of digits, spaces, dots,
+    figures glued together, pipes, and the pattern's own anchor repeated, alone or before a
+    run."""
+    def fill(unit: str, head: str = "") -> str:
+        body = head + unit * (n // max(1, len(unit)) + 1)
+        return body[:n]
+
+    anchor = _prefix(pattern) or "GPU "
+    return {"digits": fill("9"), "spaces": fill(" "), "dots": fill("."),
+            "figures": fill("9."), "digit-space": fill("9 "), "pipes": fill("| "),
+            "pipe-spaces": fill(" ", "| 0 "), "signed": fill("-9"), "tabs": fill("\t9"),
+            "anchors": fill(anchor + " "), "anchor-digits": fill("9", anchor + " "),
+            "anchor-spaces": fill(" ", anchor), "anchor-dots": fill(".", anchor + " 9"),
+            "refs": fill("9", "&#")}
+
+
+SMALL, LARGE = 1024, MAX_LOG_LINE  # the largest span a reader gives one call is a few lines
+#: Steps per character a linear pattern may take on these inputs (a search tries each start
+#: once and each start a bounded number of steps): measured at most 19, bounded at 64.
+STEPS_PER_CHAR = 64
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_every_pattern_of_the_text_readers_is_linear(name: str) -> None:
+    """Steps on 8,192 characters are at most ~8x those on 1,024 (a quadratic pattern takes
+    64x, the catastrophic ones of issue 58 more): counted, not timed."""
+    pattern = PATTERNS[name]
+    slow = []
+    for kind, small in _hostile(pattern, SMALL).items():
+        large = _hostile(pattern, LARGE)[kind]
+        a, _ = search_steps(pattern, small)
+        try:
+            b, _ = search_steps(pattern, large, limit=STEPS_PER_CHAR * LARGE)
+        except Budget as exc:
+            slow.append(f"{kind}: over {exc.args[0]:,} steps on {LARGE:,} characters")
+            continue
+        if b > 10 * a:
+            slow.append(f"{kind}: {a:,} steps on {SMALL:,} characters, {b:,} on {LARGE:,}")
+    assert not slow, f"{name} ({pattern.pattern[:60]}...) is not linear: " + "; ".join(slow)
+
+
+#: Lines that each pattern must still read (the step counter is checked against `re` on
+#: them, and on the hostile texts): what the readers' own tests feed them, in short.
+REAL = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
+        "total capacity of 79.15 GiB of which 14.81 MiB is free. Process 1234 has 79.13 GiB "
+        "memory in use. Of the allocated memory 77.71 GiB is allocated by PyTorch, and 900.52 "
+        "MiB is reserved by PyTorch but unallocated.",
+        "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total capacity; 14.56 "
+        "GiB already allocated; 3.44 MiB free; 14.75 GiB reserved in total by PyTorch)",
+        "|   0  NVIDIA H100 80GB HBM3          On  | 00000000:18:00.0 Off |     0 |",
+        "|    0   N/A  N/A   1234      C   python                          79000MiB |",
+        "| Allocated memory      |  14909 MiB |  15200 MiB |  99 GiB |  84 GiB |",
+        "the current vLLM instance can use total_gpu_memory (79.19GiB) x "
+        "gpu_memory_utilization (0.90) = 71.27GiB; model weights take -1.5GiB",
+        "[rank3]: max seq len (32768), (4.00 GiB KV cache is needed, which is larger than the "
+        "available KV cache memory (2.10 GiB). Based on the available memory, the estimated "
+        "maximum model length is 16384.")
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_the_step_counter_matches_as_re_does(name: str) -> None:
+    """The counter is `re`'s semantics: the same first match on real lines and hostile
+    texts (else its counts would prove nothing)."""
+    pattern = PATTERNS[name]
+    for text in (*REAL, *_hostile(pattern, 200).values()):
+        m = pattern.search(text)
+        _, start = search_steps(pattern, text)
+        assert start == (m.start() if m else None), (name, text[:80])
+
+
+# ----- the readers over 100 KB and 1 MB ------------------------------------------------------
+
+class _Recorder:
+    """A pattern that records the span each call is given."""
+
+    def __init__(self, pattern: re.Pattern[str], spans: list[tuple[str, int]], name: str
+                 ) -> None:
+        self.pattern, self.spans, self.name = pattern, spans, name
+
+    def __getattr__(self, attr: str) -> Any:
+        method = getattr(self.pattern, attr)
+        if attr not in ("search", "match", "fullmatch", "finditer", "sub", "findall"):
+            return method
+
+        def call(*args: Any, **kw: Any) -> Any:
+            text = args[1] if attr == "sub" else args[0]
+            self.spans.append((self.name, len(text)))
+            return method(*args, **kw)
+        return call
+
+
+def _record(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    spans: list[tuple[str, int]] = []
+    for module in READERS:
+        for name, value in list(vars(module).items()):
+            if isinstance(value, re.Pattern):
+                monkeypatch.setattr(module, name, _Recorder(value, spans, name))
+            elif isinstance(value, dict) and value and all(
+                    isinstance(v, re.Pattern) for v in value.values()):
+                monkeypatch.setattr(module, name,
+                                    {k: _Recorder(v, spans, k) for k, v in value.items()})
+    return spans
+
+
+#: The one pattern run over the whole text, once: the character references undone before the
+#: text is cut into lines (it starts only at "&#" and its runs are possessive: linear above).
+WHOLE_TEXT = {"_OVERLONG_REF"}
+
+
+def _texts(n: int) -> dict[str, str]:
+    """The reproducers of issue 58 grown to `n` characters."""
+    def grow(head: str, unit: str, sep: str = "") -> str:
+        """`head` and a run of `unit` to n characters or, with `sep`, both repeated."""
+        one = head + unit + sep
+        return one * (n // len(one)) if sep else (head + unit * n)[:n]
+
+    smi = "NVIDIA-SMI 535.104   Driver Version: 535.104   CUDA Version: 12.2\n"
+    summary = "|       PyTorch CUDA memory summary, device ID 0        |\n"
+    return {
+        "oom-digits": grow("CUDA out of memory. ", "9"),
+        "oom-digit-lines": grow("CUDA out of memory. ", "9" * 2000, "\n"),
+        "smi-spaces": smi + grow("|", " "),
+        "smi-space-rows": grow(smi + "|", " " * 2000, "\n"),
+        "anchors-one-line": grow("", "CUDA out of memory. "),
+        "anchors-lines": grow("xCUDA out of memory.", "\n" * 4, "\n"),
+        "summary-spaces": grow(summary + "| Allocated memory |", " 9 " * 500, "\n"),
+        "vllm-spaces": grow("max seq len (1),", " " * 1000 + "(", "\n"),
+        "dots": grow("Tried to allocate ", "."),
+        "refs": grow("CUDA out of memory. &#", "9"),
+    }
+
+
+def test_the_readers_give_each_pattern_a_bounded_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pattern call of the readers gets at most a few bounded lines, and the
+    characters all calls are given grow with the text, not faster: 1 MB costs at most
+    ~10x what 100 KB does."""
+    spans = _record(monkeypatch)
+    totals = {}
+    for size in (100_000, 1_000_000):
+        for kind, text in _texts(size).items():
+            spans.clear()
+            log = log_text.read_text(text, kind)
+            assert len(log.messages) <= MAX_LOG_MESSAGES
+            whole = [n for name, n in spans if name in WHOLE_TEXT]
+            assert whole == [len(text)] or not whole, (kind, whole)
+            lines = [n for name, n in spans if name not in WHOLE_TEXT]
+            assert max(lines) <= 4 * MAX_LOG_LINE + 8, (kind, max(lines))
+            totals[kind, size] = sum(lines)
+            assert sum(lines) <= 64 * size, (kind, size, sum(lines))
+    for kind in _texts(10):
+        assert totals[kind, 1_000_000] <= 12 * totals[kind, 100_000] + 10_000, (
+            kind, totals[kind, 100_000], totals[kind, 1_000_000])
+
+
+def test_a_cut_line_is_said() -> None:
+    log = log_text.read_text("CUDA out of memory. Tried to allocate " + "9" * 20_000, "paste")
+    assert any(f"longer than {MAX_LOG_LINE:,} characters" in n for n in log.notes)
+    assert len(log.messages) == 1 and log.messages[0].request is None
+
+
+def test_anchors_past_the_cap_are_counted_not_read() -> None:
+    text = "CUDA out of memory. Tried to allocate 2.00 MiB.\n" * (MAX_LOG_MESSAGES + 7)
+    log = log_text.read_text(text, "paste")
+    assert len(log.messages) == MAX_LOG_MESSAGES
+    assert f"{MAX_LOG_MESSAGES + 7:,} messages: the first {MAX_LOG_MESSAGES:,}" in \
+        " ".join(log.notes)
