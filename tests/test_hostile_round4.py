@@ -11,13 +11,18 @@ pattern call recorded (the span each call is given, and their sum).
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 from snapana.limits import MAX_LOG_LINE, MAX_LOG_MESSAGES
 from snapana.sources import log_tables, log_text, oom_text, vllm_text
 
+from .conftest import ROOT, invoke
 from .regex_steps import Budget, search_steps
+
+SAMPLE = ROOT / "sample_snapshots" / "fsdp-train-step.pickle"
 
 READERS = (oom_text, log_tables, vllm_text)
 
@@ -220,3 +225,85 @@ def test_anchors_past_the_cap_are_counted_not_read() -> None:
     assert len(log.messages) == MAX_LOG_MESSAGES
     assert f"{MAX_LOG_MESSAGES + 7:,} messages: the first {MAX_LOG_MESSAGES:,}" in \
         " ".join(log.notes)
+
+
+# ----- every figure and budget bounded -------------------------------------------------------
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.returncode == 2, (result.returncode, result.stderr[-400:])
+    assert len(lines) == 1 and lines[0].startswith("snapana: error: "), result.stderr
+    return lines[0]
+
+
+DIGITS = "9" * 400
+#: A figure of 400 digits where each reader takes one, in its writer's wording.
+ABSURD_FIGURES = {
+    "oom request": f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {DIGITS} GiB. "
+                   "GPU 0 has a total capacity of 79.15 GiB of which 14.81 MiB is free.\n",
+    "oom process": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+                   f"GPU 0 has a total capacity of 79.15 GiB of which 14.81 MiB is free. "
+                   f"Process {DIGITS} has 79.13 GiB memory in use.\n",
+    "summary cell": "|       PyTorch CUDA memory summary, device ID 0        |\n"
+                    f"| Allocated memory      | {DIGITS} MiB | 1 MiB | 1 MiB | 1 MiB |\n",
+    "summary device": f"|       PyTorch CUDA memory summary, device ID {DIGITS} |\n"
+                      "| Allocated memory      | 1 MiB | 1 MiB | 1 MiB | 1 MiB |\n",
+    "smi memory": "NVIDIA-SMI 535.104   Driver Version: 535.104   CUDA Version: 12.2\n"
+                  "|   0  NVIDIA H100 80GB HBM3          On  | 00000000:18:00.0 Off |\n"
+                  f"| N/A   30C  P0   70W / 700W |  {DIGITS}MiB / 81559MiB |\n",
+    "vllm budget": f"the current vLLM instance can use total_gpu_memory ({DIGITS}GiB) x "
+                   "gpu_memory_utilization (0.90) = 71.27GiB\n",
+    "vllm length": f"ValueError: The model's max seq len ({DIGITS}) is larger than the maximum "
+                   "number of tokens that can be stored in KV cache (1000).\n",
+}
+
+
+@pytest.mark.parametrize("where", sorted(ABSURD_FIGURES))
+def test_a_figure_past_its_bound_is_one_line_and_exit_2(where: str, tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(ABSURD_FIGURES[where])
+    line = _one_error_line(invoke("summary", str(log)))
+    assert "job.log" in line and ("past 2^64 bytes" in line or "past 2^63" in line), line
+
+
+def test_the_largest_figures_a_job_prints_are_read(tmp_path: Path) -> None:
+    """The bound refuses no real figure: 16 EiB - 1 MiB and a 19-digit count are read."""
+    text = (f"CUDA out of memory. Tried to allocate {(1 << 44) - 1} MiB. GPU 0 has a total "
+            f"capacity of 79.15 GiB of which 14.81 MiB is free. Process {(1 << 63) - 1} has "
+            "1.00 GiB memory in use.\n")
+    (m,) = log_text.read_text(text, "paste").messages
+    assert m.request is not None and m.request.bytes == ((1 << 44) - 1) << 20
+    assert m.processes[0][0] == (1 << 63) - 1
+
+
+@pytest.mark.parametrize("budget, said", [
+    ("x = " + "[" * 5000 + "]" * 5000, "nested 5,000 deep"),
+    ('x = """ " """\ny = ' + "[" * 5000 + "]" * 5000, "nested 5,000 deep"),
+    ("[chunks]\nsaved_logprob_softmax = " + DIGITS, "a count past 2^63"),
+    ("[chunks]\nsaved_logprob_softmax = " + "9" * 5000, "not a TOML budget"),
+    ('peak_reserved = "' + DIGITS + ' GiB"', "larger than any memory"),
+    ('peak_reserved = "1' + "\t" * 200_000 + 'x"', "unknown unit"),
+])
+def test_a_budget_past_its_bounds_is_one_line_and_exit_2(budget: str, said: str,
+                                                          tmp_path: Path) -> None:
+    path = tmp_path / "budget.toml"
+    path.write_text(budget)
+    line = _one_error_line(invoke("check", str(SAMPLE), "--budget", str(path)))
+    assert said in line and "budget.toml" in line, line
+
+
+def test_a_rule_pack_nested_too_deep_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "rules.toml"
+    path.write_text("x = " + "[" * 5000 + "]" * 5000)
+    line = _one_error_line(invoke("summary", str(SAMPLE), "--rules", str(path)))
+    assert "nested 5,000 deep" in line, line
+
+
+def test_the_depth_check_skips_strings_and_comments() -> None:
+    from snapana.limits import MAX_TOML_DEPTH, toml_too_deep
+
+    deep = "[" * (MAX_TOML_DEPTH + 1)
+    for text in (f'x = "{deep}"', f"x = '{deep}'", f"# {deep}\nx = 1", f'x = """\n{deep}\n"""',
+                 f'x = "\\"{deep}"'):
+        assert toml_too_deep(text) is None, text
+    assert toml_too_deep(f"x = {deep}{']' * (MAX_TOML_DEPTH + 1)}") is not None
