@@ -307,3 +307,90 @@ def test_the_depth_check_skips_strings_and_comments() -> None:
                  f'x = "\\"{deep}"'):
         assert toml_too_deep(text) is None, text
     assert toml_too_deep(f"x = {deep}{']' * (MAX_TOML_DEPTH + 1)}") is not None
+
+
+# ----- outputs opened by name; every exit code documented --------------------------------------
+
+def _readme_codes() -> set[int]:
+    """The exit codes the README's table lists."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("### Exit codes", 1)[1].split("\n\n", 2)[2]
+    return {int(m.group(1)) for m in re.finditer(r"^\| (\d+) \|", table, re.MULTILINE)}
+
+
+#: Where the source sets an exit code: an error's class attribute, a named constant, an exit
+#: with a literal (a variable, `record`'s job code, is the job's own).
+_SETS_CODE = re.compile(r"exit_code = (\d+)|^[A-Z_]+(?:ERROR|BUDGET) = (\d+)|"
+                        r"(?:Exit|SystemExit|_end)\((\d+)\)", re.MULTILINE)
+
+
+def test_every_exit_code_the_source_sets_is_in_the_readme() -> None:
+    documented = _readme_codes()
+    assert documented == {0, 1, 2, 3, 4, 130}, documented
+    found = {}
+    for path in (ROOT / "analyzer" / "snapana").rglob("*.py"):
+        if "synth" in path.parts:
+            continue  # the simulator's own script, not the CLI
+        for m in _SETS_CODE.finditer(path.read_text()):
+            found.setdefault(int(next(g for g in m.groups() if g)), path.name)
+    assert {1, 2, 3, 4, 130} <= set(found), found  # the scan sees them all
+    assert set(found) <= documented, {c: p for c, p in found.items() if c not in documented}
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
+         stdout: Any = subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "snapana", *args], cwd=cwd,
+                          env={**os.environ, **(env or {})}, stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_the_cli_exits_with_documented_codes_only(tmp_path: Path) -> None:
+    """Each outcome as a user meets it, in a process of its own: within and over budget, bad
+    input, stdout on a full disk, an output that is a device, a CI summary that is a FIFO
+    (refused at once: the timeout would stop a wait)."""
+    import os
+
+    documented = _readme_codes()
+    within, over = tmp_path / "within.toml", tmp_path / "over.toml"
+    within.write_text('peak_allocated = "1000 GiB"\n')
+    over.write_text('peak_allocated = "1 MiB"\n')
+    fifo = tmp_path / "summary.fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "bad.pickle").write_bytes(b"not a snapshot")
+    runs = {
+        "within": (_cli("check", str(SAMPLE), "--budget", str(within), cwd=tmp_path), 0),
+        "over": (_cli("check", str(SAMPLE), "--budget", str(over), cwd=tmp_path), 1),
+        "bad input": (_cli("summary", "bad.pickle", cwd=tmp_path), 2),
+        "usage": (_cli("summary", "--no-such-option", cwd=tmp_path), 2),
+        "-o a device": (_cli("report", str(SAMPLE), "-o", "/dev/full", cwd=tmp_path), 2),
+        "--junit a FIFO": (_cli("check", str(SAMPLE), "--budget", str(within), "--junit",
+                                str(fifo), cwd=tmp_path), 2),
+        "summary a FIFO": (_cli("check", str(SAMPLE), "--budget", str(within), cwd=tmp_path,
+                                env={"GITHUB_STEP_SUMMARY": str(fifo)}), 2),
+        "summary a device": (_cli("check", str(SAMPLE), "--budget", str(within), cwd=tmp_path,
+                                  env={"GITHUB_STEP_SUMMARY": "/dev/full"}), 2),
+    }
+    with open("/dev/full", "w") as full:
+        runs["stdout full"] = (_cli("summary", str(SAMPLE), cwd=tmp_path, stdout=full), 4)
+    for what, (result, code) in runs.items():
+        assert result.returncode == code, (what, result.returncode, result.stderr[-300:])
+        assert result.returncode in documented
+        if code >= 2 and what != "usage":  # (a usage error is the CLI framework's usage text)
+            lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+            assert len(lines) == 1, (what, result.stderr)
+    assert "FIFO" in runs["summary a FIFO"][0].stderr
+    assert fifo.exists() and not fifo.is_file()  # left as it was
+
+
+def test_a_step_summary_that_is_a_regular_file_is_appended_to(tmp_path: Path) -> None:
+    from snapana.io.output import append_text
+
+    path = tmp_path / "summary.md"
+    path.write_text("earlier step\n")
+    append_text(path, "this step\n")
+    append_text(tmp_path / "new.md", "first\n")
+    assert path.read_text() == "earlier step\nthis step\n"
+    assert (tmp_path / "new.md").read_text() == "first\n"
