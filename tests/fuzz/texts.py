@@ -21,61 +21,23 @@ import random
 from . import seeds
 from .cases import INPUT, Case
 
-#: Real wordings (PyTorch 2.1+, 1.4-2.0, HIP), a memory_summary() table, an nvidia-smi
-#: table and vLLM's lines, in the formats their writers print.
-OOM_V2 = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a "
-          "total capacity of 79.15 GiB of which 14.81 MiB is free. Process 1234 has 79.13 GiB "
-          "memory in use. Of the allocated memory 77.71 GiB is allocated by PyTorch, and 900.52 "
-          "MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is "
-          "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
-          "fragmentation.  See documentation for Memory Management  "
-          "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n")
-OOM_V14 = ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total "
-           "capacity; 14.56 GiB already allocated; 3.44 MiB free; 14.75 GiB reserved in total "
-           "by PyTorch)\n")
-OOM_HIP = OOM_V2.replace("CUDA", "HIP")
-SUMMARY = """|===========================================================================|
-|                  PyTorch CUDA memory summary, device ID 0                 |
-|---------------------------------------------------------------------------|
-|            CUDA OOMs: 1            |        cudaMalloc retries: 3         |
-|===========================================================================|
-|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |
-|---------------------------------------------------------------------------|
-| Allocated memory      |  14909 MiB |  15200 MiB |  99000 GiB |  98985 GiB |
-|       from large pool |  14800 MiB |  15100 MiB |  98000 GiB |  97985 GiB |
-|       from small pool |    109 MiB |    100 MiB |   1000 GiB |   1000 GiB |
-| GPU reserved memory   |  15600 MiB |  15600 MiB |  16000 MiB |    400 MiB |
-| Allocations           |     1234   |     1300   |    9999 K  |    9998 K  |
-|===========================================================================|
-"""
-SMI = """+---------------------------------------------------------------------------------------+
-| NVIDIA-SMI 535.104.05             Driver Version: 535.104.05   CUDA Version: 12.2     |
-|-----------------------------------------+----------------------+----------------------+
-| GPU  Name                 Persistence-M | Bus-Id        Disp.A | Volatile Uncorr. ECC |
-|=========================================+======================+======================|
-|   0  NVIDIA H100 80GB HBM3          On  | 00000000:18:00.0 Off |                    0 |
-| N/A   30C    P0              70W / 700W |  81000MiB / 81559MiB |      0%      Default |
-+-----------------------------------------+----------------------+----------------------+
-| Processes:                                                                            |
-|  GPU   GI   CI        PID   Type   Process name                            GPU Memory |
-|=======================================================================================|
-|    0   N/A  N/A      1234      C   python                                    79000MiB |
-+---------------------------------------------------------------------------------------+
-"""
-VLLM = ("INFO worker.py:241] Memory profiling takes 5.1 seconds\n"
-        "the current vLLM instance can use total_gpu_memory (79.19GiB) x "
-        "gpu_memory_utilization (0.90) = 71.27GiB\n"
-        "model weights take 14.99GiB; non_torch_memory takes 0.25GiB; PyTorch activation peak "
-        "memory takes 4.35GiB; the rest of the memory reserved for KV Cache is -1.5GiB.\n"
-        "Available KV cache memory: -1.5 GiB\n"
-        "ValueError: No available memory for the cache blocks. Try increasing "
-        "`gpu_memory_utilization` when initializing the engine.\n"
-        "ValueError: To serve at least one request with the models's max seq len (32768), "
-        "(4.00 GiB KV cache is needed, which is larger than the available KV cache memory "
-        "(2.10 GiB). Based on the available memory, the estimated maximum model length is "
-        "16384. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
-        "initializing the engine.\n")
-PARTS = (OOM_V2, OOM_V14, OOM_HIP, SUMMARY, SMI, VLLM)
+
+def _parts(r: random.Random) -> list[str]:
+    """The texts a log holds, written with random figures by the same writers the readers'
+    own tests use (PyTorch's wordings of each era, memory_summary() before 2.0, nvidia-smi
+    with and without MIG columns, vLLM's budget and refusals)."""
+    from ..test_log_texts import NO_BLOCKS, OLD_SUMMARY, _budget, _smi, _v1_too_long
+    from ..test_oom_text import _random_oom
+
+    oom = _random_oom(r)
+    gpus = [(i, "NVIDIA H100 80GB HBM3", r.randrange(81559), 81559) for i in range(2)]
+    procs = [(0, r.randrange(1, 1 << 22), "python3", r.randrange(81559))]
+    return [f"torch.OutOfMemoryError: {oom.v2()}\n", f"RuntimeError: {oom.v14()}\n",
+            f"RuntimeError: {oom.v10()}\n", f"{oom.v2(hip=True)}\n", OLD_SUMMARY,
+            _smi(gpus, procs, r.random() < 0.5),
+            _budget(79.19, 0.9, 14.99, 0.25, r.uniform(1, 80))[0] + NO_BLOCKS + "\n",
+            _v1_too_long(32768, 4.0, 2.1, 16384, r.random() < 0.5) + "\n"]
+
 #: What the readers' patterns run over, repeated into a run (issue 58's reproducers).
 RUNS = ("9", " ", ".", "9.", "9 ", "\t", "| ", "-", "CUDA out of memory. ", "&#", "\\n",
         "NVIDIA-SMI 1 Driver Version: 1\n", "Process 1 has ", "max seq len (1), ", "(",
@@ -126,7 +88,7 @@ def mutate_text(r: random.Random, text: str) -> tuple[str, str]:
 
 
 def log_case(r: random.Random) -> Case:
-    text = "".join(r.sample(PARTS, r.randint(1, 3)))
+    text = "".join(r.sample(_parts(r), r.randint(1, 3)))
     names = []
     for _ in range(r.randint(1, 3)):
         text, name = mutate_text(r, text)
