@@ -91,9 +91,12 @@ def read_budget(text: str, where: str) -> Budget:
         raise InputError(f"{where}: {deep}: not a budget")
     try:
         data = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:  # ValueError: a
-        # 5,000-digit integer; RecursionError: nesting the check above did not see
+    except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{where}: not a TOML budget: {str(exc)[:200]}") from None
+    except ValueError:  # an integer past Python's 4,300 digits: no budget's figure
+        raise InputError(f"{where}: a number of thousands of digits: not a budget") from None
+    except RecursionError:  # nesting the scan above did not see
+        raise InputError(f"{where}: nested too deep: not a budget") from None
     unknown = [k for k in data if k not in FIGURES]
     if unknown:
         raise InputError(f"{where}: unknown budget {quote(unknown[0])} (known: "
