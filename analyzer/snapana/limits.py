@@ -208,6 +208,62 @@ def memray_stall_seconds() -> float:
 
 
 #: A text log is read from its end (where a dying job's OOM stands): at most this many bytes,
-#: and at most this many OOM messages shown (a log can repeat one a million times).
+#: and at most this many OOM messages read and shown (a log can repeat one a million times;
+#: the anchors past them are counted, never read, and each shown message costs the renderers
+#: a dozen lines: 1,000 keep a 100 KB text of anchors under a second).
 MAX_LOG_BYTES = 256 << 20
-MAX_LOG_MESSAGES = 10_000
+MAX_LOG_MESSAGES = 1_000
+#: A text log's line is matched up to this many characters: every pattern of the text readers
+#: runs over at most this much at a time, so reading is linear in the text whatever a line
+#: holds (a real log line, even a JSON record carrying a traceback, is far shorter). A longer
+#: line is read up to it and the reading says so.
+MAX_LOG_LINE = 8192
+
+#: Deepest nesting of arrays and inline tables read from a TOML input (a budget, a user's
+#: rule pack): theirs is 1 to 3; the TOML reader recurses per level (5,000 levels raise
+#: RecursionError), so depth is checked before it runs.
+MAX_TOML_DEPTH = 16
+
+
+def toml_too_deep(text: str) -> str | None:
+    """Why `text` is nested past MAX_TOML_DEPTH, in words; None when it is not."""
+    depth = _toml_nesting(text)
+    if depth <= MAX_TOML_DEPTH:
+        return None
+    return f"arrays or tables nested {depth:,} deep (at most {MAX_TOML_DEPTH} are read)"
+
+
+def _toml_nesting(text: str) -> int:
+    """The deepest nesting of [ and { outside strings and comments, read in one pass (a
+    bracket inside a quoted name, a multi-line string or a comment does not count)."""
+    depth = deepest = i = 0
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "#":
+            i = _toml_end(text, "\n", i + 1, escapes=False)
+        elif ch in "\"'":
+            close = ch * 3 if text.startswith(ch * 3, i) else ch
+            i = _toml_end(text, close, i + len(close), escapes=ch == '"', line=len(close) == 1)
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return deepest
+
+
+def _toml_end(text: str, close: str, i: int, escapes: bool, line: bool = True) -> int:
+    """Where the string or comment opened before `i` ends: the index of its last
+    character (a one-line string ends at its line's end whatever it holds)."""
+    while i < len(text):
+        if escapes and text[i] == "\\":
+            i += 2
+            continue
+        if text.startswith(close, i):
+            return i + len(close) - 1
+        if line and text[i] == "\n":
+            return i
+        i += 1
+    return i

@@ -76,10 +76,6 @@ def pool_key(pool_id: Any) -> str:
     return "0,0"
 
 
-def _inert_field(v: Any) -> Any:
-    return inert(v, lines=False) if isinstance(v, str) else v
-
-
 class StackTable:
     """Interns frames and stacks: each distinct frame and each distinct stack is stored once."""
 
@@ -91,13 +87,15 @@ class StackTable:
         self._frames_of: dict[int, tuple[Frame, ...]] = {}
         #: stacks cut to their innermost MAX_STACK_FRAMES frames (see `stack_id`)
         self.truncated = 0
+        #: each distinct text made inert once (a long name in many frames: once, not per frame)
+        self._inert_texts: dict[str, str] = {}
 
     def frame_id(self, frame: Frame) -> int:
         fid = self._frame_ids.get(frame)
         if fid is None:
             # every source's frames arrive here: their text is made inert once (controls,
             # escape sequences, unpaired surrogates shown escaped), for every later stage
-            safe = (_inert_field(frame[0]), _inert_field(frame[1]), frame[2])
+            safe = (self._inert(frame[0]), self._inert(frame[1]), frame[2])
             fid = self._frame_ids.get(safe)
             if fid is None:
                 fid = len(self.frames)
@@ -105,6 +103,14 @@ class StackTable:
                 self._frame_ids[safe] = fid
             self._frame_ids[frame] = fid
         return fid
+
+    def _inert(self, text: Any) -> Any:
+        if not isinstance(text, str):
+            return text
+        got = self._inert_texts.get(text)
+        if got is None:
+            got = self._inert_texts[text] = inert(text, lines=False)
+        return got
 
     def stack_id(self, frame_ids: tuple[int, ...]) -> int:
         if len(frame_ids) > MAX_STACK_FRAMES:

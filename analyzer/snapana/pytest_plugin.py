@@ -102,13 +102,16 @@ def _judge(item: pytest.Item, snapshot: dict[str, Any], budget: dict[str, Any],
     import polars as pl
 
     import snapana
+    from snapana.io.output import OutputError, write_atomic
     from snapana.units import fmt_bytes
 
     folder = Path(item.config.getoption("--snapana-dir"))
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"--snapana-dir {folder}: is not a folder")
     folder.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid)[-120:]
     path = folder / f"{stem}.pickle"
-    path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    write_atomic(path, pickle.dumps(snapshot, protocol=4))  # a FIFO there: refused, not waited on
     a = snapana.load(path)
     a.report(folder / f"{stem}.html")
     held = {g.name: g.bytes for g in a.device_report.groups}

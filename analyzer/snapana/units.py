@@ -16,7 +16,12 @@ GiB = 1024**3
 _UNITS = {"b": 1,
           "kib": KiB, "mib": MiB, "gib": GiB, "tib": 1024**4,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*")
+#: (Possessive: the two runs of spaces around the unit never share a split, so a value of a
+#: million tabs is refused in linear time.)
+_SIZE_RE = re.compile(r"\s*+([0-9]++(?:\.[0-9]++)?+)\s*+([a-zA-Z]*+)\s*+")
+#: Digits a size's whole part may have: more is past MAX_BYTES whatever its unit, and is
+#: refused before it is converted.
+_MAX_SIZE_DIGITS = 24
 #: Larger than any device or host memory; keeps every byte figure inside int64. The input
 #: checks read it from `limits`, the home of every bound.
 MAX_BYTES = 1 << 62
@@ -126,7 +131,9 @@ def parse_bytes(text: str) -> int:
         raise ValueError(f"{quote(text)}: unknown unit {quote(m.group(2))}{hint}; units: B, "
                          "KiB, MiB, "
                          "GiB, TiB (binary), KB, MB, GB, TB (decimal)")
-    value = int(Decimal(number) * _UNITS[unit])
+    too_long = len(number.split(".")[0].lstrip("0")) > _MAX_SIZE_DIGITS
+    value = MAX_BYTES if too_long else int(Decimal(number[:4 * _MAX_SIZE_DIGITS])
+                                            * _UNITS[unit])
     if value >= MAX_BYTES:
         raise ValueError(f"{quote(text)} is larger than any memory ({fmt_bytes(MAX_BYTES)} or "
                          "more)")

@@ -23,6 +23,12 @@ Layout:
 - `environment.py` — what surrounds the input (issue 43): outputs the environment cannot
   take (/dev/full, a closed or ASCII stdout, a disk that fills), odd paths, modules planted
   beside the inputs, signals while snapana works; run by `process.py` as a process of its own.
+- `texts.py` — text logs (issue 58): the OOM wordings, memory_summary(), nvidia-smi and vLLM
+  as their writers print them, mutated where the readers' patterns look (runs of digits,
+  spaces, dots and anchors up to a megabyte, figures of hundreds of digits, character
+  references, prefixes, gzip); hostile `check` budgets (nested thousands deep, huge counts,
+  not UTF-8, a FIFO); CI outputs (`--junit`, `$GITHUB_STEP_SUMMARY`) that are a FIFO, a
+  device, a socket, a folder or a link to one.
 - `pickle_codec.py` — safe seed decoding and an encoder for shapes pickle.dumps cannot write.
 - `seeds.py` — seeds: sample_snapshots/, ../shared/corpus/ (read in place), synthetic ones.
 - `worker.py` / `runner.py` — a persistent worker subprocess (snapana imported once; cases run

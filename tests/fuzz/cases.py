@@ -31,7 +31,8 @@ class Case:
     argv: list[str] = field(default_factory=lambda: list(SUMMARY))
     #: the path {input} stands for, relative to the case folder
     input: str = INPUT
-    #: ('fifo', relpath) | ('symlink', relpath, target) | ('dir', relpath) | ('chardev',
+    #: ('fifo', relpath) | ('symlink', relpath, target) | ('dir', relpath) | ('file', relpath,
+    #: text): a regular file that is no input (a CI summary appended to) | ('chardev',
     #: relpath): a copy of /dev/null (a link to it where mknod is not allowed) |
     #: ('socket', relpath): a bound Unix socket. Every node must be the same after the run.
     setup: list[tuple[str, ...]] = field(default_factory=list)
@@ -43,7 +44,8 @@ class Case:
     ext: str = ""
     #: run as a process of its own (`snapana` as a user starts it), not in the worker, with
     #: what the case does to it (environment.py): {"stdout": "full" | "closed" | "file",
-    #: "encoding": "ascii", "fsize": bytes, "signal": "SIGTERM", "delay": seconds}
+    #: "encoding": "ascii", "fsize": bytes, "signal": "SIGTERM", "delay": seconds,
+    #: "env": {"GITHUB_STEP_SUMMARY": "ci.out"}}
     process: dict[str, Any] | None = None
     #: an output the environment cannot take is expected: exit 4 in one line is a refusal
     output_may_fail: bool = False
@@ -68,6 +70,8 @@ class Case:
                 os.symlink(step[2], p)
             elif step[0] == "dir":
                 p.mkdir(exist_ok=True)
+            elif step[0] == "file":  # a regular file an output may append to (not an input)
+                p.write_text(step[2] if len(step) > 2 else "")
             elif step[0] == "chardev":
                 try:
                     os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(1, 3))

@@ -58,6 +58,8 @@ def summary_violations(text: str) -> list[str]:
         doc = strict_json(text)
     except ValueError as exc:
         return [f"json: {exc}"]
+    if isinstance(doc, dict) and isinstance(doc.get("messages"), list):
+        return text_log_violations(doc)
     if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
         return ["json: no devices list"]
     bad = []
@@ -118,3 +120,26 @@ def _rank_violations(inputs: Any) -> list[str]:
 
 def _ints(*values: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def text_log_violations(doc: dict[str, Any]) -> list[str]:
+    """Invariants of a text log's `summary -f json` (issue 58): at most MAX_LOG_MESSAGES
+    messages, each at a line of the text; every byte figure an integer within 2^64 (a
+    printed figure past it is refused, never read as a float's rounding)."""
+    from snapana.limits import MAX_LOG_MESSAGES
+
+    bad = []
+    messages = doc["messages"]
+    if len(messages) > MAX_LOG_MESSAGES:
+        bad.append(f"count: {len(messages)} messages, more than {MAX_LOG_MESSAGES}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not _ints(m.get("line")) or m["line"] < 1:
+            bad.append(f"line: messages[{i}] has no line of the text")
+    for path, v in _byte_figures({k: v for k, v in doc.items() if k != "not_read"}):
+        if v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool):
+            bad.append(f"type: {path} = {v!r} is not an integer")
+        elif abs(v) > 1 << 65:  # a sum of two figures of 2^64 at most
+            bad.append(f"bound: {path} = {v} is past 2^65")
+    return bad

@@ -607,7 +607,10 @@ FORMATS = {"pickle": 0.40, "kineto": 0.15, "timeline": 0.11, "memray": 0.08, "ex
            "amplify": 0.08, "impossible": 0.12, "strings": 0.12, "cli": 0.10, "reseed": 0.08,
            # issue #43's: export tables and memray values that lie about their size; what
            # surrounds the input (failing outputs, odd paths, planted modules, signals)
-           "bombs": 0.06, "environment": 0.10}
+           "bombs": 0.06, "environment": 0.10,
+           # issue #58's: text logs where the readers' patterns look, hostile budgets,
+           # CI outputs (--junit, $GITHUB_STEP_SUMMARY) that are not regular files
+           "texts": 0.14}
 
 
 def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
@@ -623,6 +626,7 @@ def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
     from .reseed import reseed_case
     from .sidecars import sidecar_case
     from .strings import strings_case
+    from .texts import text_case
 
     r = _rng(seed, index)
     names = [f for f in FORMATS if f in formats]
@@ -656,5 +660,7 @@ def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
         return bomb_case(r)
     if fmt == "environment":
         return environment_case(r)
+    if fmt == "texts":
+        return text_case(r)
     cases = hostile_cases()
     return cases[r.randrange(len(cases))]

@@ -131,6 +131,7 @@ def run_process(case: Case, folder: Path, timeout: float, memory_limit: int,
     env.setdefault("POLARS_MAX_THREADS", "2")
     if settings.get("encoding"):
         env["PYTHONIOENCODING"] = settings["encoding"]
+    env.update(settings.get("env", {}))  # e.g. a CI step summary ($GITHUB_STEP_SUMMARY)
     stdout_path = "/dev/full" if settings.get("stdout") == "full" else folder / "stdout.txt"
     start = time.monotonic()
     with open(stdout_path, "wb") as out, open(folder / "stderr.txt", "wb") as err:

@@ -29,6 +29,7 @@ import tomllib
 from snapana.analysis.attribution.families import family_ids
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.errors import InputError
+from snapana.limits import toml_too_deep
 from snapana.units import fmt_bytes, parse_bytes, quote
 
 #: The keys a budget file may hold at its top level.
@@ -62,6 +63,8 @@ class Check:
 
 #: A budget file is a few lines; anything larger is not one.
 MAX_BUDGET_BYTES = 1 << 20
+#: The largest count of chunks a budget may name (an int64, as every count of the capture).
+MAX_BUDGET_COUNT = (1 << 63) - 1
 
 
 def read_budget_file(path: Path) -> Budget:
@@ -82,10 +85,18 @@ def read_budget_file(path: Path) -> Budget:
 
 def read_budget(text: str, where: str) -> Budget:
     """A budget from TOML text; InputError naming the key for anything it cannot read."""
+    if len(text) > MAX_BUDGET_BYTES:
+        raise InputError(f"{where}: over {MAX_BUDGET_BYTES >> 20} MiB: not a budget")
+    if (deep := toml_too_deep(text)) is not None:
+        raise InputError(f"{where}: {deep}: not a budget")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{where}: not a TOML budget: {exc}") from None
+        raise InputError(f"{where}: not a TOML budget: {str(exc)[:200]}") from None
+    except ValueError:  # an integer past Python's 4,300 digits: no budget's figure
+        raise InputError(f"{where}: a number of thousands of digits: not a budget") from None
+    except RecursionError:  # nesting the scan above did not see
+        raise InputError(f"{where}: nested too deep: not a budget") from None
     unknown = [k for k in data if k not in FIGURES]
     if unknown:
         raise InputError(f"{where}: unknown budget {quote(unknown[0])} (known: "
@@ -125,6 +136,9 @@ def _size_value(value: Any, what: str) -> int:
 def _count_value(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InputError(f"{what}: a count of blocks (a whole number, 0 or more)")
+    if value > MAX_BUDGET_COUNT:
+        raise InputError(f"{what}: a count past 2^63 ({len(str(value)):,} digits): no capture "
+                         "holds it")
     return value
 
 

@@ -54,7 +54,7 @@ def check(
     """Check a capture against a memory budget: exit 0 within it, 1 over it."""
     from snapana.analysis.budget import check as check_budget
     from snapana.analysis.budget import read_budget_file
-    from snapana.io.output import write_atomic
+    from snapana.io.output import append_text, write_atomic
     from snapana.render.check import CheckView, github_annotations, junit_xml
 
     rules, cap = policy.check_rules(None, capacity)
@@ -77,7 +77,6 @@ def check(
         policy.wrote(junit)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(policy.render_view(view, "markdown", to_terminal=False) + "\n")
+        append_text(summary, policy.render_view(view, "markdown", to_terminal=False) + "\n")
     if view.breaches:
         raise typer.Exit(OVER_BUDGET)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from snapana.errors import SnapanaError
@@ -121,6 +122,36 @@ def write_atomic(path: Path | str, data: str | bytes) -> None:
             # an unpaired surrogate (legal in a pickle's strings) is written escaped, never
             # a UnicodeEncodeError after the work is done
             tmp.write_text(data, encoding="utf-8", errors="backslashreplace")
+
+
+def append_text(path: Path | str, text: str) -> None:
+    """Append to a file named from outside (a CI step summary): a regular file or a new one.
+    Opened without blocking (a FIFO with no reader fails at once instead of waiting for one)
+    and checked after opening, so a FIFO, a device or a socket is refused, never written."""
+    import stat
+
+    from snapana.sources._io import _kind
+
+    path = Path(path)
+    _refuse_input(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+    def refuse(mode: int) -> OutputError:
+        return OutputError(f"{path}: is {_kind(mode)}, not a regular file; snapana appends "
+                           "to regular files only")
+
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO no one reads, a socket, a folder
+            with suppress(OSError):
+                raise refuse(os.stat(path).st_mode) from None
+        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise refuse(mode)
+        os.set_blocking(fd, True)
+        fh.write(text)
 
 
 def check_dir_target(path: Path, marker: str, kind: str) -> None:

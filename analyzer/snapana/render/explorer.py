@@ -11,8 +11,11 @@ Columns are integers packed small (sorted, delta-coded, divided by their common 
 a column of few distinct values as indices into them, each byte plane apart) and gzipped
 into one member, each column deflated on the thread that packed it; the page inflates them
 with the browser's own `DecompressionStream`, as it does plotly.js. A stack is kept once, as
-indices into its distinct frame lines, so the find box searches every frame of every
-allocation.
+indices into its distinct frames, and a frame as indices into the distinct file and function
+names (each stored once, shortened to `limits.MAX_FRAME_TEXT` as every report shows them)
+and its line: the page is bounded by what it shows, not by how often a name repeats (one
+long name shared by thousands of frames through a pickle's memo is one string here), and
+the find box searches every frame of every allocation.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from snapana.analysis.attribution.sites import site_of
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.family_timeline import FamilyTimeline
 from snapana.caching_allocator import ACTIVE_ALLOCATED
+from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import StackTable
-from snapana.units import SYNTHETIC_ADDRESSES
+from snapana.units import SYNTHETIC_ADDRESSES, shown_name
 
 #: How the page reads a packed column back: bytes per value, then (in this order undone)
 #: zigzag for signed deltas, a running sum (`delta`: over all rows; `group`: over the rows
@@ -67,11 +71,6 @@ _SAMPLE = 1 << 16
 _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
 #: Rows a column's common factor is first taken from (`_common_factor`).
 _GUESS = 1024
-
-
-def _frame_line(frame: tuple[str, str, int]) -> str:
-    """A frame as the find box searches it: the full file name, line and function."""
-    return f"{frame[0]}:{frame[2]} {frame[1]}"
 
 
 def _common_factor(v: np.ndarray) -> int:
@@ -248,7 +247,7 @@ class _Allocations:
     alloc_idx: np.ndarray  # the spans', in their order: what a report's must equal
     order: np.ndarray
     parts: _Parts
-    lines: list[str]
+    names: list[str]  # the distinct file and function names of the frames, shortened
     sites: list[str]
     no_frames: int
 
@@ -264,9 +263,11 @@ def _allocations(spans: pl.DataFrame, reserved: np.ndarray, stacks: StackTable
     entry = {s: i for i, s in enumerate(framed)}
     stack_entry = np.array([entry.get(int(s), -1) + 1 for s in distinct.tolist()],
                            dtype=np.int64)[stack_row]  # 0: no frames
-    lines: dict[str, int] = {}
-    lists = [[lines.setdefault(_frame_line(f), len(lines)) for f in frames_of[s]]
-             for s in framed]
+    frames: dict[tuple[str, str, int], int] = {}
+    lists = [[frames.setdefault(f, len(frames)) for f in frames_of[s]] for s in framed]
+    names: dict[str, int] = {}
+    file_of = [names.setdefault(shown_name(f[0], MAX_FRAME_TEXT), len(names)) for f in frames]
+    name_of = [names.setdefault(shown_name(f[1], MAX_FRAME_TEXT), len(names)) for f in frames]
     sites: dict[str, int] = {}
     stack_site = [sites.setdefault(site_of(frames_of[s]), len(sites)) for s in framed]
     no_frames = sites.setdefault(site_of(()), len(sites))
@@ -278,14 +279,18 @@ def _allocations(spans: pl.DataFrame, reserved: np.ndarray, stacks: StackTable
         "stack": stack_entry[order],
         "address": address[order],
         "reserved": np.asarray(reserved, dtype=np.int64),
-        # the stacks: each one's length, then all their line indices (a capture can have many)
+        # the stacks: each one's length, then all their frame indices (a capture can have
+        # many); each frame its file and function (indices into the names) and its line
         "stack_len": np.array([len(st) for st in lists], dtype=np.int64),
         "stack_lines": np.array([i for st in lists for i in st], dtype=np.int64),
         "stack_site": np.array(stack_site, dtype=np.int64),
+        "frame_file": np.array(file_of, dtype=np.int64),
+        "frame_name": np.array(name_of, dtype=np.int64),
+        "frame_line": np.array([f[2] for f in frames], dtype=np.int64),
     }
     parts = _pack_parts(columns, delta=frozenset({"alloc", "reserved"}),
                         group={"address": "size"})
-    return _Allocations(reserved, spans["alloc_idx"].to_numpy(), order, parts, list(lines),
+    return _Allocations(reserved, spans["alloc_idx"].to_numpy(), order, parts, list(names),
                         list(sites), no_frames)
 
 
@@ -376,9 +381,9 @@ def _page_data(r: DeviceReport, spans: pl.DataFrame, made: _Allocations, familie
         "synthetic_from": SYNTHETIC_ADDRESSES,  # addresses made up where none was recorded
         "families": families, "colours": [colours.get(f, unknown_colour) for f in families],
         "named": named, "evidence": evidence,
-        # the frame lines and site names, a JSON list each, gzipped (paths repeat a lot)
+        # the frames' file and function names and the site names, a JSON list each, gzipped
         "texts": base64.b64encode(gzip.compress(json.dumps(
-            {"lines": made.lines, "sites": made.sites}).encode(), mtime=0)).decode("ascii"),
+            {"names": made.names, "sites": made.sites}).encode(), mtime=0)).decode("ascii"),
         "no_frames_site": made.no_frames,
         "columns": specs, "packed": blob,
     }

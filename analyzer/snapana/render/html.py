@@ -15,12 +15,13 @@ import jinja2
 import numpy as np
 from markupsafe import Markup, escape
 
+from snapana.limits import MAX_FRAME_TEXT
 from snapana.render import Options, figures
 from snapana.render.assets import plotly_js_gzip_b64, plotly_template_json
 from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.wording import GROWTH_HEADING, evidence_note
-from snapana.units import fmt_bytes, plural
+from snapana.units import fmt_bytes, plural, shown_name
 
 _TEMPLATES = Path(__file__).parent / "templates"
 _FIGURE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB)\b")
@@ -67,7 +68,10 @@ def _whole_words(text: str) -> Markup:
 
 
 def _short_frame(frame: tuple[str, str, int]) -> str:
-    return f"{frame[0]}:{frame[2]} {frame[1]}"
+    """A frame of a shown stack, each name bounded (`units.shown_name`): one long name in
+    every stack must not multiply into every stack the page shows."""
+    return (f"{shown_name(frame[0], MAX_FRAME_TEXT)}:{frame[2]} "
+            f"{shown_name(frame[1], MAX_FRAME_TEXT)}")
 
 
 #: numpy dtypes plotly.js reads as typed arrays, by its short names.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from snapana.sources.printed import Size
+from snapana.sources.printed import Size, in_bounds, whole
 
 #: `_format_size`'s units, and the KB/MB/GB spelling of the same powers before PyTorch 2.0.
 _SUMMARY_UNITS = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4, "PiB": 5,
@@ -41,12 +41,14 @@ SUMMARY_ROWS = {
 }
 #: The four columns of every row.
 SUMMARY_COLUMNS = ("current", "peak", "allocated in all", "freed in all")
-_SUMMARY_HEAD = re.compile(r"PyTorch (?:CUDA|HIP) memory summary, device ID (\d+)")
-_SUMMARY_OOMS = re.compile(r"(?:CUDA|HIP) OOMs: (\d+)\s*\|\s*(?:cuda|hip)Malloc retries: (\d+)",
-                           re.IGNORECASE)
-_CELL = r"\|\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|PiB|KB|MB|GB|TB|PB|K|M)?\s*"
-_SUMMARY_ROW = re.compile(r"\|\s*(" + "|".join(map(re.escape, SUMMARY_ROWS)) + r"|from large pool"
-                          r"|from small pool)\s*" + _CELL * 4 + r"\|")
+#: (Every run possessive: no two quantifiers share the characters they may take, so a row of
+#: spaces or digits is matched in linear time.)
+_SUMMARY_HEAD = re.compile(r"PyTorch (?:CUDA|HIP) memory summary, device ID (\d++)")
+_SUMMARY_OOMS = re.compile(r"(?:CUDA|HIP) OOMs: (\d++)\s*+\|\s*+(?:cuda|hip)Malloc retries: "
+                           r"(\d++)", re.IGNORECASE)
+_CELL = r"\|\s*+(\d++)\s*+(B|KiB|MiB|GiB|TiB|PiB|KB|MB|GB|TB|PB|K|M)?+\s*+"
+_SUMMARY_ROW = re.compile(r"\|\s*+(" + "|".join(map(re.escape, SUMMARY_ROWS)) + r"|from large pool"
+                          r"|from small pool)\s*+" + _CELL * 4 + r"\|")
 _COUNT_UNITS = {None: 1, "K": 1000, "M": 1000 * 1000}
 #: Lines a summary may span (11 metrics of 3 rows each, rules between them).
 SUMMARY_SPAN = 60
@@ -69,7 +71,8 @@ def _floored(number: str, unit: str | None) -> Size:
     """A figure `_format_size` rounded down to its unit: from the printed value to one unit
     more, as its middle give or take half a unit."""
     scale = 1 << (10 * _SUMMARY_UNITS[unit or "B"])
-    return Size(int(number) * scale + scale // 2, scale // 2, f"{number} {unit or 'B'}")
+    text = f"{number} {unit or 'B'}"
+    return Size(in_bounds(whole(number) * scale + scale // 2, text), scale // 2, text)
 
 
 def read_summaries(lines: list[str]) -> list[MemorySummary]:
@@ -86,7 +89,7 @@ def read_summaries(lines: list[str]) -> list[MemorySummary]:
             if _SUMMARY_HEAD.search(row):
                 break
             if (c := _SUMMARY_OOMS.search(row)) is not None:
-                ooms, retries = int(c.group(1)), int(c.group(2))
+                ooms, retries = whole(c.group(1)), whole(c.group(2))
             if (m := _SUMMARY_ROW.search(row)) is None:
                 continue
             name = m.group(1)
@@ -102,26 +105,31 @@ def read_summaries(lines: list[str]) -> list[MemorySummary]:
                 sizes[key] = tuple(_floored(n, u) for n, u in cells)
             else:
                 counts[key] = tuple(_count(n, u) for n, u in cells)
-        out.append(MemorySummary(i + 1, int(head.group(1)), ooms, retries, sizes, counts))
+        out.append(MemorySummary(i + 1, whole(head.group(1)), ooms, retries, sizes, counts))
     return out
 
 
 def _count(number: str, unit: str | None) -> tuple[int, int]:
     """A count `_format_count` rounded down to thousands or millions: (middle, slack)."""
     scale = _COUNT_UNITS.get(unit, 1)
-    return int(number) * scale + scale // 2, scale // 2
+    return whole(number) * scale + scale // 2, scale // 2
 
 
 # ----- nvidia-smi ------------------------------------------------------------------------------
 
-_SMI_HEAD = re.compile(r"NVIDIA-SMI ([\d.]+)\s+Driver Version: ([\d.]+)(?:\s+CUDA Version: "
-                       r"([\d.]+|N/A))?")
+_SMI_HEAD = re.compile(r"NVIDIA-SMI ([\d.]++)\s++Driver Version: ([\d.]++)(?:\s++CUDA Version: "
+                       r"([\d.]++|N/A))?+")
 #: A GPU's first row ("|   0  NVIDIA H100 80GB HBM3   On  |") and, on the next, its memory.
-_SMI_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|")
-_SMI_MEMORY = re.compile(r"\|\s*(\d+)MiB\s*/\s*(\d+)MiB\s*\|")
-#: A process row: GPU, [GI CI] (MIG, 2018+ drivers), PID, type, name, usage.
-_SMI_PROCESS = re.compile(r"^\|\s+(\d+)\s+(?:(?:N/A|\d+)\s+(?:N/A|\d+)\s+)?(\d+|\*+)\s+"
-                          r"(C|G|C\+G|M|M\+C)\s+(.+?)\s+(\d+|N/A|\*+)(?:MiB)?\s*\|")
+#: Its first cell is taken whole and split in `_gpu_cell` (name, then On or Off): a pattern
+#: with the name between two runs of spaces would rescan them from every split.
+_SMI_GPU = re.compile(r"^\|\s++(\d++)\s++([^|]*+)\|")
+_SMI_MEMORY = re.compile(r"\|\s*+(\d++)MiB\s*+/\s*+(\d++)MiB\s*+\|")
+#: A process row: GPU, [GI CI] (MIG, 2018+ drivers), PID, type, then name and usage (the
+#: rest of the cell, split in `_process_cell`).
+_SMI_PROCESS = re.compile(r"^\|\s++(\d++)\s++(?:(?:N/A|\d++)\s++(?:N/A|\d++)\s++)?+(\d++|\*++)"
+                          r"\s++(C\+G|M\+C|C|G|M)\s++([^|]*+)\|")
+#: The usage that ends a process row's cell: MiB, N/A (WDDM, containers) or hidden.
+_SMI_USAGE = re.compile(r"(\d++|N/A|\*++)(?:MiB)?+")
 #: Lines a table may span (a header, 8 GPUs of 4 lines, a process list).
 SMI_SPAN = 400
 _MIB = 1 << 20
@@ -154,13 +162,39 @@ class SmiTable:
 
 
 def _mib(n: str) -> Size:
-    return Size(int(n) * _MIB, _MIB // 2, f"{n} MiB")
+    return Size(in_bounds(whole(n) * _MIB, f"{n} MiB"), _MIB // 2, f"{n} MiB")
 
 
 def _prefix_free(line: str) -> str:
     """The table's own part of a log line: from its first '|' (a log prefix before it)."""
     at = line.find("|")
     return line[at:] if at >= 0 else line
+
+
+def _gpu_row(row: str) -> tuple[int, str] | None:
+    """(index, name) of a GPU's first row: its first cell ends with On or Off (persistence
+    mode) after the name."""
+    g = _SMI_GPU.match(row)
+    if g is None:
+        return None
+    name, _, mode = g.group(2).rstrip().rpartition(" ")
+    if mode not in ("On", "Off") or not name.strip():
+        return None
+    return whole(g.group(1)), name.strip()
+
+
+def _process_row(row: str) -> SmiProcess | None:
+    """A process row: its last cell's last word is the usage, the words before it the name."""
+    p = _SMI_PROCESS.match(row)
+    if p is None:
+        return None
+    name, _, usage = p.group(4).rstrip().rpartition(" ")
+    u = _SMI_USAGE.fullmatch(usage)
+    if u is None or not name.strip():
+        return None
+    pid = whole(p.group(2)) if p.group(2).isdigit() else None
+    used = _mib(u.group(1)) if u.group(1).isdigit() else None
+    return SmiProcess(whole(p.group(1)), pid, p.group(3), name.strip(), used)
 
 
 def read_smi(lines: list[str]) -> list[SmiTable]:
@@ -172,28 +206,25 @@ def read_smi(lines: list[str]) -> list[SmiTable]:
         gpus: list[SmiGpu] = []
         procs: list[SmiProcess] = []
         in_processes = False
-        body = [_prefix_free(x) for x in lines[i + 1:i + 1 + SMI_SPAN]]
-        for k, row in enumerate(body):
+        end = min(len(lines), i + 1 + SMI_SPAN)
+        for k in range(i + 1, end):
+            row = _prefix_free(lines[k])
             if _SMI_HEAD.search(row):
                 break
             if "Processes:" in row:
                 in_processes = True
                 continue
             if in_processes:
-                if (p := _SMI_PROCESS.match(row)) is not None:
-                    used = _mib(p.group(5)) if p.group(5).isdigit() else None
-                    pid = int(p.group(2)) if p.group(2).isdigit() else None
-                    procs.append(SmiProcess(int(p.group(1)), pid, p.group(3),
-                                            p.group(4).strip(), used))
+                if (p := _process_row(row)) is not None:
+                    procs.append(p)
                 elif row.startswith("+") and procs:
                     break
                 continue
-            g = _SMI_GPU.match(row)
-            if g is not None and k + 1 < len(body):
-                mem = _SMI_MEMORY.search(body[k + 1])
+            g = _gpu_row(row)
+            if g is not None and k + 1 < end:
+                mem = _SMI_MEMORY.search(_prefix_free(lines[k + 1]))
                 if mem is not None:
-                    gpus.append(SmiGpu(int(g.group(1)), g.group(2).strip(),
-                                       _mib(mem.group(1)), _mib(mem.group(2))))
+                    gpus.append(SmiGpu(g[0], g[1], _mib(mem.group(1)), _mib(mem.group(2))))
         if gpus or procs:
             out.append(SmiTable(i + 1, head.group(2), head.group(3), tuple(gpus),
                                 tuple(procs)))

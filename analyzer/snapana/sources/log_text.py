@@ -16,7 +16,8 @@ from snapana.limits import MAX_LOG_BYTES, MAX_LOG_MESSAGES
 from snapana.sources._io import open_input
 from snapana.sources.log_tables import MemorySummary, SmiTable, read_smi, read_summaries
 from snapana.sources.memory_lines import MemoryLine, read_memory_lines
-from snapana.sources.oom_text import OomMessage, read_messages, unescape
+from snapana.sources.oom_text import OomMessage, messages_in, unescape
+from snapana.sources.text_lines import bounded_lines
 from snapana.sources.traceback_text import Traceback, read_tracebacks
 from snapana.sources.vllm_text import KvBudget, KvRefusal, read_budgets, read_refusals
 
@@ -66,20 +67,24 @@ def _bounded(data: bytes, skipped: int, name: str) -> TextLog:
         notes.append(f"only the last {MAX_LOG_BYTES >> 20} MiB of the text were read "
                      f"({skipped:,} bytes before them skipped; SNAPANA has this bound in "
                      "limits.MAX_LOG_BYTES)")
-    text = data.decode("utf-8", "replace")
-    messages = [replace(m, source=name) for m in read_messages(text)]
-    if len(messages) > MAX_LOG_MESSAGES:
-        notes.append(f"{len(messages):,} messages: the first {MAX_LOG_MESSAGES:,} are shown")
-        messages = messages[:MAX_LOG_MESSAGES]
-    lines = unescape(text).splitlines()
-    return TextLog(name, tuple(messages), tuple(notes),
-                   tuple(read_summaries(lines)[:MAX_LOG_MESSAGES]),
-                   tuple(read_smi(lines)[:MAX_LOG_MESSAGES]),
-                   tuple(read_refusals("\n".join(lines))[:MAX_LOG_MESSAGES]),
-                   tuple(read_budgets(lines)[:MAX_LOG_MESSAGES]),
-                   tuple(read_tracebacks(lines)[-MAX_LOG_MESSAGES:]) if messages else (),
-                   tuple(replace(m, source=name)
-                         for m in read_memory_lines(lines)[-MAX_LOG_MESSAGES:]))
+    lines, cut = bounded_lines(unescape(data.decode("utf-8", "replace")))
+    if cut:
+        notes.append(cut)
+    try:
+        found, anchors = messages_in(lines, MAX_LOG_MESSAGES)
+        messages = [replace(m, source=name) for m in found]
+        if anchors > MAX_LOG_MESSAGES:
+            notes.append(f"{anchors:,} messages: the first {MAX_LOG_MESSAGES:,} are shown")
+        return TextLog(name, tuple(messages), tuple(notes),
+                       tuple(read_summaries(lines)[:MAX_LOG_MESSAGES]),
+                       tuple(read_smi(lines)[:MAX_LOG_MESSAGES]),
+                       tuple(read_refusals(lines)[:MAX_LOG_MESSAGES]),
+                       tuple(read_budgets(lines)[:MAX_LOG_MESSAGES]),
+                       tuple(read_tracebacks(lines)[-MAX_LOG_MESSAGES:]) if messages else (),
+                       tuple(replace(m, source=name)
+                             for m in read_memory_lines(lines)[-MAX_LOG_MESSAGES:]))
+    except InputError as exc:  # a figure past its bound: said with the text's name
+        raise InputError(f"{name}: {exc}") from None
 
 
 def _tail(stream: BinaryIO, skipped: int = 0) -> tuple[bytes, int]:

@@ -19,7 +19,8 @@ import html
 import re
 from dataclasses import dataclass, field, replace
 
-from snapana.sources.printed import SIZE, Size
+from snapana.sources.printed import SIZE, Size, whole
+from snapana.sources.text_lines import bounded_lines
 
 #: Each clause: name -> (regex, what it means, the releases that print it). Sizes are the
 #: regex's groups (number, unit); a clause with a leading integer group names a device or pid.
@@ -31,7 +32,7 @@ CLAUSES: dict[str, tuple[str, str, str]] = {
                 "every release"),
     # 1.x - 2.0: "(GPU 0; 15.78 GiB total capacity; 14.56 GiB already allocated; 3.44 MiB
     # free; 14.75 GiB reserved in total by PyTorch)"
-    "old_capacity": (r"\(GPU (\d+); " + SIZE + r" total capacity",
+    "old_capacity": (r"\(GPU (\d++); " + SIZE + r" total capacity",
                      "the device's memory (cudaMemGetInfo total)", "1.0 - 2.0"),
     "old_allocated": (SIZE + r" already allocated",
                       "bytes of live tensors PyTorch's allocator handed out", "1.0 - 2.0"),
@@ -48,11 +49,11 @@ CLAUSES: dict[str, tuple[str, str, str]] = {
                    "the allocator's cache: held from the device and not allocated (what "
                    "later releases call reserved but unallocated)", "1.0 - 1.3"),
     # 2.1+: "GPU 0 has a total capacity of 79.15 GiB of which 14.81 MiB is free."
-    "capacity": (r"GPU ?(\d+|[\x00-\x1f])? has a total capac(?:i)?ty of " + SIZE
+    "capacity": (r"GPU ?(\d++|[\x00-\x1f])? has a total capac(?:i)?ty of " + SIZE
                  + r" of which " + SIZE + r" is free",
                  "the device's memory and its free bytes (cudaMemGetInfo)",
                  "2.1+ ('capacty' in 2.1; 2.3 prints the device as a raw byte)"),
-    "process": (r"Process (\d+) has " + SIZE + r" memory in use",
+    "process": (r"Process (\d++) has " + SIZE + r" memory in use",
                 "another process on the device and its memory (NVML, CUDA builds on Linux; "
                 "this process is the 'this process has' sentence)", "2.1+"),
     "preempted": (r"exceed per_process_memory_fraction limit\. Requested size: " + SIZE,
@@ -90,12 +91,20 @@ _END = re.compile(r"See documentation for Memory Management[^\n]*|\bCUDA out of 
 #: How many characters after the anchor a message may take (the longest wording, with a
 #: dozen "Process ... has ..." lines and a log prefix before each line, is under 3,000).
 SPAN = 6000
+#: How many lines a message may take (its wording is under 20 lines even wrapped, with a
+#: dozen "Process ... has ..." lines): blank lines between, each a character, never let one
+#: anchor read on through the rest of a log.
+SPAN_LINES = 64
+
+#: The longest log prefix read before an anchor (timestamps, host, rank tags take under 200
+#: characters): what stands further before it on its line is not read again for each anchor.
+LONGEST_PREFIX = 1024
 
 #: A rank named before or inside a log line: "[rank3]:", "rank 3", "RANK=3", "[Rank 3]".
 _RANK = re.compile(r"\[?\brank[\s=:_-]?(\d{1,6})\]?", re.IGNORECASE)
 #: A line's log prefix: what stands before the exception name or the message on its line.
 _EXCEPTION = re.compile(r"(?:torch\.(?:cuda\.)?OutOfMemoryError|RuntimeError|OutOfMemoryError"
-                        r"|torch\.OutOfMemoryError)\s*:\s*$")
+                        r"|torch\.OutOfMemoryError)\s*+:\s*+$")
 
 
 @dataclass(frozen=True)
@@ -142,16 +151,21 @@ def unescape(text: str) -> str:
     """Undo what carried the log: HTML entities (a web page, a ticket), JSON string escapes
     (a log line stored as JSON: literal \\n and \\")."""
     if "&" in text:
-        text = html.unescape(text)
+        text = html.unescape(_OVERLONG_REF.sub("\ufffd", text))
     if "\\n" in text or '\\"' in text:
         text = text.replace("\\r\\n", "\n").replace("\\n", "\n").replace('\\"', '"')
     return text
 
 
+#: A numeric character reference past the last code point (U+10FFFF): html.unescape reads it
+#: as U+FFFD, but converts its digits first (a 5,000-digit one fails); it is replaced first.
+_OVERLONG_REF = re.compile(r"&#(?:[xX]0*+[0-9a-fA-F]{7,}+|0*+[0-9]{8,}+);?")
+
+
 def _prefix(line: str, at: int) -> str:
     """The part of `line` before the message (or the exception name before it): the log
     prefix every wrapped line of the message may repeat."""
-    head = line[:at]
+    head = line[max(0, at - LONGEST_PREFIX):at]
     m = _EXCEPTION.search(head)
     if m:
         head = head[:m.start()]
@@ -162,30 +176,33 @@ def _joined(lines: list[str], first: int, at: int, prefix: str) -> str:
     """The message's text from its anchor on, its lines joined: a continuation line that
     repeats the first line's prefix loses it; lines end at the documentation pointer or at
     the next anchor."""
-    parts = [lines[first][at:]]
+    parts = [lines[first][at:at + SPAN]]
     total = len(parts[0])
     bare = prefix.strip()
-    for line in lines[first + 1:]:
+    shape = _DIGIT.sub("0", prefix)
+    for line in lines[first + 1:first + SPAN_LINES]:
         if total > SPAN or _END.search(parts[-1][1:] if len(parts) == 1 else parts[-1]):
             break
         if bare and line.lstrip().startswith(bare):
             line = line.lstrip()[len(bare):]
-        elif prefix and _same_shape(prefix, line):
+        elif prefix and _same_shape(shape, line):
             line = line[len(prefix):]
         parts.append(line.strip())
-        total += len(line)
+        total += len(line) + 1
     text = " ".join(p.strip() for p in parts if p.strip())
     end = _END.search(text, 1)
     return text[:end.start()] if end is not None else text
 
 
-def _same_shape(prefix: str, line: str) -> bool:
+def _same_shape(shape: str, line: str) -> bool:
     """A continuation line whose start has the prefix's shape (a timestamp with other
-    digits): digits may differ, the rest must match."""
-    if len(line) < len(prefix):
+    digits; `shape`: the prefix, its digits 0): digits may differ, the rest must match."""
+    if len(line) < len(shape):
         return False
-    head = line[:len(prefix)]
-    return re.sub(r"\d", "0", head) == re.sub(r"\d", "0", prefix)
+    return _DIGIT.sub("0", line[:len(shape)]) == shape
+
+
+_DIGIT = re.compile(r"\d")
 
 
 def _wording(found: set[str]) -> tuple[str, str, tuple[str, ...]]:
@@ -200,15 +217,23 @@ def _wording(found: set[str]) -> tuple[str, str, tuple[str, ...]]:
 
 def read_messages(text: str) -> list[OomMessage]:
     """Every OOM message in `text`, in order."""
-    text = unescape(text)
-    lines = text.splitlines()
+    return messages_in(bounded_lines(unescape(text))[0])[0]
+
+
+def messages_in(lines: list[str], most: int | None = None) -> tuple[list[OomMessage], int]:
+    """The first `most` OOM messages of `lines` (unescaped, bounded: `text_lines`), and how
+    many anchors the lines hold: the anchors past `most` are counted, never read."""
     out: list[OomMessage] = []
+    anchors = 0
     for i, line in enumerate(lines):
         for anchor in ANCHOR.finditer(line):
+            anchors += 1
+            if most is not None and anchors > most:
+                continue
             prefix = _prefix(line, anchor.start())
             body = _joined(lines, i, anchor.start(), prefix)
             out.append(_message(i + 1, anchor.group(1), body, prefix))
-    return out
+    return out, anchors
 
 
 def _message(line: int, backend: str, body: str, prefix: str) -> OomMessage:
@@ -218,7 +243,7 @@ def _message(line: int, backend: str, body: str, prefix: str) -> OomMessage:
     old_cap = _find("old_capacity", body)
     raw_device = cap.group(1) if cap else old_cap.group(1) if old_cap else None
     device = None if not raw_device else (
-        int(raw_device) if raw_device.isdigit() else ord(raw_device))
+        whole(raw_device) if raw_device.isdigit() else ord(raw_device))
     allocated = _size(_find("allocated", body)) or _size(_find("old_allocated", body))
     unallocated = _size(_find("unallocated", body)) or _size(_find("old_cached", body))
     reserved = _size(_find("old_reserved", body))
@@ -226,7 +251,7 @@ def _message(line: int, backend: str, body: str, prefix: str) -> OomMessage:
         reserved = Size(allocated.bytes + unallocated.bytes,
                         allocated.slack + unallocated.slack,
                         f"{allocated.text} + {unallocated.text}")
-    processes = tuple((int(m.group(1)), Size.parse(m.group(2), m.group(3)))
+    processes = tuple((whole(m.group(1)), Size.parse(m.group(2), m.group(3)))
                       for m in _COMPILED["process"].finditer(body))
     rank = _RANK.search(prefix)
     msg = OomMessage(
@@ -311,5 +336,8 @@ def _with_oddities(m: OomMessage, found: set[str], missing: tuple[str, ...]) -> 
 
 def cap_raw_byte(text: str) -> bool:
     """PyTorch 2.3.0's 'GPU \\x00 has a total capacity' (the device as a raw byte)."""
-    return re.search(r"GPU ?[\x00-\x1f]? has a total capac", text) is not None \
-        and re.search(r"GPU \d+ has a total capac", text) is None
+    return _RAW_BYTE.search(text) is not None and _NUMBERED.search(text) is None
+
+
+_RAW_BYTE = re.compile(r"GPU ?[\x00-\x1f]? has a total capac")
+_NUMBERED = re.compile(r"GPU \d++ has a total capac")

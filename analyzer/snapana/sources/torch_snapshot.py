@@ -438,6 +438,9 @@ class _Interner:
         self._by_list_id: dict[int, int] = {}
         self._by_frame_dict: dict[int, int] = {}
         self._keepalive: list[Any] = []
+        #: each distinct string object's checked text: one long name shared by thousands of
+        #: frames through the pickle's memo is checked (and made inert) once, not per frame
+        self._texts: dict[int, str] = {}
         #: distinct frames whose line PyTorch wrote as "none" (2**64 - 1, -1), read as 0
         self.unknown_lines = 0
 
@@ -465,14 +468,22 @@ class _Interner:
                     continue
                 f = _dict(f, f"{at}[{k}]")
                 ids[k] = by_dict[id(f)] = fid((
-                    _str(f.get("filename"), f"{at}[{k}].filename"),
-                    _str(f.get("name"), f"{at}[{k}].name"),
+                    self._text(f.get("filename"), f"{at}[{k}].filename"),
+                    self._text(f.get("name"), f"{at}[{k}].name"),
                     self._line(f.get("line"), f"{at}[{k}].line")))
                 self._keepalive.append(f)
         sid = self.table.stack_id(tuple(cast("list[int]", ids)))
         self._by_list_id[key] = sid
         self._keepalive.append(frames)
         return sid
+
+    def _text(self, v: Any, where: str) -> str:
+        """`_str` once per string object (the frame dicts kept alive keep their strings,
+        so an id is not reused while the interner lives)."""
+        got = self._texts.get(id(v))
+        if got is None:
+            got = self._texts[id(v)] = _str(v, where)
+        return got
 
     def _line(self, v: Any, where: str) -> int:
         """A frame's line: PyTorch writes "no line" as 2**64 - 1 (uint64, Python path) or -1

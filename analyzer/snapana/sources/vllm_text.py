@@ -28,20 +28,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from snapana.sources.printed import SIZE, Size
+from snapana.sources.printed import SIZE, Size, whole
 
 #: vLLM writes sizes as "14.99GiB" or "5.0 GiB": SIZE takes both; a negative one is read.
-_SIGNED = r"(-?\d+(?:\.\d+)?)\s?(GiB|MiB|KiB|GB|MB|B)\b"
+#: (Linear as SIZE: a figure starts where its run starts, its runs possessive.)
+_SIGNED = r"(?<![\d.-])(-?+\d++(?:\.\d++)?+)\s?+(GiB|MiB|KiB|GB|MB|B)\b"
 
 PATTERNS: dict[str, str] = {
     "no_blocks": r"No\s+available\s+memory\s+for\s+the\s+cache\s+blocks",
-    "too_long_v0": (r"model's max seq len \((\d+)\) is larger than the maximum number of "
-                    r"tokens that can be stored in KV cache \((\d+)\)"),
-    "too_long_v1": (r"max seq len \((\d+)\),?\s*\(?" + SIZE + r" KV cache is needed, which is "
+    "too_long_v0": (r"model's max seq len \((\d++)\) is larger than the maximum number of "
+                    r"tokens that can be stored in KV cache \((\d++)\)"),
+    "too_long_v1": (r"max seq len \((\d++)\),?+\s*+\(?+" + SIZE + r" KV cache is needed, which is "
                     r"larger than the available KV cache memory \(" + SIZE + r"\)\.?"
                     r"(?:\s*(?:Based on the available memory, the estimated|Estimated) "
-                    r"maximum model length is (\d+))?"),
-    "budget": (r"total_gpu_memory \(" + SIZE + r"\) x gpu_memory_utilization \(([\d.]+)\) = "
+                    r"maximum model length is (\d++))?"),
+    "budget": (r"total_gpu_memory \(" + SIZE + r"\) x gpu_memory_utilization "
+               r"\((\d++(?:\.\d++)?+)\) = "
                + SIZE),
     "weights": r"model weights take " + _SIGNED,
     "non_torch": r"non_torch_memory takes " + _SIGNED,
@@ -91,6 +93,12 @@ def _signed(number: str, unit: str) -> Size:
         else size
 
 
+def _fraction(number: str) -> float | None:
+    """gpu_memory_utilization as printed (0 to 1); None where it is no such fraction."""
+    value = float(number) if len(number) <= 32 else None
+    return value if value is not None and 0 <= value <= 1 else None
+
+
 def _part(name: str, line: str) -> Size | None:
     m = _COMPILED[name].search(line)
     return None if m is None else _signed(m.group(1), m.group(2))
@@ -111,17 +119,16 @@ def read_budgets(lines: list[str]) -> list[KvBudget]:
         text = " ".join(lines[i:i + BUDGET_SPAN])  # its parts follow on the next lines
         out.append(KvBudget(
             i + 1, Size.parse(b.group(1), b.group(2)) if b else None,
-            float(b.group(3)) if b else None, Size.parse(b.group(4), b.group(5)) if b else None,
+            _fraction(b.group(3)) if b else None, Size.parse(b.group(4), b.group(5)) if b else None,
             _part("weights", text), _part("non_torch", text), _part("activation", text),
             _part("kv_rest", text)))
     return out
 
 
-def read_refusals(text: str) -> list[KvRefusal]:
-    """Every refusal in `text` (its lines joined where a log wrapped a message), with the
+def read_refusals(lines: list[str]) -> list[KvRefusal]:
+    """Every refusal in `lines` (joined where a log wrapped a message), with the
     'Available KV cache memory' lines logged before each."""
     out: list[KvRefusal] = []
-    lines = text.splitlines()
     seen: list[Size] = []
     for i, line in enumerate(lines):
         if (a := _COMPILED["kv_available"].search(line)) is not None:
@@ -131,14 +138,15 @@ def read_refusals(text: str) -> list[KvRefusal]:
         joined = _joined(lines[i:i + 4])
         if (m := _COMPILED["too_long_v1"].search(joined)) is not None and \
                 m.start() < len(line.strip()) + 1:
-            out.append(KvRefusal(i + 1, "too_long", int(m.group(1)),
+            out.append(KvRefusal(i + 1, "too_long", whole(m.group(1)),
                                  Size.parse(m.group(2), m.group(3)),
                                  Size.parse(m.group(4), m.group(5)),
-                                 int(m.group(6)) if m.group(6) else None, None, tuple(seen)))
+                                 whole(m.group(6)) if m.group(6) else None, None,
+                                 tuple(seen)))
         elif (m := _COMPILED["too_long_v0"].search(joined)) is not None and \
                 m.start() < len(line.strip()) + 1:
-            out.append(KvRefusal(i + 1, "too_long", int(m.group(1)), None, None, None,
-                                 int(m.group(2)), tuple(seen)))
+            out.append(KvRefusal(i + 1, "too_long", whole(m.group(1)), None, None, None,
+                                 whole(m.group(2)), tuple(seen)))
         elif (m := _COMPILED["no_blocks"].search(joined)) is not None and \
                 m.start() < len(line.strip()) + 1:
             out.append(KvRefusal(i + 1, "no_blocks", None, None, None, None, None,
@@ -152,7 +160,7 @@ def read_refusals(text: str) -> list[KvRefusal]:
 
 
 #: Where a refusal may start on a line (its first words), so that a message is read once.
-_STARTS = re.compile(r"max seq len|No\s+available(?:\s+memory)?\s*$|No available memory")
+_STARTS = re.compile(r"max seq len|No\s++available(?:\s++memory)?+\s*+$|No available memory")
 
 
 def _joined(lines: list[str]) -> str:

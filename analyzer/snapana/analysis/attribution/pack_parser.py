@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from snapana.caching_allocator import ALLOCATOR_SETTINGS, BLOCK_STATES, normalize_state
-from snapana.limits import MAX_BYTES
+from snapana.limits import MAX_BYTES, toml_too_deep
 from snapana.units import parse_bytes
 
 from .facts import fact_ids
@@ -624,10 +624,13 @@ def parse_pack_text(text: str, source: str, *, user: bool = False, order_start: 
     pack's first rule (ties between equal priorities go to the earlier one).
     """
     ctx = _Ctx(source)
+    if (deep := toml_too_deep(text)) is not None:
+        raise RuleError(f"{source}: {deep}: not a rule pack")
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RuleError(f"{source}: TOML syntax error: {' '.join(str(exc).split())}") from None
+    except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
+        raise RuleError(f"{source}: TOML syntax error: {' '.join(str(exc).split())[:200]}"
+                        ) from None
     _unknown_keys(data, _TOP_KEYS, ctx, "the file (top level)")
     pack_raw = data.get("pack", {})
     if not isinstance(pack_raw, Mapping):
