@@ -17,14 +17,21 @@ from typing import Any
 
 import pytest
 from snapana.limits import MAX_LOG_LINE, MAX_LOG_MESSAGES
-from snapana.sources import log_tables, log_text, oom_text, vllm_text
+from snapana.sources import (
+    log_tables,
+    log_text,
+    memory_lines,
+    oom_text,
+    traceback_text,
+    vllm_text,
+)
 
 from .conftest import ROOT, invoke
 from .regex_steps import Budget, search_steps
 
 SAMPLE = ROOT / "sample_snapshots" / "fsdp-train-step.pickle"
 
-READERS = (oom_text, log_tables, vllm_text)
+READERS = (oom_text, log_tables, vllm_text, traceback_text, memory_lines)
 
 
 def _patterns() -> dict[str, re.Pattern[str]]:
