@@ -426,7 +426,7 @@ def test_the_report_replays_its_allocator_knob_and_leads_with_it(tmp_path) -> No
     replayed = d.replays[first.id]
     assert replayed.oom_gone is True and replayed.prediction is not None
     assert replayed.prediction.changed.peak_reserved == 18_160 * MIB
-    text = invoke("summary", str(path)).stdout
+    text = invoke("summary", str(path), "--full").stdout
     assert "replay: the recorded OOM goes away" in text
     assert "the OOM goes away (peak reserved 17.73 GiB)" in " ".join(text.split())
     (dev,) = json.loads(invoke("summary", str(path), "-f", "json").stdout)["devices"]

@@ -137,7 +137,18 @@ class Analysis:
 
     @property
     def verdict(self) -> str:
+        """The verdict in full: the arithmetic, the rules and the caveats."""
         return self._device_view.verdict
+
+    @property
+    def headline(self) -> str:
+        """The answer first: what failed, what holds the memory, the first fix."""
+        return self._device_view.lead
+
+    @property
+    def evidence(self) -> tuple[str, ...]:
+        """At most three short lines under the headline."""
+        return self._device_view.evidence
 
     @property
     def moment(self) -> Moment:

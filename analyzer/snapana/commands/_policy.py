@@ -155,12 +155,13 @@ def prepare(fmt: str, kind: str = "capture") -> None:
         warm()
 
 
-def render_view(view: Any, fmt: str, to_terminal: bool = True) -> str:
-    """`view` through the renderer registry: for stdout, laid out for the terminal there."""
-    options = renderers.Options()
+def render_view(view: Any, fmt: str, to_terminal: bool = True, full: bool = True) -> str:
+    """`view` through the renderer registry: for stdout, laid out for the terminal there
+    (`full=False`: a capture's text on one screen)."""
+    options = renderers.Options(full=full)
     if to_terminal:
         console = Console()
-        options = renderers.Options(width=console.width, color=console.is_terminal)
+        options = renderers.Options(width=console.width, color=console.is_terminal, full=full)
     try:
         return renderers.render(view, fmt, options)
     except renderers.UnknownFormat as exc:
@@ -203,6 +204,17 @@ def wrote(*paths: Path, detail: str = "") -> None:
     escape sequences or newlines)."""
     names = " and ".join(inert(str(p), lines=False) for p in paths)
     err.print(f"wrote {names}{detail}", markup=False, highlight=False, soft_wrap=True)
+
+
+def headline(view: Any) -> None:
+    """After "wrote ...": the verdict's headline of the device shown first, so the answer
+    is on the terminal before the page is opened."""
+    import textwrap
+
+    if view.devices and view.devices[0].lead:
+        text = textwrap.fill(inert(f"Verdict. {view.devices[0].lead}"), Console().width,
+                             break_long_words=False, break_on_hyphens=False)
+        err.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def none_analysed(multi: MultiReport | None, written: Path | None = None) -> None:

@@ -135,6 +135,8 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
     `reason`, each what-if's `result`): the same knob list, in the same order, as the text,
     markdown and HTML."""
     return {
+        "headline": view.lead,
+        "evidence": list(view.evidence),
         "verdict": view.verdict,
         "kind": d.kind,
         "phase": d.phase,

@@ -35,6 +35,7 @@ from snapana.render import ViewKind
 from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
 from snapana.render.explorer import explorer_data
+from snapana.render.headline import evidence, headline
 from snapana.render.text_log import base_name
 from snapana.units import fmt_bytes, plural
 
@@ -407,6 +408,10 @@ class DeviceView:
     demand: str = ""
     #: the what-ifs `what_ifs` words, in its order (wording.shown_what_ifs)
     what_if_items: tuple[WhatIf, ...] = ()
+    #: the answer first: one or two sentences, then at most three evidence lines
+    #: (`headline.py`); `verdict` is the whole paragraph the sections below complete
+    lead: str = ""
+    evidence: tuple[str, ...] = ()
 
     @cached_property
     def timeline(self) -> TimelineView:
@@ -463,7 +468,8 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
         growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin,
         workload=w.workload_statement(r), settings=w.settings_statement(r),
         history=w.history_statement(r), sizes=tuple(w.size_rows(r)),
-        demand=w.demand_statement(r) if not r.diagnosis.history else "")
+        demand=w.demand_statement(r) if not r.diagnosis.history else "",
+        lead=headline(r), evidence=tuple(evidence(r)))
 
 
 @dataclass(frozen=True, eq=False)

@@ -224,7 +224,7 @@ def _fit_words(w: WhatIf) -> str:
     return f"even without it the request is still short by {fmt_bytes(-(w.spare_bytes or 0))}"
 
 
-def _pool_words(w: WhatIf) -> str:
+def pool_words(w: WhatIf) -> str:
     """Why removing a family in a private pool does not give the request its memory."""
     pools = ", ".join(w.private_pools)
     one = len(w.private_pools) == 1
@@ -330,7 +330,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
             if k:
                 named.add(k.id)
         else:
-            parts.append(f"The excess to release is {head}: {_pool_words(first)}"
+            parts.append(f"The excess to release is {head}: {pool_words(first)}"
                          + (f" — {k.knob} ({cost_text(k)})" if k else "") + ".")
             if k:
                 named.add(k.id)
@@ -349,7 +349,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
                          + (f" with {k.knob} ({cost_text(k)})" if k else "") + ".")
         else:
             parts.append(f"Alternative: {alt.family} ({fmt_bytes(alt.bytes)}): "
-                         f"{_pool_words(alt)}" + (f" — {k.knob} ({cost_text(k)})" if k else "")
+                         f"{pool_words(alt)}" + (f" — {k.knob} ({cost_text(k)})" if k else "")
                          + ".")
         if k:
             named.add(k.id)
@@ -703,7 +703,7 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
         else:
             result = f"still short by {fmt_bytes(-(w.spare_bytes or 0))}"
         if w.private_pool_bytes and w.fits is not None:
-            result += f" — {_pool_words(w)}"
+            result += f" — {pool_words(w)}"
         replayed = d.whatif_replays.get(w.family)
         if replayed is not None and replayed.changed is not None:
             result += f" — {_window_words(replayed)}"
