@@ -282,6 +282,15 @@ class Analysis:
         write_atomic(out, _render(view, REPORT_FORMAT))
         return out
 
+    def ticket(self, out_dir: str | Path) -> list[Path]:
+        """Write a ticket's attachments into `out_dir` (the files `snapana ticket` writes):
+        card.png, ticket.md, report.html, summary.json."""
+        from snapana.io.ticket import check_targets, write_ticket
+
+        folder = Path(out_dir)
+        check_targets(folder, [Path(self.capture.path)])
+        return write_ticket(self.view, folder, Path(self.capture.path).name)
+
     def export(self, out_dir: str | Path) -> Path:
         """Write the capture as a Parquet folder (see `snapana.io.export`)."""
         from snapana.io.export import export

@@ -93,13 +93,13 @@ def _fix(r: DeviceReport, lead: str) -> str:
     return f"{lead}: {k.knob} ({w.cost_text(k)}) — {_buys(r, k)}."
 
 
-def headline(r: DeviceReport) -> str:
-    """One or two sentences: what failed (or peaked), what holds the memory (family, bytes,
-    site), the first fix and what it buys."""
+def headline(r: DeviceReport) -> tuple[str, str]:
+    """Two sentences: what failed (or peaked) and what holds the memory (family, bytes,
+    site); the first fix and what it buys ('' where there is nothing to diagnose)."""
     d = r.diagnosis
     dev = w.device_text(r)
     if d.empty:
-        return f"{dev} holds nothing {w.moment_text(r)}: there is nothing to diagnose."
+        return f"{dev} holds nothing {w.moment_text(r)}: there is nothing to diagnose.", ""
     g = _holder(r)
     if d.kind == "oom" and r.oom is not None:
         phase = ("Out of memory while reloading offloaded state" if d.reloading else
@@ -116,7 +116,7 @@ def headline(r: DeviceReport) -> str:
             role = ("the most is held by" if g.name != d.excess_family else
                     "the excess that can go is" if fits else "the excess to release is")
             opening += f"; {role} {g.name}, {fmt_bytes(g.bytes)}{_site(g)}"
-        return f"{opening}. {_fix(r, 'First fix')}"
+        return f"{opening}.", _fix(r, "First fix")
     if r.source in w.HOST_SOURCES and r.at is None:
         opening = (f"At the heap's high-water mark {fmt_bytes(r.allocated_bytes)} of host "
                    "memory was held")
@@ -136,7 +136,7 @@ def headline(r: DeviceReport) -> str:
         opening += f"; {g.name} holds the most, {fmt_bytes(g.bytes)}{_site(g)}"
     lead = "To make it fit" if d.oom_named and not d.history else \
         "If this peak must shrink" if d.history else "If this state must shrink"
-    return f"{opening}. {_fix(r, lead)}"
+    return f"{opening}.", _fix(r, lead)
 
 
 def _figures(r: DeviceReport) -> str:

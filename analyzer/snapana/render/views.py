@@ -408,10 +408,17 @@ class DeviceView:
     demand: str = ""
     #: the what-ifs `what_ifs` words, in its order (wording.shown_what_ifs)
     what_if_items: tuple[WhatIf, ...] = ()
-    #: the answer first: one or two sentences, then at most three evidence lines
-    #: (`headline.py`); `verdict` is the whole paragraph the sections below complete
-    lead: str = ""
+    #: the answer first (`headline.py`): what failed and what holds the memory; the first
+    #: fix and what it buys; at most three evidence lines. `verdict` is the whole paragraph
+    #: the sections below complete
+    finding: str = ""
+    fix: str = ""
     evidence: tuple[str, ...] = ()
+
+    @property
+    def lead(self) -> str:
+        """The headline: the finding and the fix, one or two sentences."""
+        return " ".join(x for x in (self.finding, self.fix) if x)
 
     @cached_property
     def timeline(self) -> TimelineView:
@@ -458,6 +465,7 @@ class DeviceView:
 
 
 def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
+    finding, fix = headline(r)
     return DeviceView(
         report=r, name=w.device_text(r), moment=w.moment_text(r), verdict=w.verdict(r),
         headline=tuple(w.headline_rows(r)), what_ifs=tuple(w.what_if_rows(r)),
@@ -469,7 +477,7 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
         workload=w.workload_statement(r), settings=w.settings_statement(r),
         history=w.history_statement(r), sizes=tuple(w.size_rows(r)),
         demand=w.demand_statement(r) if not r.diagnosis.history else "",
-        lead=headline(r), evidence=tuple(evidence(r)))
+        finding=finding, fix=fix, evidence=tuple(evidence(r)))
 
 
 @dataclass(frozen=True, eq=False)
