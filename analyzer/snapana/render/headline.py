@@ -8,7 +8,6 @@ them). Worded once here from the findings, read by the view-model (`views.Device
 
 from __future__ import annotations
 
-from snapana.analysis.allocator_replay import KnobReplay
 from snapana.analysis.diagnosis.findings import DeviceReport, Group, WhatIf
 from snapana.analysis.knobs import Knob
 from snapana.render import wording as w
@@ -34,33 +33,12 @@ def _holder(r: DeviceReport) -> Group | None:
     return next((g for g in r.groups if g.name == named), r.groups[0] if r.groups else None)
 
 
-def replay_margin(replay: KnobReplay | None) -> int | None:
-    """What PyTorch could still hold at the changed run's peak (capacity − peak reserved),
-    where a replay predicts the recorded OOM goes away and the capacity is known."""
-    if replay is None or replay.oom_gone is not True or replay.prediction is None:
-        return None
-    p = replay.prediction
-    if p.capacity is None or p.changed is None:
-        return None
-    return p.capacity - p.changed.peak_reserved
-
-
-def replay_gone_words(replay: KnobReplay) -> str:
-    """The replay's prediction that the OOM goes away, with its margin and what the window
-    is (it ends at the OOM: what the job would do after it is in no file)."""
-    margin = replay_margin(replay)
-    spare = f", {fmt_bytes(margin)} to spare at its peak" if margin is not None else ""
-    return ("replayed through the allocator model, the recorded window runs to its end "
-            f"without the OOM{spare} (the window ends at the OOM: what the job does after "
-            "it is not recorded)")
-
-
 def _buys(r: DeviceReport, k: Knob) -> str:
     """What the first knob buys, in the words of the finding that shows it."""
     d = r.diagnosis
     replay = d.replays.get(k.id)
     if replay is not None and replay.oom_gone:
-        return replay_gone_words(replay)
+        return w.replay_gone_words(replay)
     first = next((x for x in d.what_ifs if x.family == d.excess_family), None)
     copies = d.without_copies
     if k is d.excess_knob and d.accumulating is not None and copies is not None \
@@ -105,7 +83,8 @@ def headline(r: DeviceReport) -> tuple[str, str]:
         phase = ("Out of memory while reloading offloaded state" if d.reloading else
                  "Out of memory" if d.phase == "unknown" else
                  f"Out of memory in the {w.PHASE_NAMES.get(d.phase, d.phase)} phase")
-        what = d.request_family or "an unattributed tensor"
+        what = d.request_family if d.request_family not in (None, "unknown") else \
+            "an unattributed tensor"
         opening = f"{phase} on {dev}: a {fmt_bytes(r.oom.requested_bytes)} request for {what}"
         if r.oom.gap_bytes is not None and r.oom.gap_bytes > 0:
             opening += f" was short by {fmt_bytes(r.oom.gap_bytes)}"

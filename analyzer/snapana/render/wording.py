@@ -645,6 +645,27 @@ def replay_text(r: KnobReplay | None) -> str:
     return f"no OOM either way; {peaks}; a simulation of the recorded window"
 
 
+def replay_margin(replay: KnobReplay | None) -> int | None:
+    """What PyTorch could still hold at the changed run's peak (capacity − peak reserved),
+    where a replay predicts the recorded OOM goes away and the capacity is known."""
+    if replay is None or replay.oom_gone is not True or replay.prediction is None:
+        return None
+    p = replay.prediction
+    if p.capacity is None or p.changed is None:
+        return None
+    return p.capacity - p.changed.peak_reserved
+
+
+def replay_gone_words(replay: KnobReplay) -> str:
+    """The replay's prediction that the OOM goes away, with its margin and what the window
+    is (it ends at the OOM: what the job would do after it is in no file)."""
+    margin = replay_margin(replay)
+    spare = f", {fmt_bytes(margin)} to spare at its peak" if margin is not None else ""
+    return ("replayed through the allocator model, the recorded window runs to its end "
+            f"without the OOM{spare} (the window ends at the OOM: what the job does after "
+            "it is not recorded)")
+
+
 def workload_statement(r: DeviceReport) -> str:
     """The one statement about the workload every section and format makes."""
     ev = r.diagnosis.evidence
@@ -782,7 +803,17 @@ def cause_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
         if c.id == "fragmentation" and expandable(r):
             reason += f" ({EXPANDABLE_RULE})"
         rows.append((CAUSE_NAMES.get(c.id, c.id), status, reason))
-    return rows
+    return rows + allocator_rows(r)
+
+
+def allocator_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
+    """The knobs' allocator settings the replay shows removing the recorded OOM, as a cause
+    row: the cause checks and the knob table tell one story (a demand the allocator's own
+    placement made too large for the device, which the setting's placement fits)."""
+    d = r.diagnosis
+    return [("the allocator's placement", f"{k.knob} removes it (replay)",
+             f"{k.knob}: {replay_gone_words(d.replays[k.id])}")
+            for k in d.knobs if k.id in d.replays and d.replays[k.id].oom_gone]
 
 
 # ----- the devices of one process ----------------------------------------------------------
