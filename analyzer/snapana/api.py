@@ -383,6 +383,15 @@ class Comparison:
     def verdict(self) -> str:
         return self.view.verdict
 
+    def __repr__(self) -> str:
+        """One line: the two captures and how the peak moved (a notebook saves it)."""
+        from snapana.render.wording import signed
+
+        b, a = self.diff.before, self.diff.after
+        return (f"<snapana.Comparison {Path(b.path).name} → {Path(a.path).name}: peak "
+                f"allocated {signed(self.diff.peak_change_bytes)}; .verdict .families "
+                ".sites .figure()>")
+
     @cached_property
     def families(self) -> pl.DataFrame:
         """family, before, after, change (bytes), blocks before/after, status."""
