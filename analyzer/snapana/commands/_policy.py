@@ -199,6 +199,18 @@ def write(out: Path, text: str, multi: MultiReport | None = None) -> None:
     wrote(out)
 
 
+def step_summary(*views: Any) -> None:
+    """Append the views' markdown to $GITHUB_STEP_SUMMARY when a GitHub Actions step sets
+    it (the job's summary page), as `check` and `diff` do."""
+    import os
+
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as fh:
+            for view in views:
+                fh.write(render_view(view, "markdown", to_terminal=False) + "\n")
+
+
 def wrote(*paths: Path, detail: str = "") -> None:
     """Say which files a command wrote, one line: paths shown inert (a name can carry
     escape sequences or newlines)."""
