@@ -240,6 +240,24 @@ def none_analysed(multi: MultiReport | None, written: Path | None = None) -> Non
                          f"one's reason is {where})")
 
 
+def some_failed(multi: MultiReport | None, where: Path | None = None) -> None:
+    """Several inputs, some analysed and some not: after the output (which lists each
+    failure with its reason), one line, and the run ends with exit code 5
+    (`errors.SOME_INPUTS_FAILED`), so a script cannot take a partial run for a whole one."""
+    import typer
+
+    from snapana.errors import SOME_INPUTS_FAILED
+
+    if multi is None or not multi.ok or len(multi.ok) == len(multi.ranks):
+        return
+    failed = len(multi.ranks) - len(multi.ok)
+    listed = f"in {inert(str(where), lines=False)}" if where is not None else "above"
+    err.print(f"{failed} of {len(multi.ranks)} inputs could not be read (each one's reason is "
+              f"{listed}); the others were analysed: exit code {SOME_INPUTS_FAILED}",
+              markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(SOME_INPUTS_FAILED)
+
+
 def text_logs(files: list[str]) -> Any | None:
     """The view of what text inputs say about memory (`-`: a paste on standard input; files
     whose content is a log; a folder of per-rank logs); None when the inputs are captures."""

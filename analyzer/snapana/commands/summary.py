@@ -50,3 +50,4 @@ def summary(
                         log_checks=policy.log_checks(beside, shown.reports))
     policy.emit(policy.render_view(view, format.value, full=full))
     policy.none_analysed(shown.ranks)
+    policy.some_failed(shown.ranks)

@@ -1055,12 +1055,21 @@ def rank_label(m: MultiReport, r: RankSummary) -> str:
     return short_names([x.file for x in m.ranks])[m.ranks.index(r)]
 
 
+def _no_oom(r: RankSummary) -> str:
+    """A rank with no OOM entry: "no" only where history was recorded (a state-only dump
+    cannot tell: the OOM the job hit before it left no entry)."""
+    d = r.findings.diagnosis if r.findings is not None else None
+    if d is None or d.history:
+        return "no"
+    return "unknown: no history, written at an OOM" if d.oom_named else "unknown: no history"
+
+
 def rank_rows(m: MultiReport) -> list[tuple[str, str, str, str, str, str, str]]:
     out = []
     names = short_names([r.file for r in m.ranks])
     for r, name in zip(m.ranks, names, strict=True):
         oom = "-" if r.error else (f"yes, {fmt_bytes(r.oom['requested_bytes'])} request"
-                                   if r.oom is not None else "no")
+                                   if r.oom is not None else _no_oom(r))
         out.append((str(r.rank) if r.rank is not None else "?", name,
                     oom, fmt_bytes(r.reserved_bytes) if not r.error else "-",
                     fmt_bytes(r.allocated_bytes) if not r.error else "-",
