@@ -431,9 +431,21 @@ def diff(view: DiffView, options: Options) -> str:
         out += ["", *_wrap(view.history_note, width, "", "")]
     sites = view.sites[:TOP_SITES]
     if sites:
-        out += ["", *_columns(("family", "site", "before", "after", "change", ""), sites,
-                              numeric, width)]
+        out += ["", *_site_rows(sites, numeric, width)]
     return "\n".join(out) + "\n"
+
+
+def _site_rows(sites: Sequence[Sequence[str]], numeric: set[str], width: int) -> list[str]:
+    """The changed sites: each site on its own line (a path is never squeezed into a narrow
+    column) with what became of it, then its family and figures as a row under it."""
+    head, *rows = _table(("family", "before", "after", "change"),
+                         [(f, b, a, c) for f, _, b, a, c, _ in sites], numeric,
+                         width - len(INDENT))
+    out = ["site, what became of it", *(INDENT + ln for ln in head)]
+    for (_, site, *_, note), lines in zip(sites, rows, strict=True):
+        out += _wrap(f"{site} — {note}" if note else site, width, "", INDENT * 2)
+        out += [INDENT + ln for ln in lines]
+    return out
 
 
 def text_log(view: TextLogView, options: Options) -> str:
