@@ -129,3 +129,40 @@ def test_full_prints_every_section_and_the_default_does_not() -> None:
                     "knobs (the first is the verdict's)", "cause checks", "In full. "):
         assert section in full and section not in brief, section
     assert brief.startswith(full.split("\nIn full. ")[0])  # the answer is the same
+
+
+#: The verdict box's lines in the drawn page: its content height over its line height.
+VERDICT_LINES = """(() => {
+  const el = document.getElementById('verdict-0');
+  const s = getComputedStyle(el);
+  const content = el.clientHeight - parseFloat(s.paddingTop) - parseFloat(s.paddingBottom);
+  return [content / parseFloat(s.lineHeight), window.innerWidth];
+})()"""
+
+
+def _verdict_lines(path: Path, tmp_path: Path) -> float:
+    from .browser import open_report
+
+    out = tmp_path / "r.html"
+    assert invoke("report", str(path), "-o", str(out)).returncode == 0
+    visit = open_report(out, probe=VERDICT_LINES)
+    assert visit.console_errors == []
+    lines, width = visit.probed
+    assert width == 1280
+    return lines
+
+
+@pytest.mark.chromium
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=lambda p: p.name)
+def test_the_verdict_box_is_at_most_five_lines_at_1280_px(path: Path, tmp_path: Path) -> None:
+    assert round(_verdict_lines(path, tmp_path)) <= 5
+
+
+@pytest.mark.chromium
+@pytest.mark.parametrize("path", [f for f in corpus_files("torch_snapshots")
+                                  if f.name.startswith("Constructor-Sun+code_location")]
+                         or [pytest.param(None, marks=pytest.mark.skip(
+                             reason="../shared/corpus absent"))])
+def test_the_corpus_dataparallel_verdict_box_is_at_most_five_lines(path: Path,
+                                                                    tmp_path: Path) -> None:
+    assert round(_verdict_lines(path, tmp_path)) <= 5
