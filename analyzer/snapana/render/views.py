@@ -271,6 +271,34 @@ class SegmentView:
     blocks: tuple[SegmentRange, ...]  # by offset; the gaps between them are free
 
 
+@dataclass(frozen=True)
+class SegmentGroup:
+    """Segments alike in pool, stream, size and every drawn range (offset, size, state,
+    label): one bar, "31 × 692.00 MiB", instead of 31 identical ones."""
+
+    pool: str
+    stream: int
+    size: int
+    blocks: tuple[SegmentRange, ...]
+    addresses: tuple[int, ...]  # each segment's, in the map's order
+
+    @property
+    def count(self) -> int:
+        return len(self.addresses)
+
+
+def group_segments(segments: Iterable[SegmentView]) -> tuple[SegmentGroup, ...]:
+    """The segment map's segments, alike ones together, in the order each first appears."""
+    groups: dict[tuple[Any, ...], list[SegmentView]] = {}
+    for s in segments:
+        key = (s.pool, s.stream, s.size,
+               tuple((b.offset, b.size, b.state, b.label,
+                      tuple(sorted((b.by_state or {}).items()))) for b in s.blocks))
+        groups.setdefault(key, []).append(s)
+    return tuple(SegmentGroup(g[0].pool, g[0].stream, g[0].size, g[0].blocks,
+                              tuple(s.address for s in g)) for g in groups.values())
+
+
 def segment_map(r: DeviceReport, per_pool: int = SEGMENT_MAP_LIMIT,
                 total: int = SEGMENT_MAP_TOTAL,
                 per_segment: int = SEGMENT_BLOCK_LIMIT) -> tuple[SegmentView, ...]:
@@ -454,6 +482,11 @@ class DeviceView:
     @cached_property
     def segments(self) -> tuple[SegmentView, ...]:
         return segment_map(self.report) if self.report.has_segments else ()
+
+    @cached_property
+    def segment_groups(self) -> tuple[SegmentGroup, ...]:
+        """The segment map with alike segments as one bar each (`group_segments`)."""
+        return group_segments(self.segments)
 
     @property
     def legend(self) -> tuple[tuple[str, str, int, float], ...]:
