@@ -59,6 +59,7 @@ class CardLayout:
     width: int
     height: int
     band: str  # the title band's colour: red for an OOM
+    band_height: int
     lines: tuple[Line, ...]
     bars: tuple[Bar, ...]
 
@@ -155,8 +156,8 @@ def card_layout(d: DeviceView, file: str) -> CardLayout:
         lines.append(Line(text, (MARGIN, y), "small", MUTED))
         y += SIZES["small"] + 5
     y += MARGIN - 5
-    return CardLayout(WIDTH, y, OOM_BAND if r.oom else PEAK_BAND,
-                      (Line("", (0, band_bottom), "small"), *lines), tuple(bars))
+    return CardLayout(WIDTH, y, OOM_BAND if r.oom else PEAK_BAND, band_bottom, tuple(lines),
+                      tuple(bars))
 
 
 def card_png(d: DeviceView, file: str) -> bytes:
@@ -164,11 +165,10 @@ def card_png(d: DeviceView, file: str) -> bytes:
     from PIL import Image, ImageDraw
 
     layout = card_layout(d, file)
-    band_line, *lines = layout.lines
     image = Image.new("RGB", (layout.width, layout.height), "#ffffff")
     draw = ImageDraw.Draw(image)
-    draw.rectangle((0, 0, layout.width - 1, band_line.xy[1]), fill=layout.band)
-    for line in lines:
+    draw.rectangle((0, 0, layout.width - 1, layout.band_height), fill=layout.band)
+    for line in layout.lines:
         draw.text(line.xy, line.text, font=_font(SIZES[line.size]), fill=line.colour)
     for bar in layout.bars:
         left, top, right, bottom = bar.box
