@@ -118,16 +118,20 @@ def headline(r: DeviceReport) -> tuple[str, str]:
     return f"{opening}.", _fix(r, lead)
 
 
+#: The headline figures the evidence line shows (`wording.headline_rows`), in short words.
+_FIGURES = (("requested (failed allocation)", "requested"),
+            ("device free at the OOM", "device free"), ("short by", "short by"),
+            ("reserved by PyTorch", "reserved"), ("allocated", "allocated"),
+            ("heap at the high-water mark", "heap"), ("device capacity", "capacity"),
+            ("outside PyTorch", "outside PyTorch"))
+
+
 def _figures(r: DeviceReport) -> str:
-    """The headline figures in one line."""
+    """The headline figures in one line (the peak first where no OOM is recorded)."""
     rows = dict(w.headline_rows(r))
-    keys = (("requested (failed allocation)", "requested"), ("device free at the OOM",
-            "device free"), ("short by", "short by"), ("reserved by PyTorch", "reserved"),
-            ("allocated", "allocated"), ("heap at the high-water mark", "heap"),
-            ("device capacity", "capacity"), ("outside PyTorch", "outside PyTorch"))
-    if r.oom is None and r.diagnosis.history:
-        keys = (("peak allocated", "peak allocated"), *keys)
-    return "; ".join(f"{short} {rows[k]}" for k, short in keys if k in rows)
+    peak = (("peak allocated", "peak allocated"),) if r.oom is None and r.diagnosis.history \
+        else ()
+    return "; ".join(f"{short} {rows[k]}" for k, short in (*peak, *_FIGURES) if k in rows)
 
 
 def _cause(r: DeviceReport) -> str:
