@@ -320,9 +320,13 @@ class Analysis:
         rows = [(g.name, fmt_bytes(g.bytes), str(g.blocks),
                  f"{g.bytes / r.allocated_bytes:.1%}" if r.allocated_bytes else "", g.label)
                 for g in r.groups]
+        evidence = "".join(f"<li>{_html.escape(e)}</li>" for e in v.evidence)
         return (f"<div class='snapana'><p>{head}</p>"
                 f"<p style='border-left:4px solid {'#d62728' if r.oom else '#3182bd'};"
-                f"padding-left:8px'>{_html.escape(self.verdict)}</p>"
+                f"padding-left:8px'>{_html.escape(v.lead)}</p>"
+                + (f"<ul>{evidence}</ul>" if evidence else "")
+                + f"<details><summary>The verdict in full</summary>"
+                f"<p>{_html.escape(self.verdict)}</p></details>"
                 f"{_table(('', ''), v.headline)}"
                 f"{_table(('family', 'bytes', 'blocks', 'share', 'label'), rows)}</div>")
 

@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 
 @dataclass(frozen=True)
 class CellMemory:
-    """What `%%snapana` shows for one cell: the verdict, the budget lines, the explorer."""
+    """What `%%snapana` shows for one cell: the verdict's headline, the budget lines, the
+    explorer (whose page has the verdict in full)."""
 
     path: Path
     verdict: str
@@ -157,5 +158,5 @@ def _shown(a: Analysis, path: Path, budget: Budget | None, oom: bool,
            height: int) -> CellMemory:
     reports = [s.report for s in a.session.devices()]
     checks = tuple(check(budget, a.device_report, reports)) if budget is not None else ()
-    return CellMemory(path, a.verdict, oom or a.device_report.oom is not None, checks,
+    return CellMemory(path, a.headline, oom or a.device_report.oom is not None, checks,
                       a.explore(height))
