@@ -4,11 +4,13 @@ where PyTorch's own recorded segment events are the expectation."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import polars as pl
 import pytest
 from snapana.analysis.allocator_replay import Before, Setting, before_window, rerun
+from snapana.units import fmt_bytes
 
 from .conftest import corpus_params
 
@@ -444,7 +446,7 @@ def test_the_report_replays_its_allocator_knob_and_leads_with_it(tmp_path) -> No
     replayed = d.replays[first.id]
     assert replayed.oom_gone is True and replayed.prediction is not None
     assert replayed.prediction.changed.peak_reserved == 18_160 * MIB
-    text = invoke("summary", str(path)).stdout
+    text = invoke("summary", str(path), "--full").stdout
     assert "replay: the recorded OOM goes away" in text
     assert "the OOM goes away (peak reserved 17.73 GiB)" in " ".join(text.split())
     (dev,) = json.loads(invoke("summary", str(path), "-f", "json").stdout)["devices"]
@@ -567,3 +569,71 @@ def test_the_what_if_table_and_the_window_replay_agree(name) -> None:
         assert "replaying the window without it" in row[2]
         checked += 1
     assert checked >= 3
+
+
+def test_the_causes_tell_the_story_the_knob_table_tells(tmp_path) -> None:
+    """Issue 60: where the knob table shows an allocator setting the replay predicts removes
+    the OOM, the cause checks say so too, with the margin (the 24 GiB card less the replayed
+    peak of 18,160 MiB: 6,416 MiB) and that the window ends at the OOM; the headline offers
+    it first, and every format carries the row."""
+    import json
+
+    from .conftest import invoke
+
+    path = tmp_path / "stranded.pickle"
+    _stranded(path)
+    (dev,) = json.loads(invoke("summary", str(path), "-f", "json").stdout)["devices"]
+    d = dev["diagnosis"]
+    margin = fmt_bytes(24 * 1024 * MIB - 18_160 * MIB)
+    (row,) = [c for c in d["causes"] if c["id"] == "allocator_placement"]
+    assert row["holds"] and d["knobs"][0]["knob"] in row["status"]
+    assert f"{margin} to spare" in row["reason"] and "the window ends at the OOM" in row["reason"]
+    assert f"{margin} to spare" in d["headline"] and d["knobs"][0]["knob"] in d["headline"]
+    text = " ".join(invoke("summary", str(path), "--full").stdout.split())
+    assert f"the allocator's placement — {d['knobs'][0]['knob']} removes it (replay)" in text
+    assert f"{margin} to spare" in invoke("summary", str(path), "-f", "markdown").stdout
+
+
+def test_whatif_of_a_setting_already_in_force_says_so_and_stops(tmp_path) -> None:
+    """The stranded capture records the default settings (expandable segments off): asking
+    for them again changes nothing; a capture written with expandable segments on (the
+    simulator's, like the corpus's 3-GPU DataParallel OOM) says it is already in force."""
+    import pickle
+
+    from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
+
+    from .conftest import invoke
+
+    sim = CachingAllocatorSim(2 << 30, expandable_segments=True)
+    with pytest.raises(SimulatedOOM):
+        for _ in range(100):
+            sim.malloc(300 * MIB)
+    snap = sim.snapshot()
+    assert snap["allocator_settings"]["expandable_segments"] is True
+    path = tmp_path / "expandable.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    run = invoke("whatif", str(path), "--set", "expandable_segments:True")
+    assert run.returncode == 0, run.stderr
+    assert "expandable_segments:True: already in force" in run.stdout
+    assert "goes away" not in run.stdout and "still runs out" not in run.stdout
+    js = json.loads(invoke("whatif", str(path), "--set", "expandable_segments:True",
+                           "-f", "json").stdout)
+    assert js["already_in_force"] == ["expandable_segments:True"]
+    other = invoke("whatif", str(path), "--set", "expandable_segments:False").stdout
+    assert "already in force" not in other
+
+
+@pytest.mark.corpus
+def test_whatif_on_the_corpus_dataparallel_oom_says_expandable_is_already_on() -> None:
+    """The corpus's 3-GPU DataParallel OOM ran with PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True (SOURCES.md; its allocator_settings record it)."""
+    from .conftest import CORPUS, invoke, raw_load
+
+    path = CORPUS / "torch_snapshots" / "Constructor-Sun+code_location__memory_snapshot.pickle"
+    if not path.is_file():
+        pytest.skip("../shared/corpus absent")
+    assert raw_load(path)["allocator_settings"]["expandable_segments"] is True
+    run = invoke("whatif", str(path), "--set", "expandable_segments:True")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("expandable_segments:True: already in force")
+    assert "The recorded OOM" not in run.stdout

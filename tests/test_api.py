@@ -4,6 +4,7 @@ snapana), and every view against the renderers the CLI uses."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 from collections import Counter
 from pathlib import Path
@@ -197,6 +198,7 @@ def test_figures_reuse_the_report_builders(oom: Analysis) -> None:
 
 def test_repr_html_is_small_and_has_no_plotly(oom: Analysis) -> None:
     out = oom._repr_html_()
+    assert out.index(html.escape(oom.headline)) < out.index("The verdict in full")
     assert "saved_logprob_softmax" in out and "Out of memory" in out
     assert "<script" not in out and "plotly" not in out.lower()
     assert len(out) < 20_000

@@ -113,6 +113,12 @@ def _analysis_members(a: Analysis, tmp: Path) -> dict[str, Callable[[], Any]]:
         out = a.export(tmp / "export")
         assert any(out.iterdir())
 
+    def ticket() -> None:
+        written = a.ticket(tmp / "ticket")
+        assert [p.name for p in written] == ["card.png", "ticket.md", "report.html",
+                                             "summary.json"]
+        assert all(p.stat().st_size > 0 for p in written)
+
     def explore() -> None:
         page = a.explore()._repr_html_()
         assert page.startswith("<iframe") and "srcdoc=" in page
@@ -132,7 +138,8 @@ def _analysis_members(a: Analysis, tmp: Path) -> dict[str, Callable[[], Any]]:
     calls: dict[str, Callable[[], Any]] = {
         "at": at, "stack": stack, "figure": figure, "explain": explain,
         "explain_text": explain, "summary": summary, "report": report, "export": export,
-        "explore": explore, "diff": diff, "families": tables, "blocks": tables, "sites": tables,
+        "explore": explore, "diff": diff, "ticket": ticket, "families": tables,
+        "blocks": tables, "sites": tables,
         "timeline": tables, "events": tables, "segments": tables, "frames": tables,
         "stacks": tables, "_repr_html_": lambda: isinstance(a._repr_html_(), str),
     }
@@ -161,7 +168,7 @@ def test_every_public_member_is_exercised(tmp_path) -> None:
     """A member this file does not call explicitly is at least read; a new *method* needs a
     line in `_analysis_members` (calling it without arguments may not be enough)."""
     known_methods = {"at", "stack", "figure", "explain", "explain_text", "summary", "report",
-                     "export", "explore", "diff", "_repr_html_"}
+                     "export", "explore", "diff", "ticket", "_repr_html_"}
     methods = {n for n in _public(Analysis)
                if inspect.isfunction(inspect.getattr_static(Analysis, n))}
     assert methods <= known_methods, f"untested API methods: {sorted(methods - known_methods)}"

@@ -92,3 +92,31 @@ def test_without_cuda_the_cell_runs_and_says_so(tmp_path: Path) -> None:
     assert text == "%%snapana: CUDA is not available: the cell ran without recording"
     assert "".join(o["text"] for o in cells[2].outputs).strip() == "42"
     assert not (tmp_path / "snapana-memory").exists()
+
+
+def test_without_torch_the_cell_runs_unrecorded_and_says_so(tmp_path: Path) -> None:
+    """A kernel where PyTorch cannot be imported (None in sys.modules: `import torch` raises
+    ModuleNotFoundError, as in a kernel without it): the cell's code runs, one line says why
+    nothing was recorded, and no snapshot is written."""
+    cells = _run(tmp_path, ["import sys\nsys.modules['torch'] = None\n%load_ext snapana",
+                            "%%snapana\nw = 41 + 1", "print(w)"])
+    assert not [o for o in cells[1].outputs if o.output_type == "error"], cells[1].outputs
+    text, _ = _shown(cells[1])
+    assert text == "%%snapana: PyTorch is not installed in this kernel: the cell ran without " \
+        "recording"
+    assert "".join(o["text"] for o in cells[2].outputs).strip() == "42"
+    assert not (tmp_path / "snapana-memory").exists()
+
+
+def test_the_cell_leads_with_the_verdicts_headline(tmp_path: Path) -> None:
+    """The answer first in a notebook too: the cell's plain text is the headline the CLI's
+    JSON gives for the same snapshot (the verdict in full is in the explorer's page)."""
+    import json
+
+    from .conftest import invoke
+
+    cells = _run(tmp_path, [STAND_IN + "\n%load_ext snapana", "%%snapana\nx = 1"])
+    text, _ = _shown(cells[1])
+    (path,) = (tmp_path / "snapana-memory").iterdir()
+    js = json.loads(invoke("summary", str(path), "-f", "json").stdout)
+    assert text.splitlines()[0] == js["devices"][0]["diagnosis"]["headline"]

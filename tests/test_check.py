@@ -196,3 +196,26 @@ def test_diff_fail_on_writes_junit_and_annotations(tmp_path) -> None:
     assert sum(ln.startswith("::error ") for ln in out.stdout.splitlines()) == 1
     alone = invoke("diff", str(OK_SAMPLE), str(OOM_SAMPLE), "--junit", str(report))
     assert alone.returncode == 2 and "--fail-on" in alone.stderr
+
+
+def test_diff_annotates_as_check_does_and_writes_the_step_summary(tmp_path,
+                                                                   monkeypatch) -> None:
+    """One spelling for both commands, `--annotate github` (diff's old `--annotate-github`
+    kept as an alias); under GitHub Actions diff appends its markdown (the diff, then its
+    --fail-on limits) to $GITHUB_STEP_SUMMARY, as check does."""
+    summary = tmp_path / "step-summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    args = ("diff", str(OK_SAMPLE), str(OOM_SAMPLE), "--fail-on", "new_family")
+    new = invoke(*args, "--annotate", "github")
+    old = invoke(*args, "--annotate-github")
+    assert new.returncode == old.returncode == 1
+    errors = [ln for ln in new.stdout.splitlines() if ln.startswith("::error ")]
+    assert len(errors) == 1 and errors == [ln for ln in old.stdout.splitlines()
+                                           if ln.startswith("::error ")]
+    written = summary.read_text()
+    assert written.startswith("earlier step\n")
+    assert written.count("### GPU memory: before vs after") == 2  # both runs appended
+    assert written.count("### snapana budget check:") == 2 and "new_family" in written
+    assert "--annotate" in invoke("diff", "--help", columns=200).stdout
+    assert "--annotate-github" not in invoke("diff", "--help", columns=200).stdout

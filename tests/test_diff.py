@@ -13,6 +13,7 @@ from snapana.api import Analysis
 from snapana.render import figures, render
 from snapana.render.views import diff_view
 from snapana.render.wording import diff_verdict
+from snapana.units import fmt_bytes
 
 from .conftest import SAMPLES, SNAPSHOTS, corpus_params, invoke
 
@@ -87,6 +88,10 @@ def test_recompute_loss_function_removes_exactly_the_saved_softmax(pair) -> None
 def test_renderers(pair, tmp_path: Path) -> None:
     before, after = pair
     cmp = before.diff(after)
+    plain = repr(cmp)  # one short line a notebook saves, the peak change as the diff has it
+    assert "\n" not in plain and len(plain) <= 160, plain
+    assert f"peak allocated {fmt_bytes(cmp.diff.peak_change_bytes, signed=True)}" in plain
+    assert Path(cmp.diff.before.path).name in plain and "0x" not in plain
     text = cmp.summary("text")
     flowed = " ".join(text.split())  # the verdict wraps to the text's width
     assert "Verdict: " + cmp.verdict in flowed and "7 chunks gone" in flowed

@@ -404,7 +404,7 @@ def test_every_format_leads_with_the_failing_device(dp: tuple[Path, dict[str, An
     for p in devices[0]["pools"]:
         assert p["expandable"] is True
     for fmt in ("markdown", "text"):
-        out = invoke("summary", str(path), "--format", fmt)
+        out = invoke("summary", str(path), "--format", fmt, "--full")
         assert out.returncode == 0, out.stderr
         found = [int(m) for m in re.findall(r"(?:cuda:|device )(\d)", out.stdout)]
         assert found and found[0] == 1, fmt

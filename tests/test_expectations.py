@@ -115,8 +115,8 @@ def _knob_lists(formats: dict[str, str]) -> dict[str, list[str]]:
 def _formats(path: Path, tmp_path: Path) -> dict[str, str]:
     path = _readable(path, tmp_path)
     out = {}
-    for fmt in ("json", "markdown", "text"):
-        got = invoke("summary", "--format", fmt, str(path))
+    for fmt in ("json", "markdown", "text"):  # the text's every section (--full)
+        got = invoke("summary", "--format", fmt, "--full", str(path))
         assert got.returncode == 0, got.stderr
         out[fmt] = got.stdout
     page = tmp_path / "report.html"

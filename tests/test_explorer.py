@@ -315,3 +315,71 @@ def test_the_explorer_started_ahead_makes_the_same_page(tmp_path, monkeypatch):
     assert invoke("report", str(snap), "-o", str(tmp_path / "after.html")).returncode == 0
     assert taken == [None] * len(taken) and taken
     assert (tmp_path / "ahead.html").read_bytes() == (tmp_path / "after.html").read_bytes()
+
+
+def _spans(a: snapana.Analysis) -> pl.DataFrame:
+    """Every counted lifetime with its stack, born and gone as `_live_in` counts them."""
+    n = a.device_report.timeline.n_events
+    return a.replay.lifetimes.with_columns(
+        pl.when((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") >= 0)).then(-1)
+        .when(pl.col("alloc_idx") >= 0).then(pl.col("alloc_idx")).otherwise(None)
+        .alias("born"),
+        pl.when((pl.col("free_req_idx") >= 0) & (pl.col("free_req_idx") < n))
+        .then(pl.col("free_req_idx")).otherwise(n).alias("gone")).filter(
+        pl.col("born") < n)
+
+
+def _absent_query(a: snapana.Analysis) -> tuple[str, int, int] | None:
+    """A function of the capture's stacks held by no allocation live at the report's moment
+    but by some of the trace, with the first allocation and the last free of those."""
+    spans, n = _spans(a), a.moment.idx
+    live = spans.filter((pl.col("born") <= n) & (pl.col("gone") > n))
+    lines = {sid: [f"{f}:{ln} {fn}".lower() for f, fn, ln in a.stack(sid)]
+             for sid in spans["stack_id"].unique().to_list() if sid >= 0}
+    held_now = {sid for sid in live["stack_id"].unique().to_list() if sid >= 0}
+    for sid in spans.filter(pl.col("gone") <= n)["stack_id"].unique(maintain_order=True):
+        for filename, name, _ in a.stack(sid) if sid >= 0 else ():
+            q = name.lower()
+            if not (filename.endswith(".py") and name.isidentifier() and len(name) > 5):
+                continue
+            if any(q in ln for s in held_now for ln in lines[s]):
+                continue
+            hit = [s for s, ls in lines.items() if any(q in ln for ln in ls)]
+            rows = spans.filter(pl.col("stack_id").is_in(hit))
+            return name, max(int(rows["born"].min()), 0), int(rows["gone"].max())
+    return None
+
+
+@pytest.mark.chromium
+def test_find_with_no_match_now_says_when_the_match_is_live(tmp_path):
+    """Issue 60: a find that matches nothing at the shown event greyed the whole treemap and
+    said nothing. Now the treemap stays as it was and the find says when the text is live
+    (the first allocation and the last free of the allocations whose stacks hold it,
+    recomputed here from the replay's lifetimes)."""
+    snap = Path(__file__).parent.parent / "sample_snapshots" / "fsdp-train-step.pickle"
+    a = snapana.load(snap)
+    picked = _absent_query(a)
+    assert picked is not None
+    query, first, last = picked
+    out = tmp_path / "r.html"
+    assert invoke("report", str(snap), "-o", str(out)).returncode == 0
+    n_events = a.device_report.timeline.n_events
+    seen = {}
+
+    def act(page) -> None:
+        seen["before"] = page.evaluate(READ)
+        page.fill("section.device .explore-find", query)
+        seen["after"] = page.evaluate(READ)
+        seen["said"] = page.inner_text("section.device .explore-found")
+        seen["colours"] = page.evaluate("""(() => { const t = document.querySelector(
+          "section.device div[data-figure='families']").data[0];
+          return (t.marker && t.marker.colors) || []; })()""")
+
+    visit = open_report(out, act=act)
+    assert visit.console_errors == []
+    end = "the end of the trace" if last >= n_events else f"event {last}"
+    assert seen["said"].startswith(f"no match at event {a.moment.idx}; '{query}' is live "
+                                   f"from event {first} to {end}"), seen["said"]
+    assert seen["after"]["found"] == 0
+    assert seen["after"]["boxes"] == seen["before"]["boxes"]
+    assert "#eeeeee" not in seen["colours"]

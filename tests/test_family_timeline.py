@@ -140,7 +140,7 @@ def test_summary_says_how_each_family_got_there() -> None:
     assert (g["start_bytes"], g["moment_bytes"]) == (0, chunk * count)
     assert (g["allocations"], g["uniform_size"]) == (count, chunk)
     assert g["phase"] == "forward"
-    text = invoke("summary", str(CHUNKED)).stdout
+    text = invoke("summary", str(CHUNKED), "--full").stdout
     assert "how it got there" in text
     assert f"{count} × 486.00 MiB" in " ".join(text.split())
 

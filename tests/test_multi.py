@@ -77,7 +77,7 @@ def test_the_failing_rank_and_the_outlier_are_named(incident):
 
 def test_summary_json_has_one_entry_per_input(incident):
     result = invoke("summary", str(incident), "--format", "json")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 5, result.stderr  # rank 8 cannot be read (SOME_INPUTS_FAILED)
     data = json.loads(result.stdout)
     entries = {e["rank"]: e for e in data["inputs"]}
     assert sorted(entries) == list(range(9))
@@ -95,7 +95,7 @@ def test_summary_json_has_one_entry_per_input(incident):
 def test_multi_report_renders(incident, tmp_path):
     out = tmp_path / "all.html"
     result = invoke("report", str(incident / "*.pickle"), "-o", str(out))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 5, result.stderr  # rank 8 cannot be read: listed, exit 5
     visit = open_report(out)
     assert visit.console_errors == [] and visit.requests == [out.resolve().as_uri()]
     assert "First to run out of memory: rank 5" in visit.text
@@ -179,3 +179,51 @@ def test_a_folder_is_read_by_content_and_nothing_is_dropped_silently(tmp_path):
     assert "sidecar" in why["rank9.pickle.meta.json"]
     text = " ".join(invoke("summary", str(tmp_path)).stdout.split())
     assert "5 other files not taken as inputs" in text
+
+
+def test_an_incident_folder_with_strays_a_failed_input_and_a_state_only_dump(tmp_path):
+    """Issue 60: one incident's folder (its pickle, a profiler trace, a memray capture, a
+    stray notes.txt and a binary stray) is analysed, each other file listed with why; an
+    input that cannot be read is listed with its reason and the run ends with exit code 5
+    (errors.SOME_INPUTS_FAILED; none read: 2); a state-only dump named for an OOM is
+    'unknown' in the OOM column, as its own report says it cannot tell."""
+    import shutil
+
+    from snapana.errors import SOME_INPUTS_FAILED
+
+    from .conftest import raw_load
+
+    folder = tmp_path / "incident"
+    folder.mkdir()
+    shutil.copy(SAMPLES / "slime-tp2-chunked-logprob-oom.pickle", folder / "rank0.pickle")
+    (folder / "trace.json").write_text('{"traceEvents": [], "schemaVersion": 1}')
+    (folder / "host.bin").write_bytes(b"memray\x00\x01 not a whole capture")
+    (folder / "notes.txt").write_text("restarted the job at 3am, same config as yesterday\n")
+    (folder / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    run = invoke("summary", str(folder))
+    assert run.returncode == 0, run.stderr
+    flowed = " ".join(run.stdout.split())
+    assert flowed.startswith("1 input, 1 analysed. 4 other files not taken as inputs")
+    for name in ("trace.json", "host.bin", "notes.txt", "photo.png"):
+        assert f"{name}: " in flowed
+    assert "the full report of" in flowed and "rank0.pickle" in flowed
+
+    whole = raw_load(SAMPLES / "slime-tp2-recompute-loss-ok.pickle")
+    state_only = dict(whole, device_traces=[[] for _ in whole["device_traces"]])
+    (folder / "rank1_oom_snapshot.pickle").write_bytes(pickle.dumps(state_only))
+    (folder / "rank2.pickle").write_bytes((SAMPLES / "fsdp-train-step.pickle")
+                                          .read_bytes()[:4000])  # cut short
+    js = invoke("summary", str(folder), "-f", "json")
+    assert js.returncode == SOME_INPUTS_FAILED == 5
+    data = json.loads(js.stdout)
+    failed = {Path(e["file"]).name: e for e in data["inputs"] if e.get("error")}
+    assert list(failed) == ["rank2.pickle"] and "truncated" in failed["rank2.pickle"]["error"]
+    assert "1 of 3 inputs could not be read" in js.stderr and "exit code 5" in js.stderr
+    text = invoke("summary", str(folder), columns=200)
+    assert text.returncode == 5
+    row = next(ln for ln in text.stdout.splitlines() if "rank1_oom_snapshot" in ln)
+    assert "unknown: no history, written at an OOM" in row and "  no  " not in row
+    report = invoke("report", str(folder), "-o", str(tmp_path / "r.html"))
+    assert report.returncode == 5 and (tmp_path / "r.html").is_file()
+    (folder / "rank2.pickle").unlink()
+    assert invoke("summary", str(folder)).returncode == 0

@@ -107,10 +107,62 @@ def test_the_segment_maps_hover_names_the_blocks_site() -> None:
     path = SAMPLES / "slime-tp2-chunked-logprob-oom.pickle"
     snap = pickle.loads(path.read_bytes())
     fig = snapana.load(path).figure("segments")
-    texts = [t for trace in fig.data if trace.name == "active_allocated" for t in trace.text]
+    texts = [t for trace in fig.data if trace.name == "used (allocated)" for t in trace.text]
     largest = max((b for seg in snap["segments"] for b in seg["blocks"]
                    if b["state"] == "active_allocated" and b.get("frames")),
                   key=lambda b: b["size"])
     names = {f["name"] for f in largest["frames"] if f["filename"].endswith(".py")}
     mine = [t for t in texts if t.endswith(fmt_bytes(largest["size"])) and " · " in t]
     assert mine and any(any(n in t for n in names) for t in mine)
+
+
+def test_alike_segments_are_one_bar_checked_against_the_pickle() -> None:
+    """Issue 60: the bundled sample's segment map was dozens of identical bars. Segments
+    alike in size and blocks are one bar ("36 × 692.00 MiB"); the pickle's own segments at
+    those addresses agree: one size, one layout of blocks (offset, size, state) each. The
+    legend and the axis sit on top, where the first bars are."""
+    path = SAMPLES / "slime-tp2-chunked-logprob-oom.pickle"
+    a = snapana.load(path)
+    view = a._device_view
+    groups = view.segment_groups
+    assert sum(g.count for g in groups) == len(view.segments) > len(groups)
+    raw = {s["address"]: s for s in pickle.loads(path.read_bytes())["segments"]}
+
+    def layout(seg: dict) -> tuple:
+        out, offset = [], 0
+        for b in seg["blocks"]:
+            if b["state"] != "inactive":
+                out.append((offset, b["size"], b["state"]))
+            offset += b["size"]
+        return tuple(out)
+
+    for g in groups:
+        shapes = {(raw[x]["total_size"], layout(raw[x])) for x in g.addresses}
+        assert len(shapes) == 1 and next(iter(shapes))[0] == g.size, g.addresses
+    fig = a.figure("segments")
+    names = {y for trace in fig.data for y in trace.y}
+    big = max(groups, key=lambda g: g.count)
+    assert f"{big.count} × {fmt_bytes(big.size)} · pool {big.pool}" in names
+    assert len(names) == len(groups)
+    assert fig.layout.legend.y >= 1 and fig.layout.xaxis.side == "top"
+    assert {t.name for t in fig.data} <= {"used (allocated)", "cached, unallocated",
+                                          "freed, pending on a stream", "mixed (see hover)"}
+
+
+@pytest.mark.chromium
+def test_the_segment_chart_shows_its_groups_and_legend_on_screen(tmp_path: Path) -> None:
+    """In the drawn page the grouped bar's label is on the chart and the legend sits at the
+    chart's top, inside it (it was below dozens of bars, off-screen)."""
+    out = tmp_path / "r.html"
+    path = SAMPLES / "slime-tp2-chunked-logprob-oom.pickle"
+    assert invoke("report", str(path), "-o", str(out)).returncode == 0
+    probe = """(() => { const f = document.querySelector('[data-figure="segments"]');
+      f.scrollIntoView(); const box = f.getBoundingClientRect();
+      const leg = f.querySelector('.legend').getBoundingClientRect();
+      const ticks = [...f.querySelectorAll('.ytick text')].map(t => t.textContent);
+      return [box.top, box.bottom, leg.top, leg.bottom, ticks]; })()"""
+    visit = open_report(out, probe=probe)
+    assert not visit.console_errors
+    top, bottom, legend_top, legend_bottom, ticks = visit.probed
+    assert top <= legend_top and legend_bottom <= top + 150, visit.probed[:4]
+    assert any(t.startswith("36 × 692.00 MiB") for t in ticks), ticks

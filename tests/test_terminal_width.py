@@ -84,3 +84,25 @@ def test_the_readme_failure_is_what_check_prints(tmp_path: Path) -> None:
     run = invoke("check", OOM.name, "--budget", "budget.toml", cwd=tmp_path, columns=100)
     assert run.returncode == 1
     assert run.stdout == shown
+
+
+def test_diff_at_80_columns_keeps_sites_and_families_whole() -> None:
+    """Issue 60: the changed sites were squeezed into 10-character columns (one path over 5
+    lines). At 80 columns each site now has a line of its own, whole where it fits, and every
+    family name in the tables is whole: no cell of the site table is under 20 characters."""
+    import json
+
+    run = invoke("diff", str(OOM), str(OK), columns=80)
+    data = json.loads(invoke("diff", str(OOM), str(OK), "-f", "json").stdout)
+    lines = run.stdout.splitlines()
+    assert all(len(ln) <= 80 for ln in lines)
+    changed = [s for s in data["sites"] if s["status"] != "same"][:20]  # the text shows 20
+    sites = [s for s in changed if len(s["site"]) <= 60]
+    assert sites
+    for s in sites:
+        assert any(ln.startswith(s["site"]) for ln in lines), s["site"]
+    start = lines.index("site, what became of it")
+    header = lines[start + 1]
+    assert header.index("before") - header.index("family") >= 20
+    for s in changed:
+        assert any(ln.strip().startswith(s["family"] + " ") for ln in lines[start:]), s

@@ -137,7 +137,18 @@ class Analysis:
 
     @property
     def verdict(self) -> str:
+        """The verdict in full: the arithmetic, the rules and the caveats."""
         return self._device_view.verdict
+
+    @property
+    def headline(self) -> str:
+        """The answer first: what failed, what holds the memory, the first fix."""
+        return self._device_view.lead
+
+    @property
+    def evidence(self) -> tuple[str, ...]:
+        """At most three short lines under the headline."""
+        return self._device_view.evidence
 
     @property
     def moment(self) -> Moment:
@@ -271,6 +282,15 @@ class Analysis:
         write_atomic(out, _render(view, REPORT_FORMAT))
         return out
 
+    def ticket(self, out_dir: str | Path) -> list[Path]:
+        """Write a ticket's attachments into `out_dir` (the files `snapana ticket` writes):
+        card.png, ticket.md, report.html, summary.json."""
+        from snapana.io.ticket import check_targets, write_ticket
+
+        folder = Path(out_dir)
+        check_targets(folder, [Path(self.capture.path)])
+        return write_ticket(self.view, folder, Path(self.capture.path).name)
+
     def export(self, out_dir: str | Path) -> Path:
         """Write the capture as a Parquet folder (see `snapana.io.export`)."""
         from snapana.io.export import export
@@ -300,9 +320,13 @@ class Analysis:
         rows = [(g.name, fmt_bytes(g.bytes), str(g.blocks),
                  f"{g.bytes / r.allocated_bytes:.1%}" if r.allocated_bytes else "", g.label)
                 for g in r.groups]
+        evidence = "".join(f"<li>{_html.escape(e)}</li>" for e in v.evidence)
         return (f"<div class='snapana'><p>{head}</p>"
                 f"<p style='border-left:4px solid {'#d62728' if r.oom else '#3182bd'};"
-                f"padding-left:8px'>{_html.escape(self.verdict)}</p>"
+                f"padding-left:8px'>{_html.escape(v.lead)}</p>"
+                + (f"<ul>{evidence}</ul>" if evidence else "")
+                + f"<details><summary>The verdict in full</summary>"
+                f"<p>{_html.escape(self.verdict)}</p></details>"
                 f"{_table(('', ''), v.headline)}"
                 f"{_table(('family', 'bytes', 'blocks', 'share', 'label'), rows)}</div>")
 
@@ -362,6 +386,15 @@ class Comparison:
     @property
     def verdict(self) -> str:
         return self.view.verdict
+
+    def __repr__(self) -> str:
+        """One line: the two captures and how the peak moved (a notebook saves it)."""
+        from snapana.render.wording import signed
+
+        b, a = self.diff.before, self.diff.after
+        return (f"<snapana.Comparison {Path(b.path).name} → {Path(a.path).name}: peak "
+                f"allocated {signed(self.diff.peak_change_bytes)}; .verdict .families "
+                ".sites .figure()>")
 
     @cached_property
     def families(self) -> pl.DataFrame:

@@ -9,7 +9,7 @@ The cell runs with PyTorch's memory history recorded (through the backend `snapa
 and the pytest plugin use); afterwards its snapshot is written to `--dir` and the report's
 explorer is shown inline. Over budget or on an OOM the verdict and the breached limits come
 first, in red. Its plain-text form is a few lines: a notebook saves it beside the page.
-Without CUDA the cell still runs, and one line says nothing was recorded.
+Without PyTorch or CUDA the cell still runs, and one line says nothing was recorded.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 
 @dataclass(frozen=True)
 class CellMemory:
-    """What `%%snapana` shows for one cell: the verdict, the budget lines, the explorer."""
+    """What `%%snapana` shows for one cell: the verdict's headline, the budget lines, the
+    explorer (whose page has the verdict in full)."""
 
     path: Path
     verdict: str
@@ -121,9 +122,10 @@ def run_cell_magic(ipython: Any, line: str, cell: str) -> None:
         print(f"%%snapana: {exc}")
         return
     cuda = backend()
-    if not cuda.available():
+    reason = _unavailable(cuda)
+    if reason:
         ipython.run_cell(cell)
-        display(NotRecorded("CUDA is not available"))
+        display(NotRecorded(reason))
         return
     cuda.start_history(args.max_entries, "python")
     try:
@@ -144,9 +146,17 @@ def run_cell_magic(ipython: Any, line: str, cell: str) -> None:
     display(shown)
 
 
+def _unavailable(cuda: Any) -> str:
+    """Why nothing can be recorded in this kernel ('' when it can): no PyTorch, or no CUDA."""
+    try:
+        return "" if cuda.available() else "CUDA is not available"
+    except ImportError:
+        return "PyTorch is not installed in this kernel"
+
+
 def _shown(a: Analysis, path: Path, budget: Budget | None, oom: bool,
            height: int) -> CellMemory:
     reports = [s.report for s in a.session.devices()]
     checks = tuple(check(budget, a.device_report, reports)) if budget is not None else ()
-    return CellMemory(path, a.verdict, oom or a.device_report.oom is not None, checks,
+    return CellMemory(path, a.headline, oom or a.device_report.oom is not None, checks,
                       a.explore(height))

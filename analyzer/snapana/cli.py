@@ -21,6 +21,7 @@ from snapana.commands import (
     report,
     summary,
     synth,
+    ticket,
     whatif,
 )
 from snapana.commands._policy import err
@@ -155,7 +156,8 @@ def _main(
 
 # ----- the commands: one module each under snapana/commands/ ----------------------------------
 for _command in (report.report, summary.summary, batch.batch, explain.explain, synth.synth,
-                 convert.convert, export.export, diff.diff, whatif.whatif, check.check):
+                 convert.convert, export.export, diff.diff, whatif.whatif, check.check,
+                 ticket.ticket):
     app.command()(_command)
 app.command(context_settings=record.CONTEXT_SETTINGS)(record.record)
 

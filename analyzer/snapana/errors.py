@@ -14,6 +14,11 @@ class SnapanaError(Exception):
         self.detail = detail
 
 
+#: Exit code of a run over several inputs where some could not be read: the others were
+#: analysed and the output lists each failure with its reason (none analysed: 2).
+SOME_INPUTS_FAILED = 5
+
+
 class InputError(SnapanaError):
     """The file is missing, unreadable, of the wrong format, truncated or unsafe."""
 

@@ -137,3 +137,21 @@ def recorded(settings: Mapping[str, object] | None) -> AllocConf:
         if any(v > 1 for _, v in ordered):
             roundup = tuple(v for _, v in ordered)
     return AllocConf(bool(settings.get("expandable_segments")), max_split, roundup)
+
+
+def in_force(asked: AllocConf, settings: Mapping[str, object] | None) -> list[str]:
+    """The asked settings a capture already ran with, as `--set` spells them: only those its
+    `allocator_settings` record (a capture that records none proves nothing)."""
+    settings = settings or {}
+    have = recorded(settings)
+    out = []
+    if asked.expandable_segments is not None and "expandable_segments" in settings and \
+            asked.expandable_segments == have.expandable_segments:
+        out.append(f"expandable_segments:{asked.expandable_segments}")
+    if asked.max_split_size is not None and "max_split_size" in settings and \
+            asked.max_split_size == have.max_split_size:
+        out.append(f"max_split_size_mb:{asked.max_split_size // MiB}")
+    if asked.roundup_divisions is not None and "roundup_power2_divisions" in settings and \
+            (have.roundup_divisions or ()) == tuple(d for d in asked.roundup_divisions if d > 1):
+        out.append("roundup_power2_divisions as asked")
+    return out

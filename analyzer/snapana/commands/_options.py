@@ -18,6 +18,19 @@ FormatChoice = Enum(  # type: ignore[misc]
 DEFAULT_FORMAT = FormatChoice(renderers.DEFAULT_FORMAT)
 
 
+class Annotate(str, Enum):
+    """Where CI annotations go (`--annotate github`: GitHub workflow ::error lines)."""
+
+    github = "github"
+
+
+AnnotateOpt = Annotated[
+    Annotate | None,
+    typer.Option("--annotate", help="also print each breach as a CI annotation "
+                 "(github: ::error)"),
+]
+
+
 class Engine(str, Enum):
     local = "local"
     dask = "dask"

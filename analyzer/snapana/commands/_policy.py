@@ -155,12 +155,13 @@ def prepare(fmt: str, kind: str = "capture") -> None:
         warm()
 
 
-def render_view(view: Any, fmt: str, to_terminal: bool = True) -> str:
-    """`view` through the renderer registry: for stdout, laid out for the terminal there."""
-    options = renderers.Options()
+def render_view(view: Any, fmt: str, to_terminal: bool = True, full: bool = True) -> str:
+    """`view` through the renderer registry: for stdout, laid out for the terminal there
+    (`full=False`: a capture's text on one screen)."""
+    options = renderers.Options(full=full)
     if to_terminal:
         console = Console()
-        options = renderers.Options(width=console.width, color=console.is_terminal)
+        options = renderers.Options(width=console.width, color=console.is_terminal, full=full)
     try:
         return renderers.render(view, fmt, options)
     except renderers.UnknownFormat as exc:
@@ -198,11 +199,35 @@ def write(out: Path, text: str, multi: MultiReport | None = None) -> None:
     wrote(out)
 
 
+def step_summary(*views: Any) -> None:
+    """Append the views' markdown to $GITHUB_STEP_SUMMARY when a GitHub Actions step sets
+    it (the job's summary page), as `check` and `diff` do."""
+    import os
+
+    from snapana.io.output import append_text
+
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:  # a regular file or a new one: a FIFO or device is refused, never waited on
+        append_text(summary, "".join(render_view(view, "markdown", to_terminal=False) + "\n"
+                                     for view in views))
+
+
 def wrote(*paths: Path, detail: str = "") -> None:
     """Say which files a command wrote, one line: paths shown inert (a name can carry
     escape sequences or newlines)."""
     names = " and ".join(inert(str(p), lines=False) for p in paths)
     err.print(f"wrote {names}{detail}", markup=False, highlight=False, soft_wrap=True)
+
+
+def headline(view: Any) -> None:
+    """After "wrote ...": the verdict's headline of the device shown first, so the answer
+    is on the terminal before the page is opened."""
+    import textwrap
+
+    if view.devices and view.devices[0].lead:
+        text = textwrap.fill(inert(f"Verdict. {view.devices[0].lead}"), Console().width,
+                             break_long_words=False, break_on_hyphens=False)
+        err.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def none_analysed(multi: MultiReport | None, written: Path | None = None) -> None:
@@ -214,6 +239,24 @@ def none_analysed(multi: MultiReport | None, written: Path | None = None) -> Non
                  else "listed above")
         raise InputError(f"none of the {len(multi.ranks)} inputs could be analysed (each "
                          f"one's reason is {where})")
+
+
+def some_failed(multi: MultiReport | None, where: Path | None = None) -> None:
+    """Several inputs, some analysed and some not: after the output (which lists each
+    failure with its reason), one line, and the run ends with exit code 5
+    (`errors.SOME_INPUTS_FAILED`), so a script cannot take a partial run for a whole one."""
+    import typer
+
+    from snapana.errors import SOME_INPUTS_FAILED
+
+    if multi is None or not multi.ok or len(multi.ok) == len(multi.ranks):
+        return
+    failed = len(multi.ranks) - len(multi.ok)
+    listed = f"in {inert(str(where), lines=False)}" if where is not None else "above"
+    err.print(f"{failed} of {len(multi.ranks)} inputs could not be read (each one's reason is "
+              f"{listed}); the others were analysed: exit code {SOME_INPUTS_FAILED}",
+              markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(SOME_INPUTS_FAILED)
 
 
 def text_logs(files: list[str]) -> Any | None:

@@ -6,8 +6,6 @@ summary appended to $GITHUB_STEP_SUMMARY when a GitHub Actions step sets it."""
 
 from __future__ import annotations
 
-import os
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +14,8 @@ import typer
 from snapana.commands import _policy as policy
 from snapana.commands._options import (
     DEFAULT_FORMAT,
+    Annotate,
+    AnnotateOpt,
     AtOpt,
     CapacityOpt,
     DeviceOpt,
@@ -31,10 +31,6 @@ MOMENT_WORDS = {"oom": "the OOM", "peak": "the peak", "snapshot": "the snapshot"
                 "event": "the event asked for"}
 
 
-class Annotate(str, Enum):
-    github = "github"
-
-
 def check(
     file: FileArg,
     budget: Annotated[Path, typer.Option(
@@ -43,9 +39,7 @@ def check(
              "[families], [chunks] (see the README's CI section)")],
     junit: Annotated[Path | None, typer.Option(
         "--junit", metavar="FILE.xml", help="also write a JUnit XML report there")] = None,
-    annotate: Annotated[Annotate | None, typer.Option(
-        "--annotate", help="also print each breach as a CI annotation (github: ::error)")
-    ] = None,
+    annotate: AnnotateOpt = None,
     device: DeviceOpt = None,
     capacity: CapacityOpt = None,
     at: AtOpt = None,
@@ -54,7 +48,7 @@ def check(
     """Check a capture against a memory budget: exit 0 within it, 1 over it."""
     from snapana.analysis.budget import check as check_budget
     from snapana.analysis.budget import read_budget_file
-    from snapana.io.output import append_text, write_atomic
+    from snapana.io.output import write_atomic
     from snapana.render.check import CheckView, github_annotations, junit_xml
 
     rules, cap = policy.check_rules(None, capacity)
@@ -75,8 +69,6 @@ def check(
     if junit is not None:
         write_atomic(junit, junit_xml(view))
         policy.wrote(junit)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        append_text(summary, policy.render_view(view, "markdown", to_terminal=False) + "\n")
+    policy.step_summary(view)
     if view.breaches:
         raise typer.Exit(OVER_BUDGET)

@@ -11,6 +11,8 @@ from snapana import render as renderers
 from snapana.commands import _policy as policy
 from snapana.commands._options import (
     DEFAULT_FORMAT,
+    Annotate,
+    AnnotateOpt,
     CapacityOpt,
     DeviceOpt,
     FormatOpt,
@@ -40,8 +42,9 @@ def diff(
     junit: Annotated[Path | None, typer.Option(
         "--junit", metavar="FILE.xml",
         help="with --fail-on: also write each limit as a JUnit test case there")] = None,
-    annotate: Annotated[bool, typer.Option(
-        "--annotate-github", help="with --fail-on: print each breach as a GitHub ::error")
+    annotate: AnnotateOpt = None,
+    annotate_github: Annotated[bool, typer.Option(
+        "--annotate-github", hidden=True, help="the old spelling of --annotate github")
     ] = False,
 ) -> None:
     """Compare two captures, e.g. before and after a fix: the change per family and site,
@@ -58,9 +61,10 @@ def diff(
     from snapana.io.output import write_atomic
     from snapana.render.check import CheckView, github_annotations, junit_xml
 
+    github = annotate is Annotate.github or annotate_github
     gates = [parse_gate(g) for g in fail_on or ()]
-    if (junit is not None or annotate) and not gates:
-        raise InputError("--junit and --annotate-github report the --fail-on limits: give "
+    if (junit is not None or github) and not gates:
+        raise InputError("--junit and --annotate github report the --fail-on limits: give "
                          "at least one --fail-on EXPR")
     if junit is not None and junit.resolve() in (before.resolve(), after.resolve()):
         raise InputError(f"--junit {junit}: is an input; choose another path")
@@ -72,12 +76,13 @@ def diff(
     else:
         policy.write(out, policy.render_view(
             view, renderers.format_for_path(out, format.value), to_terminal=False))
-    if gates:
-        gated = CheckView(f"{before.name} → {after.name}", "--fail-on", "before → after",
-                          tuple(evaluate(gates, compared)))
+    gated = CheckView(f"{before.name} → {after.name}", "--fail-on", "before → after",
+                      tuple(evaluate(gates, compared))) if gates else None
+    policy.step_summary(view, *([gated] if gated is not None else []))
+    if gated is not None:
         for line in gated.breach_lines():
             err.print(line, markup=False, highlight=False, soft_wrap=True)
-        if annotate:
+        if github:
             for line in github_annotations(gated):
                 policy.emit(line + "\n")
         if junit is not None:

@@ -71,6 +71,8 @@ def report(
                         log_checks=policy.log_checks(beside, shown.reports))
     policy.write(out, policy.render_view(view, renderers.REPORT_FORMAT, to_terminal=False),
                  shown.ranks)
+    policy.headline(view)
+    policy.some_failed(shown.ranks, out)
 
 
 def _explorer_ahead(session: Session) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 from snapana.commands import _policy as policy
 from snapana.commands._options import (
     DEFAULT_FORMAT,
@@ -25,6 +29,9 @@ def summary(
     at: AtOpt = None,
     workers: WorkersOpt = None,
     log: LogOpt = None,
+    full: Annotated[bool, typer.Option(
+        "--full", help="every section (the text of one capture otherwise fits one screen: "
+        "the verdict, its evidence, the first knobs)")] = False,
 ) -> None:
     """Print the verdict and what holds memory: a table, markdown for a ticket, JSON, or the
     HTML page. With several inputs: the rank table, then the failing (else the largest)
@@ -41,5 +48,6 @@ def summary(
     shown = policy.shown(ins, device, rules, capacity, at, workers)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks,
                         log_checks=policy.log_checks(beside, shown.reports))
-    policy.emit(policy.render_view(view, format.value))
+    policy.emit(policy.render_view(view, format.value, full=full))
     policy.none_analysed(shown.ranks)
+    policy.some_failed(shown.ranks)

@@ -4,6 +4,7 @@ A prediction is made only where the model reproduces the recorded window first."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +13,7 @@ import typer
 from snapana.commands import _policy as policy
 from snapana.commands._options import DEFAULT_FORMAT, DeviceOpt, FileArg, FormatOpt
 from snapana.errors import InputError
+from snapana.units import inert
 
 
 def whatif(
@@ -89,6 +91,18 @@ def whatif(
                          "expandable_segments:True, max_split_size_mb:512), --capacity SIZE "
                          "--drop FAMILY or --free-before-forward FAMILY")
     capture = policy.open_shown(file)
+    same = alloc_conf.in_force(asked, capture.allocator_settings)
+    if same and len(same) == len(simulated) and card is None and not not_simulated and \
+            not families and not early and not empty_cache_before_forward:
+        said = (f"{', '.join(same)}: already in force in {inert(str(file), lines=False)} "
+                "(its allocator_settings record it): the window was recorded with it, so "
+                "there is nothing to change or predict. Ask for another setting, --capacity, "
+                "--drop or --free-before-forward.")
+        policy.emit(json.dumps({"already_in_force": same, "message": said}, indent=2) + "\n"
+                    if format.value == "json" else said + "\n")
+        return
+    not_simulated += [f"{s}: already in force (the capture records it), not changed"
+                      for s in same]
     devices = [device] if device is not None else capture.devices
     predictions = [Session(capture, d).whatif(
         *simulated, capacity=card, smallest=smallest, drop=families, free_before_forward=early,

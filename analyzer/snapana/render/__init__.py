@@ -57,10 +57,12 @@ VIEW_KINDS: tuple[ViewKind, ...] = get_args(ViewKind)
 
 @dataclass(frozen=True)
 class Options:
-    """How text is laid out: terminal width and whether to style it (ANSI)."""
+    """How text is laid out: terminal width, whether to style it (ANSI), and whether a
+    capture's text shows every section (`full`) or the answer that fits one screen."""
 
     width: int = 120
     color: bool = False
+    full: bool = True
 
 
 class View(Protocol):

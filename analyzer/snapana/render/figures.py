@@ -31,6 +31,7 @@ from snapana.render.views import (
     DeviceView,
     DiffView,
     RanksView,
+    SegmentGroup,
     TimelineView,
 )
 from snapana.render.wording import RECORD_HISTORY, allocations_note, inferred_note, rank_label
@@ -383,32 +384,53 @@ def _duration(us: int) -> str:
     return f"{us / 1000:.1f} ms" if us < 1_000_000 else f"{us / 1e6:.2f} s"
 
 
+#: The segment map's legend: what each colour says of the bytes.
+_STATE_NAMES = {ACTIVE_ALLOCATED: "used (allocated)",
+                ACTIVE_PENDING_FREE: "freed, pending on a stream",
+                "free": "cached, unallocated", "mixed": "mixed (see hover)"}
+
+
+def segment_name(g: SegmentGroup) -> str:
+    """A bar's name: "31 × 692.00 MiB · pool 0,0" for alike segments, else the one's
+    address."""
+    if g.count > 1:
+        return f"{g.count} × {fmt_bytes(g.size)} · pool {g.pool}"
+    return f"pool {g.pool} · 0x{g.addresses[0]:x} ({fmt_bytes(g.size)})"
+
+
 def segments(v: DeviceView) -> Figure:
-    """One bar per segment: its blocks by state and the free gaps between them."""
+    """One bar per group of alike segments: its blocks by state (used, cached) and the free
+    gaps between them; the legend and the axis on top, where the first bars are."""
     rows: dict[str, dict[str, list[Any]]] = {}
-    names = []
-    for seg in v.segments:
-        name = f"pool {seg.pool} · 0x{seg.address:x} ({fmt_bytes(seg.size)})"
+    names: list[str] = []
+    for g in v.segment_groups:
+        name = segment_name(g)
+        if name in names:  # two groups alike in name (not in blocks): told apart
+            name += f" (from 0x{g.addresses[0]:x})"
         names.append(name)
+        each = f"each of {g.count} segments: " if g.count > 1 else ""
         cursor = 0
-        for b in seg.blocks:
+        for b in g.blocks:
             if b.offset > cursor:
-                _bar(rows, "free", name, cursor, b.offset - cursor, "cached, unallocated")
+                _bar(rows, "free", name, cursor, b.offset - cursor, each + "cached, unallocated")
             if b.state:
-                _bar(rows, b.state, name, b.offset, b.size, b.label)
+                _bar(rows, b.state, name, b.offset, b.size, each + b.label)
             cursor = max(cursor, b.offset + b.size)
-        if seg.size > cursor:
-            _bar(rows, "free", name, cursor, seg.size - cursor, "cached, unallocated")
-    bars = [_trace("bar", y=d["y"], x=d["x"], base=d["base"], orientation="h", name=state,
+        if g.size > cursor:
+            _bar(rows, "free", name, cursor, g.size - cursor, each + "cached, unallocated")
+    bars = [_trace("bar", y=d["y"], x=d["x"], base=d["base"], orientation="h",
+                   name=_STATE_NAMES.get(state, state),
                    marker=dict(color=_STATE_COLOURS.get(state, "#888"),
                                line=dict(width=0.5, color="white")),
                    text=d["text"], hovertemplate="%{text}<extra>%{fullData.name}</extra>",
                    textposition="none")
             for state, d in rows.items()]
-    return _figure(*bars, barmode="overlay", height=max(260, 22 * len(names) + 80),
-                   margin=dict(l=10, r=10, t=30, b=40), title="Segments (fragmentation)",
-                   xaxis=dict(title="MiB into segment"), yaxis=dict(autorange="reversed"),
-                   legend=dict(orientation="h"))
+    return _figure(*bars, barmode="overlay", height=max(260, 22 * len(names) + 130),
+                   margin=dict(l=10, r=10, t=100, b=20), title="Segments (fragmentation)",
+                   xaxis=dict(title="MiB into segment", side="top"),
+                   yaxis=dict(autorange="reversed"),
+                   legend=dict(orientation="h", x=0, xanchor="left", y=1.0,
+                               yanchor="bottom"))
 
 
 def _bar(rows: dict[str, dict[str, list[Any]]], state: str, seg: str, offset: int,

@@ -136,6 +136,8 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
     `reason`, each what-if's `result`): the same knob list, in the same order, as the text,
     markdown and HTML."""
     return {
+        "headline": view.lead,
+        "evidence": list(view.evidence),
         "verdict": view.verdict,
         "kind": d.kind,
         "phase": d.phase,
@@ -147,7 +149,9 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
         "outside_pytorch_bytes": d.outside_pytorch_bytes,
         "causes": [{"id": c.id, "holds": c.holds, "status": status, "reason": reason,
                     **c.numbers}
-                   for c, (_, status, reason) in zip(d.causes, view.causes, strict=True)],
+                   for c, (_, status, reason) in zip(d.causes, view.causes, strict=False)]
+        + [{"id": "allocator_placement", "holds": True, "status": status, "reason": reason}
+           for _, status, reason in view.causes[len(d.causes):]],
         "excess_family": d.excess_family,
         "accumulating": None if d.accumulating is None else {
             "family": d.excess_family, **d.accumulating},

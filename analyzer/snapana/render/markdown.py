@@ -40,8 +40,11 @@ def _device(out: list[str], d: DeviceView) -> None:
     r = d.report
     out.append(f"### Memory on {esc(d.name)} — {esc(d.moment)}")
     out.append("")
-    out.append(f"**Verdict.** {esc(d.verdict)}")
+    out.append(f"**Verdict.** {esc(d.lead)}")
     out.append("")
+    out.extend(f"- {esc(line)}" for line in d.evidence)
+    if d.evidence:
+        out.append("")
     for line in (d.workload, d.settings):
         if line:
             out.append(f"- {esc(line)}")
@@ -81,6 +84,7 @@ def _device(out: list[str], d: DeviceView) -> None:
             for k, cost, on, eff, cav, why, replay in d.knobs])
     _table(out, ("cause", "verdict", "why"),
            [(esc(c), esc(st), esc(why)) for c, st, why in d.causes])
+    out += ["", f"**The verdict in full.** {esc(d.verdict)}"]
     for w in r.warnings:
         out.append(f"\n> warning: {esc(w)}")
     out.append("")

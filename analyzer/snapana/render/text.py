@@ -152,9 +152,11 @@ class _Out:
     def __init__(self, options: Options) -> None:
         self.console = _console(options)
         self.width = max(40, options.width)
+        self.count = 0  # lines written
 
     def line(self, text: str = "", style: str | None = None) -> None:
         self.console.print(Text(text, style=style or ""), soft_wrap=True)
+        self.count += 1
 
     def para(self, text: str, indent: str = "", first: str | None = None,
              style: str | None = None) -> None:
@@ -185,11 +187,50 @@ class _Out:
         return _text(self.console)
 
 
+def _answer(out: _Out, d: DeviceView) -> None:
+    """The device's heading, the verdict's headline and its evidence lines."""
+    out.para(f"{d.name} — {d.moment}", first="── ", indent="   ",
+             style="bold red" if d.report.oom else "bold blue")
+    out.para(d.lead, first="Verdict. ")
+    for line in d.evidence:
+        out.para(line, first=INDENT + "· ", indent=INDENT * 2)
+
+
+#: Knobs the one-screen summary lists at most (the rest, with their evidence, in --full).
+BRIEF_KNOBS = 3
+SCREEN_LINES = 24  # a terminal's first screen
+
+
+def _brief(out: _Out, d: DeviceView, tail: list[str]) -> None:
+    """One device on one screen: the answer, the first knob and as many of the next ones as
+    the screen holds above the `tail` lines, then the tail."""
+    _answer(out, d)
+    if d.knobs:
+        items = [_wrap(f"{i}. {knob} [{cost}]", out.width, INDENT, INDENT * 3)
+                 for i, (knob, cost, *_) in enumerate(d.knobs[:BRIEF_KNOBS], 1)]
+        room = SCREEN_LINES - out.count - 1 - len(tail)
+        shown = [items[0]]
+        for lines in items[1:]:
+            if sum(map(len, shown)) + len(lines) > room:
+                break
+            shown.append(lines)
+        more = f"{len(d.knobs)} in all, " if len(d.knobs) > len(shown) else ""
+        out.para(f"knobs ({more}--full: what each acts on, its caveat, the replay)",
+                 first="", indent=INDENT)
+        for lines in shown:
+            out.lines(lines)
+    out.lines(tail)
+
+
+#: Where to look next, under a one-screen summary.
+NEXT = ("next: --full (every section) · snapana report FILE (the page) · snapana ticket "
+        "FILE -o DIR (a card and markdown for a tracker)")
+
+
 def _device(out: _Out, d: DeviceView) -> None:
     r = d.report
-    out.para(f"{d.name} — {d.moment}", first="── ", indent="   ",
-             style="bold red" if r.oom else "bold blue")
-    out.para(d.verdict, first="Verdict. ")
+    _answer(out, d)
+    out.para(d.verdict, first="In full. ")
     for line in (d.workload, d.settings):
         if line:
             out.para(line, first=INDENT, indent=INDENT * 3)
@@ -276,6 +317,8 @@ def _groups(out: _Out, d: DeviceView) -> None:
 
 def capture(view: CaptureView, options: Options) -> str:
     out = _Out(options)
+    if not options.full and view.ranks is None and view.devices:
+        return _brief_capture(out, view)
     if view.ranks is not None:
         _ranks(out, view.ranks)
         if view.devices:
@@ -302,6 +345,23 @@ def capture(view: CaptureView, options: Options) -> str:
         out.para(c.verdict, indent=INDENT)
         if c.rows:
             out.write_table(c.COLUMNS, c.rows, set())
+    return out.text()
+
+
+def _brief_capture(out: _Out, view: CaptureView) -> str:
+    """One capture on one screen: its first device (the failing one) in brief, a line for
+    each other, then where to look next."""
+    first, *rest = view.devices
+    tail: list[str] = []
+    for d in rest:
+        top = d.report.groups[0].name if d.report.groups else "nothing allocated"
+        tail += _wrap(f"{d.name}: {'OOM' if d.report.oom else 'no OOM'}, "
+                      f"{fmt_bytes(d.report.allocated_bytes)} allocated {d.moment} (top: "
+                      f"{top})", out.width, "also ", INDENT)
+    if view.log_checks:
+        tail += _wrap(f"{len(view.log_checks)} log(s) beside it checked against its figures "
+                      "(--full)", out.width, "", INDENT)
+    _brief(out, first, tail + _wrap(NEXT, out.width, "", ""))
     return out.text()
 
 
@@ -373,9 +433,21 @@ def diff(view: DiffView, options: Options) -> str:
         out += ["", *_wrap(view.history_note, width, "", "")]
     sites = view.sites[:TOP_SITES]
     if sites:
-        out += ["", *_columns(("family", "site", "before", "after", "change", ""), sites,
-                              numeric, width)]
+        out += ["", *_site_rows(sites, numeric, width)]
     return "\n".join(out) + "\n"
+
+
+def _site_rows(sites: Sequence[Sequence[str]], numeric: set[str], width: int) -> list[str]:
+    """The changed sites: each site on its own line (a path is never squeezed into a narrow
+    column) with what became of it, then its family and figures as a row under it."""
+    head, *rows = _table(("family", "before", "after", "change"),
+                         [(f, b, a, c) for f, _, b, a, c, _ in sites], numeric,
+                         width - len(INDENT))
+    out = ["site, what became of it", *(INDENT + ln for ln in head)]
+    for (_, site, *_, note), lines in zip(sites, rows, strict=True):
+        out += _wrap(f"{site} — {note}" if note else site, width, "", INDENT * 2)
+        out += [INDENT + ln for ln in lines]
+    return out
 
 
 def text_log(view: TextLogView, options: Options) -> str:

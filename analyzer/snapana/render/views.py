@@ -35,6 +35,7 @@ from snapana.render import ViewKind
 from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
 from snapana.render.explorer import explorer_data
+from snapana.render.headline import evidence, headline
 from snapana.render.text_log import base_name
 from snapana.units import fmt_bytes, plural
 
@@ -266,6 +267,34 @@ class SegmentView:
     blocks: tuple[SegmentRange, ...]  # by offset; the gaps between them are free
 
 
+@dataclass(frozen=True)
+class SegmentGroup:
+    """Segments alike in pool, stream, size and every drawn range (offset, size, state,
+    label): one bar, "31 × 692.00 MiB", instead of 31 identical ones."""
+
+    pool: str
+    stream: int
+    size: int
+    blocks: tuple[SegmentRange, ...]
+    addresses: tuple[int, ...]  # each segment's, in the map's order
+
+    @property
+    def count(self) -> int:
+        return len(self.addresses)
+
+
+def group_segments(segments: Iterable[SegmentView]) -> tuple[SegmentGroup, ...]:
+    """The segment map's segments, alike ones together, in the order each first appears."""
+    groups: dict[tuple[Any, ...], list[SegmentView]] = {}
+    for s in segments:
+        key = (s.pool, s.stream, s.size,
+               tuple((b.offset, b.size, b.state, b.label,
+                      tuple(sorted((b.by_state or {}).items()))) for b in s.blocks))
+        groups.setdefault(key, []).append(s)
+    return tuple(SegmentGroup(g[0].pool, g[0].stream, g[0].size, g[0].blocks,
+                              tuple(s.address for s in g)) for g in groups.values())
+
+
 def segment_map(r: DeviceReport, per_pool: int = SEGMENT_MAP_LIMIT,
                 total: int = SEGMENT_MAP_TOTAL,
                 per_segment: int = SEGMENT_BLOCK_LIMIT) -> tuple[SegmentView, ...]:
@@ -403,6 +432,17 @@ class DeviceView:
     demand: str = ""
     #: the what-ifs `what_ifs` words, in its order (wording.shown_what_ifs)
     what_if_items: tuple[WhatIf, ...] = ()
+    #: the answer first (`headline.py`): what failed and what holds the memory; the first
+    #: fix and what it buys; at most three evidence lines. `verdict` is the whole paragraph
+    #: the sections below complete
+    finding: str = ""
+    fix: str = ""
+    evidence: tuple[str, ...] = ()
+
+    @property
+    def lead(self) -> str:
+        """The headline: the finding and the fix, one or two sentences."""
+        return " ".join(x for x in (self.finding, self.fix) if x)
 
     @cached_property
     def timeline(self) -> TimelineView:
@@ -439,6 +479,11 @@ class DeviceView:
     def segments(self) -> tuple[SegmentView, ...]:
         return segment_map(self.report) if self.report.has_segments else ()
 
+    @cached_property
+    def segment_groups(self) -> tuple[SegmentGroup, ...]:
+        """The segment map with alike segments as one bar each (`group_segments`)."""
+        return group_segments(self.segments)
+
     @property
     def legend(self) -> tuple[tuple[str, str, int, float], ...]:
         """Every family of the treemap with its colour, bytes and share: the map hides a label
@@ -449,6 +494,7 @@ class DeviceView:
 
 
 def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
+    finding, fix = headline(r)
     return DeviceView(
         report=r, name=w.device_text(r), moment=w.moment_text(r), verdict=w.verdict(r),
         headline=tuple(w.headline_rows(r)), what_ifs=tuple(w.what_if_rows(r)),
@@ -459,7 +505,8 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
         growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin,
         workload=w.workload_statement(r), settings=w.settings_statement(r),
         history=w.history_statement(r), sizes=tuple(w.size_rows(r)),
-        demand=w.demand_statement(r) if not r.diagnosis.history else "")
+        demand=w.demand_statement(r) if not r.diagnosis.history else "",
+        finding=finding, fix=fix, evidence=tuple(evidence(r)))
 
 
 @dataclass(frozen=True, eq=False)

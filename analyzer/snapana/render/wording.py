@@ -224,7 +224,7 @@ def _fit_words(w: WhatIf) -> str:
     return f"even without it the request is still short by {fmt_bytes(-(w.spare_bytes or 0))}"
 
 
-def _pool_words(w: WhatIf) -> str:
+def pool_words(w: WhatIf) -> str:
     """Why removing a family in a private pool does not give the request its memory."""
     pools = ", ".join(w.private_pools)
     one = len(w.private_pools) == 1
@@ -330,7 +330,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
             if k:
                 named.add(k.id)
         else:
-            parts.append(f"The excess to release is {head}: {_pool_words(first)}"
+            parts.append(f"The excess to release is {head}: {pool_words(first)}"
                          + (f" — {k.knob} ({cost_text(k)})" if k else "") + ".")
             if k:
                 named.add(k.id)
@@ -349,7 +349,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
                          + (f" with {k.knob} ({cost_text(k)})" if k else "") + ".")
         else:
             parts.append(f"Alternative: {alt.family} ({fmt_bytes(alt.bytes)}): "
-                         f"{_pool_words(alt)}" + (f" — {k.knob} ({cost_text(k)})" if k else "")
+                         f"{pool_words(alt)}" + (f" — {k.knob} ({cost_text(k)})" if k else "")
                          + ".")
         if k:
             named.add(k.id)
@@ -645,6 +645,27 @@ def replay_text(r: KnobReplay | None) -> str:
     return f"no OOM either way; {peaks}; a simulation of the recorded window"
 
 
+def replay_margin(replay: KnobReplay | None) -> int | None:
+    """What PyTorch could still hold at the changed run's peak (capacity − peak reserved),
+    where a replay predicts the recorded OOM goes away and the capacity is known."""
+    if replay is None or replay.oom_gone is not True or replay.prediction is None:
+        return None
+    p = replay.prediction
+    if p.capacity is None or p.changed is None:
+        return None
+    return p.capacity - p.changed.peak_reserved
+
+
+def replay_gone_words(replay: KnobReplay) -> str:
+    """The replay's prediction that the OOM goes away, with its margin and what the window
+    is (it ends at the OOM: what the job would do after it is in no file)."""
+    margin = replay_margin(replay)
+    spare = f", {fmt_bytes(margin)} to spare at its peak" if margin is not None else ""
+    return ("replayed through the allocator model, the recorded window runs to its end "
+            f"without the OOM{spare} (the window ends at the OOM: what the job does after "
+            "it is not recorded)")
+
+
 def workload_statement(r: DeviceReport) -> str:
     """The one statement about the workload every section and format makes."""
     ev = r.diagnosis.evidence
@@ -703,7 +724,7 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
         else:
             result = f"still short by {fmt_bytes(-(w.spare_bytes or 0))}"
         if w.private_pool_bytes and w.fits is not None:
-            result += f" — {_pool_words(w)}"
+            result += f" — {pool_words(w)}"
         replayed = d.whatif_replays.get(w.family)
         if replayed is not None and replayed.changed is not None:
             result += f" — {_window_words(replayed)}"
@@ -782,7 +803,17 @@ def cause_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
         if c.id == "fragmentation" and expandable(r):
             reason += f" ({EXPANDABLE_RULE})"
         rows.append((CAUSE_NAMES.get(c.id, c.id), status, reason))
-    return rows
+    return rows + allocator_rows(r)
+
+
+def allocator_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
+    """The knobs' allocator settings the replay shows removing the recorded OOM, as a cause
+    row: the cause checks and the knob table tell one story (a demand the allocator's own
+    placement made too large for the device, which the setting's placement fits)."""
+    d = r.diagnosis
+    return [("the allocator's placement", f"{k.knob} removes it (replay)",
+             f"{k.knob}: {replay_gone_words(d.replays[k.id])}")
+            for k in d.knobs if k.id in d.replays and d.replays[k.id].oom_gone]
 
 
 # ----- the devices of one process ----------------------------------------------------------
@@ -1024,12 +1055,21 @@ def rank_label(m: MultiReport, r: RankSummary) -> str:
     return short_names([x.file for x in m.ranks])[m.ranks.index(r)]
 
 
+def _no_oom(r: RankSummary) -> str:
+    """A rank with no OOM entry: "no" only where history was recorded (a state-only dump
+    cannot tell: the OOM the job hit before it left no entry)."""
+    d = r.findings.diagnosis if r.findings is not None else None
+    if d is None or d.history:
+        return "no"
+    return "unknown: no history, written at an OOM" if d.oom_named else "unknown: no history"
+
+
 def rank_rows(m: MultiReport) -> list[tuple[str, str, str, str, str, str, str]]:
     out = []
     names = short_names([r.file for r in m.ranks])
     for r, name in zip(m.ranks, names, strict=True):
         oom = "-" if r.error else (f"yes, {fmt_bytes(r.oom['requested_bytes'])} request"
-                                   if r.oom is not None else "no")
+                                   if r.oom is not None else _no_oom(r))
         out.append((str(r.rank) if r.rank is not None else "?", name,
                     oom, fmt_bytes(r.reserved_bytes) if not r.error else "-",
                     fmt_bytes(r.allocated_bytes) if not r.error else "-",
