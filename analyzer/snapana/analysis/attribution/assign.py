@@ -354,7 +354,8 @@ class Attributor:
             if fam == "optimizer_state":
                 state_stacks.setdefault(size, set()).add(sid)
         evidence = replace(self._evidence(candidates, live), named=named,
-                           state_stacks={s: len(v) for s, v in state_stacks.items()})
+                           state_stacks={s: len(v) for s, v in state_stacks.items()},
+                           replaced_state=self._replaced_state)
         found = inference.infer(candidates, evidence, self._freed(candidates),
                                 label=self.capture.has_trace)
         for i, address in zip(rows, candidates["address"], strict=True):
@@ -409,14 +410,37 @@ class Attributor:
         for address, free_idx, size in candidates.filter(
             (pl.col("free_req_idx") >= 0) & (pl.col("free_req_idx") < ev.height)
         ).select("address", "free_req_idx", "size").iter_rows():
-            sid = int(ev["stack_id"][int(free_idx)])
-            stack = self.stacks.stack(sid)
-            if not stack:
-                continue
-            phase = self.decide(sid, self.context(sid, "0,0", 0, ACTIVE_ALLOCATED, size,
-                                                  int(free_idx))).phase
-            out[int(address)] = inference.Freed(phase, frozenset(f[1] for f in stack),
-                                                self.site(sid))
+            how = self._freeing(int(ev["stack_id"][int(free_idx)]), size, int(free_idx))
+            if how is not None:
+                out[int(address)] = how
+        return out
+
+    def _freeing(self, sid: int, size: int, free_idx: int) -> inference.Freed | None:
+        """The phase, function names and site of the stack `sid` that freed a block at event
+        `free_idx` (None: no frames)."""
+        stack = self.stacks.stack(sid)
+        if not stack:
+            return None
+        phase = self.decide(sid, self.context(sid, "0,0", 0, ACTIVE_ALLOCATED, size,
+                                              free_idx)).phase
+        return inference.Freed(phase, frozenset(f[1] for f in stack), self.site(sid))
+
+    @cached_property
+    def _replaced_state(self) -> Counter[int]:
+        """Requested sizes of the blocks held since before recording that the window frees
+        as optimizer state (the lifetime method the freeing stack calls for): all of them,
+        whatever the moment (`inference.Evidence.replaced_state`)."""
+        ev = self.capture.device_events(self.device).with_row_index("pos")
+        first = ev.filter(pl.col("action").is_in(["alloc", "free_requested", "free_completed",
+                                                  "free"])
+                          ).group_by("addr", maintain_order=True).first()
+        out: Counter[int] = Counter()
+        for pos, sid, size in first.filter(pl.col("action") != "alloc").select(
+                "pos", "stack_id", "size").iter_rows():
+            how = None if sid is None else self._freeing(int(sid), int(size or 0), int(pos))
+            method = None if how is None else inference.freed_as(how, window=False)
+            if method is not None and method.family == "optimizer_state":
+                out[int(size or 0)] += 1
         return out
 
     def _evidence(self, candidates: pl.DataFrame,
