@@ -9,26 +9,10 @@ from snapana.analysis.replay import replay
 from snapana.limits import MAX_LINE
 from snapana.session import analyse
 from snapana.sources import load
+from snapana.units import fmt_bytes
 
 from .conftest import SAMPLES, corpus_params, invoke, raw_load
-
-ACTIVE = {"active_allocated", "active_pending_free", "active_awaiting_free"}
-
-
-def _raw_active_blocks(raw, device):
-    segs = raw if isinstance(raw, list) else raw["segments"]
-    out = {}
-    for seg in segs:
-        if seg.get("device", 0) != device:
-            continue
-        addr = seg["address"]  # older layouts give blocks no address: they are contiguous
-        for b in seg["blocks"]:
-            if b["state"] in ACTIVE:
-                out[b.get("address", addr)] = (b["size"], b.get("requested_size", b["size"]),
-                                               b["state"])
-            addr += b["size"]
-    return out
-
+from .raw_replay import final_blocks, live_after, raw_replay
 
 SAMPLE_FILES = [pytest.param(p, id=p.name) for p in sorted(SAMPLES.glob("*.pickle"))]
 #: every snapshot of the corpus, whatever its extension (*.pickle, *.pkl, *.pickle.gz)
@@ -73,12 +57,21 @@ def test_replayed_final_state_equals_segments(path):
     capture = load(path)
     for device in capture.devices:
         dr = replay(capture, device)
-        assert dr.mismatches == []
+        # a trace that ends before the snapshot was taken (a trimmed fixture) leaves blocks
+        # allocated that the segments hold free: the replay names each, and nothing else
+        assert dr.mismatches == [f"block 0x{a:x} is live in the trace but not in the segments"
+                                 for a in _open_in_trace_only(raw, device)]
         final = dr.blocks_at(dr.final)
         replayed = {a: (s, r, st) for a, s, r, st in
                     final.select("address", "size", "requested_size", "state").iter_rows()}
         expected = {a: (s, r, st.replace("awaiting", "pending"))
-                    for a, (s, r, st) in _raw_active_blocks(raw, device).items()}
+                    for a, (s, r, st) in final_blocks(raw, device).items()}
+        if dr.mismatches:  # the end of the trace, as the trace has it
+            trace = raw["device_traces"][device]
+            live = live_after(raw, device, len(trace) - 1)
+            requested = {e["addr"]: e["size"] for e in trace if e["action"] == "alloc"}
+            expected |= {a: (live[a], requested[a], "active_allocated")
+                         for a in _open_in_trace_only(raw, device)}
         assert replayed == expected
         if dr.n_events:
             assert dr.allocated.min() >= 0 and dr.reserved.min() >= 0
@@ -87,64 +80,19 @@ def test_replayed_final_state_equals_segments(path):
             assert int(first["size"].sum()) == dr.baseline_allocated
 
 
-def _rounded(n):
-    return max(512, -(-n // 512) * 512)
-
-
-def _raw_replay(raw, device):
-    """Independent replay of the raw trace: (index of the moment — the last OOM, else the
-    peak —, allocated blocks, segments and pending-free bytes there, peak bytes).
-
-    A block's size is the final segments' size when it survives to the end, else its request
-    rounded up to 512 bytes (the allocator's rounding). The state before the first event is a
-    moment too (index -1).
-    """
+def _open_in_trace_only(raw, device) -> list[int]:
+    """Addresses the raw trace allocates and never frees that hold no live block in the
+    final segments, in the order of their allocations."""
     trace = (raw.get("device_traces") or [[]] * (device + 1))[device] if isinstance(
         raw, dict) else []
-    final = _raw_active_blocks(raw, device)
-    segs = raw if isinstance(raw, list) else raw["segments"]
-    final_segs = {s["address"]: s["total_size"] for s in segs if s.get("device", 0) == device}
-    last_alloc = {e["addr"]: i for i, e in enumerate(trace) if e["action"] == "alloc"}
-    freed_before, seen_alloc = {}, set()  # blocks freed before any alloc of their address
-    for e in trace:
-        a = e.get("addr")  # an oom entry has none (device_free instead)
-        if e["action"] == "alloc":
-            seen_alloc.add(a)
-        elif e["action"] in ("free_requested", "free_completed", "free") and (
-                a not in seen_alloc and a not in freed_before):
-            freed_before[a] = _rounded(e["size"])
-    # initial live set: untouched final blocks (allocated, not pending) + freed-before blocks
-    live = {a: s for a, (s, _, st) in final.items()
-            if a not in last_alloc and st == "active_allocated"}
-    live.update(freed_before)
-    # freed before recording, still waiting on a stream at the end: pending all along
-    pending = {a: s for a, (s, _, st) in final.items()
-               if a not in last_alloc and st != "active_allocated"}
-    states, pendings = [dict(live)], [sum(pending.values())]
+    open_at: dict[int, int] = {}
     for i, e in enumerate(trace):
-        a = e.get("addr")
         if e["action"] == "alloc":
-            live[a] = final[a][0] if a in final and last_alloc[a] == i else _rounded(e["size"])
-        elif e["action"] == "free_requested" or (
-                e["action"] in ("free_completed", "free") and a not in pending):
-            pending[a] = live.pop(a, 0)
-        if e["action"] in ("free_completed", "free"):
-            pending.pop(a, None)
-        states.append(dict(live))
-        pendings.append(sum(pending.values()))
-    totals = [sum(st.values()) for st in states]
-    peak_pos = max(range(len(totals)), key=lambda k: (totals[k], -k))
-    ooms = [i for i, e in enumerate(trace) if e["action"] == "oom"]
-    if ooms:  # the report's moment is the (last) OOM
-        peak_pos = ooms[-1] + 1
-    idx = peak_pos - 1
-    seg_now = dict(final_segs)
-    for e in trace[idx + 1:][::-1]:  # undo segment events after the moment
-        if e["action"] in ("segment_alloc", "segment_map"):
-            seg_now.pop(e["addr"], None)
-        elif e["action"] in ("segment_free", "segment_unmap"):
-            seg_now[e["addr"]] = e["size"]
-    return (idx if trace else None), states[peak_pos], seg_now, pendings[peak_pos], max(totals)
+            open_at[e["addr"]] = i
+        elif e["action"] in ("free_completed", "free"):
+            open_at.pop(e["addr"], None)
+    final = final_blocks(raw, device)
+    return [a for a, _ in sorted(open_at.items(), key=lambda x: x[1]) if a not in final]
 
 
 def _largest_gap(blocks, segs):
@@ -165,7 +113,8 @@ def test_headline_equals_sums_from_raw_pickle(path):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     for dev in summary["devices"]:
-        idx, live, segs, pending, peak = _raw_replay(raw, dev["device"])
+        r = raw_replay(raw, dev["device"])  # the allocator's split rule and request padding
+        idx, live, segs, pending, peak = r.moment, r.live, r.segments, r.pending, r.peak
         trace = (raw.get("device_traces") or [[]] * (dev["device"] + 1))[dev["device"]] \
             if isinstance(raw, dict) else []
         oom = any(e["action"] == "oom" for e in trace)
@@ -173,7 +122,7 @@ def test_headline_equals_sums_from_raw_pickle(path):
         if not any(e["action"] == "alloc" for e in trace):
             # no history: the snapshot is the state, and its peak
             assert dev["moment"]["kind"] == "snapshot" and not dev["history"]
-            final = _raw_active_blocks(raw, dev["device"])
+            final = final_blocks(raw, dev["device"])
             live = {a: s for a, (s, _, st) in final.items() if st == "active_allocated"}
             segs = {s["address"]: s["total_size"] for s in
                     (raw if isinstance(raw, list) else raw["segments"])
@@ -203,3 +152,40 @@ def test_report_succeeds(path, tmp_path):
     html = out.read_text()
     assert "Plotly.newPlot" in html and "plotly-gz" in html
     assert analyse(load(path))  # the API path agrees it is readable
+
+
+@pytest.mark.parametrize("path", ALL_SNAPSHOTS + SAMPLE_FILES)
+def test_every_command_prints_the_peak_of_an_independent_replay(path, tmp_path):
+    """Issue 56: `summary`, `report`, `check` and `whatif` (as recorded) print one peak
+    allocated, byte for byte, and it is the one a replay of the raw pickle written here
+    finds (blocks cut by the allocator's split rule, requests padded as the final blocks
+    show), at the same event."""
+    raw = raw_load(path)
+    summary = json.loads(invoke("summary", str(path), "--format", "json").stdout)
+    out = tmp_path / "report.html"
+    assert invoke("report", str(path), "-o", str(out)).returncode == 0
+    report = out.read_text()
+    budget = tmp_path / "budget.toml"
+    budget.write_text('peak_allocated = "1024TiB"\n')
+    whatif = invoke("whatif", str(path), "--capacity", "512GiB", "-f", "json")
+    modelled = {d["device"]: d for d in json.loads(whatif.stdout)["devices"]} \
+        if whatif.returncode == 0 else {}
+    for dev in summary["devices"]:
+        device = dev["device"]
+        expected = raw_replay(raw, device)
+        if expected.moment is None or not any(
+                e["action"] == "alloc" for e in raw["device_traces"][device]):
+            # no history: the snapshot is the state, and its peak
+            expected.peak = sum(s for s, _, st in final_blocks(raw, device).values()
+                                if st == "active_allocated")
+        assert dev["peak_allocated_bytes"] == expected.peak
+        assert fmt_bytes(expected.peak) in report
+        if dev["moment"]["kind"] == "peak" and expected.moment is not None:
+            assert dev["moment"]["event_index"] == expected.moment
+        check = json.loads(invoke("check", str(path), "--budget", str(budget), "--device",
+                                  str(device), "-f", "json").stdout)
+        (measured,) = [c["measured_value"] for c in check["checks"]]
+        assert measured == expected.peak
+        model = modelled.get(device)
+        if model and model["reproduced"] and not model["as_recorded"]["stopped"]:
+            assert model["as_recorded"]["peak_allocated_bytes"] == expected.peak

@@ -398,3 +398,34 @@ def test_top_sites_break_ties_the_same_way_whatever_the_row_order():
         sites = _top_sites(cap, rows)  # type: ignore[arg-type]
         seen.add(tuple((s.site, s.bytes, s.blocks, s.family) for s in sites))
     assert seen == {(("a.py:1 f", 3072, 4, "gradients"), ("b.py:2 g", 1024, 2, "parameters"))}
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_zero_grad_alone_is_no_training_step(tmp_path, kept) -> None:
+    """Issue 56: a benchmark calls optimizer.zero_grad() (its annotation is recorded) and
+    then runs a forward. Under no_grad each layer's outputs go within the layer: the
+    zero_grad shows an optimizer exists, not that anything trains, so the workload is not
+    "training" and recomputing activations (nothing is saved) does not lead. A forward that
+    keeps its outputs for a backward after the same zero_grad is a training step's forward
+    (the window stopped before its backward), and says why."""
+    sim = CachingAllocatorSim(capacity=80 * 1024 * MiB)
+    for _ in range(4):
+        sim.malloc(64 * MiB, PARAMS, family="parameters")
+    with sim.annotate("Optimizer.zero_grad#AdamW.zero_grad"):
+        pass
+    for _ in range(120):
+        out = sim.malloc(8 * MiB, FORWARD, family="saved_activations" if kept
+                         else "activation_temporaries")
+        if not kept:
+            sim.free(out, FORWARD)
+    path = tmp_path / "bench.pickle"
+    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
+    (r,) = analyse(load(path))
+    d = r.diagnosis
+    if kept:
+        assert d.workload == "training", d.evidence.workload
+        assert any("cleared its gradients" in e for e in d.evidence.workload.evidence), \
+            d.evidence.workload
+    else:
+        assert d.workload != "training", d.evidence.workload
+        assert not d.knobs or d.knobs[0].id != "torch.activation_checkpointing"

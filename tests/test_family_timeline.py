@@ -48,7 +48,7 @@ def _check_device_sums(path: Path, device: int) -> None:
         assert a.timeline.is_empty()
         return
     dense = _dense(a.timeline, dr.n_events)
-    total = sum(dense.values())
+    total = sum(dense.values(), np.zeros(dr.n_events + 1, dtype=np.int64))  # none: all zero
     before = dr.allocated_at(dr.at(-1))
     assert total[0] == before
     bad = np.flatnonzero(total[1:] != dr.allocated)

@@ -262,29 +262,7 @@ def test_state_replaced_each_step_and_gradients_kept_in_place(tmp_path: Path) ->
     per parameter), so the frameless blocks are that many parameters and as many gradients
     (which block is which is not recorded, the totals are). A real capture (CS336) called
     them 'likely frozen weights'."""
-    wrapper = (f"{TORCH}/optim/optimizer.py", 485, "wrapper")  # a torch.optim.Optimizer
-    moment_m = (("/work/optimizer.py", 74, "step"), wrapper, ("/work/bench.py", 54, "train"))
-    moment_v = (("/work/optimizer.py", 75, "step"), wrapper, ("/work/bench.py", 54, "train"))
-    sim = CachingAllocatorSim(80 * 1024 * MiB)
-    for s in SIZES:
-        sim.malloc(s, INIT, family="parameters")
-    state: list[int] = []
-    mark = 0
-    for step in range(3):
-        if step == 2:
-            mark = len(sim.trace)  # recording begins
-        acts = [sim.malloc(s, FORWARD, family="saved_activations") for s in SIZES]
-        for s, a in zip(reversed(SIZES), reversed(acts), strict=True):
-            g = sim.malloc(s, AUTOGRAD_THREAD, family="gradients")
-            if step:  # accumulated into the existing .grad, then freed
-                sim.free(g)
-            sim.free(a)
-        old, state = state, []
-        for s in SIZES:
-            state += [sim.malloc(s, moment_m, family="optimizer_state"),
-                      sim.malloc(s, moment_v, family="optimizer_state")]
-        for addr in old:
-            sim.free(addr, moment_m)
+    sim, mark, _ = _out_of_place_adam(steps=3)
     truth = {b.address: b.family for b in sim.live_blocks()}
     blocks = _analyse(tmp_path, start_late(sim.snapshot(), mark), "state-mirror")
     _, got, want = _compare(blocks, truth)
@@ -293,6 +271,60 @@ def test_state_replaced_each_step_and_gradients_kept_in_place(tmp_path: Path) ->
     for address, family, method in blocks.select("address", "family", "method").iter_rows():
         if truth[address] in model:
             assert family in model and method.startswith("state-mirror:"), (family, method)
+
+
+def _out_of_place_adam(steps: int, pause_at: int = -1
+                       ) -> tuple[CachingAllocatorSim, int, tuple[int, dict[int, str]]]:
+    """A hand-written AdamW that makes each parameter's new moments, then drops its old
+    ones (held since before recording, which begins with the last step); gradients
+    accumulated in place. Returns the simulator, the trace index recording begins at, and
+    the state in the last step once parameter `pause_at`'s new moments exist beside its
+    old ones: the trace index then and each live block's family."""
+    wrapper = (f"{TORCH}/optim/optimizer.py", 485, "wrapper")  # a torch.optim.Optimizer
+    moment_m = (("/work/optimizer.py", 74, "step"), wrapper, ("/work/bench.py", 54, "train"))
+    moment_v = (("/work/optimizer.py", 75, "step"), wrapper, ("/work/bench.py", 54, "train"))
+    sim = CachingAllocatorSim(80 * 1024 * MiB)
+    for s in SIZES:
+        sim.malloc(s, INIT, family="parameters")
+    state: list[int] = []
+    mark, paused = 0, (-1, {})
+    for step in range(steps):
+        if step == steps - 1:
+            mark = len(sim.trace)  # recording begins
+        acts = [sim.malloc(s, FORWARD, family="saved_activations") for s in SIZES]
+        for s, a in zip(reversed(SIZES), reversed(acts), strict=True):
+            g = sim.malloc(s, AUTOGRAD_THREAD, family="gradients")
+            if step:  # accumulated into the existing .grad, then freed
+                sim.free(g)
+            sim.free(a)
+        old, state = state, []
+        for k, s in enumerate(SIZES):
+            state += [sim.malloc(s, moment_m, family="optimizer_state"),
+                      sim.malloc(s, moment_v, family="optimizer_state")]
+            if step == steps - 1 and k == pause_at:
+                paused = (len(sim.trace) - 1, {b.address: b.family for b in sim.live_blocks()})
+            for addr in old[2 * k:2 * k + 2]:  # the old moments go once the new ones exist
+                sim.free(addr, moment_m)
+    return sim, mark, paused
+
+
+def test_state_replaced_in_the_step_the_moment_is_in(tmp_path: Path) -> None:
+    """Issue 56: the peak of an out-of-place update sits inside the first recorded step,
+    where one parameter's new moments (frames) sit beside its old ones and the others'
+    old ones (frameless, from before recording, which the step frees later). The state the
+    window's steps replace counts the parameters, so the frameless weights and gradients
+    are named, and the old moments are optimizer state (ground truth: the simulator's
+    families at that event). Found on a CS336 capture whose corrected peak moved there."""
+    sim, mark, (event, truth) = _out_of_place_adam(steps=3, pause_at=1)
+    path = tmp_path / "state-mid-step.pickle"
+    path.write_bytes(pickle.dumps(start_late(sim.snapshot(), mark), protocol=4))
+    blocks = snapana.load(path).at(event=event - mark).blocks.filter(
+        pl.col("state") == "active_allocated")
+    wrong, got, want = _compare(blocks, truth)
+    assert not wrong and got == want, (wrong, got, want)
+    named_by = dict(blocks.group_by("family").agg(pl.col("method").first()).iter_rows())
+    assert named_by["parameters"] == "state-mirror:parameters"
+    assert named_by["gradients"] == "state-mirror:gradients"
 
 
 def test_the_state_mirror_leaves_no_room_for_gradients_frames_already_name() -> None:

@@ -253,3 +253,41 @@ def test_an_out_of_place_optimizer_of_the_programs_own_gets_the_in_place_knob(
         assert "cs336_basics/optimizer.py:step" in d.applies["torch.own_optimizer_in_place"]
     else:
         assert "torch.own_optimizer_in_place" not in _ids(r)
+
+
+def test_a_peak_inside_the_foreach_update_is_the_optimizer_phase(tmp_path) -> None:
+    """Issue 56: the peak sits inside torch.optim's `_multi_tensor_adamw` <- `step` with
+    its foreach temporaries live, beside more bytes of gradients the backward made. The
+    job is in the optimizer step there (the allocation the peak follows), so the phase is
+    the optimizer's and torch.optim's free fix (fused=True / foreach=False) is offered;
+    the gradients' bytes must not make it "backward" (which hid the fix on a real capture)."""
+    wrapper = (f"{SITE}/torch/optim/optimizer.py", 485, "wrapper")
+    driver = ("/job/train.py", 90, "train")
+    update = [(f"{SITE}/torch/optim/adamw.py", 500, "_multi_tensor_adamw"),
+              (f"{SITE}/torch/optim/adamw.py", 200, "step"), wrapper, driver]
+    init = [(f"{SITE}/torch/optim/adamw.py", 120, "_init_group"),
+            (f"{SITE}/torch/optim/adamw.py", 200, "step"), wrapper, driver]
+    params = [(f"{SITE}/torch/nn/modules/module.py", 1174, "to"), driver]
+    fwd = [("/job/model.py", 40, "forward"), CALL, driver]
+    sim = CachingAllocatorSim(capacity=65536 * MiB)
+    for _ in range(4):
+        sim.malloc(256 * MiB, params, family="parameters")
+    with sim.annotate("Optimizer.step#AdamW.step"):  # the first step made the moments
+        for _ in range(8):
+            sim.malloc(256 * MiB, init, family="optimizer_state")
+    acts = [sim.malloc(512 * MiB, fwd, family="saved_activations") for _ in range(6)]
+    grads = []
+    for k, a in enumerate(acts):  # the backward frees each activation as it goes
+        sim.free(a, BACKWARD + [driver])
+        if k < 4:  # 4 GiB of gradients, more than the step's temporaries
+            grads.append(sim.malloc(1024 * MiB, BACKWARD + [driver], family="gradients"))
+    with sim.annotate("Optimizer.step#AdamW.step"):
+        temps = [sim.malloc(256 * MiB, update, family="optimizer_temporaries")
+                 for _ in range(6)]  # the peak: the last of these
+        for t in temps:
+            sim.free(t, update)
+    assert grads
+    r = _report(tmp_path, sim)
+    assert r.moment.kind == "peak"
+    assert r.diagnosis.phase == "optimizer", r.diagnosis.phase
+    assert "torch.optimizer_foreach" in _ids(r), _ids(r)

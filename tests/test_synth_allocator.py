@@ -149,3 +149,51 @@ def test_frames_are_shared_objects() -> None:
     assert t[1]["frames"][0] == {"filename": "/w/train.py", "line": 10, "name": "step"}
     block = segments(sim)[0]["blocks"][0]
     assert block["address"] == a and block["frames"] is t[1]["frames"]
+
+
+def test_a_request_pad_moves_a_mebibyte_request_to_the_large_pool() -> None:
+    """torch_npu adds 32 bytes to every request before rounding: 1 MiB is then a large-pool
+    request (a 20 MiB segment), not a small one (2 MiB)."""
+    cuda, npu = CachingAllocatorSim(GiB), CachingAllocatorSim(GiB, request_pad=32)
+    cuda.malloc(MiB, STACK)
+    npu.malloc(MiB, STACK)
+    assert actions(cuda)[0] == ("segment_alloc", 2 * MiB)
+    assert actions(npu)[0] == ("segment_alloc", 20 * MiB)
+    assert [b.size for b in npu.live_blocks()] == [MiB + 512]
+
+
+@pytest.mark.parametrize("conf", [{}, {"request_pad": 32}, {"max_split_size": 40 * MiB},
+                                  {"expandable_segments": True}])
+def test_the_replay_sizes_a_block_the_trace_alone_holds_as_the_model_cut_it(
+        tmp_path, conf) -> None:
+    """Issue 56: a 20,480,000-byte request takes a whole 20 MiB segment (what would remain
+    is too small to split off); freed before the snapshot, only the trace holds it, and the
+    replay must size it as the allocator did, so that the peak is the simulator's own. With
+    a request pad, with max_split_size_mb (a request of that size or more is never split)
+    and with expandable segments (everything from 512 bytes is split) too."""
+    import pickle
+
+    from snapana.analysis.replay import replay
+    from snapana.sources import load
+
+    sim = CachingAllocatorSim(80 * GiB, **conf)
+    kept = [sim.malloc(3 * MiB + 1000, STACK) for _ in range(3)]  # witnesses of the pad
+    sizes = {}
+    for request in (20_480_000, 41 * MiB - 4096, 12 * MiB + 100, 5 * MiB):
+        a = sim.malloc(request, STACK)
+        sizes[a] = sim._live[a].size
+    for a in sizes:
+        sim.free(a)
+    snap = sim.snapshot()
+    if "max_split_size" in conf:
+        snap["allocator_settings"] = {"max_split_size": conf["max_split_size"]}
+    path = tmp_path / "cut.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    dr = replay(load(path), 0)
+    assert dr.mismatches == [] and kept
+    got = dict(dr.lifetimes.filter(dr.lifetimes["alloc_idx"] >= 0)
+               .select("address", "size").iter_rows())
+    assert {a: got[a] for a in sizes} == sizes
+    assert dr.peak_allocated_bytes == sim.peak_allocated
+    if not conf.get("expandable_segments"):
+        assert sizes[next(iter(sizes))] == 20 * MiB  # the remainder stayed in the block

@@ -213,15 +213,22 @@ class Session:
         card = resolve_capacity(capacity) if isinstance(capacity, str) else capacity
         conf = alloc_conf.recorded(self.capture.allocator_settings)
         events = self.capture.device_events(self.device)
-        changed = replace(Setting.of(conf, asked, card), drop=self._allocations_of(drop))
+        pad = self.replay.request_pad
+        changed = replace(Setting.of(conf, asked, card, pad), drop=self._allocations_of(drop))
         if free_before_forward or empty_cache_before_forward:
             starts = self._forward_starts()
             allocs, held = self._blocks_of(free_before_forward)
             changed = replace(changed, free_at=starts if free_before_forward else frozenset(),
                               free_allocs=allocs, free_held=held,
                               empty_at=starts if empty_cache_before_forward else frozenset())
-        return predict(events, self.device, Setting.of(conf), changed, self.window_start,
-                       self.capture.capacity_bytes.get(self.device), smallest)
+        prediction = predict(events, self.device, Setting.of(conf, request_pad=pad), changed,
+                             self.window_start, self.capture.capacity_bytes.get(self.device),
+                             smallest)
+        # as recorded, the peak is the capture's own, the one every command prints: the
+        # model's run proves its segment events, and may place a block elsewhere in them
+        dr = self.replay
+        shown = dr.peak_allocated_bytes if dr.has_history else dr.allocated_at(dr.final)
+        return replace(prediction, recorded=replace(prediction.recorded, peak_allocated=shown))
 
     def scaling(self, sizes: Mapping[str, Size],
                 calibrate: tuple[Session, str, int] | None = None) -> Window:

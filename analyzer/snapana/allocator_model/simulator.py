@@ -166,6 +166,7 @@ class CachingAllocatorSim:
         max_split_size: int | None = None,
         roundup_divisions: Sequence[int] = (),
         trace_actions: frozenset[str] | None = None,
+        request_pad: int = 0,
     ) -> None:
         """`addresses`: where new ranges go when a replay knows (the recorded trace's own);
         given, the ranges it does not name go downwards under the lowest one held, as the
@@ -173,11 +174,14 @@ class CachingAllocatorSim:
         `max_split_size` (bytes; None: unlimited) and `roundup_divisions` (per power-of-two
         interval from 1 MiB) are PYTORCH_CUDA_ALLOC_CONF's max_split_size_mb and
         roundup_power2_divisions. `trace_actions`: the only actions written to `trace`
-        (None: all; a replay reads back only its segment events)."""
+        (None: all; a replay reads back only its segment events). `request_pad`: bytes an
+        accelerator's allocator adds to every request before rounding it (CUDA's: none;
+        torch_npu's: 32, which a capture's final blocks show)."""
         self.capacity = capacity
         self.trace_actions = trace_actions
         self.max_split_size = max_split_size
         self.roundup_divisions = tuple(roundup_divisions)
+        self.request_pad = request_pad
         self.outside_pytorch = outside_pytorch
         self.expandable_segments = expandable_segments
         self.table = FrameTable()
@@ -304,7 +308,7 @@ class CachingAllocatorSim:
     ) -> int:
         """Allocate ``size`` bytes; returns the block address or raises SimulatedOOM."""
         frames = self.table.stack(stack)
-        rounded = round_size(size, self.roundup_divisions)
+        rounded = round_size(size + self.request_pad, self.roundup_divisions)
         small = is_small(rounded)
         block = self._find_free(rounded, small, stream, pool)
         if block is None:

@@ -64,6 +64,9 @@ class Setting:
     capacity: int | None = None  # None: the one that makes the recorded OOM's free true
     max_split_size: int | None = None
     roundup_divisions: tuple[int, ...] = ()
+    #: bytes the capture's allocator adds to each request before rounding (torch_npu: 32;
+    #: `DeviceReplay.request_pad`, learned from the final blocks)
+    request_pad: int = 0
     #: trace indices of `alloc` events left out, with their frees (a family dropped)
     drop: frozenset[int] = frozenset()
     #: phase boundaries (trace indices: the first event of each forward) where the blocks
@@ -77,8 +80,9 @@ class Setting:
 
     @classmethod
     def of(cls, conf: AllocConf, over: AllocConf | None = None,
-           capacity: int | None = None) -> Setting:
-        """`conf` (what the capture records) with what `over` sets put over it."""
+           capacity: int | None = None, request_pad: int = 0) -> Setting:
+        """`conf` (what the capture records) with what `over` sets put over it, on an
+        allocator that pads each request by `request_pad` bytes."""
         over = over or AllocConf()
 
         def pick(name: str) -> Any:
@@ -86,7 +90,7 @@ class Setting:
             return mine if mine is not None else getattr(conf, name)
 
         return cls(bool(pick("expandable_segments")), capacity, pick("max_split_size"),
-                   pick("roundup_divisions") or ())
+                   pick("roundup_divisions") or (), request_pad)
 
 
 @dataclass(frozen=True)
@@ -231,7 +235,8 @@ def rerun(events: Events, device: int, setting: Setting,
     sim = CachingAllocatorSim(capacity, expandable_segments=setting.expandable_segments,
                               addresses=recorded_address, trace_actions=MODEL_ACTIONS,
                               max_split_size=setting.max_split_size,
-                              roundup_divisions=setting.roundup_divisions)
+                              roundup_divisions=setting.roundup_divisions,
+                              request_pad=setting.request_pad)
     blocks: dict[int, int] = {}  # recorded address -> the model's
     dropped: set[int] = set()  # recorded addresses of live blocks left out
     allocated_at: dict[int, int] = {}  # recorded address -> trace index of its allocation
@@ -588,7 +593,9 @@ def replay_knobs(capture: Capture, dr: DeviceReplay,
     out = {}
     for k in simulated:
         asked, _ = config.parse(k.simulate)
-        p = predict(events, dr.device, Setting.of(conf), Setting.of(conf, asked), before,
+        pad = dr.request_pad
+        p = predict(events, dr.device, Setting.of(conf, request_pad=pad),
+                    Setting.of(conf, asked, request_pad=pad), before,
                     capture.capacity_bytes.get(dr.device), smallest=False)
         note = "" if p.changed is not None else (
             f"not predicted: {p.recorded.stopped}" if p.recorded.stopped else
@@ -628,7 +635,8 @@ def replay_without(capture: Capture, dr: DeviceReplay, lifetimes: pl.DataFrame,
     if frame.height > REPLAY_EVENTS or frame.is_empty():
         return {}
     events, before = Trace(frame), window_start(capture, dr)
-    recorded = Setting.of(config.recorded(capture.allocator_settings))
+    recorded = Setting.of(config.recorded(capture.allocator_settings),
+                          request_pad=dr.request_pad)
     proof = rerun(events, dr.device, recorded, before, until_divergence=True)
     if not proof.exact or proof.oom_reproduced is False:
         return {}

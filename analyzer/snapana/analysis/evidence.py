@@ -129,7 +129,7 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
     weak: dict[str, list[str]] = {"training": [], "inference": [], "autograd": []}
     for fact, where in facts.items():
         spec = specs.get(fact)
-        if spec is None:
+        if spec is None or spec.only_with and not facts.keys() & set(spec.only_with):
             continue
         to = weak if spec.weak else said
         # one place is said once, by the first fact that names it (two facts can share an

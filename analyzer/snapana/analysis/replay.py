@@ -26,6 +26,8 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
+from snapana.allocator_model import config as alloc_conf
+from snapana.allocator_model.rules import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_SIZE
 from snapana.caching_allocator import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
@@ -90,6 +92,8 @@ class DeviceReplay:
     #: segments: where the trace's segment_alloc/free/map/unmap events disagree with each
     #: other or with the final segments (reserved still sums the intervals as replayed)
     segment_mismatches: list[str] = field(default_factory=list)
+    #: bytes the capture's allocator added to each request before rounding it (`rounding_pad`)
+    request_pad: int = 0
 
     # ----- moments -------------------------------------------------------------------------
     @property
@@ -474,6 +478,78 @@ def rounding_pad(blocks: pl.DataFrame) -> int:
     return 0
 
 
+def taken_whole(cols: dict[str, np.ndarray], exact: np.ndarray, segments: pl.DataFrame,
+                max_split_size: int | None) -> np.ndarray:
+    """Block sizes with the allocator's split rule (`allocator_model.rules.should_split`):
+    a block of the large pool takes the whole free block it was cut from when what would
+    remain is too small to split off (at most kSmallSize; with max_split_size_mb, a request
+    of that size or more takes any block it is given, which is less than kLargeBuffer
+    larger). The free block a request took runs from its address to the next block or
+    segment end live when it was made; a block held before recording is read in the state
+    before the first event. Small-pool blocks never differ: their remainders are split from 512
+    bytes on, and so are every pool's with expandable segments on (not called then).
+    `exact` rows (sized by the final segments) keep their size."""
+    size = cols["size"].copy()
+    cand = np.flatnonzero(~exact & (size > SMALL_SIZE))
+    if not cand.size:
+        return size
+    address, start, end = cols["address"], cols["alloc_idx"], cols["free_done_idx"]
+    when = start[cand]  # -1: the state before the first event
+    low = address[cand] + size[cand]
+    reach = np.full(cand.size, SMALL_SIZE, dtype=np.int64)
+    if max_split_size is not None:
+        reach[size[cand] >= max_split_size] = LARGE_BUFFER - MIN_BLOCK_SIZE
+    high = low + reach
+    seg_end = (segments["address"] + segments["total_size"]).to_numpy()
+    opened, closed = segments["open_idx"].to_numpy(), segments["close_idx"].to_numpy()
+    next_block = _first_live(address, start, end, low, high, when)
+    range_end = _first_live(seg_end, opened, closed, low, high, when)
+    none = np.iinfo(np.int64).max
+    boundary = np.minimum(np.where(next_block >= 0, next_block, none),
+                          np.where(range_end >= 0, range_end, none))
+    whole = boundary < none
+    rows = cand[whole]
+    size[rows] = boundary[whole] - address[rows]
+    return size
+
+
+#: Candidate (query, address) pairs looked at in one go by `_first_live`.
+_PAIRS_AT_ONCE = 1 << 22
+
+
+def _first_live(points: np.ndarray, opened: np.ndarray, closed: np.ndarray,
+                low: np.ndarray, high: np.ndarray, when: np.ndarray) -> np.ndarray:
+    """For each query k: the smallest point in [low[k], high[k]] whose interval is live at
+    event when[k] (opened <= when < closed), -1 if none. Intervals at one point do not
+    overlap in time, so the one that can be live is the last opened by then: a bisection
+    over (point, opened)."""
+    out = np.full(len(low), -1, dtype=np.int64)
+    if not len(points) or not len(low):
+        return out
+    distinct, rank = np.unique(points, return_inverse=True)
+    span = int(max(opened.max(), when.max())) + 3
+    key = rank.astype(np.int64) * span + (opened + 1)
+    order = np.argsort(key, kind="stable")
+    key, rank, closed = key[order], rank[order], closed[order]
+    first = np.searchsorted(distinct, low, "left")
+    count = np.searchsorted(distinct, high, "right") - first
+    bounds = np.cumsum(count)
+    k0 = 0
+    while k0 < len(low):
+        k1 = max(int(np.searchsorted(bounds, bounds[k0] - count[k0] + _PAIRS_AT_ONCE,
+                                     "right")), k0 + 1)
+        n = count[k0:k1]
+        query = np.repeat(np.arange(k0, k1), n)
+        offset = np.arange(len(query)) - np.repeat(np.cumsum(n) - n, n)
+        d = first[query] + offset
+        j = np.searchsorted(key, d * span + (when[query] + 1), "right") - 1
+        ok = (j >= 0) & (rank[np.maximum(j, 0)] == d) & (closed[np.maximum(j, 0)] > when[query])
+        hit, at = np.unique(query[ok], return_index=True)  # points ascend within a query
+        out[hit] = distinct[d[ok][at]]
+        k0 = k1
+    return out
+
+
 def replay(capture: Capture, device: int) -> DeviceReplay:
     """Pair the trace's events into lifetimes and check them against the final segments."""
     events = capture.device_events(device)
@@ -499,6 +575,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     open_rows = np.flatnonzero(cols["free_done_idx"] == NEVER)
     open_blocks = {int(cols["address"][r]): int(r) for r in open_rows}
     extra: list[list[int]] = []
+    from_segments: list[int] = []  # rows whose size the final segments give
     size_c, stack_c, req_c = cols["size"], cols["stack_id"], cols["requested_size"]
     for a, s, req, sid, state in final_blocks.select(
         "address", "size", "requested_size", "stack_id", "state"
@@ -513,6 +590,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
                 f"block 0x{a:x}: trace requested {int(req_c[r])} bytes, segments say {req}"
             )
         size_c[r] = s
+        from_segments.append(r)
         if stack_c[r] == EMPTY_STACK:
             stack_c[r] = sid
         pending_in_trace = cols["free_req_idx"][r] != NEVER
@@ -522,14 +600,26 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
         mismatches.append(f"block 0x{a:x} is live in the trace but not in the segments")
         cols["free_done_idx"][r] = n  # close it at the end so it does not leak into later moments
 
-    lifetimes = pl.DataFrame(cols, schema=LIFETIME_SCHEMA)
-    if extra:
-        lifetimes = pl.concat([lifetimes, pl.DataFrame(extra, schema=LIFETIME_SCHEMA,
-                                                       orient="row")])
-    _, allocated = _bytes_timeline(lifetimes, n, "free_req_idx")
-    live_before, live = _bytes_timeline(lifetimes, n, "free_done_idx")
     seg_intervals, reserved, reserved_delta, seg_mismatches = _segment_intervals(
         capture, device, events)
+    if extra:
+        cols = {k: np.concatenate([v, np.asarray([row[j] for row in extra], dtype=np.int64)])
+                for j, (k, v) in enumerate(cols.items())}
+    if gran > 1 and not seg_intervals.is_empty():
+        # a block the trace alone holds is its request rounded, unless the free block it
+        # took was too small to split: then it holds the whole of it (the final blocks are
+        # sized by the segments already)
+        exact = np.zeros(len(cols["size"]), dtype=bool)
+        exact[len(cols["size"]) - len(extra):] = True
+        exact[from_segments] = True
+        conf = alloc_conf.recorded(capture.allocator_settings)
+        # expandable segments split every remainder from 512 bytes on (a capture that does
+        # not record its settings shows them by its segments)
+        if not (conf.expandable_segments or seg_intervals["expandable"].any()):
+            cols["size"] = taken_whole(cols, exact, seg_intervals, conf.max_split_size)
+    lifetimes = pl.DataFrame(cols, schema=LIFETIME_SCHEMA)
+    _, allocated = _bytes_timeline(lifetimes, n, "free_req_idx")
+    live_before, live = _bytes_timeline(lifetimes, n, "free_done_idx")
     if seg_intervals.is_empty():
         if n:
             # No allocator segments (profiler traces, memory timelines): reserved is what
@@ -549,7 +639,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     if n and (allocated.min() < 0 or reserved.min() < 0):
         mismatches.append("replaying back to the first event goes negative")
     dr = DeviceReplay(capture, device, lifetimes, seg_intervals, allocated, reserved, ooms, n,
-                      mismatches, seg_mismatches)
+                      mismatches, seg_mismatches, pad)
     dr._reserved_delta = reserved_delta
     return dr
 

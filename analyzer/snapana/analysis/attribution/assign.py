@@ -438,7 +438,8 @@ class Attributor:
             if fam == "optimizer_state":
                 state_stacks.setdefault(size, set()).add(sid)
         evidence = replace(self._evidence(candidates, live), named=named,
-                           state_stacks={s: len(v) for s, v in state_stacks.items()})
+                           state_stacks={s: len(v) for s, v in state_stacks.items()},
+                           replaced_state=self._replaced_state)
         found = inference.infer(candidates, evidence, self._freed(candidates),
                                 label=self.capture.has_trace)
         for i, address in zip(rows, candidates["address"], strict=True):
@@ -493,16 +494,45 @@ class Attributor:
             (pl.col("free_req_idx") >= 0) & (pl.col("free_req_idx") < ev.height)
         ).select("address", "free_req_idx", "size")
         at = freed["free_req_idx"].cast(pl.Int64)
-        sids = ev["stack_id"].gather(at).fill_null(EMPTY_STACK).to_numpy().astype(np.int64)
-        which, decisions = self.decide_rows(sids, freed["size"].to_numpy(), at.to_numpy())
-        out = {}
-        for address, sid, k in zip(freed["address"].to_list(), sids.tolist(), which.tolist(),
-                                   strict=True):
-            stack = self.stacks.stack(sid)
-            if stack:
-                out[int(address)] = inference.Freed(decisions[k].phase,
-                                                    frozenset(f[1] for f in stack),
-                                                    self.site(sid))
+        how = self._freeing(ev["stack_id"].gather(at).fill_null(EMPTY_STACK).to_numpy(),
+                            freed["size"].to_numpy(), at.to_numpy())
+        return {int(address): h for address, h in zip(freed["address"].to_list(), how,
+                                                       strict=True) if h is not None}
+
+    def _freeing(self, stack_ids: np.ndarray, sizes: np.ndarray, free_idx: np.ndarray
+                 ) -> list[inference.Freed | None]:
+        """The phase, function names and site of each stack that freed a block at the events
+        `free_idx` (None: no frames); the phases decided at once (`decide_rows`)."""
+        sids = np.asarray(stack_ids, dtype=np.int64)
+        which, decisions = self.decide_rows(sids, sizes, free_idx)
+        names: dict[int, tuple[frozenset[str], str] | None] = {}
+        out: list[inference.Freed | None] = []
+        for sid, k in zip(sids.tolist(), which.tolist(), strict=True):
+            if sid not in names:
+                stack = self.stacks.stack(sid)
+                names[sid] = (frozenset(f[1] for f in stack), self.site(sid)) if stack else None
+            hit = names[sid]
+            out.append(None if hit is None else inference.Freed(decisions[k].phase, *hit))
+        return out
+
+    @cached_property
+    def _replaced_state(self) -> Counter[int]:
+        """Requested sizes of the blocks held since before recording that the window frees
+        as optimizer state (the lifetime method the freeing stack calls for): all of them,
+        whatever the moment (`inference.Evidence.replaced_state`)."""
+        ev = self.capture.device_events(self.device).with_row_index("pos")
+        first = ev.filter(pl.col("action").is_in(["alloc", "free_requested", "free_completed",
+                                                  "free"])
+                          ).group_by("addr", maintain_order=True).first()
+        freed = first.filter(pl.col("action") != "alloc")
+        sizes = freed["size"].fill_null(0).to_numpy().astype(np.int64)
+        how = self._freeing(freed["stack_id"].fill_null(EMPTY_STACK).to_numpy(), sizes,
+                            freed["pos"].to_numpy())
+        out: Counter[int] = Counter()
+        for size, h in zip(sizes.tolist(), how, strict=True):
+            method = None if h is None else inference.freed_as(h, window=False)
+            if method is not None and method.family == "optimizer_state":
+                out[int(size)] += 1
         return out
 
     def _evidence(self, candidates: pl.DataFrame,

@@ -44,6 +44,9 @@ class FactSpec:
     #: not for another one); empty: the fact is the capture's
     of_blocks: tuple[FactPattern, ...] = ()
     seen_as: str = ""  # with `of_blocks`: what a frame showing it is, in words
+    #: facts of which one must hold too before this one speaks for its workload (it says
+    #: only what it adds to them); empty: it speaks alone
+    only_with: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=1)
@@ -54,7 +57,8 @@ def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
     facts = tuple(
         FactSpec(f["id"], f.get("says", ""), f["words"], _patterns(f["frames"]),
                  tuple(f.get("annotations", ())), bool(f.get("weak", False)),
-                 _patterns(f.get("of_blocks", ())), f.get("seen_as", ""))
+                 _patterns(f.get("of_blocks", ())), f.get("seen_as", ""),
+                 tuple(f.get("only_with", ())))
         for f in data["fact"])
     return facts, tuple(data["limits"]["library_paths"])
 

@@ -150,6 +150,11 @@ class Evidence:
     #: requested size -> distinct stacks of the optimizer_state blocks frames name at the
     #: moment: the state tensors per parameter (Adam: exp_avg, exp_avg_sq)
     state_stacks: Mapping[int, int] = field(default_factory=dict)
+    #: requested size -> blocks held since before recording that the window's optimizer
+    #: steps freed (`lifetime:freed-by-optimizer-step`), all of them, not only those left at
+    #: the moment: the state from before recording, which a step that updates out of place
+    #: replaces one parameter at a time
+    replaced_state: Counter[int] = field(default_factory=Counter)
     #: the serving engine whose frames the capture holds (inference.toml `engines`), "" none:
     #: what it held before recording is its weights and its pre-sized KV-cache pool
     engine: str = ""
@@ -237,9 +242,13 @@ def _state_mirror(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method]
     lives). Any other count says nothing."""
     by_size = _by_size(before)
     found: dict[int, tuple[int, list[int]]] = {}
+    # one optimizer keeps as many tensors per parameter for every size: a size whose state
+    # only the replaced blocks show takes the count its named state shows for the others
+    per_parameter = max(ev.state_stacks.values(), default=0)
     for size, addrs in by_size.items():
-        stacks = ev.state_stacks.get(size, 0)
-        state = ev.named[(size, "optimizer_state")]
+        replaced = ev.replaced_state[size]
+        stacks = ev.state_stacks.get(size, 0) or (per_parameter if replaced else 0)
+        state = max(ev.named[(size, "optimizer_state")], replaced)
         if not stacks or state % stacks:
             continue
         params = state // stacks - ev.named[(size, "parameters")]
@@ -252,10 +261,14 @@ def _state_mirror(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method]
             or len(found) < limits["min_distinct_sizes"]):
         return {}
     param, grad = methods["state-mirror:parameters"], methods["state-mirror:gradients"]
+    labels = _labels()
     out: dict[int, Inferred] = {}
     for size, (params, addrs) in found.items():
-        words = {"state": ev.named[(size, "optimizer_state")],
-                 "per": ev.state_stacks[size], "params": params}
+        named = ev.named[(size, "optimizer_state")]
+        replaced = ev.replaced_state[size] > named
+        words = {"state": max(named, ev.replaced_state[size]),
+                 "per": ev.state_stacks.get(size, 0) or per_parameter, "params": params,
+                 "whence": labels["state_replaced" if replaced else "state_named"]}
         for i, a in enumerate(addrs):
             m = param if i < params else grad
             out[a] = Inferred(m.family, m.id, m.why.format(**words))
@@ -284,9 +297,21 @@ def _more_model_state(before: pl.DataFrame, ev: Evidence, methods: dict[str, Met
     return {}
 
 
+def freed_as(how: Freed, window: bool, methods: dict[str, Method] | None = None
+             ) -> Method | None:
+    """The lifetime method that names a frameless block from the stack that freed it
+    (`window`: allocated in the recorded window, else before it); None: none does."""
+    for m in (methods or _table()[0]).values():
+        if (m.freed_in_phase in (how.phase, "any") and (m.in_window or not window)
+                and (not m.if_function or how.functions & set(m.if_function))
+                and not how.functions & set(m.unless_function)):
+            return m
+    return None
+
+
 def _by_freeing_stack(candidates: pl.DataFrame, freed: dict[int, Freed],
                       methods: dict[str, Method]) -> dict[int, Inferred]:
-    lifetime = [m for m in methods.values() if m.freed_in_phase is not None]
+    lifetime = {k: m for k, m in methods.items() if m.freed_in_phase is not None}
     words = _labels()
     out: dict[int, Inferred] = {}
     for address, alloc_idx in candidates.select("address", "alloc_idx").iter_rows():
@@ -295,13 +320,10 @@ def _by_freeing_stack(candidates: pl.DataFrame, freed: dict[int, Freed],
             continue
         window = alloc_idx is not None and alloc_idx >= 0
         origin = words["origin_window" if window else "origin_before"]
-        for m in lifetime:
-            if (m.freed_in_phase in (how.phase, "any") and (m.in_window or not window)
-                    and (not m.if_function or how.functions & set(m.if_function))
-                    and not how.functions & set(m.unless_function)):
-                out[int(address)] = Inferred(m.family, m.id,
-                                             m.why.format(site=how.site, origin=origin))
-                break
+        m = freed_as(how, window, lifetime)
+        if m is not None:
+            out[int(address)] = Inferred(m.family, m.id,
+                                         m.why.format(site=how.site, origin=origin))
     return out
 
 

@@ -290,7 +290,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     host = capture.metadata.get("memory") == "host"
     fw = set(frameworks) | ({"host"} if host else set())
     request = req_family = req_label = req_site = None
-    phase = _dominant_phase(held)
+    phase = _moment_phase(held, moment.idx)
     outside = None
     causes: list[Cause] = []
     what_ifs: list[WhatIf] = []
@@ -565,11 +565,18 @@ def _excess(what_ifs: list[WhatIf], frameworks: set[str], phase: str, rules: Rul
     return (best[1], best[2]) if best else (None, None)
 
 
-def _dominant_phase(held: pl.DataFrame) -> str:
-    """At a peak there is no failing stack: name the phase most of the live bytes come from,
-    ignoring blocks that predate recording and blocks whose phase is not known (so the
-    verdict never says "not identified" beside a family made "in the backward phase")."""
-    recent = held.filter((pl.col("alloc_idx") >= 0) & (pl.col("phase") != "unknown"))
+def _moment_phase(held: pl.DataFrame, idx: int) -> str:
+    """At a peak there is no failing stack: the phase is that of the allocation the moment
+    follows (where the job was: a peak inside the optimizer step is the step's, however many
+    gradients the backward left), when its frames place it; else the phase most of the live
+    bytes come from, ignoring blocks that predate recording and blocks whose phase is not
+    known (so the verdict never says "not identified" beside a family made "in the backward
+    phase")."""
+    known = pl.col("phase") != "unknown"
+    last = held.filter((pl.col("alloc_idx") == idx) & known)["phase"]
+    if idx >= 0 and len(last):
+        return str(last[0])
+    recent = held.filter((pl.col("alloc_idx") >= 0) & known)
     if recent.is_empty():
         return "unknown"
     by = recent.group_by("phase").agg(pl.col("size").sum()).sort("size", descending=True)
