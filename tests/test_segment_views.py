@@ -33,11 +33,17 @@ def _inputs() -> list:
 
 def _raw_frames(path: Path, device: int, address: int, event: int) -> list[str] | None:
     """The frames the pickle recorded for the allocation at `address` live after `event`:
-    the last `alloc` entry at that address up to the event (None: made before the trace)."""
+    the last `alloc` entry at that address up to the event (None: made before the trace).
+    A name past `limits.MAX_FRAME_TEXT` is cut as every report shows names (issue 58: C++
+    template names run to thousands of characters)."""
+    from snapana.limits import MAX_FRAME_TEXT
+    from snapana.units import shown_name
+
     trace = pickle.loads(path.read_bytes())["device_traces"][device]
     for entry in reversed(trace[:event + 1]):
         if entry["action"] == "alloc" and entry["addr"] == address:
-            return [f"{f['filename']}:{f['line']} {f['name']}" for f in entry["frames"]]
+            return [f"{shown_name(f['filename'], MAX_FRAME_TEXT)}:{f['line']} "
+                    f"{shown_name(f['name'], MAX_FRAME_TEXT)}" for f in entry["frames"]]
     return None
 
 

@@ -47,6 +47,7 @@ CLASSES = ("refused", "ok", "traceback", "internal", "multiline", "invariant", "
 OUTPUT_ERROR = 4
 #: What `check` and `diff --fail-on` exit with when a limit is breached (not a failure).
 OVER_BUDGET = 1
+SOME_INPUTS_FAILED = 5  # snapana.errors: a folder or glob with unreadable inputs
 #: Raw control characters text output must never hold (tab and newline are layout); an
 #: input's escape sequence reaching a terminal (screen clear, OSC 52 clipboard writes).
 _RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -335,6 +336,8 @@ class Runner:
             if len(lines) == 1 and lines[0].startswith("snapana: error: "):
                 return Outcome("refused", lines[0][16:96], **base)
             return Outcome("multiline", f"{len(lines)} lines", **base)
+        if code == SOME_INPUTS_FAILED:  # several inputs, some unreadable: each listed, exit 5
+            return Outcome("refused", "some inputs could not be read", **base)
         if code == 3:
             return Outcome("internal", err.strip().splitlines()[-1][:160] if err.strip()
                            else "", **base)

@@ -111,6 +111,11 @@ def _last(lines: Sequence[MemoryLine], fmt: str) -> MemoryLine | None:
     return next((m for m in reversed(lines) if m.format == fmt), None)
 
 
+def _whole(line: MemoryLine, name: str) -> int:
+    """A count the line's format reads as a number (tokens, a length)."""
+    return int(line.number(name) or 0)
+
+
 def _bytes(line: MemoryLine | None, name: str) -> int | None:
     s = line.size(name) if line is not None else None
     return s.bytes if s is not None else None
@@ -146,10 +151,11 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
         if n is not None]
     findings = [Finding("sglang_budget", tuple(terms))] if terms else []
     if kv_line is not None and kv_line.number("tokens") is not None:
-        findings.append(Finding("sglang_kv_tokens", (("tokens", int(kv_line.figures["tokens"])),
+        findings.append(Finding("sglang_kv_tokens", (("tokens", _whole(kv_line, "tokens")),
                                                       ("bytes", pool or 0))))
     if mfs is not None:
-        findings.append(Finding("sglang_fraction", (("mem_fraction_static", mfs),)))
+        findings.append(Finding(  # a fraction, which the text-log view prints as one
+            "sglang_fraction", (("mem_fraction_static", mfs),)))  # type: ignore[arg-type]
     knobs: list[tuple[str, str]] = []
     gap = _shortfall(message)
     if gap is None or message is None:
@@ -196,7 +202,7 @@ def _memory_saver(lines: Sequence[MemoryLine], message: OomMessage | None
     last = lines[-1]
     size, free, margin = (_bytes(last, n) for n in ("size", "free", "margin"))
     assert size is not None and free is not None and margin is not None
-    repeated = int(last.figures.get("repeated", 1)) + len(lines) - 1
+    repeated = int(last.number("repeated") or 1) + len(lines) - 1
     findings = [Finding("saver_refused", (("size", size), ("free", free), ("margin", margin),
                                           ("times", repeated)))]
     knobs = []
@@ -259,8 +265,8 @@ def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
                                "no other process holds that memory (a colocated trainer's "
                                "memory counts against vLLM's budget)"))
     if tokens_line is not None and conc is not None:
-        tokens = int(tokens_line.figures["tokens"])
-        max_len, times = int(conc.figures["max_model_len"]), float(conc.figures["concurrency"])
+        tokens = _whole(tokens_line, "tokens")
+        max_len, times = _whole(conc, "max_model_len"), float(conc.number("concurrency") or 0)
         findings.append(Finding("vllm_kv_tokens", (("tokens", tokens),
                                                    ("max_model_len", max_len))))
         if times < 1:

@@ -132,7 +132,7 @@ class TracePhases:
         pos: list[np.ndarray] = [rows.astype(np.float64)]
         phase: list[list[str]] = [phases]
         code: list[np.ndarray] = [which]
-        if times is not None and windows.windows:
+        if times is not None and timed is not None and windows.windows:
             # a window opens just before the first event at/after its start and closes just
             # after the last event at/before its end
             at = np.flatnonzero(timed)
@@ -374,8 +374,10 @@ class Attributor:
         out: list[tuple[np.ndarray, inference.Transient]] = []
         for name, t in rules.items():
             codes = [k for k, f in enumerate(names) if f == name]
-            rows = np.flatnonzero(np.isin(family, codes) & in_window) if codes else []
-            if not len(rows):
+            if not codes:
+                continue
+            rows = np.flatnonzero(np.isin(family, codes) & in_window)
+            if not rows.size:
                 continue
             rows = rows[self.trace_phases().within(t.phase, alloc_idx[rows], free_idx[rows])]
             rows = rows[self._free_phases(free_idx[rows]) == t.phase]
@@ -395,7 +397,9 @@ class Attributor:
         sizes = ev["size"].gather(at).fill_null(0).to_numpy().astype(np.int64)
         which, decisions = self.decide_rows(sids, sizes, free_idx)
         phases = np.asarray([d.phase for d in decisions], dtype=object)
-        return np.where(self._framed(sids), phases[which], None)
+        out = phases[which]
+        out[~self._framed(sids)] = None
+        return out
 
     def _framed(self, stack_ids: np.ndarray) -> np.ndarray:
         """Whether each stack id has frames (each distinct id looked up once)."""
