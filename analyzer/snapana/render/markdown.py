@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from snapana.render import Options
 from snapana.render.check import COLUMNS as CHECK_COLUMNS
@@ -174,10 +175,15 @@ def text_log(view: TextLogView, options: Options) -> str:
     return "\n".join(out) + "\n"
 
 
+def _replayed_device(d: Any) -> list[str]:
+    """A device of a replayed change (whatif, scale): its heading, proof and verdict."""
+    return ["", f"#### Device {d.device}", "", esc(d.proof), "", f"**{esc(d.verdict)}**"]
+
+
 def whatif(view: WhatIfView, options: Options) -> str:
     out = [f"### What if: {esc(view.change)}", "", esc(view.title)]
     for d in view.devices:
-        out += ["", f"#### Device {d.device}", "", esc(d.proof), "", f"**{esc(d.verdict)}**"]
+        out += _replayed_device(d)
         _table(out, WHATIF_COLUMNS, [[esc(c) for c in row] for row in d.rows])
     out += [""] + [f"- not simulated: {esc(n)}" for n in view.not_simulated]
     out += ["", f"_{esc(view.footer)}_"]
@@ -195,7 +201,7 @@ def check(view: CheckView, options: Options) -> str:
 def scale(view: ScaleView, options: Options) -> str:
     out = [f"### What if: {esc(view.change)}", "", esc(view.title)]
     for d in view.devices:
-        out += ["", f"#### Device {d.device}", "", esc(d.proof), "", f"**{esc(d.verdict)}**"]
+        out += _replayed_device(d)
         _table(out, SCALE_COLUMNS, [[esc(c) for c in row] for row in d.rows])
         out += [""] + [f"- {esc(line)}" for line in d.fit]
         out += ["", "Assumed:", ""] + [f"- {esc(line)}" for line in d.assumptions]

@@ -8,7 +8,7 @@ import io
 import re
 import textwrap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
@@ -495,16 +495,21 @@ def text_log(view: TextLogView, options: Options) -> str:
     return out.text()
 
 
+def _replayed_device(out: _Out, d: Any) -> None:
+    """A device of a replayed change (whatif, scale): its heading, proof and verdict."""
+    out.line()
+    out.heading(f"device {d.device}")
+    out.para(d.proof, INDENT)
+    out.para(d.verdict, INDENT)
+
+
 def whatif(view: WhatIfView, options: Options) -> str:
     """Per device: whether the model reproduces the window, what the change does, the two
     runs side by side."""
     out = _Out(options)
     out.para(f"What if: {view.change} — {view.title}")
     for d in view.devices:
-        out.line()
-        out.heading(f"device {d.device}")
-        out.para(d.proof, INDENT)
-        out.para(d.verdict, INDENT)
+        _replayed_device(out, d)
         if d.rows:
             out.write_table(WHATIF_COLUMNS, d.rows, set())
     for n in view.not_simulated:
@@ -534,10 +539,7 @@ def scale(view: ScaleView, options: Options) -> str:
     out = _Out(options)
     out.para(f"What if: {view.change} — {view.title}")
     for d in view.devices:
-        out.line()
-        out.heading(f"device {d.device}")
-        out.para(d.proof, INDENT)
-        out.para(d.verdict, INDENT)
+        _replayed_device(out, d)
         out.write_table(SCALE_COLUMNS, d.rows, set())
         for line in d.fit:
             out.para(line, INDENT)
