@@ -306,6 +306,17 @@ def test_a_rule_pack_nested_too_deep_is_one_line_and_exit_2(tmp_path: Path) -> N
     assert "nested 5,000 deep" in line, line
 
 
+def test_a_rule_pack_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """`--rules` names a FIFO (or a device): nothing writes to it, so reading it would block
+    forever; it is refused like every other input that is not a regular file."""
+    import os
+
+    fifo = tmp_path / "rules.toml"
+    os.mkfifo(fifo)
+    line = _one_error_line(invoke("summary", str(SAMPLE), "--rules", str(fifo)))
+    assert "FIFO" in line and str(fifo) in line, line
+
+
 def test_the_depth_check_skips_strings_and_comments() -> None:
     from snapana.limits import MAX_TOML_DEPTH, toml_too_deep
 

@@ -220,6 +220,9 @@ MAX_LOG_MESSAGES = 1_000
 #: line is read up to it and the reading says so.
 MAX_LOG_LINE = 8192
 
+#: A user's rule pack is read up to this many bytes (the built-in packs together are ~0.3 MiB).
+MAX_PACK_BYTES = 8 << 20
+
 #: Deepest nesting of arrays and inline tables read from a TOML input (a budget, a user's
 #: rule pack): theirs is 1 to 3; the TOML reader recurses per level (5,000 levels raise
 #: RecursionError), so depth is checked before it runs.
