@@ -26,7 +26,7 @@ from typing import Any
 from snapana.caching_allocator import ALLOCATOR_SETTINGS, BLOCK_STATES, normalize_state
 from snapana.errors import InputError
 from snapana.limits import MAX_BYTES, MAX_PACK_BYTES, toml_too_deep
-from snapana.sources._io import first_line, open_regular
+from snapana.sources._io import first_line, read_small_text
 from snapana.units import parse_bytes
 
 from .facts import fact_ids
@@ -900,18 +900,9 @@ def read_pack(path: Path, *, user: bool, order_start: int) -> Pack:
     every input is (a regular file only: a FIFO named by `--rules` would block the read
     forever), up to MAX_PACK_BYTES."""
     try:
-        with open_regular(Path(path)) as fh:
-            data = fh.read(MAX_PACK_BYTES + 1)
+        text = read_small_text(Path(path), MAX_PACK_BYTES, "a rule pack")
     except InputError as exc:  # its words name the path
         raise RuleError(f"rule file {first_line(exc)}") from None
-    except OSError as exc:
-        raise RuleError(f"{path}: cannot read rule file: {first_line(exc)}") from None
-    if len(data) > MAX_PACK_BYTES:
-        raise RuleError(f"{path}: over {MAX_PACK_BYTES >> 20} MiB: not a rule pack")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise RuleError(f"{path}: not UTF-8 text: not a rule pack") from None
     return parse_pack_text(text, str(path), user=user, order_start=order_start)
 
 
