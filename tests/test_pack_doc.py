@@ -96,3 +96,16 @@ def test_a_knob_may_require_each_computed_fact(tmp_path, fact):
                     f"direction = 'lowers'\ncost = 'free'\neffect = 'e'\nrequires = '{fact}'\n")
     (knob,) = [k for k in load_rules([path]).knobs if k.id == "k.k"]
     assert knob.requires == (fact,)
+
+
+def test_the_packaged_packs_are_within_the_toml_depth_limit():
+    """The built-in packs are read without `toml_too_deep` (it costs as much as the TOML
+    reader at every start); this is where their depth is checked instead. User packs keep it
+    (tests/test_hostile_round4.py)."""
+    from snapana.analysis.attribution.engine import _builtin_files
+    from snapana.limits import toml_too_deep
+
+    files = _builtin_files()
+    assert len(files) > 20
+    for name, text in files:
+        assert toml_too_deep(text) is None, name
