@@ -1052,7 +1052,7 @@ IN_KNOB = " (knob `u.k`)"
          "example[0].stack[0].file", "is not a Python frame"),
         ("[pack]\nmarkers = 'x/'\nowner = 'me'", "pack.owner", "unknown field (allowed: "),
         ("[pack]\nmarkers = ['']", "pack.markers", "entries must be non-empty"),
-        ("[pack]\nname = 'a b'", "pack.name", "expected `str` that is a simple identifier"),
+        ("[pack]\nname = 'a b'", "pack.name", "expected `str` that is a simple name"),
         ("pack = 3", "pack", "expected `table`, got `int`"),
         ("[[knobs]]\nid = 'x'", "knobs",
          "unknown field (allowed: example, knob, pack, phase_rule, rule)"),

@@ -135,8 +135,7 @@ def _type_words(t: Any) -> str:
             if m.ge is not None:
                 words = f"{words} >= {m.ge}"
             if m.pattern is not None:
-                words = {schema.ID_PATTERN: "dotted name",
-                         schema.NAME_PATTERN: "simple name"}.get(m.pattern, words)
+                words = schema.PATTERN_WORDS.get(m.pattern, words)
         return words
     if origin in (Union, UnionType):
         arms = [a for a in get_args(t) if a is not type(None)]

@@ -22,8 +22,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 import msgspec
 
@@ -53,7 +52,8 @@ USER_DEFAULT_PRIORITY = 150
 
 
 class RuleError(ValueError):
-    """A rule file is invalid. The message is one line: file, rule id, problem."""
+    """A rule file is invalid. The message is one line: file, path in it (with the entry's
+    id), problem."""
 
 
 # --------------------------------------------------------------------------------------
@@ -327,74 +327,7 @@ class _Where:
 
 
 def _schema_error(exc: msgspec.ValidationError, where: _Where) -> RuleError:
-    """msgspec's message (``Expected `str`, got `int` - at `$.rule[3].label```) as ours."""
-    problem, sep, at = str(exc).rpartition(" - at `")
-    if not sep:
-        problem, at = str(exc), "$`"
-    path = at[:-1].removeprefix("$").lstrip(".")
-    if m := re.fullmatch(r"Object contains unknown field `(.*)`", problem):
-        allowed = ", ".join(sorted(f.name for f in msgspec.structs.fields(_type_at(path))))
-        path, problem = _join(path, m[1]), f"unknown field (allowed: {allowed})"
-    elif m := re.fullmatch(r"Object missing required field `(.*)`", problem):
-        path, problem = _join(path, m[1]), "missing required field"
-    elif m := re.fullmatch(r"Invalid enum value (.*)", problem):
-        problem = f"{m[1]} is not one of {_choices_at(path)}"
-    else:
-        problem = re.sub(r"matching regex '.*'", lambda _: _PATTERN_WORDS.get(
-            _leaf_pattern(path), "of the right form"), problem)
-        problem = re.sub(r"\barray\b", "list", re.sub(r"\bobject\b", "table", problem))
-        problem = problem.replace(" | null", "").replace("Expected", "expected")
-    return where.fail(path, problem)
-
-
-_PATTERN_WORDS = {
-    schema.ID_PATTERN: "that is a dotted name (letters, digits, `_`, `.`, `-`: \"pack.my_rule\")",
-    schema.NAME_PATTERN: "that is a simple identifier (letters, digits, `_`, `-`)",
-}
-
-
-def _leaf_pattern(path: str) -> str:
-    """The regex a path's string must match (the ``Meta(pattern=...)`` of its type)."""
-    t = _type_at(path)
-    while get_origin(t) in (Annotated, Union, UnionType):
-        for a in get_args(t)[1:] if get_origin(t) is Annotated else ():
-            if isinstance(a, msgspec.Meta) and a.pattern is not None:
-                return a.pattern
-        t = get_args(t)[0]
-    return ""
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _arms(t: Any) -> list[Any]:
-    """The alternatives of a (possibly annotated) union type, annotations removed."""
-    while get_origin(t) is Annotated:
-        t = get_args(t)[0]
-    if get_origin(t) in (Union, UnionType):
-        return [a for arm in get_args(t) for a in _arms(arm)]
-    return [t]
-
-
-def _type_at(path: str) -> Any:
-    """The schema type a path of the file is checked against (``rule[0].frames[1]``)."""
-    t: Any = schema.PackFile
-    for step in re.findall(r"\[\d+\]|[^.\[\]]+", path):
-        arms = _arms(t)
-        if step.startswith("["):
-            t = next(get_args(a)[0] for a in arms if get_origin(a) is list)
-        else:
-            struct = next(a for a in arms if isinstance(a, type) and issubclass(a, msgspec.Struct))
-            t = get_type_hints(struct, include_extras=True)[step]
-    return next((a for a in _arms(t) if isinstance(a, type) and issubclass(a, msgspec.Struct)),
-                t)
-
-
-def _choices_at(path: str) -> tuple[str, ...]:
-    arms = _arms(_type_at(path))
-    arms += [a for arm in arms if get_origin(arm) is list for a in _arms(get_args(arm)[0])]
-    return tuple(dict.fromkeys(v for a in arms if get_origin(a) is Literal for v in get_args(a)))
+    return where.fail(*schema.explain(exc))
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...]:

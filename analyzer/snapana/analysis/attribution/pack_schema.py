@@ -7,8 +7,11 @@ facts) and compiles; ``packs/README.md`` is generated from them (:mod:`.pack_doc
 is one field here, with its description.
 """
 
-from typing import Annotated, Any, Literal, get_args
+import re
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
+import msgspec
 from msgspec import Meta, Struct
 
 from snapana.caching_allocator import BLOCK_STATES
@@ -36,6 +39,11 @@ transfers), or it may change training quality / results (truncation, lower preci
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*\Z"
 NAME_PATTERN = r"^[A-Za-z0-9_\-]+\Z"
+#: The patterns in words, for the documentation and the errors.
+PATTERN_WORDS = {
+    ID_PATTERN: 'dotted name (letters, digits, `_`, `.`, `-`: "pack.my_rule")',
+    NAME_PATTERN: "simple name (letters, digits, `_`, `-`)",
+}
 
 Id = Annotated[str, Meta(pattern=ID_PATTERN)]
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
@@ -255,3 +263,73 @@ class PackFile(_Table, frozen=True, kw_only=True):
     phase_rule: Annotated[list[PhaseRuleEntry], _doc("phase rules")] = []
     knob: Annotated[list[KnobEntry], _doc("knobs")] = []
     example: Annotated[list[ExampleEntry], _doc("examples")] = []
+
+
+# --------------------------------------------------------------------------------------
+# a validation error in the schema's words
+
+
+def explain(exc: msgspec.ValidationError) -> tuple[str, str]:
+    """(path in the file, problem) of msgspec's message (``Expected `str`, got `int` - at
+    `$.rule[3].label```), in the file's terms: tables, lists, the allowed fields or values."""
+    problem, sep, at = str(exc).rpartition(" - at `")
+    if not sep:
+        problem, at = str(exc), "$`"
+    path = at[:-1].removeprefix("$").lstrip(".")
+    if m := re.fullmatch(r"Object contains unknown field `(.*)`", problem):
+        allowed = ", ".join(sorted(f.name for f in msgspec.structs.fields(_type_at(path))))
+        return _join(path, m[1]), f"unknown field (allowed: {allowed})"
+    if m := re.fullmatch(r"Object missing required field `(.*)`", problem):
+        return _join(path, m[1]), "missing required field"
+    if m := re.fullmatch(r"Invalid enum value (.*)", problem):
+        return path, f"{m[1]} is not one of {_choices_at(path)}"
+    problem = re.sub(r"matching regex '.*'", lambda _: "that is a " + PATTERN_WORDS.get(
+        _pattern_at(path), "name of the right form"), problem)
+    problem = re.sub(r"\barray\b", "list", re.sub(r"\bobject\b", "table", problem))
+    return path, problem.replace(" | null", "").replace("Expected", "expected")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _arms(t: Any) -> list[Any]:
+    """The alternatives of a (possibly annotated) union type, annotations removed."""
+    while get_origin(t) is Annotated:
+        t = get_args(t)[0]
+    if get_origin(t) in (Union, UnionType):
+        return [a for arm in get_args(t) for a in _arms(arm)]
+    return [t]
+
+
+def _is_struct(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, Struct)
+
+
+def _type_at(path: str) -> Any:
+    """The type a path of the file is checked against (``rule[0].frames[1]``)."""
+    t: Any = PackFile
+    for step in re.findall(r"\[\d+\]|[^.\[\]]+", path):
+        arms = _arms(t)
+        if step.startswith("["):
+            t = next(get_args(a)[0] for a in arms if get_origin(a) is list)
+        else:
+            t = get_type_hints(next(a for a in arms if _is_struct(a)), include_extras=True)[step]
+    return next((a for a in _arms(t) if _is_struct(a)), t)
+
+
+def _choices_at(path: str) -> tuple[str, ...]:
+    arms = _arms(_type_at(path))
+    arms += [a for arm in arms if get_origin(arm) is list for a in _arms(get_args(arm)[0])]
+    return tuple(dict.fromkeys(v for a in arms if get_origin(a) is Literal for v in get_args(a)))
+
+
+def _pattern_at(path: str) -> str:
+    """The regex a path's string must match (the ``Meta(pattern=...)`` of its type)."""
+    t = _type_at(path)
+    while get_origin(t) in (Annotated, Union, UnionType):
+        for a in get_args(t)[1:] if get_origin(t) is Annotated else ():
+            if isinstance(a, Meta) and a.pattern is not None:
+                return a.pattern
+        t = get_args(t)[0]
+    return ""
