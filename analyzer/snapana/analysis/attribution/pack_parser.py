@@ -521,8 +521,7 @@ def parse_pack_text(text: str, source: str, *, user: bool = False, order_start: 
     what needs the vocabulary and compiles. ``source`` names the file in error messages;
     ``order_start`` is the load order of the pack's first rule (ties between equal priorities
     go to the earlier one). ``packaged``: a file shipped with snapana, whose nesting depth the
-    test suite checks once (`limits.toml_too_deep` guards input; it costs as much as reading
-    the TOML, at every start).
+    test suite checks once (`limits.toml_too_deep` guards input, not the package's own data).
     """
     data = _load_toml(text, source, packaged)
     header = data.get("pack")
