@@ -107,9 +107,10 @@ file given with ``--rules`` has the same schema::
     phases = ["logprobs"]        # optional: only suggested for an OOM in one of these
     framework = "any"            # optional, default the pack name; knobs apply when their
                                  # framework is detected; "pytorch" and "any" always apply
-    workload = "training"        # optional: only for a capture that trains (has a backward:
-                                 # a family / phase the vocabulary marks so) or, "inference",
-                                 # only for one that does not
+    workload = "training"        # optional: only for a capture that trains (a step: a family
+                                 # / phase the vocabulary marks "training", a fact that says
+                                 # so; a backward alone is autograd's) or, "inference", only
+                                 # for one that does not
 
     [[example]]                  # a stack and the family the rules must give it
     description = "..."          # optional
