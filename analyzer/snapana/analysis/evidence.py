@@ -169,7 +169,7 @@ def forward_retention(lifetimes: pl.DataFrame | None, n_events: int,
     """The weak facts of a recorded forward: did it keep what it allocated (autograd saving
     outputs for a backward) or free each layer's tensors within the layer (no graph)? By the
     share of its bytes that live long (`fact_limits`: how long, how many, how much). A graph
-    it kept and the window then dropped with no backward (`graph_dropped`) was never used."""
+    it kept and the window then dropped with no backward (`_graph_dropped`) was never used."""
     if lifetimes is None or lifetimes.is_empty():
         return {}
     lim = fact_limits()
@@ -185,14 +185,14 @@ def forward_retention(lifetimes: pl.DataFrame | None, n_events: int,
             f"{int(lim['long_life_events'])} events")
     if share >= lim["kept_share"]:
         return {"forward_outputs_kept": said,
-                **graph_dropped(lifetimes, long, n_events, free_phases)}
+                **_graph_dropped(lifetimes, long, n_events, free_phases)}
     if fwd.height >= lim["freed_allocations"] and share <= lim["freed_share_max"]:
         return {"forward_outputs_freed": said}
     return {}
 
 
-def graph_dropped(lifetimes: pl.DataFrame, kept: pl.DataFrame, n_events: int,
-                  free_phases: FreePhases | None) -> dict[str, str]:
+def _graph_dropped(lifetimes: pl.DataFrame, kept: pl.DataFrame, n_events: int,
+                   free_phases: FreePhases | None) -> dict[str, str]:
     """`forward_graph_dropped` where the window runs no backward and no optimizer step, and
     stacks with frames (not the autograd thread's, no backward's) freed most of the bytes the
     forward `kept` within the window: autograd saved them for a backward that never came."""
@@ -211,8 +211,8 @@ def graph_dropped(lifetimes: pl.DataFrame, kept: pl.DataFrame, n_events: int,
         return {}
     return {"forward_graph_dropped": (
         f"{share:.0%} of the bytes the forward kept ({fmt_bytes(int(size.sum()))}) were freed "
-        "in the window by Python frames, not by a backward, and no backward or optimizer step "
-        "ran")}
+        "in the window by stacks with frames (none a backward's), and no backward or optimizer "
+        "step ran")}
 
 
 def _workload_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, tuple[str, str]]:
