@@ -578,15 +578,16 @@ def _moment_phase(held: pl.DataFrame, idx: int) -> str:
     not say "not identified" beside a family made "in the backward phase" for want of
     frames) blocks whose phase is not known; but where the program's own code made the
     allocation with nothing else on its stack (`PROGRAMS_OWN_RULE`: its own update, called
-    from its own driver), its unplaced bytes count too: the model loaded earlier does not
-    make a peak in the program's own update "model init"."""
+    from its own driver), its unplaced bytes count too and the model's do not: the model
+    loaded earlier does not make a peak in the program's own update "model init"."""
     known = pl.col("phase") != "unknown"
     at = held.filter(pl.col("alloc_idx") == idx) if idx >= 0 else held.clear()
     last = at.filter(known)["phase"]
     if len(last):
         return str(last[0])
     own = bool(at.height) and bool((at["rule_id"] == PROGRAMS_OWN_RULE).any())
-    recent = held.filter((pl.col("alloc_idx") >= 0) & (known | own))
+    recent = held.filter((pl.col("alloc_idx") >= 0) & (known | own)
+                         & ~(pl.lit(own) & (pl.col("phase") == "init")))
     if recent.is_empty():
         return "unknown"
     by = recent.group_by("phase").agg(pl.col("size").sum()).sort("size", descending=True)
