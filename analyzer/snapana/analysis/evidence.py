@@ -201,10 +201,10 @@ def _graph_dropped(lifetimes: pl.DataFrame, kept: pl.DataFrame, n_events: int,
         return {}
     at = kept["free_req_idx"].fill_null(-1).to_numpy().astype(np.int64)
     inside = (at >= 0) & (at < n_events)
-    phases = np.full(at.size, None, dtype=object)
+    by_frames = np.zeros(at.size, dtype=bool)  # freed by a stack with frames
     if inside.any():
-        phases[inside] = free_phases(at[inside])
-    by_frames = inside & np.not_equal(phases, None)
+        by_frames[inside] = np.not_equal(free_phases(at[inside]),
+                                         np.array(None, dtype=object))
     size = kept["size"].to_numpy()
     share = int(size[by_frames].sum()) / int(size.sum())
     if share < fact_limits()["dropped_share"]:
