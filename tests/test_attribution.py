@@ -868,7 +868,9 @@ def test_cpp_only_autograd_thread_is_gradients_in_backward(rules):
     "has_alloc_event,phrase,phase",
     [
         (False, "no frames: allocated before recording began", "unknown"),
-        (True, "no frames: allocated on the autograd thread during backward", "backward"),
+        # a frameless block is in backward only where the trace places it (phase_hint)
+        (True, "no frames: allocated in the window by a thread without a Python stack",
+         "unknown"),
         (None, "no frames: no allocation history was recorded", "unknown"),
     ],
 )

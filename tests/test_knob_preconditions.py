@@ -55,9 +55,13 @@ def test_a_framework_detected_elsewhere_lends_no_knob(tmp_path) -> None:
             driver]
     unet = [(f"{SITE}/diffusers/models/unets/unet_2d_blocks.py", 1200, "forward"), CALL,
             driver]
+    # the UNet's blocks keep activations of several ops (resnets, attention): checkpointing
+    # has a block boundary to cut at
+    attn = [(f"{SITE}/diffusers/models/attention.py", 372, "forward"), CALL] + unet
     r = _oom_report(tmp_path, (256 + 8 * 512 + 256) * MiB,
                     [(1, 256 * MiB, text, "saved_activations"),
-                     (8, 512 * MiB, unet, "saved_activations")],
+                     (4, 512 * MiB, unet, "saved_activations"),
+                     (4, 512 * MiB, attn, "saved_activations")],
                     (1024 * MiB, unet, "saved_activations"))
     d = r.diagnosis
     assert d.workload == "training"
@@ -291,3 +295,25 @@ def test_a_peak_inside_the_foreach_update_is_the_optimizer_phase(tmp_path) -> No
     assert r.moment.kind == "peak"
     assert r.diagnosis.phase == "optimizer", r.diagnosis.phase
     assert "torch.optimizer_foreach" in _ids(r), _ids(r)
+
+
+def test_one_ops_outputs_kept_many_times_get_no_checkpointing_knob(tmp_path) -> None:
+    """A sampler's forward hook keeps every attention output of many UNet forwards in a
+    list: 64 blocks from one line of diffusers' attention processor, nothing else of those
+    forwards alive. There is no block boundary in them to checkpoint at (one op's output is
+    its own checkpoint), so neither diffusers' nor torch's activation checkpointing is
+    offered; kept activations of two ops of the same UNet (previous test) get it."""
+    driver = ("/job/guided_diffusion.py", 65, "guide_diffusion")
+    attn = [(f"{SITE}/diffusers/models/attention_processor.py", 1262, "__call__"),
+            (f"{SITE}/diffusers/models/attention_processor.py", 512, "forward"), CALL,
+            (f"{SITE}/diffusers/models/attention.py", 335, "forward"), CALL,
+            (f"{SITE}/diffusers/models/unets/unet_2d_condition.py", 1186, "forward"), CALL,
+            driver]
+    sim = CachingAllocatorSim(capacity=65536 * MiB)
+    for _ in range(64):
+        sim.malloc(16 * MiB, attn, family="unknown")
+    r = _report(tmp_path, sim)
+    ids = _ids(r)
+    assert "layered_activations" not in r.diagnosis.evidence.facts
+    assert "diffusers.gradient_checkpointing" not in ids, ids
+    assert "torch.activation_checkpointing" not in ids, ids

@@ -10,7 +10,7 @@ only matches them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,8 +33,9 @@ from snapana.analysis.attribution.facts import (
     is_library,
     seen_facts,
     shown_at,
+    workload_words,
 )
-from snapana.analysis.attribution.families import training_marks
+from snapana.analysis.attribution.families import workload_marks
 from snapana.analysis.attribution.stack import import_path
 from snapana.caching_allocator import ACTIVE_ALLOCATED, ALLOCATOR_DEFAULTS
 from snapana.model import Capture, Frame, is_python_file
@@ -125,12 +126,14 @@ def _show(value: Any) -> str:
 
 # ----- the workload ---------------------------------------------------------------------
 
-def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
+def decide_workload(facts: Mapping[str, str], marks: Mapping[str, tuple[str, str]],
                     framed: bool) -> Workload:
-    """Training when anything only a training step makes shows (a backward, an optimizer,
-    gradient blocks, a training driver); else inference when an inference driver or engine
-    shows; else undetermined when the capture holds frames (a forward, trained or not);
-    else no answer. `marks`: training families / phases held -> a description."""
+    """Training when anything only a training step makes shows (an optimizer, a parameter's
+    gradients, a training driver); else inference when an inference driver or engine shows;
+    else undetermined: where autograd ran (a backward with no parameter gradient or optimizer
+    is guidance, an attack or a benchmark as often as training), or where the capture holds
+    frames (a forward, trained or not); else no answer. `marks`: families / phases held ->
+    (the workload they speak for, a description)."""
     specs = {f.id: f for f in fact_specs()}
     said: dict[str, list[str]] = {"training": [], "inference": [], "autograd": []}
     weak: dict[str, list[str]] = {"training": [], "inference": [], "autograd": []}
@@ -143,15 +146,19 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
         # annotation: a torch.optim step is also an optimizer step)
         if spec.says in to and not any(s.endswith(f": {where}") for s in to[spec.says]):
             to[spec.says].append(f"{spec.words}: {where}")
-    said["training"] += [f"{what}" for what in marks.values()]
+    for says, what in marks.values():
+        said[says].append(what)
+    backed = bool(said["autograd"])  # a backward ran (not only a forward kept its graph)
     if not any(said.values()):  # only the lifetimes speak
         said = weak
     if said["training"]:
-        return Workload("training", tuple(said["training"][:4]))
+        return Workload("training", tuple(said["training"][:4] + said["autograd"][:1]))
     if said["inference"]:
         return Workload("inference", tuple(said["inference"][:3] + said["autograd"][:1]))
     if said["autograd"]:
-        return Workload("undetermined", tuple(said["autograd"][:1]))
+        return Workload("undetermined", (said["autograd"][0],
+                                         *([workload_words()["autograd_only"]] if backed
+                                           else [])))
     if framed:
         return Workload("undetermined", (
             "no backward, optimizer, gradient or training / inference driver in the frames",
@@ -159,10 +166,17 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
     return Workload(None, ())
 
 
-def forward_retention(lifetimes: pl.DataFrame | None, n_events: int) -> dict[str, str]:
+#: The phases of the stacks that freed blocks at the given event indices (None where the
+#: stack has no frames): `Attributor.free_phases`.
+FreePhases = Callable[[np.ndarray], np.ndarray]
+
+
+def forward_retention(lifetimes: pl.DataFrame | None, n_events: int,
+                      free_phases: FreePhases | None = None) -> dict[str, str]:
     """The weak facts of a recorded forward: did it keep what it allocated (autograd saving
     outputs for a backward) or free each layer's tensors within the layer (no graph)? By the
-    share of its bytes that live long (`fact_limits`: how long, how many, how much)."""
+    share of its bytes that live long (`fact_limits`: how long, how many, how much). A graph
+    it kept and the window then dropped with no backward (`_graph_dropped`) was never used."""
     if lifetimes is None or lifetimes.is_empty():
         return {}
     lim = fact_limits()
@@ -177,27 +191,54 @@ def forward_retention(lifetimes: pl.DataFrame | None, n_events: int) -> dict[str
     said = (f"{share:.0%} of the bytes of {fwd.height} forward allocations lived longer than "
             f"{int(lim['long_life_events'])} events")
     if share >= lim["kept_share"]:
-        return {"forward_outputs_kept": said}
+        return {"forward_outputs_kept": said,
+                **_graph_dropped(lifetimes, long, n_events, free_phases)}
     if fwd.height >= lim["freed_allocations"] and share <= lim["freed_share_max"]:
         return {"forward_outputs_freed": said}
     return {}
 
 
-def _training_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, str]:
-    families, phases = training_marks()
-    out: dict[str, str] = {}
+def _graph_dropped(lifetimes: pl.DataFrame, kept: pl.DataFrame, n_events: int,
+                   free_phases: FreePhases | None) -> dict[str, str]:
+    """`forward_graph_dropped` where the window runs no backward and no optimizer step, and
+    stacks with frames (not the autograd thread's, no backward's) freed most of the bytes the
+    forward `kept` within the window: autograd saved them for a backward that never came."""
+    if free_phases is None or kept.is_empty() or lifetimes["phase"].is_in(
+            ["backward", "optimizer"]).any():
+        return {}
+    at = kept["free_req_idx"].fill_null(-1).to_numpy().astype(np.int64)
+    inside = (at >= 0) & (at < n_events)
+    by_frames = np.zeros(at.size, dtype=bool)  # freed by a stack with frames
+    if inside.any():
+        by_frames[inside] = np.not_equal(free_phases(at[inside]),
+                                         np.array(None, dtype=object))
+    size = kept["size"].to_numpy()
+    share = int(size[by_frames].sum()) / int(size.sum())
+    if share < fact_limits()["dropped_share"]:
+        return {}
+    return {"forward_graph_dropped": (
+        f"{share:.0%} of the bytes the forward kept ({fmt_bytes(int(size.sum()))}) were freed "
+        "in the window by stacks with frames (none a backward's), and no backward or optimizer "
+        "step ran")}
+
+
+def _workload_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, tuple[str, str]]:
+    """The families and phases of `tables` that speak for a workload: id -> (what they
+    say, a description)."""
+    families, phases = workload_marks()
+    out: dict[str, tuple[str, str]] = {}
     for table in tables:
         if table is None or table.is_empty():
             continue
-        for fam in sorted(families):
+        for fam, says in sorted(families.items()):
             got = table.filter(pl.col("family") == fam)
             if got.height and fam not in out:
-                out[fam] = f"{got.height} {fam} block{'s' if got.height != 1 else ''} " \
-                           f"({fmt_bytes(int(got['size'].sum()))})"
+                out[fam] = (says, f"{got.height} {fam} block{'s' if got.height != 1 else ''} "
+                                  f"({fmt_bytes(int(got['size'].sum()))})")
         if "phase" in table.columns:
-            for ph in sorted(phases):
+            for ph, says in sorted(phases.items()):
                 if ph not in out and (table["phase"] == ph).any():
-                    out[ph] = f"blocks made in the {ph} phase"
+                    out[ph] = (says, f"blocks made in the {ph} phase")
     return out
 
 
@@ -333,7 +374,8 @@ def free_segments(segments: pl.DataFrame, live: pl.DataFrame) -> dict[str, int]:
 def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame | None,
                  segments: pl.DataFrame, live: pl.DataFrame, rules: RuleSet | None = None,
                  extra_stacks: Mapping[str, Iterable[int]] | None = None,
-                 devices_holding: int = 1, n_events: int = 0) -> JobEvidence:
+                 devices_holding: int = 1, n_events: int = 0,
+                 free_phases: FreePhases | None = None) -> JobEvidence:
     """The evidence at one moment of one device (the facts are the capture's)."""
     markers = rules.markers if rules is not None else markers_of(builtin_packs())
     names = (a.get("name") for a in capture.annotations if isinstance(a, Mapping))
@@ -358,11 +400,11 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     own = own_optimizer_step(capture, held)
     if own:
         facts[OWN_OPTIMIZER_STEP.id] = own
-    facts.update(forward_retention(lifetimes, n_events))
+    facts.update(forward_retention(lifetimes, n_events, free_phases))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
-    marks = _training_marks((held, lifetimes))
+    marks = _workload_marks((held, lifetimes))
     if "optimizer_state" in marks:  # blocks of the family of that name are held
-        facts[OPTIMIZER_STATE.id] = f"an optimizer keeps state: {marks['optimizer_state']}"
+        facts[OPTIMIZER_STATE.id] = f"an optimizer keeps state: {marks['optimizer_state'][1]}"
     workload = decide_workload(facts, marks, framed)
     settings = capture.allocator_settings
     expandable = bool(capture.segments["is_expandable"].any()) \

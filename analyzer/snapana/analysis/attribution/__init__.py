@@ -57,7 +57,7 @@ Precedence is by ``priority`` only (then load order: built-in packs sorted by fi
 then user files in the order given), never by which file a rule is in. A block that no rule
 matches is ``unknown`` with the reason in its label ("no rule matched (innermost user frame:
 file:line name)"); the built-in pytorch pack explains empty stacks ("no frames: allocated
-before recording began", "... on the autograd thread during backward"). An empty stack with an
+before recording began", "... by a thread without a Python stack"). An empty stack with an
 alloc event is placed in time by the Attributor (``assign.TracePhases``): when the
 allocations around it show backward running it gets ``phase_hint = "backward"`` and the
 pytorch pack calls it ``gradients``; otherwise it stays ``unknown``.

@@ -380,12 +380,12 @@ class Attributor:
             if not rows.size:
                 continue
             rows = rows[self.trace_phases().within(t.phase, alloc_idx[rows], free_idx[rows])]
-            rows = rows[self._free_phases(free_idx[rows]) == t.phase]
+            rows = rows[self.free_phases(free_idx[rows]) == t.phase]
             if rows.size:
                 out.append((rows, t))
         return out
 
-    def _free_phases(self, free_idx: np.ndarray) -> np.ndarray:
+    def free_phases(self, free_idx: np.ndarray) -> np.ndarray:
         """The phase of the stack that freed each block at the events `free_idx` (None: no
         frames): a step's temporary is freed inside the step, state by whoever drops it
         later."""

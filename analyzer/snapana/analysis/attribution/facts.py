@@ -114,6 +114,15 @@ COMPUTED_FACTS: tuple[ComputedFact, ...] = (
     SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP)
 
 
+@lru_cache(maxsize=1)
+def workload_words() -> dict[str, str]:
+    """What a workload statement adds in words of its own (``[workload]`` of
+    ``evidence.toml``)."""
+    text = resources.files("snapana.analysis.attribution").joinpath(
+        "evidence.toml").read_text(encoding="utf-8")
+    return dict(tomllib.loads(text)["workload"])
+
+
 def fact_ids() -> tuple[str, ...]:
     """Every fact a knob's `requires` / `unless` may name: those of ``evidence.toml`` and
     the ones computed from the allocator state (`COMPUTED_FACTS`)."""

@@ -26,9 +26,15 @@ VOCABULARY_FILE = "vocabulary.toml"
 UNKNOWN = "unknown"
 
 WORKLOADS = ("training", "inference")
-"""What a capture does: a ``training`` one has a backward (a family or phase marked
+"""What a capture does: a ``training`` one updates weights (a family or phase marked
 ``workload = "training"`` in the vocabulary shows it); any other is ``inference``. Knobs that
 only make sense for one (activation checkpointing, ``inference_mode``) say which."""
+
+MARKS = ("training", "autograd")
+"""What holding a family or reaching a phase says of the workload (its ``workload`` in the
+vocabulary): ``training``, only a training step makes it (an optimizer's state, a parameter's
+gradient); ``autograd``, a backward ran, which guidance, a gradient-based attack or a
+benchmark does as well as training (the workload stays undetermined on it alone)."""
 
 LIFETIMES = ("transient", "working_set", "undetermined")
 """Values of a family's optional ``lifetime``: ``transient`` families are built and dropped
@@ -52,7 +58,7 @@ class Family:
     lifetime: str | None = None
     """One of :data:`LIFETIMES`, or None (model state, or not known)."""
     workload: str | None = None
-    """``"training"``: a capture holding it trains (see :data:`WORKLOADS`); None: either."""
+    """One of :data:`MARKS`: what a capture holding it does; None: either."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,8 @@ class Phase:
     label: str
     description: str
     workload: str | None = None
-    """``"training"``: a capture with this phase trains (backward, optimizer step)."""
+    """One of :data:`MARKS`: what a capture reaching this phase does (an optimizer step
+    trains; a backward needs autograd); None: either."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +121,8 @@ def _entries(data: Mapping[str, Any], table: str, source: str) -> list[dict[str,
         seen.add(raw["id"])
         if raw.get("lifetime", LIFETIMES[0]) not in LIFETIMES:
             raise ValueError(f"{where}: `lifetime` must be one of {LIFETIMES}")
-        if raw.get("workload", WORKLOADS[0]) != WORKLOADS[0]:
-            raise ValueError(f"{where}: `workload` can only be {WORKLOADS[0]!r}")
+        if raw.get("workload", MARKS[0]) not in MARKS:
+            raise ValueError(f"{where}: `workload` must be one of {MARKS}")
         if "colour" in raw and not _COLOUR.fullmatch(raw["colour"]):
             raise ValueError(f"{where}: `colour` must be #rrggbb")
     return entries
@@ -186,12 +193,12 @@ def families_with_lifetime(lifetime: str) -> frozenset[str]:
     return frozenset(f.id for f in vocabulary().families if f.lifetime == lifetime)
 
 
-def training_marks() -> tuple[frozenset[str], frozenset[str]]:
-    """The families and the phases whose presence shows a capture trains (a backward ran or
-    is to run): those the vocabulary marks ``workload = "training"``."""
+def workload_marks() -> tuple[dict[str, str], dict[str, str]]:
+    """The families and the phases whose presence speaks for a workload, each with the one
+    it speaks for (:data:`MARKS`): those the vocabulary gives a ``workload``."""
     v = vocabulary()
-    return (frozenset(f.id for f in v.families if f.workload == "training"),
-            frozenset(p.id for p in v.phases if p.workload == "training"))
+    return ({f.id: f.workload for f in v.families if f.workload},
+            {p.id: p.workload for p in v.phases if p.workload})
 
 
 # -- phases and causes ------------------------------------------------------------------

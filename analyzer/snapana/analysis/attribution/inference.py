@@ -446,7 +446,7 @@ def _label(candidates: pl.DataFrame, named: dict[int, Inferred], ev: Evidence,
         if int(address) in named:
             continue
         if alloc_idx is not None and alloc_idx >= 0:
-            if not ev.backward:  # the rules' "on the autograd thread during backward" is not
+            if not ev.backward:  # the rules' "a thread without a Python stack" says more
                 out[int(address)] = Inferred("unknown", "", words["window_no_backward"])
             continue
         if free_idx is not None and free_idx < 0:

@@ -206,8 +206,9 @@ class KnobEntry(_Table, frozen=True, kw_only=True):
         "default: the pack's name; the knob applies when its framework is detected; "
         "`pytorch` and `any` always apply")] = None
     workload: Annotated[str, _doc(
-        "`training`: only for a capture that trains (has a backward: a family / phase the "
-        "vocabulary marks so); `inference`: only for one that does not; empty: either")] = ""
+        "`training`: only for a capture that trains (a step: a family / phase the vocabulary "
+        "marks `training`, or a fact that says so; a backward alone is autograd's); "
+        "`inference`: only for one that does not; empty: either")] = ""
     requires: Annotated[Names | None, _doc(
         "facts (listed below) that must all hold in the capture for the knob to be offered")
     ] = None

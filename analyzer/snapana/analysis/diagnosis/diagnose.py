@@ -145,7 +145,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
                  dr.oom.stack_id, "0,0", dr.oom.stream, ACTIVE_ALLOCATED,
                  dr.oom.requested_bytes, dr.oom.idx)).family: [dr.oom.stack_id]})
     ev = job_evidence(capture, held, lifetimes, segments, live, attributor.rules, extra,
-                      _devices_holding(capture), dr.n_events)
+                      _devices_holding(capture), dr.n_events, attributor.free_phases)
     diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history, ev)
     if history and any(k.simulate for k in diagnosis.knobs):
         replays = replay_knobs(capture, dr, diagnosis.knobs)
@@ -565,18 +565,29 @@ def _excess(what_ifs: list[WhatIf], frameworks: set[str], phase: str, rules: Rul
     return (best[1], best[2]) if best else (None, None)
 
 
+#: The rule that names a block the program's own code made with no library, module forward,
+#: optimizer or autograd on its stack (packs/pytorch.toml): its frames place it in no phase.
+PROGRAMS_OWN_RULE = "pytorch.program_own_code"
+
+
 def _moment_phase(held: pl.DataFrame, idx: int) -> str:
     """At a peak there is no failing stack: the phase is that of the allocation the moment
     follows (where the job was: a peak inside the optimizer step is the step's, however many
-    gradients the backward left), when its frames place it; else the phase most of the live
-    bytes come from, ignoring blocks that predate recording and blocks whose phase is not
-    known (so the verdict never says "not identified" beside a family made "in the backward
-    phase")."""
+    gradients the backward left), when its frames place it. Else the phase most of the live
+    bytes come from, ignoring blocks that predate recording and (so that the verdict does
+    not say "not identified" beside a family made "in the backward phase" for want of
+    frames) blocks whose phase is not known; but where the program's own code made the
+    allocation with nothing else on its stack (`PROGRAMS_OWN_RULE`: its own update, called
+    from its own driver), its unplaced bytes count too and the model's do not: the model
+    loaded earlier does not make a peak in the program's own update "model init"."""
     known = pl.col("phase") != "unknown"
-    last = held.filter((pl.col("alloc_idx") == idx) & known)["phase"]
-    if idx >= 0 and len(last):
+    at = held.filter(pl.col("alloc_idx") == idx) if idx >= 0 else held.clear()
+    last = at.filter(known)["phase"]
+    if len(last):
         return str(last[0])
-    recent = held.filter((pl.col("alloc_idx") >= 0) & known)
+    own = bool(at.height) and bool((at["rule_id"] == PROGRAMS_OWN_RULE).any())
+    recent = held.filter((pl.col("alloc_idx") >= 0) & (known | own)
+                         & ~(pl.lit(own) & (pl.col("phase") == "init")))
     if recent.is_empty():
         return "unknown"
     by = recent.group_by("phase").agg(pl.col("size").sum()).sort("size", descending=True)
