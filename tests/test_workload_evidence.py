@@ -225,3 +225,32 @@ def test_a_peak_in_the_programs_own_update_is_not_model_init(tmp_path) -> None:
     assert r.moment.kind == "peak"
     assert r.diagnosis.phase not in ("init", "forward"), r.diagnosis.phase
     assert held.filter(pl.col("family") == "parameters")["phase"].unique().to_list() == ["init"]
+
+
+def test_a_family_seen_only_over_the_window_is_not_summed_as_if_held_at_once(tmp_path) -> None:
+    """Gradients made by each step's backward and freed by its zero_grad: the workload's
+    words count the blocks the window made and the most of them live at once (one step's),
+    never their sum over four steps, which no moment held. The truth is the simulation's:
+    six 64 MiB gradients a step."""
+    from snapana.units import fmt_bytes
+
+    sim = CachingAllocatorSim(capacity=16384 * MiB)
+    for _ in range(6):
+        sim.malloc(64 * MiB, PARAMS, family="parameters")
+    layer = [("/job/model.py", 30, "forward"), CALL, ("/job/train.py", 50, "train_step")]
+    zero_grad = [(f"{SITE}/torch/optim/optimizer.py", 980, "zero_grad"),
+                 ("/job/train.py", 48, "train_step")]
+    steps, grads = 4, 6
+    for _ in range(steps):
+        made = [sim.malloc(64 * MiB, ACCUMULATE, family="gradients") for _ in range(grads)]
+        for addr in made:
+            sim.free(addr, zero_grad)
+        acts = [sim.malloc(128 * MiB, layer, family="saved_activations") for _ in range(8)]
+        for addr in acts:
+            sim.free(addr, layer)
+    r, _ = _analyse(tmp_path, sim.snapshot())
+    said = " ".join(r.diagnosis.evidence.workload.evidence)
+    one_step, every_step = fmt_bytes(grads * 64 * MiB), fmt_bytes(steps * grads * 64 * MiB)
+    assert f"{steps * grads} gradients blocks made over the window" in said, said
+    assert f"at most {one_step} live at once" in said, said
+    assert every_step not in said, said

@@ -222,24 +222,44 @@ def _graph_dropped(lifetimes: pl.DataFrame, kept: pl.DataFrame, n_events: int,
         "step ran")}
 
 
-def _workload_marks(tables: Iterable[pl.DataFrame | None]) -> dict[str, tuple[str, str]]:
-    """The families and phases of `tables` that speak for a workload: id -> (what they
-    say, a description)."""
+def _workload_marks(held: pl.DataFrame | None, lifetimes: pl.DataFrame | None,
+                    n_events: int) -> dict[str, tuple[str, str]]:
+    """The families and phases that speak for a workload: id -> (what they say, a
+    description). A family held at the moment is described by what is held; one seen only
+    over the window by how many blocks it made and the most of them live at once (their
+    sum over the window can exceed the device: a gradient freed and made again each step)."""
     families, phases = workload_marks()
     out: dict[str, tuple[str, str]] = {}
-    for table in tables:
+    for table, over_window in ((held, False), (lifetimes, True)):
         if table is None or table.is_empty():
             continue
         for fam, says in sorted(families.items()):
             got = table.filter(pl.col("family") == fam)
             if got.height and fam not in out:
-                out[fam] = (says, f"{got.height} {fam} block{'s' if got.height != 1 else ''} "
-                                  f"({fmt_bytes(int(got['size'].sum()))})")
+                blocks = f"{got.height} {fam} block{'s' if got.height != 1 else ''}"
+                out[fam] = (says, f"{blocks} made over the window, at most "
+                                  f"{fmt_bytes(_most_live_at_once(got, n_events))} live at once"
+                            if over_window else f"{blocks} ({fmt_bytes(int(got['size'].sum()))})")
         if "phase" in table.columns:
             for ph, says in sorted(phases.items()):
                 if ph not in out and (table["phase"] == ph).any():
                     out[ph] = (says, f"blocks made in the {ph} phase")
     return out
+
+
+def _most_live_at_once(lifetimes: pl.DataFrame, n_events: int) -> int:
+    """The most bytes of `lifetimes` live at one event: a block counts from its allocation
+    (the window's start when it predates it) to the request that freed it (the end when
+    none did); a free at an event is counted before an allocation at the same one."""
+    freed = pl.col("free_req_idx")
+    steps = pl.concat([
+        lifetimes.select(pl.col("alloc_idx").clip(lower_bound=0).cast(pl.Int64).alias("at"),
+                         pl.col("size").cast(pl.Int64).alias("delta")),
+        lifetimes.select(pl.when(freed.is_null() | (freed < 0)).then(n_events).otherwise(freed)
+                         .cast(pl.Int64).alias("at"),
+                         (-pl.col("size")).cast(pl.Int64).alias("delta")),
+    ]).sort(["at", "delta"])
+    return max(0, int(steps["delta"].cum_sum().max() or 0))
 
 
 def scoped_facts(facts: Mapping[str, str], capture: Capture,
@@ -402,7 +422,7 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
         facts[OWN_OPTIMIZER_STEP.id] = own
     facts.update(forward_retention(lifetimes, n_events, free_phases))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
-    marks = _workload_marks((held, lifetimes))
+    marks = _workload_marks(held, lifetimes, n_events)
     if "optimizer_state" in marks:  # blocks of the family of that name are held
         facts[OPTIMIZER_STATE.id] = f"an optimizer keeps state: {marks['optimizer_state'][1]}"
     workload = decide_workload(facts, marks, framed)
