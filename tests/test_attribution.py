@@ -1058,6 +1058,12 @@ EXAMPLE = "[[example]]\nstack = [{ file = 'm.py', function = 'forward', line = 1
          "unknown phase 'warmup'"),
         (KNOB.replace("'lowers'", "'shrinks'") + "families = ['logits']\ncost = 'free'",
          "knob `u.k`", "`direction` must be one of"),
+        (KNOB + "causes = ['fragmentation']\ncost = 'free'\nrequires = ['stranded_cache']\n"
+         "replay_decides = ['stranded_cache']", "knob `u.k`",
+         "`replay_decides` needs `simulate`"),
+        (KNOB + "causes = ['fragmentation']\ncost = 'free'\nsimulate = ['expandable_segments:True']"
+         "\nreplay_decides = ['stranded_cache']", "knob `u.k`",
+         "'stranded_cache' is not in the knob's `requires`"),
         (EXAMPLE + "family = 'logits'\nwhy = 'x'", "example `user_pack[0]`",
          "unknown field 'why' in [[example]]"),
         (EXAMPLE, "example `user_pack[0]`", "missing required field `family`"),

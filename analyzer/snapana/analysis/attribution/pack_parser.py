@@ -253,6 +253,10 @@ class Knob:
     """PYTORCH_CUDA_ALLOC_CONF items (``expandable_segments:True``) that are this knob, for
     the allocator model to replay the recorded window under (`analysis.allocator_replay`):
     a knob with them is predicted, not only argued."""
+    replay_decides: tuple[str, ...] = ()
+    """Facts of `requires` that only argue what replaying `simulate` shows (free cache
+    stranded in used segments, for expandable segments): where the recorded window is
+    replayed to an OOM, the replay decides in their place, both ways."""
 
 
 @dataclass(frozen=True)
@@ -323,6 +327,7 @@ _KNOB_KEYS = {
     "unless",
     "unless_set",
     "simulate",
+    "replay_decides",
 }
 _EXAMPLE_KEYS = {
     "description",
@@ -809,9 +814,23 @@ def _knobs(data: Mapping[str, Any], pack: str, ctx: _Ctx) -> list[Knob]:
                 unless_set=_ids(raw, "unless_set", ALLOCATOR_SETTINGS, "allocator setting",
                                 ctx),
                 simulate=_simulated(raw, ctx),
+                replay_decides=_replay_decides(raw, ctx),
             )
         )
     return out
+
+
+def _replay_decides(raw: Mapping[str, Any], ctx: _Ctx) -> tuple[str, ...]:
+    """`replay_decides`: facts of the knob's own `requires`, and only with `simulate` (a
+    replay needs allocator settings to run under)."""
+    values = _ids(raw, "replay_decides", fact_ids(), "fact", ctx)
+    if values and "simulate" not in raw:
+        raise ctx.fail("`replay_decides` needs `simulate` (the settings to replay)")
+    requires = _as_list(raw["requires"], ctx, "requires") if "requires" in raw else []
+    outside = [v for v in values if v not in requires]
+    if outside:
+        raise ctx.fail(f"`replay_decides`: {outside[0]!r} is not in the knob's `requires`")
+    return values
 
 
 def _example_frame(raw: Any, ctx: _Ctx) -> tuple[str, str, int]:
