@@ -1101,6 +1101,9 @@ def ranks_headline(m: MultiReport) -> str:
             if len(m.skipped) > SKIPPED_SHOWN else ""
         parts.append(f"{plural(len(m.skipped), 'other file')} not taken as inputs: "
                      f"{shown}{more}.")
+    if m.beside:
+        parts.append(f"{plural(len(m.beside), 'other capture')} of this folder: "
+                     f"{'; '.join(m.beside)}.")
     first = m.first_oom
     if first is not None and first.oom is not None:
         who = (f"rank {first.rank} ({first.file.rsplit('/', 1)[-1]})" if first.rank is not None
