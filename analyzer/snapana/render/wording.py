@@ -648,7 +648,7 @@ def replay_text(r: KnobReplay | None) -> str:
             margin = replay_margin(r)
             spare = f", {fmt_bytes(margin)} to spare at its peak" if margin is not None else ""
             return (f"the recorded OOM goes away{spare}; {peaks}; a simulation of the recorded "
-                    f"window, {WINDOW_ENDS}")
+                    f"window ({WINDOW_ENDS})")
         return (f"the recorded OOM stays (event {c.simulated_ooms[0][0]}); {peaks}; a "
                 "simulation of the recorded window")
     if c.peak_reserved >= rec.peak_reserved:
