@@ -975,120 +975,103 @@ frames = [{ function_re = "for.*" }]
     assert d.ties == ("tie.b",)
 
 
-@pytest.mark.parametrize(
-    "body,problem",
-    [
-        ("[[rule]\nid = 'x'", "TOML syntax error"),
-        (
-            "[[rule]]\nid = 'bad_field'\nfamily = 'logits'\nlabel = 'l'\ncolour = 'red'\n"
-            "frames = [{ function = 'f' }]",
-            "unknown field 'colour'",
-        ),
-        (
-            "[[rule]]\nid = 'bad_family'\nfamily = 'logitz'\nlabel = 'l'\n"
-            "frames = [{ function = 'f' }]",
-            "unknown family 'logitz'",
-        ),
-        (
-            "[[rule]]\nid = 'bad_regex'\nfamily = 'logits'\nlabel = 'l'\n"
-            "frames = [{ function_re = 'f(' }]",
-            "invalid regex in `function_re`",
-        ),
-        (
-            "[[rule]]\nid = 'bad_frame_field'\nfamily = 'logits'\nlabel = 'l'\n"
-            "frames = [{ function = 'f', whre = 'innermost' }]",
-            "unknown field 'whre'",
-        ),
-        (
-            "[[rule]]\nid = 'no_label'\nfamily = 'logits'\nframes = [{ function = 'f' }]",
-            "missing required field `label`",
-        ),
-        (
-            "[[rule]]\nid = 'no_cond'\nfamily = 'logits'\nlabel = 'l'",
-            "needs at least one condition",
-        ),
-        (
-            "[[rule]]\nid = 'bad_size'\nfamily = 'logits'\nlabel = 'l'\nmin_size = 'lots'",
-            "`min_size`: cannot read 'lots' as a size",
-        ),
-        (
-            "[[phase_rule]]\nid = 'bad_phase'\nphase = 'warmup'\nframes = [{ function = 'f' }]",
-            "unknown phase 'warmup'",
-        ),
-        (
-            "[[rule]]\nid = 'rank_anywhere'\nfamily = 'grad_buffer'\nlabel = 'l'\n"
-            "frames = [{ function = '__init__', line_rank = 0 }]",
-            'needs where = "innermost"',
-        ),
-        (
-            "[[rule]]\nid = 'bad_pool'\nfamily = 'logits'\nlabel = 'l'\npool = 'shared'",
-            "unknown pool kind 'shared'",
-        ),
-    ],
-)
-def test_bad_rule_files_give_one_line_errors(tmp_path, body, problem):
-    path = write(tmp_path, "user_pack.toml", body)
-    with pytest.raises(RuleError) as info:
-        load_rules([path])
-    msg = str(info.value)
-    assert "\n" not in msg
-    assert msg.startswith(f"{path}: ")
-    assert problem in msg
-    if "syntax" not in problem:
-        rule = body.split("id = '")[1].split("'")[0]
-        assert f"rule `user_pack.{rule}`" in msg
-
-
+RULE = "[[rule]]\nid = 'r'\nfamily = 'logits'\nlabel = 'l'\n"
 KNOB = "[[knob]]\nid = 'u.k'\nknob = '--k'\ndirection = 'lowers'\neffect = 'e'\n"
 EXAMPLE = "[[example]]\nstack = [{ file = 'm.py', function = 'forward', line = 1 }]\n"
+IN_RULE = " (rule `user_pack.r`)"
+IN_KNOB = " (knob `u.k`)"
 
 
 @pytest.mark.parametrize(
-    "body,entry,problem",
+    "body,where,problem",
     [
-        (KNOB + "families = ['logits']\ncost = 'free'\ncolour = 1", "knob `u.k`",
-         "unknown field 'colour' in [[knob]]"),
-        (KNOB + "families = ['logits']", "knob `u.k`", "missing required field `cost`"),
-        (KNOB + "families = ['logits']\ncost = 'cheap'", "knob `u.k`",
-         "`cost` must be one of ('free', 'compute', 'communication', 'quality')"),
-        (KNOB + "families = ['logitz']\ncost = 'free'", "knob `u.k`", "unknown family 'logitz'"),
-        (KNOB + "causes = ['oom']\ncost = 'free'", "knob `u.k`", "unknown cause 'oom'"),
-        (KNOB + "cost = 'free'", "knob `u.k`", "needs `families` or `causes`"),
-        (KNOB + "families = ['logits']\ncost = 'free'\nphases = ['warmup']", "knob `u.k`",
-         "unknown phase 'warmup'"),
+        ("[[rule]\nid = 'x'", "TOML syntax error", "Expected ']]'"),
+        (RULE + "colour = 'red'\nframes = [{ function = 'f' }]", "rule[0].colour" + IN_RULE,
+         "unknown field (allowed: annotation, description, family, frames, "),
+        (RULE.replace("logits", "logitz") + "frames = [{ function = 'f' }]",
+         "rule[0].family" + IN_RULE, "unknown family 'logitz' (known: "),
+        (RULE + "frames = [{ function_re = 'f(' }]", "rule[0].frames[0].function_re" + IN_RULE,
+         "invalid regex 'f('"),
+        (RULE + "frames = [{ function = 'f' }, { function = 'f', whre = 'innermost' }]",
+         "rule[0].frames[1].whre" + IN_RULE, "unknown field (allowed: file, file_re, "),
+        ("[[rule]]\nid = 'no_label'\nfamily = 'logits'\nframes = [{ function = 'f' }]",
+         "rule[0].label (rule `user_pack.no_label`)", "missing required field"),
+        ("[[rule]]\nfamily = 'logits'\nlabel = 'l'\npool = 'default'", "rule[0].id",
+         "missing required field"),
+        ("[[rule]]\nid = 'a b'\nfamily = 'logits'\nlabel = 'l'\npool = 'default'",
+         "rule[0].id (rule `user_pack.a b`)", "expected `str` that is a dotted name"),
+        (RULE, "rule[0]" + IN_RULE, "needs at least one condition"),
+        (RULE + "min_size = 'lots'", "rule[0].min_size" + IN_RULE, "cannot read 'lots' as a size"),
+        ("[[phase_rule]]\nid = 'bad_phase'\nphase = 'warmup'\nframes = [{ function = 'f' }]",
+         "phase_rule[0].phase (rule `user_pack.bad_phase`)", "unknown phase 'warmup'"),
+        (RULE + "frames = [{ function = '__init__', line_rank = 0 }]",
+         "rule[0].frames[0].line_rank" + IN_RULE, 'needs where = "innermost"'),
+        (RULE + "pool = 'shared'", "rule[0].pool" + IN_RULE,
+         "'shared' is not one of ('default', 'mempool', 'graph', 'private')"),
+        (RULE + "pool = ['default', 'shared']", "rule[0].pool[1]" + IN_RULE,
+         "'shared' is not one of ('default', 'mempool', 'graph', 'private')"),
+        (RULE + "state = 'freed'", "rule[0].state" + IN_RULE, "unknown block state 'freed'"),
+        (RULE + "frames = [{ function = 3 }]", "rule[0].frames[0].function" + IN_RULE,
+         "expected `str | list`, got `int`"),
+        (RULE + "frames = [{ function = [] }]", "rule[0].frames[0].function" + IN_RULE,
+         "expected `list` of length >= 1"),
+        (RULE + "frames = { function = 'f' }", "rule[0].frames" + IN_RULE,
+         "expected `list`, got `table`"),
+        (RULE + "frames = [{ function = 'f', within = true }]",
+         "rule[0].frames[0].within" + IN_RULE, "expected `int`, got `bool`"),
+        (RULE + "frames = [{ function = 'f*' }]", "rule[0].frames[0].function" + IN_RULE,
+         "'f*' is a pattern: use `function_re`"),
+        (KNOB + "families = ['logits']\ncost = 'free'\ncolour = 1", "knob[0].colour" + IN_KNOB,
+         "unknown field (allowed: causes, caveat, cost, direction, "),
+        (KNOB + "families = ['logits']", "knob[0].cost" + IN_KNOB, "missing required field"),
+        (KNOB + "families = ['logits']\ncost = 'cheap'", "knob[0].cost" + IN_KNOB,
+         "'cheap' is not one of ('free', 'compute', 'communication', 'quality')"),
+        (KNOB + "families = ['logitz']\ncost = 'free'", "knob[0].families" + IN_KNOB,
+         "unknown family 'logitz'"),
+        (KNOB + "causes = ['oom']\ncost = 'free'", "knob[0].causes" + IN_KNOB,
+         "unknown cause 'oom'"),
+        (KNOB + "cost = 'free'", "knob[0]" + IN_KNOB, "needs `families` or `causes`"),
+        (KNOB + "families = ['logits']\ncost = 'free'\nphases = ['warmup']",
+         "knob[0].phases" + IN_KNOB, "unknown phase 'warmup'"),
         (KNOB.replace("'lowers'", "'shrinks'") + "families = ['logits']\ncost = 'free'",
-         "knob `u.k`", "`direction` must be one of"),
+         "knob[0].direction" + IN_KNOB, "'shrinks' is not one of ('lowers', "),
+        (KNOB + "families = ['logits']\ncost = 'free'\nrequires = ['gpu']",
+         "knob[0].requires" + IN_KNOB, "unknown fact 'gpu' (known: backward, "),
+        (KNOB + "families = ['logits']\ncost = 'free'\nsimulate = ['expandable_segments:Maybe']",
+         "knob[0].simulate" + IN_KNOB, "expandable_segments is True or False"),
         (KNOB + "causes = ['fragmentation']\ncost = 'free'\nrequires = ['stranded_cache']\n"
-         "replay_decides = ['stranded_cache']", "knob `u.k`",
-         "`replay_decides` needs `simulate`"),
+         "replay_decides = ['stranded_cache']", "knob[0].replay_decides" + IN_KNOB,
+         "needs `simulate`"),
         (KNOB + "causes = ['fragmentation']\ncost = 'free'\nsimulate = ['expandable_segments:True']"
-         "\nreplay_decides = ['stranded_cache']", "knob `u.k`",
+         "\nreplay_decides = ['stranded_cache']", "knob[0].replay_decides" + IN_KNOB,
          "'stranded_cache' is not in the knob's `requires`"),
-        (EXAMPLE + "family = 'logits'\nwhy = 'x'", "example `user_pack[0]`",
-         "unknown field 'why' in [[example]]"),
-        (EXAMPLE, "example `user_pack[0]`", "missing required field `family`"),
-        (EXAMPLE + "family = 'logitz'", "example `user_pack[0]`", "unknown family 'logitz'"),
-        (EXAMPLE + "family = 'logits'\nphase = 'warmup'", "example `user_pack[0]`",
+        (EXAMPLE + "family = 'logits'\nwhy = 'x'", "example[0].why", "unknown field (allowed: "),
+        (EXAMPLE, "example[0].family", "missing required field"),
+        (EXAMPLE + "family = 'logitz'", "example[0].family", "unknown family 'logitz'"),
+        (EXAMPLE + "family = 'logits'\nphase = 'warmup'", "example[0].phase",
          "unknown phase 'warmup'"),
-        (EXAMPLE + "family = 'logits'\npool = 'shared'", "example `user_pack[0]`",
-         "`pool` must be one of"),
+        (EXAMPLE + "family = 'logits'\npool = 'shared'", "example[0].pool",
+         "'shared' is not one of ('default', 'mempool', 'graph')"),
         ("[[example]]\nfamily = 'logits'\nstack = [{ file = 'm.py', func = 'f' }]",
-         "example `user_pack[0]`", "unknown field 'func' in a `stack` entry"),
+         "example[0].stack[0].func", "unknown field (allowed: file, function, line, symbol)"),
         ("[[example]]\nfamily = 'logits'\nstack = [{ file = 'libtorch.so', function = 'f' }]",
-         "example `user_pack[0]`", "is not a Python frame"),
-        ("[pack]\nmarkers = 'x/'\nowner = 'me'", "rule `<pack>`",
-         "unknown field 'owner' in [pack]"),
-        ("[pack]\nmarkers = ['']", "rule `<pack>`", "`markers` entries must be non-empty"),
-        ("[[knobs]]\nid = 'x'", "rule `<pack>`", "unknown field 'knobs' in the file"),
+         "example[0].stack[0].file", "is not a Python frame"),
+        ("[pack]\nmarkers = 'x/'\nowner = 'me'", "pack.owner", "unknown field (allowed: "),
+        ("[pack]\nmarkers = ['']", "pack.markers", "entries must be non-empty"),
+        ("[pack]\nname = 'a b'", "pack.name", "expected `str` that is a simple name"),
+        ("pack = 3", "pack", "expected `table`, got `int`"),
+        ("[[knobs]]\nid = 'x'", "knobs",
+         "unknown field (allowed: example, knob, pack, phase_rule, rule)"),
     ],
 )
-def test_bad_knobs_examples_and_markers_give_one_line_errors(tmp_path, body, entry, problem):
+def test_bad_packs_give_one_line_errors_naming_the_path(tmp_path, body, where, problem):
+    """A bad pack is one line: the file, the path in it (with the entry's id), the problem."""
     path = write(tmp_path, "user_pack.toml", body)
     with pytest.raises(RuleError) as info:
         load_rules([path])
     msg = str(info.value)
     assert "\n" not in msg
-    assert msg.startswith(f"{path}: {entry}: "), msg
+    assert msg.startswith(f"{path}: {where}: "), msg
     assert problem in msg, msg
 
 

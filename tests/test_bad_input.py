@@ -78,6 +78,14 @@ def test_unwritable_output_is_one_line(tmp_path):
     ("[[rule]\nid = 'x'\n", "bad.toml"),
     ("[[rule]]\nid = 'x'\nfamily = 'logits'\nlabel = 'l'\nframes = [{function_re = '('}]\n",
      "x"),
+    # the schema's own errors name the path in the file
+    ("[[rule]]\nid = 'x'\nfamily = 'logits'\nlabel = 'l'\nframes = [{function = 3}]\n",
+     "rule[0].frames[0].function (rule `bad.x`): expected `str | list`, got `int`"),
+    ("[[knob]]\nid = 'k'\nknob = 'k'\nfamilies = 'logits'\ndirection = 'lowers'\n"
+     "cost = 'free'\neffect = 'e'\nwhy = 1\n", "knob[0].why (knob `k`): unknown field"),
+    ("[pack]\nname = 'bad'\nmemory = 'disk'\n",
+     "pack.memory: 'disk' is not one of ('device', 'host', 'any')"),
+    ("rule = 'x'\n", "rule: expected `list`, got `str`"),
 ])
 def test_bad_rule_file_is_one_line(tmp_path, rules, words):
     snap = tmp_path / "s.pickle"

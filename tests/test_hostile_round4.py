@@ -306,6 +306,17 @@ def test_a_rule_pack_nested_too_deep_is_one_line_and_exit_2(tmp_path: Path) -> N
     assert "nested 5,000 deep" in line, line
 
 
+def test_a_rule_pack_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """`--rules` names a FIFO (or a device): nothing writes to it, so reading it would block
+    forever; it is refused like every other input that is not a regular file."""
+    import os
+
+    fifo = tmp_path / "rules.toml"
+    os.mkfifo(fifo)
+    line = _one_error_line(invoke("summary", str(SAMPLE), "--rules", str(fifo)))
+    assert "FIFO" in line and str(fifo) in line, line
+
+
 def test_the_depth_check_skips_strings_and_comments() -> None:
     from snapana.limits import MAX_TOML_DEPTH, toml_too_deep
 
@@ -314,6 +325,59 @@ def test_the_depth_check_skips_strings_and_comments() -> None:
                  f'x = "\\"{deep}"'):
         assert toml_too_deep(text) is None, text
     assert toml_too_deep(f"x = {deep}{']' * (MAX_TOML_DEPTH + 1)}") is not None
+
+
+def _nesting_one_char_at_a_time(text: str) -> int:
+    """The depth check's reference: the TOML text read one character at a time."""
+    depth = deepest = i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "#":
+            i = _string_end(text, "\n", i + 1, escapes=False, line=True)
+        elif ch in "\"'":
+            close = ch * 3 if text.startswith(ch * 3, i) else ch
+            i = _string_end(text, close, i + len(close), escapes=ch == '"', line=len(close) == 1)
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return deepest
+
+
+def _string_end(text: str, close: str, i: int, escapes: bool, line: bool) -> int:
+    while i < len(text):
+        if escapes and text[i] == "\\":
+            i += 2
+        elif text.startswith(close, i):
+            return i + len(close) - 1
+        elif line and text[i] == "\n":
+            return i
+        else:
+            i += 1
+    return i
+
+
+def test_the_depth_check_reads_as_one_character_at_a_time_would() -> None:
+    """The check reads a text by one pattern (linear); it must count as a reader walking the
+    text character by character: on every built-in pack and on random texts made of the
+    tokens that open and close strings, comments and brackets."""
+    import random
+
+    import snapana
+    from snapana.limits import _toml_nesting
+
+    packs = sorted(Path(snapana.__file__).parent.rglob("*.toml"))
+    assert packs
+    for pack in packs:
+        text = pack.read_text(encoding="utf-8")
+        assert _toml_nesting(text) == _nesting_one_char_at_a_time(text), pack
+    rng = random.Random(5)
+    tokens = ['"', "'", '"""', "'''", "[", "]", "{", "}", "#", "\n", "\\", "a", " "]
+    for _ in range(20_000):
+        text = "".join(rng.choice(tokens) for _ in range(rng.randint(0, 30)))
+        assert _toml_nesting(text) == _nesting_one_char_at_a_time(text), repr(text)
 
 
 # ----- outputs opened by name; every exit code documented --------------------------------------

@@ -163,3 +163,31 @@ def test_a_memray_source_draws_no_family_timeline_and_breaks_nothing(tmp_path):
     assert gpu["names"][0] == "saved_activations"
     assert gpu["axis"] == "seconds since first event"  # memray has no clock to share
     assert host is None  # a heap high-water mark: no history, so no family timeline
+
+
+def test_a_report_reads_its_compiled_template_from_the_cache_and_is_unchanged(tmp_path,
+                                                                             monkeypatch):
+    """A report's template is compiled once into the user's cache and read from it by the
+    next run: the pages of both runs are byte-identical, and a cache that cannot be written
+    (its folder is a file) costs nothing but the compile."""
+    from .conftest import run_cli
+
+    snap = tmp_path / "oom.pickle"
+    _oom_snapshot(snap)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    pages = []
+    for run in range(2):
+        out = tmp_path / f"r{run}.html"
+        result = run_cli("report", str(snap), "-o", str(out))
+        assert result.returncode == 0, result.stderr
+        pages.append(out.read_bytes())
+    assert pages[0] == pages[1]
+    assert list((cache / "snapana" / "templates").glob("*.cache")), "no compiled template kept"
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("x")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    out = tmp_path / "blocked.html"
+    result = run_cli("report", str(snap), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes() == pages[0]

@@ -20,6 +20,7 @@ refused.
 from __future__ import annotations
 
 import os
+import re
 
 from snapana.units import MAX_BYTES as MAX_BYTES
 from snapana.units import parse_bytes
@@ -219,6 +220,9 @@ MAX_LOG_MESSAGES = 1_000
 #: line is read up to it and the reading says so.
 MAX_LOG_LINE = 8192
 
+#: A user's rule pack is read up to this many bytes (the built-in packs together are ~0.3 MiB).
+MAX_PACK_BYTES = 8 << 20
+
 #: Deepest nesting of arrays and inline tables read from a TOML input (a budget, a user's
 #: rule pack): theirs is 1 to 3; the TOML reader recurses per level (5,000 levels raise
 #: RecursionError), so depth is checked before it runs.
@@ -233,37 +237,29 @@ def toml_too_deep(text: str) -> str | None:
     return f"arrays or tables nested {depth:,} deep (at most {MAX_TOML_DEPTH} are read)"
 
 
+#: One token of a TOML text that can hold a bracket: a comment, a string of any of the four
+#: kinds (an unclosed one runs to its end: its line, or the text), or a bracket. No
+#: alternative can backtrack into another, so the scan is linear in the text.
+_TOML_TOKEN = re.compile(
+    r'#[^\n]*'
+    r'|"""(?:[^"\\]|\\.?|"(?!""))*(?:"""|\Z)'
+    r"|'''(?:[^']|'(?!''))*(?:'''|\Z)"
+    r'|"(?:[^"\\\n]|\\.?)*(?:"|(?=\n)|\Z)'
+    r"|'[^'\n]*'?"
+    r"|([\[{])|[\]}]",
+    re.DOTALL,
+)
+
+
 def _toml_nesting(text: str) -> int:
-    """The deepest nesting of [ and { outside strings and comments, read in one pass (a
-    bracket inside a quoted name, a multi-line string or a comment does not count)."""
-    depth = deepest = i = 0
-    n = len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "#":
-            i = _toml_end(text, "\n", i + 1, escapes=False)
-        elif ch in "\"'":
-            close = ch * 3 if text.startswith(ch * 3, i) else ch
-            i = _toml_end(text, close, i + len(close), escapes=ch == '"', line=len(close) == 1)
-        elif ch in "[{":
+    """The deepest nesting of [ and { outside strings and comments, read by one pattern in
+    one pass (a bracket inside a quoted name, a multi-line string or a comment does not
+    count)."""
+    depth = deepest = 0
+    for token in _TOML_TOKEN.finditer(text):
+        if token.group(1) is not None:
             depth += 1
             deepest = max(deepest, depth)
-        elif ch in "]}":
+        elif token.group() in ("]", "}"):
             depth = max(0, depth - 1)
-        i += 1
     return deepest
-
-
-def _toml_end(text: str, close: str, i: int, escapes: bool, line: bool = True) -> int:
-    """Where the string or comment opened before `i` ends: the index of its last
-    character (a one-line string ends at its line's end whatever it holds)."""
-    while i < len(text):
-        if escapes and text[i] == "\\":
-            i += 2
-            continue
-        if text.startswith(close, i):
-            return i + len(close) - 1
-        if line and text[i] == "\n":
-            return i
-        i += 1
-    return i

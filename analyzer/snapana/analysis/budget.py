@@ -70,16 +70,9 @@ MAX_BUDGET_COUNT = (1 << 63) - 1
 def read_budget_file(path: Path) -> Budget:
     """A budget file: a regular file (never a FIFO that would block), small, UTF-8; noted as
     an input so no output may replace it."""
-    from snapana.sources._io import open_regular
+    from snapana.sources._io import read_small_text
 
-    with open_regular(path) as fh:
-        data = fh.read(MAX_BUDGET_BYTES + 1)
-    if len(data) > MAX_BUDGET_BYTES:
-        raise InputError(f"{path}: over {MAX_BUDGET_BYTES >> 20} MiB: not a budget file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text: not a budget file") from None
+    text = read_small_text(path, MAX_BUDGET_BYTES, "a budget file")
     return read_budget(text, str(path))
 
 

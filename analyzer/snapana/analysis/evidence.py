@@ -19,6 +19,13 @@ import polars as pl
 
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
 from snapana.analysis.attribution.facts import (
+    FREE_SEGMENTS,
+    LAYERED_ACTIVATIONS,
+    OPTIMIZER_STATE,
+    OWN_OPTIMIZER_STEP,
+    SCOPED_ELSEWHERE,
+    SEVERAL_DEVICES,
+    STRANDED_CACHE,
     FactPattern,
     fact_limits,
     fact_specs,
@@ -148,7 +155,7 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, str],
     if framed:
         return Workload("undetermined", (
             "no backward, optimizer, gradient or training / inference driver in the frames",
-            *([facts["scoped_elsewhere"]] if "scoped_elsewhere" in facts else [])))
+            *([facts[SCOPED_ELSEWHERE.id]] if SCOPED_ELSEWHERE.id in facts else [])))
     return Workload(None, ())
 
 
@@ -214,7 +221,7 @@ def scoped_facts(facts: Mapping[str, str], capture: Capture,
         if made < share * total:
             out.pop(spec.id)
             where = f" ({inside[0][0]})" if inside else ""
-            out["scoped_elsewhere"] = (
+            out[SCOPED_ELSEWHERE.id] = (
                 f"{spec.seen_as}{where} made {fmt_bytes(made)} of the {fmt_bytes(total)} "
                 "that a module's forward made; the rest carry no such frame")
     return out
@@ -334,28 +341,28 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
                                     (n for n in names if isinstance(n, str))), capture, held)
     free = free_segments(segments, live)
     if sum(free.values()):
-        facts["free_segments"] = f"{fmt_bytes(sum(free.values()))} in segments holding no " \
-                                 "live block"
+        facts[FREE_SEGMENTS.id] = f"{fmt_bytes(sum(free.values()))} in segments holding no " \
+                                  "live block"
     cached = int(segments["total_size"].sum()) - int(live["size"].sum()) \
         if segments.height else 0
     stranded = cached - sum(free.values())
     if stranded > 0 and stranded >= cached / 2:
-        facts["stranded_cache"] = f"{fmt_bytes(stranded)} of the {fmt_bytes(cached)} cached " \
-                                  "free lies inside segments that hold live blocks"
+        facts[STRANDED_CACHE.id] = f"{fmt_bytes(stranded)} of the {fmt_bytes(cached)} cached " \
+                                   "free lies inside segments that hold live blocks"
     saved = held.filter(pl.col("family") == "saved_activations") if held.height else held
     if saved.height and saved["site"].n_unique() >= 2:
-        facts["layered_activations"] = f"saved activations from {saved['site'].n_unique()} " \
-                                       "sites"
+        facts[LAYERED_ACTIVATIONS.id] = f"saved activations from {saved['site'].n_unique()} " \
+                                        "sites"
     if devices_holding > 1:
-        facts["several_devices"] = f"{devices_holding} devices hold memory"
+        facts[SEVERAL_DEVICES.id] = f"{devices_holding} devices hold memory"
     own = own_optimizer_step(capture, held)
     if own:
-        facts["own_optimizer_step"] = own
+        facts[OWN_OPTIMIZER_STEP.id] = own
     facts.update(forward_retention(lifetimes, n_events))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
     marks = _training_marks((held, lifetimes))
-    if "optimizer_state" in marks:
-        facts["optimizer_state"] = f"an optimizer keeps state: {marks['optimizer_state']}"
+    if "optimizer_state" in marks:  # blocks of the family of that name are held
+        facts[OPTIMIZER_STATE.id] = f"an optimizer keeps state: {marks['optimizer_state']}"
     workload = decide_workload(facts, marks, framed)
     settings = capture.allocator_settings
     expandable = bool(capture.segments["is_expandable"].any()) \

@@ -135,6 +135,23 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
+def read_small_text(path: Path, limit: int, what: str) -> str:
+    """A small UTF-8 text input named on the command line (a budget, a rule pack): a regular
+    file only (a FIFO would block the read), at most `limit` bytes; `what` names it in the
+    one line an InputError says."""
+    try:
+        with open_regular(path) as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {first_line(exc)}") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: over {limit >> 20} MiB: not {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text: not {what}") from None
+
+
 def decompressed_limit(compressed_size: int) -> tuple[int, str]:
     """The most bytes a compressed file of this size may expand to, and the variable that
     raises that limit."""

@@ -46,118 +46,12 @@ Public API
     ``lifetime = "transient" | "working_set"``; ``[[phase]]`` id, label, description;
     ``[[cause]]`` id, description): the only file in ``packs/`` that is not a pack.
 
-Rule file schema (TOML)
------------------------
-A file is a *pack*. A framework's pack (``packs/<framework>.toml``) holds everything about
-that framework: how to detect it, its rules and phase rules, its knobs and examples. A user
-file given with ``--rules`` has the same schema::
-
-    [pack]                       # optional
-    name = "slime"               # default: file stem; rule ids are prefixed with it
-    description = "..."
-    default_priority = 100       # built-in framework packs 100, pytorch 50, user files 150
-    markers = ["slime/"]         # detection: a capture uses the framework when a frame's
-                                 # path contains one of these; its knobs are then suggested
-
-    [[rule]]                     # a family rule
-    id = "slime.logprob_softmax" # "<pack>." is added when missing; unique across packs
-    family = "saved_logprob_softmax"   # one of family_ids()
-    label = "saved log_prob_softmax (per chunk)"
-    priority = 110               # higher wins; equal-priority matches are reported as ties
-    description = "..."          # optional, for people
-    reason = "..."               # optional; replaces the generated reason text
-    # conditions (all optional, all must hold; at least one is required):
-    frames = [                   # caller -> callee order (outermost first)
-      { file = "slime/utils/ppo_utils.py", function = "calculate_log_probs_and_entropy" },
-      { file = "slime/utils/ppo_utils.py", function = "vocab_parallel_softmax" },
-    ]
-    not_frames = [ {...} ]       # none of these frames may be on the stack
-    only_frames = [ {...} ]      # every Python frame matches one of these (file/function
-                                 # only), and there is at least one: nothing else ran it
-    pool = "default" | "mempool" | "graph" | "private"   # or a list
-    stream = "default" | "nondefault"
-    state = "active_allocated" | "active_pending_free" | "inactive"   # or a list
-    phase = "forward"            # or a list; the inferred phase (family rules only)
-    annotation = '^Optimizer\\.step#'   # regex searched in each open annotation name
-    min_size = "512MiB"          # bytes or a size string; max_size likewise (inclusive)
-    no_python_frames = true      # true: only C++ frames (or none); false: some Python
-    no_frames = true             # true: empty stack; false: non-empty
-    has_alloc_event = false      # false: predates recording; true: an alloc event exists
-    phase_hint = "backward"      # or a list; the phase the *caller* established from the
-                                 # timeline (BlockContext.phase_hint), not one inferred from the
-                                 # stack; family rules only
-
-    [[phase_rule]]               # same conditions (except `phase`), decides the phase
-    id = "phases.optimizer_wrapper"
-    phase = "optimizer"
-    priority = 90
-    frames = [{ file = "torch/optim/optimizer.py", function = "wrapper" }]
-
-    [[knob]]                     # a setting that changes a family or an OOM cause
-    id = "slime.recompute_loss_function"   # unique across packs; used as given
-    knob = "--recompute-loss-function"     # the flag / setting as written in the framework
-    families = ["saved_logprob_softmax"]   # family ids it acts on, and/or
-    causes = ["outside_pytorch"]           # cause ids (vocabulary [[cause]]); one is required
-    direction = "lowers"         # "lowers" | "raises" | "bounds" | "releases" (offload)
-    cost = "compute"             # "free" | "compute" | "communication" | "quality"
-                                 # (extra compute, extra communication incl. host transfers,
-                                 # may change training quality / results)
-    effect = "..."               # one sentence: what it changes
-    caveat = "..."               # optional: when it does NOT help, what it costs
-    phases = ["logprobs"]        # optional: only suggested for an OOM in one of these
-    framework = "any"            # optional, default the pack name; knobs apply when their
-                                 # framework is detected; "pytorch" and "any" always apply
-    workload = "training"        # optional: only for a capture that trains (has a backward:
-                                 # a family / phase the vocabulary marks so) or, "inference",
-                                 # only for one that does not
-
-    [[example]]                  # a stack and the family the rules must give it
-    description = "..."          # optional
-    family = "saved_logprob_softmax"
-    rule = "slime.logprob_softmax"   # optional: the rule that must decide
-    phase = "forward"            # optional: the phase that must be inferred
-    stack = [                    # innermost first, as a snapshot stores it
-      { file = "slime/utils/ppo_utils.py", function = "vocab_parallel_softmax", line = 512 },
-      { file = "slime/utils/ppo_utils.py", function = "forward", line = 540 },
-      { symbol = "torch::autograd::Engine::thread_main(...)" },   # a C++ frame
-    ]
-    # optional block context: pool = "default" | "mempool" | "graph", stream = 0,
-    # state = "active_allocated", size = "64MiB", has_alloc_event = true,
-    # annotations = ["..."], phase_hint = "backward"
-
-Every example of every built-in pack is run through the engine by
-``tests/test_pack_examples.py`` (with the sites of its own stack indexed, as the Attributor
-indexes a snapshot's); ``RuleSet.check_examples()`` does the same for user packs.
-
-Frame pattern fields:
-
-- ``file``: path suffix on whole components, on a path normalised to ``/`` with ``..``
-  resolved (``torch/optim/optimizer.py`` matches ``.../site-packages/torch/optim/optimizer.py``).
-- ``file_re``: regex searched in the normalised path (anchor it: ``'(^|/)vllm/v1/worker/'``).
-- ``function``: exact function name(s) — a string or a list. Never a substring match, so a
-  driver named ``run_forward_backward_step`` is not a ``forward`` frame.
-- ``function_re``: regex that must match the *whole* function name.
-- ``symbol_re``: regex searched in a C++ frame's symbol (``torch::autograd::Engine::thread_main``);
-  C++-only, cannot be combined with the four fields above.
-- ``where = "innermost"`` / ``within = N``: the frame must be among the first N Python
-  frames (N=1 for ``innermost``); C++ frames are not counted, so interleaved C++ frames do
-  not break innermost matching.
-- ``max_gap = N``: at most N Python frames between this frame and the previous (caller)
-  pattern's frame (``forward`` directly under ``_call_impl``, allowing hook wrappers).
-- ``line_lt`` / ``line_ge``: line bounds, for one known version.
-- ``line_rank = k`` (``min_sites = m``): the frame's line is the k-th (0-based; negative
-  counts from the end) of the distinct lines seen for that (file, function) across the
-  snapshot (needs :meth:`RuleSet.with_sites`), with at least m such lines; requires
-  ``where = "innermost"`` (only allocating lines are ranked). This survives
-  version changes that move line numbers but keep the order of allocations.
-  ``line_rank = [i, j]`` is an inclusive range of ranks: ``[0, -2]`` is every allocating
-  line of the function but its last (the intermediates of a helper that returns its last
-  allocation). The Attributor ranks the lines of every alloc and of the failing (OOM)
-  request.
-- ``outermost = true``: only the outermost frame of the stack that matches the pattern's
-  file/function (or symbol) fields is a candidate — the ``forward`` of the top-level model,
-  not of a layer nested inside it. ``within`` / line bounds then test that frame, so
-  ``outermost = true, where = "innermost"`` means "allocated by the top-level forward itself".
+Rule file schema
+----------------
+A file is a *pack*: ``[pack]``, ``[[rule]]``, ``[[phase_rule]]``, ``[[knob]]`` and
+``[[example]]`` tables. The schema is the structs of :mod:`.pack_schema` (msgspec; unknown
+fields refused, errors naming the path in the file); ``packs/README.md`` documents it, generated
+from them and from the facts a knob may name (:mod:`.pack_doc`; a test keeps it up to date).
 
 Precedence is by ``priority`` only (then load order: built-in packs sorted by file name,
 then user files in the order given), never by which file a rule is in. A block that no rule

@@ -759,7 +759,7 @@ def builtin_packs() -> tuple[Pack, ...]:
     packs: list[Pack] = []
     order = 0
     for name, text in _builtin_files():
-        pack = parse_pack_text(text, f"packs/{name}", order_start=order)
+        pack = parse_pack_text(text, f"packs/{name}", order_start=order, packaged=True)
         order += len(pack.rules)
         packs.append(pack)
     return tuple(packs)

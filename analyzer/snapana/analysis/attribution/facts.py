@@ -77,26 +77,47 @@ def fact_limits() -> dict[str, float]:
             if isinstance(v, int | float)}
 
 
+@dataclass(frozen=True)
+class ComputedFact:
+    """A fact computed from the allocator state, not matched on frames: `analysis.evidence`
+    sets it by this object's ``id`` (never by a literal), so the list a knob's
+    `requires` / `unless` is checked against and documented from is the code's own."""
+
+    id: str
+    means: str
+
+
+FREE_SEGMENTS = ComputedFact(
+    "free_segments", "a segment holds no live block, so empty_cache() has something to give "
+    "back")
+SEVERAL_DEVICES = ComputedFact(
+    "several_devices", "more than one device of the process holds memory")
+OPTIMIZER_STATE = ComputedFact(
+    "optimizer_state", "an optimizer, torch.optim's or the program's own, keeps state on the "
+    "device: blocks of that family")
+STRANDED_CACHE = ComputedFact(
+    "stranded_cache", "most of the cached-but-unallocated bytes lie inside segments that also "
+    "hold live blocks: what expandable segments avoid, and what empty_cache() cannot give back")
+LAYERED_ACTIVATIONS = ComputedFact(
+    "layered_activations", "saved activations held from at least two sites: there is a block "
+    "boundary to checkpoint at (one op's output is its own checkpoint)")
+SCOPED_ELSEWHERE = ComputedFact(
+    "scoped_elsewhere", "a fact scoped to blocks (`of_blocks`, such as a no_grad decorator) "
+    "was seen, but not in the frames of most of the blocks it would speak for: it does not "
+    "hold, and this says where it was seen")
+OWN_OPTIMIZER_STEP = ComputedFact(
+    "own_optimizer_step", "the optimizer update temporaries held were made by the program's "
+    "own code, not a library's")
+
+COMPUTED_FACTS: tuple[ComputedFact, ...] = (
+    FREE_SEGMENTS, SEVERAL_DEVICES, OPTIMIZER_STATE, STRANDED_CACHE, LAYERED_ACTIVATIONS,
+    SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP)
+
+
 def fact_ids() -> tuple[str, ...]:
     """Every fact a knob's `requires` / `unless` may name: those of ``evidence.toml`` and
     the ones computed from the allocator state (`COMPUTED_FACTS`)."""
-    return tuple(f.id for f in _spec()[0]) + COMPUTED_FACTS
-
-
-#: Facts computed from the state, not matched on frames: `free_segments` (a segment holds no
-#: live block, so empty_cache() has something to give back), `several_devices` (more than one
-#: device of the process holds memory), `optimizer_state` (an optimizer, torch.optim's or the
-#: program's own, keeps state on the device: blocks of that family), `stranded_cache` (most of
-#: the cached-but-unallocated bytes lie inside segments that also hold live blocks: what
-#: expandable segments avoid, and what empty_cache() cannot give back), `layered_activations`
-#: (saved activations held from at least two sites: there is a block boundary to checkpoint at;
-#: one op's output is its own checkpoint), `scoped_elsewhere` (a fact scoped to blocks, such
-#: as a no_grad decorator, was seen, but not in the frames of most of the blocks it would
-#: speak for: it does not hold, and this says where it was seen), `own_optimizer_step` (the
-#: optimizer update temporaries held were made by the program's own code, not a library's).
-COMPUTED_FACTS = ("free_segments", "several_devices", "optimizer_state", "stranded_cache",
-                  "layered_activations", "scoped_elsewhere",
-                  "own_optimizer_step")
+    return tuple(f.id for f in _spec()[0]) + tuple(f.id for f in COMPUTED_FACTS)
 
 
 def _matches(p: FactPattern, frame: Frame, library: tuple[str, ...]) -> bool:

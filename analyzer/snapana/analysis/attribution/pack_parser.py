@@ -1,13 +1,14 @@
-"""Rule files: schema, validation and compilation to fast matchers.
+"""Rule files: validation and compilation to fast matchers.
 
 Rules are data (TOML). Each file is a *pack*; the built-in packs live in ``packs/`` (one
 per framework) and users add their own files. A pack holds everything about its framework:
 how to detect it in a capture (``[pack] markers``), its ``[[rule]]`` and ``[[phase_rule]]``
 entries, its ``[[knob]]`` entries and ``[[example]]`` stacks with the family they must get.
-The schema is documented in this package's ``__init__.py``; this module enforces
-it: an unknown field, an unknown family, phase or cause, a bad regular expression or a
-malformed value is a :class:`RuleError` whose message is one line naming the file, the entry
-and the problem — a rule file is user input and must never produce a traceback.
+The schema is :mod:`.pack_schema`'s structs (``packs/README.md`` is generated from them);
+this module decodes a pack into them and checks the rest: an unknown field, an unknown
+family, phase or cause, a bad regular expression or a malformed value is a
+:class:`RuleError` whose message is one line naming the file, the path in it, the entry and
+the problem — a rule file is user input and must never produce a traceback.
 
 Everything that can be computed ahead of matching is: regexes are compiled, literal
 function names are kept as sets (so a pattern finds its candidate frames by dictionary
@@ -19,16 +20,22 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from snapana.caching_allocator import ALLOCATOR_SETTINGS, BLOCK_STATES, normalize_state
-from snapana.limits import MAX_BYTES, toml_too_deep
+from snapana.errors import InputError
+from snapana.limits import MAX_BYTES, MAX_PACK_BYTES, toml_too_deep
+from snapana.sources._io import first_line, read_small_text
 from snapana.units import parse_bytes
 
+from . import pack_schema as schema
 from .facts import fact_ids
 from .families import WORKLOADS, cause_ids, family_ids, phase_ids
+from .pack_schema import KNOB_COSTS as KNOB_COSTS  # re-exported: the knob table reads it here
 from .stack import BlockContext, NormStack, Stack, path_has_suffix
 
 if sys.version_info >= (3, 11):
@@ -39,11 +46,6 @@ else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
 PHASES: tuple[str, ...] = phase_ids()
 """Phases :func:`infer_phase` can return (the ``[[phase]]`` table of ``packs/vocabulary.toml``)."""
 
-POOL_KINDS = ("default", "mempool", "graph", "private")
-"""``private`` means any non-default pool (``mempool`` or ``graph``)."""
-
-STREAM_KINDS = ("default", "nondefault")
-
 #: Priority a rule gets when neither it nor its pack sets one. Framework packs sit above the
 #: generic PyTorch pack (which sets a lower ``default_priority``); user files default higher
 #: still so that a user rule overrides a built-in without having to know its number.
@@ -52,7 +54,8 @@ USER_DEFAULT_PRIORITY = 150
 
 
 class RuleError(ValueError):
-    """A rule file is invalid. The message is one line: file, rule id, problem."""
+    """A rule file is invalid. The message is one line: file, path in it (with the entry's
+    id), problem."""
 
 
 # --------------------------------------------------------------------------------------
@@ -210,15 +213,6 @@ class Rule:
         return len(self.frames) + (self.annotation is not None)
 
 
-KNOB_DIRECTIONS = ("lowers", "raises", "bounds", "releases")
-"""What a knob does to the families / causes it names: ``releases`` moves model state off
-the GPU (offload), ``bounds`` caps a size without lowering the typical case."""
-
-KNOB_COSTS = ("free", "compute", "communication", "quality")
-"""What turning a knob costs: nothing that matters, extra compute (recompute, more or smaller
-micro-batches, slower kernels or engines), extra communication (collectives, host <-> device
-transfers), or it may change training quality / results (truncation, lower precision)."""
-
 
 @dataclass(frozen=True)
 class Knob:
@@ -305,132 +299,66 @@ class Pack:
 # --------------------------------------------------------------------------------------
 # parsing
 
-_PACK_KEYS = {"name", "description", "default_priority", "versions", "notes", "markers",
-              "memory"}
-#: What memory a pack's family rules describe: a GPU caching allocator's blocks ("device",
-#: the default), a process's heap as memray records it ("host"), or both ("any").
-MEMORY_KINDS = ("device", "host", "any")
-_TOP_KEYS = {"pack", "rule", "phase_rule", "knob", "example"}
-_KNOB_KEYS = {
-    "id",
-    "framework",
-    "knob",
-    "families",
-    "causes",
-    "direction",
-    "effect",
-    "caveat",
-    "phases",
-    "cost",
-    "workload",
-    "requires",
-    "unless",
-    "unless_set",
-    "simulate",
-    "replay_decides",
-}
-_EXAMPLE_KEYS = {
-    "description",
-    "family",
-    "rule",
-    "phase",
-    "stack",
-    "pool",
-    "stream",
-    "state",
-    "size",
-    "has_alloc_event",
-    "annotations",
-    "phase_hint",
-}
-_EXAMPLE_FRAME_KEYS = {"file", "function", "line", "symbol"}
 #: ``pool`` of an example -> the ``segment_pool_id`` its block gets
 _EXAMPLE_POOLS = {"default": (0, 0), "mempool": (0, 1), "graph": (1, 0)}
-_COND_KEYS = {
-    "frames",
-    "not_frames",
-    "only_frames",
-    "pool",
-    "stream",
-    "state",
-    "phase",
-    "annotation",
-    "min_size",
-    "max_size",
-    "no_python_frames",
-    "no_frames",
-    "has_alloc_event",
-    "phase_hint",
-}
-_RULE_KEYS = {"id", "family", "label", "priority", "description", "reason"} | _COND_KEYS
-# phase rules cannot test the phase they decide
-# (nor the caller's phase_hint, which overrides every phase rule)
-_PHASE_RULE_KEYS = {"id", "phase", "priority", "description", "reason", "label"} | (
-    _COND_KEYS - {"phase", "phase_hint"}
-)
-_FRAME_KEYS = {
-    "file",
-    "file_re",
-    "function",
-    "function_re",
-    "symbol_re",
-    "line_lt",
-    "line_ge",
-    "line_rank",
-    "min_sites",
-    "where",
-    "within",
-    "max_gap",
-    "outermost",
-}
+_ENTRY_KINDS = {"rule": "rule", "phase_rule": "rule", "knob": "knob"}
 
-class _Ctx:
-    """Carries file and entry (rule id, knob id, example) so every error message names both."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.what = "rule"
-        self.rule = "<pack>"
+class _Where:
+    """Names the file, the path in it and the entry's id, so every error is one line a user
+    can act on: ``packs/slime.toml: rule[3].frames[0].function (rule `slime.x`): ...``."""
 
-    def fail(self, problem: str) -> RuleError:
+    def __init__(self, source: str, pack: str, data: Mapping[str, Any]) -> None:
+        self.source, self.pack, self.data = source, pack, data
+
+    def fail(self, path: str, problem: str) -> RuleError:
         one_line = " ".join(str(problem).split())
-        return RuleError(f"{self.source}: {self.what} `{self.rule}`: {one_line}")
+        entry = self._entry(path)
+        where = f"{path} ({entry})" if entry else path
+        return RuleError(f"{self.source}: {where or '(top level)'}: {one_line}")
+
+    def _entry(self, path: str) -> str:
+        m = re.match(r"(\w+)\[(\d+)\]", path)
+        if m is None or m[1] not in _ENTRY_KINDS:
+            return ""
+        entries = self.data.get(m[1])
+        raw = entries[int(m[2])] if isinstance(entries, list) and int(m[2]) < len(entries) \
+            else None
+        entry_id = raw.get("id") if isinstance(raw, Mapping) else None
+        if not isinstance(entry_id, str):
+            return ""
+        if m[1] != "knob" and not entry_id.startswith(self.pack + "."):
+            entry_id = f"{self.pack}.{entry_id}"
+        return f"{_ENTRY_KINDS[m[1]]} `{entry_id}`"
 
 
-def _as_list(value: Any, ctx: _Ctx, key: str, kind: type = str) -> list[Any]:
-    items = value if isinstance(value, list) else [value]
-    for v in items:
-        if not isinstance(v, kind):
-            raise ctx.fail(f"`{key}` must be a {kind.__name__} or a list of them, got {v!r}")
-    if not items:
-        raise ctx.fail(f"`{key}` is an empty list")
-    return items
+def _schema_error(exc: msgspec.ValidationError, where: _Where) -> RuleError:
+    return where.fail(*schema.explain(exc))
 
 
-def _int(value: Any, ctx: _Ctx, key: str, minimum: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ctx.fail(f"`{key}` must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ctx.fail(f"`{key}` must be >= {minimum}, got {value}")
-    return value
+def _names(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """A field that takes one name or a list of them, as a tuple (absent: empty)."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
-def _bool(value: Any, ctx: _Ctx, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ctx.fail(f"`{key}` must be true or false, got {value!r}")
-    return value
+def _known(values: tuple[str, ...], known: Sequence[str], what: str, path: str,
+           where: _Where) -> tuple[str, ...]:
+    bad = [v for v in values if v not in known]
+    if bad:
+        raise where.fail(path, f"unknown {what} {bad[0]!r} (known: {', '.join(known)})")
+    return values
 
 
-def _regex(value: Any, ctx: _Ctx, key: str) -> re.Pattern[str]:
-    if not isinstance(value, str):
-        raise ctx.fail(f"`{key}` must be a string (a regular expression), got {value!r}")
+def _regex(value: str, path: str, where: _Where) -> re.Pattern[str]:
     try:
         return re.compile(value)
     except re.error as exc:
-        raise ctx.fail(f"invalid regex in `{key}` {value!r}: {exc}") from None
+        raise where.fail(path, f"invalid regex {value!r}: {exc}") from None
 
 
-def parse_size(value: Any, ctx: _Ctx | None = None, key: str = "size") -> int:
+def parse_size(value: Any, where: _Where | None = None, path: str = "size") -> int:
     """Bytes from an integer byte count or a size string with a unit (``"512MiB"``,
     ``"1.5 GiB"``, ``"80GB"``), read by the product's one size parser."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_BYTES:
@@ -441,104 +369,62 @@ def parse_size(value: Any, ctx: _Ctx | None = None, key: str = "size") -> int:
             return parse_bytes(value)
         except ValueError as exc:
             problem = str(exc)
-    msg = f"`{key}`: {problem}"
-    if ctx is None:
-        raise ValueError(msg)
-    raise ctx.fail(msg)
+    if where is None:
+        raise ValueError(f"`{path}`: {problem}")
+    raise where.fail(path, problem)
 
 
-def _unknown_keys(table: Mapping[str, Any], allowed: set[str], ctx: _Ctx, what: str) -> None:
-    extra = sorted(set(table) - allowed)
-    if extra:
-        raise ctx.fail(
-            f"unknown field{'s' if len(extra) > 1 else ''} {', '.join(map(repr, extra))} in {what}"
-            f" (allowed: {', '.join(sorted(allowed))})"
-        )
-
-
-def _choices(raw: Mapping[str, Any], key: str, allowed: Sequence[str], ctx: _Ctx, what: str,
-             normalize: Any = None) -> frozenset[str] | None:
-    """A condition that names one or more values from a fixed vocabulary (None: absent)."""
-    if key not in raw:
-        return None
-    values = frozenset((normalize or str)(v) for v in _as_list(raw[key], ctx, key))
-    bad = values - set(allowed)
-    if bad:
-        raise ctx.fail(f"unknown {what} {sorted(bad)[0]!r} (use one of {tuple(allowed)})")
-    return values
-
-
-def _frame_pattern(raw: Any, ctx: _Ctx, key: str) -> FramePattern:
-    if not isinstance(raw, Mapping):
-        raise ctx.fail(f"each entry of `{key}` must be a table, got {raw!r}")
-    _unknown_keys(raw, _FRAME_KEYS, ctx, f"a `{key}` entry")
-    if not {"file", "file_re", "function", "function_re", "symbol_re"} & set(raw):
-        raise ctx.fail(
-            f"a `{key}` entry needs at least one of file, file_re, function, function_re, symbol_re"
-        )
-    file = raw.get("file")
-    if file is not None:
-        if not isinstance(file, str) or not file:
-            raise ctx.fail(f"`file` must be a non-empty path suffix, got {file!r}")
-        file = file.replace("\\", "/").lstrip("/")
-    functions = None
-    if "function" in raw:
-        functions = frozenset(_as_list(raw["function"], ctx, "function"))
-        globbed = sorted(f for f in functions if set(f) & set("*?["))
-        if globbed:  # names are exact: a glob would silently never match
-            raise ctx.fail(f"`function` names are exact, {globbed[0]!r} is a pattern: use "
-                           "`function_re`")
-    symbol_re = _regex(raw["symbol_re"], ctx, "symbol_re") if "symbol_re" in raw else None
-    if symbol_re is not None and {"file", "file_re", "function", "function_re"} & set(raw):
-        raise ctx.fail("`symbol_re` matches C++ frames and cannot be combined with file/function")
-    where = raw.get("where", "anywhere")
-    if where not in ("anywhere", "innermost"):
-        raise ctx.fail(f'`where` must be "anywhere" or "innermost", got {where!r}')
-    within = _int(raw["within"], ctx, "within", 1) if "within" in raw else None
-    if where == "innermost" and within is None:
-        within = 1
+def _frame_pattern(raw: schema.FrameEntry, path: str, where: _Where) -> FramePattern:
+    if not (raw.file or raw.file_re is not None or raw.function is not None
+            or raw.function_re is not None or raw.symbol_re is not None):
+        raise where.fail(path, "needs at least one of file, file_re, function, function_re, "
+                               "symbol_re")
+    functions = frozenset(_names(raw.function)) if raw.function is not None else None
+    globbed = sorted(f for f in functions or () if set(f) & set("*?["))
+    if globbed:  # names are exact: a glob would silently never match
+        raise where.fail(f"{path}.function", f"names are exact, {globbed[0]!r} is a pattern: "
+                                             "use `function_re`")
+    symbol_re = _regex(raw.symbol_re, f"{path}.symbol_re", where) \
+        if raw.symbol_re is not None else None
+    if symbol_re is not None and (raw.file or raw.file_re is not None or functions is not None
+                                  or raw.function_re is not None):
+        raise where.fail(path, "`symbol_re` matches C++ frames and cannot be combined with "
+                               "file/function")
+    within = 1 if raw.within is None and raw.where == "innermost" else raw.within
     if within is not None and symbol_re is not None:
-        raise ctx.fail("`where`/`within` count Python frames and do not apply to `symbol_re`")
-    line_rank = line_rank_to = None
-    if "line_rank" in raw:
-        lr = raw["line_rank"]
-        if isinstance(lr, list):
-            if len(lr) != 2:
-                raise ctx.fail(f"`line_rank` must be an integer or a [first, last] pair: {lr!r}")
-            line_rank = _int(lr[0], ctx, "line_rank")
-            line_rank_to = _int(lr[1], ctx, "line_rank")
-            if (line_rank < 0) == (line_rank_to < 0) and line_rank > line_rank_to:
-                raise ctx.fail(f"`line_rank` range {lr!r} is empty (first > last)")
-        else:
-            line_rank = _int(lr, ctx, "line_rank")
-    min_sites = _int(raw.get("min_sites", 1), ctx, "min_sites", 1)
-    if "min_sites" in raw and line_rank is None:
-        raise ctx.fail("`min_sites` only makes sense with `line_rank`")
+        raise where.fail(path, "`where`/`within` count Python frames and do not apply to "
+                               "`symbol_re`")
+    line_rank, line_rank_to = (raw.line_rank, None) if not isinstance(raw.line_rank, list) \
+        else tuple(raw.line_rank)
+    if line_rank is not None and line_rank_to is not None \
+            and (line_rank < 0) == (line_rank_to < 0) and line_rank > line_rank_to:
+        raise where.fail(f"{path}.line_rank", f"range {raw.line_rank!r} is empty (first > last)")
+    if raw.min_sites is not None and line_rank is None:
+        raise where.fail(f"{path}.min_sites", "only makes sense with `line_rank`")
     if line_rank is not None and within != 1:
-        raise ctx.fail(
-            '`line_rank` ranks the lines a function allocates from: it needs where = "innermost"'
-        )
+        raise where.fail(f"{path}.line_rank", "ranks the lines a function allocates from: it "
+                                              'needs where = "innermost"')
     pat = FramePattern(
-        file=file,
-        file_re=_regex(raw["file_re"], ctx, "file_re") if "file_re" in raw else None,
+        file=raw.file.replace("\\", "/").lstrip("/") if raw.file else None,
+        file_re=_regex(raw.file_re, f"{path}.file_re", where) if raw.file_re is not None
+        else None,
         functions=functions,
-        function_re=(
-            _regex(raw["function_re"], ctx, "function_re") if "function_re" in raw else None
-        ),
+        function_re=_regex(raw.function_re, f"{path}.function_re", where)
+        if raw.function_re is not None else None,
         symbol_re=symbol_re,
-        line_lt=_int(raw["line_lt"], ctx, "line_lt") if "line_lt" in raw else None,
-        line_ge=_int(raw["line_ge"], ctx, "line_ge") if "line_ge" in raw else None,
+        line_lt=raw.line_lt,
+        line_ge=raw.line_ge,
         line_rank=line_rank,
         line_rank_to=line_rank_to,
-        min_sites=min_sites,
+        min_sites=raw.min_sites or 1,
         within=within,
-        max_gap=_int(raw["max_gap"], ctx, "max_gap", 0) if "max_gap" in raw else None,
-        outermost=_bool(raw["outermost"], ctx, "outermost") if "outermost" in raw else False,
+        max_gap=raw.max_gap,
+        outermost=raw.outermost,
     )
     return _with_text(pat, raw)
 
 
-def _with_text(pat: FramePattern, raw: Mapping[str, Any]) -> FramePattern:
+def _with_text(pat: FramePattern, raw: schema.FrameEntry) -> FramePattern:
     if pat.symbol_re is not None:
         text = f"C++ frame /{pat.symbol_re.pattern}/"
     else:
@@ -548,8 +434,8 @@ def _with_text(pat: FramePattern, raw: Mapping[str, Any]) -> FramePattern:
             fn = f"/{pat.function_re.pattern}/"
         else:
             fn = "*"
-        where = raw.get("file") or (f"/{raw['file_re']}/" if "file_re" in raw else None)
-        text = f"`{fn}`" + (f" in `{where}`" if where else "")
+        place = raw.file or (f"/{raw.file_re}/" if raw.file_re is not None else None)
+        text = f"`{fn}`" + (f" in `{place}`" if place else "")
         if pat.within is not None:
             text += f" (within innermost {pat.within} Python frame{'s' if pat.within > 1 else ''})"
         if pat.line_rank is not None:
@@ -563,50 +449,49 @@ def _with_text(pat: FramePattern, raw: Mapping[str, Any]) -> FramePattern:
     return pat
 
 
-def _conditions(raw: Mapping[str, Any], ctx: _Ctx, allow_phase: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    frames = raw.get("frames", [])
-    if not isinstance(frames, list):
-        raise ctx.fail("`frames` must be an array of tables ([[rule.frames]] or frames = [{...}])")
-    out["frames"] = tuple(_frame_pattern(f, ctx, "frames") for f in frames)
-    not_frames = raw.get("not_frames", [])
-    if not isinstance(not_frames, list):
-        raise ctx.fail("`not_frames` must be an array of tables")
-    out["not_frames"] = tuple(_frame_pattern(f, ctx, "not_frames") for f in not_frames)
-    only = raw.get("only_frames", [])
-    if not isinstance(only, list):
-        raise ctx.fail("`only_frames` must be an array of tables")
-    out["only_frames"] = tuple(_frame_pattern(f, ctx, "only_frames") for f in only)
-    for pat in out["only_frames"]:
+def _choices(values: tuple[str, ...], allowed: Sequence[str], what: str, path: str,
+             where: _Where) -> frozenset[str] | None:
+    """A condition that names one or more values from a fixed vocabulary (None: absent)."""
+    if not values:
+        return None
+    bad = set(values) - set(allowed)
+    if bad:
+        raise where.fail(path, f"unknown {what} {sorted(bad)[0]!r} (use one of {tuple(allowed)})")
+    return frozenset(values)
+
+
+def _conditions(raw: schema.RuleEntry | schema.PhaseRuleEntry, path: str,
+                where: _Where) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        key: tuple(_frame_pattern(f, f"{path}.{key}[{n}]", where)
+                   for n, f in enumerate(getattr(raw, key)))
+        for key in ("frames", "not_frames", "only_frames")}
+    for n, pat in enumerate(out["only_frames"]):
         if pat.symbol_re is not None or pat.within is not None or pat.line_rank is not None \
                 or pat.outermost:
-            raise ctx.fail("`only_frames` entries name Python code by file and function only "
-                           "(no symbol_re, where/within, line_rank or outermost)")
-    out["pools"] = _choices(raw, "pool", POOL_KINDS, ctx, "pool kind")
-    stream = raw.get("stream")
-    if stream is not None and stream not in STREAM_KINDS:
-        raise ctx.fail(f"`stream` must be one of {STREAM_KINDS}, got {stream!r}")
-    out["stream"] = stream
-    out["states"] = _choices(raw, "state", BLOCK_STATES, ctx, "block state",
-                             normalize=normalize_state)
-    out["phases"] = _choices(raw, "phase", PHASES, ctx, "phase") if allow_phase else None
-    out["phase_hints"] = _choices(raw, "phase_hint", PHASES, ctx, "phase_hint")
-    out["annotation"] = (
-        _regex(raw["annotation"], ctx, "annotation") if "annotation" in raw else None
-    )
-    out["min_size"] = parse_size(raw["min_size"], ctx, "min_size") if "min_size" in raw else None
-    out["max_size"] = parse_size(raw["max_size"], ctx, "max_size") if "max_size" in raw else None
+            raise where.fail(f"{path}.only_frames[{n}]",
+                             "`only_frames` entries name Python code by file and function only "
+                             "(no symbol_re, where/within, line_rank or outermost)")
+    out["pools"] = frozenset(_names(raw.pool)) if raw.pool is not None else None
+    out["stream"] = raw.stream
+    out["states"] = _choices(tuple(normalize_state(s) for s in _names(raw.state)), BLOCK_STATES,
+                             "block state", f"{path}.state", where)
+    out["phases"] = out["phase_hints"] = None  # a phase rule cannot test what it decides
+    if isinstance(raw, schema.RuleEntry):
+        out["phases"] = _choices(_names(raw.phase), PHASES, "phase", f"{path}.phase", where)
+        out["phase_hints"] = _choices(_names(raw.phase_hint), PHASES, "phase_hint",
+                                      f"{path}.phase_hint", where)
+    out["annotation"] = _regex(raw.annotation, f"{path}.annotation", where) \
+        if raw.annotation is not None else None
+    for key in ("min_size", "max_size"):
+        value = getattr(raw, key)
+        out[key] = parse_size(value, where, f"{path}.{key}") if value is not None else None
     for key in ("no_python_frames", "no_frames", "has_alloc_event"):
-        out[key] = _bool(raw[key], ctx, key) if key in raw else None
+        out[key] = getattr(raw, key)
     return out
 
 
-_ID_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*"
-
-
-def _qualify(rule_id: Any, pack: str, ctx: _Ctx) -> str:
-    if not isinstance(rule_id, str) or not re.fullmatch(_ID_RE, rule_id):
-        raise ctx.fail(f'`id` must be a dotted name like "{pack}.my_rule", got {rule_id!r}')
+def _qualify(rule_id: str, pack: str) -> str:
     return rule_id if rule_id.startswith(pack + ".") else f"{pack}.{rule_id}"
 
 
@@ -622,302 +507,187 @@ def parse_pack(
     return pack.name, list(pack.rules)
 
 
-def parse_pack_text(text: str, source: str, *, user: bool = False, order_start: int = 0) -> Pack:
-    """Parse and validate one pack's TOML text: header, rules, phase rules, knobs, examples.
-
-    ``source`` names the file in error messages; ``order_start`` is the load order of the
-    pack's first rule (ties between equal priorities go to the earlier one).
-    """
-    ctx = _Ctx(source)
-    if (deep := toml_too_deep(text)) is not None:
+def _load_toml(text: str, source: str, packaged: bool) -> dict[str, Any]:
+    if not packaged and (deep := toml_too_deep(text)) is not None:
         raise RuleError(f"{source}: {deep}: not a rule pack")
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except (tomllib.TOMLDecodeError, ValueError) as exc:  # ValueError: a 5,000-digit integer
         raise RuleError(f"{source}: TOML syntax error: {' '.join(str(exc).split())[:200]}"
                         ) from None
-    _unknown_keys(data, _TOP_KEYS, ctx, "the file (top level)")
-    pack_raw = data.get("pack", {})
-    if not isinstance(pack_raw, Mapping):
-        raise ctx.fail("`pack` must be a table")
-    _unknown_keys(pack_raw, _PACK_KEYS, ctx, "[pack]")
-    name = pack_raw.get("name", Path(source).stem)
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
-        raise ctx.fail(f"pack `name` must be a simple identifier, got {name!r}")
-    description = pack_raw.get("description", "")
-    if not isinstance(description, str):
-        raise ctx.fail("`description` must be a string")
-    markers: tuple[str, ...] = ()
-    if "markers" in pack_raw:
-        markers = tuple(_as_list(pack_raw["markers"], ctx, "markers"))
-        if not all(markers):
-            raise ctx.fail("`markers` entries must be non-empty path fragments")
-        markers = tuple(m.replace("\\", "/") for m in markers)
-    memory = pack_raw.get("memory", "device")
-    if memory not in MEMORY_KINDS:
-        raise ctx.fail(f"`memory` must be one of {MEMORY_KINDS}, got {memory!r}")
-    default_priority = _int(
-        pack_raw.get("default_priority", USER_DEFAULT_PRIORITY if user else DEFAULT_PRIORITY),
-        ctx,
-        "default_priority",
-    )
-    known_families = set(family_ids())
-    rules: list[Rule] = []
-    for kind, table_key in (("family", "rule"), ("phase", "phase_rule")):
-        entries = data.get(table_key, [])
-        if not isinstance(entries, list):
-            raise ctx.fail(f"`{table_key}` must be an array of tables ([[{table_key}]])")
-        for n, raw in enumerate(entries):
-            ctx.rule = f"{table_key}[{n}]"
-            if not isinstance(raw, Mapping):
-                raise ctx.fail(f"[[{table_key}]] entries must be tables")
-            if "id" in raw and isinstance(raw["id"], str):
-                ctx.rule = raw["id"]
-            if "id" not in raw:
-                raise ctx.fail("missing required field `id`")
-            rule_id = _qualify(raw["id"], name, ctx)
-            ctx.rule = rule_id
-            if kind == "family":
-                _unknown_keys(raw, _RULE_KEYS, ctx, "[[rule]]")
-                for req in ("family", "label"):
-                    if req not in raw:
-                        raise ctx.fail(f"missing required field `{req}`")
-                family = raw["family"]
-                if family not in known_families:
-                    raise ctx.fail(
-                        f"unknown family {family!r} (known: {', '.join(sorted(known_families))})"
-                    )
-                phase_out = None
-            else:
-                _unknown_keys(raw, _PHASE_RULE_KEYS, ctx, "[[phase_rule]]")
-                if "phase" not in raw:
-                    raise ctx.fail("missing required field `phase`")
-                phase_out = raw["phase"]
-                if phase_out not in PHASES:
-                    raise ctx.fail(f"unknown phase {phase_out!r} (use one of {PHASES})")
-                family = None
-            label = raw.get("label", phase_out or "")
-            for key in ("label", "description", "reason"):
-                if key in raw and not isinstance(raw[key], str):
-                    raise ctx.fail(f"`{key}` must be a string")
-            priority = _int(raw.get("priority", default_priority), ctx, "priority")
-            cond = _conditions(raw, ctx, allow_phase=(kind == "family"))
-            if kind == "family" and not any(cond[k] is not None and cond[k] != () for k in cond):
-                raise ctx.fail("a rule needs at least one condition (frames, pool, state, ...)")
-            rules.append(
-                Rule(
-                    id=rule_id,
-                    kind=kind,
-                    family=family,
-                    label=label,
-                    phase_out=phase_out,
-                    priority=priority,
-                    order=order_start + len(rules),
-                    source=source,
-                    description=raw.get("description", ""),
-                    reason_text=raw.get("reason"),
-                    **cond,
-                )
-            )
-    knobs = tuple(_knobs(data, name, ctx))
-    examples = tuple(_examples(data, name, source, ctx))
-    return Pack(name, source, description, markers, tuple(rules), knobs, examples, memory)
 
 
-def _entries(data: Mapping[str, Any], key: str, ctx: _Ctx) -> list[Mapping[str, Any]]:
-    entries = data.get(key, [])
-    if not isinstance(entries, list):
-        raise ctx.fail(f"`{key}` must be an array of tables ([[{key}]])")
-    for raw in entries:
-        if not isinstance(raw, Mapping):
-            raise ctx.fail(f"[[{key}]] entries must be tables")
-    return entries
+def parse_pack_text(text: str, source: str, *, user: bool = False, order_start: int = 0,
+                    packaged: bool = False) -> Pack:
+    """Parse and validate one pack's TOML text: header, rules, phase rules, knobs, examples.
+
+    The schema (:mod:`.pack_schema`) checks types, required and unknown fields; this checks
+    what needs the vocabulary and compiles. ``source`` names the file in error messages;
+    ``order_start`` is the load order of the pack's first rule (ties between equal priorities
+    go to the earlier one). ``packaged``: a file shipped with snapana, whose nesting depth the
+    test suite checks once (`limits.toml_too_deep` guards input, not the package's own data).
+    """
+    data = _load_toml(text, source, packaged)
+    header = data.get("pack")
+    raw_name = header.get("name") if isinstance(header, Mapping) else None
+    where = _Where(source, raw_name if isinstance(raw_name, str) else Path(source).stem, data)
+    try:
+        spec = msgspec.convert(data, schema.PackFile)
+    except msgspec.ValidationError as exc:
+        raise _schema_error(exc, where) from None
+    name = where.pack = spec.pack.name or Path(source).stem
+    if not re.fullmatch(schema.NAME_PATTERN, name):
+        raise where.fail("pack.name", f"must be a simple identifier, got {name!r}")
+    markers = _names(spec.pack.markers)
+    if not all(markers):
+        raise where.fail("pack.markers", "entries must be non-empty path fragments")
+    default_priority = spec.pack.default_priority
+    if default_priority is None:
+        default_priority = USER_DEFAULT_PRIORITY if user else DEFAULT_PRIORITY
+    rules = [_family_rule(r, f"rule[{n}]", name, default_priority, where)
+             for n, r in enumerate(spec.rule)]
+    rules += [_phase_rule(r, f"phase_rule[{n}]", name, default_priority, where)
+              for n, r in enumerate(spec.phase_rule)]
+    rules = [replace(r, order=order_start + n) for n, r in enumerate(rules)]
+    knobs = tuple(_knob(k, f"knob[{n}]", name, where) for n, k in enumerate(spec.knob))
+    examples = tuple(_example(e, n, name, source, where) for n, e in enumerate(spec.example))
+    return Pack(name, source, spec.pack.description, tuple(m.replace("\\", "/") for m in markers),
+                tuple(rules), knobs, examples, spec.pack.memory)
 
 
-def _string(raw: Mapping[str, Any], key: str, ctx: _Ctx, default: str | None = None) -> str:
-    if key not in raw:
-        if default is None:
-            raise ctx.fail(f"missing required field `{key}`")
-        return default
-    value = raw[key]
-    if not isinstance(value, str):
-        raise ctx.fail(f"`{key}` must be a string, got {value!r}")
-    return value
+def _family_rule(raw: schema.RuleEntry, path: str, pack: str, default_priority: int,
+                 where: _Where) -> Rule:
+    _known((raw.family,), family_ids(), "family", f"{path}.family", where)
+    cond = _conditions(raw, path, where)
+    if not any(v is not None and v != () for v in cond.values()):
+        raise where.fail(path, "a rule needs at least one condition (frames, pool, state, ...)")
+    return Rule(id=_qualify(raw.id, pack), kind="family", family=raw.family, label=raw.label,
+                phase_out=None, priority=default_priority if raw.priority is None
+                else raw.priority, order=0, source=where.source, description=raw.description,
+                reason_text=raw.reason, **cond)
 
 
-def _ids(raw: Mapping[str, Any], key: str, known: Sequence[str], what: str, ctx: _Ctx) -> tuple:
-    if key not in raw:
-        return ()
-    values = _as_list(raw[key], ctx, key)
-    bad = [v for v in values if v not in known]
-    if bad:
-        raise ctx.fail(f"unknown {what} {bad[0]!r} (known: {', '.join(known)})")
-    return tuple(values)
+def _phase_rule(raw: schema.PhaseRuleEntry, path: str, pack: str, default_priority: int,
+                where: _Where) -> Rule:
+    if raw.phase not in PHASES:
+        raise where.fail(f"{path}.phase", f"unknown phase {raw.phase!r} (use one of {PHASES})")
+    return Rule(id=_qualify(raw.id, pack), kind="phase", family=None,
+                label=raw.phase if raw.label is None else raw.label, phase_out=raw.phase,
+                priority=default_priority if raw.priority is None else raw.priority, order=0,
+                source=where.source, description=raw.description, reason_text=raw.reason,
+                **_conditions(raw, path, where))
 
 
-def _simulated(raw: Mapping[str, Any], ctx: _Ctx) -> tuple[str, ...]:
+def _simulated(values: tuple[str, ...], path: str, where: _Where) -> tuple[str, ...]:
     """`simulate`: allocator settings the model has rules for, as PyTorch would accept them."""
     from snapana.allocator_model import config
 
-    if "simulate" not in raw:
+    if not values:
         return ()
-    values = tuple(str(v) for v in _as_list(raw["simulate"], ctx, "simulate"))
     try:
         _, unsimulated = config.parse(values)
     except config.ConfError as exc:
-        raise ctx.fail(f"`simulate`: {exc}") from None
+        raise where.fail(path, str(exc)) from None
     if unsimulated:
-        raise ctx.fail(f"`simulate`: the allocator model has no rule for {unsimulated[0]}")
+        raise where.fail(path, f"the allocator model has no rule for {unsimulated[0]}")
     return values
 
 
-def _knobs(data: Mapping[str, Any], pack: str, ctx: _Ctx) -> list[Knob]:
-    out: list[Knob] = []
-    ctx.what = "knob"
-    for n, raw in enumerate(_entries(data, "knob", ctx)):
-        ctx.rule = raw["id"] if isinstance(raw.get("id"), str) else f"knob[{n}]"
-        _unknown_keys(raw, _KNOB_KEYS, ctx, "[[knob]]")
-        knob_id = _string(raw, "id", ctx)
-        if not re.fullmatch(_ID_RE, knob_id):
-            raise ctx.fail(f'`id` must be a dotted name like "{pack}.my_knob", got {knob_id!r}')
-        framework = _string(raw, "framework", ctx, pack)
-        if not re.fullmatch(r"[A-Za-z0-9_\-]+", framework):
-            raise ctx.fail(f"`framework` must be a simple identifier, got {framework!r}")
-        families = _ids(raw, "families", family_ids(), "family", ctx)
-        causes = _ids(raw, "causes", cause_ids(), "cause", ctx)
-        if not families and not causes:
-            raise ctx.fail("a knob needs `families` or `causes` (what it acts on)")
-        direction = _string(raw, "direction", ctx)
-        if direction not in KNOB_DIRECTIONS:
-            raise ctx.fail(f"`direction` must be one of {KNOB_DIRECTIONS}, got {direction!r}")
-        cost = _string(raw, "cost", ctx)
-        if cost not in KNOB_COSTS:
-            raise ctx.fail(f"`cost` must be one of {KNOB_COSTS}, got {cost!r}")
-        workload = _string(raw, "workload", ctx, "")
-        if workload and workload not in WORKLOADS:
-            raise ctx.fail(f"`workload` must be one of {WORKLOADS}, got {workload!r}")
-        out.append(
-            Knob(
-                id=knob_id,
-                framework=framework,
-                knob=_string(raw, "knob", ctx),
-                families=families,
-                causes=causes,
-                direction=direction,
-                effect=_string(raw, "effect", ctx),
-                caveat=_string(raw, "caveat", ctx, ""),
-                phases=_ids(raw, "phases", PHASES, "phase", ctx),
-                cost=cost,
-                workload=workload,
-                requires=_ids(raw, "requires", fact_ids(), "fact", ctx),
-                unless=_ids(raw, "unless", fact_ids(), "fact", ctx),
-                unless_set=_ids(raw, "unless_set", ALLOCATOR_SETTINGS, "allocator setting",
-                                ctx),
-                simulate=_simulated(raw, ctx),
-                replay_decides=_replay_decides(raw, ctx),
-            )
-        )
-    return out
+def _knob(raw: schema.KnobEntry, path: str, pack: str, where: _Where) -> Knob:
+    families = _known(_names(raw.families), family_ids(), "family", f"{path}.families", where)
+    causes = _known(_names(raw.causes), cause_ids(), "cause", f"{path}.causes", where)
+    if not families and not causes:
+        raise where.fail(path, "a knob needs `families` or `causes` (what it acts on)")
+    if raw.workload and raw.workload not in WORKLOADS:
+        raise where.fail(f"{path}.workload", f"must be one of {WORKLOADS}, got {raw.workload!r}")
+    facts = fact_ids()
+    requires = _known(_names(raw.requires), facts, "fact", f"{path}.requires", where)
+    return Knob(
+        id=raw.id,
+        framework=raw.framework or pack,
+        knob=raw.knob,
+        families=families,
+        causes=causes,
+        direction=raw.direction,
+        effect=raw.effect,
+        caveat=raw.caveat,
+        phases=_known(_names(raw.phases), PHASES, "phase", f"{path}.phases", where),
+        cost=raw.cost,
+        workload=raw.workload,
+        requires=requires,
+        unless=_known(_names(raw.unless), facts, "fact", f"{path}.unless", where),
+        unless_set=_known(_names(raw.unless_set), ALLOCATOR_SETTINGS, "allocator setting",
+                          f"{path}.unless_set", where),
+        simulate=_simulated(_names(raw.simulate), f"{path}.simulate", where),
+        replay_decides=_replay_decides(raw, requires, f"{path}.replay_decides", where),
+    )
 
 
-def _replay_decides(raw: Mapping[str, Any], ctx: _Ctx) -> tuple[str, ...]:
+def _replay_decides(raw: schema.KnobEntry, requires: tuple[str, ...], path: str,
+                    where: _Where) -> tuple[str, ...]:
     """`replay_decides`: facts of the knob's own `requires`, and only with `simulate` (a
     replay needs allocator settings to run under)."""
-    values = _ids(raw, "replay_decides", fact_ids(), "fact", ctx)
-    if values and "simulate" not in raw:
-        raise ctx.fail("`replay_decides` needs `simulate` (the settings to replay)")
-    requires = _as_list(raw["requires"], ctx, "requires") if "requires" in raw else []
+    values = _names(raw.replay_decides)
+    if values and not raw.simulate:
+        raise where.fail(path, "needs `simulate` (the settings to replay)")
     outside = [v for v in values if v not in requires]
     if outside:
-        raise ctx.fail(f"`replay_decides`: {outside[0]!r} is not in the knob's `requires`")
+        raise where.fail(path, f"{outside[0]!r} is not in the knob's `requires`")
     return values
 
 
-def _example_frame(raw: Any, ctx: _Ctx) -> tuple[str, str, int]:
-    if not isinstance(raw, Mapping):
-        raise ctx.fail(f"each entry of `stack` must be a table, got {raw!r}")
-    _unknown_keys(raw, _EXAMPLE_FRAME_KEYS, ctx, "a `stack` entry")
-    line = _int(raw.get("line", 0), ctx, "line", 0)
-    if "symbol" in raw:
-        if {"file", "function"} & set(raw):
-            raise ctx.fail("a `stack` entry is a C++ `symbol` or a Python `file` + `function`")
-        return ("??", _string(raw, "symbol", ctx), line)
-    file = _string(raw, "file", ctx)
-    if not (file.endswith(".py") or file.startswith("<")):
-        raise ctx.fail(f"`file` {file!r} is not a Python frame (*.py or <...>); use `symbol`")
-    return (file, _string(raw, "function", ctx), line)
+def _example_frame(raw: schema.ExampleFrame, path: str, where: _Where) -> tuple[str, str, int]:
+    if raw.symbol is not None:
+        if raw.file is not None or raw.function is not None:
+            raise where.fail(path, "a `stack` entry is a C++ `symbol` or a Python `file` + "
+                                   "`function`")
+        return ("??", raw.symbol, raw.line)
+    if raw.file is None or raw.function is None:
+        missing = "file" if raw.file is None else "function"
+        raise where.fail(f"{path}.{missing}", "missing required field (or give `symbol`)")
+    if not (raw.file.endswith(".py") or raw.file.startswith("<")):
+        raise where.fail(f"{path}.file", f"{raw.file!r} is not a Python frame (*.py or <...>); "
+                                         "use `symbol`")
+    return (raw.file, raw.function, raw.line)
 
 
-def _examples(data: Mapping[str, Any], pack: str, source: str, ctx: _Ctx) -> list[Example]:
-    out: list[Example] = []
-    ctx.what = "example"
-    for n, raw in enumerate(_entries(data, "example", ctx)):
-        ctx.rule = f"{pack}[{n}]"
-        _unknown_keys(raw, _EXAMPLE_KEYS, ctx, "[[example]]")
-        family = _string(raw, "family", ctx)
-        if family not in family_ids():
-            raise ctx.fail(f"unknown family {family!r} (known: {', '.join(family_ids())})")
-        rule = None
-        if "rule" in raw:
-            rule = raw["rule"]
-            if not isinstance(rule, str) or not re.fullmatch(_ID_RE, rule):
-                raise ctx.fail(f'`rule` must be a rule id like "{pack}.my_rule", got {rule!r}')
-            if "." not in rule:
-                rule = f"{pack}.{rule}"
-        phase = _string(raw, "phase", ctx) if "phase" in raw else None
-        if phase is not None and phase not in PHASES:
-            raise ctx.fail(f"unknown phase {phase!r} (use one of {PHASES})")
-        stack_raw = raw.get("stack", [])
-        if not isinstance(stack_raw, list):
-            raise ctx.fail("`stack` must be an array of frames, innermost first")
-        stack = tuple(_example_frame(f, ctx) for f in stack_raw)
-        pool = _string(raw, "pool", ctx, "default")
-        if pool not in _EXAMPLE_POOLS:
-            raise ctx.fail(f"`pool` must be one of {tuple(_EXAMPLE_POOLS)}, got {pool!r}")
-        state = normalize_state(_string(raw, "state", ctx, BLOCK_STATES[0]))
-        if state not in BLOCK_STATES:
-            raise ctx.fail(f"unknown block state {state!r} (use one of {BLOCK_STATES})")
-        phase_hint = _string(raw, "phase_hint", ctx) if "phase_hint" in raw else None
-        if phase_hint is not None and phase_hint not in PHASES:
-            raise ctx.fail(f"unknown phase_hint {phase_hint!r} (use one of {PHASES})")
-        has_alloc = raw.get("has_alloc_event", True)
-        if has_alloc is not None:
-            has_alloc = _bool(has_alloc, ctx, "has_alloc_event")
-        context = BlockContext(
-            pool_id=_EXAMPLE_POOLS[pool],
-            stream=_int(raw.get("stream", 0), ctx, "stream", 0),
-            state=state,
-            size=parse_size(raw.get("size", "64MiB"), ctx, "size"),
-            has_alloc_event=has_alloc,
-            annotations=(
-                tuple(_as_list(raw["annotations"], ctx, "annotations"))
-                if "annotations" in raw
-                else ()
-            ),
-            phase_hint=phase_hint,
-        )
-        out.append(
-            Example(
-                pack=pack,
-                index=n,
-                source=source,
-                stack=stack,
-                context=context,
-                family=family,
-                rule=rule,
-                phase=phase,
-                description=_string(raw, "description", ctx, ""),
-            )
-        )
-    return out
+def _example(raw: schema.ExampleEntry, n: int, pack: str, source: str,
+             where: _Where) -> Example:
+    path = f"example[{n}]"
+    _known((raw.family,), family_ids(), "family", f"{path}.family", where)
+    rule = raw.rule if raw.rule is None or "." in raw.rule else f"{pack}.{raw.rule}"
+    for key in ("phase", "phase_hint"):
+        value = getattr(raw, key)
+        if value is not None and value not in PHASES:
+            raise where.fail(f"{path}.{key}", f"unknown {key} {value!r} (use one of {PHASES})")
+    state = normalize_state(raw.state)
+    if state not in BLOCK_STATES:
+        raise where.fail(f"{path}.state", f"unknown block state {state!r} "
+                                          f"(use one of {BLOCK_STATES})")
+    context = BlockContext(
+        pool_id=_EXAMPLE_POOLS[raw.pool],
+        stream=raw.stream,
+        state=state,
+        size=parse_size(raw.size, where, f"{path}.size"),
+        has_alloc_event=raw.has_alloc_event,
+        annotations=_names(raw.annotations),
+        phase_hint=raw.phase_hint,
+    )
+    return Example(pack=pack, index=n, source=source,
+                   stack=tuple(_example_frame(f, f"{path}.stack[{i}]", where)
+                               for i, f in enumerate(raw.stack)),
+                   context=context, family=raw.family, rule=rule, phase=raw.phase,
+                   description=raw.description)
 
 
 def read_pack(path: Path, *, user: bool, order_start: int) -> Pack:
-    """Read and parse one pack file; unreadable files are a :class:`RuleError` too."""
+    """Read and parse one pack file; unreadable files are a :class:`RuleError` too. Read as
+    every input is (a regular file only: a FIFO named by `--rules` would block the read
+    forever), up to MAX_PACK_BYTES."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RuleError(f"{path}: cannot read rule file: {exc}") from None
+        text = read_small_text(Path(path), MAX_PACK_BYTES, "a rule pack")
+    except InputError as exc:  # its words name the path
+        raise RuleError(f"rule file {first_line(exc)}") from None
     return parse_pack_text(text, str(path), user=user, order_start=order_start)
 
 
