@@ -150,6 +150,31 @@ def raw_load(path: Path):
         return _NoGlobals(src).load()
 
 
+def oom_entry(path: Path) -> dict | None:
+    """The last `oom` entry of the pickle's traces, read without snapana."""
+    snap = raw_load(path)
+    entries = [e for trace in snap.get("device_traces") or [] for e in trace or []
+               if isinstance(e, dict) and e.get("action") == "oom"]
+    return entries[-1] if entries else None
+
+
+def corpus_ooms() -> list:
+    """Parametrize over the corpus's captures of an OOM: an `oom` entry in a trace, or a file
+    named for one; a single skipped param when the corpus is absent."""
+    out = []
+    for f in corpus_files("torch_snapshots") + corpus_files("not_snapshots"):
+        if "oom" in f.name.lower():
+            out.append(f)
+            continue
+        try:
+            if f.suffix in (".pickle", ".pkl") and oom_entry(f) is not None:
+                out.append(f)
+        except Exception:  # not a pickle this loader reads: not a capture of an OOM
+            continue
+    return [pytest.param(f, id=f.name) for f in out] or [
+        pytest.param(None, marks=pytest.mark.skip(reason="../shared/corpus absent"))]
+
+
 def invoke(*args: str, cwd: Path | None = None,
            columns: int = 200) -> subprocess.CompletedProcess:
     """Run the CLI inside this process (typer's CliRunner): the same commands, streams and

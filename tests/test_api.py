@@ -7,6 +7,7 @@ import dataclasses
 import html
 import json
 from collections import Counter
+from functools import cached_property
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -14,7 +15,7 @@ import polars as pl
 import pytest
 import snapana
 from snapana import sources
-from snapana.api import Analysis
+from snapana.api import Analysis, Explanations
 from snapana.errors import InputError
 from snapana.io.tables import families_of_blocks
 from snapana.render import render
@@ -309,3 +310,46 @@ def test_timeline_counts_from_the_first_event_beside_the_trace_clock(oom: Analys
     first = min(e["time_us"] for e in raw["device_traces"][oom.device] if "time_us" in e)
     t = oom.timeline
     assert t.height and (t["since_start_us"] == t["time_us"] - first).all()
+
+
+#: A plain repr a notebook saves and a terminal prints: one line, and short.
+SHORT_REPR = 200
+
+
+def _api_objects(a: Analysis, b: Analysis) -> dict[str, object]:
+    """Every object the public API hands out that is not a table, a figure, text or a path:
+    each property of an Analysis and a Comparison (found by walking the classes, so a new
+    one is checked too), and what their methods return."""
+    import inspect
+
+    out: dict[str, object] = {}
+    comparison = a.diff(b)
+    for owner, obj in (("Analysis", a), ("Comparison", comparison)):
+        for name, attr in inspect.getmembers(type(obj)):
+            if name.startswith("_") or not isinstance(attr, property | cached_property):
+                continue
+            out[f"{owner}.{name}"] = getattr(obj, name)
+    sites = a.explain(limit=3)
+    out.update({"Analysis": a, "Comparison": comparison, "State": a.at(event=10),
+                "Explanations": sites, "ExplainedSite": sites[0],
+                "no Explanations": Explanations(), "Explorer": a.explore(),
+                "CaptureView.devices[0]": a.view.devices[0]})
+    return {k: v for k, v in out.items()
+            if not isinstance(v, pl.DataFrame | str | int | tuple | type(None))}
+
+
+def test_every_api_objects_plain_repr_is_one_short_line(oom: Analysis) -> None:
+    """Issue 60: `a.diff(b)` showed `<snapana.api.Comparison at 0x…>`, `a.explain()` a
+    table, `a.device_report` a megabyte of dataclass fields. Each is now one line of at most
+    SHORT_REPR characters that names what it is; `print(a.explain())` still shows the
+    table."""
+    after = snapana.load(SAMPLES / "slime-tp2-recompute-loss-ok.pickle")
+    objects = _api_objects(oom, after)
+    assert {"Analysis.device_report", "Analysis.diagnosis", "Analysis.replay",
+            "Analysis.view", "Comparison.view", "Explanations"} <= set(objects)
+    for name, obj in objects.items():
+        text = repr(obj)
+        assert "\n" not in text and len(text) <= SHORT_REPR, (name, text[:300])
+        assert type(obj).__name__ in text, (name, text)  # says what it is
+    sites = oom.explain(limit=3)
+    assert str(sites).count("\n") == len(sites) and sites[0].family in str(sites)

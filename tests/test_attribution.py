@@ -1041,6 +1041,12 @@ IN_KNOB = " (knob `u.k`)"
          "knob[0].requires" + IN_KNOB, "unknown fact 'gpu' (known: backward, "),
         (KNOB + "families = ['logits']\ncost = 'free'\nsimulate = ['expandable_segments:Maybe']",
          "knob[0].simulate" + IN_KNOB, "expandable_segments is True or False"),
+        (KNOB + "causes = ['fragmentation']\ncost = 'free'\nrequires = ['stranded_cache']\n"
+         "replay_decides = ['stranded_cache']", "knob[0].replay_decides" + IN_KNOB,
+         "needs `simulate`"),
+        (KNOB + "causes = ['fragmentation']\ncost = 'free'\nsimulate = ['expandable_segments:True']"
+         "\nreplay_decides = ['stranded_cache']", "knob[0].replay_decides" + IN_KNOB,
+         "'stranded_cache' is not in the knob's `requires`"),
         (EXAMPLE + "family = 'logits'\nwhy = 'x'", "example[0].why", "unknown field (allowed: "),
         (EXAMPLE, "example[0].family", "missing required field"),
         (EXAMPLE + "family = 'logitz'", "example[0].family", "unknown family 'logitz'"),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from snapana.units import fmt_bytes
 
-from .conftest import SAMPLES, corpus_files, invoke, raw_load
+from .conftest import SAMPLES, corpus_files, corpus_ooms, invoke, oom_entry
 
 SCREEN = (80, 24)
 SAMPLE_FILES = sorted(SAMPLES.glob("*.pickle"))
@@ -23,14 +23,6 @@ SAMPLE_FILES = sorted(SAMPLES.glob("*.pickle"))
 def _flat(text: str) -> str:
     """Text with its layout (line breaks, indents) gone: what wrapping may not change."""
     return re.sub(r"\s+", "", text)
-
-
-def _oom_entry(path: Path) -> dict | None:
-    """The last `oom` entry of the pickle's traces, read without snapana."""
-    snap = raw_load(path)
-    entries = [e for trace in snap.get("device_traces") or [] for e in trace or []
-               if isinstance(e, dict) and e.get("action") == "oom"]
-    return entries[-1] if entries else None
 
 
 def _first_screen(path: Path) -> tuple[list[str], dict]:
@@ -59,24 +51,8 @@ def test_summary_puts_the_headline_and_the_first_knob_on_the_first_screen(path: 
     _check_first_screen(path)
 
 
-def _corpus_ooms() -> list:
-    """Corpus captures of an OOM: an `oom` entry in a trace, or a file named for one."""
-    out = []
-    for f in corpus_files("torch_snapshots") + corpus_files("not_snapshots"):
-        if "oom" in f.name.lower():
-            out.append(f)
-            continue
-        try:
-            if f.suffix in (".pickle", ".pkl") and _oom_entry(f) is not None:
-                out.append(f)
-        except Exception:  # not a pickle this loader reads: not a capture of an OOM
-            continue
-    return [pytest.param(f, id=f.name) for f in out] or [
-        pytest.param(None, marks=pytest.mark.skip(reason="../shared/corpus absent"))]
-
-
 @pytest.mark.corpus
-@pytest.mark.parametrize("path", _corpus_ooms())
+@pytest.mark.parametrize("path", corpus_ooms())
 def test_corpus_ooms_fit_the_first_screen(path: Path) -> None:
     _check_first_screen(path)
 
@@ -84,7 +60,7 @@ def test_corpus_ooms_fit_the_first_screen(path: Path) -> None:
 @pytest.mark.parametrize("path", [p for p in SAMPLE_FILES if "oom" in p.name],
                          ids=lambda p: p.name)
 def test_the_headline_states_the_recorded_request_and_shortfall(path: Path) -> None:
-    oom = _oom_entry(path)
+    oom = oom_entry(path)
     assert oom is not None
     requested, free = int(oom["size"]), int(oom["device_free"])
     _, dev = _first_screen(path)

@@ -182,12 +182,26 @@ def test_a_folder_is_read_by_content_and_nothing_is_dropped_silently(tmp_path):
     assert "5 other files not taken as inputs" in text
 
 
+def _profiler_trace(path: Path, nbytes: int = 64 * MiB) -> None:
+    """A torch.profiler chrome trace of one op allocating and freeing `nbytes` on the CPU,
+    in the profiler's own event layout (`[memory]` instant events, as test_source_kineto)."""
+    def mem(ts: int, n: int, total: int) -> dict:
+        return {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]",
+                "pid": 1, "tid": 1, "ts": ts,
+                "args": {"Device Type": 0, "Device Id": -1, "Bytes": n, "Addr": 0x7000,
+                         "Total Allocated": total, "Total Reserved": total}}
+
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1,
+               "ts": 10, "dur": 5, "args": {}}, mem(12, nbytes, nbytes), mem(40, -nbytes, 0)]
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+
+
 def test_an_incident_folder_with_strays_a_failed_input_and_a_state_only_dump(tmp_path):
-    """Issue 60: one incident's folder (its pickle, a profiler trace, a memray capture, a
-    stray notes.txt and a binary stray) is analysed, each other file listed with why; an
-    input that cannot be read is listed with its reason and the run ends with exit code 5
-    (errors.SOME_INPUTS_FAILED; none read: 2); a state-only dump named for an OOM is
-    'unknown' in the OOM column, as its own report says it cannot tell."""
+    """Issue 60: one incident's folder (its pickle, a profiler trace, a stray notes.txt and
+    a binary stray) is analysed, each other file listed with why, the trace read beside the
+    snapshot; an input that cannot be read is listed with its reason and the run ends with
+    exit code 5 (errors.SOME_INPUTS_FAILED; none read: 2); a state-only dump named for an
+    OOM is 'unknown' in the OOM column, as its own report says it cannot tell."""
     import shutil
 
     from snapana.errors import SOME_INPUTS_FAILED
@@ -197,17 +211,18 @@ def test_an_incident_folder_with_strays_a_failed_input_and_a_state_only_dump(tmp
     folder = tmp_path / "incident"
     folder.mkdir()
     shutil.copy(SAMPLES / "slime-tp2-chunked-logprob-oom.pickle", folder / "rank0.pickle")
-    (folder / "trace.json").write_text('{"traceEvents": [], "schemaVersion": 1}')
-    (folder / "host.bin").write_bytes(b"memray\x00\x01 not a whole capture")
+    _profiler_trace(folder / "trace.json")
     (folder / "notes.txt").write_text("restarted the job at 3am, same config as yesterday\n")
     (folder / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
     run = invoke("summary", str(folder))
     assert run.returncode == 0, run.stderr
     flowed = " ".join(run.stdout.split())
-    assert flowed.startswith("1 input, 1 analysed. 4 other files not taken as inputs")
-    for name in ("trace.json", "host.bin", "notes.txt", "photo.png"):
+    assert flowed.startswith("1 input, 1 analysed. 2 other files not taken as inputs")
+    for name in ("notes.txt", "photo.png"):
         assert f"{name}: " in flowed
+    assert "1 other capture of this folder: trace.json: a torch.profiler trace" in flowed
     assert "the full report of" in flowed and "rank0.pickle" in flowed
+    (folder / "trace.json").unlink()
 
     whole = raw_load(SAMPLES / "slime-tp2-recompute-loss-ok.pickle")
     state_only = dict(whole, device_traces=[[] for _ in whole["device_traces"]])
@@ -228,3 +243,75 @@ def test_an_incident_folder_with_strays_a_failed_input_and_a_state_only_dump(tmp
     assert report.returncode == 5 and (tmp_path / "r.html").is_file()
     (folder / "rank2.pickle").unlink()
     assert invoke("summary", str(folder)).returncode == 0
+
+
+def test_a_folders_trace_is_read_beside_its_one_snapshot(tmp_path):
+    """Issue 60: a folder of one incident (its snapshot, a profiler trace of the same job, a
+    broken memray capture): the trace is read beside the snapshot as `--trace` reads it (its
+    own report follows, in JSON too), the listing says what each file gave; the capture that
+    cannot be read is listed with why, and the run ends with exit code 5. Beside several
+    snapshots a trace is tied to none: it is listed with why, not read."""
+    import shutil
+
+    from snapana.errors import SOME_INPUTS_FAILED
+
+    folder = tmp_path / "incident"
+    folder.mkdir()
+    shutil.copy(SAMPLES / "slime-tp2-chunked-logprob-oom.pickle", folder / "rank0.pickle")
+    _profiler_trace(folder / "trace.json", nbytes=64 * MiB)
+    alone = json.loads(invoke("summary", str(folder / "trace.json"), "-f", "json").stdout)
+    js = invoke("summary", str(folder), "-f", "json")
+    assert js.returncode == 0, js.stderr
+    data = json.loads(js.stdout)
+    (beside,) = data["beside"]
+    assert beside.startswith("trace.json: a torch.profiler trace of the same folder, read "
+                             "beside rank0.pickle") and "not joined to its blocks" in beside
+    paths = [Path(d["file"]).name for d in data["devices"]]
+    assert paths == ["rank0.pickle", "trace.json"]
+    # the trace's report is the one it gets alone
+    assert data["devices"][1]["peak_allocated_bytes"] == \
+        alone["devices"][0]["peak_allocated_bytes"] == 64 * MiB
+    page = tmp_path / "r.html"
+    assert invoke("report", str(folder), "-o", str(page)).returncode == 0
+    assert "Sources together" in page.read_text()
+
+    (folder / "host.bin").write_bytes(b"memray\x00\x01 not a whole capture")
+    run = invoke("summary", str(folder), columns=200)
+    assert run.returncode == SOME_INPUTS_FAILED, run.stderr
+    flowed = " ".join(run.stdout.split())
+    assert "2 other captures of this folder: host.bin: a memray capture, not read (" in flowed
+    assert "1 of 3 inputs could not be read" in run.stderr
+
+    (folder / "host.bin").unlink()
+    shutil.copy(SAMPLES / "slime-tp2-recompute-loss-ok.pickle", folder / "rank1.pickle")
+    data = json.loads(invoke("summary", str(folder), "-f", "json").stdout)
+    assert data["beside"] == []
+    assert any(s.startswith("trace.json: a torch.profiler trace: give it alone, or beside a "
+                            "snapshot with --trace (with several snapshots it is tied to none)")
+               for s in data["skipped"])
+    assert all(Path(d["file"]).suffix == ".pickle" for d in data["devices"])
+
+
+@pytest.mark.memray
+def test_a_folders_memray_capture_is_read_beside_its_one_snapshot(tmp_path):
+    """The same with a real memray capture of this process: its host report follows the
+    snapshot's, with the high-water mark memray itself records."""
+    import shutil
+
+    memray = require("memray")
+    folder = tmp_path / "incident"
+    folder.mkdir()
+    shutil.copy(SAMPLES / "slime-tp2-chunked-logprob-oom.pickle", folder / "rank0.pickle")
+    with memray.Tracker(str(folder / "host.bin")):
+        held = bytearray(48 * MiB)
+    del held
+    peak = memray.FileReader(str(folder / "host.bin")).metadata.peak_memory
+    js = invoke("summary", str(folder), "-f", "json")
+    assert js.returncode == 0, js.stderr
+    data = json.loads(js.stdout)
+    (beside,) = data["beside"]
+    assert beside.startswith("host.bin: a memray capture of the same folder, read beside "
+                             "rank0.pickle")
+    host = data["devices"][1]
+    assert Path(host["file"]).name == "host.bin" and host["host"]
+    assert host["peak_allocated_bytes"] == peak

@@ -16,7 +16,7 @@ from snapana.io.ticket import MARKDOWN_LIMIT, TICKET_FILES
 from snapana.render.card import WIDTH, card_layout
 from snapana.render.views import capture_view, family_colour
 
-from .conftest import SAMPLES, invoke
+from .conftest import SAMPLES, corpus_ooms, invoke
 
 SAMPLE_FILES = sorted(SAMPLES.glob("*.pickle"))
 
@@ -60,14 +60,8 @@ def test_ticket_of_every_sample(path: Path, tmp_path: Path) -> None:
     _check_ticket(path, tmp_path / "ticket")
 
 
-def _corpus_ooms() -> list:
-    from .test_headline import _corpus_ooms as ooms
-
-    return ooms()
-
-
 @pytest.mark.corpus
-@pytest.mark.parametrize("path", _corpus_ooms())
+@pytest.mark.parametrize("path", corpus_ooms())
 def test_ticket_of_every_corpus_oom(path: Path, tmp_path: Path) -> None:
     _check_ticket(path, tmp_path / "ticket")
 

@@ -360,8 +360,16 @@ class Explanations(list[ExplainedSite]):
                 for e in self]
 
     def __repr__(self) -> str:
+        """One line (a notebook saves it); `print()` shows the table."""
         if not self:
-            return "<no blocks explained>"
+            return "<snapana.Explanations: no blocks explained>"
+        return (f"<snapana.Explanations: {len(self)} site(s), largest {self[0].family} "
+                f"{fmt_bytes(self[0].bytes)} at {self[0].site[:60]}; print() for the table>")
+
+    def __str__(self) -> str:
+        """The table: family, bytes, blocks, what decided, site."""
+        if not self:
+            return "no blocks explained"
         lines = [f"{f:<24} {b:>11} {n:>6}  {r}  {site[:60]}"
                  for f, b, n, r, site in self.rows()]
         return "\n".join([f"{'family':<24} {'bytes':>11} {'blocks':>6}  rule  site", *lines])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, TypeAlias
 
 import polars as pl
@@ -192,6 +193,12 @@ class Capture:
     #: for it: replay, attribution, diagnosis; a filter and a sort of millions of rows each)
     _device_events: dict[int, tuple[pl.DataFrame, pl.DataFrame]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        """One line (a notebook saves it; the tables are the attributes)."""
+        return (f"<snapana Capture {self.source} {PurePath(self.path).name!r}: devices "
+                f"{self.devices}, {self.events.height:,} events, {self.blocks.height:,} "
+                "blocks>")
 
     def device_events(self, device: int) -> pl.DataFrame:
         """The events of one device in trace order; cut once per device (again when

@@ -616,6 +616,25 @@ def by_replay(knobs: tuple[Knob, ...], replays: Mapping[str, KnobReplay]) -> tup
     return tuple(sorted(knobs, key=rank))
 
 
+def offered_by_replay(knobs: tuple[Knob, ...], lead: Iterable[Knob], decided: Iterable[Knob],
+                      replays: Mapping[str, KnobReplay]) -> tuple[Knob, ...]:
+    """The knobs to offer at a recorded OOM, the replay having run: never one whose replay
+    shows the OOM stays (it does not fit); each `decided` knob (offered on the replay alone,
+    `knobs.replay_candidates`) whose replay shows the OOM goes away, after the knobs the
+    verdict names (`lead`) and those the replay bears out; the rest as `by_replay` orders
+    them."""
+    kept = by_replay(tuple(k for k in knobs if k.id not in replays
+                           or replays[k.id].oom_gone is not False), replays)
+    proven = [k for k in decided if k not in kept and k.id in replays
+              and replays[k.id].oom_gone is True]
+    first = set(lead)
+    at = 0
+    while at < len(kept) and (kept[at] in first or kept[at].id in replays
+                              and replays[kept[at].id].oom_gone is True):
+        at += 1
+    return (*kept[:at], *proven, *kept[at:])
+
+
 def family_allocations(lifetimes: pl.DataFrame, families: Iterable[str]) -> frozenset[int]:
     """Trace indices of the window's allocations of `families` (`attribute_lifetimes`).
     A failed request is kept whatever its family: the question is whether it fits without

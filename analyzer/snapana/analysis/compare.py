@@ -11,6 +11,7 @@ the diff keeps them (`reports`) for the views that draw each side's family timel
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Literal
 
 from snapana.analysis.diagnosis.findings import DeviceReport
@@ -155,6 +156,13 @@ class CaptureDiff:
     @property
     def peak_change_bytes(self) -> int:
         return self.after.peak_allocated_bytes - self.before.peak_allocated_bytes
+
+    def __repr__(self) -> str:
+        """One line: the two captures and how the peak moved."""
+        before, after = PurePath(self.before.path).name, PurePath(self.after.path).name
+        return (f"<snapana CaptureDiff {before!r} -> {after!r}: peak "
+                f"allocated {self.peak_change_bytes:+,} bytes, {len(self.families)} "
+                "families changed>")
 
     @property
     def allocated_change_bytes(self) -> int:

@@ -10,6 +10,7 @@ from snapana.analysis.attribution.assign import Attributor
 from snapana.analysis.attribution.engine import Explanation
 from snapana.errors import InputError
 from snapana.model import Capture, Frame
+from snapana.units import fmt_bytes
 
 
 @dataclass
@@ -26,6 +27,12 @@ class ExplainedSite:
     evidence: str = "unknown"  # "frames" | "inferred" | "unknown"
     method: str = ""  # with "inferred": how (e.g. size-mirror:gradients)
     why: str = ""  # the evidence in words
+
+    def __repr__(self) -> str:
+        """One line: what and where (not the rule's regexes and the frames)."""
+        decided = self.explanation.decision.rule_id or self.method or self.evidence
+        return (f"<snapana ExplainedSite {self.family}: {fmt_bytes(self.bytes)} in "
+                f"{self.blocks} block(s) at {self.site[:80]} ({decided})>")
 
 
 def explain(capture: Capture, attributor: Attributor, live: pl.DataFrame, when: str, *,

@@ -11,6 +11,7 @@ and markers of its user packs count too; without one, the built-in packs.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
@@ -34,6 +35,7 @@ __all__ = [
     "load_knobs",
     "preference",
     "reloads_offloaded",
+    "replay_candidates",
     "stop_knob",
     "transient_families",
     "working_set_families",
@@ -202,6 +204,26 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
                 k.direction == "bounds", len(k.families))
 
     return sorted(chosen, key=rank)
+
+
+def replay_candidates(families: list[str], frameworks: set[str], phase: str | None,
+                      rules: RuleSet | None = None, *, offload: bool = True,
+                      workload: str | None = None,
+                      ev: JobEvidence | None = None) -> list[Knob]:
+    """Knobs the replay of the recorded window decides (`Knob.replay_decides`): every
+    precondition but the facts that only argue the replay's answer holds (a framework in use,
+    the phase, the workload, `unless`, a setting not already on), whatever those facts and
+    the causes say. Offered only where the replay shows the recorded OOM goes away."""
+    allowed = frameworks | set(_ALWAYS)
+    out = []
+    for knob in load_knobs(rules):
+        if not knob.replay_decides:
+            continue
+        assumed = ev if ev is None else replace(ev, facts={
+            **ev.facts, **{f: "decided by the replay" for f in knob.replay_decides}})
+        if _applies(knob, allowed, phase, offload, workload, assumed, families):
+            out.append(knob)
+    return out
 
 
 def preference(k: Knob) -> tuple[bool, bool, int, int]:

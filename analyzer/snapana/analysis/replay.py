@@ -95,6 +95,11 @@ class DeviceReplay:
     #: bytes the capture's allocator added to each request before rounding it (`rounding_pad`)
     request_pad: int = 0
 
+    def __repr__(self) -> str:
+        """One line (not the capture and the arrays it holds)."""
+        return (f"<snapana DeviceReplay device {self.device}: {self.n_events:,} events, "
+                f"{len(self.ooms)} OOM(s), {self.lifetimes.height:,} lifetimes>")
+
     # ----- moments -------------------------------------------------------------------------
     @property
     def final(self) -> Moment:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rich.console import Console
 
 from snapana import render as renderers
-from snapana.errors import InputError
+from snapana.errors import InputError, SnapanaError
 from snapana.units import inert
 
 if TYPE_CHECKING:  # the pipeline is imported when a command runs: -h and -V stay fast
@@ -39,11 +39,15 @@ class Inputs:
     sidecars: dict[Path, Path | None] = field(default_factory=dict)
     #: a line for each file of a named folder that is not an input, with why
     skipped: list[str] = field(default_factory=list)
+    #: a folder's other captures (path, kind) read beside its one snapshot (`runner.expand`)
+    companions: list[tuple[Path, str]] = field(default_factory=list)
 
     @property
     def files(self) -> list[Path]:
-        """Every file the command reads: the inputs and their sidecars (never an output)."""
-        return [*self.paths, *(s for s in self.sidecars.values() if s is not None)]
+        """Every file the command reads: the inputs, their sidecars and the captures read
+        beside them (never an output)."""
+        return [*self.paths, *(s for s in self.sidecars.values() if s is not None),
+                *(p for p, _ in self.companions)]
 
     @property
     def title(self) -> str:
@@ -59,17 +63,18 @@ def inputs(files: list[str], at: str | None = None) -> Inputs:
     only = Path(files[0]) if len(files) == 1 else None
     single = None
     if only is not None and (not only.is_dir() or (only / MARKER).is_file()):
-        paths, _ = expand(files)
+        paths, _, _ = expand(files)
         single = paths[0] if len(paths) == 1 else None
     if single is None and at is not None:
         raise InputError("--at applies to one capture; with several inputs, pick one file")
     skipped: list[str] = []
+    companions: list[tuple[Path, str]] = []
     if single is None:
-        paths, skipped = expand(files)
+        paths, skipped, companions = expand(files)
     else:
         paths = [single]
     ins = with_sidecars(paths, single)
-    ins.skipped = skipped
+    ins.skipped, ins.companions = skipped, companions
     return ins
 
 
@@ -249,11 +254,13 @@ def some_failed(multi: MultiReport | None, where: Path | None = None) -> None:
 
     from snapana.errors import SOME_INPUTS_FAILED
 
-    if multi is None or not multi.ok or len(multi.ok) == len(multi.ranks):
+    if multi is None or not multi.ok or \
+            len(multi.ok) == len(multi.ranks) and not multi.beside_failed:
         return
-    failed = len(multi.ranks) - len(multi.ok)
+    failed = len(multi.ranks) - len(multi.ok) + multi.beside_failed
+    total = len(multi.ranks) + len(multi.beside)
     listed = f"in {inert(str(where), lines=False)}" if where is not None else "above"
-    err.print(f"{failed} of {len(multi.ranks)} inputs could not be read (each one's reason is "
+    err.print(f"{failed} of {total} inputs could not be read (each one's reason is "
               f"{listed}); the others were analysed: exit code {SOME_INPUTS_FAILED}",
               markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(SOME_INPUTS_FAILED)
@@ -416,10 +423,37 @@ def shown(ins: Inputs, device: int | None, rules: list[Path] | None, capacity: s
     if chosen is None:
         return Shown([], multi)
     kept = run.kept.get(chosen.file)
-    if kept is not None:
-        return Shown([kept], multi)
-    return Shown([s.report for s in sessions_of(Path(chosen.file), chosen.device, ruleset,
-                                                 cap)], multi)
+    reports = [kept] if kept is not None else [
+        s.report for s in sessions_of(Path(chosen.file), chosen.device, ruleset, cap)]
+    return Shown(reports + _beside(ins.companions, Path(chosen.file), multi, ruleset, cap),
+                 multi)
+
+
+def _beside(companions: list[tuple[Path, str]], snapshot: Path, multi: MultiReport,
+            ruleset: RuleSet, capacity: int | None) -> list[DeviceReport]:
+    """The reports of a folder's other captures, read beside its snapshot as `--trace` and
+    `--memray` would read them; a line each in `multi.beside` says what it gave (or why it
+    could not be read: then it counts as a failed input)."""
+    from snapana.analysis.ranks.runner import COMPANIONS
+
+    out: list[DeviceReport] = []
+    for path, kind in companions:
+        name = inert(path.name, lines=False)
+        try:
+            reports = [s.report for s in sessions_of(path, None, ruleset, capacity)]
+        except SnapanaError as exc:
+            why = inert(str(exc).removeprefix(f"{path}: "), lines=False)
+            multi.beside.append(f"{name}: {COMPANIONS[kind]}, not read ({why})")
+            multi.beside_failed += 1
+            continue
+        shown = ", ".join(f"{r.device_name or f'device {r.device}'} "
+                          f"{'at its OOM' if r.oom is not None else 'at its peak'}"
+                          for r in reports)
+        multi.beside.append(f"{name}: {COMPANIONS[kind]} of the same folder, read beside "
+                            f"{inert(snapshot.name, lines=False)}: its report below ({shown}), "
+                            "shown with the snapshot's, not joined to its blocks")
+        out += reports
+    return out
 
 
 def verdicts(run: RankRun) -> dict[str, str]:

@@ -150,10 +150,24 @@ def _cause(r: DeviceReport) -> str:
     if pool is not None and pool.holds:
         return (f"{fmt_bytes(int(pool.numbers['private_pool_free_bytes']))} sits free in "
                 "private pools the request cannot use")
+    placed = _placement(r)
     if frag is not None and r.has_segments and r.cached_unallocated_bytes is not None:
-        return (f"real demand, not fragmentation: only {fmt_bytes(r.cached_unallocated_bytes)}"
-                " is cached but unallocated")
-    return ""
+        demand = f"only {fmt_bytes(r.cached_unallocated_bytes)} is cached but unallocated"
+        return (f"real demand ({demand}), yet {placed}" if placed else
+                f"real demand, not fragmentation: {demand}")
+    return placed
+
+
+def _placement(r: DeviceReport) -> str:
+    """The allocator setting the replay shows removing the OOM, with its margin (the cause
+    checks' "allocator's placement" row, short)."""
+    d = r.diagnosis
+    k = next((k for k in d.knobs if k.id in d.replays and d.replays[k.id].oom_gone), None)
+    if k is None:
+        return ""
+    margin = w.replay_margin(d.replays[k.id])
+    spare = f", {fmt_bytes(margin)} to spare" if margin is not None else ""
+    return f"with {', '.join(k.simulate)} the replay runs past the OOM{spare}"
 
 
 def _removal(r: DeviceReport) -> str:

@@ -278,7 +278,7 @@ def ranks_dict(view: RanksView) -> dict[str, Any]:
         })
     return {"headline": view.headline, "inputs": entries, "one_job": m.one_job,
             "why_not_one_job": m.why_not_one_job, "outliers": m.outliers,
-            "skipped": list(m.skipped)}
+            "skipped": list(m.skipped), "beside": list(m.beside)}
 
 
 def _size(s: Size | None) -> dict[str, Any] | None:

@@ -439,6 +439,10 @@ class DeviceView:
     fix: str = ""
     evidence: tuple[str, ...] = ()
 
+    def __repr__(self) -> str:
+        """One line (the report and its words are attributes)."""
+        return f"<snapana DeviceView {self.name} — {self.moment}>"
+
     @property
     def lead(self) -> str:
         """The headline: the finding and the fix, one or two sentences."""
@@ -540,6 +544,10 @@ class CaptureView:
     #: OOM messages of logs given beside the capture, checked against its figures
     log_checks: tuple[LogCheckView, ...] = ()
 
+    def __repr__(self) -> str:
+        """One line (a notebook saves it; the devices' views are `.devices`)."""
+        return f"<snapana CaptureView {self.title!r}: {len(self.devices)} device view(s)>"
+
     @property
     def several_sources(self) -> bool:
         """Reports of more than one file (a snapshot with its profiler trace, ...)."""
@@ -636,6 +644,10 @@ class DiffView:
     #: the families whose growth over the trace differs most, a line each
     growth: tuple[str, ...] = ()
     history_note: str = ""  # which side has no history ('' when both have)
+
+    def __repr__(self) -> str:
+        """One line: the title (the diff itself is `.diff`)."""
+        return f"<snapana DiffView {self.title!r}>"
 
     @cached_property
     def timelines(self) -> DiffTimelines | None:

@@ -572,6 +572,11 @@ def verdict(r: DeviceReport) -> str:
             parts.append("Replayed through the allocator model, the recorded window runs "
                          "with it to its end: the OOM goes away (peak reserved "
                          f"{fmt_bytes(changed.peak_reserved)}).")
+        named.add(k.id)
+    for k in d.knobs:  # an allocator setting the replay bears out, where the verdict is silent
+        if k.id not in named and k.id in d.replays and d.replays[k.id].oom_gone:
+            parts.append(f"Also: {k.knob} ({cost_text(k)}) — "
+                         f"{replay_gone_words(d.replays[k.id])}.")
     return " ".join(parts)
 
 
@@ -624,6 +629,10 @@ def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str, str, str]]
             for k in d.knobs]
 
 
+#: What a replay of a recorded OOM's window cannot say, in every sentence that predicts one.
+WINDOW_ENDS = "the window ends at the OOM: what the job does after it is not recorded"
+
+
 def replay_text(r: KnobReplay | None) -> str:
     """What the allocator model predicts for a knob over the recorded window, in words."""
     if r is None:
@@ -636,7 +645,10 @@ def replay_text(r: KnobReplay | None) -> str:
              f"{fmt_bytes(rec.peak_reserved)})")
     if rec.recorded_ooms:
         if not c.simulated_ooms:
-            return f"the recorded OOM goes away; {peaks}; a simulation of the recorded window"
+            margin = replay_margin(r)
+            spare = f", {fmt_bytes(margin)} to spare at its peak" if margin is not None else ""
+            return (f"the recorded OOM goes away{spare}; {peaks}; a simulation of the recorded "
+                    f"window ({WINDOW_ENDS})")
         return (f"the recorded OOM stays (event {c.simulated_ooms[0][0]}); {peaks}; a "
                 "simulation of the recorded window")
     if c.peak_reserved >= rec.peak_reserved:
@@ -662,8 +674,7 @@ def replay_gone_words(replay: KnobReplay) -> str:
     margin = replay_margin(replay)
     spare = f", {fmt_bytes(margin)} to spare at its peak" if margin is not None else ""
     return ("replayed through the allocator model, the recorded window runs to its end "
-            f"without the OOM{spare} (the window ends at the OOM: what the job does after "
-            "it is not recorded)")
+            f"without the OOM{spare} ({WINDOW_ENDS})")
 
 
 def workload_statement(r: DeviceReport) -> str:
@@ -1090,6 +1101,9 @@ def ranks_headline(m: MultiReport) -> str:
             if len(m.skipped) > SKIPPED_SHOWN else ""
         parts.append(f"{plural(len(m.skipped), 'other file')} not taken as inputs: "
                      f"{shown}{more}.")
+    if m.beside:
+        parts.append(f"{plural(len(m.beside), 'other capture')} of this folder: "
+                     f"{'; '.join(m.beside)}.")
     first = m.first_oom
     if first is not None and first.oom is not None:
         who = (f"rank {first.rank} ({first.file.rsplit('/', 1)[-1]})" if first.rank is not None

@@ -247,6 +247,10 @@ class Knob:
     """PYTORCH_CUDA_ALLOC_CONF items (``expandable_segments:True``) that are this knob, for
     the allocator model to replay the recorded window under (`analysis.allocator_replay`):
     a knob with them is predicted, not only argued."""
+    replay_decides: tuple[str, ...] = ()
+    """Facts of `requires` that only argue what replaying `simulate` shows (free cache
+    stranded in used segments, for expandable segments): where the recorded window is
+    replayed to an OOM, the replay decides in their place, both ways."""
 
 
 @dataclass(frozen=True)
@@ -597,6 +601,7 @@ def _knob(raw: schema.KnobEntry, path: str, pack: str, where: _Where) -> Knob:
     if raw.workload and raw.workload not in WORKLOADS:
         raise where.fail(f"{path}.workload", f"must be one of {WORKLOADS}, got {raw.workload!r}")
     facts = fact_ids()
+    requires = _known(_names(raw.requires), facts, "fact", f"{path}.requires", where)
     return Knob(
         id=raw.id,
         framework=raw.framework or pack,
@@ -609,12 +614,26 @@ def _knob(raw: schema.KnobEntry, path: str, pack: str, where: _Where) -> Knob:
         phases=_known(_names(raw.phases), PHASES, "phase", f"{path}.phases", where),
         cost=raw.cost,
         workload=raw.workload,
-        requires=_known(_names(raw.requires), facts, "fact", f"{path}.requires", where),
+        requires=requires,
         unless=_known(_names(raw.unless), facts, "fact", f"{path}.unless", where),
         unless_set=_known(_names(raw.unless_set), ALLOCATOR_SETTINGS, "allocator setting",
                           f"{path}.unless_set", where),
         simulate=_simulated(_names(raw.simulate), f"{path}.simulate", where),
+        replay_decides=_replay_decides(raw, requires, f"{path}.replay_decides", where),
     )
+
+
+def _replay_decides(raw: schema.KnobEntry, requires: tuple[str, ...], path: str,
+                    where: _Where) -> tuple[str, ...]:
+    """`replay_decides`: facts of the knob's own `requires`, and only with `simulate` (a
+    replay needs allocator settings to run under)."""
+    values = _names(raw.replay_decides)
+    if values and not raw.simulate:
+        raise where.fail(path, "needs `simulate` (the settings to replay)")
+    outside = [v for v in values if v not in requires]
+    if outside:
+        raise where.fail(path, f"{outside[0]!r} is not in the knob's `requires`")
+    return values
 
 
 def _example_frame(raw: schema.ExampleFrame, path: str, where: _Where) -> tuple[str, str, int]:

@@ -221,6 +221,10 @@ class KnobEntry(_Table, frozen=True, kw_only=True):
         "`PYTORCH_CUDA_ALLOC_CONF` items (`\"expandable_segments:True\"`) that are this knob, "
         "for the allocator model to replay the recorded window under: a knob with them is "
         "predicted, not only argued")] = None
+    replay_decides: Annotated[Names | None, _doc(
+        "facts of `requires` that only argue what replaying `simulate` shows: where the "
+        "recorded window is replayed to an OOM, the replay decides in their place (offered "
+        "where the OOM goes away, never where it stays)")] = None
 
 
 class ExampleFrame(_Table, frozen=True, kw_only=True):

@@ -14,7 +14,7 @@ from pathlib import PurePath
 
 import polars as pl
 
-from snapana.analysis.allocator_replay import by_replay, replay_knobs, replay_without
+from snapana.analysis.allocator_replay import offered_by_replay, replay_knobs, replay_without
 from snapana.analysis.attribution import chunk_groups, family_label
 from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
 from snapana.analysis.attribution.chunks import LOOP_FAMILIES
@@ -47,6 +47,7 @@ from snapana.analysis.knobs import (
     knobs_for,
     preference,
     reloads_offloaded,
+    replay_candidates,
     stop_knob,
     transient_families,
     undetermined_families,
@@ -147,10 +148,8 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
     ev = job_evidence(capture, held, lifetimes, segments, live, attributor.rules, extra,
                       _devices_holding(capture), dr.n_events, attributor.free_phases)
     diagnosis, caveats = diagnose(capture, dr, attributor, state, oom, capacity, history, ev)
-    if history and any(k.simulate for k in diagnosis.knobs):
-        replays = replay_knobs(capture, dr, diagnosis.knobs)
-        diagnosis = replace(diagnosis, knobs=by_replay(diagnosis.knobs, replays),
-                            replays=replays)
+    if history:
+        diagnosis = _replayed_knobs(capture, dr, diagnosis, attributor.rules, oom is not None)
     if history and oom is not None and lifetimes is not None and diagnosis.what_ifs:
         diagnosis = replace(diagnosis, whatif_replays=replay_without(
             capture, dr, lifetimes, [w.family for w in diagnosis.what_ifs]))
@@ -192,6 +191,37 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
         reserved_known=segmented or dr.device in capture.metadata.get("reserved_timeline", {}),
         failed=dr.oom is not None,
     )
+
+
+def _replayed_knobs(capture: Capture, dr: DeviceReplay, d: Diagnosis, rules: RuleSet,
+                    failed: bool) -> Diagnosis:
+    """The knobs with allocator settings replayed over the recorded window: at a recorded
+    OOM the replay decides those whose facts only argue its answer (`Knob.replay_decides`),
+    offering one the replay shows removing the OOM and never one it shows does not, so the
+    knob table and the causes tell one story; the order is the replay's (`offered_by_replay`)."""
+    decided = [] if not (failed and d.prescribe) else [
+        k for k in replay_candidates(list(d.knob_families), set(d.frameworks), d.phase, rules,
+                                     offload=not d.reloading, workload=d.workload,
+                                     ev=d.evidence)
+        if k not in d.knobs]
+    if not decided and not any(k.simulate for k in d.knobs):
+        return d
+    replays = replay_knobs(capture, dr, (*d.knobs, *decided))
+    lead = [k for k in (d.excess_knob, d.alternative_knob) if k is not None]
+    knobs = offered_by_replay(d.knobs, lead, decided, replays)[:MAX_KNOBS]
+    applies = {k.id: d.applies.get(k.id) or _replay_applies(k, d) for k in knobs}
+    return replace(d, knobs=knobs, replays=replays, applies=applies)
+
+
+def _replay_applies(k: Knob, d: Diagnosis) -> str:
+    """Why a knob the replay alone offers applies: what the replay showed, and what the
+    argument alone would have said (a sign it needs absent, or no cause it acts on held)."""
+    facts = d.evidence.facts if d.evidence is not None else {}
+    absent = [f for f in k.replay_decides if f not in facts]
+    argued = (f"the sign it is argued from ({', '.join(absent)}) is absent" if absent else
+              f"no cause it acts on ({', '.join(k.causes)}) holds by the cause checks")
+    return (f"replayed with {', '.join(k.simulate)}, the recorded window runs without the "
+            f"OOM: the replay decides, where {argued}")
 
 
 def _impossible(segments: pl.DataFrame, live: pl.DataFrame, pools: tuple[PoolFree, ...],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Literal, TypedDict
 
 import numpy as np
@@ -256,6 +257,12 @@ class Diagnosis:
     def cause(self, cause_id: CauseId) -> Cause | None:
         return next((c for c in self.causes if c.id == cause_id), None)
 
+    def __repr__(self) -> str:
+        """One line (the findings are its attributes; a notebook saves the plain form)."""
+        first = f", first {self.knobs[0].id}" if self.knobs else ""
+        return (f"<snapana Diagnosis {self.kind} in the {self.phase} phase: excess "
+                f"{self.excess_family}, {len(self.knobs)} knob(s){first}>")
+
 
 @dataclass(frozen=True, eq=False)
 class DeviceReport:
@@ -291,3 +298,9 @@ class DeviceReport:
     has_segments: bool = True  # the source records allocator segments (pools, cached bytes)
     failed: bool = False  # this device's trace records an OOM (reports list it first)
     reserved_known: bool = True  # reserved is measured (segments or a reserved series)
+
+    def __repr__(self) -> str:
+        """One line: which device, which moment, how much (the findings are attributes)."""
+        return (f"<snapana DeviceReport {PurePath(self.path).name!r} device {self.device} at the "
+                f"{self.moment.kind} (event {self.moment.idx}): {self.allocated_bytes:,} bytes "
+                f"allocated, {self.reserved_bytes:,} reserved>")

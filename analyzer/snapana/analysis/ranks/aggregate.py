@@ -84,6 +84,10 @@ class MultiReport:
     why_not_one_job: list[str]
     #: a line for each file of a named folder that is not an input, with why
     skipped: list[str] = field(default_factory=list)
+    #: a line for each other capture of the folder read beside the snapshot shown in full
+    #: (a profiler trace, a memray capture): what it gave, or why it could not be read
+    beside: list[str] = field(default_factory=list)
+    beside_failed: int = 0  # of those, how many could not be read
 
     @property
     def ok(self) -> list[RankSummary]:

@@ -47,25 +47,41 @@ NOT_A_RANK = {
 }
 
 
+#: Captures a folder holds beside its snapshot that are read with it (as `--trace` and
+#: `--memray` name them): what each is, in words.
+COMPANIONS = {
+    "kineto_trace": "a torch.profiler trace",
+    "memory_timeline": "a profiler memory timeline",
+    "memray": "a memray capture",
+    "memray_parquet": "a converted memray capture",
+}
+
+
 def expand_inputs(args: Iterable[str | Path]) -> list[Path]:
     """Files, directories (their snapshot files) and globs, in a stable order."""
     return expand(args)[0]
 
 
-def expand(args: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
-    """`expand_inputs`, and a line for each file of a named folder that is not taken, with
-    why: a folder's files are told apart by content, never dropped without a word."""
+def expand(args: Iterable[str | Path]) -> tuple[list[Path], list[str], list[tuple[Path, str]]]:
+    """`expand_inputs`, a line for each file of a named folder that is not taken, with why
+    (a folder's files are told apart by content, never dropped without a word), and the
+    folders' other captures of the same job (`COMPANIONS`: path, kind) where the inputs come
+    to one snapshot: they are read beside it. Beside several snapshots a trace is tied to
+    none of them, and listed with why."""
     out: list[Path] = []
     skipped: list[str] = []
+    companions: list[tuple[Path, str]] = []
     for arg in args:
         p = Path(arg)
         if p.is_dir() and not (p / EXPORT_MARKER).exists():
-            found, passed = _folder(p)
+            found, passed, others = _folder(p)
             if not found:
                 raise InputError(f"{p}: no snapshot files (*.pickle) in this directory"
-                                 + (f" ({len(passed)} other files)" if passed else ""))
+                                 + (f" ({len(passed) + len(others)} other files)"
+                                    if passed or others else ""))
             out.extend(found)
             skipped.extend(passed)
+            companions.extend(others)
         elif any(ch in str(arg) for ch in "*?[") and not p.exists():
             matches = sorted(Path(m) for m in glob.glob(str(arg)))
             if not matches:
@@ -73,17 +89,25 @@ def expand(args: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
             out.extend(matches)
         else:
             out.append(p)
-    return list(dict.fromkeys(out)), skipped  # each input once, first mention wins
+    out = list(dict.fromkeys(out))  # each input once, first mention wins
+    if len(out) != 1:
+        from snapana.units import inert
+
+        skipped += [f"{inert(f.name, lines=False)}: {NOT_A_RANK[kind]} (with several snapshots "
+                    "it is tied to none)" for f, kind in companions]
+        companions = []
+    return out, skipped, companions
 
 
-def _folder(folder: Path) -> tuple[list[Path], list[str]]:
+def _folder(folder: Path) -> tuple[list[Path], list[str], list[tuple[Path, str]]]:
     """A folder's snapshots (by name, or by content whatever their name: `x.pickle__sha`),
-    and a line for each other file."""
+    a line for each file that is not a capture, and its other captures (path, kind)."""
     from snapana.sources import sniff
     from snapana.units import inert
 
     found: list[Path] = []
     skipped: list[str] = []
+    others: list[tuple[Path, str]] = []
     for f in sorted(folder.iterdir()):
         if f.name.startswith(".") or not f.is_file():
             continue
@@ -101,9 +125,11 @@ def _folder(folder: Path) -> tuple[list[Path], list[str]]:
             continue
         if kind == "torch_snapshot":
             found.append(f)
+        elif kind in COMPANIONS:
+            others.append((f, kind))
         else:
             skipped.append(f"{inert(f.name, lines=False)}: {NOT_A_RANK.get(kind, kind)}")
-    return found, skipped
+    return found, skipped, others
 
 
 def summarize_file(path: str, rule_files: list[str] | None = None,
