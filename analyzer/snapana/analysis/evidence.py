@@ -259,7 +259,7 @@ def _most_live_at_once(lifetimes: pl.DataFrame, n_events: int) -> int:
                          .cast(pl.Int64).alias("at"),
                          (-pl.col("size")).cast(pl.Int64).alias("delta")),
     ]).sort(["at", "delta"])
-    return max(0, int(steps["delta"].cum_sum().max() or 0))
+    return int(np.cumsum(steps["delta"].to_numpy()).max(initial=0))
 
 
 def scoped_facts(facts: Mapping[str, str], capture: Capture,
