@@ -12,7 +12,7 @@ import pytest
 from snapana.analysis.replay import replay
 from snapana.errors import InputError
 from snapana.session import analyse
-from snapana.sources import memory_timeline
+from snapana.sources import kinds, memory_timeline
 
 from .conftest import corpus_params, invoke, require
 
@@ -189,10 +189,10 @@ def test_bad_timelines_raise_one_line_input_error(tmp_path, content):
 
 
 def test_sniff_helper():
-    assert memory_timeline.looks_like_timeline(b"  [ [-1, 1, 512, 7]")
-    assert memory_timeline.looks_like_timeline(b"[[1696966048083, 1")
-    assert not memory_timeline.looks_like_timeline(b'[{"ph": "X"}]')
-    assert not memory_timeline.looks_like_timeline(b'{"traceEvents": []}')
+    assert kinds.looks_like_timeline(b"  [ [-1, 1, 512, 7]")
+    assert kinds.looks_like_timeline(b"[[1696966048083, 1")
+    assert not kinds.looks_like_timeline(b'[{"ph": "X"}]')
+    assert not kinds.looks_like_timeline(b'{"traceEvents": []}')
 
 
 def test_plot_ending_empty_leaves_no_blocks(tmp_path):

@@ -14,6 +14,7 @@ import polars as pl
 
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.limits import MAX_STACK_FRAMES
+from snapana.sources.kinds import CaptureKind
 from snapana.units import inert
 
 #: How a source reports reading: bytes done so far and the total (the file's size).
@@ -164,7 +165,7 @@ def is_python_frame(frame: Frame) -> bool:
 class Capture:
     """One input file, normalized. Sources fill it; nothing downstream reads the file again."""
 
-    source: str
+    source: CaptureKind
     path: str
     stacks: StackTable
     segments: pl.DataFrame

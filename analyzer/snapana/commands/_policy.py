@@ -335,7 +335,7 @@ def _text_paths(files: list[str]) -> tuple[list[Path], list[str]] | None:
                         for m in members if m not in texts]
         else:
             paths += [p] if p.is_dir() else expand_inputs([f])
-    if not paths or any(p.is_dir() or sniff(p) != "text_log" for p in paths):
+    if not paths or any(p.is_dir() or sniff(p).row.yields_capture for p in paths):
         return None
     return list(dict.fromkeys(paths)), skipped
 
@@ -344,7 +344,7 @@ def _sniffs_as_text(path: Path) -> bool:
     from snapana.sources import sniff
 
     try:
-        return sniff(path) == "text_log"
+        return not sniff(path).row.yields_capture
     except InputError:  # empty, unreadable: not a log to read
         return False
 

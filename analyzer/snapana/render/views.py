@@ -501,7 +501,7 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
         what_if_items=tuple(w.shown_what_ifs(r)),
         knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)),
         group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r),
-        history_note=w.host_history_note(r) if r.source in w.HOST_SOURCES else "",
+        history_note=w.host_history_note(r) if r.source.row.host_heap else "",
         growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin,
         workload=w.workload_statement(r), settings=w.settings_statement(r),
         history=w.history_statement(r), sizes=tuple(w.size_rows(r)),

@@ -36,6 +36,7 @@ from snapana.model import (
 )
 from snapana.sources._io import MetaError, sanitize
 from snapana.sources.json_stream import stream_json
+from snapana.sources.kinds import CaptureKind
 from snapana.units import SYNTHETIC_ADDRESSES
 
 CPU_DEVICE = -1
@@ -569,7 +570,7 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
     trace_meta = sanitize({k: v for k, v in meta.items()
                            if k not in ("traceEvents", "deviceProperties")}, "trace")
     return Capture(
-        source="kineto_trace",
+        source=CaptureKind.KINETO_TRACE,
         path=str(path),
         stacks=table,
         segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
@@ -586,8 +587,6 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
             # The caching allocator's reserved bytes after each event, where the trace has them
             # (modern GPU traces); replay has no segments to compute it from.
             "reserved_timeline": reserved_timeline,
-            # `Bytes` are exact (CPU) or already block sizes (CUDA): replay must not round.
-            "size_rounding": 1,
             "trace": trace_meta,
             "device_properties": sanitize(meta.get("deviceProperties"), "deviceProperties"),
         },

@@ -76,6 +76,7 @@ from snapana.sources._io import (
     open_input,
     sanitize,
 )
+from snapana.sources.kinds import CaptureKind
 from snapana.units import inert
 
 if TYPE_CHECKING:
@@ -927,7 +928,7 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False,
     annotations = _annotations(data.get("external_annotations") or [], warnings)
 
     capture = Capture(
-        source="torch_snapshot",
+        source=CaptureKind.TORCH_SNAPSHOT,
         path=path,
         stacks=intern.table,
         segments=pl.DataFrame(seg_cols, schema=SEGMENT_SCHEMA),

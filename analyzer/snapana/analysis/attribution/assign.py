@@ -234,8 +234,8 @@ class Attributor:
             capture.events.filter(pl.col("action").is_in(["alloc", "oom"]))["stack_id"]
             .unique().to_list()
         )
-        # a source that measures a process's heap (memray) says so: host packs decide there
-        memory = str(capture.metadata.get("memory", "device"))
+        # a source that measures a process's heap (memray's row): host packs decide there
+        memory = "host" if capture.source.row.host_heap else "device"
         self.rules = rules.for_memory(memory).with_sites(self.stacks.stack(s) for s in stack_ids)
         self.windows = AnnotationWindows(capture, device)
         ev = capture.device_events(device)

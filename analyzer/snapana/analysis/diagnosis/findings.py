@@ -23,6 +23,7 @@ from snapana.analysis.placement import SpareTerms
 from snapana.analysis.replay import Moment, MomentKind
 from snapana.analysis.size_groups import SizeGroup
 from snapana.model import Frame, StackTable
+from snapana.sources.kinds import CaptureKind
 
 #: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
 CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",
@@ -262,7 +263,8 @@ class DeviceReport:
     """Everything a report shows about one device at its moment of interest."""
 
     path: str
-    source: str
+    #: the kind of capture (its traits: `source.row`)
+    source: CaptureKind
     device: int
     moment: Moment
     reserved_bytes: int

@@ -36,17 +36,6 @@ if TYPE_CHECKING:
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".pt", ".snapshot")
 
 
-#: What a folder's other files are, by what their first bytes say (`sources.sniff`), and
-#: why a rank table does not take them.
-NOT_A_RANK = {
-    "kineto_trace": "a torch.profiler trace: give it alone, or beside a snapshot with --trace",
-    "memory_timeline": "a profiler memory timeline: give it alone, or with --trace",
-    "memray": "a memray capture: give it alone, or beside a snapshot with --memray",
-    "memray_parquet": "a converted memray capture: give it alone, or with --memray",
-    "text_log": "a text log: give it alone, or beside a snapshot with --log",
-}
-
-
 def expand_inputs(args: Iterable[str | Path]) -> list[Path]:
     """Files, directories (their snapshot files) and globs, in a stable order."""
     return expand(args)[0]
@@ -78,7 +67,8 @@ def expand(args: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
 
 def _folder(folder: Path) -> tuple[list[Path], list[str]]:
     """A folder's snapshots (by name, or by content whatever their name: `x.pickle__sha`),
-    and a line for each other file."""
+    and a line for each other file: what its first bytes say it is (`sources.sniff`) and
+    why a rank table does not take it (its row of `sources.kinds.SOURCES`)."""
     from snapana.sources import sniff
     from snapana.units import inert
 
@@ -99,10 +89,10 @@ def _folder(folder: Path) -> tuple[list[Path], list[str]]:
             why = str(exc).removeprefix(f"{f}: ")
             skipped.append(f"{inert(f.name, lines=False)}: not read ({inert(why, lines=False)})")
             continue
-        if kind == "torch_snapshot":
+        if kind.row.rank_input:
             found.append(f)
         else:
-            skipped.append(f"{inert(f.name, lines=False)}: {NOT_A_RANK.get(kind, kind)}")
+            skipped.append(f"{inert(f.name, lines=False)}: {kind.row.not_a_rank}")
     return found, skipped
 
 
