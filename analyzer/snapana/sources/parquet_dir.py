@@ -24,7 +24,6 @@ import numpy as np
 import polars as pl
 
 from snapana.errors import InputError
-from snapana.io.sidecar_reader import tensor_problem
 from snapana.limits import (
     MAX_BYTES,
     MAX_DEVICE,
@@ -51,6 +50,7 @@ from snapana.sources._io import (
     sanitize,
 )
 from snapana.sources.kinds import capture_kind
+from snapana.sources.sidecar import tensor_problem
 
 #: The file that makes a folder an export (and holds its metadata).
 MARKER = "snapana-export.json"
