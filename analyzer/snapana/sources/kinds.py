@@ -9,13 +9,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 
 from snapana.caching_allocator import ROUND_BYTES
 
 
-class CaptureKind(StrEnum):
-    """An input's kind. The value is the name the reports and exports write (`source`)."""
+class CaptureKind(str, Enum):
+    """An input's kind. The value is the name the reports and exports write (`source`):
+    printed, formatted and serialised as that name (a StrEnum, on Python 3.10 too)."""
 
     TORCH_SNAPSHOT = "torch_snapshot"
     MEMRAY = "memray"
@@ -24,6 +25,12 @@ class CaptureKind(StrEnum):
     KINETO_TRACE = "kineto_trace"
     TEXT_LOG = "text_log"
     SNAPANA_EXPORT = "snapana_export"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
     @property
     def row(self) -> Source:
