@@ -142,10 +142,12 @@ def output_folder(output: Path, read: list[Path]) -> None:
 
 
 def prepare(fmt: str, kind: str = "capture") -> None:
-    """Import the renderer of `fmt` now, and run its module's `warm()` when it has one,
-    before the inputs are read: a snapshot's decode child (started early,
-    `commands._early`) is still running, so this costs no time of the command's own. An
-    unknown format is left for `render_view` to refuse."""
+    """Refuse binary output bound for a terminal, then import the renderer of `fmt` now,
+    and run its module's `warm()` when it has one, before the inputs are read: a
+    snapshot's decode child (started early, `commands._early`) is still running, so this
+    costs no time of the command's own. An unknown format is left for `render_view` to
+    refuse."""
+    binary_to_terminal(fmt)
     try:
         render = renderers.renderer(kind, fmt)
     except renderers.UnknownFormat:
@@ -155,31 +157,47 @@ def prepare(fmt: str, kind: str = "capture") -> None:
         warm()
 
 
-def render_view(view: Any, fmt: str, to_terminal: bool = True, full: bool = True) -> str:
+def binary_to_terminal(fmt: str) -> None:
+    """A binary format (`render.OUTPUTS`: a PNG) is never printed to a terminal: refused,
+    one line, exit 2, before any work."""
+    if renderers.is_binary(fmt) and sys.stdout.isatty():
+        ext = renderers.OUTPUTS[fmt].extension
+        raise InputError(f"-f {fmt} writes binary output, not for a terminal: redirect it "
+                         f"to a file (> out{ext})")
+
+
+def render_view(view: Any, fmt: str, to_terminal: bool = True, full: bool = True
+                ) -> str | bytes:
     """`view` through the renderer registry: for stdout, laid out for the terminal there
-    (`full=False`: a capture's text on one screen)."""
+    (`full=False`: a capture's text on one screen); bytes for a binary format."""
     options = renderers.Options(full=full)
     if to_terminal:
         console = Console()
         options = renderers.Options(width=console.width, color=console.is_terminal, full=full)
     try:
-        return renderers.render(view, fmt, options)
+        return renderers.render_output(view, fmt, options)
     except renderers.UnknownFormat as exc:
         raise InputError(str(exc)) from None
 
 
-def emit(text: str) -> None:
+def emit(text: str | bytes) -> None:
     """Print a command's output whole, or fail saying so. Python's text stdout drops the rest
     of a write that the file took only in part (a disk that fills up, a file-size limit)
     without a word, and the command would exit 0 with half a report: so the bytes go
     through the binary stream, the count of every write checked (the failure then is an
-    OSError: exit 4, `cli.environment_problem`)."""
+    OSError: exit 4, `cli.environment_problem`). Bytes (a binary format) never go to a
+    terminal (`binary_to_terminal`)."""
     stream = sys.stdout
+    if isinstance(text, bytes) and stream.isatty():
+        raise InputError("binary output, not for a terminal: redirect it to a file")
     buffer = getattr(stream, "buffer", None)
     if buffer is None:  # a closed stdout (`__main__._Closed`), an in-memory stream
+        if isinstance(text, bytes):
+            raise InputError("binary output and no binary stdout to write it to")
         stream.write(text)
         return
-    data = memoryview(text.encode(stream.encoding or "utf-8", stream.errors or "strict"))
+    data = memoryview(text if isinstance(text, bytes) else
+                      text.encode(stream.encoding or "utf-8", stream.errors or "strict"))
     stream.flush()
     while data:
         n = buffer.write(data)
@@ -189,7 +207,7 @@ def emit(text: str) -> None:
     buffer.flush()
 
 
-def write(out: Path, text: str, multi: MultiReport | None = None) -> None:
+def write(out: Path, text: str | bytes, multi: MultiReport | None = None) -> None:
     """Write atomically and say where (or, when none of several inputs `multi` names could
     be analysed, fail saying the output lists why: `none_analysed`)."""
     from snapana.io.output import write_atomic
@@ -208,7 +226,7 @@ def step_summary(*views: Any) -> None:
 
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:  # a regular file or a new one: a FIFO or device is refused, never waited on
-        append_text(summary, "".join(render_view(view, "markdown", to_terminal=False) + "\n"
+        append_text(summary, "".join(renderers.render(view, "markdown") + "\n"
                                      for view in views))
 
 
