@@ -13,13 +13,14 @@ from typing import BinaryIO, NoReturn
 
 from snapana.errors import InputError
 from snapana.limits import MAX_LOG_BYTES, MAX_LOG_MESSAGES
+from snapana.log_model import KvBudget, KvRefusal, OomMessage
 from snapana.sources._io import open_input
 from snapana.sources.log_tables import MemorySummary, SmiTable, read_smi, read_summaries
 from snapana.sources.memory_lines import MemoryLine, read_memory_lines
-from snapana.sources.oom_text import OomMessage, messages_in, unescape
+from snapana.sources.oom_text import messages_in, unescape
 from snapana.sources.text_lines import bounded_lines
 from snapana.sources.traceback_text import Traceback, read_tracebacks
-from snapana.sources.vllm_text import KvBudget, KvRefusal, read_budgets, read_refusals
+from snapana.sources.vllm_text import read_budgets, read_refusals
 
 
 @dataclass(frozen=True)

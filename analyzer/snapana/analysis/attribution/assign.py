@@ -27,8 +27,8 @@ from snapana.analysis.attribution import inference
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
 from snapana.analysis.attribution.families import family_label, role_families
-from snapana.analysis.attribution.sites import site_of
 from snapana.analysis.attribution.stack import BlockContext, Stack
+from snapana.analysis.sites import site_of
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import EMPTY_STACK, Capture
 
