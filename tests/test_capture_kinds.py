@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import snapana
+from snapana.capture_kinds import SOURCES, CaptureKind, Source, detect
 from snapana.errors import InputError
 from snapana.sources import load, reader, sniff
-from snapana.sources.kinds import SOURCES, CaptureKind, Source, detect
 
 PACKAGE = Path(snapana.__file__).parent
-TABLE = PACKAGE / "sources" / "kinds.py"
+TABLE = PACKAGE / "capture_kinds.py"
 KIND_NAMES = {k.value for k in CaptureKind}
 
 

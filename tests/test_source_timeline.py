@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from snapana import capture_kinds as kinds
 from snapana.analysis.replay import replay
 from snapana.errors import InputError
 from snapana.session import analyse
-from snapana.sources import kinds, memory_timeline
+from snapana.sources import memory_timeline
 
 from .conftest import corpus_params, invoke, require
 

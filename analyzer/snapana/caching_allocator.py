@@ -51,7 +51,7 @@ def round_size(requested: int, granularity: int = ROUND_BYTES) -> int:
     """The caching allocator's minimum rounding: up to a multiple of 512 bytes.
 
     Sources whose sizes are already exact (profiler traces, memory timelines, memray) have
-    a rounding of 1 in their row of `sources.kinds.SOURCES`.
+    a rounding of 1 in their row of `capture_kinds.SOURCES`.
     """
     if granularity <= 1:
         return requested

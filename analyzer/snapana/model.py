@@ -13,8 +13,8 @@ from typing import Any, TypeAlias
 import polars as pl
 
 from snapana.caching_allocator import ACTIVE_ALLOCATED
+from snapana.capture_kinds import CaptureKind
 from snapana.limits import MAX_STACK_FRAMES
-from snapana.sources.kinds import CaptureKind
 from snapana.units import inert
 
 #: How a source reports reading: bytes done so far and the total (the file's size).

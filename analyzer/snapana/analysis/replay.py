@@ -38,10 +38,10 @@ from snapana.caching_allocator import (
     ROUNDING_PADS,
     SMALL_PAGE,
 )
+from snapana.capture_kinds import size_rounding
 from snapana.errors import InputError
 from snapana.limits import MAX_TIME
 from snapana.model import EMPTY_STACK, Capture
-from snapana.sources.kinds import size_rounding
 from snapana.units import parse_int, quote
 
 

@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from snapana.capture_kinds import CaptureKind, detect
 from snapana.errors import InputError
 from snapana.sources._io import check_regular, note_input, open_input
-from snapana.sources.kinds import CaptureKind, detect
 
 if TYPE_CHECKING:  # the model (polars) is imported by the reader that builds one
     from collections.abc import Callable
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the model (polars) is imported by the reader that builds on
 
 def sniff(path: Path) -> CaptureKind:
     """The kind of an input, from its first bytes (a folder: from its marker file), by the
-    rows of `kinds.SOURCES`; a file no row recognises is refused, one line. Only regular
+    rows of `capture_kinds.SOURCES`; a file no row recognises is refused, one line. Only regular
     files are opened: a FIFO or a device is refused before `open` could block on it."""
     if not os.path.lexists(path):
         raise InputError(f"{path}: no such file")

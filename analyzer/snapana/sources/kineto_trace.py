@@ -22,6 +22,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import polars as pl
 
+from snapana.capture_kinds import CaptureKind
 from snapana.errors import InputError
 from snapana.limits import MAX_BYTES, MAX_DEVICE, MAX_TIME
 from snapana.model import (
@@ -36,7 +37,6 @@ from snapana.model import (
 )
 from snapana.sources._io import MetaError, sanitize
 from snapana.sources.json_stream import stream_json
-from snapana.sources.kinds import CaptureKind
 from snapana.units import SYNTHETIC_ADDRESSES
 
 CPU_DEVICE = -1

@@ -22,6 +22,7 @@ from typing import Any
 
 import polars as pl
 
+from snapana.capture_kinds import CaptureKind
 from snapana.errors import InputError
 from snapana.limits import MAX_BYTES, MAX_TIME
 from snapana.model import (
@@ -33,7 +34,6 @@ from snapana.model import (
     unsegmented_blocks,
 )
 from snapana.sources.json_stream import stream_json
-from snapana.sources.kinds import CaptureKind
 
 FRAME_FILE = "<memory_timeline>"
 #: torch/profiler/_memory_profiler.py `_CATEGORY_TO_INDEX` (the key order of

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from snapana.capture_kinds import CaptureKind
 from snapana.children import DIE_WITH_PARENT, child_env
 from snapana.errors import InputError
 from snapana.limits import (
@@ -64,7 +65,6 @@ from snapana.sources._io import (
     read_parquet,
     sanitize,
 )
-from snapana.sources.kinds import CaptureKind
 
 HOST_DEVICE = -2
 MAGIC = b"memray\x00"

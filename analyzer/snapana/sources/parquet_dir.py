@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from snapana.capture_kinds import capture_kind
 from snapana.errors import InputError
 from snapana.limits import (
     MAX_BYTES,
@@ -49,7 +50,6 @@ from snapana.sources._io import (
     read_parquet,
     sanitize,
 )
-from snapana.sources.kinds import capture_kind
 from snapana.sources.sidecar import tensor_problem
 
 #: The file that makes a folder an export (and holds its metadata).

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, cast
 import polars as pl
 
 from snapana.caching_allocator import normalize_state
+from snapana.capture_kinds import CaptureKind
 from snapana.errors import InputError, UnsafePickleError
 from snapana.limits import (
     LINE_RANGE,
@@ -76,7 +77,6 @@ from snapana.sources._io import (
     open_input,
     sanitize,
 )
-from snapana.sources.kinds import CaptureKind
 from snapana.units import inert
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from snapana.analysis.knobs import Knob
 from snapana.analysis.placement import SpareTerms
 from snapana.analysis.replay import Moment, MomentKind
 from snapana.analysis.size_groups import SizeGroup
+from snapana.capture_kinds import CaptureKind
 from snapana.model import Frame, StackTable
-from snapana.sources.kinds import CaptureKind
 
 #: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
 CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",

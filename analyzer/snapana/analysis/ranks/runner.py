@@ -68,7 +68,7 @@ def expand(args: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
 def _folder(folder: Path) -> tuple[list[Path], list[str]]:
     """A folder's snapshots (by name, or by content whatever their name: `x.pickle__sha`),
     and a line for each other file: what its first bytes say it is (`sources.sniff`) and
-    why a rank table does not take it (its row of `sources.kinds.SOURCES`)."""
+    why a rank table does not take it (its row of `capture_kinds.SOURCES`)."""
     from snapana.sources import sniff
     from snapana.units import inert
 

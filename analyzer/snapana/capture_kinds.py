@@ -2,7 +2,9 @@
 says how the kind is recognised (by content, never by name), what reads it, what it
 yields and what the later stages may assume of it. Everything that asks "is this a
 snapshot?", "is this a log?" or "does this round to 512 B?" asks the row, never a string:
-a new input format is a new member, a new row and its reader."""
+a new input format is a new member, a new row and its reader (in `sources/`). The table
+stands below the model (it imports nothing of the pipeline), so the model, the findings and
+the renderers read a capture's kind and its traits without an import running back up."""
 
 from __future__ import annotations
 
