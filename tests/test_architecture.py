@@ -96,6 +96,12 @@ def test_stages_import_only_earlier_stages(name: str) -> None:
     deps = GRAPH[name]
     if name.startswith("snapana.render"):
         assert not deps & (FACES | DRIVERS), f"{name} imports {deps & (FACES | DRIVERS)}"
+        # renderers read findings only: no source type, no attribution module (the family
+        # colours they print are `diagnosis.palette`'s, a stack's site `analysis.sites`',
+        # the text-log figures `log_model`'s) (#59)
+        upstream = {d for d in deps if d.startswith(("snapana.sources",
+                                                     "snapana.analysis.attribution"))}
+        assert not upstream, f"a renderer imports a source or attribution: {upstream}"
     if name.startswith("snapana.sources"):
         later = {d for d in deps if d.startswith((
             "snapana.render",
@@ -133,11 +139,7 @@ ALGORITHMS = {
     "snapana.analysis.placement",
     "snapana.session",
     "snapana.analysis.ranks.runner",
-} | {m for m in MODULES if m.startswith("snapana.analysis.attribution")} - {
-    "snapana.analysis.attribution.sites",  # how a stack is named: the renderers' vocabulary too
-    # the family vocabulary (ids, labels): data, not a stage
-    "snapana.analysis.attribution.families",
-}
+} | {m for m in MODULES if m.startswith("snapana.analysis.attribution")}
 #: Modules that hold types beside the code that makes them: a renderer imports their types and
 #: constants (capitalised names) only, never a function.
 TYPES_BESIDE_CODE = {

@@ -176,6 +176,25 @@ def test_vocabulary_holds_families_phases_and_causes():
                          'colour = "red"\n', "v.toml")
 
 
+def test_inventory_roles_are_the_vocabulary_s_and_the_format_s() -> None:
+    """What a recorded tensor's role means as a family is said once, in the vocabulary
+    (#59: it was a dict in the sidecar reader, which attribution imported back up the
+    pipeline); every role the recorder writes is one the sidecar reader takes, and every
+    one but `tensor` (role not known) names exactly one family."""
+    from snapana.analysis.attribution.families import parse_vocabulary, role_families
+    from snapana.record.inventory import ROLES as WRITTEN
+    from snapana.sources.sidecar import ROLES as READ
+
+    assert set(WRITTEN) == set(READ)
+    assert set(role_families()) == set(READ) - {"tensor"}
+    assert role_families()["buffer"] == role_families()["parameter"] == "parameters"
+    assert role_families()["gradient"] == "gradients"
+    two = ('[[family]]\nid = "{0}"\nlabel = "{0}"\ndescription = "d"\ncolour = "#000000"\n'
+           'inventory_roles = ["gradient"]\n')
+    with pytest.raises(ValueError, match="inventory role 'gradient' is given to two families"):
+        parse_vocabulary(two.format("a") + two.format("b"), "v.toml")
+
+
 def test_family_colours_are_given_distinct_and_stable() -> None:
     """Every family's colour is written in the vocabulary (issue 59: it was its place in the
     list, so a new family recoloured every later one, and 24 families shared 20 colours:

@@ -130,9 +130,9 @@ def test_an_unpaired_surrogate_in_a_sidecar_is_shown_inert(tmp_path: Path) -> No
         result = invoke("summary", "--format", fmt, str(snap))
         assert result.returncode == 0, (fmt, result.stderr)
         assert "\udc80" not in result.stdout and "\x1b[31m" not in result.stdout
-    from snapana.io import sidecar_reader
+    from snapana.sources import sidecar
 
-    (read,) = sidecar_reader.read(tmp_path / "s.pickle.meta.json")["inventory"]["tensors"]
+    (read,) = sidecar.read(tmp_path / "s.pickle.meta.json")["inventory"]["tensors"]
     assert read["name"] == "w\\udc80\\x1b[31m"  # escaped, still readable
 
 

@@ -252,7 +252,7 @@ def test_corpus_capture_is_read_and_its_sites_named(path, reader_119, tmp_path):
     assert report.groups[0].sites[0]["site"] in view.verdict
     assert not own["torch"]  # none of the corpus's jobs uses torch: no torch advice anywhere
     cv = views.capture_view([report], path.name)
-    for fmt in renderers.formats("capture"):
+    for fmt in renderers.FORMATS:
         text = renderers.render(cv, fmt)
         assert "torch.cuda.memory" not in text and "_record_memory_history" not in text, fmt
     assert "torch" not in view.history_note

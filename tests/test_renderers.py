@@ -105,6 +105,12 @@ def test_every_renderer_formats_every_sample(views, kind: str, fmt: str) -> None
     assert views[kind], f"no view of kind {kind!r} to render"
     for name, view in views[kind]:
         assert isinstance(view, VIEW_TYPES[kind])
+        if registry.OUTPUTS[fmt].binary:
+            data = registry.render_output(view, fmt, Options(width=100))
+            assert isinstance(data, bytes)
+            if fmt == "png":
+                assert data.startswith(b"\x89PNG\r\n\x1a\n"), f"{kind}/png: {name}"
+            continue
         text = render(view, fmt, Options(width=100))
         assert isinstance(text, str) and text.strip(), f"{kind}/{fmt}: empty for {name}"
         if fmt == "json":
@@ -120,9 +126,10 @@ def test_every_kind_has_a_view_type_and_text() -> None:
     for kind, cls in VIEW_TYPES.items():
         assert cls.kind == kind
         assert "text" in formats(kind)
-    for kind in ("capture", "diff", "ranks"):
+    for kind in ("diff", "ranks"):
         assert formats(kind) == FORMATS
-    assert set(formats()) == set(FORMATS)
+    assert formats("capture") == (*FORMATS, "png")
+    assert set(formats()) == set(registry.OUTPUTS)
 
 
 def test_unknown_format_is_a_value_error(views) -> None:
@@ -135,7 +142,10 @@ def test_unknown_format_is_a_value_error(views) -> None:
 
 def test_adding_a_renderer_touches_only_the_registry(views) -> None:
     _, view = views["diff"][0]
-    registry.register("diff", "csv", lambda v, options: f"verdict,{v.verdict}\n")
+    with pytest.raises(ValueError, match="declare what it writes"):
+        registry.register("diff", "csv", lambda v, options: f"verdict,{v.verdict}\n")
+    registry.register("diff", "csv", lambda v, options: f"verdict,{v.verdict}\n",
+                      registry.Output(binary=False, extension=".csv"))
     try:
         assert "csv" in formats("diff")
         assert render(view, "csv").startswith("verdict,")
@@ -152,8 +162,43 @@ def _choices(command: str) -> tuple[str, ...]:
 
 
 def test_cli_format_choices_come_from_the_registry() -> None:
-    assert _choices("summary") == formats("capture") == formats("ranks")
+    """Each command offers the formats its views have: `summary -f png` (a capture's card)
+    but no `check -f html` (no renderer)."""
+    assert _choices("summary") == formats("capture", "ranks", "text_log") == (*FORMATS, "png")
     assert _choices("diff") == formats("diff")
+    assert _choices("check") == formats("check") == ("text", "markdown", "json")
+    assert _choices("whatif") == formats("whatif", "scale")
+
+
+def test_binary_output_is_refused_on_a_terminal_and_written_elsewhere(tmp_path: Path) -> None:
+    """`summary -f png` prints no bytes to a terminal: one line, exit 2, before any work;
+    redirected to a file it is the card, a PNG."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    sample = str(SAMPLE_FILES[0])
+    main, tty = pty.openpty()
+    try:
+        run = subprocess.run([sys.executable, "-m", "snapana", "summary", sample, "-f", "png"],
+                             stdout=tty, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(tty)
+    try:
+        printed = os.read(main, 4096)
+    except OSError:  # nothing was written: the pty's other end reads as closed
+        printed = b""
+    os.close(main)
+    assert run.returncode == 2 and printed == b""
+    assert run.stderr.count("\n") == 1 and "binary output" in run.stderr, run.stderr
+    out = tmp_path / "card.png"
+    with out.open("wb") as fh:
+        run = subprocess.run([sys.executable, "-m", "snapana", "summary", sample, "-f", "png"],
+                             stdout=fh, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert invoke("summary", sample, "-f", "png", "--full").returncode == 0  # piped: written
 
 
 def _format_lists(path: Path) -> list[int]:
@@ -197,7 +242,7 @@ def test_render_imports_no_face_or_driver() -> None:
 
 def test_the_api_renders_every_registered_format() -> None:
     a = snapana.load(SAMPLE_FILES[0])
-    for fmt in formats("capture"):
+    for fmt in (f for f in formats("capture") if not registry.OUTPUTS[f].binary):
         assert a.summary(fmt).strip()  # type: ignore[arg-type]
     cmp = a.diff(a)
     for fmt in formats("diff"):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from snapana import capture_kinds as kinds
 from snapana.analysis.replay import replay
 from snapana.errors import InputError
 from snapana.session import analyse
@@ -189,10 +190,10 @@ def test_bad_timelines_raise_one_line_input_error(tmp_path, content):
 
 
 def test_sniff_helper():
-    assert memory_timeline.looks_like_timeline(b"  [ [-1, 1, 512, 7]")
-    assert memory_timeline.looks_like_timeline(b"[[1696966048083, 1")
-    assert not memory_timeline.looks_like_timeline(b'[{"ph": "X"}]')
-    assert not memory_timeline.looks_like_timeline(b'{"traceEvents": []}')
+    assert kinds.looks_like_timeline(b"  [ [-1, 1, 512, 7]")
+    assert kinds.looks_like_timeline(b"[[1696966048083, 1")
+    assert not kinds.looks_like_timeline(b'[{"ph": "X"}]')
+    assert not kinds.looks_like_timeline(b'{"traceEvents": []}')
 
 
 def test_plot_ending_empty_leaves_no_blocks(tmp_path):

@@ -50,8 +50,8 @@ MIN_PAD_WITNESSES = 3
 def round_size(requested: int, granularity: int = ROUND_BYTES) -> int:
     """The caching allocator's minimum rounding: up to a multiple of 512 bytes.
 
-    Sources whose sizes are already exact (profiler traces, memory timelines, memray) say so
-    with `metadata['size_rounding'] = 1`.
+    Sources whose sizes are already exact (profiler traces, memory timelines, memray) have
+    a rounding of 1 in their row of `capture_kinds.SOURCES`.
     """
     if granularity <= 1:
         return requested

@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 import polars as pl
 
 from snapana.caching_allocator import ACTIVE_ALLOCATED
+from snapana.capture_kinds import CaptureKind
 from snapana.limits import MAX_STACK_FRAMES
 from snapana.units import inert
 
@@ -165,7 +166,7 @@ def is_python_frame(frame: Frame) -> bool:
 class Capture:
     """One input file, normalized. Sources fill it; nothing downstream reads the file again."""
 
-    source: str
+    source: CaptureKind
     path: str
     stacks: StackTable
     segments: pl.DataFrame

@@ -71,7 +71,7 @@ def resolve_capacity(capacity: int | str | None) -> int | None:
 
 def find_sidecar(path: str | Path) -> Path | None:
     """The sidecar `snapana record` wrote beside a capture file, if there is one."""
-    from snapana.io import sidecar_reader as sidecar
+    from snapana.sources import sidecar
 
     return sidecar.find(Path(path)) if Path(path).is_file() else None
 
@@ -82,7 +82,7 @@ def open_capture(path: str | Path, progress: ReadProgress | None = None, *,
     with the sidecar `snapana record` wrote beside it (`sidecar_path`: the one a caller
     already found, None for none; by default looked up here)."""
     from snapana import sources
-    from snapana.io import sidecar_reader as sidecar
+    from snapana.sources import sidecar
 
     capture = sources.load(Path(path), progress)
     found = find_sidecar(path) if sidecar_path == "find" else sidecar_path

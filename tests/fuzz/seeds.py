@@ -301,7 +301,7 @@ def rank_snapshot(rank: int, oom: bool) -> bytes:
     return pickle.dumps(sim.snapshot(), protocol=4)
 
 
-#: Roles a sidecar's tensor inventory names (snapana.io.sidecar_reader.ROLE_FAMILY, plus "tensor").
+#: Roles a sidecar's tensor inventory names (snapana.sources.sidecar.ROLES).
 ROLES = ("parameter", "buffer", "gradient", "optimizer_state", "tensor")
 
 

@@ -19,8 +19,8 @@ from functools import lru_cache
 from importlib import resources
 
 from snapana.analysis.log_evidence import ACTIVATION_HALF, Finding
+from snapana.log_model import OomMessage
 from snapana.sources.memory_lines import MemoryLine
-from snapana.sources.oom_text import OomMessage
 from snapana.units import fmt_bytes
 
 if sys.version_info >= (3, 11):

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from snapana.caching_allocator import segment_size_for
-from snapana.sources.oom_text import OomMessage
-from snapana.sources.printed import Size
+from snapana.log_model import OomMessage
+from snapana.printed import Size
 
 if TYPE_CHECKING:
     from snapana.analysis.diagnosis.findings import DeviceReport

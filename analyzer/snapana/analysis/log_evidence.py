@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from snapana.log_model import KvBudget, KvRefusal, OomMessage
+from snapana.printed import Size
 from snapana.sources.log_tables import MemorySummary, SmiTable
-from snapana.sources.oom_text import OomMessage
-from snapana.sources.printed import Size
-from snapana.sources.vllm_text import KvBudget, KvRefusal
 
 #: Non-releasable bytes count as fragmentation from this share of what is reserved on.
 NON_RELEASABLE_SHARE = 0.05

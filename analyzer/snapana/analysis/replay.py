@@ -38,6 +38,7 @@ from snapana.caching_allocator import (
     ROUNDING_PADS,
     SMALL_PAGE,
 )
+from snapana.capture_kinds import size_rounding
 from snapana.errors import InputError
 from snapana.limits import MAX_TIME
 from snapana.model import EMPTY_STACK, Capture
@@ -559,7 +560,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     """Pair the trace's events into lifetimes and check them against the final segments."""
     events = capture.device_events(device)
     n = events.height
-    gran = int(capture.metadata.get("size_rounding", ROUND_BYTES))
+    gran = size_rounding(capture.source)
 
     # Lifetimes: trace sizes are the requested bytes; the block holds them rounded up to 512
     # (exact for final blocks, which take their size from the segments).

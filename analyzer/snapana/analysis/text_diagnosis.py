@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from snapana.sources.oom_text import CLAUSES, OomMessage
+from snapana.log_model import OomMessage
+from snapana.sources.oom_text import CLAUSES
 
 #: The names of the split's terms renderers look up.
 OUTSIDE = "outside PyTorch's allocator"

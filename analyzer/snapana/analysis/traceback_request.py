@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from snapana.analysis.attribution.engine import RuleSet
-from snapana.analysis.attribution.sites import format_frame
 from snapana.analysis.attribution.stack import BlockContext
 from snapana.analysis.evidence import stack_evidence
 from snapana.analysis.knobs import frameworks_in, knobs_for, reloads_offloaded, why_applies
+from snapana.analysis.sites import format_frame
 from snapana.sources.traceback_text import Traceback
 
 

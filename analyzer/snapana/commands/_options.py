@@ -11,11 +11,23 @@ import typer
 from snapana import render as renderers
 from snapana.errors import InputError
 
-#: The output formats a user may choose: those of the renderer registry
-#: (`snapana.render.FORMATS`, a Literal), as the Enum typer needs for a choice.
-FormatChoice = Enum(  # type: ignore[misc]
-    "FormatChoice", {f: f for f in renderers.formats()}, type=str)
-DEFAULT_FORMAT = FormatChoice(renderers.DEFAULT_FORMAT)
+#: The output formats a user may choose in each command: those the renderer registry has for
+#: the views the command shows (`snapana.render.formats`), as the Enum typer needs for a
+#: choice.
+SummaryFormat = Enum(  # type: ignore[misc]
+    "SummaryFormat", {f: f for f in renderers.formats("capture", "ranks", "text_log")},
+    type=str)
+DiffFormat = Enum(  # type: ignore[misc]
+    "DiffFormat", {f: f for f in renderers.formats("diff")}, type=str)
+CheckFormat = Enum(  # type: ignore[misc]
+    "CheckFormat", {f: f for f in renderers.formats("check")}, type=str)
+WhatifFormat = Enum(  # type: ignore[misc]
+    "WhatifFormat", {f: f for f in renderers.formats("whatif", "scale")}, type=str)
+#: Each command's default: the registry's (`render.DEFAULT_FORMAT`).
+SUMMARY_DEFAULT = SummaryFormat(renderers.DEFAULT_FORMAT)
+DIFF_DEFAULT = DiffFormat(renderers.DEFAULT_FORMAT)
+CHECK_DEFAULT = CheckFormat(renderers.DEFAULT_FORMAT)
+WHATIF_DEFAULT = WhatifFormat(renderers.DEFAULT_FORMAT)
 
 
 class Annotate(str, Enum):
@@ -84,7 +96,10 @@ WorkersOpt = Annotated[int | None, typer.Option("--workers", "-j", metavar="N",
                                                 parser=integer("--workers", 1, 4096),
                                                 help="worker processes (default: all cores)")]
 EngineOpt = Annotated[Engine, typer.Option("--engine", help="where the per-file work runs")]
-FormatOpt = Annotated[FormatChoice, typer.Option("--format", "-f")]
+SummaryFormatOpt = Annotated[SummaryFormat, typer.Option("--format", "-f")]
+DiffFormatOpt = Annotated[DiffFormat, typer.Option("--format", "-f")]
+CheckFormatOpt = Annotated[CheckFormat, typer.Option("--format", "-f")]
+WhatifFormatOpt = Annotated[WhatifFormat, typer.Option("--format", "-f")]
 
 LogOpt = Annotated[
     list[Path] | None,

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the pipeline is imported when a command runs: -h and -V sta
     from snapana.analysis.diagnosis.findings import DeviceReport
     from snapana.analysis.ranks.aggregate import MultiReport
     from snapana.analysis.ranks.runner import RankRun
+    from snapana.capture_kinds import CaptureKind
     from snapana.model import Capture
     from snapana.session import Session
 
@@ -40,7 +41,7 @@ class Inputs:
     #: a line for each file of a named folder that is not an input, with why
     skipped: list[str] = field(default_factory=list)
     #: a folder's other captures (path, kind) read beside its one snapshot (`runner.expand`)
-    companions: list[tuple[Path, str]] = field(default_factory=list)
+    companions: list[tuple[Path, CaptureKind]] = field(default_factory=list)
 
     @property
     def files(self) -> list[Path]:
@@ -68,7 +69,7 @@ def inputs(files: list[str], at: str | None = None) -> Inputs:
     if single is None and at is not None:
         raise InputError("--at applies to one capture; with several inputs, pick one file")
     skipped: list[str] = []
-    companions: list[tuple[Path, str]] = []
+    companions: list[tuple[Path, CaptureKind]] = []
     if single is None:
         paths, skipped, companions = expand(files)
     else:
@@ -147,10 +148,12 @@ def output_folder(output: Path, read: list[Path]) -> None:
 
 
 def prepare(fmt: str, kind: str = "capture") -> None:
-    """Import the renderer of `fmt` now, and run its module's `warm()` when it has one,
-    before the inputs are read: a snapshot's decode child (started early,
-    `commands._early`) is still running, so this costs no time of the command's own. An
-    unknown format is left for `render_view` to refuse."""
+    """Refuse binary output bound for a terminal, then import the renderer of `fmt` now,
+    and run its module's `warm()` when it has one, before the inputs are read: a
+    snapshot's decode child (started early, `commands._early`) is still running, so this
+    costs no time of the command's own. An unknown format is left for `render_view` to
+    refuse."""
+    binary_to_terminal(fmt)
     try:
         render = renderers.renderer(kind, fmt)
     except renderers.UnknownFormat:
@@ -160,31 +163,47 @@ def prepare(fmt: str, kind: str = "capture") -> None:
         warm()
 
 
-def render_view(view: Any, fmt: str, to_terminal: bool = True, full: bool = True) -> str:
+def binary_to_terminal(fmt: str) -> None:
+    """A binary format (`render.OUTPUTS`: a PNG) is never printed to a terminal: refused,
+    one line, exit 2, before any work."""
+    if renderers.is_binary(fmt) and sys.stdout.isatty():
+        ext = renderers.OUTPUTS[fmt].extension
+        raise InputError(f"-f {fmt} writes binary output, not for a terminal: redirect it "
+                         f"to a file (> out{ext})")
+
+
+def render_view(view: Any, fmt: str, to_terminal: bool = True, full: bool = True
+                ) -> str | bytes:
     """`view` through the renderer registry: for stdout, laid out for the terminal there
-    (`full=False`: a capture's text on one screen)."""
+    (`full=False`: a capture's text on one screen); bytes for a binary format."""
     options = renderers.Options(full=full)
     if to_terminal:
         console = Console()
         options = renderers.Options(width=console.width, color=console.is_terminal, full=full)
     try:
-        return renderers.render(view, fmt, options)
+        return renderers.render_output(view, fmt, options)
     except renderers.UnknownFormat as exc:
         raise InputError(str(exc)) from None
 
 
-def emit(text: str) -> None:
+def emit(text: str | bytes) -> None:
     """Print a command's output whole, or fail saying so. Python's text stdout drops the rest
     of a write that the file took only in part (a disk that fills up, a file-size limit)
     without a word, and the command would exit 0 with half a report: so the bytes go
     through the binary stream, the count of every write checked (the failure then is an
-    OSError: exit 4, `cli.environment_problem`)."""
+    OSError: exit 4, `cli.environment_problem`). Bytes (a binary format) never go to a
+    terminal (`binary_to_terminal`)."""
     stream = sys.stdout
+    if isinstance(text, bytes) and stream.isatty():
+        raise InputError("binary output, not for a terminal: redirect it to a file")
     buffer = getattr(stream, "buffer", None)
     if buffer is None:  # a closed stdout (`__main__._Closed`), an in-memory stream
+        if isinstance(text, bytes):
+            raise InputError("binary output and no binary stdout to write it to")
         stream.write(text)
         return
-    data = memoryview(text.encode(stream.encoding or "utf-8", stream.errors or "strict"))
+    data = memoryview(text if isinstance(text, bytes) else
+                      text.encode(stream.encoding or "utf-8", stream.errors or "strict"))
     stream.flush()
     while data:
         n = buffer.write(data)
@@ -194,7 +213,7 @@ def emit(text: str) -> None:
     buffer.flush()
 
 
-def write(out: Path, text: str, multi: MultiReport | None = None) -> None:
+def write(out: Path, text: str | bytes, multi: MultiReport | None = None) -> None:
     """Write atomically and say where (or, when none of several inputs `multi` names could
     be analysed, fail saying the output lists why: `none_analysed`)."""
     from snapana.io.output import write_atomic
@@ -213,7 +232,7 @@ def step_summary(*views: Any) -> None:
 
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:  # a regular file or a new one: a FIFO or device is refused, never waited on
-        append_text(summary, "".join(render_view(view, "markdown", to_terminal=False) + "\n"
+        append_text(summary, "".join(renderers.render(view, "markdown") + "\n"
                                      for view in views))
 
 
@@ -342,7 +361,7 @@ def _text_paths(files: list[str]) -> tuple[list[Path], list[str]] | None:
                         for m in members if m not in texts]
         else:
             paths += [p] if p.is_dir() else expand_inputs([f])
-    if not paths or any(p.is_dir() or sniff(p) != "text_log" for p in paths):
+    if not paths or any(p.is_dir() or sniff(p).row.yields_capture for p in paths):
         return None
     return list(dict.fromkeys(paths)), skipped
 
@@ -351,7 +370,7 @@ def _sniffs_as_text(path: Path) -> bool:
     from snapana.sources import sniff
 
     try:
-        return sniff(path) == "text_log"
+        return not sniff(path).row.yields_capture
     except InputError:  # empty, unreadable: not a log to read
         return False
 
@@ -429,13 +448,11 @@ def shown(ins: Inputs, device: int | None, rules: list[Path] | None, capacity: s
                  multi)
 
 
-def _beside(companions: list[tuple[Path, str]], snapshot: Path, multi: MultiReport,
+def _beside(companions: list[tuple[Path, CaptureKind]], snapshot: Path, multi: MultiReport,
             ruleset: RuleSet, capacity: int | None) -> list[DeviceReport]:
     """The reports of a folder's other captures, read beside its snapshot as `--trace` and
     `--memray` would read them; a line each in `multi.beside` says what it gave (or why it
     could not be read: then it counts as a failed input)."""
-    from snapana.analysis.ranks.runner import COMPANIONS
-
     out: list[DeviceReport] = []
     for path, kind in companions:
         name = inert(path.name, lines=False)
@@ -443,13 +460,13 @@ def _beside(companions: list[tuple[Path, str]], snapshot: Path, multi: MultiRepo
             reports = [s.report for s in sessions_of(path, None, ruleset, capacity)]
         except SnapanaError as exc:
             why = inert(str(exc).removeprefix(f"{path}: "), lines=False)
-            multi.beside.append(f"{name}: {COMPANIONS[kind]}, not read ({why})")
+            multi.beside.append(f"{name}: {kind.row.what}, not read ({why})")
             multi.beside_failed += 1
             continue
         shown = ", ".join(f"{r.device_name or f'device {r.device}'} "
                           f"{'at its OOM' if r.oom is not None else 'at its peak'}"
                           for r in reports)
-        multi.beside.append(f"{name}: {COMPANIONS[kind]} of the same folder, read beside "
+        multi.beside.append(f"{name}: {kind.row.what} of the same folder, read beside "
                             f"{inert(snapshot.name, lines=False)}: its report below ({shown}), "
                             "shown with the snapshot's, not joined to its blocks")
         out += reports

@@ -13,14 +13,14 @@ import typer
 
 from snapana.commands import _policy as policy
 from snapana.commands._options import (
-    DEFAULT_FORMAT,
+    CHECK_DEFAULT,
     Annotate,
     AnnotateOpt,
     AtOpt,
     CapacityOpt,
+    CheckFormatOpt,
     DeviceOpt,
     FileArg,
-    FormatOpt,
 )
 from snapana.errors import InputError
 
@@ -43,7 +43,7 @@ def check(
     device: DeviceOpt = None,
     capacity: CapacityOpt = None,
     at: AtOpt = None,
-    format: FormatOpt = DEFAULT_FORMAT,
+    format: CheckFormatOpt = CHECK_DEFAULT,
 ) -> None:
     """Check a capture against a memory budget: exit 0 within it, 1 over it."""
     from snapana.analysis.budget import check as check_budget

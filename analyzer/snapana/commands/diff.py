@@ -10,12 +10,12 @@ import typer
 from snapana import render as renderers
 from snapana.commands import _policy as policy
 from snapana.commands._options import (
-    DEFAULT_FORMAT,
+    DIFF_DEFAULT,
     Annotate,
     AnnotateOpt,
     CapacityOpt,
     DeviceOpt,
-    FormatOpt,
+    DiffFormatOpt,
     RulesOpt,
 )
 from snapana.commands._policy import err
@@ -31,7 +31,7 @@ def diff(
         "-o", "--output", metavar="PATH",
         help="write to a file (HTML when it ends in .html) or into a folder (as .html)")
     ] = None,
-    format: FormatOpt = DEFAULT_FORMAT,
+    format: DiffFormatOpt = DIFF_DEFAULT,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,

@@ -51,7 +51,7 @@ def report(
     if logs is not None:  # a log or a paste: its OOM messages
         named = [Path(f) for f in files if f != "-"]
         default = Path((named[0].name.split(".")[0] if len(named) == 1 else "snapana-report")
-                       + ".html")
+                       + renderers.OUTPUTS[renderers.REPORT_FORMAT].extension)
         out = policy.output_file(output, default, named)
         policy.write(out, policy.render_view(logs, renderers.REPORT_FORMAT, to_terminal=False))
         return
@@ -60,8 +60,8 @@ def report(
     files, beside = policy.split_logs(files, log)
     ins = policy.inputs(files, at)
     extras = [*(trace or ()), *(memray or ())] if ins.single is not None else []
-    default = (Path(ins.single.name.split(".")[0] + ".html") if ins.single is not None
-               else Path("snapana-report.html"))
+    default = Path((ins.single.name.split(".")[0] if ins.single is not None
+                    else "snapana-report") + renderers.OUTPUTS[renderers.REPORT_FORMAT].extension)
     out = policy.output_file(output, default, [*ins.files, *policy.with_sidecars(extras).files,
                                                *beside])
     policy.prepare(renderers.REPORT_FORMAT)

@@ -8,21 +8,21 @@ import typer
 
 from snapana.commands import _policy as policy
 from snapana.commands._options import (
-    DEFAULT_FORMAT,
+    SUMMARY_DEFAULT,
     AtOpt,
     CapacityOpt,
     DeviceOpt,
     FilesArg,
-    FormatOpt,
     LogOpt,
     RulesOpt,
+    SummaryFormatOpt,
     WorkersOpt,
 )
 
 
 def summary(
     files: FilesArg,
-    format: FormatOpt = DEFAULT_FORMAT,
+    format: SummaryFormatOpt = SUMMARY_DEFAULT,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from snapana.commands import _policy as policy
-from snapana.commands._options import DEFAULT_FORMAT, DeviceOpt, FileArg, FormatOpt
+from snapana.commands._options import WHATIF_DEFAULT, DeviceOpt, FileArg, WhatifFormatOpt
 from snapana.errors import InputError
 from snapana.units import inert
 
@@ -60,7 +60,7 @@ def whatif(
         help="the --calibrate capture's size in the one knob it differs in, e.g. seq=512")
     ] = None,
     device: DeviceOpt = None,
-    format: FormatOpt = DEFAULT_FORMAT,
+    format: WhatifFormatOpt = WHATIF_DEFAULT,
 ) -> None:
     """Re-run the recorded window under a changed setting or card: does the OOM go away?
     With --scale: at another batch or sequence length, and the largest that fits (--fit)."""

@@ -1,11 +1,13 @@
 """Renderers: one protocol, one registry keyed by (view kind, format).
 
 A view-model (`render/views.py`: a capture, a diff, the ranks of a job, explanations) is
-built once from the findings; a renderer turns one into text and does nothing else. Each
-format has one module (`text.py`, `markdown.py`, `json.py`, `html.py`) holding its renderer
-for every kind of view. The table below is the only place formats and renderers are listed:
-the CLI's ``--format`` choices and the API's formats come from it, so adding a renderer
-means adding its function and one line here.
+built once from the findings; a renderer turns one into text (or bytes: a PNG) and does
+nothing else. Each format has one module (`text.py`, `markdown.py`, `json.py`, `html.py`,
+`card.py`) holding its renderer for every kind of view, and declares what it writes
+(`OUTPUTS`: text or binary, a file's extension). The tables below are the only place
+formats and renderers are listed: each command's ``--format`` choices (`formats` of its
+view kinds), the API's formats and the refusal to print binary output to a terminal come
+from them, so adding a renderer means adding its function and one line here.
 
 This module imports nothing heavy (the CLI reads the formats for ``-h``); a renderer's module
 is imported the first time it is asked for.
@@ -24,10 +26,12 @@ from typing import Any, Literal, Protocol, get_args
 
 __all__ = [
     "FORMATS",
+    "OUTPUTS",
     "REPORT_FORMAT",
     "VIEW_KINDS",
     "Format",
     "Options",
+    "Output",
     "Renderer",
     "UnknownFormat",
     "ViewKind",
@@ -36,13 +40,34 @@ __all__ = [
     "register",
     "registered",
     "render",
+    "render_output",
     "renderer",
     "unregister",
 ]
 
-#: Every output format, in the order help texts list them (the first is the default).
+#: The text formats (what the API's `summary` returns), in the order help texts list them
+#: (the first is the default).
 Format = Literal["text", "markdown", "json", "html"]
 FORMATS: tuple[Format, ...] = get_args(Format)
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a format writes: `binary` (bytes, never printed to a terminal) or text, and the
+    extension of a file of it."""
+
+    binary: bool
+    extension: str
+
+
+#: What each format writes: the text formats, then the binary ones (help lists them so).
+OUTPUTS: dict[str, Output] = {
+    "text": Output(binary=False, extension=".txt"),
+    "markdown": Output(binary=False, extension=".md"),
+    "json": Output(binary=False, extension=".json"),
+    "html": Output(binary=False, extension=".html"),
+    "png": Output(binary=True, extension=".png"),
+}
 DEFAULT_FORMAT: Format = FORMATS[0]
 #: The format of a report file: one self-contained page.
 REPORT_FORMAT: Format = "html"
@@ -73,9 +98,9 @@ class View(Protocol):
 
 
 class Renderer(Protocol):
-    """Formats one view-model; computes nothing new."""
+    """Formats one view-model; computes nothing new. Text, or bytes for a binary format."""
 
-    def __call__(self, view: Any, options: Options, /) -> str: ...
+    def __call__(self, view: Any, options: Options, /) -> str | bytes: ...
 
 
 class UnknownFormat(ValueError):
@@ -88,6 +113,7 @@ _REGISTRY: dict[tuple[str, str], str | Renderer] = {
     ("capture", "markdown"): "snapana.render.markdown:capture",
     ("capture", "json"): "snapana.render.json:capture",
     ("capture", "html"): "snapana.render.html:capture",
+    ("capture", "png"): "snapana.render.card:capture",
     ("diff", "text"): "snapana.render.text:diff",
     ("diff", "markdown"): "snapana.render.markdown:diff",
     ("diff", "json"): "snapana.render.json:diff",
@@ -113,9 +139,15 @@ _REGISTRY: dict[tuple[str, str], str | Renderer] = {
 }
 
 
-def register(kind: str, fmt: str, renderer: Renderer | str) -> None:
+def register(kind: str, fmt: str, renderer: Renderer | str,
+             output: Output | None = None) -> None:
     """Add (or replace) the renderer of `kind` views in `fmt`: a callable, or a
-    ``"module:function"`` path imported on first use."""
+    ``"module:function"`` path imported on first use. A new format declares what it writes
+    (`output`); one of `OUTPUTS` has it declared already."""
+    if output is not None:
+        OUTPUTS[fmt] = output
+    elif fmt not in OUTPUTS:
+        raise ValueError(f"format {fmt!r}: declare what it writes (output=Output(...))")
     _REGISTRY[(kind, fmt)] = renderer
 
 
@@ -129,10 +161,11 @@ def registered() -> list[tuple[str, str]]:
     return list(_REGISTRY)
 
 
-def formats(kind: str | None = None) -> tuple[str, ...]:
-    """The formats registered for `kind` (for any kind without one), in FORMATS order."""
-    have = {f for k, f in _REGISTRY if kind is None or k == kind}
-    return tuple(f for f in FORMATS if f in have) + tuple(sorted(have - set(FORMATS)))
+def formats(*kinds: str) -> tuple[str, ...]:
+    """The formats registered for any of `kinds` (for any kind without one), in FORMATS
+    order: a command's ``--format`` choices are those of the views it shows."""
+    have = {f for k, f in _REGISTRY if not kinds or k in kinds}
+    return tuple(f for f in OUTPUTS if f in have)
 
 
 def _kind_of(view: View | type[View] | str) -> str:
@@ -164,18 +197,36 @@ def renderer(view: View | type[View] | str, fmt: str) -> Renderer:
 _INERT_FORMATS = ("text", "markdown", "html")
 
 
-def render(view: View, fmt: str, options: Options | None = None) -> str:
-    """`view` as `fmt` text (UnknownFormat, a ValueError, when none is registered). Text,
-    markdown and HTML come back inert: a control character or escape sequence from an input
-    (a frame's file name, an annotation, a profiler's device name) is shown escaped
-    (`\\x1b`), never sent to a terminal."""
+def render_output(view: View, fmt: str, options: Options | None = None) -> str | bytes:
+    """`view` in `fmt`: text, or bytes for a binary format (`OUTPUTS`; UnknownFormat, a
+    ValueError, when no renderer is registered). Text, markdown and HTML come back inert: a
+    control character or escape sequence from an input (a frame's file name, an
+    annotation, a profiler's device name) is shown escaped (`\\x1b`), never sent to a
+    terminal."""
     from snapana.units import inert, inert_styled
 
     options = options or Options()
-    text = renderer(view, fmt)(view, options)
-    if fmt not in _INERT_FORMATS:
-        return text
-    return inert_styled(text) if options.color and fmt != "html" else inert(text)
+    out = renderer(view, fmt)(view, options)
+    if OUTPUTS[fmt].binary != isinstance(out, bytes):
+        raise TypeError(f"the {fmt} renderer of a {_kind_of(view)} view returned "
+                        f"{type(out).__name__}, not what OUTPUTS declares")
+    if isinstance(out, bytes) or fmt not in _INERT_FORMATS:
+        return out
+    return inert_styled(out) if options.color and fmt != "html" else inert(out)
+
+
+def render(view: View, fmt: str, options: Options | None = None) -> str:
+    """`view` as `fmt` text (`render_output` of a text format; a binary one is UnknownFormat
+    here: its bytes are never taken for text)."""
+    out = render_output(view, fmt, options)
+    if isinstance(out, bytes):
+        raise UnknownFormat(f"{fmt} is binary output, not text")
+    return out
+
+
+def is_binary(fmt: str) -> bool:
+    """Whether `fmt` writes bytes (a format not declared: no renderer writes it)."""
+    return fmt in OUTPUTS and OUTPUTS[fmt].binary
 
 
 def format_for_path(path: Path, asked: str) -> str:

@@ -35,8 +35,8 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution.sites import format_frame, site_of
 from snapana.analysis.diagnosis.findings import DeviceReport
+from snapana.analysis.sites import format_frame, site_of
 from snapana.model import Frame, StackTable, is_python_frame
 from snapana.units import address_text, fmt_bytes, plural
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from snapana.render.views import DeviceView
+    from snapana.render.views import CaptureView, DeviceView
 
 WIDTH = 800  # px: legible as it is in a ticket, no scaling
 MARGIN = 24
@@ -178,3 +178,13 @@ def card_png(d: DeviceView, file: str) -> bytes:
     out = io.BytesIO()
     image.save(out, format="PNG", optimize=True)
     return out.getvalue()
+
+
+def capture(view: CaptureView, options: object) -> bytes:
+    """The `png` renderer of a capture view: the card of the device shown first (the one a
+    ticket attaches); none analysed is one line, exit 2."""
+    from snapana.errors import InputError
+
+    if not view.devices:
+        raise InputError(f"{view.title}: nothing to put on a card (no device analysed)")
+    return card_png(view.devices[0], view.title)

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution.families import UNKNOWN
-from snapana.analysis.attribution.sites import site_of
 from snapana.analysis.diagnosis.findings import DeviceReport
+from snapana.analysis.diagnosis.palette import UNKNOWN
 from snapana.analysis.family_timeline import FamilyTimeline
+from snapana.analysis.sites import site_of
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import StackTable

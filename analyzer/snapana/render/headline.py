@@ -96,7 +96,7 @@ def headline(r: DeviceReport) -> tuple[str, str]:
                     "the excess that can go is" if fits else "the excess to release is")
             opening += f"; {role} {g.name}, {fmt_bytes(g.bytes)}{_site(g)}"
         return f"{opening}.", _fix(r, "First fix")
-    if r.source in w.HOST_SOURCES and r.at is None:
+    if r.source.row.host_heap and r.at is None:
         opening = (f"At the heap's high-water mark {fmt_bytes(r.allocated_bytes)} of host "
                    "memory was held")
     elif r.at is not None:

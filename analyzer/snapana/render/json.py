@@ -11,13 +11,13 @@ from snapana.analysis.diagnosis.findings import Diagnosis, OomFinding
 from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import Frame
+from snapana.printed import Size
 from snapana.render import Options
 from snapana.render.check import CheckView
 from snapana.render.scale import ScaleView
 from snapana.render.text_log import TRACEBACK_SCOPE, TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.whatif import WhatIfView
-from snapana.sources.printed import Size
 from snapana.units import shown_name
 
 

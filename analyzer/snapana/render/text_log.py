@@ -13,11 +13,9 @@ from typing import TYPE_CHECKING, ClassVar
 from snapana.analysis.framework_memory import FrameworkEvidence
 from snapana.analysis.log_evidence import Finding, KvEvidence, SmiEvidence, SummaryEvidence
 from snapana.analysis.text_diagnosis import CLAUSE_WORDS, TextCause, TextDiagnosis
+from snapana.log_model import SUMMARY_COLUMNS, SUMMARY_ROWS, KvBudget, OomMessage
+from snapana.printed import Size
 from snapana.render import ViewKind
-from snapana.sources.log_tables import SUMMARY_COLUMNS, SUMMARY_ROWS
-from snapana.sources.oom_text import OomMessage
-from snapana.sources.printed import Size
-from snapana.sources.vllm_text import KvBudget
 from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:

@@ -15,7 +15,6 @@ so the terminal, markdown, JSON and HTML cannot disagree, and none of them compu
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -24,13 +23,13 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution.families import get_family, vocabulary
-from snapana.analysis.attribution.sites import site_of
 from snapana.analysis.compare import CaptureDiff
 from snapana.analysis.diagnosis.findings import Band, DeviceReport, Timeline, WhatIf
+from snapana.analysis.diagnosis.palette import UNKNOWN_COLOUR, family_colour
 from snapana.analysis.explain import ExplainedSite
 from snapana.analysis.log_check import LogCheck
 from snapana.analysis.ranks.aggregate import MultiReport
+from snapana.analysis.sites import site_of
 from snapana.render import ViewKind
 from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
@@ -49,21 +48,10 @@ BAND_LIMIT = 2000  # annotation bands drawn per timeline (the longest; the rest 
 
 
 # ----- the timeline -----------------------------------------------------------------------
-#: Family colours: one per family id, the same in every report, figure and diff — a
-#: vocabulary family's own (`Family.colour`), any other (a user pack's) one of those by a hash
-#: of its name; `unknown` is always grey, so an unattributed share never looks like a family.
-UNKNOWN_COLOUR = get_family("unknown").colour
+#: Family colours: `diagnosis.palette` (one per family id, the same in every report); the
+#: "other" share of a capped chart is this lighter grey.
 OTHER_COLOUR = "#d9d9d9"
 FAMILY_AREAS = 9  # families drawn in the family timeline; the rest are one "other" area
-
-
-def family_colour(family: str) -> str:
-    """The one colour of a family, whatever the report (see `UNKNOWN_COLOUR`)."""
-    try:
-        return get_family(family).colour
-    except KeyError:
-        palette = [f.colour for f in vocabulary().families if f.id != "unknown"]
-        return palette[zlib.crc32(family.encode()) % len(palette)]
 
 
 def family_colours(*reports: DeviceReport) -> dict[str, str]:
@@ -505,7 +493,7 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
         what_if_items=tuple(w.shown_what_ifs(r)),
         knobs=tuple(w.knob_rows(r)), causes=tuple(w.cause_rows(r)),
         group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r),
-        history_note=w.host_history_note(r) if r.source in w.HOST_SOURCES else "",
+        history_note=w.host_history_note(r) if r.source.row.host_heap else "",
         growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin,
         workload=w.workload_statement(r), settings=w.settings_statement(r),
         history=w.history_statement(r), sizes=tuple(w.size_rows(r)),

@@ -26,7 +26,6 @@ from snapana.units import fmt_bytes, parse_bytes, plural
 
 #: A figure of a state that cannot exist (the report's warnings say why).
 NOT_COMPUTABLE = "not computable"
-HOST_SOURCES = ("memray",)  # sources that measure a process's heap, not a caching allocator
 
 #: The exact calls that make the next capture carry allocation history.
 RECORD_HISTORY = ("torch.cuda.memory._record_memory_history(max_entries=100000) before the "
@@ -36,7 +35,7 @@ RECORD_HISTORY = ("torch.cuda.memory._record_memory_history(max_entries=100000) 
 
 def is_host(r: DeviceReport) -> bool:
     """Host memory (memray's heap, the profiler's CPU allocations): no GPU knob applies."""
-    return r.source in HOST_SOURCES or r.device < 0
+    return r.source.row.host_heap or r.device < 0
 
 
 def device_text(r: DeviceReport) -> str:
@@ -54,7 +53,7 @@ _MOMENT_NAMES = {"oom": "the OOM", "peak": "the peak", "snapshot": "the end of t
 
 def moment_text(r: DeviceReport) -> str:
     """Which moment a report shows, and whether the user chose it (--at)."""
-    if r.source in HOST_SOURCES:
+    if r.source.row.host_heap:
         return "at the heap's high-water mark"
     m = r.moment
     where = "before the first recorded event" if m.idx < 0 else f"event {m.idx}"
@@ -83,7 +82,7 @@ def headline_rows(r: DeviceReport) -> list[tuple[str, str]]:
             rows.append(("device free at the OOM", fmt_bytes(r.oom.device_free_bytes)))
         if r.oom.gap_bytes is not None and r.oom.gap_bytes > 0:
             rows.append(("short by", fmt_bytes(r.oom.gap_bytes)))
-    if r.source in HOST_SOURCES:
+    if r.source.row.host_heap:
         return rows + [("heap at the high-water mark", fmt_bytes(r.allocated_bytes))]
     if r.reserved_known:
         rows.append(("reserved by PyTorch", fmt_bytes(r.reserved_bytes)))
@@ -496,7 +495,7 @@ def verdict(r: DeviceReport) -> str:
                 "reserved. There is nothing on this device to diagnose.")
     if d.kind == "oom" and r.oom is not None:
         named = _oom_verdict(r, parts)
-    elif r.source in HOST_SOURCES and r.at is None:
+    elif r.source.row.host_heap and r.at is None:
         _host_verdict(r, parts)
     elif not d.history and r.at is None:
         blocks = sum(g.blocks for g in r.groups)
@@ -527,7 +526,7 @@ def verdict(r: DeviceReport) -> str:
                      + (" (with max_entries large enough to hold the step)." if r.n_events
                         else "."))
     else:
-        where = ("the high-water mark" if r.source in HOST_SOURCES else
+        where = ("the high-water mark" if r.source.row.host_heap else
                  "the peak" if d.kind == "peak" else "the snapshot")
         opening = (f"Shown {moment_text(r)}" if r.at is not None
                    else f"No OOM recorded: this diagnoses {where}")
@@ -686,7 +685,7 @@ def workload_statement(r: DeviceReport) -> str:
 def settings_statement(r: DeviceReport) -> str:
     """The allocator settings the capture records, one line (none for host memory)."""
     ev = r.diagnosis.evidence
-    if ev is None or r.source != "torch_snapshot":
+    if ev is None or not r.source.row.allocator_segments:
         return ""
     return ev.settings_line()
 
@@ -728,7 +727,7 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
         if w.fits is None:
             result = (f"peak lower by {fmt_bytes(w.bytes)}" if d.history else
                       f"{fmt_bytes(w.bytes)} less at the high-water mark"
-                      if r.source in HOST_SOURCES else
+                      if r.source.row.host_heap else
                       f"{fmt_bytes(w.bytes)} less at the snapshot")
         elif w.fits:
             result = f"fits ({w.how}), {fmt_bytes(w.spare_bytes)} to spare: {spare_sum(w)}"

@@ -22,6 +22,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import polars as pl
 
+from snapana.capture_kinds import CaptureKind
 from snapana.errors import InputError
 from snapana.limits import MAX_BYTES, MAX_DEVICE, MAX_TIME
 from snapana.model import (
@@ -569,7 +570,7 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
     trace_meta = sanitize({k: v for k, v in meta.items()
                            if k not in ("traceEvents", "deviceProperties")}, "trace")
     return Capture(
-        source="kineto_trace",
+        source=CaptureKind.KINETO_TRACE,
         path=str(path),
         stacks=table,
         segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
@@ -586,8 +587,6 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
             # The caching allocator's reserved bytes after each event, where the trace has them
             # (modern GPU traces); replay has no segments to compute it from.
             "reserved_timeline": reserved_timeline,
-            # `Bytes` are exact (CPU) or already block sizes (CUDA): replay must not round.
-            "size_rounding": 1,
             "trace": trace_meta,
             "device_properties": sanitize(meta.get("deviceProperties"), "deviceProperties"),
         },

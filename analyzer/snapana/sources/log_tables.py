@@ -20,27 +20,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from snapana.sources.printed import Size, in_bounds, whole
+from snapana.log_model import SUMMARY_ROWS
+from snapana.printed import Size, in_bounds, whole
 
 #: `_format_size`'s units, and the KB/MB/GB spelling of the same powers before PyTorch 2.0.
 _SUMMARY_UNITS = {"B": 0, "KiB": 1, "MiB": 2, "GiB": 3, "TiB": 4, "PiB": 5,
                   "KB": 1, "MB": 2, "GB": 3, "TB": 4, "PB": 5}
-#: The rows of `memory_summary()` read, by their printed name: (key, is a byte figure).
-SUMMARY_ROWS = {
-    "Allocated memory": ("allocated", True),
-    "Active memory": ("active", True),
-    "Requested memory": ("requested", True),
-    "GPU reserved memory": ("reserved", True),
-    "Non-releasable memory": ("non_releasable", True),
-    "Allocations": ("allocations", False),
-    "Active allocs": ("active_allocs", False),
-    "GPU reserved segments": ("segments", False),
-    "Non-releasable allocs": ("non_releasable_allocs", False),
-    "Oversize allocations": ("oversize_allocations", False),
-    "Oversize GPU segments": ("oversize_segments", False),
-}
-#: The four columns of every row.
-SUMMARY_COLUMNS = ("current", "peak", "allocated in all", "freed in all")
 #: (Every run possessive: no two quantifiers share the characters they may take, so a row of
 #: spaces or digits is matched in linear time.)
 _SUMMARY_HEAD = re.compile(r"PyTorch (?:CUDA|HIP) memory summary, device ID (\d++)")

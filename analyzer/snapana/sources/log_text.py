@@ -9,29 +9,18 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 from snapana.errors import InputError
 from snapana.limits import MAX_LOG_BYTES, MAX_LOG_MESSAGES
+from snapana.log_model import KvBudget, KvRefusal, OomMessage
 from snapana.sources._io import open_input
 from snapana.sources.log_tables import MemorySummary, SmiTable, read_smi, read_summaries
 from snapana.sources.memory_lines import MemoryLine, read_memory_lines
-from snapana.sources.oom_text import OomMessage, messages_in, unescape
+from snapana.sources.oom_text import messages_in, unescape
 from snapana.sources.text_lines import bounded_lines
 from snapana.sources.traceback_text import Traceback, read_tracebacks
-from snapana.sources.vllm_text import KvBudget, KvRefusal, read_budgets, read_refusals
-
-
-def looks_like_text(head: bytes) -> bool:
-    """Text, not a binary format: no NUL byte, and UTF-8 (a character cut at the end of the
-    head allowed)."""
-    if b"\x00" in head:
-        return False
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return exc.start >= len(head) - 3 and exc.reason.startswith("unexpected end")
-    return True
+from snapana.sources.vllm_text import read_budgets, read_refusals
 
 
 @dataclass(frozen=True)
@@ -132,3 +121,13 @@ def found(log: TextLog, name: str) -> TextLog:
                          "'HIP out of memory' message, memory_summary(), nvidia-smi table, "
                          "vLLM KV-cache refusal or framework memory line in its text)")
     return log
+
+
+def refuse_as_capture(path: Path, progress: object = None) -> NoReturn:
+    """A text log given where a capture is read: refused, saying what it holds and what
+    reads it (nothing about memory in it: "unrecognised")."""
+    n = len(read(path).messages)
+    raise InputError(f"{path}: a text log with {n} out-of-memory message(s), not a "
+                     "capture: `snapana summary` and `snapana report` read it (alone, or "
+                     "beside a snapshot with --log); this needs a snapshot, a profiler "
+                     "trace or a memray capture")

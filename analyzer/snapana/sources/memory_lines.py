@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from snapana.sources.printed import Size
+from snapana.printed import Size
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -22,6 +22,7 @@ from typing import Any
 
 import polars as pl
 
+from snapana.capture_kinds import CaptureKind
 from snapana.errors import InputError
 from snapana.limits import MAX_BYTES, MAX_TIME
 from snapana.model import (
@@ -61,13 +62,6 @@ def category_name(index: Any) -> str:
     if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < len(CATEGORIES):
         return CATEGORIES[index]
     return "UNKNOWN"
-
-
-def looks_like_timeline(head: bytes) -> bool:
-    """Content check for the sniffer: both layouts are a JSON array whose first item is an
-    array (`[[`), which no chrome trace (an object, or an array of objects) starts with."""
-    text = head.lstrip()
-    return text[:1] == b"[" and text[1:].lstrip()[:1] == b"["
 
 
 class _Builder:
@@ -175,7 +169,7 @@ class _Builder:
                             "(same size)")
         warnings.append("a memory timeline does not record its device; shown as device 0")
         return Capture(
-            source="memory_timeline",
+            source=CaptureKind.MEMORY_TIMELINE,
             path=str(path),
             stacks=self.table,
             segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
@@ -189,7 +183,6 @@ class _Builder:
                 "device_names": {DEVICE: "device of the export (not recorded)"},
                 "memory_timeline_layout": layout,
                 "category_families": dict(CATEGORY_FAMILY),
-                "size_rounding": 1,
             },
         )
 

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from snapana.capture_kinds import CaptureKind
 from snapana.children import DIE_WITH_PARENT, child_env
 from snapana.errors import InputError
 from snapana.limits import (
@@ -653,7 +654,7 @@ def _from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any])
         warnings.append(f"the high-water-mark records add up to {total} bytes but memray "
                         f"reports a peak of {meta['peak_memory']}")
     return Capture(
-        source="memray",
+        source=CaptureKind.MEMRAY,
         path=str(path),
         stacks=table,
         segments=pl.DataFrame(schema=SEGMENT_SCHEMA),
@@ -666,17 +667,16 @@ def _from_records(path: Path | str, records: pl.DataFrame, meta: dict[str, Any])
         metadata={
             "device_names": {HOST_DEVICE: "host process"},
             "moment": "high_water_mark",
-            "memory": "host",  # a heap, not a caching allocator: the host packs decide
             "memray": sanitize({k: v for k, v in meta.items() if k != "snapshots"}, "memray"),
             "memray_snapshots": {k: np.asarray(snaps.get(k, []), dtype=np.int64)
                                  for k in ("time_ms", "rss", "heap")},
-            "size_rounding": 1,
         },
     )
 
 
-def load_parquet(path: Path) -> Capture:
-    """Load what `snapana convert` wrote (any memray, or none, installed)."""
+def load_parquet(path: Path, progress: ReadProgress | None = None) -> Capture:
+    """Load what `snapana convert` wrote (any memray, or none, installed); read whole, no
+    progress to report."""
     records, kv = read_parquet(path)
     raw = kv.get(PARQUET_META_KEY)
     if raw is None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import html
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from snapana.sources.printed import SIZE, Size, whole
+from snapana.log_model import OomMessage
+from snapana.printed import SIZE, Size, whole
 from snapana.sources.text_lines import bounded_lines
 
 #: Each clause: name -> (regex, what it means, the releases that print it). Sizes are the
@@ -107,36 +108,6 @@ _EXCEPTION = re.compile(r"(?:torch\.(?:cuda\.)?OutOfMemoryError|RuntimeError|Out
                         r"|torch\.OutOfMemoryError)\s*+:\s*+$")
 
 
-@dataclass(frozen=True)
-class OomMessage:
-    """One OOM message as the text holds it: its figures (None where its wording has no
-    such clause), where it stands, and what about it is odd."""
-
-    line: int  # 1-based line of its anchor
-    backend: str  # CUDA or HIP
-    wording: str  # a WORDINGS id, or "unrecognised"
-    releases: str
-    text: str  # the message, its lines joined, prefixes and escapes removed
-    prefix: str  # the log prefix of its first line
-    rank: int | None
-    device: int | None
-    request: Size | None
-    capacity: Size | None
-    free: Size | None
-    allocated: Size | None
-    reserved: Size | None  # everything PyTorch's allocator holds (allocated + cached)
-    unallocated: Size | None  # reserved but unallocated (cached)
-    this_process: Size | None
-    private_pools: Size | None
-    allowed: Size | None
-    processes: tuple[tuple[int, Size], ...]
-    #: "Tried to allocate more than 1EB memory": a size bug, with no figure
-    exabyte: bool = False
-    #: expandable segments were on: the message says so (2.15) or, whole, leaves out the
-    #: hint that suggests them (2.14+); None when the text cannot tell
-    expandable_on: bool | None = None
-    oddities: tuple[str, ...] = field(default=())
-    source: str = ""  # the log it was read from (its name, or "standard input")
 
 
 def _find(name: str, text: str) -> re.Match[str] | None:

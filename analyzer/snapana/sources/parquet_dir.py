@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from snapana.capture_kinds import capture_kind
 from snapana.errors import InputError
-from snapana.io.sidecar_reader import tensor_problem
 from snapana.limits import (
     MAX_BYTES,
     MAX_DEVICE,
@@ -50,6 +50,7 @@ from snapana.sources._io import (
     read_parquet,
     sanitize,
 )
+from snapana.sources.sidecar import tensor_problem
 
 #: The file that makes a folder an export (and holds its metadata).
 MARKER = "snapana-export.json"
@@ -369,10 +370,6 @@ def _check_metadata(md: Any) -> dict[str, Any]:
     """The metadata keys later stages read, of the types the sources write."""
     if not isinstance(md, dict):
         raise CodecError("metadata: not an object")
-    if "size_rounding" in md:
-        r = md["size_rounding"]
-        if not isinstance(r, int) or isinstance(r, bool) or not 1 <= r <= 1 << 30:
-            raise CodecError("metadata.size_rounding: not a granularity in bytes")
     if "reserved_timeline" in md:
         for dev, series in _int_keys(md["reserved_timeline"], "metadata.reserved_timeline") \
                 .items():
@@ -410,9 +407,9 @@ def _check_metadata(md: Any) -> dict[str, Any]:
 def _meta_fields(meta: dict[str, Any], path: Path) -> dict[str, Any]:
     """The marker's fields, decoded and checked; InputError naming the first bad one."""
     try:
-        source = meta.get("source")
-        if not isinstance(source, str) or not 0 < len(source) <= 64:
-            raise CodecError("source: not a source name")
+        source = capture_kind(meta["source"]) if isinstance(meta.get("source"), str) else None
+        if source is None:
+            raise CodecError("source: not the kind of a capture")
         devices = meta.get("devices")
         lo, hi = _DEVICE_RANGE
         if not isinstance(devices, list) or not 0 < len(devices) <= MAX_DEVICES or not all(

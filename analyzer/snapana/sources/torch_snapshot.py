@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, cast
 import polars as pl
 
 from snapana.caching_allocator import normalize_state
+from snapana.capture_kinds import CaptureKind
 from snapana.errors import InputError, UnsafePickleError
 from snapana.limits import (
     LINE_RANGE,
@@ -927,7 +928,7 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False,
     annotations = _annotations(data.get("external_annotations") or [], warnings)
 
     capture = Capture(
-        source="torch_snapshot",
+        source=CaptureKind.TORCH_SNAPSHOT,
         path=path,
         stacks=intern.table,
         segments=pl.DataFrame(seg_cols, schema=SEGMENT_SCHEMA),

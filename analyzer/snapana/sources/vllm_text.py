@@ -26,9 +26,9 @@ The wordings, from vLLM's sources:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from snapana.sources.printed import SIZE, Size, whole
+from snapana.log_model import KvBudget, KvRefusal
+from snapana.printed import SIZE, Size, whole
 
 #: vLLM writes sizes as "14.99GiB" or "5.0 GiB": SIZE takes both; a negative one is read.
 #: (Linear as SIZE: a figure starts where its run starts, its runs possessive.)
@@ -56,35 +56,6 @@ _COMPILED = {k: re.compile(v) for k, v in PATTERNS.items()}
 BUDGET_SPAN = 3
 
 
-@dataclass(frozen=True)
-class KvBudget:
-    """The budget message: what the instance could use and where it went (a paste may hold
-    only its second half: no total, utilisation or budget)."""
-
-    line: int
-    total: Size | None
-    utilization: float | None
-    budget: Size | None
-    weights: Size | None
-    non_torch: Size | None
-    activation: Size | None
-    kv: Size | None  # may be negative
-
-
-@dataclass(frozen=True)
-class KvRefusal:
-    """A vLLM engine that refused to start: the cache had no room, or too little for one
-    request of the model's length."""
-
-    line: int
-    kind: str  # no_blocks | too_long
-    max_model_len: int | None
-    needed: Size | None  # KV cache for one request of max_model_len (V1)
-    available: Size | None  # KV cache memory there was (V1)
-    estimated_len: int | None  # vLLM's own estimate of the longest that fits
-    tokens: int | None  # tokens the cache holds (V0)
-    #: "Available KV cache memory" lines logged before it (V1), in order
-    available_lines: tuple[Size, ...] = ()
 
 
 def _signed(number: str, unit: str) -> Size:

@@ -26,11 +26,10 @@ import polars as pl
 from snapana.analysis.attribution import inference
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
-from snapana.analysis.attribution.families import family_label
-from snapana.analysis.attribution.sites import site_of
+from snapana.analysis.attribution.families import family_label, role_families
 from snapana.analysis.attribution.stack import BlockContext, Stack
+from snapana.analysis.sites import site_of
 from snapana.caching_allocator import ACTIVE_ALLOCATED
-from snapana.io.sidecar_reader import ROLE_FAMILY
 from snapana.model import EMPTY_STACK, Capture
 
 
@@ -234,8 +233,8 @@ class Attributor:
             capture.events.filter(pl.col("action").is_in(["alloc", "oom"]))["stack_id"]
             .unique().to_list()
         )
-        # a source that measures a process's heap (memray) says so: host packs decide there
-        memory = str(capture.metadata.get("memory", "device"))
+        # a source that measures a process's heap (memray's row): host packs decide there
+        memory = "host" if capture.source.row.host_heap else "device"
         self.rules = rules.for_memory(memory).with_sites(self.stacks.stack(s) for s in stack_ids)
         self.windows = AnnotationWindows(capture, device)
         ev = capture.device_events(device)
@@ -467,7 +466,8 @@ class Attributor:
         tensors = self.capture.metadata.get("inventory", {}).get(self.device)
         if not tensors:
             return
-        named = sorted((t for t in tensors if t.get("role") in ROLE_FAMILY),
+        role_family = role_families()
+        named = sorted((t for t in tensors if t.get("role") in role_family),
                        key=lambda t: int(t["ptr"]))
         ptrs = [int(t["ptr"]) for t in named]
         for i, (address, size) in enumerate(blocks.select("address", "size").iter_rows()):
@@ -476,7 +476,7 @@ class Attributor:
             if lo == hi:
                 continue
             t = max(named[lo:hi], key=lambda t: int(t["nbytes"]))
-            family = ROLE_FAMILY[t["role"]]
+            family = role_family[t["role"]]
             if cols["family"][i] in SAME_KIND.get(family, ()):
                 family = cols["family"][i]
             what = f"{t.get('name') or 'a ' + t['role']} {tuple(t.get('shape') or ())} " \

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from snapana.analysis.sites import short_path
 from snapana.caching_allocator import normalize_state
 
 from .families import UNKNOWN, VOCABULARY_FILE, family_label
@@ -41,7 +42,6 @@ from .stack import (
     Stack,
     cpp_symbol,
     normalize_stack,
-    short_path,
 )
 
 __all__ = [

@@ -59,6 +59,9 @@ class Family:
     """One of :data:`LIFETIMES`, or None (model state, or not known)."""
     workload: str | None = None
     """One of :data:`MARKS`: what a capture holding it does; None: either."""
+    inventory_roles: tuple[str, ...] = ()
+    """The roles of a recording's tensor inventory (`snapana record`'s sidecar) that are
+    this family: a named parameter or buffer is ``parameters``."""
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,14 @@ _COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
 
 _TABLES: dict[str, tuple[set[str], set[str]]] = {
     # table -> (required fields, optional fields)
-    "family": ({"id", "label", "description", "colour"}, {"lifetime", "workload"}),
+    "family": ({"id", "label", "description", "colour"},
+               {"lifetime", "workload", "inventory_roles"}),
     "phase": ({"id", "label", "description"}, {"workload"}),
     "cause": ({"id", "description"}, set()),
 }
 
 
-def _entries(data: Mapping[str, Any], table: str, source: str) -> list[dict[str, str]]:
+def _entries(data: Mapping[str, Any], table: str, source: str) -> list[dict[str, Any]]:
     required, optional = _TABLES[table]
     entries = data.get(table)
     if not isinstance(entries, list) or not entries:
@@ -114,8 +118,11 @@ def _entries(data: Mapping[str, Any], table: str, source: str) -> list[dict[str,
         missing = sorted(required - set(raw))
         if missing:
             raise ValueError(f"{where}: missing required field `{missing[0]}`")
-        if not all(isinstance(v, str) for v in raw.values()):
-            raise ValueError(f"{where}: every field must be a string")
+        roles = raw.get("inventory_roles", [])
+        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+            raise ValueError(f"{where}: `inventory_roles` must be a list of strings")
+        if not all(isinstance(v, str) for k, v in raw.items() if k != "inventory_roles"):
+            raise ValueError(f"{where}: every field but `inventory_roles` must be a string")
         if raw["id"] in seen:
             raise ValueError(f"{where}: duplicate id")
         seen.add(raw["id"])
@@ -139,9 +146,13 @@ def parse_vocabulary(text: str, source: str = VOCABULARY_FILE) -> Vocabulary:
         raise ValueError(f"{source}: unknown table {extra[0]!r} (allowed: family, phase, cause)")
     fams = tuple(
         Family(f["id"], f["label"], f["description"], f["colour"].lower(), f.get("lifetime"),
-               f.get("workload"))
+               f.get("workload"), tuple(f.get("inventory_roles", ())))
         for f in _entries(data, "family", source)
     )
+    roles = [r for f in fams for r in f.inventory_roles]
+    twice = sorted({r for r in roles if roles.count(r) > 1})
+    if twice:
+        raise ValueError(f"{source}: inventory role {twice[0]!r} is given to two families")
     if UNKNOWN not in {f.id for f in fams}:
         raise ValueError(f"{source}: the family table needs the {UNKNOWN!r} family")
     phases = tuple(Phase(p["id"], p["label"], p["description"], p.get("workload"))
@@ -186,6 +197,12 @@ def family_label(family_id: str) -> str:
         return get_family(family_id).label
     except KeyError:
         return family_id
+
+
+def role_families() -> dict[str, str]:
+    """What each role of a recording's tensor inventory means as a family (a role no
+    family names, `tensor`, decides nothing)."""
+    return {r: f.id for f in vocabulary().families for r in f.inventory_roles}
 
 
 def families_with_lifetime(lifetime: str) -> frozenset[str]:

@@ -162,18 +162,6 @@ def import_path(path: str) -> str:
     return path
 
 
-def short_path(path: str, keep: int = 3) -> str:
-    """A readable path for messages and tables: what follows `site-packages/` or
-    `dist-packages/` (the import path), else the last `keep` components."""
-    path = path.replace("\\", "/")
-    for marker in ("site-packages/", "dist-packages/"):
-        i = path.rfind(marker)
-        if i >= 0:
-            return path[i + len(marker):]
-    parts = path.split("/")
-    return "/".join(parts[-keep:]) if len(parts) > keep else path
-
-
 def cpp_symbol(name: str, limit: int = 80) -> str:
     """A C++ frame's qualified name without return type, template arguments or argument
     list, for messages: ``void a::B::f<std::function<...> >(x)`` -> ``a::B::f``."""

@@ -157,7 +157,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
         caveats.insert(0, f"the state at this moment cannot exist ({impossible}): the "
                        "cached and free figures are not computable")
     # a snapshot records its segments even when there are none; a trace or a timeline does not
-    segmented = not dr.segment_intervals.is_empty() or capture.source == "torch_snapshot"
+    segmented = not dr.segment_intervals.is_empty() or capture.source.row.allocator_segments
     warnings = list(capture.warnings) + _replay_warnings(dr) + caveats
     return DeviceReport(
         path=capture.path,
@@ -317,7 +317,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     rules = attributor.rules  # the built-in packs plus any --rules file: knobs and markers too
     frameworks = sorted(frameworks_in(sorted({f[0] for f in capture.stacks.frames}), rules))
     # a process's heap (memray) gets the host pack's knobs for the families that hold it
-    host = capture.metadata.get("memory") == "host"
+    host = capture.source.row.host_heap
     fw = set(frameworks) | ({"host"} if host else set())
     request = req_family = req_label = req_site = None
     phase = _moment_phase(held, moment.idx)

@@ -23,6 +23,7 @@ from snapana.analysis.knobs import Knob
 from snapana.analysis.placement import SpareTerms
 from snapana.analysis.replay import Moment, MomentKind
 from snapana.analysis.size_groups import SizeGroup
+from snapana.capture_kinds import CaptureKind
 from snapana.model import Frame, StackTable
 
 #: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
@@ -269,7 +270,8 @@ class DeviceReport:
     """Everything a report shows about one device at its moment of interest."""
 
     path: str
-    source: str
+    #: the kind of capture (its traits: `source.row`)
+    source: CaptureKind
     device: int
     moment: Moment
     reserved_bytes: int

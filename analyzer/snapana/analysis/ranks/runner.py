@@ -32,29 +32,9 @@ from snapana.sources.parquet_dir import MARKER as EXPORT_MARKER
 if TYPE_CHECKING:
     from snapana.analysis.attribution.engine import RuleSet
     from snapana.analysis.diagnosis.findings import DeviceReport
+    from snapana.capture_kinds import CaptureKind
 
 SNAPSHOT_SUFFIXES = (".pickle", ".pkl", ".pickle.gz", ".pkl.gz", ".pt", ".snapshot")
-
-
-#: What a folder's other files are, by what their first bytes say (`sources.sniff`), and
-#: why a rank table does not take them.
-NOT_A_RANK = {
-    "kineto_trace": "a torch.profiler trace: give it alone, or beside a snapshot with --trace",
-    "memory_timeline": "a profiler memory timeline: give it alone, or with --trace",
-    "memray": "a memray capture: give it alone, or beside a snapshot with --memray",
-    "memray_parquet": "a converted memray capture: give it alone, or with --memray",
-    "text_log": "a text log: give it alone, or beside a snapshot with --log",
-}
-
-
-#: Captures a folder holds beside its snapshot that are read with it (as `--trace` and
-#: `--memray` name them): what each is, in words.
-COMPANIONS = {
-    "kineto_trace": "a torch.profiler trace",
-    "memory_timeline": "a profiler memory timeline",
-    "memray": "a memray capture",
-    "memray_parquet": "a converted memray capture",
-}
 
 
 def expand_inputs(args: Iterable[str | Path]) -> list[Path]:
@@ -62,15 +42,16 @@ def expand_inputs(args: Iterable[str | Path]) -> list[Path]:
     return expand(args)[0]
 
 
-def expand(args: Iterable[str | Path]) -> tuple[list[Path], list[str], list[tuple[Path, str]]]:
+def expand(args: Iterable[str | Path]
+           ) -> tuple[list[Path], list[str], list[tuple[Path, CaptureKind]]]:
     """`expand_inputs`, a line for each file of a named folder that is not taken, with why
     (a folder's files are told apart by content, never dropped without a word), and the
-    folders' other captures of the same job (`COMPANIONS`: path, kind) where the inputs come
-    to one snapshot: they are read beside it. Beside several snapshots a trace is tied to
+    folders' other captures of the same job (path, kind: the kinds read beside a snapshot)
+    where the inputs come to one snapshot: they are read beside it. Beside several snapshots a trace is tied to
     none of them, and listed with why."""
     out: list[Path] = []
     skipped: list[str] = []
-    companions: list[tuple[Path, str]] = []
+    companions: list[tuple[Path, CaptureKind]] = []
     for arg in args:
         p = Path(arg)
         if p.is_dir() and not (p / EXPORT_MARKER).exists():
@@ -93,21 +74,23 @@ def expand(args: Iterable[str | Path]) -> tuple[list[Path], list[str], list[tupl
     if len(out) != 1:
         from snapana.units import inert
 
-        skipped += [f"{inert(f.name, lines=False)}: {NOT_A_RANK[kind]} (with several snapshots "
+        skipped += [f"{inert(f.name, lines=False)}: {kind.row.not_a_rank} (with several snapshots "
                     "it is tied to none)" for f, kind in companions]
         companions = []
     return out, skipped, companions
 
 
-def _folder(folder: Path) -> tuple[list[Path], list[str], list[tuple[Path, str]]]:
+def _folder(folder: Path) -> tuple[list[Path], list[str], list[tuple[Path, CaptureKind]]]:
     """A folder's snapshots (by name, or by content whatever their name: `x.pickle__sha`),
-    a line for each file that is not a capture, and its other captures (path, kind)."""
+    a line for each other file that is not read with them (what its first bytes say it is,
+    `sources.sniff`, and how it is given: its row of `capture_kinds.SOURCES`), and the
+    captures read beside a lone snapshot (path, kind)."""
     from snapana.sources import sniff
     from snapana.units import inert
 
     found: list[Path] = []
     skipped: list[str] = []
-    others: list[tuple[Path, str]] = []
+    others: list[tuple[Path, CaptureKind]] = []
     for f in sorted(folder.iterdir()):
         if f.name.startswith(".") or not f.is_file():
             continue
@@ -123,12 +106,12 @@ def _folder(folder: Path) -> tuple[list[Path], list[str], list[tuple[Path, str]]
             why = str(exc).removeprefix(f"{f}: ")
             skipped.append(f"{inert(f.name, lines=False)}: not read ({inert(why, lines=False)})")
             continue
-        if kind == "torch_snapshot":
+        if kind.row.rank_input:
             found.append(f)
-        elif kind in COMPANIONS:
+        elif kind.row.read_beside:
             others.append((f, kind))
         else:
-            skipped.append(f"{inert(f.name, lines=False)}: {NOT_A_RANK.get(kind, kind)}")
+            skipped.append(f"{inert(f.name, lines=False)}: {kind.row.not_a_rank}")
     return found, skipped, others
 
 

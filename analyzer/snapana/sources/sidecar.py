@@ -5,6 +5,9 @@ rank, step, framework versions, and the tensor inventory (which storage is which
 tensor) that attribution ranks above frame rules.
 
 The analyzer never imports the capture code: this module reads the published format only.
+What a tensor's role means as a family is the attribution vocabulary's to say
+(`inventory_roles` in packs/vocabulary.toml); a source only checks the role is one the
+format has.
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ from snapana.model import Capture
 
 FORMAT = "snapana.record.sidecar"
 VERSIONS = (1,)
-#: What an inventory role means as a family.
-ROLE_FAMILY = {"parameter": "parameters", "buffer": "parameters", "gradient": "gradients",
-               "optimizer_state": "optimizer_state"}
-ROLES = (*ROLE_FAMILY, "tensor")
+#: The roles an inventory's tensor record may have, as `snapana record` writes them
+#: (`tensor`: seen, role not known).
+ROLES = ("parameter", "buffer", "gradient", "optimizer_state", "tensor")
 #: The most dimensions a tensor record's shape may list.
 MAX_DIMS = 64
 

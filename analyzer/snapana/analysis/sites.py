@@ -6,7 +6,6 @@ fallback grouping when no rule pack names a family.
 
 from __future__ import annotations
 
-from snapana.analysis.attribution.stack import short_path
 from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import Frame, is_python_frame
 from snapana.units import shown_name
@@ -21,6 +20,19 @@ _INTERNAL = ("/torch/", "/site-packages/torch/", "/dist-packages/torch/", "<froz
 GENERIC_HELPERS = frozenset({"allocate", "_allocate", "alloc", "_alloc", "empty", "zeros",
                              "ones", "full", "new_empty", "new_zeros", "empty_like",
                              "zeros_like", "make_tensor", "create_tensor"})
+
+
+def short_path(path: str, keep: int = 3) -> str:
+    """A readable path for messages and tables: what follows `site-packages/` or
+    `dist-packages/` (the import path), else the last `keep` components."""
+    path = path.replace("\\", "/")
+    for marker in ("site-packages/", "dist-packages/"):
+        i = path.rfind(marker)
+        if i >= 0:
+            return path[i + len(marker):]
+    parts = path.split("/")
+    return "/".join(parts[-keep:]) if len(parts) > keep else path
+
 
 
 def is_internal(frame: Frame) -> bool:
