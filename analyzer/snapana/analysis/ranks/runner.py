@@ -47,8 +47,8 @@ def expand(args: Iterable[str | Path]
     """`expand_inputs`, a line for each file of a named folder that is not taken, with why
     (a folder's files are told apart by content, never dropped without a word), and the
     folders' other captures of the same job (path, kind: the kinds read beside a snapshot)
-    where the inputs come to one snapshot: they are read beside it. Beside several snapshots a trace is tied to
-    none of them, and listed with why."""
+    where the inputs come to one snapshot: they are read beside it. Beside several
+    snapshots a trace is tied to none of them, and listed with why."""
     out: list[Path] = []
     skipped: list[str] = []
     companions: list[tuple[Path, CaptureKind]] = []
