@@ -210,3 +210,23 @@ def regenerate_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def literal_collections_naming(path: Path, names: set[str],
+                               at_least: int = 2) -> list[tuple[int, list[str]]]:
+    """(line, names) of each literal collection (tuple, list, set, dict keys) in the Python
+    file `path` that names `at_least` of `names`: a second list of what one table holds."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            items = node.elts
+        elif isinstance(node, ast.Dict):
+            items = [k for k in node.keys if k is not None]
+        else:
+            continue
+        named = [e.value for e in items if isinstance(e, ast.Constant) and e.value in names]
+        if len(set(named)) >= at_least:
+            found.append((node.lineno, named))
+    return found

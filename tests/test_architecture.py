@@ -195,3 +195,20 @@ def test_only_the_session_runs_the_stages(name: str) -> None:
     assert not calls, f"{name} runs a stage itself ({calls}); go through snapana.session"
     assert DIAGNOSIS_ALGORITHM not in GRAPH[name], \
         f"{name} imports the diagnosis algorithm; the session is its only caller"
+
+
+def test_what_a_family_is_lives_in_the_vocabulary_not_in_python_sets() -> None:
+    """A family's behaviour (a loop's copies, mirroring the parameters, refining another) is
+    a field of its entry in packs/vocabulary.toml, read through `families`' queries; a
+    literal collection of two or more family ids in the package's code is a second list of
+    the same knowledge, and a new family would be missed by it."""
+
+    from snapana.analysis.attribution.families import family_ids
+
+    from .conftest import literal_collections_naming
+
+    ids = set(family_ids())
+    found = [f"{path.relative_to(PACKAGE)}:{line} {named}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for line, named in literal_collections_naming(path, ids)]
+    assert not found, found

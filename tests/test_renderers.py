@@ -35,7 +35,7 @@ from snapana.render.views import (
 from snapana.render.whatif import WhatIfView, whatif_view
 from snapana.session import Session, open_capture
 
-from .conftest import SAMPLES, invoke
+from .conftest import SAMPLES, invoke, literal_collections_naming
 
 SAMPLE_FILES = sorted(SAMPLES.glob("*.pickle"))
 PACKAGE = Path(snapana.__file__).parent
@@ -202,21 +202,9 @@ def test_binary_output_is_refused_on_a_terminal_and_written_elsewhere(tmp_path: 
 
 
 def _format_lists(path: Path) -> list[int]:
-    """Lines where a literal collection (tuple, list, set, dict keys, Literal[...]) names two
-    or more formats."""
-    names = set(FORMATS)
-    lines = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Tuple | ast.List | ast.Set):
-            items = node.elts
-        elif isinstance(node, ast.Dict):
-            items = [k for k in node.keys if k is not None]
-        else:
-            continue
-        found = {e.value for e in items if isinstance(e, ast.Constant) and e.value in names}
-        if len(found) >= 2:
-            lines.append(node.lineno)
-    return lines
+    """Lines where a literal collection (tuple, list, set, dict keys) names two or more
+    formats."""
+    return [line for line, _ in literal_collections_naming(path, set(FORMATS))]
 
 
 def test_the_registry_is_the_only_place_formats_are_listed() -> None:

@@ -26,7 +26,13 @@ import polars as pl
 from snapana.analysis.attribution import inference
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
-from snapana.analysis.attribution.families import family_label, role_families
+from snapana.analysis.attribution.families import (
+    family_label,
+    parameter_mirrors,
+    parameter_witnesses,
+    refinements,
+    role_families,
+)
 from snapana.analysis.attribution.stack import BlockContext, Stack
 from snapana.analysis.sites import site_of
 from snapana.caching_allocator import ACTIVE_ALLOCATED
@@ -213,11 +219,6 @@ class TracePhases:
             self._memo[alloc_idx] = "backward" if self.in_backward(
                 np.array([alloc_idx]))[0] else None
         return self._memo[alloc_idx]
-
-
-#: Rule families that say more than an inventory role of the same kind.
-SAME_KIND = {"parameters": ("param_buffer", "main_params_fp32"),
-             "gradients": ("grad_buffer",)}
 
 
 class Attributor:
@@ -435,7 +436,7 @@ class Attributor:
         unknown_rows = set(rows)
         named = Counter((int(size or full), fam) for i, (size, full, fam) in enumerate(zip(
             blocks["requested_size"], blocks["size"], cols["family"], strict=True))
-            if i not in unknown_rows and fam in inference.MIRRORED)
+            if i not in unknown_rows and fam in parameter_mirrors())
         state_stacks: dict[int, set[int]] = {}
         for size, fam, _, sid in live:
             if fam == "optimizer_state":
@@ -477,7 +478,7 @@ class Attributor:
                 continue
             t = max(named[lo:hi], key=lambda t: int(t["nbytes"]))
             family = role_family[t["role"]]
-            if cols["family"][i] in SAME_KIND.get(family, ()):
+            if cols["family"][i] in refinements().get(family, ()):
                 family = cols["family"][i]
             what = f"{t.get('name') or 'a ' + t['role']} {tuple(t.get('shape') or ())} " \
                    f"{t.get('dtype', '')}".strip()
@@ -570,7 +571,7 @@ class Attributor:
                     live_n[held] -= 1
                 continue
             family = next(families)
-            if family in inference.MIRROR_FAMILIES:
+            if family in parameter_witnesses():
                 grad_at[int(address)] = int(size)
                 live_n[int(size)] = live_n.get(int(size), 0) + 1
                 most[int(size)] = max(most.get(int(size), 0), live_n[int(size)])
@@ -579,7 +580,7 @@ class Attributor:
         # gradients held now whose allocations fell out of the trace (a ring buffer that
         # wrapped) are gradients of the window all the same: as many of a size at once
         held_grads = Counter(s for s, f, _, _ in live
-                             if f in inference.MIRROR_FAMILIES and s in sizes)
+                             if f in parameter_witnesses() and s in sizes)
         for size, n in held_grads.items():
             most[size] = max(most.get(size, 0), n)
         allocated = int(allocs["size"].sum())

@@ -5,9 +5,10 @@ backward, so eight 486 MiB blocks from one line are really one 3.80 GiB tensor. 
 must show the group ("8 x 486.00 MiB = 3.80 GiB from one site"), not eight unrelated small
 blocks. This module returns the numbers only; renderers format them.
 
-Only a loop's outputs are such copies: `LOOP_FAMILIES`. Per-layer model state (parameters,
-gradients, optimizer state, buffers) and an engine's per-layer KV cache are many blocks from
-one site too, but they are the model, not a loop that keeps what it should have dropped.
+Only a loop's outputs are such copies: the families the vocabulary marks `loop`. Per-layer
+model state (parameters, gradients, optimizer state, buffers) and an engine's per-layer KV
+cache are many blocks from one site too, but they are the model, not a loop that keeps what
+it should have dropped.
 """
 
 from __future__ import annotations
@@ -15,11 +16,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-
-#: Families whose repeated live blocks from one stack are copies a loop keeps (per chunk, per
-#: micro-batch, per layer saved for backward): the only ones reports call repeats.
-LOOP_FAMILIES = frozenset({"saved_logprob_softmax", "logits", "saved_activations",
-                           "activation_temporaries", "recompute"})
 
 AttributedBlock = tuple[Hashable, str, int, int]
 """(site_key, family, size, alloc_order): ``site_key`` identifies the allocation site (for

@@ -62,6 +62,16 @@ class Family:
     inventory_roles: tuple[str, ...] = ()
     """The roles of a recording's tensor inventory (`snapana record`'s sidecar) that are
     this family: a named parameter or buffer is ``parameters``."""
+    loop: bool = False
+    """Repeated live blocks of it from one stack are copies a loop keeps (per chunk, per
+    micro-batch, per layer saved for backward): the only ones reports call repeats."""
+    mirrors_parameters: bool = False
+    """Its blocks may be sized like the parameters, so size mirroring may give a block of it
+    to one of its peers (a gradient, an optimizer's state)."""
+    shows_parameters: bool = False
+    """The recorded window's blocks of it show the parameters' sizes, one per parameter."""
+    refines: str | None = None
+    """A family a rule giving this one says more than (an inventory role of it)."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +102,14 @@ class Vocabulary:
 
 
 _COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
+#: A family's true-or-false fields.
+_FLAGS = ("loop", "mirrors_parameters", "shows_parameters")
 
 _TABLES: dict[str, tuple[set[str], set[str]]] = {
     # table -> (required fields, optional fields)
     "family": ({"id", "label", "description", "colour"},
-               {"lifetime", "workload", "inventory_roles"}),
+               {"lifetime", "workload", "inventory_roles", "loop", "mirrors_parameters",
+                "shows_parameters", "refines"}),
     "phase": ({"id", "label", "description"}, {"workload"}),
     "cause": ({"id", "description"}, set()),
 }
@@ -121,8 +134,13 @@ def _entries(data: Mapping[str, Any], table: str, source: str) -> list[dict[str,
         roles = raw.get("inventory_roles", [])
         if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
             raise ValueError(f"{where}: `inventory_roles` must be a list of strings")
-        if not all(isinstance(v, str) for k, v in raw.items() if k != "inventory_roles"):
-            raise ValueError(f"{where}: every field but `inventory_roles` must be a string")
+        flags = [k for k in raw if k in _FLAGS]
+        if not all(isinstance(raw[k], bool) for k in flags):
+            raise ValueError(f"{where}: {', '.join(f'`{k}`' for k in flags)} must be true or false")
+        if not all(isinstance(v, str) for k, v in raw.items()
+                   if k != "inventory_roles" and k not in _FLAGS):
+            raise ValueError(f"{where}: every field but `inventory_roles` and the flags "
+                             f"({', '.join(_FLAGS)}) must be a string")
         if raw["id"] in seen:
             raise ValueError(f"{where}: duplicate id")
         seen.add(raw["id"])
@@ -146,9 +164,14 @@ def parse_vocabulary(text: str, source: str = VOCABULARY_FILE) -> Vocabulary:
         raise ValueError(f"{source}: unknown table {extra[0]!r} (allowed: family, phase, cause)")
     fams = tuple(
         Family(f["id"], f["label"], f["description"], f["colour"].lower(), f.get("lifetime"),
-               f.get("workload"), tuple(f.get("inventory_roles", ())))
+               f.get("workload"), tuple(f.get("inventory_roles", ())), f.get("loop", False),
+               f.get("mirrors_parameters", False), f.get("shows_parameters", False),
+               f.get("refines"))
         for f in _entries(data, "family", source)
     )
+    unknown_refined = sorted({f.refines for f in fams if f.refines} - {f.id for f in fams})
+    if unknown_refined:
+        raise ValueError(f"{source}: `refines` names no family: {unknown_refined[0]!r}")
     roles = [r for f in fams for r in f.inventory_roles]
     twice = sorted({r for r in roles if roles.count(r) > 1})
     if twice:
@@ -203,6 +226,34 @@ def role_families() -> dict[str, str]:
     """What each role of a recording's tensor inventory means as a family (a role no
     family names, `tensor`, decides nothing)."""
     return {r: f.id for f in vocabulary().families for r in f.inventory_roles}
+
+
+@lru_cache(maxsize=1)
+def loop_families() -> frozenset[str]:
+    """Families whose repeated live blocks from one stack are a loop's copies (`loop`)."""
+    return frozenset(f.id for f in vocabulary().families if f.loop)
+
+
+@lru_cache(maxsize=1)
+def parameter_mirrors() -> frozenset[str]:
+    """Families whose blocks size mirroring may move among themselves (`mirrors_parameters`)."""
+    return frozenset(f.id for f in vocabulary().families if f.mirrors_parameters)
+
+
+@lru_cache(maxsize=1)
+def parameter_witnesses() -> frozenset[str]:
+    """Families whose window blocks show the parameters' sizes (`shows_parameters`)."""
+    return frozenset(f.id for f in vocabulary().families if f.shows_parameters)
+
+
+@lru_cache(maxsize=1)
+def refinements() -> dict[str, tuple[str, ...]]:
+    """Family -> the rule families that say more than an inventory role of it (`refines`)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for f in vocabulary().families:
+        if f.refines:
+            out[f.refines] = (*out.get(f.refines, ()), f.id)
+    return out
 
 
 def families_with_lifetime(lifetime: str) -> frozenset[str]:

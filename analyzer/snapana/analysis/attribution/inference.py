@@ -47,6 +47,7 @@ from typing import Any
 
 import polars as pl
 
+from snapana.analysis.attribution.families import parameter_mirrors
 from snapana.analysis.replay import NEVER
 
 if sys.version_info >= (3, 11):
@@ -55,8 +56,6 @@ else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
     import tomli as tomllib
 
 INFERENCE_FILE = Path(__file__).parent / "inference.toml"
-MIRROR_FAMILIES = frozenset({"gradients"})  # what the recorded window shows per parameter
-MIRRORED = frozenset({"parameters", "optimizer_state", "gradients", "unknown"})
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,8 @@ def gather(gradients: dict[int, int], others: list[tuple[int, str]], recorded_al
     """Evidence from recorded allocations of the candidates' sizes: how many gradients of
     each size were alive at once, and the (size, family) of the other allocations (live
     blocks with frames whose allocation fell out of the trace count as allocations too)."""
-    other = {size: family for size, family in others if family not in MIRRORED}
+    mirrors = parameter_mirrors()
+    other = {size: family for size, family in others if family not in mirrors}
     return Evidence(Counter(gradients), frozenset(other), recorded_allocs, freed_share,
                     backward or bool(gradients), no_grad_site, other, state_in_window)
 

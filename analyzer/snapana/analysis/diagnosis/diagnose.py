@@ -17,8 +17,8 @@ import polars as pl
 from snapana.analysis.allocator_replay import offered_by_replay, replay_knobs, replay_without
 from snapana.analysis.attribution import chunk_groups, family_label
 from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
-from snapana.analysis.attribution.chunks import LOOP_FAMILIES
 from snapana.analysis.attribution.engine import RuleSet
+from snapana.analysis.attribution.families import loop_families
 from snapana.analysis.attribution.lifetimes import attribute_lifetimes
 from snapana.analysis.diagnosis.findings import (
     Band,
@@ -727,10 +727,10 @@ def _groups(held: pl.DataFrame) -> tuple[Group, ...]:
 
 def _loops(family: str, mine: pl.DataFrame) -> tuple[ChunkLoop, ...]:
     """Repeated live blocks of one stack (same site, same loop) in a family whose repeats are
-    a loop's copies (`LOOP_FAMILIES`), in block bytes so they add up to the family's bytes;
+    a loop's copies (`families.loop_families`), in block bytes so they add up to the family's bytes;
     largest first. A site without a source frame (a profiler op, a timeline category, no
     frames) is not a loop, nor are blocks of wildly different sizes."""
-    if family not in LOOP_FAMILIES:
+    if family not in loop_families():
         return ()
     sites = dict(mine.select("stack_id", "site").iter_rows())
     return tuple(
