@@ -39,10 +39,15 @@ def normalize_state(state: str) -> str:
     return STATE_ALIASES.get(state, state)
 
 
+#: Bytes torch_npu's caching allocator (Ascend) adds to each request before rounding it.
+NPU_REQUEST_PAD = 32
 #: Bytes an allocator adds to a request before rounding it: 0 for CUDA's caching allocator;
-#: torch_npu's (Ascend), which writes the same snapshot format with devices named cuda:N,
-#: adds 32. The replay takes the one the final blocks show (`analysis.replay.rounding_pad`).
-ROUNDING_PADS = (0, 32)
+#: torch_npu's, which writes the same snapshot format with devices named cuda:N, adds
+#: NPU_REQUEST_PAD. The replay takes the one the final blocks show
+#: (`analysis.replay.rounding_pad`).
+ROUNDING_PADS = (0, NPU_REQUEST_PAD)
+#: A frame whose file path holds this ran torch_npu: the capture is an Ascend NPU's.
+NPU_FRAME_MARK = "torch_npu/"
 #: Final blocks that must show a pad (and none contradict it) before the replay uses it.
 MIN_PAD_WITNESSES = 3
 

@@ -159,7 +159,7 @@ def check(budget: Budget, shown: DeviceReport, reports: list[DeviceReport]) -> l
         failed = [r for r in reports if r.oom is not None]
         out.append(Check(
             "no_oom", "no device runs out of memory",
-            "; ".join(f"cuda:{r.device} ran out of memory: a "
+            "; ".join(f"{r.device_name or f'cuda:{r.device}'} ran out of memory: a "
                       f"{fmt_bytes(r.oom.requested_bytes)} request" for r in failed
                       if r.oom is not None) or "no OOM recorded",
             not failed, "", 0, float(len(failed))))

@@ -59,7 +59,8 @@ def check(
     reports = [s.report for s in sessions]
     shown = reports[0]
     when = MOMENT_WORDS.get(shown.moment.kind, shown.moment.kind)
-    where = f"cuda:{shown.device} at {when}" if shown.device >= 0 else f"host memory at {when}"
+    where = (f"{shown.device_name or f'cuda:{shown.device}'} at {when}" if shown.device >= 0
+             else f"host memory at {when}")
     view = CheckView(file.name, budget.name, where,
                      tuple(check_budget(limits, shown, reports)))
     policy.emit(policy.render_view(view, format.value))

@@ -58,8 +58,8 @@ def _fix(r: DeviceReport, lead: str) -> str:
     if r.oom is None and w.is_host(r):
         return "This is host memory: no GPU knob applies."
     if r.oom is None and d.failed_elsewhere is not None:
-        return (f"The job ran out of memory on cuda:{d.failed_elsewhere}: this device is "
-                "shown for comparison.")
+        return (f"The job ran out of memory on {w.other_device_text(r, d.failed_elsewhere)}: "
+                "this device is shown for comparison.")
     if r.oom is None and (d.small or not d.prescribe):
         return "Nothing needs to shrink."
     if not d.knobs:

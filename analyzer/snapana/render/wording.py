@@ -48,6 +48,12 @@ def device_text(r: DeviceReport) -> str:
     return name
 
 
+def other_device_text(r: DeviceReport, device: int) -> str:
+    """Another device of the same capture, named as this one is (npu:1 beside npu:0)."""
+    prefix, sep, _ = device_text(r).partition(":")
+    return f"{prefix}:{device}" if sep and prefix in ("cuda", "npu") else f"cuda:{device}"
+
+
 _MOMENT_NAMES = {"oom": "the OOM", "peak": "the peak", "snapshot": "the end of the capture"}
 
 
@@ -544,7 +550,8 @@ def verdict(r: DeviceReport) -> str:
             f" ({_pct(used / d.capacity_bytes)}), {fmt_bytes(d.headroom_bytes)} of "
             "headroom: nothing needs to shrink.")
     elif r.oom is None and d.failed_elsewhere is not None:
-        parts.append(f"The job ran out of memory on cuda:{d.failed_elsewhere}: this device is "
+        parts.append(f"The job ran out of memory on {other_device_text(r, d.failed_elsewhere)}: "
+                     "this device is "
                      "shown for comparison, and its knobs would not have changed that.")
     elif r.oom is None and d.small:
         what = "reserved" if r.reserved_known else "allocated"

@@ -57,7 +57,12 @@ from snapana.analysis.knobs import (
 from snapana.analysis.placement import round_request, segment_size_for, would_fit
 from snapana.analysis.replay import OVER_RESERVED, DeviceReplay, Moment
 from snapana.analysis.size_groups import size_groups
-from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE
+from snapana.caching_allocator import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    NPU_FRAME_MARK,
+    NPU_REQUEST_PAD,
+)
 from snapana.model import Capture
 from snapana.units import fmt_bytes
 
@@ -185,7 +190,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
         warnings=tuple(warnings),
         before_recording_bytes=int(held.filter(pl.col("alloc_idx") < 0)["size"].sum()),
         diagnosis=diagnosis,
-        device_name=str(capture.metadata.get("device_names", {}).get(dr.device, "")),
+        device_name=_device_name(capture, dr),
         at=at,
         has_segments=segmented,
         reserved_known=segmented or dr.device in capture.metadata.get("reserved_timeline", {}),
@@ -743,6 +748,18 @@ def _loops(family: str, mine: pl.DataFrame) -> tuple[ChunkLoop, ...]:
         if g.chunk_size >= CHUNK_MIN_BYTES and site and not site.startswith("<")
         and g.max_size <= LOOP_SIZE_SPREAD * g.min_size
     )
+
+
+def _device_name(capture: Capture, dr: DeviceReplay) -> str:
+    """The device as the source names it; else, for a snapshot torch_npu wrote (it names its
+    devices cuda:N), ``npu:N`` where the capture shows it: a frame in torch_npu, or the final
+    blocks padded as only torch_npu's allocator pads requests. "" leaves the default name."""
+    named = capture.metadata.get("device_names", {}).get(dr.device)
+    if named:
+        return str(named)
+    npu = dr.request_pad == NPU_REQUEST_PAD or any(
+        NPU_FRAME_MARK in frame[0] for frame in capture.stacks.frames)
+    return f"npu:{dr.device}" if npu and capture.source.row.allocator_segments else ""
 
 
 def _by_pool_stream(held: pl.DataFrame) -> tuple[PoolStreamBytes, ...]:
