@@ -433,10 +433,10 @@ class Attributor:
                  cols["phase"][i], int(blocks["stack_id"][i])) for i in framed]
         # what the other blocks at the moment already are, by size: the parameters and
         # state that frames name leave the frameless blocks of their sizes to be the rest
-        unknown_rows = set(rows)
+        unknown_rows, mirrors = set(rows), parameter_mirrors()
         named = Counter((int(size or full), fam) for i, (size, full, fam) in enumerate(zip(
             blocks["requested_size"], blocks["size"], cols["family"], strict=True))
-            if i not in unknown_rows and fam in parameter_mirrors())
+            if i not in unknown_rows and fam in mirrors)
         state_stacks: dict[int, set[int]] = {}
         for size, fam, _, sid in live:
             if fam == "optimizer_state":
@@ -467,7 +467,7 @@ class Attributor:
         tensors = self.capture.metadata.get("inventory", {}).get(self.device)
         if not tensors:
             return
-        role_family = role_families()
+        role_family, refined = role_families(), refinements()
         named = sorted((t for t in tensors if t.get("role") in role_family),
                        key=lambda t: int(t["ptr"]))
         ptrs = [int(t["ptr"]) for t in named]
@@ -478,7 +478,7 @@ class Attributor:
                 continue
             t = max(named[lo:hi], key=lambda t: int(t["nbytes"]))
             family = role_family[t["role"]]
-            if cols["family"][i] in refinements().get(family, ()):
+            if cols["family"][i] in refined.get(family, ()):
                 family = cols["family"][i]
             what = f"{t.get('name') or 'a ' + t['role']} {tuple(t.get('shape') or ())} " \
                    f"{t.get('dtype', '')}".strip()
@@ -557,6 +557,7 @@ class Attributor:
         grad_at: dict[int, int] = {}  # address -> size, for gradients alive now
         most: dict[int, int] = {}
         others: list[tuple[int, str]] = [(s, f) for s, f, _, _ in live if s in sizes]
+        witnesses = parameter_witnesses()
         made = same.filter(pl.col("action") == "alloc")
         which, decisions = self.decide_rows(
             made["stack_id"].fill_null(EMPTY_STACK).to_numpy(), made["size"].to_numpy(),
@@ -571,7 +572,7 @@ class Attributor:
                     live_n[held] -= 1
                 continue
             family = next(families)
-            if family in parameter_witnesses():
+            if family in witnesses:
                 grad_at[int(address)] = int(size)
                 live_n[int(size)] = live_n.get(int(size), 0) + 1
                 most[int(size)] = max(most.get(int(size), 0), live_n[int(size)])
@@ -580,7 +581,7 @@ class Attributor:
         # gradients held now whose allocations fell out of the trace (a ring buffer that
         # wrapped) are gradients of the window all the same: as many of a size at once
         held_grads = Counter(s for s, f, _, _ in live
-                             if f in parameter_witnesses() and s in sizes)
+                             if f in witnesses and s in sizes)
         for size, n in held_grads.items():
             most[size] = max(most.get(size, 0), n)
         allocated = int(allocs["size"].sum())
