@@ -2,7 +2,7 @@
 the one speed table (issue 55), and CI's guard.
 
     python benchmarks/vs_pickle.py [--entries 1000000,5000000] [--lists 1000000] [--rounds 3]
-                                   [--cache DIR] [--guard 3] [--trace-plot-python PY]
+                                   [--cache DIR] [--guard 3] [--trace-plot-python PY] [--source]
 
 `--guard X` exits 1 when `report`'s median wall ratio on the first size passes X (CI's second
 phase runs the 1M file with X = 3: loose enough that a shared machine's noise cannot trip it,
@@ -10,6 +10,8 @@ tight enough to catch a per-row Python loop over a million rows). `--trace-plot-
 (an interpreter with torch) adds the real corpus, `report` against PyTorch's own
 `trace_plot` file by file (`vs_trace_plot.py`). The start-up row is `snapana summary` of the
 smallest bundled sample against `python -c "import pickle"`: what a small capture costs.
+snapana runs as installed: its package is byte-compiled first, as pip does for a wheel
+(`_measure.byte_compiled`; `--source` skips it, to see what compiling costs).
 
 For each size a snapshot is generated at run time (`snapana synth --entries N`, into a
 temporary folder unless --cache names one; never committed); for each `--lists` size, one
@@ -45,6 +47,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _measure import byte_compiled  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))"
 #: The same load with the garbage collector off, as the decode child runs: not a baseline the
@@ -252,7 +256,11 @@ def main() -> None:
                     help="exit 1 when report's median wall ratio on the first size passes this")
     ap.add_argument("--trace-plot-python", default=None,
                     help="an interpreter with torch: add the real corpus against trace_plot")
+    ap.add_argument("--source", action="store_true",
+                    help="do not byte-compile snapana first (`_measure.byte_compiled`)")
     args = ap.parse_args()
+    if not args.source:
+        print(f"byte-compiled {byte_compiled()} (as pip installs a wheel)")
     sizes = [(int(s.replace("_", "")), False) for s in args.entries.split(",") if s]
     sizes += [(int(s.replace("_", "")), True) for s in args.lists.split(",") if s]
     results: dict[str, dict[str, list[float]]] = {}

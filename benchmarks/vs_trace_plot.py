@@ -27,6 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _measure import byte_compiled  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -56,12 +59,7 @@ def main() -> None:
                     help="do not byte-compile snapana first (see the module docstring)")
     args = ap.parse_args()
     if not args.source:
-        import compileall
-
-        import snapana
-
-        compileall.compile_dir(Path(snapana.__file__).parent, quiet=1)
-        print(f"byte-compiled {Path(snapana.__file__).parent} (as pip installs a wheel)")
+        print(f"byte-compiled {byte_compiled()} (as pip installs a wheel)")
     compare(args.corpus or default_corpus(), args.torch_python, args.rounds)
 
 

@@ -37,6 +37,7 @@ from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.diagnosis.palette import UNKNOWN
 from snapana.analysis.family_timeline import FamilyTimeline
 from snapana.analysis.sites import site_of
+from snapana.arrays import stable_order, unique_inverse
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import StackTable
@@ -100,7 +101,7 @@ def _differences(v: np.ndarray, group: np.ndarray | None) -> np.ndarray:
     group's first row keeps its value."""
     if group is None:
         return np.diff(v, prepend=0)
-    order = np.argsort(group, kind="stable")
+    order = stable_order(group)
     g, w = group[order], v[order]
     d = np.diff(w, prepend=0)
     first = np.ones(g.size, dtype=bool)
@@ -151,7 +152,7 @@ def _way(indexed: bool, grouped: bool, name: str, v: np.ndarray,
     if not indexed:
         spec, data = _packed(name, v, group=g)
         return [spec], data
-    distinct, index = np.unique(v, return_inverse=True)
+    distinct, index = unique_inverse(v)
     if choosing and distinct.size * 4 > v.size:
         return None
     table, table_data = _packed(f"{name}.values", distinct, delta=True)
@@ -257,7 +258,7 @@ def _allocations(spans: pl.DataFrame, reserved: np.ndarray, stacks: StackTable
     """`_Allocations` of a trace's spans (`FamilyTimeline.spans`, attributed or not)."""
     alloc, free = spans["start"].to_numpy(), spans["end"].to_numpy()
     address = spans["address"].to_numpy()
-    distinct, stack_row = np.unique(spans["stack_id"].to_numpy(), return_inverse=True)
+    distinct, stack_row = unique_inverse(spans["stack_id"].to_numpy())
     frames_of = {int(s): stacks.stack(int(s)) for s in distinct.tolist()}
     framed = [s for s in frames_of if frames_of[s]]
     entry = {s: i for i, s in enumerate(framed)}

@@ -34,6 +34,7 @@ from .pack_parser import (
     RuleError,
     check_unique,
     parse_pack_text,
+    parsed_packaged,
     read_pack,
 )
 from .stack import (
@@ -758,8 +759,10 @@ def builtin_packs() -> tuple[Pack, ...]:
     """The built-in packs, parsed once, in load order (sorted by file name)."""
     packs: list[Pack] = []
     order = 0
-    for name, text in _builtin_files():
-        pack = parse_pack_text(text, f"packs/{name}", order_start=order, packaged=True)
+    files = _builtin_files()
+    for (name, text), data in zip(files, parsed_packaged(files), strict=True):
+        pack = parse_pack_text(text, f"packs/{name}", order_start=order, packaged=True,
+                               parsed=data)
         order += len(pack.rules)
         packs.append(pack)
     return tuple(packs)

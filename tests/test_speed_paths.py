@@ -1,0 +1,122 @@
+"""The faster paths of issue 55 give exactly what the slower ones gave: sorting by a table
+(`snapana.arrays`) against numpy's own `unique` / stable `argsort`, the built-in packs read
+from the user's cache against the packs read from their TOML, and the process settings made
+before numpy loads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from snapana import arrays
+
+
+def _columns() -> list[np.ndarray]:
+    """Integer columns of the shapes a trace gives (few values over a small or a huge span,
+    a common factor, negatives, sorted and reversed runs, every value distinct) and edge
+    cases (empty, one row, int64's ends, small unsigned and signed types)."""
+    rng = np.random.default_rng(55)
+    out = []
+    for distinct in (1, 3, 25, 1706, 70_000, 900_000):
+        for step in (1, 512, 10**9, 2**40 + 7):
+            for rows in (100, 70_000, 300_000):
+                v = rng.integers(0, distinct, rows) * step + int(rng.integers(-10**6, 10**6))
+                out.append(v.astype(np.int64))
+    out += [np.zeros(0, np.int64), np.array([5]), np.array([-7, -21, 0, -21]),
+            np.array([2**63 - 1, -(2**63), 0]), np.array([2**63 - 1, 2**63 - 1 - 512 * 3]),
+            np.arange(300_000), np.arange(300_000)[::-1].copy(),
+            np.repeat(np.arange(1000), 300), rng.integers(0, 5, 100_000).astype(np.uint8),
+            rng.integers(-3, 5, 100_000).astype(np.int16),
+            rng.integers(0, 2**31, 100_000).astype(np.uint32),
+            np.array([0, 2**64 - 1, 2**63], dtype=np.uint64),
+            rng.integers(-(2**62), 2**62, 1000)]
+    return out
+
+
+@pytest.mark.parametrize("v", _columns(), ids=lambda v: f"{v.dtype}-{v.size}")
+def test_unique_inverse_and_stable_order_are_numpys(v):
+    expected = np.unique(v, return_inverse=True)
+    got = arrays.unique_inverse(v)
+    assert got[0].dtype == expected[0].dtype and got[1].dtype == expected[1].dtype
+    assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+    assert np.array_equal(arrays.stable_order(v), np.argsort(v, kind="stable"))
+
+
+def test_a_small_span_is_sorted_by_table_not_by_numpy(monkeypatch):
+    """The table is what answers where the span allows (else the test above compares numpy
+    with itself): numpy's unique is not called for sizes in 512 B steps over 1.6 M steps."""
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(1, 25, 400_000) * 512 * 65_000
+    called = []
+    monkeypatch.setattr(arrays.np, "unique", lambda *a, **k: called.append(1))
+    distinct, index = arrays.unique_inverse(sizes)
+    assert not called
+    assert np.array_equal(distinct[index], sizes)
+
+
+def test_builtin_packs_read_back_from_the_cache_are_the_packs(tmp_path, monkeypatch):
+    """The first run keeps the packs' TOML as JSON in the user's cache; a run that reads it
+    back gets the same packs, rule for rule; a damaged or truncated file, or a cache that
+    cannot be written, costs the TOML read and changes nothing."""
+    from snapana.analysis.attribution import engine, pack_parser
+
+    def packs():
+        engine.builtin_packs.cache_clear()
+        return engine.builtin_packs()
+
+    def toml_reads(monkeypatch) -> list[str]:
+        seen: list[str] = []
+        real = pack_parser._load_toml
+        monkeypatch.setattr(pack_parser, "_load_toml",
+                            lambda text, source, packaged: seen.append(source)
+                            or real(text, source, packaged))
+        return seen
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    reads = toml_reads(monkeypatch)
+    first = packs()
+    kept = list((tmp_path / "snapana").glob("packs-*.json"))
+    assert len(kept) == 1 and len(reads) == len(first)
+    reads.clear()
+    again = packs()
+    assert reads == [], "the TOML was read again"
+    assert again == first
+    for damage in ("[]", kept[0].read_text()[:1000], "{not json", "\udcff"):
+        kept[0].write_text(damage, errors="surrogateescape")
+        reads.clear()
+        assert packs() == first
+        assert len(reads) == len(first)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("x")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    assert packs() == first
+    engine.builtin_packs.cache_clear()
+
+
+def test_one_blas_thread_unless_the_user_chose(monkeypatch):
+    """The command line asks OpenBLAS for one thread before numpy loads (its threads only
+    spin: snapana does no floating-point linear algebra), keeps a user's own setting, and
+    the decode child is started with one too."""
+    import snapana.__main__ as entry
+    from snapana.sources import pickle_child
+
+    monkeypatch.delenv(entry.BLAS_THREADS, raising=False)
+    entry._one_blas_thread()
+    import os
+
+    assert os.environ[entry.BLAS_THREADS] == "1"
+    monkeypatch.setenv(entry.BLAS_THREADS, "8")
+    entry._one_blas_thread()
+    assert os.environ[entry.BLAS_THREADS] == "8"
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def popen(cmd, **kw):
+        seen.update(kw["env"])
+        raise Stop
+
+    monkeypatch.setattr(pickle_child.subprocess, "Popen", popen)
+    with pytest.raises(Stop):
+        pickle_child.start(pickle_child.Path(__file__), 10, False, False)
+    assert seen[entry.BLAS_THREADS] == "1"
