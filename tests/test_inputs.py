@@ -6,6 +6,7 @@ commands and the rank runner read that list and resolve nothing again."""
 from __future__ import annotations
 
 import ast
+import glob
 import json
 import pickle
 from collections import Counter
@@ -115,10 +116,18 @@ def test_standard_input_is_one_log_with_no_path():
     assert ins.text_only and ins.files == [] and ins.title == "<stdin>"
 
 
-def test_a_glob_of_rank_files_each_a_rank_with_its_sidecar(tmp_path, counted):
+def test_a_glob_of_rank_files_each_a_rank_with_its_sidecar(tmp_path, counted, monkeypatch):
     snaps = [_snapshot(tmp_path / f"snapshot_oom_rank-{r}.pickle") for r in (2, 0, 1)]
     meta = tmp_path / "snapshot_oom_rank-1.meta.json"
     meta.write_text("{}")
+    globbed: Counter[str] = Counter()
+    real_glob = glob.glob
+
+    def counted_glob(pattern: str) -> list[str]:
+        globbed[pattern] += 1
+        return real_glob(pattern)
+
+    monkeypatch.setattr(glob, "glob", counted_glob)
 
     ins = resolve([str(tmp_path / "snapshot_oom_rank-*.pickle")])
 
@@ -128,6 +137,7 @@ def test_a_glob_of_rank_files_each_a_rank_with_its_sidecar(tmp_path, counted):
     assert ins.ranks == list(ins.items) and ins.single is None
     assert set(ins.files) == {*snaps, meta}
     assert max(counted[0].values()) == 1 and max(counted[1].values()) == 1
+    assert list(globbed.values()) == [1]  # matched once (as text, then as captures)
     with pytest.raises(InputError, match="--at applies to one capture"):
         resolve([str(tmp_path / "snapshot_oom_rank-*.pickle")], at="peak")
     one = resolve([str(tmp_path / "snapshot_oom_rank-0*.pickle")], at="peak")  # a glob of one

@@ -139,11 +139,19 @@ class Inputs:
                        folders=())
 
 
-class _Sniffed:
-    """Each path's kind, told once (`sources.sniff`), or the line that refuses it."""
+class _Seen:
+    """What resolving has looked at, each once: a path's kind (`sources.sniff`, or the line
+    that refuses it) and a glob's matches."""
 
     def __init__(self) -> None:
         self._seen: dict[Path, CaptureKind | InputError] = {}
+        self._globbed: dict[str, list[Path]] = {}
+
+    def matches(self, pattern: str) -> list[Path]:
+        """The files a glob matches, in a stable order."""
+        if pattern not in self._globbed:
+            self._globbed[pattern] = sorted(Path(m) for m in glob.glob(pattern))
+        return self._globbed[pattern]
 
     def __call__(self, path: Path) -> CaptureKind | InputError:
         if path not in self._seen:
@@ -190,7 +198,7 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
     capture (a file, an export folder, a folder or glob of one snapshot) is shown, with
     `trace` / `memray` and a folder's other captures beside it; several are ranks, and
     `--at` applies to one capture only."""
-    sniffed = _Sniffed()
+    sniffed = _Seen()
     named = [str(f) for f in files]
     if texts:
         alone = _text_alone(named, sniffed)
@@ -199,10 +207,11 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
     among = _logs_among(named, sniffed) if texts else []
     named = [f for f in named if f not in among]
     log_inputs = [sniffed.made(p, Role.LOG) for p in (*logs, *map(Path, among))]
-    if every_rank or not _may_be_one(named):
+    may_be_one = not every_rank and _may_be_one(named)
+    if not may_be_one:
         _at_one(at, None)
     paths, skipped, companions = expand(named, sniffed)
-    single = paths[0] if not every_rank and _may_be_one(named) and len(paths) == 1 else None
+    single = paths[0] if may_be_one and len(paths) == 1 else None
     _at_one(at, single)
     if single is not None:  # a file, an export folder or a glob of one: no folder's others
         return Inputs((sniffed.made(single, Role.SHOWN),
@@ -218,7 +227,7 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
 def resolve_each(files: Sequence[Path], beside: Iterable[Path] = ()) -> Inputs:
     """Each file as named (no folder expanded, no log told apart), each shown, and the
     captures read beside them: `explain`, `whatif`, `check`, `export`, `diff`, `convert`."""
-    sniffed = _Sniffed()
+    sniffed = _Seen()
     return Inputs((*(sniffed.made(p, Role.SHOWN) for p in files),
                    *(sniffed.made(p, Role.BESIDE) for p in beside)))
 
@@ -237,7 +246,7 @@ def _may_be_one(named: list[str]) -> bool:
     return only is not None and (not only.is_dir() or (only / MARKER).is_file())
 
 
-def _text_alone(named: list[str], sniffed: _Sniffed) -> Inputs | None:
+def _text_alone(named: list[str], sniffed: _Seen) -> Inputs | None:
     """Text inputs alone (`-`: a paste on standard input; files whose content is a log; a
     folder of logs holding no snapshot, a note for each of its other files); None when any
     input is a capture. A file that cannot be read is refused here, before any other."""
@@ -270,7 +279,7 @@ def _text_alone(named: list[str], sniffed: _Sniffed) -> Inputs | None:
                   tuple(skipped), tuple(folders))
 
 
-def _logs_among(named: list[str], sniffed: _Sniffed) -> list[str]:
+def _logs_among(named: list[str], sniffed: _Seen) -> list[str]:
     """The text logs named among captures (`snapana report oom.pickle job.log`)."""
     if len(named) < 2 or "-" in named:
         return []
@@ -278,7 +287,7 @@ def _logs_among(named: list[str], sniffed: _Sniffed) -> list[str]:
     return found if len(found) != len(named) else []
 
 
-def expand(args: Iterable[str | Path], sniffed: _Sniffed | None = None
+def expand(args: Iterable[str | Path], sniffed: _Seen | None = None
            ) -> tuple[list[Path], list[str], list[Path]]:
     """Files, folders (their snapshots) and globs, in a stable order; a line for each file
     of a named folder that is not taken, with why (a folder's files are told apart by
@@ -288,7 +297,7 @@ def expand(args: Iterable[str | Path], sniffed: _Sniffed | None = None
     why."""
     from snapana.sources.parquet_dir import MARKER
 
-    sniffed = sniffed or _Sniffed()
+    sniffed = sniffed or _Seen()
     out: list[Path] = []
     skipped: list[str] = []
     companions: list[Path] = []
@@ -304,7 +313,7 @@ def expand(args: Iterable[str | Path], sniffed: _Sniffed | None = None
             skipped.extend(passed)
             companions.extend(others)
         elif any(ch in str(arg) for ch in "*?[") and not p.exists():
-            matches = sorted(Path(m) for m in glob.glob(str(arg)))
+            matches = sniffed.matches(str(arg))
             if not matches:
                 raise InputError(f"{arg}: no file matches")
             out.extend(matches)
@@ -318,7 +327,7 @@ def expand(args: Iterable[str | Path], sniffed: _Sniffed | None = None
     return out, skipped, companions
 
 
-def _folder(folder: Path, sniffed: _Sniffed) -> tuple[list[Path], list[str], list[Path]]:
+def _folder(folder: Path, sniffed: _Seen) -> tuple[list[Path], list[str], list[Path]]:
     """A folder's snapshots (by name, or by content whatever their name: `x.pickle__sha`),
     a line for each other file that is not read with them (what its first bytes say it is,
     and how it is given: its row of `capture_kinds.SOURCES`), and the captures read beside
