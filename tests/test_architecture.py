@@ -102,6 +102,22 @@ def test_stages_import_only_earlier_stages(name: str) -> None:
         upstream = {d for d in deps if d.startswith(("snapana.sources",
                                                      "snapana.analysis.attribution"))}
         assert not upstream, f"a renderer imports a source or attribution: {upstream}"
+        # nor writes a file through the output layer above it (an atomic write of its own
+        # cache comes from `snapana.atomic`, below) (#59)
+        assert not {d for d in deps if d.startswith("snapana.io")}, \
+            f"a renderer imports the output layer: {deps}"
+    if name.startswith("snapana.analysis"):
+        # the analysis runs below the wiring: the rank runner is given its per-input worker
+        # (`session.summarize`) by the caller, never imports the session (#59)
+        above = {d for d in deps if d in {"snapana.session", "snapana.log_session",
+                                          "snapana.api"}
+                 or d.startswith(("snapana.io", "snapana.render", "snapana.commands"))}
+        assert not above, f"an analysis module imports a later stage: {above}"
+    if name in ("snapana.inputs", "snapana.capture_kinds", "snapana.atomic"):
+        # low modules that analysis and render read: nothing of the pipeline above sources
+        low = ("snapana.sources", "snapana.capture_kinds", "snapana.caching_allocator",
+               "snapana.errors", "snapana.units", "snapana.limits", "snapana.model")
+        assert all(d.startswith(low) for d in deps), f"{name} imports a later stage: {deps}"
     if name.startswith("snapana.sources"):
         later = {d for d in deps if d.startswith((
             "snapana.render",

@@ -16,10 +16,10 @@ import plotly.graph_objects as go
 import pytest
 import snapana
 from snapana.analysis.ranks.aggregate import aggregate
-from snapana.analysis.ranks.runner import summarize_many
 from snapana.render import figures
 from snapana.render.html import _figure_json
 from snapana.render.views import ranks_view
+from snapana.session import summarize_many
 
 from .conftest import SAMPLES, corpus_params
 

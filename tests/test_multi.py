@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from snapana.analysis.ranks.aggregate import aggregate
-from snapana.analysis.ranks.runner import summarize_many
+from snapana.session import summarize_many
 from snapana.synth import CachingAllocatorSim, SimulatedOOM
 
 from .browser import open_report

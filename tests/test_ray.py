@@ -14,7 +14,7 @@ import sys
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
-from snapana.analysis.ranks.runner import summarize_many
+from snapana.session import summarize_many
 
 from .conftest import SAMPLES, invoke, require
 

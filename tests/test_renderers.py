@@ -16,7 +16,6 @@ from snapana.analysis.budget import check as check_budget
 from snapana.analysis.budget import read_budget
 from snapana.analysis.compare import diff_reports
 from snapana.analysis.ranks.aggregate import aggregate
-from snapana.analysis.ranks.runner import summarize_many
 from snapana.analysis.scaling import parse_sizes
 from snapana.render import FORMATS, Options, formats, registered, render
 from snapana.render.check import CheckView
@@ -33,7 +32,7 @@ from snapana.render.views import (
     ranks_view,
 )
 from snapana.render.whatif import WhatIfView, whatif_view
-from snapana.session import Session, open_capture
+from snapana.session import Session, open_capture, summarize_many
 
 from .conftest import SAMPLES, invoke, literal_collections_naming
 

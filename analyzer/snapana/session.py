@@ -31,6 +31,7 @@ from snapana.analysis.attribution.lifetimes import attribute_lifetimes
 from snapana.analysis.diagnosis.diagnose import device_report
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.explain import ExplainedSite, explain
+from snapana.analysis.ranks.aggregate import RankSummary
 from snapana.analysis.replay import DeviceReplay, Moment, replay
 from snapana.analysis.scaled_replay import (
     SizePrediction,
@@ -40,7 +41,9 @@ from snapana.analysis.scaled_replay import (
 )
 from snapana.analysis.scaling import ScaleError, Size, call_paths, decide, window_blocks
 from snapana.analysis.scaling import calibrate as measure
-from snapana.errors import InputError
+from snapana.capture_kinds import CaptureKind
+from snapana.errors import InputError, SnapanaError
+from snapana.inputs import Input
 from snapana.limits import MAX_DEVICES
 from snapana.model import Capture, ReadProgress
 from snapana.units import parse_capacity
@@ -77,18 +80,28 @@ def find_sidecar(path: str | Path) -> Path | None:
 
 
 def open_capture(path: str | Path, progress: ReadProgress | None = None, *,
-                 sidecar_path: Path | None | Literal["find"] = "find") -> Capture:
+                 sidecar_path: Path | None | Literal["find"] = "find",
+                 kind: CaptureKind | None = None) -> Capture:
     """Read any supported artefact into the common model (format detected by content),
     with the sidecar `snapana record` wrote beside it (`sidecar_path`: the one a caller
-    already found, None for none; by default looked up here)."""
+    already found, None for none; by default looked up here). `kind`: the one a caller
+    already told (`inputs.resolve`)."""
     from snapana import sources
     from snapana.sources import sidecar
 
-    capture = sources.load(Path(path), progress)
+    capture = sources.load(Path(path), progress, kind)
     found = find_sidecar(path) if sidecar_path == "find" else sidecar_path
     if found is not None:
         sidecar.apply(capture, sidecar.read(found), found)
     return capture
+
+
+def open_input(inp: Input, progress: ReadProgress | None = None) -> Capture:
+    """An input as `inputs.resolve` told it: its kind and its sidecar, found there once (or
+    the one line that refuses it)."""
+    if inp.path is None:
+        raise InputError("standard input is read as a log, not as a capture")
+    return open_capture(inp.path, progress, sidecar_path=inp.sidecar, kind=inp.known_kind())
 
 
 def device_order(capture: Capture, peak: Callable[[int], int] | None = None) -> list[int]:
@@ -350,3 +363,66 @@ def analyse(capture: Capture, device: int | None = None, *, rules: RulesLike = N
             capacity: int | str | None = None, at: str | None = None) -> list[DeviceReport]:
     """The DeviceReport of each device (or of the one asked for)."""
     return [s.report for s in sessions(capture, device, rules=rules, capacity=capacity, at=at)]
+
+
+def summarize(inp: Input, rules: RulesLike = None, capacity: int | None = None
+              ) -> tuple[RankSummary, DeviceReport | None]:
+    """One input of a rank run reduced to its RankSummary (small, picklable: the rank
+    runner's worker processes return it), and the full report of the device it summarises
+    (None when the input could not be analysed). Given to `ranks.runner.run_many` by the
+    caller, so the runner below this layer never imports it."""
+    from snapana.analysis.attribution import RuleError
+
+    summary = RankSummary(file=str(inp.path), rank=inp.rank)
+    try:
+        capture = open_input(inp)
+        reports = analyse(capture, rules=rules or (), capacity=capacity)
+    except (SnapanaError, RuleError) as exc:
+        summary.error = str(exc)
+        return summary, None
+    except Exception as exc:  # a worker must report, not die: one bad rank is not the job
+        summary.error = f"{inp.path}: could not analyse: {type(exc).__name__}: {exc}"
+        return summary, None
+    r = next((r for r in reports if r.oom is not None), reports[0])
+    summary.device = r.device
+    summary.devices = list(capture.devices)
+    summary.reserved_bytes = r.reserved_bytes
+    summary.allocated_bytes = r.allocated_bytes
+    summary.peak_allocated_bytes = r.peak_allocated_bytes
+    summary.families = {g.name: g.bytes for g in r.groups}
+    summary.top_family = r.groups[0].name if r.groups else None
+    summary.findings = _without_series(r)
+    summary.moment = r.moment.kind
+    if r.oom is not None:
+        summary.oom = {"requested_bytes": r.oom.requested_bytes,
+                       "device_free_bytes": r.oom.device_free_bytes,
+                       "event_index": r.oom.event_index, "time_us": r.moment.time_us}
+    settings = capture.allocator_settings or {}
+    summary.settings = str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "")) + (
+        " expandable" if settings.get("expandable_segments") else "")
+    return summary, r
+
+
+def _without_series(r: DeviceReport) -> DeviceReport:
+    """A report's findings without what grows with the trace or the blocks (the per-event
+    series, the segments and the live blocks): kilobytes, enough to word it."""
+    import numpy as np
+
+    empty = np.zeros(0, dtype=np.int64)
+    timeline = replace(r.timeline, allocated=empty, reserved=empty, times_us=None, bands=(),
+                       families=None, stacks=None)
+    return replace(r, timeline=timeline, segments=r.segments.clear(),
+                   live_blocks=r.live_blocks.clear())
+
+
+def summarize_many(paths: Sequence[str | Path], workers: int | None = None,
+                   rule_files: list[str] | None = None, capacity: int | None = None,
+                   engine: str = "local") -> list[RankSummary]:
+    """Each path a rank (`inputs.resolve`), summarised by the rank runner with this
+    session's worker; order follows `paths`."""
+    from snapana.analysis.ranks.runner import run_many
+    from snapana.inputs import resolve
+
+    ins = resolve(list(paths), texts=False, every_rank=True)
+    return run_many(ins.ranks, summarize, workers, rule_files, capacity, engine).summaries
+

@@ -1,13 +1,14 @@
-"""The one input/output policy every command follows: check the rules and the capacity once,
-refuse an output that is an input before any work, read the inputs (a progress bar on a
-terminal), make a session per device, choose the rank shown in full by one rule
-(`ranks.shown_in_full`), render through the registry, write atomically."""
+"""The one input/output policy every command follows: resolve the command line once into
+typed inputs (`inputs.resolve`: kind, role, sidecar, rank), check the rules and the
+capacity once, refuse an output that is an input before any work, read the inputs (a
+progress bar on a terminal), make a session per device, choose the rank shown in full by one
+rule (`ranks.shown_in_full`), render through the registry, write atomically."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # the pipeline is imported when a command runs: -h and -V sta
     from snapana.analysis.diagnosis.findings import DeviceReport
     from snapana.analysis.ranks.aggregate import MultiReport
     from snapana.analysis.ranks.runner import RankRun
-    from snapana.capture_kinds import CaptureKind
+    from snapana.inputs import Input, Inputs
     from snapana.model import Capture
     from snapana.session import Session
 
@@ -30,60 +31,24 @@ err = Console(stderr=True)
 _T = TypeVar("_T")
 
 
-@dataclass
-class Inputs:
-    """What the command line names: one capture shown alone (`single`), or many inputs of
-    one job (`paths`, expanded from files, folders and globs), each with its sidecar."""
+def inputs(files: list[str], at: str | None = None, *, logs: list[Path] | None = None,
+           trace: list[Path] | None = None, memray: list[Path] | None = None,
+           texts: bool = True, every_rank: bool = False) -> Inputs:
+    """The command line as one typed list of inputs, resolved once before any work
+    (`inputs.resolve`): one capture (a file, an export folder) with what is read beside it,
+    or many ranks; text logs alone or beside; `--at` applies to one capture only."""
+    from snapana.inputs import resolve
 
-    paths: list[Path]
-    single: Path | None = None
-    sidecars: dict[Path, Path | None] = field(default_factory=dict)
-    #: a line for each file of a named folder that is not an input, with why
-    skipped: list[str] = field(default_factory=list)
-    #: a folder's other captures (path, kind) read beside its one snapshot (`runner.expand`)
-    companions: list[tuple[Path, CaptureKind]] = field(default_factory=list)
-
-    @property
-    def files(self) -> list[Path]:
-        """Every file the command reads: the inputs, their sidecars and the captures read
-        beside them (never an output)."""
-        return [*self.paths, *(s for s in self.sidecars.values() if s is not None),
-                *(p for p, _ in self.companions)]
-
-    @property
-    def title(self) -> str:
-        return self.single.name if self.single is not None else f"{len(self.paths)} inputs"
+    return resolve(files, at=at, logs=logs or (), trace=trace or (), memray=memray or (),
+                   texts=texts, every_rank=every_rank)
 
 
-def inputs(files: list[str], at: str | None = None) -> Inputs:
-    """The inputs named: one capture (a file, or an export folder) or many; `--at` applies
-    to one capture only."""
-    from snapana.analysis.ranks.runner import expand
-    from snapana.sources.parquet_dir import MARKER
+def each(*files: Path, beside: list[Path] | None = None) -> Inputs:
+    """Files named one each (no folder expanded), each a capture shown, and the captures
+    read beside them, resolved once (`inputs.resolve_each`)."""
+    from snapana.inputs import resolve_each
 
-    only = Path(files[0]) if len(files) == 1 else None
-    single = None
-    if only is not None and (not only.is_dir() or (only / MARKER).is_file()):
-        paths, _, _ = expand(files)
-        single = paths[0] if len(paths) == 1 else None
-    if single is None and at is not None:
-        raise InputError("--at applies to one capture; with several inputs, pick one file")
-    skipped: list[str] = []
-    companions: list[tuple[Path, CaptureKind]] = []
-    if single is None:
-        paths, skipped, companions = expand(files)
-    else:
-        paths = [single]
-    ins = with_sidecars(paths, single)
-    ins.skipped, ins.companions = skipped, companions
-    return ins
-
-
-def with_sidecars(paths: list[Path], single: Path | None = None) -> Inputs:
-    """The inputs with the sidecar beside each, looked up once."""
-    from snapana.session import find_sidecar
-
-    return Inputs(paths, single, {p: find_sidecar(p) for p in paths})
+    return resolve_each(files, beside or ())
 
 
 def check_rules(rules: list[Path] | None, capacity: str | None) -> tuple[RuleSet, int | None]:
@@ -106,26 +71,38 @@ def reading(path: Path, read: Callable[[Callable[[int, int], None] | None], _T])
         return read(lambda done, total: bar.update(task, completed=done, total=total))
 
 
-def open_shown(path: Path, sidecar: Path | None | str = "find") -> Capture:
-    """Read with a progress bar on stderr when it is a terminal (quiet otherwise)."""
-    from snapana.session import open_capture
+def open_shown(inp: Input) -> Capture:
+    """Read an input as resolved (its kind and sidecar told once), with a progress bar on
+    stderr when it is a terminal (quiet otherwise)."""
+    from snapana.session import open_input
 
-    found: Any = sidecar
-    return reading(path, lambda progress: open_capture(path, progress, sidecar_path=found))
+    return reading(inp.path or Path("-"), lambda progress: open_input(inp, progress))
 
 
-def sessions_of(path: Path, device: int | None, ruleset: RuleSet, capacity: int | None,
-                at: str | None = None, sidecar: Path | None | str = "find") -> list[Session]:
-    """A session per device of the file (or the one asked for), in report order."""
+def sessions_of(inp: Input, device: int | None, ruleset: RuleSet, capacity: int | None,
+                at: str | None = None) -> list[Session]:
+    """A session per device of the input (or the one asked for), in report order."""
     from snapana.session import sessions
 
-    return sessions(open_shown(path, sidecar), device, rules=ruleset, capacity=capacity, at=at)
+    return sessions(open_shown(inp), device, rules=ruleset, capacity=capacity, at=at)
+
+
+def compare(before: Input, after: Input, device: int | None, ruleset: RuleSet,
+            capacity: int | None) -> Any:
+    """Two inputs compared (`diff`), each read as resolved, one device of each."""
+    from snapana.api import Analysis
+    from snapana.session import open_input
+
+    a, b = (Analysis(open_input(i), device=device, rules=ruleset, capacity=capacity)
+            for i in (before, after))
+    return a.diff(b).diff
 
 
 def output_file(output: Path | None, default: Path, read: list[Path]) -> Path:
     """Where a single-file output goes: `-o FILE`, or `default`'s name inside `-o DIR`.
-    An output that is an input (`read`: inputs and sidecars) or inside an input folder is
-    refused before any work: inputs are never modified."""
+    An output that is an input (`read`: the resolved inputs' files, `Inputs.files`: inputs
+    and sidecars) or inside an input folder is refused before any work: inputs are never
+    modified."""
     from snapana.io.output import check_file_target, refuse_inputs
 
     out = output if output is not None else default
@@ -285,25 +262,24 @@ def some_failed(multi: MultiReport | None, where: Path | None = None) -> None:
     raise typer.Exit(SOME_INPUTS_FAILED)
 
 
-def text_logs(files: list[str]) -> Any | None:
-    """The view of what text inputs say about memory (`-`: a paste on standard input; files
-    whose content is a log; a folder of per-rank logs); None when the inputs are captures."""
+def text_logs(ins: Inputs, at: str | None = None) -> tuple[Any | None, Inputs]:
+    """The view of what text inputs say about memory (a paste on standard input, files
+    whose content is a log, a folder of per-rank logs), or None and the inputs to read as
+    captures (logs named one by one that all say nothing: a rank table, each one's reason
+    in its row)."""
+    if not ins.text_only:
+        return None, ins
     from snapana.log_session import read_logs
     from snapana.render.text_log import text_log_view
 
-    paths: list[Path] | None = None
-    skipped: list[str] = []
-    if files != ["-"]:
-        named = _text_paths(files)
-        if named is None:
-            return None
-        paths, skipped = named
-    evidence = read_logs(paths, _file_ranks(paths or []))
-    notes = [n for log in evidence.logs for n in log.notes] + skipped
+    paths = [i.path for i in ins.logs if i.path is not None] or None  # None: standard input
+    evidence = read_logs(paths, {i.path: i.rank for i in ins.logs
+                                 if i.path is not None and i.rank is not None})
+    notes = [n for log in evidence.logs for n in log.notes] + list(ins.skipped)
     empty = [log for log in evidence.logs if log.empty]
     if empty and len(empty) == len(evidence.logs):
-        if len(empty) > 1 and not any(Path(f).is_dir() for f in files):
-            return None  # files named one by one: each one's reason in the rank table
+        if len(empty) > 1 and not ins.folders:
+            return None, ins.as_ranks(at)  # each one's reason in the rank table
         if len(empty) == 1:
             from snapana.sources.log_text import found
 
@@ -314,93 +290,38 @@ def text_logs(files: list[str]) -> Any | None:
     notes += [f"{inert(log.name, lines=False)}: nothing about GPU memory in it (no OOM "
               "message, memory_summary(), nvidia-smi table or vLLM refusal)" for log in empty]
     title = evidence.logs[0].name if len(evidence.logs) == 1 else f"{len(evidence.logs)} logs"
-    return text_log_view(title, evidence, notes)
+    return text_log_view(title, evidence, notes), ins
 
 
-def split_logs(files: list[str], logs: list[Path] | None) -> tuple[list[str], list[Path]]:
-    """The inputs that are captures, and the logs beside them (`--log`, and text logs named
-    among captures: `snapana report oom.pickle job.log`)."""
-    beside = list(logs or ())
-    if len(files) < 2 or "-" in files:
-        return files, beside
-    texts = [f for f in files if Path(f).is_file() and _sniffs_as_text(Path(f))]
-    if not texts or len(texts) == len(files):
-        return files, beside
-    return [f for f in files if f not in texts], [*beside, *map(Path, texts)]
-
-
-def log_checks(beside: list[Path], reports: Any) -> tuple[Any, ...]:
+def log_checks(logs: list[Input], reports: Any) -> tuple[Any, ...]:
     """The OOM messages of the logs beside a capture checked against its reports."""
-    if not beside:
+    if not logs:
         return ()
     from snapana.log_session import check_beside
 
-    return check_beside(beside, list(reports))
+    return check_beside([i.path for i in logs if i.path is not None], list(reports))
 
 
-def _text_paths(files: list[str]) -> tuple[list[Path], list[str]] | None:
-    """The text files the inputs name (a folder: its text files, when it holds no snapshot)
-    and a note for each other file of such a folder; None when any input is a capture."""
-    from snapana.analysis.ranks.runner import EXPORT_MARKER, SNAPSHOT_SUFFIXES, expand_inputs
-    from snapana.sources import sniff
-
-    paths: list[Path] = []
-    skipped: list[str] = []
-    for f in files:
-        p = Path(f)
-        if p.is_dir() and not (p / EXPORT_MARKER).exists():
-            members = sorted(m for m in p.iterdir() if m.is_file()
-                             and not m.name.startswith("."))
-            if any(m.name.lower().endswith(SNAPSHOT_SUFFIXES) for m in members):
-                return None
-            texts = [m for m in members if _sniffs_as_text(m)]
-            if not texts:
-                return None
-            paths += texts
-            skipped += [f"{inert(str(m), lines=False)}: not read (not a text log, or empty)"
-                        for m in members if m not in texts]
-        else:
-            paths += [p] if p.is_dir() else expand_inputs([f])
-    if not paths or any(p.is_dir() or sniff(p).row.yields_capture for p in paths):
-        return None
-    return list(dict.fromkeys(paths)), skipped
-
-
-def _sniffs_as_text(path: Path) -> bool:
-    from snapana.sources import sniff
-
-    try:
-        return not sniff(path).row.yields_capture
-    except InputError:  # empty, unreadable: not a log to read
-        return False
-
-
-def _file_ranks(paths: list[Path]) -> dict[Path, int]:
-    """The rank each log's file name carries (rank3.log, worker_rank_3.out), for messages
-    whose own lines name none."""
-    from snapana.analysis.ranks.aggregate import rank_of
-
-    return {p: r for p in paths if (r := rank_of(p)) is not None}
-
-
-def analyse_many(paths: list[Path], workers: int | None, rules: list[Path] | None,
+def analyse_many(ranks: list[Input], workers: int | None, rules: list[Path] | None,
                  ruleset: RuleSet, capacity: int | None, engine: str = "local"
                  ) -> tuple[MultiReport, RankRun]:
-    """Summaries of several inputs (rules already checked), a progress bar per file on a
-    terminal, and their aggregate."""
+    """Summaries of several inputs (rules already checked) by the session's worker, a
+    progress bar per file on a terminal, and their aggregate."""
     from rich.progress import BarColumn, Progress
 
     from snapana.analysis.ranks.aggregate import aggregate
     from snapana.analysis.ranks.runner import run_many
+    from snapana.session import summarize
 
     rule_files = [str(r) for r in rules or ()]
     if not err.is_terminal or engine != "local":
-        run = run_many(paths, workers, rule_files, capacity, engine, ruleset=ruleset)
+        run = run_many(ranks, summarize, workers, rule_files, capacity, engine,
+                       ruleset=ruleset)
         return aggregate(run.summaries), run
     with Progress("[progress.description]{task.description}", BarColumn(), console=err,
                   transient=True) as bar:
-        tasks = {str(p): bar.add_task(p.name, total=1) for p in paths}
-        run = run_many(paths, workers, rule_files, capacity, engine,
+        tasks = {str(i.path): bar.add_task(i.name, total=1) for i in ranks}
+        run = run_many(ranks, summarize, workers, rule_files, capacity, engine,
                        on_done=lambda a, _: bar.update(tasks[a], completed=1), ruleset=ruleset)
     return aggregate(run.summaries), run
 
@@ -416,57 +337,56 @@ class Shown:
 
 def shown(ins: Inputs, device: int | None, rules: list[Path] | None, capacity: str | None,
           at: str | None = None, workers: int | None = None, rank: int | None = None,
-          extras: list[Path] | None = None,
           ahead: Callable[[Session], None] | None = None) -> Shown:
-    """One capture (every device, or the one asked for, at `at`; plus any `extras` of the
-    same job), or many inputs: the rank table and the rank `ranks.shown_in_full` chooses,
-    its report kept from the run when it was made in this process, else analysed once.
-    `ahead` is given each session of the one capture before its report is made (what the
-    output needs beside the report can be started then)."""
+    """One capture (every device, or the one asked for, at `at`; plus the captures of the
+    same job read beside it), or many inputs: the rank table and the rank
+    `ranks.shown_in_full` chooses, its report kept from the run when it was made in this
+    process, else analysed once, and a folder's other captures beside it. `ahead` is given
+    each session of the one capture before its report is made (what the output needs
+    beside the report can be started then)."""
     from snapana.analysis.ranks.aggregate import shown_in_full
 
     ruleset, cap = check_rules(rules, capacity)
     if ins.single is not None:
-        sessions = sessions_of(ins.single, device, ruleset, cap, at,
-                               ins.sidecars.get(ins.single))
+        sessions = sessions_of(ins.single, device, ruleset, cap, at)
         if ahead is not None:
             for s in sessions:
                 ahead(s)
         reports = [s.report for s in sessions]
-        for extra in extras or ():
+        for extra in ins.beside:
             reports += [s.report for s in sessions_of(extra, None, ruleset, cap)]
         return Shown(reports)
-    multi, run = analyse_many(ins.paths, workers, rules, ruleset, cap)
+    multi, run = analyse_many(ins.ranks, workers, rules, ruleset, cap)
     multi.skipped = list(ins.skipped)
     chosen = shown_in_full(multi, rank)
     if chosen is None:
         return Shown([], multi)
     kept = run.kept.get(chosen.file)
+    inp = next(i for i in ins.ranks if str(i.path) == chosen.file)
     reports = [kept] if kept is not None else [
-        s.report for s in sessions_of(Path(chosen.file), chosen.device, ruleset, cap)]
-    return Shown(reports + _beside(ins.companions, Path(chosen.file), multi, ruleset, cap),
-                 multi)
+        s.report for s in sessions_of(inp, chosen.device, ruleset, cap)]
+    return Shown(reports + _beside(ins.beside, inp, multi, ruleset, cap), multi)
 
 
-def _beside(companions: list[tuple[Path, CaptureKind]], snapshot: Path, multi: MultiReport,
+def _beside(companions: list[Input], snapshot: Input, multi: MultiReport,
             ruleset: RuleSet, capacity: int | None) -> list[DeviceReport]:
     """The reports of a folder's other captures, read beside its snapshot as `--trace` and
     `--memray` would read them; a line each in `multi.beside` says what it gave (or why it
     could not be read: then it counts as a failed input)."""
     out: list[DeviceReport] = []
-    for path, kind in companions:
-        name = inert(path.name, lines=False)
+    for inp in companions:
+        name, what = inert(inp.name, lines=False), inp.known_kind().row.what
         try:
-            reports = [s.report for s in sessions_of(path, None, ruleset, capacity)]
+            reports = [s.report for s in sessions_of(inp, None, ruleset, capacity)]
         except SnapanaError as exc:
-            why = inert(str(exc).removeprefix(f"{path}: "), lines=False)
-            multi.beside.append(f"{name}: {kind.row.what}, not read ({why})")
+            why = inert(str(exc).removeprefix(f"{inp.path}: "), lines=False)
+            multi.beside.append(f"{name}: {what}, not read ({why})")
             multi.beside_failed += 1
             continue
         shown = ", ".join(f"{r.device_name or f'device {r.device}'} "
                           f"{'at its OOM' if r.oom is not None else 'at its peak'}"
                           for r in reports)
-        multi.beside.append(f"{name}: {kind.row.what} of the same folder, read beside "
+        multi.beside.append(f"{name}: {what} of the same folder, read beside "
                             f"{inert(snapshot.name, lines=False)}: its report below ({shown}), "
                             "shown with the snapshot's, not joined to its blocks")
         out += reports

@@ -24,14 +24,13 @@ def batch(
 ) -> None:
     """Summarise a whole incident directory into a partitioned Parquet dataset
     (ranks/ and families/, one partition per job and rank); --engine dask|ray for clusters."""
-    from snapana.analysis.ranks.runner import expand_inputs
     from snapana.io import rank_dataset
 
-    ins = policy.with_sidecars(expand_inputs(files))
+    ins = policy.inputs(files, texts=False, every_rank=True)
     policy.output_folder(output, ins.files)
     ruleset, cap = policy.check_rules(rules, capacity)
-    multi, run = policy.analyse_many(ins.paths, workers, rules, ruleset, cap, engine.value)
-    name = job or (ins.paths[0].parent.name if ins.paths else "job")
+    multi, run = policy.analyse_many(ins.ranks, workers, rules, ruleset, cap, engine.value)
+    name = job or next((i.path.parent.name for i in ins.ranks if i.path is not None), "job")
     rank_dataset.write(multi, output, name, policy.verdicts(run))
     policy.none_analysed(multi, written=output)
     policy.wrote(output, detail=f" ({len(multi.ranks)} inputs, {len(multi.ok)} analysed)")

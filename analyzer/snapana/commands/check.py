@@ -51,11 +51,12 @@ def check(
     from snapana.io.output import write_atomic
     from snapana.render.check import CheckView, github_annotations, junit_xml
 
+    ins = policy.each(file)
     rules, cap = policy.check_rules(None, capacity)
     limits = read_budget_file(budget)
     if junit is not None and junit.resolve() in (file.resolve(), budget.resolve()):
         raise InputError(f"--junit {junit}: is an input; choose another path")
-    sessions = policy.sessions_of(file, device, rules, cap, at)
+    sessions = policy.sessions_of(ins.items[0], device, rules, cap, at)
     reports = [s.report for s in sessions]
     shown = reports[0]
     when = MOMENT_WORDS.get(shown.moment.kind, shown.moment.kind)

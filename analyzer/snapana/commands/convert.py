@@ -28,7 +28,7 @@ def convert(
 
     target = policy.output_file(
         output, Path(file.with_suffix(".parquet").name) if output is not None
-        else file.with_suffix(".parquet"), [file])
+        else file.with_suffix(".parquet"), policy.each(file).files)
     python = str(memray_python) if memray_python is not None else None
     out = policy.reading(file, lambda progress: convert_memray(file, target, python=python,
                                                                progress=progress))

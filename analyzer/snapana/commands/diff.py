@@ -49,14 +49,13 @@ def diff(
 ) -> None:
     """Compare two captures, e.g. before and after a fix: the change per family and site,
     the peak, and whether the OOM is gone."""
-    import snapana
     from snapana.render.views import diff_view
 
+    ins = policy.each(before, after)
     out = None
     if output is not None:
         stem = f"{before.name.split('.')[0]}-vs-{after.name.split('.')[0]}"
-        out = policy.output_file(output, Path(f"{stem}.html"),
-                                 policy.with_sidecars([before, after]).files)
+        out = policy.output_file(output, Path(f"{stem}.html"), ins.files)
     from snapana.analysis.regression import evaluate, parse_gate
     from snapana.io.output import write_atomic
     from snapana.render.check import CheckView, github_annotations, junit_xml
@@ -69,7 +68,7 @@ def diff(
     if junit is not None and junit.resolve() in (before.resolve(), after.resolve()):
         raise InputError(f"--junit {junit}: is an input; choose another path")
     ruleset, cap = policy.check_rules(rules, capacity)
-    compared = snapana.diff(before, after, device=device, rules=ruleset, capacity=cap).diff
+    compared = policy.compare(ins.items[0], ins.items[1], device, ruleset, cap)
     view = diff_view(compared)
     if out is None:
         policy.emit(policy.render_view(view, format.value))

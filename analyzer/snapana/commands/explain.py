@@ -36,7 +36,8 @@ def explain(
             address = parse_address(block, "--block")
         except ValueError as exc:
             raise InputError(str(exc)) from None
+    ins = policy.each(file)
     ruleset, _ = policy.check_rules(rules, None)
-    session = Session(policy.open_shown(file), device, rules=ruleset, at=at)
+    session = Session(policy.open_shown(ins.items[0]), device, rules=ruleset, at=at)
     items = session.explain(block=address, family=family, site=site)
     policy.emit(policy.render_view(explain_view(items), "text"))

@@ -27,10 +27,9 @@ def export(
     from snapana.sources.parquet_dir import MARKER
 
     out = output or Path(file.name.split(".")[0] + "-export")
-    ins = policy.with_sidecars([file])
+    ins = policy.each(file)
     policy.output_folder(out, ins.files)
     check_dir_target(out, MARKER, "export")  # refuse before the work, not after
     ruleset, cap = policy.check_rules(rules, capacity)
-    export_tables(policy.sessions_of(file, device, ruleset, cap,
-                                     sidecar=ins.sidecars.get(file)), out)
+    export_tables(policy.sessions_of(ins.items[0], device, ruleset, cap), out)
     policy.wrote(out)

@@ -47,28 +47,26 @@ def report(
     log: LogOpt = None,
 ) -> None:
     """Write a self-contained HTML report (opens offline, attach it to the ticket)."""
-    logs = policy.text_logs(files)
+    ins = policy.inputs(files, at, logs=log, trace=trace, memray=memray)
+    logs, ins = policy.text_logs(ins, at)
     if logs is not None:  # a log or a paste: its OOM messages
         named = [Path(f) for f in files if f != "-"]
         default = Path((named[0].name.split(".")[0] if len(named) == 1 else "snapana-report")
                        + renderers.OUTPUTS[renderers.REPORT_FORMAT].extension)
-        out = policy.output_file(output, default, named)
+        out = policy.output_file(output, default, ins.files)
         policy.write(out, policy.render_view(logs, renderers.REPORT_FORMAT, to_terminal=False))
         return
     from snapana.render.views import capture_view
 
-    files, beside = policy.split_logs(files, log)
-    ins = policy.inputs(files, at)
-    extras = [*(trace or ()), *(memray or ())] if ins.single is not None else []
-    default = Path((ins.single.name.split(".")[0] if ins.single is not None
-                    else "snapana-report") + renderers.OUTPUTS[renderers.REPORT_FORMAT].extension)
-    out = policy.output_file(output, default, [*ins.files, *policy.with_sidecars(extras).files,
-                                               *beside])
+    default = Path((ins.single.path.name.split(".")[0] if ins.single is not None and
+                    ins.single.path is not None else "snapana-report")
+                   + renderers.OUTPUTS[renderers.REPORT_FORMAT].extension)
+    out = policy.output_file(output, default, ins.files)
     policy.prepare(renderers.REPORT_FORMAT)
-    shown = policy.shown(ins, device, rules, capacity, at, workers, rank, extras,
+    shown = policy.shown(ins, device, rules, capacity, at, workers, rank,
                          ahead=_explorer_ahead)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks,
-                        log_checks=policy.log_checks(beside, shown.reports))
+                        log_checks=policy.log_checks(ins.logs, shown.reports))
     policy.write(out, policy.render_view(view, renderers.REPORT_FORMAT, to_terminal=False),
                  shown.ranks)
     policy.headline(view)

@@ -36,18 +36,17 @@ def summary(
     """Print the verdict and what holds memory: a table, markdown for a ticket, JSON, or the
     HTML page. With several inputs: the rank table, then the failing (else the largest)
     rank in full."""
-    logs = policy.text_logs(files)
+    ins = policy.inputs(files, at, logs=log)
+    logs, ins = policy.text_logs(ins, at)
     if logs is not None:  # a log or a paste: its OOM messages
         policy.emit(policy.render_view(logs, format.value))
         return
     from snapana.render.views import capture_view
 
-    files, beside = policy.split_logs(files, log)
-    ins = policy.inputs(files, at)
     policy.prepare(format.value)
     shown = policy.shown(ins, device, rules, capacity, at, workers)
     view = capture_view(shown.reports, title=ins.title, ranks=shown.ranks,
-                        log_checks=policy.log_checks(beside, shown.reports))
+                        log_checks=policy.log_checks(ins.logs, shown.reports))
     policy.emit(policy.render_view(view, format.value, full=full))
     policy.none_analysed(shown.ranks)
     policy.some_failed(shown.ranks)

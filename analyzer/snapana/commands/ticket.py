@@ -29,7 +29,7 @@ def ticket(
     from snapana.io.ticket import check_targets, write_ticket
     from snapana.render.views import capture_view
 
-    ins = policy.inputs([str(file)], at)
+    ins = policy.inputs([str(file)], at, texts=False)
     if ins.single is None:
         raise InputError(f"{file}: a ticket is made of one capture; name one file")
     check_targets(output, ins.files)

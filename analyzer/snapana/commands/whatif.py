@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,9 @@ from snapana.commands import _policy as policy
 from snapana.commands._options import WHATIF_DEFAULT, DeviceOpt, FileArg, WhatifFormatOpt
 from snapana.errors import InputError
 from snapana.units import inert
+
+if TYPE_CHECKING:
+    from snapana.inputs import Inputs
 
 
 def whatif(
@@ -64,13 +67,13 @@ def whatif(
 ) -> None:
     """Re-run the recorded window under a changed setting or card: does the OOM go away?
     With --scale: at another batch or sequence length, and the largest that fits (--fit)."""
+    ins = policy.each(file, beside=[calibrate] if calibrate is not None else [])
     if scale or fit or calibrate is not None or calibrate_size is not None:
         if set_ or drop or free_before_forward or empty_cache_before_forward or smallest:
             raise InputError("--scale is replayed alone: leave out --set, --drop, "
                              "--free-before-forward, --empty-cache-before-forward and "
                              "--smallest")
-        _scaled(file, scale or [], capacity, fit, calibrate, calibrate_size, device,
-                format.value)
+        _scaled(ins, scale or [], capacity, fit, calibrate_size, device, format.value)
         return
     from snapana.allocator_model import config as alloc_conf
     from snapana.render.whatif import whatif_view
@@ -90,7 +93,7 @@ def whatif(
         raise InputError("nothing to change: give --set KEY:VALUE (e.g. "
                          "expandable_segments:True, max_split_size_mb:512), --capacity SIZE "
                          "--drop FAMILY or --free-before-forward FAMILY")
-    capture = policy.open_shown(file)
+    capture = policy.open_shown(ins.items[0])
     same = alloc_conf.in_force(asked, capture.allocator_settings)
     if same and len(same) == len(simulated) and card is None and not not_simulated and \
             not families and not early and not empty_cache_before_forward:
@@ -120,13 +123,16 @@ def whatif(
                                                tuple(not_simulated)), format.value))
 
 
-def _scaled(file: Path, scale: list[str], capacity: str | None, fit: bool,
-            calibrate: Path | None, calibrate_size: str | None, device: int | None,
-            fmt: str) -> None:
-    """`--scale`: the window resized and replayed; `--fit`: the largest size that fits."""
+def _scaled(ins: Inputs, scale: list[str], capacity: str | None, fit: bool,
+            calibrate_size: str | None, device: int | None, fmt: str) -> None:
+    """`--scale`: the window resized and replayed; `--fit`: the largest size that fits
+    (calibrated on the capture read beside, `--calibrate`, when one is given)."""
     from snapana.analysis.scaling import ScaleError, parse_sizes
     from snapana.render.scale import scale_view
     from snapana.session import Session
+
+    shown, calibrate = ins.items[0], next(iter(ins.beside), None)
+    file = shown.path
 
     try:
         sizes = parse_sizes(scale)
@@ -145,7 +151,7 @@ def _scaled(file: Path, scale: list[str], capacity: str | None, fit: bool,
     if other and (len(other) != 1 or next(iter(other)) not in sizes):
         raise InputError("--calibrate-size names the one knob the other capture differs in, "
                          "and --scale must give that knob")
-    capture = policy.open_shown(file)
+    capture = policy.open_shown(shown)
     devices = [device] if device is not None else capture.devices
     if not [d for d in devices if d in capture.devices]:
         raise InputError(f"{file}: no device {device} (devices: {capture.devices})")

@@ -1,4 +1,7 @@
-"""Atomic output: a report is either complete or absent, never half-written."""
+"""Atomic output: a report is either complete or absent, never half-written. A file's
+write is `snapana.atomic`'s (here under the same names); what is added here is the policy
+of outputs as a command names them: not an input nor inside one, and folders replaced
+whole."""
 
 from __future__ import annotations
 
@@ -10,43 +13,17 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from snapana.errors import SnapanaError
+from snapana.atomic import (
+    OutputError,
+    atomic_path,
+    check_file_target,
+    refuse_input,
+    umask,
+    write_atomic,
+)
 
-
-class OutputError(SnapanaError):
-    """The output path cannot be written."""
-
-
-def _refuse_input(path: Path) -> None:
-    """Inputs are never modified: an output that is an input this process read (the same
-    file through any link, an input folder, or a path inside one) is refused."""
-    from snapana.sources._io import is_input
-
-    if is_input(path):
-        raise OutputError(f"{path}: is an input (or inside one); choose another output path")
-
-
-def check_file_target(path: Path) -> None:
-    """An output file replaces what is at its path: only a regular file (or nothing) may be
-    there. A device, a FIFO or a socket (or a link to one: `/dev/null`, `/proc/self/fd/1`)
-    would be replaced by a regular file, which for `/dev/null` run as root breaks the
-    system; refused instead."""
-    import stat
-
-    from snapana.sources._io import _kind
-
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return  # nothing there, or a dangling link: the new file takes its place
-    except (OSError, ValueError) as exc:
-        raise OutputError(f"{path}: cannot write: {getattr(exc, 'strerror', None) or exc}"
-                          ) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise OutputError(f"{path}: is a folder; name a file to write")
-    if not stat.S_ISREG(st.st_mode):
-        raise OutputError(f"{path}: is {_kind(st.st_mode)}, not a regular file; snapana "
-                          "writes regular files only (a report replaces what is there)")
+__all__ = ["OutputError", "append_text", "atomic_dir", "atomic_path", "check_dir_target",
+           "check_file_target", "refuse_inputs", "write_atomic"]
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -82,48 +59,6 @@ def refuse_inputs(path: Path, inputs: Iterable[Path], folder: bool = False) -> N
                               "would delete; choose another output folder")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextmanager
-def atomic_path(path: Path | str) -> Iterator[Path]:
-    """Yield a temp path in the target's folder; on success it replaces the target, on any
-    error it is removed. Every file snapana writes goes through here."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    _refuse_input(path)
-    check_file_target(path)
-    if not folder.is_dir():
-        raise OutputError(f"{path}: folder {folder} does not exist")
-    try:
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_atomic(path: Path | str, data: str | bytes) -> None:
-    """Write text (UTF-8) or bytes so that the target is either complete or untouched."""
-    with atomic_path(path) as tmp:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            # an unpaired surrogate (legal in a pickle's strings) is written escaped, never
-            # a UnicodeEncodeError after the work is done
-            tmp.write_text(data, encoding="utf-8", errors="backslashreplace")
-
-
 def append_text(path: Path | str, text: str) -> None:
     """Append to a file named from outside (a CI step summary): a regular file or a new one.
     Opened without blocking (a FIFO with no reader fails at once instead of waiting for one)
@@ -133,7 +68,7 @@ def append_text(path: Path | str, text: str) -> None:
     from snapana.sources._io import _kind
 
     path = Path(path)
-    _refuse_input(path)
+    refuse_input(path)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
     def refuse(mode: int) -> OutputError:
         return OutputError(f"{path}: is {_kind(mode)}, not a regular file; snapana appends "
@@ -159,7 +94,7 @@ def check_dir_target(path: Path, marker: str, kind: str) -> None:
     replaced, so `-o` pointed at someone's folder cannot delete it. Callers check early,
     before the work; atomic_dir checks again."""
     parent = path.parent if str(path.parent) else Path(".")
-    _refuse_input(path)
+    refuse_input(path)
     if not parent.is_dir():
         raise OutputError(f"{path}: folder {parent} does not exist")
     if path.exists():
@@ -184,7 +119,7 @@ def atomic_dir(path: Path | str, marker: str, kind: str) -> Iterator[Path]:
     old: Path | None = None
     try:
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~umask())
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=parent))
             os.replace(path, old)  # onto the empty temp folder: atomic on POSIX

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import jinja2
 
+from snapana.atomic import write_atomic
 from snapana.errors import SnapanaError
-from snapana.io.output import write_atomic
 
 
 def cache_file() -> Path:

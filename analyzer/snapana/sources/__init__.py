@@ -52,11 +52,13 @@ def sniff(path: Path) -> CaptureKind:
     return kind
 
 
-def load(path: Path | str, progress: ReadProgress | None = None) -> Capture:
+def load(path: Path | str, progress: ReadProgress | None = None,
+         kind: CaptureKind | None = None) -> Capture:
     """Read any supported artefact into the common model, by its kind's reader (a kind
-    that is not a capture, a text log, is refused there saying what reads it)."""
+    that is not a capture, a text log, is refused there saying what reads it). `kind`: the
+    one `inputs.resolve` already told (None: sniffed here)."""
     path = Path(path)
-    return reader(sniff(path))(path, progress)
+    return reader(kind if kind is not None else sniff(path))(path, progress)
 
 
 def reader(kind: CaptureKind) -> Reader:

@@ -5,10 +5,8 @@ families are outliers against the median of the ranks. Pure functions over small
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from snapana.errors import InputError
@@ -16,22 +14,10 @@ from snapana.errors import InputError
 if TYPE_CHECKING:
     from snapana.analysis.diagnosis.findings import DeviceReport
 
-#: How ranks are spelled in snapshot file names (Megatron-Bridge `snapshot_oom_rank-3`,
-#: `oom_rank3`, `rank_3`, `r3`), tried in order.
-RANK_PATTERNS = (r"rank[-_]?(\d+)", r"(?:^|[-_.])r(\d+)(?:[-_.]|$)", r"(?:^|[-_.])(\d+)\.pickle")
 #: A family is an outlier on a rank when it differs from the median of the ranks by more
 #: than this share of the median and at least OUTLIER_MIN_BYTES.
 OUTLIER_SHARE = 0.20
 OUTLIER_MIN_BYTES = 256 << 20
-
-
-def rank_of(path: Path) -> int | None:
-    name = path.name.lower()
-    for pattern in RANK_PATTERNS:
-        m = re.search(pattern, name)
-        if m:
-            return int(m.group(1))
-    return None
 
 
 @dataclass
