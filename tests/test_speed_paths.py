@@ -120,3 +120,25 @@ def test_one_blas_thread_unless_the_user_chose(monkeypatch):
     with pytest.raises(Stop):
         pickle_child.start(pickle_child.Path(__file__), 10, False, False)
     assert seen[entry.BLAS_THREADS] == "1"
+
+
+def test_a_new_plotly_copy_replaces_the_stale_ones(tmp_path, monkeypatch):
+    """The compressed plotly.js is kept once: a copy another plotly install left (another
+    name) goes when the current one is written; what is kept inflates to plotly.min.js."""
+    import base64
+    import gzip
+
+    from snapana.render import assets
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = tmp_path / "snapana"
+    folder.mkdir()
+    (folder / "plotly-1-2.js.gz.b64").write_text("stale")
+    assets.plotly_js_gzip_b64.cache_clear()
+    text = assets.plotly_js_gzip_b64()
+    assets.plotly_js_gzip_b64.cache_clear()
+    kept = sorted(p.name for p in folder.glob("plotly-*"))
+    assert kept == [assets.cache_name()]
+    plotly_js = (assets._plotly_data("plotly.min.js")).read_bytes()
+    assert gzip.decompress(base64.b64decode((folder / kept[0]).read_text())) == plotly_js
+    assert gzip.decompress(base64.b64decode(text)) == plotly_js

@@ -3,9 +3,9 @@ inflated in the browser), so a report opens offline with no URL to any network r
 and plotly's default template, once per page for all its figures.
 
 Compressing plotly.min.js costs ~0.3 s (a fifth of a small report), so the compressed copy
-is kept in the user's cache (``$XDG_CACHE_HOME/snapana`` or ``~/.cache/snapana``), once per
-installed plotly.min.js; compiled page templates are kept beside it. This module is the only
-one in render/ that touches a file.
+is kept in the user's cache (`snapana.user_cache`), once per installed plotly.min.js;
+compiled page templates are kept beside it. This module is the only one in render/ that
+touches a file.
 """
 
 from __future__ import annotations
@@ -14,34 +14,31 @@ import base64
 import gzip
 import importlib.util
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 
-from snapana.atomic import write_atomic
-from snapana.errors import SnapanaError
+from snapana import user_cache
+
+#: The names of the kept copies of plotly.min.js (`cache_name`).
+_PLOTLY_COPIES = "plotly-*.js.gz.b64"
 
 
-def cache_file() -> Path:
-    """Where the compressed copy of the installed plotly.min.js is kept: named by that file's
+def cache_name() -> str:
+    """The name the compressed copy of the installed plotly.min.js is kept under: that file's
     size and modification time, read without importing plotly (its import costs ~50 ms of a
-    small report), so an upgraded or reinstalled plotly gets a copy of its own."""
+    small report), so an upgraded or reinstalled plotly gets a copy of its own (and the
+    copy of the one it replaced goes)."""
     stat = _plotly_data("plotly.min.js").stat()
-    return _cache_dir() / f"plotly-{stat.st_size}-{stat.st_mtime_ns}.js.gz.b64"
-
-
-def _cache_dir() -> Path:
-    """snapana's folder in the user's cache."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "snapana"
+    return _PLOTLY_COPIES.replace("*", f"{stat.st_size}-{stat.st_mtime_ns}")
 
 
 def template_cache() -> jinja2.BytecodeCache | None:
     """Where compiled page templates are kept between runs (compiling the report's costs
     ~0.1 s of every report; jinja2 keys each by the template's source, so an edited template
     is compiled again); None where the user's cache cannot be written."""
-    folder = _cache_dir() / "templates"
+    folder = user_cache.folder("templates")
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError:
@@ -60,20 +57,15 @@ def _plotly_data(name: str) -> Path:
 @lru_cache(maxsize=1)
 def plotly_js_gzip_b64() -> str:
     """plotly.min.js, gzip + base64 (mtime=0 keeps reports byte-stable)."""
-    cache = cache_file()
-    try:
-        return cache.read_text(encoding="ascii")
-    except OSError:
-        pass
+    name = cache_name()
+    kept = user_cache.read_text(name)
+    if kept is not None and kept.isascii():
+        return kept
     from plotly.offline import get_plotlyjs  # only when compressing: its import costs ~7 ms
 
     raw = get_plotlyjs().encode()
     text = base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache, text)
-    except (OSError, SnapanaError):
-        pass  # a read-only home only costs the recompression
+    user_cache.write_text(name, text, replaces=_PLOTLY_COPIES)  # (read-only: recompressed)
     return text
 
 
