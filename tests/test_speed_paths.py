@@ -142,3 +142,41 @@ def test_a_new_plotly_copy_replaces_the_stale_ones(tmp_path, monkeypatch):
     plotly_js = (assets._plotly_data("plotly.min.js")).read_bytes()
     assert gzip.decompress(base64.b64decode((folder / kept[0]).read_text())) == plotly_js
     assert gzip.decompress(base64.b64decode(text)) == plotly_js
+
+
+#: The modules that read and show text logs: a snapshot's report has no use for them.
+LOG_MODULES = ("snapana.log_session", "snapana.render.text_log", "snapana.analysis.log_evidence",
+               "snapana.sources.log_tables", "snapana.analysis.text_diagnosis")
+
+
+@pytest.mark.parametrize("kind", ["snapshot", "log"])
+def test_a_snapshots_report_imports_no_log_reader(kind, tmp_path):
+    """`snapana report` in a fresh interpreter: on a snapshot, none of the text-log modules
+    is imported (~20 ms of every report); on a log, they are (the check can fail)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    samples = Path(__file__).resolve().parent.parent / "sample_snapshots"
+    source = min(samples.glob("*.pickle"), key=lambda p: p.stat().st_size)
+    if kind == "log":
+        source = tmp_path / "job.log"
+        source.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                          "2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which "
+                          "1.02 GiB is free.\n")
+    out = tmp_path / "r.html"
+    code = ("import json, sys\nfrom snapana.cli import main\n"
+            f"sys.argv = ['snapana', 'report', {str(source)!r}, '-o', {str(out)!r}]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('snapana'))))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, COLUMNS="200"), timeout=600)
+    assert run.returncode == 0, run.stderr
+    loaded = set(json.loads(run.stdout.strip().splitlines()[-1]))
+    assert out.is_file()
+    if kind == "snapshot":
+        assert not loaded & set(LOG_MODULES), sorted(loaded & set(LOG_MODULES))
+    else:
+        assert set(LOG_MODULES) <= loaded

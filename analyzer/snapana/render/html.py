@@ -9,7 +9,7 @@ import math
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import numpy as np
@@ -18,10 +18,12 @@ from markupsafe import Markup, escape
 from snapana.limits import MAX_FRAME_TEXT
 from snapana.render import Options, figures
 from snapana.render.assets import plotly_js_gzip_b64, plotly_template_json, template_cache
-from snapana.render.text_log import TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.wording import GROWTH_HEADING, evidence_note
 from snapana.units import fmt_bytes, plural, shown_name
+
+if TYPE_CHECKING:  # a text log's page: its modules are imported when there is a log
+    from snapana.render.text_log import TextLogView
 
 _TEMPLATES = Path(__file__).parent / "templates"
 _FIGURE = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB)\b")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -27,7 +27,6 @@ from snapana.analysis.compare import CaptureDiff
 from snapana.analysis.diagnosis.findings import Band, DeviceReport, Timeline, WhatIf
 from snapana.analysis.diagnosis.palette import UNKNOWN_COLOUR, family_colour
 from snapana.analysis.explain import ExplainedSite
-from snapana.analysis.log_check import LogCheck
 from snapana.analysis.ranks.aggregate import MultiReport
 from snapana.analysis.sites import site_of
 from snapana.render import ViewKind
@@ -35,8 +34,10 @@ from snapana.render import wording as w
 from snapana.render.allocation_bands import AllocationsView, allocations_view
 from snapana.render.explorer import explorer_data
 from snapana.render.headline import evidence, headline
-from snapana.render.text_log import base_name
 from snapana.units import fmt_bytes, plural
+
+if TYPE_CHECKING:  # a log beside the capture: its modules are imported when there is one
+    from snapana.analysis.log_check import LogCheck
 
 TIMELINE_POINTS = 2000  # points drawn per timeline (min and max of each bucket, see below)
 FAMILY_POINTS = 700  # points per family area (ten areas: the page stays small)
@@ -572,6 +573,8 @@ class LogCheckView:
 
 
 def log_check_view(c: LogCheck) -> LogCheckView:
+    from snapana.render.text_log import base_name
+
     m = c.message
     where = (f"{base_name(m.source)} line {m.line}"
              + (f" (rank {m.rank})" if m.rank is not None else ""))
