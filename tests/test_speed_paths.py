@@ -180,3 +180,28 @@ def test_a_snapshots_report_imports_no_log_reader(kind, tmp_path):
         assert not loaded & set(LOG_MODULES), sorted(loaded & set(LOG_MODULES))
     else:
         assert set(LOG_MODULES) <= loaded
+
+
+def test_a_report_runs_where_the_user_has_no_home(tmp_path):
+    """No XDG_CACHE_HOME, no HOME and no account entry (a container under a bare uid:
+    `Path.home()` raises): the report is made as before, only nothing is kept between runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    samples = Path(__file__).resolve().parent.parent / "sample_snapshots"
+    source = min(samples.glob("*.pickle"), key=lambda p: p.stat().st_size)
+    out = tmp_path / "r.html"
+    code = ("import pathlib, sys\n"
+            "def no_home(cls):\n    raise RuntimeError('Could not determine home directory.')\n"
+            "pathlib.Path.home = classmethod(no_home)\n"
+            "from snapana.__main__ import run\n"
+            f"sys.argv = ['snapana', 'report', {str(source)!r}, '-o', {str(out)!r}]\n"
+            "run()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME")}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    assert out.read_text().count("<html") == 1

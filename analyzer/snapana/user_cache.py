@@ -19,15 +19,27 @@ from snapana.errors import SnapanaError
 _MOST = 64 << 20
 
 
-def folder(*part: str) -> Path:
-    """snapana's folder in the user's cache, or a path in it (neither may exist yet)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "snapana", *part)
+def folder(*part: str) -> Path | None:
+    """snapana's folder in the user's cache, or a path in it (neither may exist yet); None
+    where the user has none: no XDG_CACHE_HOME, no HOME and no account entry (a container
+    run under a bare uid), where `Path.home()` raises. Never a shared folder such as /tmp,
+    where another user could leave a file for snapana to read."""
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except (RuntimeError, KeyError, OSError):
+            return None
+    return Path(base, "snapana", *part)
 
 
 def read_text(name: str) -> str | None:
     """The kept file `name` (UTF-8), or None where there is none or it cannot be read."""
+    path = folder(name)
+    if path is None:
+        return None
     try:
-        with open(folder(name), "rb") as fh:
+        with open(path, "rb") as fh:
             data = fh.read(_MOST + 1)
         return data.decode("utf-8") if len(data) <= _MOST else None
     except (OSError, UnicodeDecodeError):
@@ -39,6 +51,8 @@ def write_text(name: str, text: str, replaces: str | None = None) -> None:
     earlier version of its source made), removed once it is written. Any failure is
     silent: the next run makes it again."""
     where = folder()
+    if where is None:
+        return
     try:
         where.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_atomic(where / name, text)

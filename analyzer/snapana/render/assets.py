@@ -39,6 +39,8 @@ def template_cache() -> jinja2.BytecodeCache | None:
     ~0.1 s of every report; jinja2 keys each by the template's source, so an edited template
     is compiled again); None where the user's cache cannot be written."""
     folder = user_cache.folder("templates")
+    if folder is None:
+        return None
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError:
