@@ -210,6 +210,22 @@ def test_snapana_record_runs_the_job_and_passes_its_exit_code(tmp_path: Path) ->
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
 
 
+def test_the_job_runs_in_the_users_environment_not_with_snapanas_settings(tmp_path: Path
+                                                                          ) -> None:
+    """snapana asks OpenBLAS for one thread and arrow for the system pool for its own process
+    (`__main__`); the job it records gets the environment the user gave (a training job's
+    BLAS threads are its own), a user's own value kept."""
+    own = ("OPENBLAS_NUM_THREADS", "ARROW_DEFAULT_MEMORY_POOL")
+    show = f"import os; print(*(os.environ.get(k) for k in {own!r}))"
+    env = {k: v for k, v in os.environ.items() if k not in own}
+    for given, seen in (({}, "None None"), ({"OPENBLAS_NUM_THREADS": "8"}, "8 None")):
+        run = subprocess.run([sys.executable, "-m", "snapana", "record", "-o",
+                              str(tmp_path / "o"), "--", sys.executable, "-c", show],
+                             env={**env, **given}, capture_output=True, text=True,
+                             timeout=300)
+        assert (run.returncode, run.stdout.strip()) == (0, seen), run.stderr
+
+
 def _oom_dump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A recorder on the fake GPU dumps the chunked log-prob OOM sample with its sidecar."""
     monkeypatch.setattr(recorder_module.atexit, "register", lambda fn: None)

@@ -48,7 +48,9 @@ def _lean_address_space() -> None:
     process's own settings, made before pyarrow is imported; a user's own choice stays."""
     import os
 
-    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+    from snapana.process_settings import default
+
+    default("ARROW_DEFAULT_MEMORY_POOL", "system")
     if "MALLOC_ARENA_MAX" in os.environ:
         return
     try:
@@ -83,9 +85,9 @@ def _one_blas_thread() -> None:
     while: 60 ms of CPU on every run (measured: `python -c "import numpy"`, 0.12 s of CPU
     for 0.07 s of wall, 0.06 s with one thread). snapana does no floating-point linear
     algebra, so one thread; the user's own setting stays."""
-    import os
+    from snapana.process_settings import default
 
-    os.environ.setdefault(BLAS_THREADS, "1")
+    default(BLAS_THREADS, "1")
 
 
 def _end(code: object) -> None:
