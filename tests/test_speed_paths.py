@@ -205,3 +205,18 @@ def test_a_report_runs_where_the_user_has_no_home(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "Traceback" not in run.stderr
     assert out.read_text().count("<html") == 1
+
+
+def test_a_fifo_in_the_cache_is_passed_over_not_waited_on(tmp_path):
+    """A FIFO where a kept file's name is (or any file that is not regular) is not read:
+    opening it for reading would wait for a writer that never comes, on every run."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "snapana").mkdir()
+    os.mkfifo(tmp_path / "snapana" / "kept.json")
+    code = "from snapana import user_cache\nprint(user_cache.read_text('kept.json'))\n"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)), timeout=30)
+    assert (run.returncode, run.stdout) == (0, "None\n"), run.stderr

@@ -9,6 +9,7 @@ be read, costs the making and nothing else; a file is written whole or not at al
 from __future__ import annotations
 
 import os
+import stat
 from contextlib import suppress
 from pathlib import Path
 
@@ -34,12 +35,20 @@ def folder(*part: str) -> Path | None:
 
 
 def read_text(name: str) -> str | None:
-    """The kept file `name` (UTF-8), or None where there is none or it cannot be read."""
+    """The kept file `name` (UTF-8), or None where there is none or it cannot be read. Only
+    a regular file is read: opened without blocking, so a FIFO (or a link to a device) at
+    its name is passed over, not waited on by every run."""
     path = folder(name)
     if path is None:
         return None
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
             data = fh.read(_MOST + 1)
         return data.decode("utf-8") if len(data) <= _MOST else None
     except (OSError, UnicodeDecodeError):
