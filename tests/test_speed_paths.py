@@ -55,8 +55,11 @@ def test_a_small_span_is_sorted_by_table_not_by_numpy(monkeypatch):
 
 def test_builtin_packs_read_back_from_the_cache_are_the_packs(tmp_path, monkeypatch):
     """The first run keeps the packs' TOML as JSON in the user's cache; a run that reads it
-    back gets the same packs, rule for rule; a damaged or truncated file, or a cache that
-    cannot be written, costs the TOML read and changes nothing."""
+    back gets the same packs, rule for rule; a damaged or truncated file, one changed since
+    it was written (valid JSON, other packs), or a cache that cannot be written, costs the
+    TOML read and changes nothing."""
+    import json
+
     from snapana.analysis.attribution import engine, pack_parser
 
     def packs():
@@ -74,13 +77,16 @@ def test_builtin_packs_read_back_from_the_cache_are_the_packs(tmp_path, monkeypa
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     reads = toml_reads(monkeypatch)
     first = packs()
-    kept = list((tmp_path / "snapana").glob("packs-*.json"))
+    kept = list((tmp_path / "snapana" / "sealed").glob("packs-*.json"))
     assert len(kept) == 1 and len(reads) == len(first)
     reads.clear()
     again = packs()
     assert reads == [], "the TOML was read again"
     assert again == first
-    for damage in ("[]", kept[0].read_text()[:1000], "{not json", "\udcff"):
+    written = kept[0].read_text()
+    changed = json.dumps([{} for _ in first])  # valid JSON, as many packs, no rules
+    for damage in ("[]", written[:1000], "{not json", "\udcff", changed,
+                   written.partition("\n")[0] + "\n" + changed):
         kept[0].write_text(damage, errors="surrogateescape")
         reads.clear()
         assert packs() == first
@@ -128,11 +134,12 @@ def test_a_new_plotly_copy_replaces_the_stale_ones(tmp_path, monkeypatch):
     import base64
     import gzip
 
+    from snapana import user_cache
     from snapana.render import assets
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    folder = tmp_path / "snapana"
-    folder.mkdir()
+    folder = tmp_path / "snapana" / "sealed"
+    folder.mkdir(parents=True)
     (folder / "plotly-1-2.js.gz.b64").write_text("stale")
     assets.plotly_js_gzip_b64.cache_clear()
     text = assets.plotly_js_gzip_b64()
@@ -140,7 +147,7 @@ def test_a_new_plotly_copy_replaces_the_stale_ones(tmp_path, monkeypatch):
     kept = sorted(p.name for p in folder.glob("plotly-*"))
     assert kept == [assets.cache_name()]
     plotly_js = (assets._plotly_data("plotly.min.js")).read_bytes()
-    assert gzip.decompress(base64.b64decode((folder / kept[0]).read_text())) == plotly_js
+    assert gzip.decompress(base64.b64decode(user_cache.read_text(kept[0]))) == plotly_js
     assert gzip.decompress(base64.b64decode(text)) == plotly_js
 
 
@@ -214,8 +221,8 @@ def test_a_fifo_in_the_cache_is_passed_over_not_waited_on(tmp_path):
     import subprocess
     import sys
 
-    (tmp_path / "snapana").mkdir()
-    os.mkfifo(tmp_path / "snapana" / "kept.json")
+    (tmp_path / "snapana" / "sealed").mkdir(parents=True)
+    os.mkfifo(tmp_path / "snapana" / "sealed" / "kept.json")
     code = "from snapana import user_cache\nprint(user_cache.read_text('kept.json'))\n"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)), timeout=30)

@@ -4,10 +4,13 @@ compressed, compiled page templates, the built-in packs' parsed TOML) is kept th
 runs, each file named by what it was made from, so a change to its source gets a file of its
 own. The cache only ever saves time: a folder that cannot be written, or a file that cannot
 be read, costs the making and nothing else; a file is written whole or not at all
-(`atomic`), so a run beside another never reads half of one."""
+(`atomic`), so a run beside another never reads half of one, and its first line is the
+SHA-256 of the rest, so one changed since (damaged on disk, edited by hand: still valid
+JSON, but other packs) is made again, never used."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from contextlib import suppress
@@ -18,6 +21,10 @@ from snapana.errors import SnapanaError
 
 #: Bytes a kept file may hold: anything larger is not snapana's and is not read.
 _MOST = 64 << 20
+#: The subfolder of the files kept with their digest, apart from those an earlier snapana
+#: kept bare under the same names: one that reads a sealed copy of plotly.js as bare base64
+#: would inline a broken script, so neither reads the other's.
+_SEALED = "sealed"
 
 
 def folder(*part: str) -> Path | None:
@@ -35,10 +42,11 @@ def folder(*part: str) -> Path | None:
 
 
 def read_text(name: str) -> str | None:
-    """The kept file `name` (UTF-8), or None where there is none or it cannot be read. Only
+    """The kept file `name` (UTF-8), or None where there is none, it cannot be read or it
+    is not what was written (its digest, the first line, does not match the rest). Only
     a regular file is read: opened without blocking, so a FIFO (or a link to a device) at
     its name is passed over, not waited on by every run."""
-    path = folder(name)
+    path = folder(_SEALED, name)
     if path is None:
         return None
     try:
@@ -50,7 +58,10 @@ def read_text(name: str) -> str | None:
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
                 return None
             data = fh.read(_MOST + 1)
-        return data.decode("utf-8") if len(data) <= _MOST else None
+        digest, _, body = data.partition(b"\n")
+        if len(data) > _MOST or digest != _digest(body):
+            return None
+        return body.decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -59,15 +70,20 @@ def write_text(name: str, text: str, replaces: str | None = None) -> None:
     """Keep `text` as `name`; `replaces`: a glob of the files it makes stale (those an
     earlier version of its source made), removed once it is written. Any failure is
     silent: the next run makes it again."""
-    where = folder()
+    where = folder(_SEALED)
     if where is None:
         return
     try:
+        body = text.encode("utf-8")
         where.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_atomic(where / name, text)
-    except (OSError, SnapanaError):
+        write_atomic(where / name, _digest(body) + b"\n" + body)
+    except (OSError, ValueError, SnapanaError):  # ValueError: a string UTF-8 cannot hold
         return
     for old in where.glob(replaces) if replaces else ():
         if old.name != name:
             with suppress(OSError):
                 old.unlink(missing_ok=True)
+
+
+def _digest(body: bytes) -> bytes:
+    return hashlib.sha256(body).hexdigest().encode("ascii")
