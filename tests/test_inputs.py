@@ -167,6 +167,26 @@ def test_a_log_named_among_captures_is_read_beside_the_one_shown(tmp_path, count
         ("oom.pickle", Role.RANK), ("b.pickle", Role.RANK), ("job.log", Role.LOG)]
 
 
+def test_a_file_named_but_not_read_is_still_never_the_output(tmp_path):
+    """A `--trace` / `--memray` beside several captures, or a `--log` / `--trace` beside logs
+    alone, is not read by that command line; it is an input all the same, so `-o` naming it
+    is refused and the file is left as it was (it was replaced by the report before)."""
+    from snapana.cli import app
+    from typer.testing import CliRunner
+
+    a, b = _snapshot(tmp_path / "rank0.pickle"), _snapshot(tmp_path / "rank1.pickle")
+    trace, host = _trace(tmp_path / "t.json"), _memray(tmp_path / "host.bin")
+    log, other = _log(tmp_path / "job.log"), _log(tmp_path / "other.log", "no memory here\n")
+    assert {trace, host} <= set(resolve([str(a), str(b)], trace=[trace], memray=[host]).files)
+    assert {other, trace} <= set(resolve([str(log)], logs=[other], trace=[trace]).files)
+    for args, kept in (([str(a), str(b), "--trace", str(trace)], trace),
+                       ([str(log), "--log", str(other)], other)):
+        before = kept.read_bytes()
+        run = CliRunner().invoke(app, ["report", *args, "-o", str(kept)])
+        assert run.exit_code == 2, run.output
+        assert "is an input" in run.output and kept.read_bytes() == before
+
+
 def test_an_input_that_cannot_be_told_carries_its_refusal_to_where_it_is_read(tmp_path):
     snap = _snapshot(tmp_path / "a.pickle")
     empty = tmp_path / "b.pickle"

@@ -84,12 +84,15 @@ class Input:
 @dataclass(frozen=True)
 class Inputs:
     """The command line, resolved: the inputs in the order named, the lines for the files of
-    named folders that are not read, and the folders named (an output inside a folder of
-    logs is refused, as before)."""
+    named folders that are not read, the folders named (an output inside a folder of logs
+    is refused, as before) and the files named that this command line does not read (a
+    `--trace` beside several inputs, a `--log` beside logs alone): inputs all the same,
+    never overwritten by the output."""
 
     items: tuple[Input, ...]
     skipped: tuple[str, ...] = ()
     folders: tuple[Path, ...] = field(default=(), repr=False)
+    aside: tuple[Path, ...] = field(default=(), repr=False)
 
     def of(self, role: Role) -> list[Input]:
         return [i for i in self.items if i.role is role]
@@ -119,9 +122,10 @@ class Inputs:
 
     @property
     def files(self) -> list[Path]:
-        """Every file (and folder of logs) the command reads: what an output may not be."""
+        """Every file (and folder of logs) the command line names: what an output may not
+        be."""
         return [*(p for i in self.items for p in (i.path, i.sidecar) if p is not None),
-                *self.folders]
+                *self.folders, *self.aside]
 
     @property
     def title(self) -> str:
@@ -200,10 +204,11 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
     `--at` applies to one capture only."""
     sniffed = _Seen()
     named = [str(f) for f in files]
+    logs, trace, memray = tuple(logs), tuple(trace), tuple(memray)
     if texts:
         alone = _text_alone(named, sniffed)
         if alone is not None:
-            return alone
+            return replace(alone, aside=(*logs, *trace, *memray))
     among = _logs_among(named, sniffed) if texts else []
     named = [f for f in named if f not in among]
     log_inputs = [sniffed.made(p, Role.LOG) for p in (*logs, *map(Path, among))]
@@ -221,7 +226,7 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
         companions = []
     return Inputs((*(sniffed.made(p, Role.RANK) for p in paths),
                    *(sniffed.made(p, Role.BESIDE) for p in companions), *log_inputs),
-                  tuple(skipped))
+                  tuple(skipped), aside=(*trace, *memray))
 
 
 def resolve_each(files: Sequence[Path], beside: Iterable[Path] = ()) -> Inputs:
