@@ -101,7 +101,8 @@ def test_builtin_packs_read_back_from_the_cache_are_the_packs(tmp_path, monkeypa
 def test_one_blas_thread_unless_the_user_chose(monkeypatch):
     """The command line asks OpenBLAS for one thread before numpy loads (its threads only
     spin: snapana does no floating-point linear algebra), keeps a user's own setting, and
-    the decode child is started with one too."""
+    the decode child is started with one too where it imports numpy (for the scan:
+    `pickle_child._scan_env`; it imports none otherwise)."""
     import snapana.__main__ as entry
     from snapana.sources import pickle_child
 
@@ -124,8 +125,8 @@ def test_one_blas_thread_unless_the_user_chose(monkeypatch):
 
     monkeypatch.setattr(pickle_child.subprocess, "Popen", popen)
     with pytest.raises(Stop):
-        pickle_child.start(pickle_child.Path(__file__), 10, False, False)
-    assert seen[entry.BLAS_THREADS] == "1"
+        pickle_child.start(pickle_child.Path(__file__), 10, False, True)
+    assert "SNAPANA_CHILD_NUMPY" in seen and seen[entry.BLAS_THREADS] == "1"
 
 
 def test_a_new_plotly_copy_replaces_the_stale_ones(tmp_path, monkeypatch):

@@ -872,9 +872,6 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
            "columns" if columns else "check", str(split_entries())]
     env = child_env({k: v for k, v in os.environ.items()
                      if k in ("PATH", "SYSTEMROOT", "LANG")})
-    # the child's numpy does no linear algebra: OpenBLAS's threads would only spin
-    # (`__main__._one_blas_thread`)
-    env["OPENBLAS_NUM_THREADS"] = "1"
     if columns:
         env.update(_scan_env())
     budget = seconds + per_byte / (1 << 20) * limit
