@@ -371,8 +371,6 @@ def summarize(inp: Input, rules: RulesLike = None, capacity: int | None = None
     runner's worker processes return it), and the full report of the device it summarises
     (None when the input could not be analysed). Given to `ranks.runner.run_many` by the
     caller, so the runner below this layer never imports it."""
-    from snapana.analysis.attribution import RuleError
-
     summary = RankSummary(file=str(inp.path), rank=inp.rank)
     try:
         capture = open_input(inp)
@@ -425,4 +423,3 @@ def summarize_many(paths: Sequence[str | Path], workers: int | None = None,
 
     ins = resolve(list(paths), texts=False, every_rank=True)
     return run_many(ins.ranks, summarize, workers, rule_files, capacity, engine).summaries
-
