@@ -546,3 +546,20 @@ def test_a_memo_amplified_name_is_stored_once_and_the_report_costs_what_summary_
         i = (int(address) - (1 << 40)) // 512
         assert stacks[entry - 1] == [f"/app/a.py:{i} {shown_name(long, MAX_FRAME_TEXT)}",
                                      "/app/m.py:1 main"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_a_rank_files_name_with_a_newline_stays_on_its_line(fmt, tmp_path):
+    """A rank file whose name holds a newline: its rank-table row, the headline naming the
+    first OOM and the heading of its full report each keep it on one line, the newline shown
+    escaped (it split the table's row, the markdown headline and heading before)."""
+    sample = min((ROOT / "sample_snapshots").glob("*oom*.pickle"), key=lambda p: p.stat().st_size)
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "rank0\nEVIL.pickle").write_bytes(sample.read_bytes())
+    (folder / "rank1.pickle").write_bytes(sample.read_bytes())
+    run = invoke("summary", str(folder), "-f", fmt)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert not [line for line in lines if line.lstrip("| ").startswith("EVIL")], run.stdout
+    assert sum("rank0\\x0aEVIL" in line or "rank0\\\\x0aEVIL" in line for line in lines) >= 3

@@ -15,7 +15,7 @@ from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
 from snapana.render.whatif import WhatIfView
 from snapana.render.wording import GROWTH_HEADING, KNOB_COLUMNS, evidence_note
-from snapana.units import fmt_bytes
+from snapana.units import fmt_bytes, inert
 
 TOP_GROUPS = 10  # families listed, the rest summed in one row
 TOP_SITES = 20  # changed sites in a diff
@@ -96,7 +96,8 @@ def capture(view: CaptureView, options: Options) -> str:
     if view.ranks is not None:
         out.append(ranks(view.ranks, options))
         if view.devices:
-            out.append(f"The full report of {code(view.devices[0].report.path)}:")
+            path = inert(view.devices[0].report.path, lines=False)
+            out.append(f"The full report of {code(path)}:")
             out.append("")
     if view.device_rows:
         out.append("**Devices of this process.**")

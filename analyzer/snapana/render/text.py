@@ -21,7 +21,7 @@ from snapana.render.scale import HELD_COLUMNS, ScaleView
 from snapana.render.text_log import TextLogView
 from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
 from snapana.render.whatif import WhatIfView
-from snapana.units import address_text, fmt_bytes
+from snapana.units import address_text, fmt_bytes, inert
 
 if TYPE_CHECKING:  # the views import the analysis (polars): a text log's page needs neither
     from snapana.render.views import CaptureView, DeviceView, DiffView, ExplainView, RanksView
@@ -322,7 +322,7 @@ def capture(view: CaptureView, options: Options) -> str:
     if view.ranks is not None:
         _ranks(out, view.ranks)
         if view.devices:
-            out.heading(f"the full report of {view.devices[0].report.path}")
+            out.heading(f"the full report of {inert(view.devices[0].report.path, lines=False)}")
             out.line()
     if view.device_rows:
         out.heading("devices of this process")

@@ -22,7 +22,7 @@ from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.analysis.knobs import COST_WORDS, Knob
 from snapana.analysis.ranks.aggregate import MultiReport, RankSummary
 from snapana.render.allocation_bands import AllocationsView
-from snapana.units import fmt_bytes, parse_bytes, plural
+from snapana.units import fmt_bytes, inert, parse_bytes, plural
 
 #: A figure of a state that cannot exist (the report's warnings say why).
 NOT_COMPUTABLE = "not computable"
@@ -1087,7 +1087,8 @@ def rank_rows(m: MultiReport) -> list[tuple[str, str, str, str, str, str, str]]:
     for r, name in zip(m.ranks, names, strict=True):
         oom = "-" if r.error else (f"yes, {fmt_bytes(r.oom['requested_bytes'])} request"
                                    if r.oom is not None else _no_oom(r))
-        out.append((str(r.rank) if r.rank is not None else "?", name,
+        # a file name is one cell: a newline or tab in it is shown escaped, never a new line
+        out.append((str(r.rank) if r.rank is not None else "?", inert(name, lines=False),
                     oom, fmt_bytes(r.reserved_bytes) if not r.error else "-",
                     fmt_bytes(r.allocated_bytes) if not r.error else "-",
                     r.top_family or "-", _note(m, r)))
@@ -1112,15 +1113,16 @@ def ranks_headline(m: MultiReport) -> str:
                      f"{'; '.join(m.beside)}.")
     first = m.first_oom
     if first is not None and first.oom is not None:
-        who = (f"rank {first.rank} ({first.file.rsplit('/', 1)[-1]})" if first.rank is not None
-               else first.file.rsplit("/", 1)[-1])
+        name = inert(first.file.rsplit("/", 1)[-1], lines=False)
+        who = f"rank {first.rank} ({name})" if first.rank is not None else name
         parts.append(f"First to run out of memory: {who},"
                      f" a {fmt_bytes(first.oom['requested_bytes'])} request.")
     else:
         parts.append("No input recorded an OOM.")
     if m.outliers:
         o = m.outliers[0]
-        who = f"rank {o['rank']}" if o["rank"] is not None else o["file"].rsplit("/", 1)[-1]
+        who = (f"rank {o['rank']}" if o["rank"] is not None
+               else inert(o["file"].rsplit("/", 1)[-1], lines=False))
         parts.append(f"{len(m.outliers)} outlier(s), e.g. {who}: {o['family']} "
                      f"{fmt_bytes(o['bytes'])} vs median {fmt_bytes(o['median_bytes'])}.")
     if not m.one_job:
