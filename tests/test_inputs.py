@@ -162,29 +162,43 @@ def test_a_log_named_among_captures_is_read_beside_the_one_shown(tmp_path, count
     assert set(ins.files) == {snap, log, trace, host, other}
     assert max(counted[0].values()) == 1 and max(counted[1].values()) == 1
     # several captures: a rank table; --trace / --memray belong to one capture only
-    two = resolve([str(snap), str(_snapshot(tmp_path / "b.pickle")), str(log)], trace=[trace])
+    both = [str(snap), str(_snapshot(tmp_path / "b.pickle")), str(log)]
+    with pytest.raises(InputError, match="read beside one capture"):
+        resolve(both, trace=[trace])
+    two = resolve(both)
     assert [(i.path.name, i.role) for i in two.items if i.path] == [
         ("oom.pickle", Role.RANK), ("b.pickle", Role.RANK), ("job.log", Role.LOG)]
 
 
-def test_a_file_named_but_not_read_is_still_never_the_output(tmp_path):
-    """A `--trace` / `--memray` beside several captures, or a `--log` / `--trace` beside logs
-    alone, is not read by that command line; it is an input all the same, so `-o` naming it
-    is refused and the file is left as it was (it was replaced by the report before)."""
+def test_a_file_named_is_read_or_refused_never_passed_over(tmp_path):
+    """A `--trace` / `--memray` beside several captures, or beside logs alone, would be read
+    by nothing: refused, one line, exit 2, before any work (it was passed over without a
+    word, and `-o` naming it replaced it with the report). A `--log` beside logs alone is
+    one more log: read with them, and never the output."""
     from snapana.cli import app
     from typer.testing import CliRunner
 
     a, b = _snapshot(tmp_path / "rank0.pickle"), _snapshot(tmp_path / "rank1.pickle")
     trace, host = _trace(tmp_path / "t.json"), _memray(tmp_path / "host.bin")
-    log, other = _log(tmp_path / "job.log"), _log(tmp_path / "other.log", "no memory here\n")
-    assert {trace, host} <= set(resolve([str(a), str(b)], trace=[trace], memray=[host]).files)
-    assert {other, trace} <= set(resolve([str(log)], logs=[other], trace=[trace]).files)
-    for args, kept in (([str(a), str(b), "--trace", str(trace)], trace),
-                       ([str(log), "--log", str(other)], other)):
+    log, other = _log(tmp_path / "job.log"), _log(tmp_path / "other.log")
+    for args in ([str(a), str(b)], [str(log)]):
+        for beside in ({"trace": [trace]}, {"memray": [host]}):
+            with pytest.raises(InputError, match="read beside one capture"):
+                resolve(args, **beside)
+    ins = resolve([str(log)], logs=[other])
+    assert [i.path for i in ins.logs] == [log, other] and ins.text_only
+    for args, kept in (([str(a), str(b), "--trace", str(trace), "-o", str(tmp_path / "r.html")],
+                        trace),
+                       ([str(log), "--log", str(other), "-o", str(other)], other)):
         before = kept.read_bytes()
-        run = CliRunner().invoke(app, ["report", *args, "-o", str(kept)])
+        run = CliRunner().invoke(app, ["report", *args])
         assert run.exit_code == 2, run.output
-        assert "is an input" in run.output and kept.read_bytes() == before
+        assert kept.read_bytes() == before
+        assert len(run.output.strip().splitlines()) == 1, run.output
+    run = CliRunner().invoke(app, ["report", str(log), "--log", str(other),
+                                   "-o", str(tmp_path / "logs.html")])
+    assert run.exit_code == 0, run.output
+    assert "other.log" in (tmp_path / "logs.html").read_text()
 
 
 def test_an_input_that_cannot_be_told_carries_its_refusal_to_where_it_is_read(tmp_path):

@@ -84,15 +84,13 @@ class Input:
 @dataclass(frozen=True)
 class Inputs:
     """The command line, resolved: the inputs in the order named, the lines for the files of
-    named folders that are not read, the folders named (an output inside a folder of logs
-    is refused, as before) and the files named that this command line does not read (a
-    `--trace` beside several inputs, a `--log` beside logs alone): inputs all the same,
-    never overwritten by the output."""
+    named folders that are not read, and the folders named (an output inside a folder of
+    logs is refused, as before). A file named is read (`--log` beside logs alone is one
+    more log) or refused (`--trace` beside several inputs): never passed over unread."""
 
     items: tuple[Input, ...]
     skipped: tuple[str, ...] = ()
     folders: tuple[Path, ...] = field(default=(), repr=False)
-    aside: tuple[Path, ...] = field(default=(), repr=False)
 
     def of(self, role: Role) -> list[Input]:
         return [i for i in self.items if i.role is role]
@@ -125,7 +123,7 @@ class Inputs:
         """Every file (and folder of logs) the command line names: what an output may not
         be."""
         return [*(p for i in self.items for p in (i.path, i.sidecar) if p is not None),
-                *self.folders, *self.aside]
+                *self.folders]
 
     @property
     def title(self) -> str:
@@ -208,7 +206,9 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
     if texts:
         alone = _text_alone(named, sniffed)
         if alone is not None:
-            return replace(alone, aside=(*logs, *trace, *memray))
+            _beside_one(trace + memray, None, "these inputs are text logs, not a capture")
+            return replace(alone, items=(*alone.items, *(
+                sniffed.made(p, Role.LOG) for p in logs if p not in alone.files)))
     among = _logs_among(named, sniffed) if texts else []
     named = [f for f in named if f not in among]
     log_inputs = [sniffed.made(p, Role.LOG) for p in (*logs, *map(Path, among))]
@@ -218,6 +218,7 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
     paths, skipped, companions = expand(named, sniffed)
     single = paths[0] if may_be_one and len(paths) == 1 else None
     _at_one(at, single)
+    _beside_one(trace + memray, single, f"{len(paths)} inputs: a rank table")
     if single is not None:  # a file, an export folder or a glob of one: no folder's others
         return Inputs((sniffed.made(single, Role.SHOWN),
                        *(sniffed.made(p, Role.BESIDE) for p in (*trace, *memray)),
@@ -226,7 +227,7 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
         companions = []
     return Inputs((*(sniffed.made(p, Role.RANK) for p in paths),
                    *(sniffed.made(p, Role.BESIDE) for p in companions), *log_inputs),
-                  tuple(skipped), aside=(*trace, *memray))
+                  tuple(skipped))
 
 
 def resolve_each(files: Sequence[Path], beside: Iterable[Path] = ()) -> Inputs:
@@ -235,6 +236,16 @@ def resolve_each(files: Sequence[Path], beside: Iterable[Path] = ()) -> Inputs:
     sniffed = _Seen()
     return Inputs((*(sniffed.made(p, Role.SHOWN) for p in files),
                    *(sniffed.made(p, Role.BESIDE) for p in beside)))
+
+
+def _beside_one(beside: tuple[Path, ...], single: Path | None, why: str) -> None:
+    """`--trace` / `--memray` are read beside the one capture shown: with none (several
+    inputs, or logs alone) they would be read by nothing, so they are refused, not passed
+    over without a word."""
+    if beside and single is None:
+        raise InputError(f"--trace and --memray are read beside one capture, and {why}: "
+                         f"name one snapshot with them, or read {inert(beside[0].name)} on "
+                         "its own")
 
 
 def _at_one(at: str | None, single: Path | None) -> None:
