@@ -168,8 +168,9 @@ def test_a_memray_source_draws_no_family_timeline_and_breaks_nothing(tmp_path):
 def test_a_report_reads_its_compiled_template_from_the_cache_and_is_unchanged(tmp_path,
                                                                              monkeypatch):
     """A report's template is compiled once into the user's cache and read from it by the
-    next run: the pages of both runs are byte-identical, and a cache that cannot be written
-    (its folder is a file) costs nothing but the compile."""
+    next run: the pages of both runs are byte-identical; a FIFO or a changed file at the
+    kept template's name, or a cache that cannot be written (its folder is a file), costs
+    nothing but the compile (a FIFO hung every report before)."""
     from .conftest import run_cli
 
     snap = tmp_path / "oom.pickle"
@@ -183,7 +184,20 @@ def test_a_report_reads_its_compiled_template_from_the_cache_and_is_unchanged(tm
         assert result.returncode == 0, result.stderr
         pages.append(out.read_bytes())
     assert pages[0] == pages[1]
-    assert list((cache / "snapana" / "templates").glob("*.cache")), "no compiled template kept"
+    kept = sorted((cache / "snapana" / "sealed").glob("template-*.cache"))
+    assert kept, "no compiled template kept"
+    import os
+
+    for damage in ("fifo", "changed"):  # a FIFO is passed over, a changed file compiled again
+        kept[0].unlink()
+        if damage == "fifo":
+            os.mkfifo(kept[0])
+        else:
+            kept[0].write_bytes(b"0" * 64 + b"\nnot bytecode")
+        out = tmp_path / f"{damage}.html"
+        result = run_cli("report", str(snap), "-o", str(out))
+        assert result.returncode == 0, result.stderr
+        assert out.read_bytes() == pages[0]
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("x")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))

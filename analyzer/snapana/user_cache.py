@@ -42,10 +42,19 @@ def folder(*part: str) -> Path | None:
 
 
 def read_text(name: str) -> str | None:
-    """The kept file `name` (UTF-8), or None where there is none, it cannot be read or it
-    is not what was written (its digest, the first line, does not match the rest). Only
-    a regular file is read: opened without blocking, so a FIFO (or a link to a device) at
-    its name is passed over, not waited on by every run."""
+    """The kept file `name` as text (UTF-8), or None (`read_bytes`)."""
+    data = read_bytes(name)
+    try:
+        return None if data is None else data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def read_bytes(name: str) -> bytes | None:
+    """The kept file `name`, or None where there is none, it cannot be read or it is not
+    what was written (its digest, the first line, does not match the rest). Only a regular
+    file is read: opened without blocking, so a FIFO (or a link to a device) at its name is
+    passed over, not waited on by every run."""
     path = folder(_SEALED, name)
     if path is None:
         return None
@@ -61,23 +70,31 @@ def read_text(name: str) -> str | None:
         digest, _, body = data.partition(b"\n")
         if len(data) > _MOST or digest != _digest(body):
             return None
-        return body.decode("utf-8")
-    except (OSError, UnicodeDecodeError):
+        return body
+    except OSError:
         return None
 
 
 def write_text(name: str, text: str, replaces: str | None = None) -> None:
-    """Keep `text` as `name`; `replaces`: a glob of the files it makes stale (those an
-    earlier version of its source made), removed once it is written. Any failure is
-    silent: the next run makes it again."""
+    """`write_bytes` of `text` in UTF-8 (one UTF-8 cannot hold is not kept)."""
+    try:
+        body = text.encode("utf-8")
+    except ValueError:
+        return
+    write_bytes(name, body, replaces)
+
+
+def write_bytes(name: str, body: bytes, replaces: str | None = None) -> None:
+    """Keep `body` as `name`, after its digest; `replaces`: a glob of the files it makes
+    stale (those an earlier version of its source made), removed once it is written. Any
+    failure is silent: the next run makes it again."""
     where = folder(_SEALED)
     if where is None:
         return
     try:
-        body = text.encode("utf-8")
         where.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_atomic(where / name, _digest(body) + b"\n" + body)
-    except (OSError, ValueError, SnapanaError):  # ValueError: a string UTF-8 cannot hold
+    except (OSError, SnapanaError):
         return
     for old in where.glob(replaces) if replaces else ():
         if old.name != name:

@@ -34,18 +34,25 @@ def cache_name() -> str:
     return _PLOTLY_COPIES.replace("*", f"{stat.st_size}-{stat.st_mtime_ns}")
 
 
-def template_cache() -> jinja2.BytecodeCache | None:
+def template_cache() -> jinja2.BytecodeCache:
     """Where compiled page templates are kept between runs (compiling the report's costs
-    ~0.1 s of every report; jinja2 keys each by the template's source, so an edited template
-    is compiled again); None where the user's cache cannot be written."""
-    folder = user_cache.folder("templates")
-    if folder is None:
-        return None
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError:
-        return None
-    return jinja2.FileSystemBytecodeCache(str(folder))
+    ~0.1 s of every report; jinja2 keys each by the template's name and checks its source,
+    so an edited template is compiled again)."""
+    return _KeptTemplates()
+
+
+class _KeptTemplates(jinja2.BytecodeCache):
+    """Compiled templates kept through `user_cache` (a regular file only, never waited on;
+    used only as it was written), not through jinja2's own file cache, which opens whatever
+    is at a template's name (a FIFO there hung every report)."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        kept = user_cache.read_bytes(f"template-{bucket.key}.cache")
+        if kept is not None:
+            bucket.bytecode_from_string(kept)
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        user_cache.write_bytes(f"template-{bucket.key}.cache", bucket.bytecode_to_string())
 
 
 def _plotly_data(name: str) -> Path:
