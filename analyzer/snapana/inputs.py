@@ -206,7 +206,7 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
     if texts:
         alone = _text_alone(named, sniffed)
         if alone is not None:
-            _beside_one(trace + memray, None, "these inputs are text logs, not a capture")
+            _beside_one(trace + memray, None, "the inputs here are text logs")
             return replace(alone, items=(*alone.items, *(
                 sniffed.made(p, Role.LOG) for p in logs if p not in alone.files)))
     among = _logs_among(named, sniffed) if texts else []
@@ -218,7 +218,7 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
     paths, skipped, companions = expand(named, sniffed)
     single = paths[0] if may_be_one and len(paths) == 1 else None
     _at_one(at, single)
-    _beside_one(trace + memray, single, f"{len(paths)} inputs: a rank table")
+    _beside_one(trace + memray, single, f"the {len(paths)} inputs here make a rank table")
     if single is not None:  # a file, an export folder or a glob of one: no folder's others
         return Inputs((sniffed.made(single, Role.SHOWN),
                        *(sniffed.made(p, Role.BESIDE) for p in (*trace, *memray)),
@@ -244,8 +244,8 @@ def _beside_one(beside: tuple[Path, ...], single: Path | None, why: str) -> None
     over without a word."""
     if beside and single is None:
         raise InputError(f"--trace and --memray are read beside one capture, and {why}: "
-                         f"name one snapshot with them, or read {inert(beside[0].name)} on "
-                         "its own")
+                         "name one snapshot with them, or read "
+                         f"{inert(beside[0].name, lines=False)} on its own")
 
 
 def _at_one(at: str | None, single: Path | None) -> None:
