@@ -27,7 +27,7 @@ from snapana.analysis.budget import Budget, Check, check, read_budget_file
 from snapana.api import Analysis, Explorer, load
 from snapana.errors import InputError
 from snapana.io.output import write_atomic
-from snapana.record.cuda import AROUND_ONE_STEP, backend
+from snapana.record.cuda import AROUND_ONE_STEP, backend, unavailable
 from snapana.render.check import breach_line
 
 MAGIC = "snapana"
@@ -122,7 +122,7 @@ def run_cell_magic(ipython: Any, line: str, cell: str) -> None:
         print(f"%%snapana: {exc}")
         return
     cuda = backend()
-    reason = _unavailable(cuda)
+    reason = unavailable(cuda, " in this kernel")
     if reason:
         ipython.run_cell(cell)
         display(NotRecorded(reason))
@@ -144,14 +144,6 @@ def run_cell_magic(ipython: Any, line: str, cell: str) -> None:
         print(f"%%snapana: {exc}")
         return
     display(shown)
-
-
-def _unavailable(cuda: Any) -> str:
-    """Why nothing can be recorded in this kernel ('' when it can): no PyTorch, or no CUDA."""
-    try:
-        return "" if cuda.available() else "CUDA is not available"
-    except ImportError:
-        return "PyTorch is not installed in this kernel"
 
 
 def _shown(a: Analysis, path: Path, budget: Budget | None, oom: bool,

@@ -50,15 +50,16 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
     if mark is None:
         yield
         return
-    from snapana.record.cuda import AROUND_ONE_STEP, backend
+    from snapana.record.cuda import AROUND_ONE_STEP, backend, unavailable
 
     cuda = backend()
     budget = _budget(mark.kwargs, item.nodeid)
-    if not cuda.available():
+    reason = unavailable(cuda)
+    if reason:
         if item.config.getoption("--snapana-require-cuda"):
-            pytest.fail("cuda_memory: CUDA is not available (--snapana-require-cuda)",
-                        pytrace=False)
-        pytest.skip("cuda_memory: CUDA is not available: no GPU memory to record")
+            pytest.fail(f"cuda_memory: {reason}: no GPU memory to record "
+                        "(--snapana-require-cuda)", pytrace=False)
+        pytest.skip(f"cuda_memory: {reason}: no GPU memory to record")
     cuda.start_history(AROUND_ONE_STEP, "python")
     try:
         outcome = yield

@@ -79,3 +79,13 @@ _backend: CudaBackend = CudaBackend()
 def backend() -> CudaBackend:
     return _backend
 
+
+def unavailable(cuda: CudaBackend, here: str = "") -> str:
+    """Why nothing can be recorded `here` ('' when it can): no PyTorch, or no CUDA. The
+    pytest marker skips and the cell magic runs unrecorded on it, rather than let the
+    ImportError out of a test or a cell."""
+    try:
+        return "" if cuda.available() else "CUDA is not available"
+    except ImportError:
+        return f"PyTorch is not installed{here}"
+

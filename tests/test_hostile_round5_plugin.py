@@ -1,0 +1,63 @@
+"""Issue 66, hostile inputs (fifth round): the pytest marker and the `%%snapana` cell magic.
+A marked test where PyTorch is missing is skipped, saying why (or fails with that sentence
+under --snapana-require-cuda); a marker the plugin cannot read (families not a mapping, a
+family the vocabulary does not know, a positional argument) fails its test with one line
+naming it, as `snapana check` refuses the same budget; an option the magic does not take is
+one `%%snapana:` line, not argparse's usage and a SystemExit."""
+
+from __future__ import annotations
+
+import pytest
+
+#: A conftest for a run where `import torch` fails, as in an install without it, and the
+#: real CUDA backend (no stand-in) is used.
+NO_TORCH = "import sys\nsys.modules['torch'] = None\n"
+
+MARKED = '''
+import pytest
+
+@pytest.mark.cuda_memory(limit="1 GiB")
+def test_marked():
+    pass
+
+def test_unmarked():
+    pass
+'''
+
+RUN = ("-p", "no:cacheprovider", "-n", "0", "-rN")
+
+
+def _failures(result: pytest.RunResult) -> dict[str, list[str]]:
+    """Each failed test's report: the lines between its `____ name ____` banner and the
+    next banner (or the end of the failures section)."""
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in result.stdout.lines:
+        if line.startswith("____") or line.startswith("===="):
+            name = line.strip("_= ") if line.startswith("____") else None
+            if name is not None:
+                out[name] = []
+        elif name is not None and line.strip():
+            out[name].append(line)
+    return out
+
+
+def test_without_torch_a_marked_test_is_skipped_saying_why(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(NO_TORCH)
+    pytester.makepyfile(test_marked=MARKED)
+    result = pytester.runpytest_subprocess(*RUN[:-1], "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    text = result.stdout.str()
+    assert "ModuleNotFoundError" not in text
+    assert "cuda_memory: PyTorch is not installed: no GPU memory to record" in text
+
+
+def test_without_torch_require_cuda_fails_with_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(NO_TORCH)
+    pytester.makepyfile(test_marked=MARKED)
+    result = pytester.runpytest_subprocess(*RUN, "--snapana-require-cuda")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "ModuleNotFoundError" not in result.stdout.str()
+    assert _failures(result)["test_marked"] == [
+        "cuda_memory: PyTorch is not installed: no GPU memory to record "
+        "(--snapana-require-cuda)"]
