@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from .test_pytest_plugin import STAND_IN
+
 #: A conftest for a run where `import torch` fails, as in an install without it, and the
 #: real CUDA backend (no stand-in) is used.
 NO_TORCH = "import sys\nsys.modules['torch'] = None\n"
@@ -61,3 +63,56 @@ def test_without_torch_require_cuda_fails_with_one_line(pytester: pytest.Pyteste
     assert _failures(result)["test_marked"] == [
         "cuda_memory: PyTorch is not installed: no GPU memory to record "
         "(--snapana-require-cuda)"]
+
+
+@pytest.mark.parametrize("families", ['["kv_cache"]', '"kv_cache"', '[("kv_cache", "1 GiB")]'])
+def test_families_not_a_mapping_fails_naming_it(pytester: pytest.Pytester,
+                                                 families: str) -> None:
+    pytester.makeconftest(STAND_IN)
+    pytester.makepyfile(test_marked=f'''
+import pytest
+
+@pytest.mark.cuda_memory(families={families})
+def test_marked():
+    pass
+''')
+    result = pytester.runpytest_subprocess(*RUN, "--snapana-dir", "mem")
+    result.assert_outcomes(failed=1)
+    (line,) = _failures(result)["test_marked"]
+    assert line.startswith("cuda_memory families= is a mapping of family to size"), line
+    assert "AttributeError" not in result.stdout.str()
+    assert not (pytester.path / "mem").exists()  # refused before anything was recorded
+
+
+def test_a_misspelt_family_fails_as_snapana_check_refuses_it(
+        pytester: pytest.Pytester) -> None:
+    """The family names come from the vocabulary, as a budget file's do: the typo that
+    `snapana check --budget` refuses (tests/test_check.py) fails the marked test here."""
+    pytester.makeconftest(STAND_IN)
+    pytester.makepyfile(test_marked='''
+import pytest
+
+@pytest.mark.cuda_memory(families={"kv_cahce": "1 GiB", "kv_cache": "1000 GiB"})
+def test_marked():
+    pass
+''')
+    result = pytester.runpytest_subprocess(*RUN)
+    result.assert_outcomes(failed=1)
+    (line,) = _failures(result)["test_marked"]
+    assert line.startswith("cuda_memory families= 'kv_cahce' is not a family (known: "), line
+    assert "kv_cache" in line
+
+
+def test_a_positional_marker_argument_fails_naming_it(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(STAND_IN)
+    pytester.makepyfile(test_marked='''
+import pytest
+
+@pytest.mark.cuda_memory("2 GiB")
+def test_marked():
+    pass
+''')
+    result = pytester.runpytest_subprocess(*RUN)
+    result.assert_outcomes(failed=1)
+    assert _failures(result)["test_marked"] == [
+        "cuda_memory takes limit= and families= by name, not the positional '2 GiB'"]

@@ -16,6 +16,7 @@ nothing heavy is imported until a marked test runs.
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
     from snapana.record.cuda import AROUND_ONE_STEP, backend, unavailable
 
     cuda = backend()
-    budget = _budget(mark.kwargs, item.nodeid)
+    budget = _budget(mark)  # a marker it cannot read fails, GPU or not
     reason = unavailable(cuda)
     if reason:
         if item.config.getoption("--snapana-require-cuda"):
@@ -73,26 +74,49 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, None]:
         outcome.force_exception(pytest.fail.Exception(verdict, pytrace=False))
 
 
-def _budget(kwargs: Mapping[str, Any], nodeid: str) -> dict[str, Any]:
-    """The marker's budget, sizes read with their units (a bad one fails the test early)."""
+def _budget(mark: pytest.Mark) -> dict[str, Any]:
+    """The marker's budget, sizes read with their units and families checked against the
+    vocabulary (as `snapana check` reads a budget file): anything it cannot read fails the
+    test with one line naming it, rather than a traceback or a budget silently met."""
+    from snapana.analysis.budget import known_family
+    from snapana.errors import InputError
     from snapana.units import parse_bytes
 
-    def size(value: Any, what: str) -> int:
+    def refused(message: str) -> BaseException:
+        return pytest.fail.Exception(f"cuda_memory {message}", pytrace=False)
+
+    def size(value: object, what: str) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if value < 0:
+                raise refused(f"{what}: {value} is not a size (0 or more bytes)")
             return value
         try:
             return parse_bytes(str(value).replace(" ", ""))
         except ValueError as exc:
-            raise pytest.UsageError(f"{nodeid}: cuda_memory {what}: {exc}") from None
+            raise refused(f"{what}: {exc}") from None  # one line, no chained traceback
 
-    unknown = set(kwargs) - {"limit", "families"}
+    if mark.args:
+        raise refused("takes limit= and families= by name, not the positional "
+                      + ", ".join(reprlib.repr(a) for a in mark.args))
+    unknown = set(mark.kwargs) - {"limit", "families"}
     if unknown:
-        raise pytest.UsageError(f"{nodeid}: cuda_memory takes limit= and families=, not "
-                                f"{', '.join(sorted(unknown))}")
-    limit = kwargs.get("limit")
-    families = kwargs.get("families") or {}
-    return {"limit": None if limit is None else size(limit, "limit"),
-            "families": {f: size(v, f"families[{f!r}]") for f, v in families.items()}}
+        raise refused(f"takes limit= and families=, not {'=, '.join(sorted(unknown))}=")
+    limit = mark.kwargs.get("limit")
+    families = mark.kwargs.get("families")
+    families = {} if families is None else families  # None is the marker's default
+    if not isinstance(families, Mapping):
+        raise refused("families= is a mapping of family to size, e.g. {'kv_cache': '512 MiB'}, "
+                      f"not a {type(families).__name__}: {reprlib.repr(families)}")
+    budget = {}
+    for family, most in families.items():
+        if not isinstance(family, str):
+            raise refused(f"families= {reprlib.repr(family)} is not a family name (a string)")
+        try:
+            known_family(family, "families=")
+        except InputError as exc:
+            raise refused(str(exc)) from None
+        budget[family] = size(most, f"families[{family!r}]")
+    return {"limit": None if limit is None else size(limit, "limit"), "families": budget}
 
 
 def _judge(item: pytest.Item, snapshot: dict[str, Any], budget: dict[str, Any],
