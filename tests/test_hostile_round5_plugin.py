@@ -7,8 +7,12 @@ one `%%snapana:` line, not argparse's usage and a SystemExit."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from .test_cell_magic import STAND_IN as KERNEL_STAND_IN
+from .test_cell_magic import _run
 from .test_pytest_plugin import STAND_IN
 
 #: A conftest for a run where `import torch` fails, as in an install without it, and the
@@ -116,3 +120,21 @@ def test_marked():
     result.assert_outcomes(failed=1)
     assert _failures(result)["test_marked"] == [
         "cuda_memory takes limit= and families= by name, not the positional '2 GiB'"]
+
+
+def test_an_option_the_magic_does_not_take_is_one_line(tmp_path: Path) -> None:
+    """argparse's own way (usage and message on stderr, SystemExit(2)) would stop at the
+    magic: each bad line is one `%%snapana:` line on stdout, and nothing runs or records."""
+    bad = ["--nope", "--budget", "--max-entries lots", "stray", "--help"]
+    cells = _run(tmp_path, [KERNEL_STAND_IN + "\n%load_ext snapana"]
+                 + [f"%%snapana {line}\nran = True" for line in bad]
+                 + ["print(stand_in.calls, 'ran' in dir())"])
+    for line, cell in zip(bad, cells[1:-1], strict=True):
+        assert [o.output_type for o in cell.outputs] == ["stream"], (line, cell.outputs)
+        (said,) = cell.outputs
+        assert said["name"] == "stdout" and said["text"].startswith("%%snapana: ") \
+            and said["text"].count("\n") == 1, (line, said)
+    assert "unrecognized arguments: --nope" in cells[1].outputs[0]["text"]
+    out = "".join(o["text"] for o in cells[-1].outputs if o.output_type == "stream")
+    assert out.strip() == "[] False"
+    assert not (tmp_path / "snapana-memory").exists()

@@ -21,7 +21,7 @@ import pickle
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from snapana.analysis.budget import Budget, Check, check, read_budget_file
 from snapana.api import Analysis, Explorer, load
@@ -43,8 +43,16 @@ def load_ipython_extension(ipython: Any) -> None:
         magic_kind="cell", magic_name=MAGIC)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises on a usage error: its own way (usage on stderr, SystemExit(2))
+    would stop at the magic as a traceback, where the cell's answer is one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise argparse.ArgumentError(None, message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="%%snapana", add_help=False, exit_on_error=False)
+    p = _Parser(prog="%%snapana", add_help=False, exit_on_error=False)
     p.add_argument("--budget", type=Path, default=None,
                    help="a budget file (as `snapana check --budget`)")
     p.add_argument("--dir", type=Path, default=Path(DEFAULT_DIR),
