@@ -8,9 +8,11 @@ A marked test runs with PyTorch's memory history recorded (through the same back
 `snapana record` uses); afterwards its snapshot and HTML report are written to
 `--snapana-dir`, and the test fails when its peak allocated passes `limit`, a family held
 more than its budget at any point of the recording, or it raised torch.OutOfMemoryError: the
-message carries the verdict and the family table. Without CUDA a marked test is skipped,
-saying so (or fails under `--snapana-require-cuda`). Unmarked tests are untouched, and
-nothing heavy is imported until a marked test runs.
+message carries the verdict and the family table. Without PyTorch or CUDA a marked test is
+skipped, saying which (or fails under `--snapana-require-cuda`); a marker it cannot read (a
+family the vocabulary does not know, a positional argument, a size without its unit) fails
+the test with one line, GPU or not. Unmarked tests are untouched, and nothing heavy is
+imported until a marked test runs.
 """
 
 from __future__ import annotations
