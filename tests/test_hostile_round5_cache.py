@@ -1,0 +1,145 @@
+"""Issue 66, the fifth hostile round: the user's cache holds data only and runs no code.
+
+Compiled page templates were kept there and executed when read back; a relative
+`XDG_CACHE_HOME` (or `HOME=.`) made the working directory the cache, so a checked-out folder
+could plant them. Now nothing executable is kept, a relative base is ignored, the folders are
+the user's own (0700, not writable by others, not a link), and every entry read back is
+checked against what it was made from: a bad one is made again, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from snapana import user_cache
+from snapana.analysis.attribution import engine
+
+from .conftest import ROOT
+
+SAMPLE = ROOT / "sample_snapshots" / "expandable-segments-oom.pickle"
+TEMPLATE = "report.html.j2"
+
+
+def _report(out: Path, env: dict[str, str | None], cwd: Path) -> subprocess.CompletedProcess:
+    """`snapana report SAMPLE -o out` in a fresh interpreter, under `env` (on top of ours)."""
+    full = dict(os.environ, COLUMNS="200", **env)
+    for name, value in env.items():
+        if value is None:
+            full.pop(name)
+    return subprocess.run([sys.executable, "-m", "snapana", "report", str(SAMPLE), "-o",
+                           str(out)], capture_output=True, text=True, cwd=cwd, env=full,
+                          timeout=600)
+
+
+def _sealed(body: bytes) -> bytes:
+    """A kept file as user_cache writes it: the SHA-256 of the body, a newline, the body (the
+    digest anyone can recompute, which is why it only detects damage)."""
+    return hashlib.sha256(body).hexdigest().encode() + b"\n" + body
+
+
+@pytest.mark.parametrize("xdg", ["cache", ".", "./cache"])
+def test_a_relative_xdg_cache_home_is_ignored(tmp_path, xdg):
+    """XDG Base Directory: a relative XDG_CACHE_HOME is invalid and ignored, so the cache is
+    ~/.cache, never the working folder (where a checked-out tree could plant entries)."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    run = _report(tmp_path / "r.html", {"XDG_CACHE_HOME": xdg, "HOME": str(home)}, work)
+    assert run.returncode == 0, run.stderr
+    assert list(work.iterdir()) == [], "the working folder was used as the cache"
+    assert list((home / ".cache" / "snapana" / "sealed").iterdir())
+
+
+def test_a_relative_home_means_no_cache(tmp_path, monkeypatch):
+    """HOME=. (no XDG_CACHE_HOME): no cache at all, never ./.cache."""
+    work = tmp_path / "work"
+    work.mkdir()
+    run = _report(tmp_path / "r.html", {"XDG_CACHE_HOME": None, "HOME": "."}, work)
+    assert run.returncode == 0, run.stderr
+    assert list(work.iterdir()) == []
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", "rel/home")
+    assert user_cache.folder() is None
+    monkeypatch.setenv("XDG_CACHE_HOME", "rel")
+    assert user_cache.folder() is None
+
+
+def test_the_cache_folders_are_private(tmp_path, monkeypatch):
+    """The snapana folder and its sealed subfolder are made 0700 (only the user reads or
+    writes what a report will trust)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    user_cache.write_text("kept.json", "{}")
+    for folder in (tmp_path / "snapana", tmp_path / "snapana" / "sealed"):
+        assert stat.S_IMODE(folder.lstat().st_mode) == 0o700, folder
+    assert user_cache.read_text("kept.json") == "{}"
+
+
+@pytest.mark.parametrize("unsafe", ["group-writable", "other-writable sealed", "link",
+                                    "sealed link", "foreign owner"])
+def test_a_folder_others_can_write_is_not_used(tmp_path, monkeypatch, unsafe):
+    """A cache folder writable by group or others, a link in place of one, or one another
+    user owns: nothing in it is read, nothing is written to it (as if there were no cache),
+    so another account cannot leave entries for snapana to trust."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    user_cache.write_text("kept.json", "{}")
+    top, sealed = tmp_path / "snapana", tmp_path / "snapana" / "sealed"
+    assert user_cache.read_text("kept.json") == "{}"
+    if unsafe == "group-writable":
+        top.chmod(0o770)
+    elif unsafe == "other-writable sealed":
+        sealed.chmod(0o702)
+    elif unsafe == "link":
+        top.rename(tmp_path / "elsewhere")
+        top.symlink_to(tmp_path / "elsewhere")
+    elif unsafe == "sealed link":
+        sealed.rename(tmp_path / "elsewhere")
+        sealed.symlink_to(tmp_path / "elsewhere")
+    else:
+        real = os.getuid()
+        monkeypatch.setattr(user_cache.os, "getuid", lambda: real + 1)
+    assert user_cache.read_text("kept.json") is None
+    user_cache.write_text("new.json", "{}")
+    assert not any(p.name == "new.json" for p in tmp_path.rglob("*"))
+
+
+def _fresh_packs() -> tuple:
+    engine.builtin_packs.cache_clear()
+    try:
+        return engine.builtin_packs()
+    finally:
+        engine.builtin_packs.cache_clear()
+
+
+def _edit_packs(kept: Path, edit) -> None:
+    """Apply `edit` to the kept packs' JSON and seal it again (digest recomputed)."""
+    data = json.loads(kept.read_bytes().partition(b"\n")[2])
+    edit(data)
+    kept.write_bytes(_sealed(json.dumps(data).encode()))
+
+
+def _first_rule(data: list[dict]) -> dict:
+    return next(p["rule"][0] for p in data if p.get("rule"))
+
+
+def test_packs_in_an_unsafe_folder_do_not_change_the_packs(tmp_path, monkeypatch):
+    """A packs entry the schema accepts but the TOML does not give (a rule's family
+    changed), in a group-writable folder: not read, so the packs are the TOML's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = _fresh_packs()
+    kept = next((tmp_path / "snapana" / "sealed").glob("packs-*.json"))
+    families = sorted({r.family for p in first for r in p.rules if r.family})
+
+    def other_family(data: list[dict]) -> None:
+        rule = _first_rule(data)
+        rule["family"] = next(f for f in families if f != rule["family"])
+
+    _edit_packs(kept, other_family)
+    (tmp_path / "snapana").chmod(0o775)
+    assert _fresh_packs() == first
