@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
 import pytest
 from snapana import user_cache
 from snapana.analysis.attribution import engine
@@ -143,3 +144,56 @@ def test_packs_in_an_unsafe_folder_do_not_change_the_packs(tmp_path, monkeypatch
     _edit_packs(kept, other_family)
     (tmp_path / "snapana").chmod(0o775)
     assert _fresh_packs() == first
+
+
+def _plant_template(cache: Path, marker: Path, truncate: bool = False) -> Path:
+    """Compiled report template at the name an earlier snapana read it from: a working
+    template that also creates `marker` when executed (or, `truncate`, one cut short inside
+    the pickled checksum after jinja2's magic, which jinja2 does not catch)."""
+    from snapana.render import html
+
+    env = html._env()
+    source, filename, _ = env.loader.get_source(env, TEMPLATE)
+    key = jinja2.BytecodeCache().get_cache_key(TEMPLATE, filename)
+    python = f"open({str(marker)!r}, 'w').close()\n" + env.compile(source, TEMPLATE, filename,
+                                                                    raw=True)
+    bucket = jinja2.bccache.Bucket(env, key, jinja2.BytecodeCache().get_source_checksum(source))
+    bucket.code = compile(python, filename, "exec")
+    body = bucket.bytecode_to_string()
+    if truncate:
+        body = body[: len(jinja2.bccache.bc_magic) + 10]
+    sealed = cache / "snapana" / "sealed"
+    sealed.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (cache / "snapana").chmod(0o700)
+    path = sealed / f"template-{key}.cache"
+    path.write_bytes(_sealed(body))
+    return path
+
+
+@pytest.mark.parametrize("base", ["relative", "absolute"])
+def test_planted_template_bytecode_is_never_run(tmp_path, base):
+    """Bytecode at a kept template's name, digest recomputed, creating a marker file when
+    run: a report never executes it, whether planted in a relative cache (a checked-out
+    folder) or in the user's own."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    marker = tmp_path / "ran"
+    cache = work / "cache" if base == "relative" else tmp_path / "abs"
+    _plant_template(cache, marker)
+    xdg = "cache" if base == "relative" else str(cache)
+    run = _report(tmp_path / "r.html", {"XDG_CACHE_HOME": xdg, "HOME": str(home)}, work)
+    assert run.returncode == 0, run.stderr
+    assert not marker.exists(), "planted template bytecode was executed"
+
+
+def test_a_truncated_template_entry_still_makes_the_report(tmp_path):
+    """A kept compiled template cut short (its digest recomputed) was `internal error`: no
+    compiled template is read any more, so the report is made, as from an empty cache."""
+    clean = _report(tmp_path / "clean.html", {"XDG_CACHE_HOME": str(tmp_path / "c0")}, tmp_path)
+    assert clean.returncode == 0, clean.stderr
+    cache = tmp_path / "c1"
+    _plant_template(cache, tmp_path / "ran", truncate=True)
+    run = _report(tmp_path / "r.html", {"XDG_CACHE_HOME": str(cache)}, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "r.html").read_bytes() == (tmp_path / "clean.html").read_bytes()

@@ -3,9 +3,10 @@ inflated in the browser), so a report opens offline with no URL to any network r
 and plotly's default template, once per page for all its figures.
 
 Compressing plotly.min.js costs ~0.3 s (a fifth of a small report), so the compressed copy
-is kept in the user's cache (`snapana.user_cache`), once per installed plotly.min.js;
-compiled page templates are kept beside it. This module is the only one in render/ that
-touches a file.
+is kept in the user's cache (`snapana.user_cache`), once per installed plotly.min.js.
+Page templates are compiled in each run (~30 ms), never
+kept: compiled code read back from a file would be run. This module is the only one in
+render/ that touches a file.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import importlib.util
 import json
 from functools import lru_cache
 from pathlib import Path
-
-import jinja2
 
 from snapana import user_cache
 
@@ -32,27 +31,6 @@ def cache_name() -> str:
     copy of the one it replaced goes)."""
     stat = _plotly_data("plotly.min.js").stat()
     return _PLOTLY_COPIES.replace("*", f"{stat.st_size}-{stat.st_mtime_ns}")
-
-
-def template_cache() -> jinja2.BytecodeCache:
-    """Where compiled page templates are kept between runs (compiling the report's costs
-    ~0.1 s of every report; jinja2 keys each by the template's name and checks its source,
-    so an edited template is compiled again)."""
-    return _KeptTemplates()
-
-
-class _KeptTemplates(jinja2.BytecodeCache):
-    """Compiled templates kept through `user_cache` (a regular file only, never waited on;
-    used only as it was written), not through jinja2's own file cache, which opens whatever
-    is at a template's name (a FIFO there hung every report)."""
-
-    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        kept = user_cache.read_bytes(f"template-{bucket.key}.cache")
-        if kept is not None:
-            bucket.bytecode_from_string(kept)
-
-    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        user_cache.write_bytes(f"template-{bucket.key}.cache", bucket.bytecode_to_string())
 
 
 def _plotly_data(name: str) -> Path:
