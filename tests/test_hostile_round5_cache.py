@@ -197,3 +197,48 @@ def test_a_truncated_template_entry_still_makes_the_report(tmp_path):
     run = _report(tmp_path / "r.html", {"XDG_CACHE_HOME": str(cache)}, tmp_path)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "r.html").read_bytes() == (tmp_path / "clean.html").read_bytes()
+
+
+#: Edits of the kept packs' JSON (each re-sealed): each refused by the pack schema, the
+#: vocabulary or the JSON reader.
+PACK_EDITS = {
+    "unknown family": lambda d: _first_rule(d).update(family="no_such_family"),
+    "bad type": lambda d: _first_rule(d).update(priority="high"),
+    "unknown field": lambda d: _first_rule(d).update(run="os.system"),
+    "rules not a list": lambda d: d[0].update(rule={"id": "x"}),
+    "null id": lambda d: _first_rule(d).update(id=None),
+}
+
+
+@pytest.mark.parametrize("edit", [*PACK_EDITS, "deep nesting"])
+def test_an_edited_packs_entry_is_rebuilt_never_blamed_on_the_toml(tmp_path, monkeypatch,
+                                                                     edit):
+    """The built-in packs' parsed TOML, edited in the cache with its digest recomputed: an
+    entry the pack schema or vocabulary refuses was an error blaming an intact
+    packs/*.toml (exit 2), one nested deeply an internal error; now the TOML is read again,
+    the packs are as without a cache, and the entry is made again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = _fresh_packs()
+    kept = next((tmp_path / "snapana" / "sealed").glob("packs-*.json"))
+    written = kept.read_bytes()
+    if edit == "deep nesting":
+        kept.write_bytes(_sealed(b'[{"pack": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]"))
+    else:
+        _edit_packs(kept, PACK_EDITS[edit])
+    assert _fresh_packs() == first
+    assert kept.read_bytes() == written  # made again from the TOML
+    run = _report(tmp_path / "r.html", {"XDG_CACHE_HOME": str(tmp_path)}, tmp_path)
+    assert run.returncode == 0, run.stderr
+
+
+def test_an_edited_packs_entry_does_not_change_a_report(tmp_path):
+    """End to end: a report from a cache whose packs entry was edited (a rule's family
+    unknown, digest recomputed) is the report from an empty cache."""
+    clean = _report(tmp_path / "clean.html", {"XDG_CACHE_HOME": str(tmp_path / "c0")}, tmp_path)
+    assert clean.returncode == 0, clean.stderr
+    cache = tmp_path / "c0"
+    kept = next((cache / "snapana" / "sealed").glob("packs-*.json"))
+    _edit_packs(kept, lambda d: _first_rule(d).update(family="no_such_family"))
+    run = _report(tmp_path / "r.html", {"XDG_CACHE_HOME": str(cache)}, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "r.html").read_bytes() == (tmp_path / "clean.html").read_bytes()
