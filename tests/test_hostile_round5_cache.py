@@ -9,6 +9,8 @@ checked against what it was made from: a bad one is made again, never an error.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import hashlib
 import json
 import os
@@ -21,6 +23,7 @@ import jinja2
 import pytest
 from snapana import user_cache
 from snapana.analysis.attribution import engine
+from snapana.render import assets
 
 from .conftest import ROOT
 
@@ -239,6 +242,58 @@ def test_an_edited_packs_entry_does_not_change_a_report(tmp_path):
     cache = tmp_path / "c0"
     kept = next((cache / "snapana" / "sealed").glob("packs-*.json"))
     _edit_packs(kept, lambda d: _first_rule(d).update(family="no_such_family"))
+    run = _report(tmp_path / "r.html", {"XDG_CACHE_HOME": str(cache)}, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "r.html").read_bytes() == (tmp_path / "clean.html").read_bytes()
+
+
+def _plotly_bytes() -> bytes:
+    return assets._plotly_data("plotly.min.js").read_bytes()
+
+
+def _b64gz(raw: bytes) -> bytes:
+    return base64.b64encode(gzip.compress(raw, mtime=0))
+
+
+@pytest.mark.parametrize("copy", ["half", "other script", "two members", "not base64",
+                                  "trailing bytes", "empty"])
+def test_an_edited_plotly_copy_is_made_again(tmp_path, monkeypatch, copy):
+    """The kept compressed plotly.js, edited with its digest recomputed (a copy of half the
+    script gave a 248 KB report with no charts): what is inlined always inflates to the
+    installed plotly.min.js, and the copy is made again."""
+    raw = _plotly_bytes()
+    bodies = {
+        "half": _b64gz(raw[: len(raw) // 2]),
+        "other script": _b64gz(b"alert(1)"),
+        "two members": base64.b64encode(gzip.compress(raw, mtime=0) + gzip.compress(b";x()")),
+        "not base64": _b64gz(raw) + b"<",
+        "trailing bytes": base64.b64encode(gzip.compress(raw, mtime=0) + b"junk"),
+        "empty": b"",
+    }
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    sealed = tmp_path / "snapana" / "sealed"
+    sealed.mkdir(parents=True, mode=0o700)
+    (tmp_path / "snapana").chmod(0o700)
+    (sealed / assets.cache_name()).write_bytes(_sealed(bodies[copy]))
+    assets.plotly_js_gzip_b64.cache_clear()
+    try:
+        text = assets.plotly_js_gzip_b64()
+    finally:
+        assets.plotly_js_gzip_b64.cache_clear()
+    assert text.isascii() and gzip.decompress(base64.b64decode(text, validate=True)) == raw
+    kept = user_cache.read_text(assets.cache_name())
+    assert kept == text
+
+
+def test_an_edited_plotly_copy_still_gives_charts(tmp_path):
+    """End to end: the report made over an edited plotly copy inlines the whole plotly.js,
+    byte for byte the report from an empty cache."""
+    cache = tmp_path / "c"
+    clean = _report(tmp_path / "clean.html", {"XDG_CACHE_HOME": str(cache)}, tmp_path)
+    assert clean.returncode == 0, clean.stderr
+    kept = cache / "snapana" / "sealed" / assets.cache_name()
+    raw = _plotly_bytes()
+    kept.write_bytes(_sealed(_b64gz(raw[: len(raw) // 2])))
     run = _report(tmp_path / "r.html", {"XDG_CACHE_HOME": str(cache)}, tmp_path)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "r.html").read_bytes() == (tmp_path / "clean.html").read_bytes()
