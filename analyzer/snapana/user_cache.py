@@ -1,12 +1,13 @@
 """snapana's folder in the user's cache (``$XDG_CACHE_HOME/snapana``, else
 ``~/.cache/snapana``): what costs time to make and comes out the same on every run (plotly.js
-compressed, compiled page templates, the built-in packs' parsed TOML) is kept there between
-runs, each file named by what it was made from, so a change to its source gets a file of its
-own. The cache only ever saves time: a folder that cannot be written, or a file that cannot
-be read, costs the making and nothing else; a file is written whole or not at all
-(`atomic`), so a run beside another never reads half of one, and its first line is the
-SHA-256 of the rest, so one changed since (damaged on disk, edited by hand: still valid
-JSON, but other packs) is made again, never used."""
+compressed, the built-in packs' parsed TOML) is kept there between runs, each file named by
+what it was made from, so a change to its source gets a file of its own. It holds data only,
+never code (nothing marshalled, pickled or compiled): whoever reads an entry back checks it
+against its source and makes it again where it differs. The cache only ever saves time: a
+folder that cannot be written, or is not the user's alone, or a file that cannot be read,
+costs the making and nothing else; a file is written whole or not at all (`atomic`), so a
+run beside another never reads half of one, and its first line is the SHA-256 of the rest,
+so one damaged since is made again, never used."""
 
 from __future__ import annotations
 
@@ -31,13 +32,18 @@ def folder(*part: str) -> Path | None:
     """snapana's folder in the user's cache, or a path in it (neither may exist yet); None
     where the user has none: no XDG_CACHE_HOME, no HOME and no account entry (a container
     run under a bare uid), where `Path.home()` raises. Never a shared folder such as /tmp,
-    where another user could leave a file for snapana to read."""
+    where another user could leave a file for snapana to read, nor one relative to the
+    working folder, where a checked-out tree could: a relative XDG_CACHE_HOME is ignored, as
+    the XDG Base Directory spec says, and a relative HOME (`HOME=.`) means no cache."""
     base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
+    if not base or not os.path.isabs(base):
         try:
-            base = str(Path.home() / ".cache")
+            home = Path.home()
         except (RuntimeError, KeyError, OSError):
             return None
+        if not home.is_absolute():
+            return None
+        base = str(home / ".cache")
     return Path(base, "snapana", *part)
 
 
@@ -52,16 +58,20 @@ def read_text(name: str) -> str | None:
 
 def read_bytes(name: str) -> bytes | None:
     """The kept file `name`, or None where there is none, it cannot be read or it is not
-    what was written (its digest, the first line, does not match the rest). Only a regular
-    file is read: opened without blocking, so a FIFO (or a link to a device) at its name is
-    passed over, not waited on by every run."""
-    path = folder(_SEALED, name)
-    if path is None:
+    what was written (its digest, the first line, does not match the rest: damage, not
+    tampering, since anyone can recompute it; what reads it checks it against its source).
+    Only a regular file in the user's own folders (`_sealed_fd`) is read: opened without
+    blocking or following a link, so a FIFO (or a link to a device) at its name is passed
+    over, not waited on by every run."""
+    where = _sealed_fd()
+    if where is None:
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=where)
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(where)
     try:
         with os.fdopen(fd, "rb") as fh:
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
@@ -92,7 +102,14 @@ def write_bytes(name: str, body: bytes, replaces: str | None = None) -> None:
     if where is None:
         return
     try:
-        where.mkdir(parents=True, exist_ok=True, mode=0o700)
+        where.parent.parent.mkdir(parents=True, exist_ok=True)
+        for private in (where.parent, where):  # snapana's own: the user's alone
+            with suppress(FileExistsError):
+                private.mkdir(mode=0o700)
+        fd = _sealed_fd()
+        if fd is None:
+            return
+        os.close(fd)
         write_atomic(where / name, _digest(body) + b"\n" + body)
     except (OSError, SnapanaError):
         return
@@ -100,6 +117,39 @@ def write_bytes(name: str, body: bytes, replaces: str | None = None) -> None:
         if old.name != name:
             with suppress(OSError):
                 old.unlink(missing_ok=True)
+
+
+def _sealed_fd() -> int | None:
+    """The sealed folder, open (the caller closes it), or None where it is missing or not
+    the user's alone (`_own_folder`): snapana's folder and its sealed subfolder both. Where
+    the system has no owners or no folder handles (not POSIX), there is no cache."""
+    top = folder()
+    if top is None or not hasattr(os, "getuid") or os.open not in os.supports_dir_fd:
+        return None
+    try:
+        outer = _own_folder(str(top))
+    except (OSError, ValueError):
+        return None
+    try:
+        return _own_folder(_SEALED, outer)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(outer)
+
+
+def _own_folder(name: str, dir_fd: int | None = None) -> int:
+    """`name` (in `dir_fd`) opened as a folder, refused (PermissionError) unless it is one,
+    not a link to one, owned by the user and writable by no one else: otherwise another
+    account (or whoever shares the folder above) could leave entries for snapana to
+    trust."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK
+    fd = os.open(name, flags, dir_fd=dir_fd)
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise PermissionError(f"{name}: not the user's own folder")
+    return fd
 
 
 def _digest(body: bytes) -> bytes:

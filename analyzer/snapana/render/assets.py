@@ -3,9 +3,10 @@ inflated in the browser), so a report opens offline with no URL to any network r
 and plotly's default template, once per page for all its figures.
 
 Compressing plotly.min.js costs ~0.3 s (a fifth of a small report), so the compressed copy
-is kept in the user's cache (`snapana.user_cache`), once per installed plotly.min.js;
-compiled page templates are kept beside it. This module is the only one in render/ that
-touches a file.
+is kept in the user's cache (`snapana.user_cache`), once per installed plotly.min.js, and
+inlined only where it inflates to that file exactly (~20 ms to check). Page templates are
+compiled in each run (~30 ms), never kept: compiled code read back from a file would be
+run. This module is the only one in render/ that touches a file.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import base64
 import gzip
 import importlib.util
 import json
+import zlib
 from functools import lru_cache
 from pathlib import Path
-
-import jinja2
 
 from snapana import user_cache
 
@@ -34,27 +34,6 @@ def cache_name() -> str:
     return _PLOTLY_COPIES.replace("*", f"{stat.st_size}-{stat.st_mtime_ns}")
 
 
-def template_cache() -> jinja2.BytecodeCache:
-    """Where compiled page templates are kept between runs (compiling the report's costs
-    ~0.1 s of every report; jinja2 keys each by the template's name and checks its source,
-    so an edited template is compiled again)."""
-    return _KeptTemplates()
-
-
-class _KeptTemplates(jinja2.BytecodeCache):
-    """Compiled templates kept through `user_cache` (a regular file only, never waited on;
-    used only as it was written), not through jinja2's own file cache, which opens whatever
-    is at a template's name (a FIFO there hung every report)."""
-
-    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        kept = user_cache.read_bytes(f"template-{bucket.key}.cache")
-        if kept is not None:
-            bucket.bytecode_from_string(kept)
-
-    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        user_cache.write_bytes(f"template-{bucket.key}.cache", bucket.bytecode_to_string())
-
-
 def _plotly_data(name: str) -> Path:
     """A file of the installed plotly package's data, found without importing plotly."""
     spec = importlib.util.find_spec("plotly")
@@ -65,17 +44,30 @@ def _plotly_data(name: str) -> Path:
 
 @lru_cache(maxsize=1)
 def plotly_js_gzip_b64() -> str:
-    """plotly.min.js, gzip + base64 (mtime=0 keeps reports byte-stable)."""
+    """plotly.min.js, gzip + base64 (mtime=0 keeps reports byte-stable). The kept copy is
+    used only where it is exactly that (`_is_copy_of`): its digest only detects damage, and
+    a copy edited with it recomputed made reports with no charts; else it is made again."""
     name = cache_name()
+    raw = _plotly_data("plotly.min.js").read_bytes()
     kept = user_cache.read_text(name)
-    if kept is not None and kept.isascii():
+    if kept is not None and _is_copy_of(kept, raw):
         return kept
-    from plotly.offline import get_plotlyjs  # only when compressing: its import costs ~7 ms
-
-    raw = get_plotlyjs().encode()
     text = base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode("ascii")
     user_cache.write_text(name, text, replaces=_PLOTLY_COPIES)  # (read-only: recompressed)
     return text
+
+
+def _is_copy_of(text: str, raw: bytes) -> bool:
+    """Whether `text` is strict base64 of one gzip member that inflates to `raw` and nothing
+    more (inflated no further than one byte past it): what the browser will inflate."""
+    try:
+        packed = base64.b64decode(text, validate=True)
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip
+        out = inflater.decompress(packed, len(raw) + 1)
+    except (ValueError, zlib.error):  # (binascii.Error is a ValueError)
+        return False
+    return (out == raw and inflater.eof and not inflater.unused_data
+            and not inflater.unconsumed_tail)
 
 
 @lru_cache(maxsize=1)

@@ -17,7 +17,7 @@ from markupsafe import Markup, escape
 
 from snapana.limits import MAX_FRAME_TEXT
 from snapana.render import Options, figures
-from snapana.render.assets import plotly_js_gzip_b64, plotly_template_json, template_cache
+from snapana.render.assets import plotly_js_gzip_b64, plotly_template_json
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.wording import GROWTH_HEADING, evidence_note
 from snapana.units import fmt_bytes, plural, shown_name
@@ -34,7 +34,8 @@ PAGE_FIGURES: tuple[figures.FigureName, ...] = ("families", "timeline", "familie
 
 @cache
 def _template(name: str) -> jinja2.Template:
-    """A page template, compiled once per process, or read compiled from the user's cache."""
+    """A page template, compiled once per process (never read compiled from a file: that
+    would run whatever code the file holds)."""
     return _env().get_template(name)
 
 
@@ -52,7 +53,6 @@ def _env() -> jinja2.Environment:
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         trim_blocks=True,
         lstrip_blocks=True,
-        bytecode_cache=template_cache(),
     )
     env.filters["bytes"] = fmt_bytes
     env.filters["evidence"] = evidence_note

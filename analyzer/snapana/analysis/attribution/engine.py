@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from .pack_parser import (
     Rule,
     RuleError,
     check_unique,
+    kept_packaged,
     parse_pack_text,
     parsed_packaged,
     read_pack,
@@ -756,11 +758,26 @@ def _builtin_files() -> list[tuple[str, str]]:
 
 @lru_cache(maxsize=1)
 def builtin_packs() -> tuple[Pack, ...]:
-    """The built-in packs, parsed once, in load order (sorted by file name)."""
+    """The built-in packs, parsed once, in load order (sorted by file name). Their TOML as
+    the user's cache kept it is used where it compiles; one that does not (edited or
+    damaged, its digest recomputed) is never an error blamed on an intact packs/*.toml:
+    the TOML is read again, and only its own errors are raised."""
+    files = _builtin_files()
+    kept = kept_packaged(files)
+    if kept is not None:
+        try:
+            return _compiled_builtin(files, kept)
+        except Exception:  # whatever a kept entry provokes: the TOML's read decides
+            pass
+    return _compiled_builtin(files, parsed_packaged(files))
+
+
+def _compiled_builtin(files: list[tuple[str, str]], parsed: list[dict[str, Any]]
+                      ) -> tuple[Pack, ...]:
+    """The built-in packs compiled from their TOML's data `parsed`, in load order."""
     packs: list[Pack] = []
     order = 0
-    files = _builtin_files()
-    for (name, text), data in zip(files, parsed_packaged(files), strict=True):
+    for (name, text), data in zip(files, parsed, strict=True):
         pack = parse_pack_text(text, f"packs/{name}", order_start=order, packaged=True,
                                parsed=data)
         order += len(pack.rules)

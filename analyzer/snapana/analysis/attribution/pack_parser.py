@@ -520,30 +520,42 @@ def _load_toml(text: str, source: str, packaged: bool) -> dict[str, Any]:
 def parsed_packaged(files: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
     """The TOML of the packs shipped with snapana (`files`: name and text each) as data.
     tomllib, pure Python, takes ~70 ms of every run to read them; so what it read is kept
-    in the user's cache as JSON (read in ~3 ms), named by a hash of every name and text
-    (`user_cache`). Kept only where JSON gives back exactly what tomllib gave (no dates, no
-    non-finite numbers); what is read back is checked by the pack schema like any pack."""
-    import hashlib
-
+    in the user's cache as JSON (read in ~3 ms, `kept_packaged`). Kept only where JSON gives
+    back exactly what tomllib gave (no dates, no non-finite numbers)."""
     from snapana import user_cache
+
+    data = [_load_toml(text, f"packs/{name}", True) for name, text in files]
+    encoded = msgspec.json.encode(data)
+    if msgspec.json.decode(encoded) == data:
+        user_cache.write_text(_kept_name(files), encoded.decode(), replaces="packs-*.json")
+    return data
+
+
+def kept_packaged(files: Sequence[tuple[str, str]]) -> list[dict[str, Any]] | None:
+    """`parsed_packaged`'s data for `files` as the user's cache kept it (named by a hash of
+    every name and text), or None where none is kept or it is not one dict per file. Not
+    trusted: its digest only detects damage, so the caller compiles it like any pack and
+    reads the TOML again where that fails (`engine.builtin_packs`)."""
+    from snapana import user_cache
+
+    cached = user_cache.read_text(_kept_name(files))
+    if cached is None:
+        return None
+    try:
+        data = msgspec.json.decode(cached, type=list[dict[str, Any]])
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: deep nesting
+        return None
+    return data if len(data) == len(files) else None
+
+
+def _kept_name(files: Sequence[tuple[str, str]]) -> str:
+    """The cache name of the packs `files` give: a hash of every name and text."""
+    import hashlib
 
     digest = hashlib.sha256()
     for name, text in files:
         digest.update(f"{len(name)}:{name}{len(text)}:".encode() + text.encode())
-    kept = f"packs-{digest.hexdigest()[:32]}.json"
-    cached = user_cache.read_text(kept)
-    if cached is not None:
-        try:
-            data = msgspec.json.decode(cached, type=list[dict[str, Any]])
-        except msgspec.DecodeError:
-            data = []
-        if len(data) == len(files):
-            return data
-    data = [_load_toml(text, f"packs/{name}", True) for name, text in files]
-    encoded = msgspec.json.encode(data)
-    if msgspec.json.decode(encoded) == data:
-        user_cache.write_text(kept, encoded.decode(), replaces="packs-*.json")
-    return data
+    return f"packs-{digest.hexdigest()[:32]}.json"
 
 
 def parse_pack_text(text: str, source: str, *, user: bool = False, order_start: int = 0,
