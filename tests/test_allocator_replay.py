@@ -223,14 +223,15 @@ def _fidelity(path) -> list[tuple[str, int, bool, bool, bool | None, bool]]:
     """(file, device, segment events equal, final segments equal, OOMs reproduced, mapped
     before the window) for each device of a capture whose trace records segment events; the
     expectations are read from the raw pickle here: its trace's segment events in order, its
-    snapshot's segments, the request padding its final blocks show, and whether an
-    expandable segment holds more mapped bytes than the trace maps (mapped before it)."""
+    snapshot's segments, the request padding its final blocks and its requests' pools show,
+    and whether an expandable segment holds more mapped bytes than the trace maps (mapped
+    before it)."""
     from snapana.analysis.allocator_replay import SEGMENT_ACTIONS
     from snapana.session import Session
     from snapana.sources import load
 
     from .conftest import raw_load
-    from .raw_replay import final_blocks, learned_pad
+    from .raw_replay import final_blocks, learned_pad, pool_witnesses
 
     raw = raw_load(path)
     traces = raw.get("device_traces") if isinstance(raw, dict) else None
@@ -246,7 +247,7 @@ def _fidelity(path) -> list[tuple[str, int, bool, bool, bool | None, bool]]:
         final = sorted(s["total_size"] for s in raw["segments"] if s["device"] == device)
         ooms = [i for i, e in enumerate(trace) if e["action"] == "oom"]
         events = capture.device_events(device).to_dicts()
-        pad = learned_pad(final_blocks(raw, device).values())
+        pad = learned_pad(final_blocks(raw, device).values(), pool_witnesses(raw, device))
         r = rerun(events, device, Setting(expandable, request_pad=pad),
                   Session(capture, device).window_start)
         mapped = sum(e["size"] * (1 if e["action"] == "segment_map" else -1) for e in trace
