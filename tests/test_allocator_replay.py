@@ -652,3 +652,49 @@ def test_whatif_on_the_corpus_dataparallel_oom_says_expandable_is_already_on() -
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("expandable_segments:True: already in force")
     assert "The recorded OOM" not in run.stdout
+
+
+def _window_without_segment_events(tmp_path) -> str:
+    """One 20 MiB segment held before the window; the window allocates 4 MiB in it and frees
+    it: the job made no cudaMalloc / cudaFree, nor should the model."""
+    import pickle
+
+    base, seg, req = 0x7F0000000000, 20 << 20, 4 << 20
+    trace = [{"action": a, "addr": base, "size": req, "stream": 0, "frames": []}
+             for a in ("alloc", "free_requested", "free_completed")]
+    segment = {"device": 0, "address": base, "total_size": seg, "stream": 0,
+               "segment_type": "large", "allocated_size": 0, "active_size": 0,
+               "requested_size": 0, "blocks": [{"address": base, "size": seg,
+                                                "requested_size": 0, "state": "inactive",
+                                                "frames": []}]}
+    path = tmp_path / "quiet.pickle"
+    path.write_bytes(pickle.dumps({"segments": [segment], "device_traces": [trace]},
+                                  protocol=4))
+    return str(path)
+
+
+def test_a_window_without_segment_events_proves_nothing(tmp_path) -> None:
+    """Zero recorded segment events are nothing to reproduce: the proof says the replay is
+    not checked, never that it reproduces "all 0"."""
+    from .conftest import invoke
+
+    out = invoke("whatif", _window_without_segment_events(tmp_path), "--set",
+                 "expandable_segments:True", columns=400).stdout
+    assert "records no segment events" in out and "not checked against the recording" in out
+    assert "reproduces this window" not in out and "all 0" not in out
+
+
+def test_where_the_model_parts_is_an_english_ordinal(tmp_path) -> None:
+    """A profiler trace records no segment events; the model makes one at its first
+    request, so the runs part at the first segment event: "1st", not "1th"."""
+    from .conftest import invoke
+
+    events = [{"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+               "tid": 1, "ts": 10 + i, "args": {"Device Type": 0, "Device Id": -1,
+                                               "Bytes": b, "Addr": 0x1000}}
+              for i, b in enumerate((4096, -4096))]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    out = invoke("whatif", str(path), "--set", "expandable_segments:True", columns=400).stdout
+    assert "at the 1st, event" in out, out
+    assert "1th" not in out
