@@ -4,7 +4,8 @@ from snapana (c10/cuda/CUDACachingAllocator.cpp: requests rounded up to 512 byte
 block bigger than a large-pool request is split only when more than kSmallSize (1 MiB)
 would remain, else the request takes all of it; with max_split_size_mb, a request of that
 size or more is never split and takes a block less than kLargeBuffer (20 MiB) larger;
-torch_npu adds 32 bytes to every request before rounding, which the final blocks show).
+torch_npu adds 32 bytes to every request before rounding and picks the pool on the padded
+size, which the final blocks and the pools of the trace's requests show).
 
 The replay walks the trace forward from the state before its first event (the final
 segments and blocks with every recorded event undone) and sizes each block as the
@@ -46,11 +47,48 @@ def final_blocks(raw, device: int) -> dict[int, tuple[int, int, str]]:
     return out
 
 
-def learned_pad(blocks) -> int:
+def pool_witnesses(raw, device: int) -> dict[int, int]:
+    """Per pad: the trace's requests that the pads send to different pools (torch_npu's
+    malloc picks the pool on round_size(orig_size), which adds 32 bytes: a request within
+    32 bytes of kSmallSize goes to the large pool) lying in a segment of the pool that pad
+    picks. A small-pool segment is kSmallBuffer (2 MiB); a large-pool one never is (20 MiB,
+    or a request of 10 MiB or more rounded up to 2 MiB). Expandable captures are skipped."""
+    seen = dict.fromkeys(PADS, 0)
+    trace = (raw.get("device_traces") or [[]] * (device + 1))[device] if isinstance(
+        raw, dict) else []
+    if any(e["action"] in ("segment_map", "segment_unmap") for e in trace):
+        return seen
+    whole = _ranges_before(raw, device, trace).whole  # start -> end, before the first event
+    for e in trace:
+        _apply_whole(whole, e)
+        if e["action"] != "alloc":
+            continue
+        small = {p: rounded(e["size"], p) <= SMALL_SIZE for p in PADS}
+        if len(set(small.values())) == 1:
+            continue
+        held = [b - a for a, b in whole.items() if a <= e["addr"] < b]
+        if len(held) != 1:
+            continue
+        for p, is_small in small.items():
+            seen[p] += is_small == (held[0] == 2 * SMALL_SIZE)
+    return seen
+
+
+def _apply_whole(whole: dict[int, int], e: dict) -> None:
+    if e["action"] == "segment_alloc":
+        whole[e["addr"]] = e["addr"] + e["size"]
+    elif e["action"] == "segment_free":
+        whole.pop(e["addr"], None)
+
+
+def learned_pad(blocks, pools: dict[int, int] | None = None) -> int:
     """The bytes every witness among the final blocks shows added before rounding: a block
-    whose request the pads round differently and whose size is one of them. Three
+    whose request the pads round differently and whose size is one of them (and, given
+    `pools`, each request the pads send to different pools, in the pool of one). Three
     witnesses of one pad and none of another, else 0."""
     seen = dict.fromkeys(PADS, 0)
+    for p, n in (pools or {}).items():
+        seen[p] += n
     for size, req, _ in blocks:
         if req <= 0:
             continue
@@ -173,7 +211,7 @@ def raw_replay(raw, device: int) -> RawReplay:
     trace = (raw.get("device_traces") or [[]] * (device + 1))[device] if isinstance(
         raw, dict) else []
     final = final_blocks(raw, device)
-    pad = learned_pad(final.values())
+    pad = learned_pad(final.values(), pool_witnesses(raw, device))
     settings = (raw.get("allocator_settings") or {}) if isinstance(raw, dict) else {}
     split = settings.get("max_split_size")
     # unlimited: the large pool splits remainders over kSmallSize; None: expandable

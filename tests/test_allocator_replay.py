@@ -223,14 +223,15 @@ def _fidelity(path) -> list[tuple[str, int, bool, bool, bool | None, bool]]:
     """(file, device, segment events equal, final segments equal, OOMs reproduced, mapped
     before the window) for each device of a capture whose trace records segment events; the
     expectations are read from the raw pickle here: its trace's segment events in order, its
-    snapshot's segments, the request padding its final blocks show, and whether an
-    expandable segment holds more mapped bytes than the trace maps (mapped before it)."""
+    snapshot's segments, the request padding its final blocks and its requests' pools show,
+    and whether an expandable segment holds more mapped bytes than the trace maps (mapped
+    before it)."""
     from snapana.analysis.allocator_replay import SEGMENT_ACTIONS
     from snapana.session import Session
     from snapana.sources import load
 
     from .conftest import raw_load
-    from .raw_replay import final_blocks, learned_pad
+    from .raw_replay import final_blocks, learned_pad, pool_witnesses
 
     raw = raw_load(path)
     traces = raw.get("device_traces") if isinstance(raw, dict) else None
@@ -246,7 +247,7 @@ def _fidelity(path) -> list[tuple[str, int, bool, bool, bool | None, bool]]:
         final = sorted(s["total_size"] for s in raw["segments"] if s["device"] == device)
         ooms = [i for i, e in enumerate(trace) if e["action"] == "oom"]
         events = capture.device_events(device).to_dicts()
-        pad = learned_pad(final_blocks(raw, device).values())
+        pad = learned_pad(final_blocks(raw, device).values(), pool_witnesses(raw, device))
         r = rerun(events, device, Setting(expandable, request_pad=pad),
                   Session(capture, device).window_start)
         mapped = sum(e["size"] * (1 if e["action"] == "segment_map" else -1) for e in trace
@@ -651,3 +652,49 @@ def test_whatif_on_the_corpus_dataparallel_oom_says_expandable_is_already_on() -
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("expandable_segments:True: already in force")
     assert "The recorded OOM" not in run.stdout
+
+
+def _window_without_segment_events(tmp_path) -> str:
+    """One 20 MiB segment held before the window; the window allocates 4 MiB in it and frees
+    it: the job made no cudaMalloc / cudaFree, nor should the model."""
+    import pickle
+
+    base, seg, req = 0x7F0000000000, 20 << 20, 4 << 20
+    trace = [{"action": a, "addr": base, "size": req, "stream": 0, "frames": []}
+             for a in ("alloc", "free_requested", "free_completed")]
+    segment = {"device": 0, "address": base, "total_size": seg, "stream": 0,
+               "segment_type": "large", "allocated_size": 0, "active_size": 0,
+               "requested_size": 0, "blocks": [{"address": base, "size": seg,
+                                                "requested_size": 0, "state": "inactive",
+                                                "frames": []}]}
+    path = tmp_path / "quiet.pickle"
+    path.write_bytes(pickle.dumps({"segments": [segment], "device_traces": [trace]},
+                                  protocol=4))
+    return str(path)
+
+
+def test_a_window_without_segment_events_proves_nothing(tmp_path) -> None:
+    """Zero recorded segment events are nothing to reproduce: the proof says the replay is
+    not checked, never that it reproduces "all 0"."""
+    from .conftest import invoke
+
+    out = invoke("whatif", _window_without_segment_events(tmp_path), "--set",
+                 "expandable_segments:True", columns=400).stdout
+    assert "records no segment events" in out and "not checked against the recording" in out
+    assert "reproduces this window" not in out and "all 0" not in out
+
+
+def test_where_the_model_parts_is_an_english_ordinal(tmp_path) -> None:
+    """A profiler trace records no segment events; the model makes one at its first
+    request, so the runs part at the first segment event: "1st", not "1th"."""
+    from .conftest import invoke
+
+    events = [{"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1,
+               "tid": 1, "ts": 10 + i, "args": {"Device Type": 0, "Device Id": -1,
+                                               "Bytes": b, "Addr": 0x1000}}
+              for i, b in enumerate((4096, -4096))]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    out = invoke("whatif", str(path), "--set", "expandable_segments:True", columns=400).stdout
+    assert "at the 1st, event" in out, out
+    assert "1th" not in out

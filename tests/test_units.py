@@ -54,3 +54,16 @@ def test_rule_pack_byte_counts_stay_integers() -> None:
         parse_size(-1)
     with pytest.raises(ValueError):
         parse_size("4096")  # a string needs its unit, like everywhere else
+
+
+@pytest.mark.parametrize(("n", "expected"), [
+    (1, "1st"), (2, "2nd"), (3, "3rd"), (4, "4th"), (10, "10th"), (11, "11th"),
+    (12, "12th"), (13, "13th"), (14, "14th"), (21, "21st"), (22, "22nd"), (23, "23rd"),
+    (52, "52nd"), (101, "101st"), (111, "111th"), (112, "112th"), (113, "113th"),
+    (1001, "1,001st"),
+])
+def test_ordinals_are_english(n: int, expected: str) -> None:
+    """The table is English's rule written out (teens take "th"), not the function's."""
+    from snapana.units import ordinal
+
+    assert ordinal(n) == expected

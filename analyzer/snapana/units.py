@@ -164,6 +164,13 @@ def plural(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
+def ordinal(n: int) -> str:
+    """"1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st": English ordinals, one
+    rule for every sentence that counts (the teens take "th")."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n:,}{suffix}"
+
+
 #: Addresses at and above this one are made up, for blocks whose source records none (a
 #: profiler trace's pre-existing memory): keys, never shown as a place in memory.
 SYNTHETIC_ADDRESSES = 0x7E00_0000_0000_0000

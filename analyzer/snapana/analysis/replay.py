@@ -463,25 +463,64 @@ def _in_order(positions: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def rounding_pad(blocks: pl.DataFrame) -> int:
+def rounding_pad(blocks: pl.DataFrame, pools: dict[int, int] | None = None) -> int:
     """The bytes the allocator added to each request before rounding it (`ROUNDING_PADS`),
     as the final blocks show it: a block whose request the pads round differently, sized as
-    one pad rounds it, is a witness. A pad other than 0 needs `MIN_PAD_WITNESSES` and no
-    witness of another; else CUDA's rule (0) is assumed."""
+    one pad rounds it, is a witness; so is each request of the trace that the pads send to
+    different pools (`pool_witnesses`: a capture that ends with nothing live still shows
+    it). A pad other than 0 needs `MIN_PAD_WITNESSES` and no witness of another; else
+    CUDA's rule (0) is assumed."""
+    witnesses = dict.fromkeys(ROUNDING_PADS, 0)
+    for pad, n in (pools or {}).items():
+        witnesses[pad] += n
     live = blocks.filter(pl.col("state").is_in(ACTIVE_STATES) & (pl.col("requested_size") > 0))
-    if live.is_empty():
-        return 0
-    req = live["requested_size"].to_numpy().astype(np.int64)
-    size = live["size"].to_numpy().astype(np.int64)
-    sized = {pad: _round_sizes(req + pad, ROUND_BYTES) for pad in ROUNDING_PADS}
-    base = sized[ROUNDING_PADS[0]]
-    differ = np.logical_or.reduce([sized[pad] != base for pad in ROUNDING_PADS])
-    witnesses = {pad: int(((size == sized[pad]) & differ).sum()) for pad in ROUNDING_PADS}
+    if not live.is_empty():
+        req = live["requested_size"].to_numpy().astype(np.int64)
+        size = live["size"].to_numpy().astype(np.int64)
+        sized = {pad: _round_sizes(req + pad, ROUND_BYTES) for pad in ROUNDING_PADS}
+        base = sized[ROUNDING_PADS[0]]
+        differ = np.logical_or.reduce([sized[pad] != base for pad in ROUNDING_PADS])
+        for pad in ROUNDING_PADS:
+            witnesses[pad] += int(((size == sized[pad]) & differ).sum())
     for pad in ROUNDING_PADS[1:]:
         if witnesses[pad] >= MIN_PAD_WITNESSES and not any(
                 n for p, n in witnesses.items() if p != pad):
             return pad
     return 0
+
+
+def pool_witnesses(events: pl.DataFrame, segments: pl.DataFrame) -> dict[int, int]:
+    """Per pad of `ROUNDING_PADS`: the recorded requests that the pads send to different
+    pools and that lie in a segment of the pool this pad chooses. The allocator picks the
+    pool on the padded, rounded size (torch_npu's malloc: `get_pool(round_size(orig_size))`,
+    round_size adding 32 bytes: a request within 32 bytes of kSmallSize is served from the
+    large pool), so the pool of the segment holding such a request shows the pad. Only
+    segments cut by the caching allocator count (an expandable range's type is a guess)."""
+    out = dict.fromkeys(ROUNDING_PADS, 0)
+    allocs = events.with_row_index("k").filter(pl.col("action") == "alloc")
+    segs = segments.filter(~pl.col("expandable"))
+    if allocs.is_empty() or segs.is_empty():
+        return out
+    req = allocs["size"].to_numpy().astype(np.int64)
+    small = {pad: _round_sizes(req + pad, ROUND_BYTES) <= SMALL_SIZE for pad in ROUNDING_PADS}
+    differ = np.logical_or.reduce([small[p] != small[ROUNDING_PADS[0]] for p in ROUNDING_PADS])
+    if not differ.any():
+        return out
+    addr = allocs["addr"].to_numpy().astype(np.int64)[differ]
+    when = allocs["k"].to_numpy().astype(np.int64)[differ]
+    seg_end = (segs["address"] + segs["total_size"]).to_numpy()
+    # the segment holding an address is the live one whose end is the first above it
+    end = _first_live(seg_end, segs["open_idx"].to_numpy(), segs["close_idx"].to_numpy(),
+                      addr + 1, addr + int(segs["total_size"].max()), when)
+    kinds: dict[int, set[str]] = {}
+    for e, kind in zip(seg_end.tolist(), segs["segment_type"].to_list(), strict=True):
+        kinds.setdefault(e, set()).add(kind)
+    in_small = np.array([kinds.get(e) == {"small"} for e in end.tolist()], dtype=bool)
+    in_large = np.array([kinds.get(e) == {"large"} for e in end.tolist()], dtype=bool)
+    for pad in ROUNDING_PADS:
+        chose = small[pad][differ]
+        out[pad] = int((chose & in_small).sum() + (~chose & in_large).sum())
+    return out
 
 
 def taken_whole(cols: dict[str, np.ndarray], exact: np.ndarray, segments: pl.DataFrame,
@@ -564,7 +603,10 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
 
     # Lifetimes: trace sizes are the requested bytes; the block holds them rounded up to 512
     # (exact for final blocks, which take their size from the segments).
-    pad = rounding_pad(capture.device_blocks(device)) if gran > 1 else 0
+    seg_intervals, reserved, reserved_delta, seg_mismatches = _segment_intervals(
+        capture, device, events)
+    pad = rounding_pad(capture.device_blocks(device), pool_witnesses(events, seg_intervals)
+                       ) if gran > 1 else 0
     cols, clashes = _pair_lifetimes(events, gran, pad)
     mismatches = [msg for _, msg in sorted(clashes)]
     ooms = [
@@ -606,8 +648,6 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
         mismatches.append(f"block 0x{a:x} is live in the trace but not in the segments")
         cols["free_done_idx"][r] = n  # close it at the end so it does not leak into later moments
 
-    seg_intervals, reserved, reserved_delta, seg_mismatches = _segment_intervals(
-        capture, device, events)
     if extra:
         cols = {k: np.concatenate([v, np.asarray([row[j] for row in extra], dtype=np.int64)])
                 for j, (k, v) in enumerate(cols.items())}

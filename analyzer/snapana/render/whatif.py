@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from snapana.analysis.allocator_replay import Prediction, Replay
 from snapana.render import ViewKind
-from snapana.units import fmt_bytes
+from snapana.units import fmt_bytes, ordinal
 
 COLUMNS = ("figure", "as recorded (model)", "with the change")
 
@@ -54,13 +54,20 @@ def _proof(p: Prediction) -> str:
     if r.divergence is not None:
         k, idx, why = r.divergence
         return (f"The model does not reproduce this window: its segment events part from the "
-                f"recorded ones at the {k + 1}th, event {idx} ({why}).")
+                f"recorded ones at the {ordinal(k + 1)}, event {idx} ({why}).")
+    where = "at the recorded request" if r.oom_reproduced else "NOT at the recorded request"
+    if not r.recorded:
+        if r.recorded_ooms:
+            return ("The window records no segment events (cudaMalloc / cudaFree / map / "
+                    "unmap) and the model made none: only the OOM is checked against the "
+                    f"recording, and the model fails {where}.")
+        return ("The window records no segment events (cudaMalloc / cudaFree / map / unmap) "
+                "and the model made none, so its replay is not checked against the recording: "
+                "what follows is the model's alone.")
+    oom = f", and the OOM {where}" if r.recorded_ooms else ""
     head = (f"The model reproduces this window: all {len(r.recorded):,} recorded segment "
             "events (cudaMalloc / cudaFree / map / unmap), size for size, in order")
-    if r.recorded_ooms:
-        head += (", and the OOM " + ("at the recorded request" if r.oom_reproduced else
-                                     "NOT at the recorded request"))
-    return head + "."
+    return head + oom + "."
 
 
 def _capacity(p: Prediction, changed: bool) -> str:

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -39,6 +42,11 @@ from snapana.sources._io import MetaError, sanitize
 from snapana.sources.json_stream import stream_json
 from snapana.units import SYNTHETIC_ADDRESSES
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
+    import tomli as tomllib
+
 CPU_DEVICE = -1
 _MEMORY = "[memory]"
 _OOM = "[OutOfMemory]"
@@ -47,8 +55,24 @@ _OOM = "[OutOfMemory]"
 #: "Operator" is the 2021 spelling of "cpu_op".
 _FRAME_CATS = {"python_function": 0, "user_annotation": 1, "cpu_op": 2, "Operator": 2}
 _PY_NAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$")
-#: c10::DeviceType values the profiler writes in `Device Type`.
-_DEVICE_TYPES = {0: "CPU", 1: "CUDA", 6: "HIP", 12: "XPU", 13: "MPS", 20: "PrivateUse1"}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceType:
+    """One c10::DeviceType the profiler writes in `Device Type` (device_types.toml)."""
+
+    number: int
+    torch: str  # what torch calls such a device: the report names it `<torch>:<id>`
+    properties: bool  # kineto's `deviceProperties` describe it (name, totalGlobalMem)
+
+
+@lru_cache(maxsize=1)
+def device_types() -> dict[int, DeviceType]:
+    """The device types of device_types.toml by number: data, so a ROCm trace's 6 is read as
+    its CUDA twin's 1 is without a branch for it."""
+    text = (resources.files(__package__) / "device_types.toml").read_text(encoding="utf-8")
+    return {t["number"]: DeviceType(t["number"], t["torch"], bool(t.get("properties")))
+            for t in tomllib.loads(text)["type"]}
 
 
 # ----- collecting events ---------------------------------------------------------------------
@@ -340,10 +364,10 @@ def _device_names(keys: list[tuple[int, int]], props: Any, warnings: list[str]
             dev, name = CPU_DEVICE, "CPU"
         else:
             dev = did
-            kind = _DEVICE_TYPES.get(dtype, f"device type {dtype}")
-            name = f"{kind.lower()}:{did}"
-            prop = by_id.get(did)
-            if dtype == 1 and prop is not None:
+            known = device_types().get(dtype)
+            name = f"{known.torch if known else f'device type {dtype}'}:{did}"
+            prop = by_id.get(did) if known and known.properties else None
+            if prop is not None:
                 gpu = prop.get("name", "?")
                 gpu = gpu if isinstance(gpu, str) and _text_ok(gpu, 256) else "?"
                 name = f"{name} ({gpu})"
