@@ -83,7 +83,10 @@ def _html_text(page: str) -> str:
 
 
 def _md_text(md: str) -> str:
-    return md.replace("\\|", "|").replace("\\*", "*").replace("&lt;", "<").replace("&gt;", ">")
+    """Markdown's text with its escapes undone (backslash escapes, entities, the comment that
+    splits an e-mail address), as a reader sees it."""
+    text = re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", md.replace("<!---->", ""))
+    return html_lib.unescape(text)
 
 
 @pytest.fixture(params=CAPTURES, ids=lambda p: p.name)

@@ -14,6 +14,7 @@ from PIL import Image
 from snapana import api
 from snapana.io.ticket import MARKDOWN_LIMIT, TICKET_FILES
 from snapana.render.card import WIDTH, card_layout
+from snapana.render.markdown import esc
 from snapana.render.views import capture_view, family_colour
 
 from .conftest import SAMPLES, corpus_ooms, invoke
@@ -48,7 +49,7 @@ def _check_ticket(path: Path, out: Path) -> None:
     md = (out / "ticket.md").read_text()
     assert md.startswith("![") and "](card.png)" in md.splitlines()[0]
     assert len(md) < MARKDOWN_LIMIT
-    assert first["diagnosis"]["headline"] in md
+    assert esc(first["diagnosis"]["headline"]) in md  # as markdown shows it: escaped
     page = (out / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "cdn." not in page
     assert took < 60, took

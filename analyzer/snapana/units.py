@@ -30,8 +30,12 @@ MAX_BYTES = 1 << 62
 #: Characters an input's string must not carry to a terminal, a text file or a ticket: C0
 #: controls but tab and newline (ESC starts the sequences that clear a screen or write the
 #: clipboard), DEL and C1 controls (0x9b is a CSI on its own), unpaired surrogates (legal
-#: in a pickle, unencodable as UTF-8), line/paragraph separators and bidi overrides.
-_CONTROLS = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+#: in a pickle, unencodable as UTF-8), line/paragraph separators, bidi overrides and marks,
+#: and the invisible characters (zero-width space, joiners, BOM, soft hyphen, tag letters) that
+#: make two different names look alike or hide text in a ticket.
+_CONTROLS = (r"\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u180e\u200b-\u200f\u2028\u2029"
+             r"\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff"
+             r"\U000e0000-\U000e007f")
 _UNSAFE = re.compile(f"[{_CONTROLS}]")
 _UNSAFE_LINES = re.compile(f"[\\t\\n{_CONTROLS}]")
 #: What a styled terminal text may keep of its own: rich's SGR colour sequences.
@@ -40,7 +44,9 @@ _SGR = re.compile(r"(\x1b\[[0-9;]*m)")
 
 def _escape(m: re.Match[str]) -> str:
     c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+    if c < 0x100:
+        return f"\\x{c:02x}"
+    return f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
 
 
 def inert(text: str, lines: bool = True) -> str:

@@ -41,7 +41,7 @@ def ticket_markdown(view: CaptureView) -> str:
     from snapana.render.markdown import esc
 
     first = view.devices[0] if view.devices else None
-    alt = esc(first.finding).replace("[", "(").replace("]", ")") if first else "snapana card"
+    alt = esc(first.finding) if first else "snapana card"
     head = (f"![{alt}]({CARD})\n\n" if first else "")
     body = render(view, "markdown")
     tail = (f"\n---\nAttached: `{CARD}` (the card above), `{PAGE}` (the whole report: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,20 +22,62 @@ TOP_GROUPS = 10  # families listed, the rest summed in one row
 TOP_SITES = 20  # changed sites in a diff
 TOP_SIZES = 12  # rows of the sizes table of a history-less state
 
-_ESCAPE = str.maketrans({"<": "&lt;", ">": "&gt;", "|": "\\|", "*": "\\*", "\\": "\\\\"})
+#: Characters escaped wherever they stand: `\\` and `` ` `` (escapes, code spans), `*` and `~`
+#: (emphasis, strikethrough), `[` and `]` (links, images, footnotes), `|` (table cells), `&`
+#: (entity references), `<` and `>` as entities (raw HTML, `<https://…>` autolinks; an
+#: entity never starts a tag or a blockquote). `$` is GitHub's math.
+_ESCAPE = str.maketrans({c: "\\" + c for c in "\\`*~[]|&$"} | {"<": "&lt;", ">": "&gt;"})
+#: What needs its context: an `_` run that could open or close emphasis (one between two
+#: letters or digits cannot); the `:` of `scheme://` and the `.` of `www.` (GFM's autolink
+#: extension links them bare); a line's start that would open a block (heading, list item,
+#: setext underline or thematic break, ordered list item); a space at either end (markdown
+#: drops it, and four at a line's start make a code block) becomes `&#32;`, shown as it is.
+_CONTEXT = re.compile(r"_+|:(?=//)|(?<=www)\.|^#{1,6}(?=\s|$)|^[+-](?=\s|$)|^=+(?=\s*$)"
+                      r"|^-+(?=\s*$)|^\d{1,9}[.)](?=\s|$)|^ | $", re.IGNORECASE)
+#: An e-mail address is linked after escapes are undone (cmark-gfm's autolink post-pass over
+#: the joined text), so no escape stops it: an empty comment before its `@` splits the text.
+_MAIL = re.compile(r"(?<=[A-Za-z0-9.+_-])@")
+
+
+def _context(m: re.Match[str]) -> str:
+    t, s = m.group(), m.string
+    if t == " ":
+        return "&#32;"
+    if t[0] == "_":
+        inside = (0 < m.start() and s[m.start() - 1].isalnum()
+                  and m.end() < len(s) and s[m.end()].isalnum())
+        return t if inside else "\\_" * len(t)
+    if t[0].isdigit():
+        return t[:-1] + "\\" + t[-1]
+    return "\\" + t  # one backslash before a block's first character undoes the block
 
 
 def esc(text: str) -> str:
-    """Text that markdown shows as written: no `<…>` swallowed as HTML by GitHub or Jira, no
-    emphasis from a stray `*`, no table cell broken by a `|`."""
-    return text.translate(_ESCAPE)
+    """Text from an input (a frame's or a file's name, a log's line, a pack's label), or a
+    sentence that quotes one, as markdown that shows it as written: no link, image, autolink,
+    emphasis, HTML, entity or table cell that the text made, its control, bidi and zero-width
+    characters shown escaped (`\\u200b`). The one escaping function of markdown output."""
+    text = inert(text, lines=False)
+    return _MAIL.sub("<!---->@", _CONTEXT.sub(_context, text.translate(_ESCAPE)))
 
 
-def code(text: str) -> str:
-    """A code span (family ids, knobs, sites): shown verbatim; only `|` needs escaping in a
-    table cell, and a backtick inside is avoided by a longer fence."""
-    fence = "``" if "`" in text else "`"
-    return f"{fence}{text.replace('|', chr(92) + '|')}{fence}"
+def _fence(text: str, least: int = 1) -> str:
+    """A run of backticks longer than any in `text`: a code span or block it opens is closed
+    by its own fence only."""
+    return "`" * max(least, max((len(r) for r in re.findall("`+", text)), default=0) + 1)
+
+
+def code(text: str, cell: bool = True) -> str:
+    """A code span (family ids, knobs, sites): shown verbatim, as no markup, entity or
+    autolink works inside one; its fence is longer than any run of backticks in the text, and
+    in a table `cell` `|` is escaped (GFM unescapes it before the span is read)."""
+    text = inert(text, lines=False)
+    if not text:
+        return ""
+    fence = _fence(text)
+    pad = " " if text[0] in "` " or text[-1] in "` " else ""
+    body = text.replace("|", "\\|") if cell else text
+    return f"{fence}{pad}{body}{pad}{fence}"
 
 
 def _device(out: list[str], d: DeviceView) -> None:
@@ -96,8 +139,7 @@ def capture(view: CaptureView, options: Options) -> str:
     if view.ranks is not None:
         out.append(ranks(view.ranks, options))
         if view.devices:
-            path = inert(view.devices[0].report.path, lines=False)
-            out.append(f"The full report of {code(path)}:")
+            out.append(f"The full report of {esc(view.devices[0].report.path)}:")
             out.append("")
     if view.device_rows:
         out.append("**Devices of this process.**")
@@ -112,24 +154,26 @@ def capture(view: CaptureView, options: Options) -> str:
 
 
 def _table(out: list[str], header: tuple[str, ...], rows: Sequence[Sequence[str]]) -> None:
-    """Cells come escaped (or as code spans) from the caller."""
+    """Cells come escaped (or as code spans) from the caller; the header is escaped here (a
+    rank table's columns may name input files)."""
     if not rows:
         return
     out.append("")
-    out.append("| " + " | ".join(header) + " |")
+    out.append("| " + " | ".join(esc(h) for h in header) + " |")
     out.append("|" + "---|" * len(header))
     out.extend("| " + " | ".join(row) + " |" for row in rows)
 
 
 def diff(view: DiffView, options: Options) -> str:
     out = ["### GPU memory: before vs after", "",
-           f"- before: `{view.before}`", f"- after: `{view.after}`", "",
-           f"**Verdict.** {view.verdict}", "", "| | before | after | change |",
+           f"- before: {esc(view.before)}", f"- after: {esc(view.after)}", "",
+           f"**Verdict.** {esc(view.verdict)}", "", "| | before | after | change |",
            "|---|---:|---:|---:|"]
-    out += [f"| {k} | {b} | {a} | {c} |" for k, b, a, c in view.totals]
+    out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in view.totals]
     if view.families:
         out += ["", "| family | before | after | change | |", "|---|---:|---:|---:|---|"]
-        out += [f"| `{f}` | {b} | {a} | {c} | {s} |" for f, b, a, c, s in view.families]
+        out += [f"| {code(f)} | " + " | ".join(esc(c) for c in rest) + " |"
+                for f, *rest in view.families]
     if view.growth:
         out += ["", f"**{GROWTH_HEADING}:**", ""]
         out += [f"- {esc(line)}" for line in view.growth]
@@ -144,7 +188,7 @@ def diff(view: DiffView, options: Options) -> str:
 
 
 def ranks(view: RanksView, options: Options) -> str:
-    out = [f"**{esc(view.headline)}**", "", "| " + " | ".join(view.columns) + " |",
+    out = [f"**{esc(view.headline)}**", "", "| " + " | ".join(esc(c) for c in view.columns) + " |",
            "|" + "---|" * len(view.columns)]
     out += ["| " + " | ".join(esc(c) for c in row) + " |" for row in view.rows]
     return "\n".join(out) + "\n"
@@ -163,16 +207,18 @@ def text_log(view: TextLogView, options: Options) -> str:
         if m.split:
             out += ["", esc(m.split)]
         out += [""] + [f"- cause: {esc(c)}" for c in m.causes]
-        out += [f"- knob: `{k}` — {esc(why)}" for k, why in m.knobs]
+        out += [f"- knob: {code(k, cell=False)} — {esc(why)}" for k, why in m.knobs]
         out += [f"- request: {esc(t)}" for t in m.request]
-        out += [f"- knob for the request: `{k}` — {esc(why)}" for k, why in m.request_knobs]
+        out += [f"- knob for the request: {code(k, cell=False)} — {esc(why)}"
+                for k, why in m.request_knobs]
         out += [f"- note: {esc(o)}" for o in m.oddities]
     for sec in view.sections:
         out += ["", f"#### {esc(sec.title)}", ""] + [f"- {esc(t)}" for t in sec.sentences]
         _table(out, sec.columns, [[esc(c) for c in row] for row in sec.rows])
-        out += [""] + [f"- knob: `{k}` — {esc(why)}" for k, why in sec.knobs]
+        out += [""] + [f"- knob: {code(k, cell=False)} — {esc(why)}" for k, why in sec.knobs]
     out += [""] + [f"- not read: {esc(u)}" for u in view.unrecognised]
-    out += ["", "```", *view.record, "```"]
+    fence = _fence("\n".join(view.record), 3)
+    out += ["", fence, *view.record, fence]
     return "\n".join(out) + "\n"
 
 
