@@ -393,8 +393,10 @@ class Runner:
             return Outcome("ok", "", **base)
         if cmd[:1] == ["report"] and "-o" in cmd:
             target = folder / cmd[cmd.index("-o") + 1]
-            if target.is_dir():
-                target = target / (Path(case.input).name.split(".")[0] + ".html")
+            if target.is_dir():  # named after the input, or `snapana-report.html` (ranks)
+                pages = sorted(target.glob("*.html"))
+                target = pages[0] if pages else target / (
+                    Path(case.input).name.split(".")[0] + ".html")
             if not target.is_file() or target.stat().st_size == 0:
                 return Outcome("invariant", "report: exit 0 without the report file", **base)
         return Outcome("ok", "", **base)
