@@ -5,12 +5,16 @@ blow-up or a modified input. `python -m tests.fuzz --minutes N` runs the long ca
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from .conftest import CORPUS
 from .fuzz.campaign import corpus_cases, run_cases
 from .fuzz.cases import Case
 from .fuzz.hostile import hostile_cases
+from .fuzz.mutators import FORMATS
+from .fuzz.round5 import FAST, STRATEGIES, manyranks_case
 from .fuzz.runner import Runner
 
 #: a campaign over the corpus and hostile cases: minutes, so CI's second phase runs it
@@ -27,9 +31,17 @@ def _failures(result, classes):
             for (cls, _), f in sorted(result.findings.items()) if cls in classes]
 
 
+#: The slice's formats: those before issue 66 (its strategies run apart, below, so that the
+#: slice stays the same cases and a finding names its strategy).
+SLICE_FORMATS = tuple(f for f in FORMATS if f not in STRATEGIES)
+#: Cases per issue-66 strategy.
+ROUND5_CASES = 8
+
+
 @pytest.fixture(scope="module")
 def slice_result():
-    return run_cases(None, count=CASES, seed=SEED, jobs=2, corpus=False)
+    return run_cases(None, count=CASES, seed=SEED, jobs=2, corpus=False,
+                     formats=SLICE_FORMATS)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +67,26 @@ def test_inputs_are_never_modified(slice_result, saved_result):
 def test_figures_are_consistent_on_every_success(slice_result, saved_result):
     bad = _failures(slice_result, ("invariant",)) + _failures(saved_result, ("invariant",))
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("fmt", FAST)
+def test_round5_strategy_never_fails(fmt):
+    """Issue 66's strategies (tests/fuzz/round5.py), each on its own: no hard failure, no
+    inconsistent figure or broken expectation, no planted code run, no input changed."""
+    result = run_cases(None, count=ROUND5_CASES, seed=SEED, jobs=2, corpus=False,
+                       formats=(fmt,), timeout=60.0)
+    bad = _failures(result, (*HARD, "invariant", "executed", "overwrite"))
+    assert not bad, "\n".join(bad)
+
+
+def test_many_rank_files_are_read_and_timed():
+    """A folder of 100 tiny rank files is read; the time per file is recorded (a note in the
+    campaign's table, not a limit: the machines CI runs on differ)."""
+    with Runner(timeout=120.0) as runner:
+        case = manyranks_case(random.Random(SEED), 100)
+        out = runner.run(case)
+    assert out.cls == "ok", f"{out.cls}: {out.detail[:140]}"
+    print(f"{case.name}: {out.seconds / 100 * 1000:.0f} ms per file")
 
 
 #: Real captures the fuzzer seeds from, by corpus folder (memray captures are read through the

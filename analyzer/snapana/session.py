@@ -32,7 +32,7 @@ from snapana.analysis.diagnosis.diagnose import device_report
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.explain import ExplainedSite, explain
 from snapana.analysis.ranks.aggregate import RankSummary
-from snapana.analysis.replay import DeviceReplay, Moment, replay
+from snapana.analysis.replay import DeviceReplay, Moment, replay_or_final
 from snapana.analysis.scaled_replay import (
     SizePrediction,
     Window,
@@ -122,8 +122,8 @@ def device_order(capture: Capture, peak: Callable[[int], int] | None = None) -> 
         on_clock = all(t is not None for t in failed.values())
         lead = sorted(failed, key=lambda d: ((failed[d] if on_clock else 0), d))
     elif len(gpus) > 1:
-        peaks = {d: (peak(d) if peak is not None else replay(capture, d).peak_allocated_bytes)
-                 for d in gpus}
+        peaks = {d: (peak(d) if peak is not None
+                     else replay_or_final(capture, d).peak_allocated_bytes) for d in gpus}
         lead = [max(gpus, key=lambda d: (peaks[d], -d))]
     else:
         lead = []
@@ -173,11 +173,12 @@ class Session:
     # ----- the pipeline, once each ------------------------------------------------------------
     @cached_property
     def replay(self) -> DeviceReplay:
-        return replay(self.capture, self.device)
+        return replay_or_final(self.capture, self.device)
 
     @cached_property
     def attributor(self) -> Attributor:
-        return Attributor(self.capture, self.device, self.rules)
+        # the replay's capture: without the trace when it was not replayed (`replay_or_final`)
+        return Attributor(self.replay.capture, self.device, self.rules)
 
     @property
     def device_capacity(self) -> int | None:
@@ -195,7 +196,7 @@ class Session:
     @cached_property
     def report(self) -> DeviceReport:
         """Everything the renderers show for this device at this session's moment."""
-        return device_report(self.capture, self.replay, self.attributor, self.moment,
+        return device_report(self.replay.capture, self.replay, self.attributor, self.moment,
                              self.device_capacity, self.at)
 
     def attributed_blocks(self, moment: Moment) -> pl.DataFrame:
@@ -225,7 +226,7 @@ class Session:
             raise InputError("not simulated: " + "; ".join(not_simulated))
         card = resolve_capacity(capacity) if isinstance(capacity, str) else capacity
         conf = alloc_conf.recorded(self.capture.allocator_settings)
-        events = self.capture.device_events(self.device)
+        events = self.replay.capture.device_events(self.device)
         pad = self.replay.request_pad
         changed = replace(Setting.of(conf, asked, card, pad), drop=self._allocations_of(drop))
         if free_before_forward or empty_cache_before_forward:
@@ -260,7 +261,7 @@ class Session:
             except ScaleError as exc:
                 raise InputError(f"--calibrate: {exc}") from None
         conf = alloc_conf.recorded(self.capture.allocator_settings)
-        return Window(self.device, self.capture.device_events(self.device), growth,
+        return Window(self.device, self.replay.capture.device_events(self.device), growth,
                       Setting.of(conf))
 
     def resize(self, sizes: Mapping[str, Size], card: int | str | None = None,
@@ -332,14 +333,15 @@ class Session:
     @cached_property
     def window_start(self) -> Before:
         """The allocator's state before the recorded window, as the model starts from it."""
-        return window_start(self.capture, self.replay)
+        return window_start(self.replay.capture, self.replay)
 
     def explain(self, *, block: int | None = None, family: str | None = None,
                 site: str | None = None, limit: int = 10) -> list[ExplainedSite]:
         """Why the selected blocks at this session's moment got their families."""
         when = f"at event {self.moment.idx}" if self.at else "at the moment of interest"
-        return explain(self.capture, self.attributor, self.attributed_blocks(self.moment), when,
-                       block=block, family=family, site=site, limit=limit)
+        return explain(self.replay.capture, self.attributor,
+                       self.attributed_blocks(self.moment), when, block=block, family=family,
+                       site=site, limit=limit)
 
 
 def sessions(capture: Capture, device: int | None = None, *, rules: RulesLike = None,

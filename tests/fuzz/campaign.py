@@ -38,11 +38,17 @@ class Result:
     #: the slowest case and the largest peak RSS (bytes) seen, with the case's name
     slowest: tuple[float, str] = (0.0, "")
     largest: tuple[int, str] = (0, "")
+    #: the most seconds per input file of a case of many files (`Case.expect["units"]`)
+    per_file: tuple[float, str] = (0.0, "")
 
     def record(self, index: int, case: Case, out: Outcome) -> None:
         self.cases += 1
         self.slowest = max(self.slowest, (out.seconds, f"{case.fmt}: {case.name[:60]}"))
         self.largest = max(self.largest, (out.peak_rss, f"{case.fmt}: {case.name[:60]}"))
+        units = case.expect.get("units", 0)
+        if units and out.cls in ("ok", "refused"):
+            self.per_file = max(self.per_file, (out.seconds / units,
+                                                f"{case.fmt}: {case.name[:60]}"))
         self.counts[out.cls] += 1
         self.by_format.setdefault(case.fmt, Counter())[out.cls] += 1
         if out.note:
@@ -64,6 +70,9 @@ class Result:
             lines.append("  notes: " + ", ".join(f"{k} x{n}" for k, n in self.notes.items()))
         lines.append(f"  slowest case {self.slowest[0]:.1f} s [{self.slowest[1]}]; largest peak "
                      f"RSS {self.largest[0] >> 20} MiB [{self.largest[1]}]")
+        if self.per_file[1]:
+            lines.append(f"  slowest per input file {self.per_file[0] * 1000:.0f} ms "
+                         f"[{self.per_file[1]}]")
         return "\n".join(lines)
 
 

@@ -33,7 +33,8 @@ class Case:
     input: str = INPUT
     #: ('fifo', relpath) | ('symlink', relpath, target) | ('dir', relpath) | ('file', relpath,
     #: text): a regular file that is no input (a CI summary appended to) | ('chardev',
-    #: relpath): a copy of /dev/null (a link to it where mknod is not allowed) |
+    #: relpath): a copy of /dev/null (a link to it where mknod is not allowed) | ('bytes',
+    #: relpath, base64): a file that is no input, which the run may replace |
     #: ('socket', relpath): a bound Unix socket. Every node must be the same after the run.
     setup: list[tuple[str, ...]] = field(default_factory=list)
     #: an unmutated real capture (re-encoded at most): refusing it is a finding
@@ -49,6 +50,11 @@ class Case:
     process: dict[str, Any] | None = None
     #: an output the environment cannot take is expected: exit 4 in one line is a refusal
     output_may_fail: bool = False
+    #: what the case demands beyond the classes (runner.py `_expected`): {"refuse": value}
+    #: (exit 2, never 0), {"read": True} (never refused), {"markdown": True} (no live link,
+    #: image or zero-width character in markdown output), {"absent": [text]} (no output
+    #: holds it), {"units": n} (input files, for the time per file)
+    expect: dict[str, Any] = field(default_factory=dict)
 
     def command(self) -> list[str]:
         return [a.replace("{input}", self.input) for a in self.argv]
@@ -72,6 +78,8 @@ class Case:
                 p.mkdir(exist_ok=True)
             elif step[0] == "file":  # a regular file an output may append to (not an input)
                 p.write_text(step[2] if len(step) > 2 else "")
+            elif step[0] == "bytes":  # a file snapana may replace (a kept cache entry)
+                p.write_bytes(base64.b64decode(step[2]))
             elif step[0] == "chardev":
                 try:
                     os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
@@ -109,7 +117,8 @@ class Case:
     def is_plain(self) -> bool:
         """One input file run with the default command: saved as the raw file."""
         return (list(self.files) == [self.input] and not self.setup
-                and self.argv == SUMMARY and self.process is None and not self.output_may_fail)
+                and self.argv == SUMMARY and self.process is None and not self.output_may_fail
+                and not self.expect)
 
     def save(self, path_stem: Path) -> Path:
         if self.is_plain():
@@ -120,6 +129,7 @@ class Case:
         doc = {"fmt": self.fmt, "name": self.name, "argv": self.argv, "input": self.input,
                "setup": [list(s) for s in self.setup], "real": self.real,
                "process": self.process, "output_may_fail": self.output_may_fail,
+               "expect": self.expect,
                "files": {k: base64.b64encode(v).decode("ascii")
                          for k, v in sorted(self.files.items())}}
         path.write_text(json.dumps(doc, indent=1) + "\n")
@@ -135,6 +145,7 @@ def load_saved(path: Path) -> Case:
                     argv=list(doc["argv"]), input=doc.get("input", INPUT),
                     setup=[tuple(s) for s in doc.get("setup", [])],
                     real=bool(doc.get("real", False)), process=doc.get("process"),
-                    output_may_fail=bool(doc.get("output_may_fail", False)))
+                    output_may_fail=bool(doc.get("output_may_fail", False)),
+                    expect=dict(doc.get("expect") or {}))
     return Case(fmt="saved", name=path.name, files={INPUT: path.read_bytes()},
                 ext="".join(path.suffixes))

@@ -133,7 +133,7 @@ def hostile_cases(bomb_bytes: int = 24 << 20) -> list[Case]:
     seg_only = [{"action": "segment_alloc", "addr": 1 << 20, "size": 4096, "frames": []},
                 {"action": "alloc", "addr": 1 << 20, "size": 4096, "frames": []},
                 {"action": "alloc", "addr": 2 << 20, "size": 8192, "frames": []}]
-    add(_pickle_case("segment events, no final segments: allocated > reserved, flagged",
+    add(_pickle_case("segment events, no final segments: the trace set aside",
                      {"segments": [], "device_traces": [seg_only]}))
     pending = [{"action": "segment_alloc", "addr": 1 << 20, "size": 2 << 20, "frames": []},
                {"action": "alloc", "addr": 1 << 20, "size": 1 << 20, "frames": []},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 #: Byte figures that are differences and may be negative (spare after a what-if, the gap
@@ -142,4 +143,26 @@ def text_log_violations(doc: dict[str, Any]) -> list[str]:
             bad.append(f"type: {path} = {v!r} is not an integer")
         elif abs(v) > 1 << 65:  # a sum of two figures of 2^64 at most
             bad.append(f"bound: {path} = {v} is past 2^65")
+    return bad
+
+
+#: A live markdown link or image: `](` not escaped (snapana's own card, `](card.png)`, is its
+#: one image); raw HTML a renderer runs (`<img`, `<a `); zero-width characters that hide
+#: text from the reader (U+200B, U+200D, U+FEFF).
+_LIVE_LINK = re.compile(r"(?<!\\)\]\((?!card\.png\))")
+_RAW_HTML = re.compile(r"<(img|a)[\s>/]", re.IGNORECASE)
+_ZERO_WIDTH = re.compile("[\u200b\u200d\ufeff]")
+_CODE_SPAN = re.compile(r"`[^`\n]+`")
+
+
+def markdown_violations(text: str) -> list[str]:
+    """Invariants of markdown output (issue 66): a name or a log line from the input shows
+    as text, never as a link, an image, HTML or hidden characters."""
+    bad = []
+    shown = _CODE_SPAN.sub("``", text)  # a code span shows its text as it is
+    for what, pattern, where in (("link", _LIVE_LINK, shown), ("html", _RAW_HTML, shown),
+                                 ("zero-width", _ZERO_WIDTH, text)):
+        m = pattern.search(where)
+        if m:
+            bad.append(f"{what}: {where[max(m.start() - 30, 0):m.end() + 30]!r}")
     return bad

@@ -610,7 +610,12 @@ FORMATS = {"pickle": 0.40, "kineto": 0.15, "timeline": 0.11, "memray": 0.08, "ex
            "bombs": 0.06, "environment": 0.10,
            # issue #58's: text logs where the readers' patterns look, hostile budgets,
            # CI outputs (--junit, $GITHUB_STEP_SUMMARY) that are not regular files
-           "texts": 0.14}
+           "texts": 0.14,
+           # issue #66's (round5.py): a planted user cache, markup in names and log lines,
+           # digits of other scripts, -o onto links, FIFOs and folders, names that are not
+           # UTF-8, bad bytes before an OOM message, hundreds of rank files
+           "cache": 0.04, "markdown": 0.05, "digits": 0.04, "targets": 0.04, "names": 0.03,
+           "logbytes": 0.05, "manyranks": 0.01}
 
 
 def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
@@ -624,6 +629,7 @@ def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
     from .impossible import impossible_case
     from .ranks import ranks_case
     from .reseed import reseed_case
+    from .round5 import STRATEGIES
     from .sidecars import sidecar_case
     from .strings import strings_case
     from .texts import text_case
@@ -662,5 +668,7 @@ def generate(index: int, seed: int, formats: tuple[str, ...] = tuple(FORMATS),
         return environment_case(r)
     if fmt == "texts":
         return text_case(r)
+    if fmt in STRATEGIES:
+        return STRATEGIES[fmt](r)
     cases = hostile_cases()
     return cases[r.randrange(len(cases))]

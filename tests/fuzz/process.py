@@ -131,7 +131,11 @@ def run_process(case: Case, folder: Path, timeout: float, memory_limit: int,
     env.setdefault("POLARS_MAX_THREADS", "2")
     if settings.get("encoding"):
         env["PYTHONIOENCODING"] = settings["encoding"]
-    env.update(settings.get("env", {}))  # e.g. a CI step summary ($GITHUB_STEP_SUMMARY)
+    for key, value in settings.get("env", {}).items():  # e.g. $GITHUB_STEP_SUMMARY
+        if value is None:
+            env.pop(key, None)  # unset (HOME=. means nothing while XDG_CACHE_HOME is set)
+        else:
+            env[key] = value
     stdout_path = "/dev/full" if settings.get("stdout") == "full" else folder / "stdout.txt"
     start = time.monotonic()
     with open(stdout_path, "wb") as out, open(folder / "stderr.txt", "wb") as err:

@@ -33,11 +33,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .cases import Case
-from .invariants import summary_violations
+from .invariants import markdown_violations, summary_violations
 from .process import run_process
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,6 +231,7 @@ class Runner:
             err = self._read(folder / "stderr.txt")
             outcome = self._environment(case, folder, reply, out, err) or self._classify(
                 case, folder, reply, why, out, err)
+            outcome = self._expected(case, folder, outcome)
             if outcome.cls in GOOD and self._changed(folder, hashes):
                 outcome = Outcome("overwrite", "an input file was modified", outcome.code,
                                   outcome.seconds, err, out)
@@ -281,6 +282,39 @@ class Runner:
                 return Outcome("invariant", "a temporary output was left behind",
                                note=f"left: {left[0][:60]}", **base)
         return None
+
+    @staticmethod
+    def _expected(case: Case, folder: Path, outcome: Outcome) -> Outcome:
+        """What `case.expect` demands of a good outcome (an `invariant` finding otherwise):
+        a value refused, an input read, markdown without live links, planted text absent."""
+        want = case.expect
+        if not want or outcome.cls not in GOOD:
+            return outcome
+
+        def finding(detail: str, note: str) -> Outcome:
+            return replace(outcome, cls="invariant", detail=detail, note=note)
+
+        if "refuse" in want and outcome.cls == "ok":
+            return finding("accepted a value it must refuse", f"accepted: {want['refuse']!r}")
+        if want.get("read") and outcome.cls == "refused":
+            return finding("refused an input it must read", f"refused: {outcome.detail}")
+        if outcome.cls != "ok":
+            return outcome
+        given = set(case.files) | {step[1] for step in case.setup}
+        made = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()
+                and p.relative_to(folder).as_posix() not in given
+                and p.name not in ("stdout.txt", "stderr.txt")]
+        if want.get("markdown"):
+            texts = [outcome.stdout] + [Runner._read(p) for p in made if p.suffix == ".md"]
+            bad = [v for t in texts for v in markdown_violations(t)]
+            if bad:
+                return finding(f"markdown: live {bad[0].split(':')[0]}", "; ".join(bad[:2]))
+        for text in want.get("absent") or ():
+            where = [p.name for p in made if text in Runner._read(p)]
+            if text in outcome.stdout or where:
+                return finding("planted text reached the output",
+                               f"planted: {text[:40]!r} in {(where or ['stdout'])[0]}")
+        return outcome
 
     @staticmethod
     def _read(path: Path, limit: int = 256 << 20) -> str:
@@ -359,8 +393,10 @@ class Runner:
             return Outcome("ok", "", **base)
         if cmd[:1] == ["report"] and "-o" in cmd:
             target = folder / cmd[cmd.index("-o") + 1]
-            if target.is_dir():
-                target = target / (Path(case.input).name.split(".")[0] + ".html")
+            if target.is_dir():  # named after the input, or `snapana-report.html` (ranks)
+                pages = sorted(target.glob("*.html"))
+                target = pages[0] if pages else target / (
+                    Path(case.input).name.split(".")[0] + ".html")
             if not target.is_file() or target.stat().st_size == 0:
                 return Outcome("invariant", "report: exit 0 without the report file", **base)
         return Outcome("ok", "", **base)

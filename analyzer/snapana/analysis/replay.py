@@ -19,6 +19,7 @@ free block is free mapped space; unmapped address space is neither.
 from __future__ import annotations
 
 import bisect
+import copy
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -95,6 +96,9 @@ class DeviceReplay:
     segment_mismatches: list[str] = field(default_factory=list)
     #: bytes the capture's allocator added to each request before rounding it (`rounding_pad`)
     request_pad: int = 0
+    #: why this device's trace was not replayed (`replay_or_final`): its one moment is the
+    #: snapshot; None: the trace was replayed
+    unreplayable: str | None = None
 
     def __repr__(self) -> str:
         """One line (not the capture and the arrays it holds)."""
@@ -184,6 +188,9 @@ class DeviceReplay:
         if at is None or at == "interest":
             return self.interest
         where = f"{self.capture.path} device {self.device}"
+        if self.unreplayable is not None and at != "end":
+            raise MomentError(f"{where}: {NOT_REPLAYED} ({self.unreplayable}), so no moment "
+                              "but the snapshot ('end') can be shown")
         if at == "oom":
             if self.oom_moment is None:
                 raise MomentError(f"{where} has no OOM; try --at peak or --at end")
@@ -688,6 +695,38 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
                       mismatches, seg_mismatches, pad)
     dr._reserved_delta = reserved_delta
     return dr
+
+
+#: How a report says a snapshot's trace was not replayed (`replay_or_final`).
+NOT_REPLAYED = "the trace cannot be replayed in the order it is written"
+
+
+def replay_or_final(capture: Capture, device: int) -> DeviceReplay:
+    """The replay of the device's trace, unless it cannot be the history of the segments
+    the snapshot records: replayed back from them, it has more bytes live than they reserve
+    (entries reordered, reversed or lost). Every figure at any moment of such a replay is
+    one no allocator state allows, so the trace is not used: the state is the snapshot's
+    final segments and blocks (what the file records, checkable against it), its one
+    moment the snapshot, and a warning says why. Sources without allocator segments (a
+    profiler trace, a memory timeline) replay as they are."""
+    dr = replay(capture, device)
+    over = next((m for m in dr.mismatches if m.startswith(OVER_RESERVED)), None)
+    if over is None or not dr.n_events or not capture.source.row.allocator_segments:
+        return dr
+    others = [m for m in dr.mismatches if not m.startswith(OVER_RESERVED)]
+    ooms = f", {len(dr.ooms)} OOM entr{'y' if len(dr.ooms) == 1 else 'ies'} among them" \
+        if dr.ooms else ""
+    warning = (f"{NOT_REPLAYED}: replayed back from the final segments, {over}"
+               f"{'; e.g. ' + others[0] if others else ''}; its {dr.n_events:,} "
+               f"events{ooms} are not used, and the figures are the snapshot's final "
+               "segments and blocks")
+    bare = copy.copy(capture)
+    bare.events = capture.events.filter(pl.col("device") != device)
+    bare._device_events = {}
+    bare.warnings = [*capture.warnings, warning]
+    final = replay(bare, device)
+    final.unreplayable = over
+    return final
 
 
 def _bytes_timeline(lifetimes: pl.DataFrame, n: int, end: str) -> tuple[int, np.ndarray]:

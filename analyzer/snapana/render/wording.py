@@ -68,6 +68,8 @@ def moment_text(r: DeviceReport) -> str:
     if r.at is not None:
         return f"at {_MOMENT_NAMES.get(m.kind, where)} ({where}; chosen with --at {r.at})"
     if not r.diagnosis.history and m.kind != "oom":
+        if r.not_replayed:  # recorded, not usable (the warnings say why)
+            return "at the snapshot (its trace cannot be replayed: see the warnings)"
         return "at the snapshot (no allocation history recorded)"
     if m.kind == "oom":
         return f"at the OOM ({where})"

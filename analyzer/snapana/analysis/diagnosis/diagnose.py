@@ -195,6 +195,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
         has_segments=segmented,
         reserved_known=segmented or dr.device in capture.metadata.get("reserved_timeline", {}),
         failed=dr.oom is not None,
+        not_replayed=dr.unreplayable is not None,
     )
 
 

@@ -300,6 +300,8 @@ class DeviceReport:
     has_segments: bool = True  # the source records allocator segments (pools, cached bytes)
     failed: bool = False  # this device's trace records an OOM (reports list it first)
     reserved_known: bool = True  # reserved is measured (segments or a reserved series)
+    #: the trace is recorded but could not be replayed: the state is the snapshot's final one
+    not_replayed: bool = False
 
     def __repr__(self) -> str:
         """One line: which device, which moment, how much (the findings are attributes)."""
