@@ -33,6 +33,8 @@ class CopySpec:
     min_copies: int
     why: str
     cast_words: str
+    weight_families: frozenset[str]
+    held_unknown: bool
 
 
 @lru_cache(maxsize=1)
@@ -42,7 +44,8 @@ def spec() -> CopySpec:
     return CopySpec(t["family"], t["method"], tuple(int(r) for r in t["ratios"]),
                     frozenset(t["from_families"]), frozenset(t["phases"]), t["cast_symbol"],
                     float(t["min_param_share"]), int(t["min_copies"]), t["why"],
-                    t["cast_words"])
+                    t["cast_words"], frozenset(t["weight_families"]),
+                    bool(t["held_unknown"]))
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,19 @@ class Row:
     cast: bool  # ... and the cast's own frame is among them
 
 
-def find(rows: Sequence[Row], params_family: str = "parameters") -> dict[int, str]:
+def _weighs(r: Row, s: CopySpec) -> bool:
+    """A block the copies are sized against: a parameter, or (`held_unknown`) a block held
+    since before recording that nothing named (the weights of a model whose sizes the window
+    also allocates stay unknown; a copy cast from it is what says it is a weight)."""
+    return r.family in s.weight_families or (
+        s.held_unknown and r.family == "unknown" and not r.made_in_window)
+
+
+def find(rows: Sequence[Row]) -> dict[int, str]:
     """Row index -> the reason, for each block that is one of autocast's weight copies;
     nothing when the set does not show the signature (most weights' bytes copied)."""
     s = spec()
-    params = Counter(r.size for r in rows if r.family == params_family)
+    params = Counter(r.size for r in rows if _weighs(r, s))
     param_bytes = sum(size * n for size, n in params.items())
     if not param_bytes:
         return {}
