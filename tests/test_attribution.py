@@ -130,6 +130,7 @@ def test_family_table_has_the_stable_ids():
         "optimizer_state",
         "optimizer_temporaries",
         "activation_gradients",
+        "autocast_weight_copies",
         "kv_cache",
         "cuda_graph_pool",
         "weight_update_buffer",

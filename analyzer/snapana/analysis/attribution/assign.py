@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution import inference
+from snapana.analysis.attribution import inference, weight_copies
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
 from snapana.analysis.attribution.families import (
@@ -36,7 +36,7 @@ from snapana.analysis.attribution.families import (
 from snapana.analysis.attribution.stack import BlockContext, Stack
 from snapana.analysis.sites import site_of
 from snapana.caching_allocator import ACTIVE_ALLOCATED
-from snapana.model import EMPTY_STACK, Capture
+from snapana.model import EMPTY_STACK, Capture, is_python_file
 
 
 def parse_pool(pool: str) -> tuple[int, int]:
@@ -353,6 +353,7 @@ class Attributor:
             cols["method"].append("" if d.family == "unknown" or framed else (d.rule_id or ""))
         self._working_sets(blocks, cols)
         self._infer(blocks, cols)
+        self._weight_copies(blocks, cols)
         self._inventory(blocks, cols)
         return blocks.with_columns(
             [pl.Series(k, v, dtype=pl.Utf8) for k, v in cols.items()]
@@ -459,6 +460,33 @@ class Attributor:
             cols["rule_id"][i] = ""
             cols["evidence"][i] = "inferred"
             cols["method"][i] = hit.method
+
+    def _weight_copies(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
+        """Blocks of a forward sized like the parameters held with them over autocast's dtype
+        ratio, one per weight (`weight_copies`): autocast's cached casts, not activations.
+        After the inference stage, which names the frameless parameters they are sized by."""
+        if "requested_size" not in blocks.columns:
+            return
+        cast = weight_copies.spec().cast_symbol
+        frames: dict[int, tuple[bool, bool]] = {}
+        for sid in set(blocks["stack_id"].to_list()):
+            stack = self.stacks.stack(int(sid))
+            cpp = [f[1] for f in stack if not is_python_file(f[0])]
+            frames[int(sid)] = (bool(cpp), any(cast in name for name in cpp))
+        rows = [weight_copies.Row(int(req or size), fam, phase, idx is not None and idx >= 0,
+                                  *frames[int(sid)])
+                for req, size, fam, phase, idx, sid in zip(
+                    blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
+                    blocks["alloc_idx"], blocks["stack_id"], strict=True)]
+        found = weight_copies.find(rows)
+        spec = weight_copies.spec()
+        for i, why in found.items():
+            cols["family"][i] = spec.family
+            cols["label"][i] = f"{family_label(spec.family)} (inferred: {spec.method})"
+            cols["reason"][i] = why
+            cols["rule_id"][i] = ""
+            cols["evidence"][i] = "inferred"
+            cols["method"][i] = spec.method
 
     def _inventory(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Named tensors from the recording's sidecar: a block holding one gets its family

@@ -1,0 +1,100 @@
+"""Autocast's weight copies, found by their size relation to the parameters held with them.
+
+Why: under ``torch.autocast`` each op on the lower-precision list casts its fp32 weight
+through ``at::autocast::cached_cast`` (aten/src/ATen/autocast_mode.cpp), which keeps the cast
+of a leaf tensor that requires grad (a parameter) until the outermost context exits
+(torch/amp/autocast_mode.py ``__exit__``). A forward's stack cannot tell such a copy from an
+activation (the module's forward calls the op either way), but its size can: one block per
+weight, the weight's bytes over the dtype ratio. The conclusion and its words are data
+(``inference.toml`` ``[weight_copies]``); this module only matches sizes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from snapana.analysis.attribution.inference import _raw
+
+
+@dataclass(frozen=True)
+class CopySpec:
+    """The ``[weight_copies]`` table of inference.toml."""
+
+    family: str
+    method: str
+    ratios: tuple[int, ...]
+    from_families: frozenset[str]
+    phases: frozenset[str]
+    cast_symbol: str
+    min_param_share: float
+    min_copies: int
+    why: str
+    cast_words: str
+    weight_families: frozenset[str]
+    held_unknown: bool
+
+
+@lru_cache(maxsize=1)
+def spec() -> CopySpec:
+    """The weight-copy signature, read once."""
+    t = _raw()["weight_copies"]
+    return CopySpec(t["family"], t["method"], tuple(int(r) for r in t["ratios"]),
+                    frozenset(t["from_families"]), frozenset(t["phases"]), t["cast_symbol"],
+                    float(t["min_param_share"]), int(t["min_copies"]), t["why"],
+                    t["cast_words"], frozenset(t["weight_families"]),
+                    bool(t["held_unknown"]))
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the matcher reads of one live block."""
+
+    size: int  # the requested size (the tensor's bytes)
+    family: str
+    phase: str
+    made_in_window: bool  # an alloc event exists: the recorded forward made it
+    cpp: bool  # its stack records C++ frames
+    cast: bool  # ... and the cast's own frame is among them
+
+
+def _weighs(r: Row, s: CopySpec) -> bool:
+    """A block the copies are sized against: a parameter, or (`held_unknown`) a block held
+    since before recording that nothing named (the weights of a model whose sizes the window
+    also allocates stay unknown; a copy cast from it is what says it is a weight)."""
+    return r.family in s.weight_families or (
+        s.held_unknown and r.family == "unknown" and not r.made_in_window)
+
+
+def find(rows: Sequence[Row]) -> dict[int, str]:
+    """Row index -> the reason, for each block that is one of autocast's weight copies;
+    nothing when the set does not show the signature (most weights' bytes copied)."""
+    s = spec()
+    params = Counter(r.size for r in rows if _weighs(r, s))
+    param_bytes = sum(size * n for size, n in params.items())
+    if not param_bytes:
+        return {}
+    by_size: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        if (r.family in s.from_families and r.phase in s.phases and r.made_in_window
+                and r.size > 0 and (r.cast or not r.cpp)):
+            by_size.setdefault(r.size, []).append(i)
+    for ratio in s.ratios:
+        copies: list[int] = []
+        for size, found in by_size.items():
+            # one copy per parameter of the size: more candidates than weights is an
+            # activation of a coincidental size among them, and which one is not known
+            if 0 < len(found) <= params.get(size * ratio, 0):
+                copies.extend(found)
+        covered = sum(rows[i].size * ratio for i in copies) / param_bytes
+        if len(copies) < s.min_copies or covered < s.min_param_share:
+            continue
+        out: dict[int, str] = {}
+        for i in copies:
+            out[i] = s.why.format(ratio=ratio, matched=len(copies), covered=covered,
+                                  params=sum(params.values()),
+                                  cast=s.cast_words if rows[i].cast else "")
+        return out
+    return {}
