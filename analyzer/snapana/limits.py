@@ -23,7 +23,7 @@ import os
 import re
 
 from snapana.units import MAX_BYTES as MAX_BYTES
-from snapana.units import parse_bytes
+from snapana.units import ascii_int, parse_bytes
 
 #: MAX_BYTES (defined with the byte units, imported here: every input check reads it from
 #: this module): the largest byte count or address accepted from an input (sizes, addresses,
@@ -80,7 +80,8 @@ def _env_int(name: str, default: int) -> int:
     if not raw:
         return default
     try:
-        return parse_bytes(raw) if not raw.isdigit() else int(raw)
+        n = ascii_int(raw)
+        return parse_bytes(raw) if n is None else n
     except ValueError:
         return default
 

@@ -85,9 +85,24 @@ def quote(text: str, limit: int = 40) -> str:
                                  else "")
 
 
-#: An integer on the command line: ASCII digits only (`str.isdigit` and `int` also take
-#: superscripts and other scripts' digits), one optional sign.
+#: An integer as text: ASCII digits only, one optional sign. `str.isdigit` is True for
+#: superscripts and circled digits ('²', '①') that `int` refuses, and `int` takes other
+#: scripts' digits, '_' and Unicode blanks: neither is a test of "an integer" by itself.
 _INT_RE = re.compile(r"[+-]?[0-9]+")
+#: Digits past which a number is taken as out of any range (before `int` converts it).
+_MAX_INT_CHARS = 40
+
+
+def ascii_int(text: object, max_chars: int = _MAX_INT_CHARS) -> int | None:
+    """The one test-and-convert of an integer written as text (command line, environment,
+    a string field of an input): ASCII digits with one optional sign, blanks around it
+    allowed, at most `max_chars` characters; None otherwise, never an exception."""
+    if not isinstance(text, str):
+        return None
+    text = text.strip(" \t\r\n")
+    if len(text) > max_chars or not _INT_RE.fullmatch(text):
+        return None
+    return int(text)
 
 
 def parse_int(text: str, what: str, lo: int, hi: int) -> int:
@@ -96,7 +111,7 @@ def parse_int(text: str, what: str, lo: int, hi: int) -> int:
     if not isinstance(text, str) or not _INT_RE.fullmatch(text):
         raise ValueError(f"{what} {quote(str(text))} is not an integer (ASCII digits, one "
                          "optional sign)")
-    n = int(text) if len(text) <= 40 else None  # int() refuses 4,300+ digits anyway
+    n = ascii_int(text)  # None past 40 characters: int() refuses 4,300+ digits anyway
     if n is None or not lo <= n <= hi:
         raise ValueError(f"{what} {quote(text)} is out of range ({lo}..{hi})")
     return n
