@@ -4,6 +4,9 @@ and stray bytes in a captured log never hide its OOM message."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from snapana.analysis.scaling import ScaleError, parse_sizes
 from snapana.record.sidecar import launcher_ranks
@@ -53,3 +56,72 @@ def test_one_integer_helper(text: str) -> None:
         parse_sizes([f"seq={text}"])
     assert launcher_ranks({"RANK": text, "WORLD_SIZE": "8"}) == {
         "rank": None, "local_rank": None, "world_size": 8}
+
+
+# -- finding 2: every -o target is refused in one line or used as the README says ---------
+
+#: What stands at the output path, made in `tmp` (`elsewhere/f` is a file a link points to).
+TARGETS = ("dangling", "link-file", "link-dir", "file", "fifo", "dir", "link-loop")
+
+
+def _target(tmp: Path, kind: str) -> Path:
+    (tmp / "elsewhere").mkdir()
+    (tmp / "elsewhere" / "f").write_text("keep")
+    out = tmp / kind
+    make = {"dangling": lambda: out.symlink_to(tmp / "nowhere" / "x"),
+            "link-file": lambda: out.symlink_to(tmp / "elsewhere" / "f"),
+            "link-dir": lambda: out.symlink_to(tmp / "elsewhere"),
+            "file": lambda: out.write_text("old"),
+            "fifo": lambda: os.mkfifo(out),
+            "dir": out.mkdir,
+            "link-loop": lambda: out.symlink_to(out)}
+    make[kind]()
+    return out
+
+
+#: command line (OUT: the output path) -> the targets it refuses; the rest it writes: a file
+#: output replaces a link (never writing through it) and writes inside a folder; a folder
+#: written into may be a link to one; a folder replaced whole is a folder of its own.
+WRITERS = {
+    "report": (["report", str(SAMPLE), "-o", "OUT"], {"fifo", "link-loop"}),
+    "diff": (["diff", str(SAMPLE), str(OTHER), "-o", "OUT"], {"fifo", "link-loop"}),
+    "synth": (["synth", "expandable-segments-oom", "-o", "OUT"], {"fifo", "link-loop"}),
+    "check-junit": (["check", str(SAMPLE), "--budget", "BUDGET", "--junit", "OUT"],
+                    {"fifo", "link-loop", "dir", "link-dir"}),
+    "ticket": (["ticket", str(SAMPLE), "-o", "OUT"],
+               {"dangling", "link-file", "file", "fifo", "link-loop"}),
+    "record": (["record", "-o", "OUT", "--", "/nonexistent/snapana-job"],
+               {"dangling", "link-file", "file", "fifo", "link-loop"}),
+    "export": (["export", str(SAMPLE), "-o", "OUT"], set(TARGETS) - {"dir"}),
+    "batch": (["batch", str(SAMPLE), "-o", "OUT"], set(TARGETS) - {"dir"}),
+}
+
+
+@pytest.mark.parametrize("kind", TARGETS)
+@pytest.mark.parametrize("command", WRITERS)
+def test_every_output_target(tmp_path: Path, command: str, kind: str) -> None:
+    """A dangling link made `ticket` fail with a traceback (FileExistsError, exit 1) and
+    `export` / `batch` name their temp folder; a link loop made `check --junit` an internal
+    error. Now: refused in one line naming the path, exit 2, before any work, or written
+    where the README says, the file a link named left alone."""
+    args, refused = WRITERS[command]
+    out = _target(tmp_path, kind)
+    budget = tmp_path / "budget.toml"
+    budget.write_text('peak_allocated = "100 GiB"\n')
+    r = invoke(*(str(out) if a == "OUT" else str(budget) if a == "BUDGET" else a
+                 for a in args), cwd=tmp_path)
+    assert (tmp_path / "elsewhere" / "f").read_text() == "keep"
+    if kind in refused:
+        _one_line_refusal(r, str(out))
+        return
+    if command == "record":  # the folder is taken; the job is not found
+        _one_line_refusal(r, "no such command")
+        return
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    if kind in ("dir", "link-dir") and command in ("report", "diff", "synth"):
+        assert any(p.suffix in (".html", ".pickle") for p in out.iterdir())
+    elif command == "ticket":
+        assert (out / "ticket.md").is_file()
+    else:
+        assert out.is_dir() if command in ("export", "batch") else (
+            out.is_file() and not out.is_symlink())

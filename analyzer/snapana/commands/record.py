@@ -40,14 +40,14 @@ def record(
     """Run a job with memory recording injected into each of its Python processes: on OOM,
     at --dump-at-step and at exit each rank writes a snapshot and a sidecar (capacity, rank,
     versions, tensor inventory) into DIR. The job's output and exit code pass through."""
+    from snapana.io.output import check_folder_target
     from snapana.process_settings import as_given
     from snapana.record.launch import job_environment, run
 
     if not command:
         raise InputError("record: give the job's command after --, e.g. "
                          "snapana record -o out -- python train.py")
-    if output.exists() and not output.is_dir():
-        raise InputError(f"-o {output}: exists and is not a folder")
+    check_folder_target(output, replaced=False)
     # the job runs in the user's environment, not with this process's own settings
     env = job_environment(output, max_entries, stacks.value, dump_at_step, job,
                           base=as_given())
