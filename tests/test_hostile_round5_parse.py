@@ -4,7 +4,10 @@ and stray bytes in a captured log never hide its OOM message."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -125,3 +128,71 @@ def test_every_output_target(tmp_path: Path, command: str, kind: str) -> None:
     else:
         assert out.is_dir() if command in ("export", "batch") else (
             out.is_file() and not out.is_symlink())
+
+
+# -- finding 3: a file name with a byte that is not UTF-8 ---------------------------------
+
+def _written_utf8(where: Path) -> None:
+    """Every file under `where` that snapana wrote holds UTF-8 only (read through open
+    files: polars takes a path as UTF-8 only): text and JSON decode,
+    JSON strings re-encode (no lone surrogate escaped), Parquet columns read."""
+    import polars as pl
+
+    for f in [where] if where.is_file() else sorted(p for p in where.rglob("*") if p.is_file()):
+        if f.suffix == ".parquet":
+            table = pl.read_parquet(io.BytesIO(f.read_bytes())).select(pl.col(pl.Utf8))
+            for row in table.rows():
+                "".join(v for v in row if v is not None).encode("utf-8")  # raises if not
+        elif f.suffix in (".json", ".md", ".html", ".xml"):
+            text = f.read_bytes().decode("utf-8")
+            if f.suffix == ".json":
+                json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize("args,written", [
+    (["batch", "DIR", "-o", "ds"], "ds"),
+    (["batch", "DIR", "-o", "FF/ds"], "FF"),
+    (["summary", "DIR"], None),
+    (["summary", "DIR", "-f", "json"], None),
+    (["summary", "DIR", "-f", "markdown"], None),
+    (["report", "DIR", "-o", "r.html"], "r.html"),
+    (["summary", "ONE", "-f", "json"], None),
+    (["report", "ONE", "-o", "FF/r.html"], "FF"),
+    (["ticket", "ONE", "-o", "FF"], "FF"),
+    (["export", "ONE", "-o", "FF"], "FF"),
+], ids=["batch", "batch-into-such-folder", "summary", "summary-json", "summary-markdown",
+        "report", "one-summary-json", "one-report", "one-ticket", "one-export"])
+def test_file_names_not_utf8(tmp_path: Path, args: list[str], written: str | None) -> None:
+    """'rank\\xff.pickle' (and a folder so named) as the filesystem gives it: `batch` was a
+    UnicodeEncodeError (exit 1) and JSON held the escape of a lone surrogate. Now shown and
+    written escaped (`rank\\\\udcff.pickle`), as a newline in a name is; every output is
+    UTF-8."""
+    from .conftest import run_cli
+
+    folder = tmp_path / os.fsdecode(b"job\xff")
+    folder.mkdir()
+    shutil.copy(SAMPLE, folder / os.fsdecode(b"rank\xff.pickle"))
+    shutil.copy(OTHER, folder / "rank1.pickle")
+    one = folder / os.fsdecode(b"rank\xff.pickle")
+    ff = os.fsdecode(b"out\xff")
+    if args[-1].startswith("FF/"):
+        (tmp_path / ff).mkdir()
+    names = {"DIR": str(folder), "ONE": str(one)}
+    r = run_cli(*(names.get(a) or a.replace("FF", ff) for a in args), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr  # (run_cli decodes both streams as UTF-8, strictly)
+    assert "\\udcff" in r.stdout + r.stderr or written is not None
+    if args[-2:] == ["-f", "json"]:
+        json.dumps(json.loads(r.stdout), ensure_ascii=False).encode("utf-8")
+    if written is not None:
+        _written_utf8(tmp_path / written.replace("FF", ff))
+        if args[0] == "batch":
+            files = pl_files(tmp_path / written.replace("FF", ff))
+            assert any("rank\\udcff.pickle" in f for f in files), files
+
+
+def pl_files(dataset: Path) -> list[str]:
+    """The `file` column of a batch dataset's ranks table."""
+    import polars as pl
+
+    return [f for p in dataset.rglob("ranks/**/*.parquet")
+            for f in pl.read_parquet(io.BytesIO(p.read_bytes()))["file"].to_list()]

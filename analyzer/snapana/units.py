@@ -34,6 +34,9 @@ MAX_BYTES = 1 << 62
 _CONTROLS = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _UNSAFE = re.compile(f"[{_CONTROLS}]")
 _UNSAFE_LINES = re.compile(f"[\\t\\n{_CONTROLS}]")
+#: A lone surrogate: how Python hands over a file name's byte that is not UTF-8
+#: (surrogateescape: b'\xff' -> '\udcff'), and what a pickle's string may hold.
+_SURROGATES = re.compile("[\ud800-\udfff]")
 #: What a styled terminal text may keep of its own: rich's SGR colour sequences.
 _SGR = re.compile(r"(\x1b\[[0-9;]*m)")
 
@@ -48,6 +51,14 @@ def inert(text: str, lines: bool = True) -> str:
     `\\x1b`; with `lines=False` tab and newline too (a single field, such as a frame's file
     name, must not start a line of its own)."""
     return (_UNSAFE if lines else _UNSAFE_LINES).sub(_escape, text)
+
+
+def encodable(text: str) -> str:
+    """`text` as UTF-8 can hold it (a Parquet column, a JSON string, a partition folder's
+    name): each lone surrogate written escaped as `inert` shows it (`\\udcff`), everything
+    else kept as it is, so a file name the filesystem gave with a byte that is not UTF-8
+    is written the way it is printed, never a UnicodeEncodeError after the work."""
+    return _SURROGATES.sub(_escape, text)
 
 
 def shown_name(text: str, limit: int) -> str:

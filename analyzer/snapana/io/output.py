@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import BinaryIO
 
 from snapana.atomic import (
     OutputError,
@@ -23,7 +24,8 @@ from snapana.atomic import (
 )
 
 __all__ = ["OutputError", "append_text", "atomic_dir", "atomic_path", "check_dir_target",
-           "check_file_target", "check_folder_target", "refuse_inputs", "write_atomic"]
+           "check_file_target", "check_folder_target", "parquet_target", "refuse_inputs",
+           "write_atomic"]
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -57,6 +59,20 @@ def refuse_inputs(path: Path, inputs: Iterable[Path], folder: bool = False) -> N
         if folder and own is not None and own in _above(Path(os.path.realpath(inp))):
             raise OutputError(f"{path}: holds the input {inp}, which replacing the folder "
                               "would delete; choose another output folder")
+
+
+@contextmanager
+def parquet_target(path: Path) -> Iterator[Path | BinaryIO]:
+    """What to hand polars' `write_parquet` for `path`: the path itself, or, where its name
+    holds a byte that is not UTF-8 (a folder the filesystem names so), the file opened
+    here: polars takes a path as UTF-8 text only, and fails on any other (a TypeError)."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        with open(path, "wb") as fh:
+            yield fh
+        return
+    yield path
 
 
 def append_text(path: Path | str, text: str) -> None:
