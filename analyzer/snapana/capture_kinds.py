@@ -114,16 +114,27 @@ def looks_like_timeline(head: bytes) -> bool:
     return text[:1] == b"[" and text[1:].lstrip()[:1] == b"["
 
 
+#: The share of a text's head that may be noise: bytes that are not UTF-8 and controls no
+#: terminal output holds. A captured log carries some (a stray 0xff, a Latin-1 word, a
+#: progress bar cut mid-character); a binary file's head (a PNG's, random bytes, a zip's)
+#: is mostly noise.
+TEXT_NOISE = 0.125
+#: Controls a terminal's output holds: tab, newline, carriage return (progress bars),
+#: backspace, form feed and escape (colours).
+_TEXT_CONTROLS = frozenset("\t\n\r\b\f\x1b")
+
+
 def looks_like_text(head: bytes) -> bool:
-    """Text, not a binary format: no NUL byte, and UTF-8 (a character cut at the end of the
-    head allowed)."""
-    if b"\x00" in head:
+    """Text, not a binary format, decided by share, not by the whole head's validity: one
+    bad byte must not hide the OOM message after it. NUL bytes are left out first (a
+    log rotated by copytruncate starts with a run of them; the reader drops them too);
+    what is left must be at most TEXT_NOISE noise."""
+    text = head.replace(b"\x00", b"").decode("utf-8", "replace")
+    if not text.strip():
         return False
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return exc.start >= len(head) - 3 and exc.reason.startswith("unexpected end")
-    return True
+    noise = sum(1 for c in text if c == "\ufffd" or c == "\x7f"
+                or (c < " " and c not in _TEXT_CONTROLS))
+    return noise <= len(text) * TEXT_NOISE
 
 
 #: Every input kind, one row each, in the order detection tries them.

@@ -18,6 +18,8 @@ import os
 import signal
 import sys
 
+from snapana.units import ascii_int
+
 #: The environment variable that tells a child its parent's pid.
 PARENT_ENV = "SNAPANA_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
@@ -33,7 +35,7 @@ def _die_with_parent():
         except Exception:
             pass
     parent = os.environ.get("SNAPANA_PARENT_PID", "")
-    if parent.isdigit() and os.getppid() != int(parent):
+    if parent.isascii() and parent.isdigit() and os.getppid() != int(parent):
         os._exit(1)
 _die_with_parent()
 """
@@ -57,7 +59,7 @@ def die_with_parent(parent: int | None = None) -> None:
             pass
     if parent is None:
         given = os.environ.get(PARENT_ENV, "")
-        parent = int(given) if given.isdigit() else None
+        parent = ascii_int(given)
     if parent is not None and os.getppid() != parent:
         os._exit(1)
 

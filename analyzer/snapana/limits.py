@@ -23,7 +23,7 @@ import os
 import re
 
 from snapana.units import MAX_BYTES as MAX_BYTES
-from snapana.units import parse_bytes
+from snapana.units import ascii_int, parse_bytes
 
 #: MAX_BYTES (defined with the byte units, imported here: every input check reads it from
 #: this module): the largest byte count or address accepted from an input (sizes, addresses,
@@ -80,7 +80,8 @@ def _env_int(name: str, default: int) -> int:
     if not raw:
         return default
     try:
-        return parse_bytes(raw) if not raw.isdigit() else int(raw)
+        n = ascii_int(raw)
+        return parse_bytes(raw) if n is None else n
     except ValueError:
         return default
 
@@ -213,6 +214,10 @@ def memray_stall_seconds() -> float:
 #: the anchors past them are counted, never read, and each shown message costs the renderers
 #: a dozen lines: 1,000 keep a 100 KB text of anchors under a second).
 MAX_LOG_BYTES = 256 << 20
+#: NUL bytes a file's start may have before the bytes its kind is told by: a log rotated by
+#: copytruncate (logrotate) starts with a hole of them as long as the part cut away. Past
+#: it, the file is refused as unrecognised.
+MAX_LEADING_NULS = 16 << 20
 MAX_LOG_MESSAGES = 1_000
 #: A text log's line is matched up to this many characters: every pattern of the text readers
 #: runs over at most this much at a time, so reading is linear in the text whatever a line

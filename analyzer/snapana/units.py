@@ -38,6 +38,9 @@ _CONTROLS = (r"\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u180e\u200b-\u200f\u2
              r"\U000e0000-\U000e007f")
 _UNSAFE = re.compile(f"[{_CONTROLS}]")
 _UNSAFE_LINES = re.compile(f"[\\t\\n{_CONTROLS}]")
+#: A lone surrogate: how Python hands over a file name's byte that is not UTF-8
+#: (surrogateescape: b'\xff' -> '\udcff'), and what a pickle's string may hold.
+_SURROGATES = re.compile("[\ud800-\udfff]")
 #: What a styled terminal text may keep of its own: rich's SGR colour sequences.
 _SGR = re.compile(r"(\x1b\[[0-9;]*m)")
 
@@ -54,6 +57,14 @@ def inert(text: str, lines: bool = True) -> str:
     `\\x1b`; with `lines=False` tab and newline too (a single field, such as a frame's file
     name, must not start a line of its own)."""
     return (_UNSAFE if lines else _UNSAFE_LINES).sub(_escape, text)
+
+
+def encodable(text: str) -> str:
+    """`text` as UTF-8 can hold it (a Parquet column, a JSON string, a partition folder's
+    name): each lone surrogate written escaped as `inert` shows it (`\\udcff`), everything
+    else kept as it is, so a file name the filesystem gave with a byte that is not UTF-8
+    is written the way it is printed, never a UnicodeEncodeError after the work."""
+    return _SURROGATES.sub(_escape, text)
 
 
 def shown_name(text: str, limit: int) -> str:
@@ -91,9 +102,24 @@ def quote(text: str, limit: int = 40) -> str:
                                  else "")
 
 
-#: An integer on the command line: ASCII digits only (`str.isdigit` and `int` also take
-#: superscripts and other scripts' digits), one optional sign.
+#: An integer as text: ASCII digits only, one optional sign. `str.isdigit` is True for
+#: superscripts and circled digits ('²', '①') that `int` refuses, and `int` takes other
+#: scripts' digits, '_' and Unicode blanks: neither is a test of "an integer" by itself.
 _INT_RE = re.compile(r"[+-]?[0-9]+")
+#: Digits past which a number is taken as out of any range (before `int` converts it).
+_MAX_INT_CHARS = 40
+
+
+def ascii_int(text: object, max_chars: int = _MAX_INT_CHARS) -> int | None:
+    """The one test-and-convert of an integer written as text (command line, environment,
+    a string field of an input): ASCII digits with one optional sign, blanks around it
+    allowed, at most `max_chars` characters; None otherwise, never an exception."""
+    if not isinstance(text, str):
+        return None
+    text = text.strip(" \t\r\n")
+    if len(text) > max_chars or not _INT_RE.fullmatch(text):
+        return None
+    return int(text)
 
 
 def parse_int(text: str, what: str, lo: int, hi: int) -> int:
@@ -102,7 +128,7 @@ def parse_int(text: str, what: str, lo: int, hi: int) -> int:
     if not isinstance(text, str) or not _INT_RE.fullmatch(text):
         raise ValueError(f"{what} {quote(str(text))} is not an integer (ASCII digits, one "
                          "optional sign)")
-    n = int(text) if len(text) <= 40 else None  # int() refuses 4,300+ digits anyway
+    n = ascii_int(text)  # None past 40 characters: int() refuses 4,300+ digits anyway
     if n is None or not lo <= n <= hi:
         raise ValueError(f"{what} {quote(text)} is out of range ({lo}..{hi})")
     return n

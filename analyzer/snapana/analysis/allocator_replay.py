@@ -39,6 +39,7 @@ import polars as pl
 from snapana.allocator_model.config import AllocConf
 from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
 from snapana.analysis.replay import Moment
+from snapana.units import ascii_int
 
 if TYPE_CHECKING:
     from snapana.analysis.attribution import Knob
@@ -374,9 +375,8 @@ def _compare(out: Replay, made: list[tuple[str, int]], idx: int) -> None:
 
 def _pool(text: object) -> tuple[int, int]:
     """A pool id as the analysis writes it ("0,1") as the allocator's (0, 1)."""
-    a, _, b = str(text).partition(",")
-    return (int(a), int(b)) if a.strip().lstrip("-").isdigit() and \
-        b.strip().lstrip("-").isdigit() else (0, 0)
+    a, b = (ascii_int(p) for p in str(text).partition(",")[::2])
+    return (a, b) if a is not None and b is not None else (0, 0)
 
 
 def request_pools(events: Events, held: Iterable[tuple[int, int, tuple[int, int]]],

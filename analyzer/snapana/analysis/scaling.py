@@ -35,6 +35,7 @@ from snapana.analysis.attribution.lifetimes import attribute_lifetimes
 from snapana.analysis.replay import NEVER
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import is_python_frame
+from snapana.units import ascii_int
 
 if TYPE_CHECKING:
     from snapana.analysis.attribution.assign import Attributor
@@ -79,14 +80,15 @@ def parse_sizes(items: Sequence[str]) -> dict[str, Size]:
         if not eq or knob not in KNOBS:
             raise ScaleError(f"{item[:60]!r}: give batch=RECORDED[:TARGET] or "
                              "seq=RECORDED[:TARGET], e.g. seq=128:2048")
+        # ASCII digits only: '²' passes str.isdigit and fails int()
         parts = rest.split(":")
-        if len(parts) > 2 or not all(p.strip().isdigit() and 0 < int(p) <= 1 << 32
-                                     for p in parts):
-            raise ScaleError(f"{item[:60]!r}: sizes are whole numbers from 1 to 2^32, "
-                             "e.g. seq=128:2048")
+        numbers = [n for n in map(ascii_int, parts) if n is not None and 0 < n <= 1 << 32]
+        if len(parts) > 2 or len(numbers) != len(parts):
+            raise ScaleError(f"{item[:60]!r}: sizes are whole numbers from 1 to 2^32 (ASCII "
+                             "digits), e.g. seq=128:2048")
         if knob in out:
             raise ScaleError(f"{knob} is given twice")
-        out[knob] = Size(knob, int(parts[0]), int(parts[1]) if len(parts) == 2 else None)
+        out[knob] = Size(knob, numbers[0], numbers[1] if len(numbers) == 2 else None)
     return out
 
 

@@ -103,14 +103,22 @@ def output_file(output: Path | None, default: Path, read: list[Path]) -> Path:
     An output that is an input (`read`: the resolved inputs' files, `Inputs.files`: inputs
     and sidecars) or inside an input folder is refused before any work: inputs are never
     modified."""
-    from snapana.io.output import check_file_target, refuse_inputs
-
     out = output if output is not None else default
     if out.is_dir():
         out = out / default.name
         err.print(f"{inert(str(output), lines=False)} is a folder: writing "
                   f"{inert(str(out), lines=False)}", markup=False, highlight=False,
                   soft_wrap=True)
+    return output_named(out, read)
+
+
+def output_named(out: Path, read: list[Path]) -> Path:
+    """A file output at exactly this path (`--junit`, or `output_file`'s choice), checked
+    before any work: not an input nor inside an input folder (compared by identity, so a
+    link loop is a refusal, not `Path.resolve`'s RuntimeError), and a regular file or
+    nothing (a link to one is replaced by the new file; its target is left alone)."""
+    from snapana.io.output import check_file_target, refuse_inputs
+
     refuse_inputs(out, read)
     check_file_target(out)
     return out

@@ -22,7 +22,6 @@ from snapana.commands._options import (
     DeviceOpt,
     FileArg,
 )
-from snapana.errors import InputError
 
 #: Exit code of a capture over its budget (bad input stays 2, as everywhere).
 OVER_BUDGET = 1
@@ -54,8 +53,8 @@ def check(
     ins = policy.each(file)
     rules, cap = policy.check_rules(None, capacity)
     limits = read_budget_file(budget)
-    if junit is not None and junit.resolve() in (file.resolve(), budget.resolve()):
-        raise InputError(f"--junit {junit}: is an input; choose another path")
+    if junit is not None:
+        policy.output_named(junit, [*ins.files, budget])
     sessions = policy.sessions_of(ins.items[0], device, rules, cap, at)
     reports = [s.report for s in sessions]
     shown = reports[0]

@@ -136,9 +136,12 @@ def _scaled(ins: Inputs, scale: list[str], capacity: str | None, fit: bool,
 
     try:
         sizes = parse_sizes(scale)
-        other = parse_sizes([calibrate_size]) if calibrate_size is not None else {}
     except ScaleError as exc:
         raise InputError(f"--scale {exc}") from None
+    try:
+        other = parse_sizes([calibrate_size]) if calibrate_size is not None else {}
+    except ScaleError as exc:
+        raise InputError(f"--calibrate-size {exc}") from None
     if not sizes:
         raise InputError("give the capture's size: --scale batch=RECORDED[:TARGET] or "
                          "--scale seq=RECORDED[:TARGET]")

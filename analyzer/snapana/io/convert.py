@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from snapana.io.output import atomic_path
+from snapana.io.output import atomic_path, parquet_target
 from snapana.model import ReadProgress
 from snapana.sources import memray_capture
 from snapana.sources._io import check_regular
@@ -37,8 +37,8 @@ def convert_memray(path: Path | str, out_parquet: Path | str, python: str | None
     path, out = Path(path), Path(out_parquet)
     check_regular(path)  # missing, a FIFO or a device: refused before anything opens it
     records, meta = memray_capture.read_records(path, progress, python=python, out=out)
-    with atomic_path(out) as tmp:
+    with atomic_path(out) as tmp, parquet_target(tmp) as target:
         records.write_parquet(
-            tmp, metadata={memray_capture.PARQUET_META_KEY: json.dumps(meta)}
+            target, metadata={memray_capture.PARQUET_META_KEY: json.dumps(meta)}
         )
     return out

@@ -21,10 +21,11 @@ import polars as pl
 
 from snapana.errors import OutputError
 from snapana.io import tables
-from snapana.io.output import atomic_dir, check_dir_target
+from snapana.io.output import atomic_dir, check_dir_target, parquet_target
 from snapana.model import Capture
 from snapana.session import RulesLike, Session, open_capture, sessions
 from snapana.sources.parquet_dir import AT_MOMENT, FINAL, FORMAT, MARKER, VERSION, encode
+from snapana.units import encodable
 
 
 def export_capture(path: Path, out_dir: Path, device: int | None = None,
@@ -60,7 +61,7 @@ def export(analysed: list[Session], out_dir: Path) -> Path:
         "format": FORMAT,
         "version": VERSION,
         "source": capture.source,
-        "path": capture.path,
+        "path": encodable(capture.path),  # UTF-8 JSON: a byte that is not, escaped
         "devices": list(capture.devices),
         "allocator_settings": encode(capture.allocator_settings),
         "annotations": encode(capture.annotations),
@@ -111,7 +112,8 @@ def _write_dir(out_dir: Path, tables: dict[str, pl.DataFrame], meta: dict[str, A
     with atomic_dir(out_dir, MARKER, "export") as tmp:
         for name, df in tables.items():
             try:
-                df.write_parquet(tmp / f"{name}.parquet", statistics=True)
+                with parquet_target(tmp / f"{name}.parquet") as target:
+                    df.write_parquet(target, statistics=True)
             except pl.exceptions.PolarsError as exc:  # polars wraps a failed write (a full
                 # disk, a file-size limit) in its own error: the environment's, not a bug
                 why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

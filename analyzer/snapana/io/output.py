@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import BinaryIO
 
 from snapana.atomic import (
     OutputError,
@@ -23,7 +24,8 @@ from snapana.atomic import (
 )
 
 __all__ = ["OutputError", "append_text", "atomic_dir", "atomic_path", "check_dir_target",
-           "check_file_target", "refuse_inputs", "write_atomic"]
+           "check_file_target", "check_folder_target", "parquet_target", "refuse_inputs",
+           "write_atomic"]
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -59,6 +61,20 @@ def refuse_inputs(path: Path, inputs: Iterable[Path], folder: bool = False) -> N
                               "would delete; choose another output folder")
 
 
+@contextmanager
+def parquet_target(path: Path) -> Iterator[Path | BinaryIO]:
+    """What to hand polars' `write_parquet` for `path`: the path itself, or, where its name
+    holds a byte that is not UTF-8 (a folder the filesystem names so), the file opened
+    here: polars takes a path as UTF-8 text only, and fails on any other (a TypeError)."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        with open(path, "wb") as fh:
+            yield fh
+        return
+    yield path
+
+
 def append_text(path: Path | str, text: str) -> None:
     """Append to a file named from outside (a CI step summary): a regular file or a new one.
     Opened without blocking (a FIFO with no reader fails at once instead of waiting for one)
@@ -89,6 +105,26 @@ def append_text(path: Path | str, text: str) -> None:
         fh.write(text)
 
 
+def check_folder_target(path: Path, replaced: bool) -> None:
+    """A folder output's path holds a folder or nothing. A symbolic link there that leads
+    to no folder (dangling, a loop) is refused: making the folder would fail on it after the
+    work. A folder `replaced` whole (export, dataset) may not be a link at all: the rename
+    would replace the link, not the folder it names, and a link to an earlier output could
+    not be swapped atomically; a folder written into (ticket, record) may be a link to one."""
+    from snapana.units import inert
+
+    shown = inert(str(path), lines=False)
+    if path.is_symlink():
+        if replaced:
+            raise OutputError(f"{shown}: is a symbolic link; name a folder of its own (the "
+                              "output folder is replaced whole)")
+        if not path.is_dir():
+            raise OutputError(f"{shown}: is a symbolic link that leads to no folder; name a "
+                              "folder")
+    elif path.exists() and not path.is_dir():
+        raise OutputError(f"{shown}: exists and is not a folder")
+
+
 def check_dir_target(path: Path, marker: str, kind: str) -> None:
     """Only an earlier output of the same kind (it holds `marker`) or an empty folder may be
     replaced, so `-o` pointed at someone's folder cannot delete it. Callers check early,
@@ -97,9 +133,8 @@ def check_dir_target(path: Path, marker: str, kind: str) -> None:
     refuse_input(path)
     if not parent.is_dir():
         raise OutputError(f"{path}: folder {parent} does not exist")
+    check_folder_target(path, replaced=True)
     if path.exists():
-        if not path.is_dir():
-            raise OutputError(f"{path}: exists and is not a folder")
         if any(path.iterdir()) and not (path / marker).is_file():
             raise OutputError(f"{path}: exists and is not a snapana {kind}; not replacing it")
 

@@ -8,7 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from snapana.io.output import OutputError, check_file_target, refuse_inputs, write_atomic
+from snapana.io.output import (
+    OutputError,
+    check_file_target,
+    check_folder_target,
+    refuse_inputs,
+    write_atomic,
+)
 
 if TYPE_CHECKING:
     from snapana.render.views import CaptureView
@@ -24,8 +30,7 @@ _CUT = ("\n\n_(cut here to stay under GitHub's 65,536-character limit: report.ht
 def check_targets(folder: Path, read: list[Path]) -> list[Path]:
     """The four outputs' paths, refused before any work when one is an input, lies inside
     an input folder, or is not a regular file; the folder must be one, or not exist yet."""
-    if folder.exists() and not folder.is_dir():
-        raise OutputError(f"{folder}: exists and is not a folder")
+    check_folder_target(folder, replaced=False)
     refuse_inputs(folder, read)
     targets = [folder / name for name in TICKET_FILES]
     for target in targets:
@@ -64,7 +69,11 @@ def write_ticket(view: CaptureView, folder: Path, file: str) -> list[Path]:
         parent = folder.parent if str(folder.parent) else Path(".")
         if not parent.is_dir():
             raise OutputError(f"{folder}: folder {parent} does not exist")
-        folder.mkdir()
+        try:  # `check_targets` ran before the work; what stands there may have changed
+            folder.mkdir()
+        except OSError as exc:
+            raise OutputError(f"{folder}: cannot make the folder: {exc.strerror or exc}"
+                              ) from None
     card, markdown, page, data = (folder / name for name in TICKET_FILES)
     write_atomic(card, card_png(view.devices[0], file))
     write_atomic(markdown, ticket_markdown(view))

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from snapana.record.recorder import Options, Recorder
+from snapana.record.sidecar import env_count
 
 __all__ = ["Options", "Recorder", "active", "recording", "start", "start_from_env", "step",
            "stop"]
@@ -55,11 +56,10 @@ def start(dir: str | Path = "snapana-record", *, max_entries: int = 100_000,
 
 def start_from_env() -> Recorder | None:
     """What the injected hook calls when the job imports torch."""
-    at_step = os.environ.get(ENV_DUMP_AT_STEP)
     return start(os.environ.get(ENV_DIR, "snapana-record"),
-                 max_entries=int(os.environ.get(ENV_MAX_ENTRIES, "100000")),
+                 max_entries=env_count(os.environ.get(ENV_MAX_ENTRIES)) or 100_000,
                  stacks=os.environ.get(ENV_STACKS, "python"),
-                 dump_at_step=int(at_step) if at_step else None,
+                 dump_at_step=env_count(os.environ.get(ENV_DUMP_AT_STEP)) or None,
                  job=os.environ.get(ENV_JOB) or None)
 
 

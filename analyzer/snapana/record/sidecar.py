@@ -33,13 +33,20 @@ FRAMEWORKS = {
 _RANK_ENV = {"rank": "RANK", "local_rank": "LOCAL_RANK", "world_size": "WORLD_SIZE"}
 
 
+def env_count(text: str | None) -> int | None:
+    """A count from the environment (a rank, a buffer size): ASCII digits only, else None.
+    The job side's own copy of `snapana.units.ascii_int` (capture code imports nothing of
+    the analyzer): '²' passes `str.isdigit` and fails `int`, which would stop the job."""
+    text = (text or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def launcher_ranks(env: dict[str, str] | None = None) -> dict[str, int | None]:
     """Rank, local rank and world size as torchrun, accelerate and deepspeed set them."""
     env = dict(os.environ) if env is None else env
     out: dict[str, int | None] = {}
     for key, name in _RANK_ENV.items():
-        value = env.get(name)
-        out[key] = int(value) if value is not None and value.strip().isdigit() else None
+        out[key] = env_count(env.get(name))
     return out
 
 

@@ -18,25 +18,34 @@ from snapana.render.scale import ScaleView
 from snapana.render.text_log import TRACEBACK_SCOPE, TextLogView
 from snapana.render.views import CaptureView, DeviceView, DiffView, RanksView
 from snapana.render.whatif import WhatIfView
-from snapana.units import shown_name
+from snapana.units import encodable, shown_name
 
 
 def _dump(data: dict[str, Any]) -> str:
     """JSON as the standard has it: a non-finite number an input carried (an allocator
     setting of Infinity in a hand-edited export) is written as text, never as the bare
-    `Infinity` / `NaN` no strict parser reads."""
+    `Infinity` / `NaN` no strict parser reads; a lone surrogate (a file name's byte that is
+    not UTF-8) as the text `\\udcff`, never the escape of a lone surrogate, which a strict
+    parser refuses and a lax one hands on unencodable."""
     try:
-        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+        text = json.dumps(data, indent=2, allow_nan=False)
     except ValueError:
-        return json.dumps(_finite(data), indent=2, allow_nan=False) + "\n"
+        text = ""
+    if not text or "\\ud" in text:  # a surrogate's escape, or a pair's: rare, walked then
+        text = json.dumps(_finite(data), indent=2, allow_nan=False)
+    return text + "\n"
 
 
 def _finite(value: Any) -> Any:
-    """`value` with each non-finite float spelled as text ("inf", "-inf", "nan")."""
+    """`value` with each non-finite float spelled as text ("inf", "-inf", "nan") and each
+    string made encodable (`units.encodable`)."""
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
+    if isinstance(value, str):
+        return encodable(value)
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {encodable(k) if isinstance(k, str) else k: _finite(v)
+                for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from snapana.capture_kinds import CaptureKind, detect
 from snapana.errors import InputError
+from snapana.limits import MAX_LEADING_NULS
 from snapana.sources._io import check_regular, note_input, open_input
 
 if TYPE_CHECKING:  # the model (polars) is imported by the reader that builds one
@@ -37,12 +38,19 @@ def sniff(path: Path) -> CaptureKind:
     stream, raw, _ = open_input(path)
     try:
         head = stream.read(64)
+        nuls = 0
+        # a run of NULs first (a log rotated by copytruncate): told by what follows it
+        while head and not head.strip(b"\x00") and nuls < MAX_LEADING_NULS:
+            nuls += len(head)
+            head = stream.read(64 << 10)
+        if nuls:
+            head = (head.lstrip(b"\x00") + stream.read(64))[:64]
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     finally:
         stream.close()
         raw.close()
-    if not head:
+    if not head and not nuls:
         raise InputError(f"{path}: empty file")
     kind = detect(head)
     if kind is None:

@@ -40,7 +40,7 @@ from snapana.model import (
 )
 from snapana.sources._io import MetaError, sanitize
 from snapana.sources.json_stream import stream_json
-from snapana.units import SYNTHETIC_ADDRESSES
+from snapana.units import SYNTHETIC_ADDRESSES, ascii_int
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -165,9 +165,10 @@ def _arg(args: dict[str, Any], key: str, where: str, lo: int, hi: int) -> int | 
     if v is None or isinstance(v, bool):
         return None
     if isinstance(v, str):
-        if len(v) > 40 or not v.strip().lstrip("-").isdigit():
+        n = ascii_int(v)
+        if n is None:
             return None
-        v = int(v)
+        v = n
     if isinstance(v, float):
         if not math.isfinite(v):
             raise _Bad(f"{where}.{key}", f"{_describe(v)} is not a finite number")

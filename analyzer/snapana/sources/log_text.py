@@ -56,7 +56,11 @@ def _bounded(data: bytes, skipped: int, name: str) -> TextLog:
         notes.append(f"only the last {MAX_LOG_BYTES >> 20} MiB of the text were read "
                      f"({skipped:,} bytes before them skipped; SNAPANA has this bound in "
                      "limits.MAX_LOG_BYTES)")
-    lines, cut = bounded_lines(unescape(data.decode("utf-8", "replace")))
+    # each undecodable byte one U+FFFD in its own line (UTF-8 resynchronises at the next
+    # character), so a stray byte never hides a message; NUL bytes (a copytruncate hole, a
+    # NUL line) are no text at all
+    lines, cut = bounded_lines(unescape(data.replace(b"\x00", b"").decode("utf-8",
+                                                                           "replace")))
     if cut:
         notes.append(cut)
     try:

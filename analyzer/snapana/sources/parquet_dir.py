@@ -51,6 +51,7 @@ from snapana.sources._io import (
     sanitize,
 )
 from snapana.sources.sidecar import tensor_problem
+from snapana.units import ascii_int
 
 #: The file that makes a folder an export (and holds its metadata).
 MARKER = "snapana-export.json"
@@ -461,8 +462,8 @@ def _meta_fields(meta: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def _device_key(k: Any) -> int | None:
     """A device number as a dict key (an int, or the string of one as JSON keys are)."""
-    if isinstance(k, str) and k.lstrip("-").isdigit() and len(k) <= 8:
-        k = int(k)
+    if isinstance(k, str):
+        k = ascii_int(k, max_chars=8)
     if isinstance(k, int) and not isinstance(k, bool) and _DEVICE_RANGE[0] <= k < \
             _DEVICE_RANGE[1]:
         return k
