@@ -35,7 +35,7 @@ from snapana.analysis.attribution.facts import (
     shown_at,
     workload_words,
 )
-from snapana.analysis.attribution.families import workload_marks
+from snapana.analysis.attribution.families import forward_only_phases, workload_marks
 from snapana.analysis.attribution.stack import import_path
 from snapana.caching_allocator import ACTIVE_ALLOCATED, ALLOCATOR_DEFAULTS
 from snapana.model import Capture, Frame, is_python_file
@@ -139,7 +139,8 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, tuple[str, str
     weak: dict[str, list[str]] = {"training": [], "inference": [], "autograd": []}
     for fact, where in facts.items():
         spec = specs.get(fact)
-        if spec is None or spec.only_with and not facts.keys() & set(spec.only_with):
+        if spec is None or spec.only_with and not facts.keys() & set(spec.only_with) \
+                or facts.keys() & set(spec.unless_with):
             continue
         to = weak if spec.weak else said
         # one place is said once, by the first fact that names it (two facts can share an
@@ -229,10 +230,14 @@ def _workload_marks(held: pl.DataFrame | None, lifetimes: pl.DataFrame | None,
     over the window by how many blocks it made and the most of them live at once (their
     sum over the window can exceed the device: a gradient freed and made again each step)."""
     families, phases = workload_marks()
+    forward_only = forward_only_phases()
     out: dict[str, tuple[str, str]] = {}
     for table, over_window in ((held, False), (lifetimes, True)):
         if table is None or table.is_empty():
             continue
+        if "phase" in table.columns and forward_only:  # made with no backward to follow
+            table = table.filter(~pl.col("phase").is_in(list(forward_only))
+                                 | pl.col("phase").is_null())
         for fam, says in sorted(families.items()):
             got = table.filter(pl.col("family") == fam)
             if got.height and fam not in out:

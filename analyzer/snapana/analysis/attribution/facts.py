@@ -47,6 +47,9 @@ class FactSpec:
     #: facts of which one must hold too before this one speaks for its workload (it says
     #: only what it adds to them); empty: it speaks alone
     only_with: tuple[str, ...] = ()
+    #: facts of which none may hold for this one to speak (zero_grad says nothing of a graph
+    #: the window dropped unused)
+    unless_with: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=1)
@@ -58,7 +61,7 @@ def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
         FactSpec(f["id"], f.get("says", ""), f["words"], _patterns(f["frames"]),
                  tuple(f.get("annotations", ())), bool(f.get("weak", False)),
                  _patterns(f.get("of_blocks", ())), f.get("seen_as", ""),
-                 tuple(f.get("only_with", ())))
+                 tuple(f.get("only_with", ())), tuple(f.get("unless_with", ())))
         for f in data["fact"])
     return facts, tuple(data["limits"]["library_paths"])
 
