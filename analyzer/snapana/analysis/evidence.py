@@ -24,6 +24,7 @@ from snapana.analysis.attribution.facts import (
     OPTIMIZER_STATE,
     OWN_OPTIMIZER_STEP,
     SCOPED_ELSEWHERE,
+    SCORE_MATRICES,
     SEVERAL_DEVICES,
     STRANDED_CACHE,
     FactPattern,
@@ -37,6 +38,7 @@ from snapana.analysis.attribution.facts import (
 )
 from snapana.analysis.attribution.families import forward_only_phases, workload_marks
 from snapana.analysis.attribution.stack import import_path
+from snapana.analysis.scaling import held_scores
 from snapana.caching_allocator import ACTIVE_ALLOCATED, ALLOCATOR_DEFAULTS
 from snapana.model import Capture, Frame, is_python_file
 from snapana.units import fmt_bytes
@@ -80,6 +82,9 @@ class JobEvidence:
     #: frameworks whose packs name markers: only they can own a block by its frames (a pack
     #: without markers, such as the host pack, applies to its kind of capture as a whole)
     marked: frozenset[str] = frozenset()
+    #: fact id -> the bytes held at the moment that the fact is about (score_matrices: the
+    #: score matrices' bytes): what a knob requiring it removes, by which knobs are ranked
+    fact_bytes: Mapping[str, int] = field(default_factory=dict)
 
     def is_set(self, key: str) -> bool:
         """An allocator setting is on (not its default: False, 0, -1, empty, all zeros)."""
@@ -425,6 +430,11 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     own = own_optimizer_step(capture, held)
     if own:
         facts[OWN_OPTIMIZER_STEP.id] = own
+    scores, count, fn = held_scores(held, capture.stacks) \
+        if held.height and "stack_id" in held.columns else (0, 0, "")
+    if scores:
+        facts[SCORE_MATRICES.id] = (f"{count} score matri{'ces' if count != 1 else 'x'} of an "
+                                    f"unfused attention ({fmt_bytes(scores)}) made under {fn}")
     facts.update(forward_retention(lifetimes, n_events, free_phases))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
     marks = _workload_marks(held, lifetimes, n_events)
@@ -437,7 +447,8 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     return JobEvidence(workload, facts, family_owners(capture, held, markers, extra_stacks),
                        settings, expandable or bool(settings and _is_on(
                            settings.get("expandable_segments"), "expandable_segments")), free,
-                       frozenset(fw for fw, parts in markers.items() if parts))
+                       frozenset(fw for fw, parts in markers.items() if parts),
+                       {SCORE_MATRICES.id: scores} if scores else {})
 
 
 def stack_evidence(stack: tuple[Frame, ...], family: str,

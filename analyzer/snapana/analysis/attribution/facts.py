@@ -112,9 +112,14 @@ OWN_OPTIMIZER_STEP = ComputedFact(
     "own_optimizer_step", "the optimizer update temporaries held were made by the program's "
     "own code, not a library's")
 
+SCORE_MATRICES = ComputedFact(
+    "score_matrices", "blocks held at the moment are the [batch, heads, seq, seq] score "
+    "matrices of an unfused attention, found as `whatif --scale` finds them (scaling.toml "
+    "[[scores]]): what fused attention never materialises")
+
 COMPUTED_FACTS: tuple[ComputedFact, ...] = (
     FREE_SEGMENTS, SEVERAL_DEVICES, OPTIMIZER_STATE, STRANDED_CACHE, LAYERED_ACTIVATIONS,
-    SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP)
+    SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP, SCORE_MATRICES)
 
 
 @lru_cache(maxsize=1)
