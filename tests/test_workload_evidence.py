@@ -254,3 +254,106 @@ def test_a_family_seen_only_over_the_window_is_not_summed_as_if_held_at_once(tmp
     assert f"{steps * grads} gradients blocks made over the window" in said, said
     assert f"at most {one_step} live at once" in said, said
     assert every_step not in said, said
+
+
+def _dropped_forward(sim: CachingAllocatorSim, extra: list | None = None) -> None:
+    """A grad-enabled forward whose every layer output is kept (autograd saves it), then
+    dropped unused by the program's own frame (the graph freed, no backward)."""
+    for _ in range(8):
+        sim.malloc(128 * MiB, PARAMS, family="parameters")
+    bench = ("/job/bench.py", 116, "<lambda>")
+    outs = [sim.malloc(128 * MiB, [("/job/model.py", 100 + layer % 4, "forward"), CALL,
+                                   ("/job/bench.py", 60, "forward_step"), bench],
+                       family="saved_activations") for layer in range(64)]
+    for frames, size in extra or []:
+        sim.malloc(size, frames, family="unknown")
+    for a in outs:
+        sim.free(a, [bench])
+
+
+def _annotated(snap: dict, *names: str) -> dict:
+    """The snapshot with record_function ranges as torch writes them (START / END)."""
+    snap["external_annotations"] = [
+        {"device": 0, "stage": stage, "name": n, "time_us": i}
+        for i, n in enumerate(names) for stage in ("START", "END")]
+    return snap
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_zero_grad_or_a_built_optimizer_is_no_training(tmp_path, built) -> None:
+    """Optimizer.zero_grad before a grad-enabled forward whose graph the window drops unused,
+    with no backward and no step (optionally with an optimizer built: apex's FusedAdam
+    __init__ makes its overflow buffer on the device): nothing stepped, so the workload is
+    inference and the free torch.inference_mode leads; a training knob is not offered and no
+    sentence says an optimizer stepped."""
+    sim = CachingAllocatorSim(capacity=65536 * MiB)
+    fused = [(f"{SITE}/apex/optimizers/fused_adam.py", 80, "__init__"),
+             ("/job/bench.py", 30, "main")]
+    _dropped_forward(sim, [(fused, 512)] if built else [])
+    r, _ = _analyse(tmp_path, _annotated(sim.snapshot(), "Optimizer.zero_grad#AdamW.zero_grad"))
+    d = r.diagnosis
+    ids = [k.id for k in d.knobs]
+    assert "optimizer_zero_grad" in d.evidence.facts  # seen, but it says nothing here
+    assert d.workload == "inference", d.evidence.workload
+    assert ids and ids[0] == "torch.inference_mode", ids
+    assert "torch.activation_checkpointing" not in ids
+    assert not any("stepped" in e for e in d.evidence.workload.evidence)
+    if built:
+        assert d.evidence.facts["optimizer_built"] == "apex/optimizers/fused_adam.py:__init__"
+        assert "optimizer" not in d.evidence.facts
+
+
+def test_a_backward_and_a_step_are_training(tmp_path) -> None:
+    """The same forward, then a backward (torch.autograd.backward's engine run frees the
+    graph) and an AdamW step that makes its state: training, by the step."""
+    sim = CachingAllocatorSim(capacity=65536 * MiB)
+    params = [sim.malloc(128 * MiB, PARAMS, family="parameters") for _ in range(8)]
+    step = ("/job/train.py", 50, "run")
+    outs = [sim.malloc(128 * MiB, [("/job/model.py", 100 + layer % 4, "forward"), CALL, step],
+                       family="saved_activations") for layer in range(64)]
+    backward = [(f"{SITE}/torch/autograd/graph.py", 829, "_engine_run_backward"),
+                (f"{SITE}/torch/autograd/__init__.py", 347, "backward"),
+                (f"{SITE}/torch/_tensor.py", 626, "backward"), step]
+    grads = [sim.malloc(128 * MiB, ACCUMULATE, family="gradients") for _ in params]
+    for a in reversed(outs):
+        sim.free(a, backward)
+    adam = [(f"{SITE}/torch/optim/adamw.py", 170, "_init_group"),
+            (f"{SITE}/torch/optim/adamw.py", 220, "step"),
+            (f"{SITE}/torch/optim/optimizer.py", 485, "wrapper"), step]
+    for _ in range(2 * len(params)):
+        sim.malloc(128 * MiB, adam, family="optimizer_state")
+    r, _ = _analyse(tmp_path, _annotated(sim.snapshot(), "Optimizer.step#AdamW.step"))
+    d = r.diagnosis
+    assert len(grads) == 8
+    assert d.workload == "training", d.evidence.workload
+    assert {"optimizer", "torch_optimizer", "backward"} <= d.evidence.facts.keys()
+    assert "forward_graph_dropped" not in d.evidence.facts
+    assert "torch.inference_mode" not in [k.id for k in d.knobs]
+
+
+def test_an_rl_forward_only_log_prob_pass_is_no_training(tmp_path) -> None:
+    """slime's forward_only (@torch.no_grad) runs Megatron's forward_backward_func with
+    forward_only=True: the log-prob chunks it makes (under ppo_utils'
+    calculate_log_probs_and_entropy) are the family a trained loss saves, but no backward
+    follows. Made in that pass, they say nothing of training."""
+    sim = CachingAllocatorSim(capacity=65536 * MiB)
+    for _ in range(8):
+        sim.malloc(128 * MiB, PARAMS, family="parameters")
+    slime = f"{SITE}/slime"
+    pass_ = [(f"{slime}/utils/ppo_utils.py", 140, "calculate_log_probs_and_entropy"),
+             (f"{slime}/backends/megatron_utils/loss.py", 90, "get_log_probs_and_entropy"),
+             (f"{SITE}/megatron/core/pipeline_parallel/schedules.py", 290, "forward_step"),
+             (f"{SITE}/megatron/core/pipeline_parallel/schedules.py", 520,
+              "forward_backward_no_pipelining"),
+             (f"{slime}/backends/megatron_utils/model.py", 330, "forward_only"),
+             (f"{SITE}/torch/utils/_contextlib.py", 116, "decorate_context"),
+             ("/job/run.py", 10, "main")]
+    for _ in range(4):
+        sim.malloc(256 * MiB, pass_, family="saved_logprob_softmax")
+    r, held = _analyse(tmp_path, sim.snapshot())
+    d = r.diagnosis
+    ours = held.filter(pl.col("size") == 256 * MiB)
+    assert ours.height == 4 and set(ours["phase"]) == {"logprobs"}, ours
+    assert "forward_only_pass" in d.evidence.facts
+    assert d.workload != "training", d.evidence.workload
+    assert not any("saved_logprob_softmax" in e for e in d.evidence.workload.evidence)

@@ -24,6 +24,7 @@ from snapana.analysis.attribution.facts import (
     OPTIMIZER_STATE,
     OWN_OPTIMIZER_STEP,
     SCOPED_ELSEWHERE,
+    SCORE_MATRICES,
     SEVERAL_DEVICES,
     STRANDED_CACHE,
     FactPattern,
@@ -35,8 +36,9 @@ from snapana.analysis.attribution.facts import (
     shown_at,
     workload_words,
 )
-from snapana.analysis.attribution.families import workload_marks
+from snapana.analysis.attribution.families import forward_only_phases, workload_marks
 from snapana.analysis.attribution.stack import import_path
+from snapana.analysis.scaling import held_scores
 from snapana.caching_allocator import ACTIVE_ALLOCATED, ALLOCATOR_DEFAULTS
 from snapana.model import Capture, Frame, is_python_file
 from snapana.units import fmt_bytes
@@ -80,6 +82,9 @@ class JobEvidence:
     #: frameworks whose packs name markers: only they can own a block by its frames (a pack
     #: without markers, such as the host pack, applies to its kind of capture as a whole)
     marked: frozenset[str] = frozenset()
+    #: fact id -> the bytes held at the moment that the fact is about (score_matrices: the
+    #: score matrices' bytes): what a knob requiring it removes, by which knobs are ranked
+    fact_bytes: Mapping[str, int] = field(default_factory=dict)
 
     def is_set(self, key: str) -> bool:
         """An allocator setting is on (not its default: False, 0, -1, empty, all zeros)."""
@@ -139,7 +144,8 @@ def decide_workload(facts: Mapping[str, str], marks: Mapping[str, tuple[str, str
     weak: dict[str, list[str]] = {"training": [], "inference": [], "autograd": []}
     for fact, where in facts.items():
         spec = specs.get(fact)
-        if spec is None or spec.only_with and not facts.keys() & set(spec.only_with):
+        if spec is None or spec.only_with and not facts.keys() & set(spec.only_with) \
+                or facts.keys() & set(spec.unless_with):
             continue
         to = weak if spec.weak else said
         # one place is said once, by the first fact that names it (two facts can share an
@@ -229,10 +235,14 @@ def _workload_marks(held: pl.DataFrame | None, lifetimes: pl.DataFrame | None,
     over the window by how many blocks it made and the most of them live at once (their
     sum over the window can exceed the device: a gradient freed and made again each step)."""
     families, phases = workload_marks()
+    forward_only = forward_only_phases()
     out: dict[str, tuple[str, str]] = {}
     for table, over_window in ((held, False), (lifetimes, True)):
         if table is None or table.is_empty():
             continue
+        if "phase" in table.columns and forward_only:  # made with no backward to follow
+            table = table.filter(~pl.col("phase").is_in(list(forward_only))
+                                 | pl.col("phase").is_null())
         for fam, says in sorted(families.items()):
             got = table.filter(pl.col("family") == fam)
             if got.height and fam not in out:
@@ -420,6 +430,11 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     own = own_optimizer_step(capture, held)
     if own:
         facts[OWN_OPTIMIZER_STEP.id] = own
+    scores, count, fn = held_scores(held, capture.stacks) \
+        if held.height and "stack_id" in held.columns else (0, 0, "")
+    if scores:
+        facts[SCORE_MATRICES.id] = (f"{count} score matri{'ces' if count != 1 else 'x'} of an "
+                                    f"unfused attention ({fmt_bytes(scores)}) made under {fn}")
     facts.update(forward_retention(lifetimes, n_events, free_phases))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
     marks = _workload_marks(held, lifetimes, n_events)
@@ -432,7 +447,8 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     return JobEvidence(workload, facts, family_owners(capture, held, markers, extra_stacks),
                        settings, expandable or bool(settings and _is_on(
                            settings.get("expandable_segments"), "expandable_segments")), free,
-                       frozenset(fw for fw, parts in markers.items() if parts))
+                       frozenset(fw for fw, parts in markers.items() if parts),
+                       {SCORE_MATRICES.id: scores} if scores else {})
 
 
 def stack_evidence(stack: tuple[Frame, ...], family: str,

@@ -197,6 +197,10 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
                                 and k.workload == "inference")
         if bytes_of is not None and k.families:
             acted = sum(bytes_of.get(f, 0) for f in k.families if f in families)
+            # a knob whose precondition names the bytes it removes (fused attention: the
+            # score matrices) is ranked by those, not by its families' whole
+            named = [ev.fact_bytes[f] for f in k.requires if ev and f in ev.fact_bytes]
+            acted = min(named) if named else acted
             return (inference_only_first, k.direction == "bounds",
                     _COST_RANK.get(k.cost, len(KNOB_COSTS)), -acted, k.framework in _ALWAYS,
                     len(k.families))

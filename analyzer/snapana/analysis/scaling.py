@@ -229,6 +229,45 @@ def _frames(stack: Sequence[Any]) -> tuple[tuple[str, str, int], ...]:
     return tuple((str(f[0]), str(f[1]), int(f[2])) for f in stack if is_python_frame(f))
 
 
+def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
+                 grows: np.ndarray, stacks: Any, distinct: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, dict[int, str]]:
+    """The score matrices of an unfused attention (`[[scores]]`): of the blocks that grow
+    (`grows`) made under a frame whose function the rule names, those of the largest size
+    ([batch, heads, seq, seq]; the row max, the output are smaller). One detection for the
+    resized replay (`decide`) and the knob list (`held_scores`). Returns the mask and the
+    matching function of each stack that has one."""
+    distinct = np.unique(stack_ids) if distinct is None else distinct
+    hits = {int(sid): fn for sid in distinct
+            for fn in [next((f for _, f, _ in _frames(stacks.stack(int(sid)))
+                             if rule.function.search(f)), None)] if fn is not None}
+    under = np.isin(stack_ids, list(hits)) & grows
+    if not under.any():
+        return under, hits
+    return under & (requested == int(requested[under].max())), hits
+
+
+def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, str]:
+    """The score matrices among `blocks` (stack_id, size, family: held at a moment), found
+    as the resized replay finds them (`score_blocks`, growing families only): their bytes,
+    their count and the attention function that made them (0, 0, "" when none)."""
+    if blocks.is_empty():
+        return 0, 0, ""
+    rules = load_rules()
+    grow = {f for f, (b, q, _) in rules.families.items() if b > 0 or q > 0}
+    grows = blocks["family"].is_in(list(grow)).to_numpy()
+    stack_ids = blocks["stack_id"].to_numpy()
+    size = blocks["size"].to_numpy()
+    total, count, name = 0, 0, ""
+    for rule in rules.scores:
+        mask, hits = score_blocks(rule, stack_ids, size, grows, stacks)
+        if mask.any():
+            total += int(size[mask].sum())
+            count += int(mask.sum())
+            name = name or hits[int(stack_ids[mask][0])]
+    return total, count, name
+
+
 def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
            rules: ScalingRules | None = None) -> Growth:
     """The growth of each row of `blocks` (alloc_idx, address, requested, stack_id, stream,
@@ -270,13 +309,9 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     assumptions: list[str] = []
     distinct = np.unique(stack_ids)
     for rule in rules.scores:
-        hits = {int(sid): fn for sid in distinct
-                for fn in [next((f for _, f, _ in _frames(stacks.stack(int(sid)))
-                                 if rule.function.search(f)), None)] if fn is not None}
-        under = np.isin(stack_ids, list(hits)) & grows
-        if not under.any():
+        scores, hits = score_blocks(rule, stack_ids, requested, grows, stacks, distinct)
+        if not scores.any():
             continue
-        scores = under & (requested == int(requested[under].max()))
         e_b[scores], e_s[scores] = rule.batch, rule.seq
         how[scores] = SCORES
         sites = blocks["site"].filter(pl.Series(scores)).unique(maintain_order=True).to_list()

@@ -47,6 +47,9 @@ class FactSpec:
     #: facts of which one must hold too before this one speaks for its workload (it says
     #: only what it adds to them); empty: it speaks alone
     only_with: tuple[str, ...] = ()
+    #: facts of which none may hold for this one to speak (zero_grad says nothing of a graph
+    #: the window dropped unused)
+    unless_with: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=1)
@@ -58,7 +61,7 @@ def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
         FactSpec(f["id"], f.get("says", ""), f["words"], _patterns(f["frames"]),
                  tuple(f.get("annotations", ())), bool(f.get("weak", False)),
                  _patterns(f.get("of_blocks", ())), f.get("seen_as", ""),
-                 tuple(f.get("only_with", ())))
+                 tuple(f.get("only_with", ())), tuple(f.get("unless_with", ())))
         for f in data["fact"])
     return facts, tuple(data["limits"]["library_paths"])
 
@@ -109,9 +112,14 @@ OWN_OPTIMIZER_STEP = ComputedFact(
     "own_optimizer_step", "the optimizer update temporaries held were made by the program's "
     "own code, not a library's")
 
+SCORE_MATRICES = ComputedFact(
+    "score_matrices", "blocks held at the moment are the [batch, heads, seq, seq] score "
+    "matrices of an unfused attention, found as `whatif --scale` finds them (scaling.toml "
+    "[[scores]]): what fused attention never materialises")
+
 COMPUTED_FACTS: tuple[ComputedFact, ...] = (
     FREE_SEGMENTS, SEVERAL_DEVICES, OPTIMIZER_STATE, STRANDED_CACHE, LAYERED_ACTIVATIONS,
-    SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP)
+    SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP, SCORE_MATRICES)
 
 
 @lru_cache(maxsize=1)

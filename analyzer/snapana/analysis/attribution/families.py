@@ -84,6 +84,9 @@ class Phase:
     workload: str | None = None
     """One of :data:`MARKS`: what a capture reaching this phase does (an optimizer step
     trains; a backward needs autograd); None: either."""
+    forward_only: bool = False
+    """A forward with no backward (an RL framework's log-prob pass): what it makes speaks for
+    no workload, whatever its family."""
 
 
 @dataclass(frozen=True)
@@ -102,15 +105,15 @@ class Vocabulary:
 
 
 _COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
-#: A family's true-or-false fields.
-_FLAGS = ("loop", "mirrors_parameters", "shows_parameters")
+#: The true-or-false fields (a family's; a phase's `forward_only`).
+_FLAGS = ("loop", "mirrors_parameters", "shows_parameters", "forward_only")
 
 _TABLES: dict[str, tuple[set[str], set[str]]] = {
     # table -> (required fields, optional fields)
     "family": ({"id", "label", "description", "colour"},
                {"lifetime", "workload", "inventory_roles", "loop", "mirrors_parameters",
                 "shows_parameters", "refines"}),
-    "phase": ({"id", "label", "description"}, {"workload"}),
+    "phase": ({"id", "label", "description"}, {"workload", "forward_only"}),
     "cause": ({"id", "description"}, set()),
 }
 
@@ -178,7 +181,8 @@ def parse_vocabulary(text: str, source: str = VOCABULARY_FILE) -> Vocabulary:
         raise ValueError(f"{source}: inventory role {twice[0]!r} is given to two families")
     if UNKNOWN not in {f.id for f in fams}:
         raise ValueError(f"{source}: the family table needs the {UNKNOWN!r} family")
-    phases = tuple(Phase(p["id"], p["label"], p["description"], p.get("workload"))
+    phases = tuple(Phase(p["id"], p["label"], p["description"], p.get("workload"),
+                         bool(p.get("forward_only", False)))
                    for p in _entries(data, "phase", source))
     if UNKNOWN not in {p.id for p in phases}:
         raise ValueError(f"{source}: the phase table needs the {UNKNOWN!r} phase")
@@ -267,6 +271,12 @@ def workload_marks() -> tuple[dict[str, str], dict[str, str]]:
     v = vocabulary()
     return ({f.id: f.workload for f in v.families if f.workload},
             {p.id: p.workload for p in v.phases if p.workload})
+
+
+def forward_only_phases() -> frozenset[str]:
+    """Phases that run a forward and no backward (``forward_only`` in the vocabulary): a
+    family made there (a log-prob softmax) is no evidence of training."""
+    return frozenset(p.id for p in vocabulary().phases if p.forward_only)
 
 
 # -- phases and causes ------------------------------------------------------------------

@@ -1,0 +1,80 @@
+"""summary and whatif --fit name one set of knobs: where the resized replay finds the score
+matrices of an unfused attention, the summary at its moment offers fused attention under the
+same id, ahead of every knob that costs something (issue 67)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from snapana.analysis.knobs import load_knobs
+from snapana.analysis.scaled_replay import _changes
+from snapana.analysis.scaling import Size, load_rules
+from snapana.session import sessions
+from snapana.sources import load
+from snapana.synth import CachingAllocatorSim
+
+from .conftest import corpus_params
+
+MiB = 2**20
+SITE = "/usr/lib/python3.10/site-packages"
+CALL = (f"{SITE}/torch/nn/modules/module.py", 1790, "_call_impl")
+
+
+def test_every_next_step_of_whatif_is_a_pack_knob() -> None:
+    """The knobs `whatif --fit` replays are named by the packs' ids, so the summary's list
+    and whatif's say the same names."""
+    ids = {k.id for k in load_knobs()}
+    steps = [s.id for s in load_rules().next_steps]
+    assert steps and all(s in ids for s in steps), set(steps) - ids
+
+
+def test_held_score_matrices_get_fused_attention_first(tmp_path) -> None:
+    """A trained forward's unfused attention keeps, per layer, a [batch, heads, seq, seq]
+    score matrix and its softmax (the largest blocks under `attention`) beside a smaller
+    [batch, seq, d] output. At the peak the summary offers fused attention (free) first,
+    ranked by the score bytes it removes, before checkpointing (extra compute)."""
+    b, h, s, d = 4, 16, 1024, 1024
+    scores, out = b * h * s * s * 4, b * s * d * 4
+    sim = CachingAllocatorSim(capacity=80 * 1024 * MiB)
+    for _ in range(8):
+        sim.malloc(64 * MiB, [(f"{SITE}/torch/nn/modules/module.py", 1174, "to"),
+                              ("/job/train.py", 12, "main")], family="parameters")
+    train = ("/job/train.py", 40, "train")
+    for layer in range(6):
+        attn = [("/job/model.py", 70, "attention"), ("/job/model.py", 100, "forward"), CALL,
+                train]
+        sim.malloc(scores, attn, family="saved_activations")  # QKᵀ
+        sim.malloc(scores, attn, family="saved_activations")  # softmax
+        sim.malloc(out, attn, family="saved_activations")
+        sim.malloc(out, [("/job/model.py", 120 + layer % 2, "forward"), CALL, train],
+                   family="saved_activations")
+    path = tmp_path / "attn.pickle"
+    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
+    (sess,) = sessions(load(path))
+    d = sess.report.diagnosis
+    ids = [k.id for k in d.knobs]
+    assert d.evidence.fact_bytes["score_matrices"] == 12 * scores
+    assert ids and ids[0] == "torch.fused_attention", ids
+    steps = [st.id for st, _ in _changes(sess.scaling({"seq": Size("seq", 1)}))]
+    assert ids[0] in steps, steps
+
+
+@pytest.mark.parametrize("path", corpus_params("torch_snapshots", "*.p*"))
+def test_summary_offers_what_whatif_replays_for_unfused_attention(path) -> None:
+    """Per corpus device: where whatif's resized replay drops score matrices (fused
+    attention among its next steps) and the summary prescribes knobs with score matrices held
+    at its moment, the summary offers fused attention under whatif's id, and only free knobs
+    (inference_mode, a lower-precision copy of the weights) come before it; where the summary's
+    first knob is one whatif also replays, fused attention is that knob."""
+    for sess in sessions(load(path)):
+        d = sess.report.diagnosis
+        steps = [st.id for st, _ in _changes(sess.scaling({"seq": Size("seq", 1)}))]
+        ids = [k.id for k in d.knobs]
+        held = d.evidence.fact_bytes.get("score_matrices", 0) if d.evidence else 0
+        if "torch.fused_attention" not in steps or not d.prescribe or not held:
+            continue
+        assert "torch.fused_attention" in ids, (ids, steps)
+        before = d.knobs[:ids.index("torch.fused_attention")]
+        assert all(k.cost == "free" for k in before), [(k.id, k.cost) for k in before]
+        assert not any(k in steps for k in ids[:ids.index("torch.fused_attention")]), ids
