@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from snapana.analysis.ranks.aggregate import RankSummary, selection_key
 from snapana.children import die_with_parent
 from snapana.errors import InputError
+from snapana.sources import decode_pool
 
 if TYPE_CHECKING:
     from snapana.analysis.attribution.engine import RuleSet
@@ -86,14 +87,15 @@ def _run_here(inputs: Sequence[Input], summarize: Summarize, rules: Any,
     rank so far (`selection_key`): memory stays one report, not one per rank."""
     run = RankRun([])
     best: tuple[Any, str, DeviceReport] | None = None
-    for inp in inputs:
-        a = str(inp.path)
-        summary, full = summarize(inp, rules, capacity)
-        run.summaries.append(summary)
-        if full is not None and (best is None or selection_key(summary) < best[0]):
-            best = (selection_key(summary), a, full)
-        if on_done:
-            on_done(a, vars(summary))
+    with decode_pool.kept():  # one decode process for the small files, not one each
+        for inp in inputs:
+            a = str(inp.path)
+            summary, full = summarize(inp, rules, capacity)
+            run.summaries.append(summary)
+            if full is not None and (best is None or selection_key(summary) < best[0]):
+                best = (selection_key(summary), a, full)
+            if on_done:
+                on_done(a, vars(summary))
     if best is not None:
         run.kept[best[1]] = best[2]
     return run
@@ -130,7 +132,7 @@ def _map_local(inputs: Sequence[Input], summarize: Summarize, rule_files: list[s
     with _no_working_directory(), ProcessPoolExecutor(
             max_workers=min(workers, len(inputs)),
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+            initializer=_worker_start, initargs=(os.getpid(),)) as pool:
         try:
             with _interrupts_held():  # submitting starts the workers
                 futures = {pool.submit(summary_dict, i, summarize, rule_files, capacity):
@@ -149,6 +151,13 @@ def _map_local(inputs: Sequence[Input], summarize: Summarize, rule_files: list[s
             _stop(pool)
             raise
     return results
+
+
+def _worker_start(parent: int) -> None:
+    """A rank worker dies with its parent, and decodes its many small files in one kept
+    decode process (`decode_pool`), not a child each."""
+    die_with_parent(parent)
+    decode_pool.keep()
 
 
 @contextmanager
