@@ -303,10 +303,11 @@ def log_checks(logs: list[Input], reports: Any) -> tuple[Any, ...]:
 
 
 def analyse_many(ranks: list[Input], workers: int | None, rules: list[Path] | None,
-                 ruleset: RuleSet, capacity: int | None, engine: str = "local"
-                 ) -> tuple[MultiReport, RankRun]:
+                 ruleset: RuleSet, capacity: int | None, engine: str = "local",
+                 findings: bool = False) -> tuple[MultiReport, RankRun]:
     """Summaries of several inputs (rules already checked) by the session's worker, a
-    progress bar per file on a terminal, and their aggregate."""
+    progress bar per file on a terminal, and their aggregate; `findings`: each keeps its
+    findings (to word its verdict)."""
     from rich.progress import BarColumn, Progress
 
     from snapana.analysis.ranks.aggregate import aggregate
@@ -316,13 +317,14 @@ def analyse_many(ranks: list[Input], workers: int | None, rules: list[Path] | No
     rule_files = [str(r) for r in rules or ()]
     if not err.is_terminal or engine != "local":
         run = run_many(ranks, summarize, workers, rule_files, capacity, engine,
-                       ruleset=ruleset)
+                       ruleset=ruleset, findings=findings)
         return aggregate(run.summaries), run
     with Progress("[progress.description]{task.description}", BarColumn(), console=err,
                   transient=True) as bar:
         tasks = {str(i.path): bar.add_task(i.name, total=1) for i in ranks}
         run = run_many(ranks, summarize, workers, rule_files, capacity, engine,
-                       on_done=lambda a, _: bar.update(tasks[a], completed=1), ruleset=ruleset)
+                       on_done=lambda a, _: bar.update(tasks[a], completed=1), ruleset=ruleset,
+                       findings=findings)
     return aggregate(run.summaries), run
 
 
