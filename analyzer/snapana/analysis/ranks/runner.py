@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -145,18 +146,28 @@ def _map_local(inputs: Sequence[Input], task: Task, workers: int | None,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_worker_start, initargs=(os.getpid(),)) as pool:
         try:
+            # each future says it is done on a queue: `wait` on the pending set would walk
+            # all of them on every call, quadratic in thousands of ranks
+            finished: queue.SimpleQueue[Future[dict[str, Any]]] = queue.SimpleQueue()
+            futures: dict[Future[dict[str, Any]], str] = {}
             with _interrupts_held():  # submitting starts the workers
-                futures = {pool.submit(summary_dict, i, *task): str(i.path) for i in inputs}
-            pending = set(futures)
-            while pending:
-                # woken twice a second: a signal the kernel gave another thread is only
-                # handled (KeyboardInterrupt) when the main thread runs Python code
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    a = futures[fut]
-                    results[a] = fut.result()
-                    if on_done:
-                        on_done(a, results[a])
+                for i in inputs:
+                    fut = pool.submit(summary_dict, i, *task)
+                    futures[fut] = str(i.path)
+                    fut.add_done_callback(finished.put)
+            for _ in futures:
+                while True:
+                    # woken twice a second: a signal the kernel gave another thread is only
+                    # handled (KeyboardInterrupt) when the main thread runs Python code
+                    try:
+                        fut = finished.get(timeout=0.5)
+                        break
+                    except queue.Empty:
+                        continue
+                a = futures[fut]
+                results[a] = fut.result()
+                if on_done:
+                    on_done(a, results[a])
         except BaseException:  # Ctrl-C, an error: the workers stop now, not when done
             _stop(pool)
             raise
