@@ -1,0 +1,177 @@
+"""Issue 66, fifth round: thousands of ranks. A job on 4,096 GPUs dumps a tiny snapshot per
+rank; a rank folder paid an interpreter per file (its bounded decode child) and kept every
+rank's findings. Now each rank worker decodes its small files in one kept decode process
+(`sources.decode_pool`), under each file's own limits, and the run keeps each rank's row."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+from snapana.analysis.ranks.aggregate import aggregate
+from snapana.analysis.ranks.runner import run_many
+from snapana.errors import InputError
+from snapana.inputs import resolve
+from snapana.render.json import ranks_dict
+from snapana.render.views import ranks_view
+from snapana.render.wording import rank_rows
+from snapana.session import summarize, summarize_many
+from snapana.sources import decode_pool
+from snapana.sources.torch_snapshot import load
+from snapana.synth import CachingAllocatorSim, SimulatedOOM
+
+from .conftest import invoke
+from .fuzz.pickle_codec import Laughs, Raw, encode
+
+MiB, GiB = 1 << 20, 1 << 30
+STACK = [("/job/model.py", 54, "forward"), ("/job/train.py", 30, "main")]
+
+
+def _tiny(rank: int, oom: bool = False) -> bytes:
+    """A small valid snapshot pickle (about 1 KB); `oom`: its last request fails."""
+    sim = CachingAllocatorSim(capacity=64 * MiB, time_origin_us=1_700_000_000_000_000)
+    for _ in range(3):
+        sim.malloc((rank % 7 + 1) * MiB, STACK, family="activations")
+    if oom:
+        sim.advance(1000 * rank)
+        try:
+            sim.malloc(128 * MiB, STACK, family="activations")
+        except SimulatedOOM:
+            pass
+    return pickle.dumps(sim.snapshot(), protocol=4)
+
+
+def _folder(base: Path, n: int, bad: dict[int, bytes] | None = None,
+            oom: frozenset[int] = frozenset()) -> Path:
+    base.mkdir()
+    for rank in range(n):
+        data = (bad or {}).get(rank)
+        (base / f"rank{rank}.pickle").write_bytes(data if data is not None
+                                                  else _tiny(rank, rank in oom))
+    return base
+
+
+def _started(log: Path) -> list[str]:
+    """The kinds of the decode processes started (SNAPANA_CHILD_LOG: `pid kind` a line)."""
+    return [line.split()[1] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _table(summaries: list) -> tuple[list, str]:
+    """The rank table's rows and its JSON, as `summary DIR` prints them."""
+    m = aggregate(summaries)
+    return rank_rows(m), json.dumps(ranks_dict(ranks_view(m)), sort_keys=True)
+
+
+def _one_child_each(folder: Path) -> list:
+    """The old per-file path: each input summarised in this process, a decode child each."""
+    return [summarize(i, [], None)[0] for i in resolve([str(folder)], texts=False).ranks]
+
+
+def test_a_folder_of_200_ranks_starts_one_decode_process_per_worker(tmp_path, monkeypatch):
+    folder = _folder(tmp_path / "job", 200)
+    log = tmp_path / "children.log"
+    monkeypatch.setenv("SNAPANA_CHILD_LOG", str(log))
+    summaries = summarize_many([folder], workers=2)
+    assert len(summaries) == 200 and all(s.error is None for s in summaries)
+    # before: a child per file (200 starts); now one kept process in each worker
+    assert 1 <= len(_started(log)) <= 2 and set(_started(log)) == {"pool"}
+    log.unlink()
+    assert len(summarize_many([folder], workers=1)) == 200  # a run in this process: one
+    assert _started(log) == ["pool"]
+
+
+def test_the_cli_on_a_folder_starts_a_decode_process_per_worker_not_per_file(
+        tmp_path, monkeypatch):
+    folder = _folder(tmp_path / "job", 40)
+    log = tmp_path / "children.log"
+    monkeypatch.setenv("SNAPANA_CHILD_LOG", str(log))
+    for form in (str(folder), str(folder / "rank*.pickle")):
+        log.unlink(missing_ok=True)
+        result = invoke("summary", form, "--format", "json", "--workers", "2")
+        assert result.returncode == 0, result.stderr
+        assert len(json.loads(result.stdout)["inputs"]) == 40
+        # the workers' kept processes, and the rank shown in full analysed once more
+        assert _started(log).count("pool") <= 2 and len(_started(log)) <= 3, _started(log)
+
+
+EVIL = b"\x80\x02cos\nsystem\n(S'true'\ntR."
+
+
+@pytest.mark.parametrize("case", ["plain", "with an OOM", "with bad files"])
+def test_the_rank_table_is_byte_identical_to_a_child_per_file(tmp_path, case):
+    bad = {} if case != "with bad files" else {
+        2: b"\x80\x04not a pickle at all", 5: _tiny(5)[:40], 7: EVIL}
+    oom = frozenset({3, 6}) if case == "with an OOM" else frozenset()
+    folder = _folder(tmp_path / "job", 10, bad, oom)
+    before = _table(_one_child_each(folder))
+    for workers in (1, 2):
+        assert _table(summarize_many([folder], workers=workers)) == before
+    if bad:  # each bad file keeps its one-line refusal in its row
+        errors = {Path(r["file"]).name: r["error"] for r in json.loads(before[1])["inputs"]
+                  if r["error"]}
+        assert set(errors) == {"rank2.pickle", "rank5.pickle", "rank7.pickle"}
+        assert "os.system" in errors["rank7.pickle"]
+        assert all("\n" not in e for e in errors.values())
+
+
+def test_a_hostile_rank_costs_the_kept_process_not_the_folder(tmp_path, monkeypatch):
+    # the laughs run past the decode's alarm (its process ends), the memo index past its
+    # memory limit (it replies, then goes): each is refused as a child refuses it, and the
+    # next file gets a new process with its own limits
+    monkeypatch.setenv("SNAPANA_DECODE_SECONDS", "1")
+    files = {"good": _tiny(1), "laughs": encode({Laughs("tuple", 60): 1, "segments": []}),
+             "memo": encode({"segments": [], "device_traces": [],
+                             "user_metadata": Raw(b"Nr\xff\xff\xff\x3f")}),
+             "evil": EVIL, "cut": _tiny(2)[:30]}
+    for name, data in files.items():
+        (tmp_path / f"{name}.pickle").write_bytes(data)
+    order = ["good", "laughs", "good", "memo", "good", "evil", "good", "cut", "good"]
+
+    def said() -> list[str]:
+        out = []
+        for name in order:
+            try:
+                load(tmp_path / f"{name}.pickle")
+                out.append("ok")
+            except InputError as exc:
+                out.append(str(exc).split(": ", 1)[1])
+        return out
+
+    log = tmp_path / "children.log"
+    monkeypatch.setenv("SNAPANA_CHILD_LOG", str(log))
+    alone = said()
+    assert _started(log) == ["child"] * len(order)
+    log.unlink()
+    with decode_pool.kept():
+        kept = said()
+    assert kept == alone
+    assert "did not finish" in alone[1] and "memory" in alone[3] and "os.system" in alone[5]
+    assert _started(log) == ["pool"] * 3  # the first, and one after each that ended it
+
+
+def test_a_large_file_keeps_a_child_of_its_own(tmp_path, monkeypatch):
+    path = tmp_path / "big.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [],
+                                   "pad": "x" * (decode_pool.SERVED_BYTES + 1)}, protocol=4))
+    log = tmp_path / "children.log"
+    monkeypatch.setenv("SNAPANA_CHILD_LOG", str(log))
+    with decode_pool.kept():
+        load(path)
+    assert _started(log) == ["child"]  # the scan and the payload file are a child's
+
+
+def test_a_rank_run_keeps_rows_not_analyses(tmp_path):
+    folder = _folder(tmp_path / "job", 12, oom=frozenset({4}))
+    ins = resolve([str(folder)], texts=False).ranks
+    for workers in (1, 2):
+        run = run_many(ins, summarize, workers, [], None)
+        assert all(s.findings is None for s in run.summaries)
+        assert all(s.history for s in run.summaries)
+        # in this process: the full report of the rank shown in full alone
+        assert len(run.kept) == (1 if workers == 1 else 0)
+    assert list(run_many(ins, summarize, 1, [], None).kept) == [str(folder / "rank4.pickle")]
+    # where the findings are asked for (batch words each rank's verdict), they are kept
+    asked = run_many(ins, summarize, 2, [], None, findings=True)
+    assert all(s.findings is not None for s in asked.summaries)
