@@ -28,9 +28,11 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from snapana.children import DIE_WITH_PARENT, child_env
-from snapana.sources.pickle_child import CHILD, Child, note_started
+from snapana.sources.pickle_child import CHILD, Child, note_started, plan
+from snapana.sources.pickle_child import start as own_child
 
 #: Files up to this size (the decompressed limit: a plain file's own size) are decoded by the
 #: kept process: where a child's start-up is most of the cost, and below the size from which
@@ -203,11 +205,13 @@ def kept() -> Iterator[None]:
         release()
 
 
-def ask(args: list[str], limit: int, timeout: float) -> ServedChild | None:
-    """The decode of one file (`pickle_child.start`'s arguments) asked of the kept process;
-    None where there is none, or the file is not small."""
+def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
+    """The decode of `path` (`size` bytes on disk), as `pickle_child.start` gives it: asked
+    of the kept process where there is one and the file is small, else a child of its own.
+    OSError when no process can be started here."""
+    args, limit, timeout = plan(path, size, compressed, columns)
     if _KEPT is None or limit > SERVED_BYTES:
-        return None
+        return own_child(path, size, compressed, columns)
     # no forked helper (a small trace), no payload file: the columns follow the reply
     proc = _KEPT.send([*args, str(1 << 62)])
     return ServedChild(_KEPT, proc, limit, timeout)

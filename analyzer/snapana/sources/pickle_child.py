@@ -871,10 +871,11 @@ def payload_file() -> int | None:
         return None
 
 
-def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
-    """Start the child on `path` (`size` bytes on disk); OSError when no process can be
-    started here. Where this process decodes many files (`decode_pool.kept`), a small file
-    goes to the long-lived decode process instead, with the same limits."""
+def plan(path: Path, size: int, compressed: bool, columns: bool
+         ) -> tuple[list[str], int, float]:
+    """What decoding `path` (`size` bytes on disk) is given: the child's arguments (its file,
+    the limit of decompressed bytes, its memory and time limits, its mode), that limit, and
+    how long its parent waits for it."""
     limit = decompressed_limit(size)[0] if compressed else size
     base = decode_memory(0)
     factor = decode_memory(1) - base
@@ -883,12 +884,13 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
     args = [str(path), str(limit), str(base), str(factor), repr(seconds),
             repr(per_byte / (1 << 20)), "columns" if columns else "check"]
     budget = seconds + per_byte / (1 << 20) * limit
-    timeout = budget * (2 if columns else 1) + 30 + limit / (20 << 20)
-    from snapana.sources import decode_pool
+    return args, limit, budget * (2 if columns else 1) + 30 + limit / (20 << 20)
 
-    served = decode_pool.ask(args, limit, timeout)
-    if served is not None:
-        return served
+
+def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
+    """Start the child on `path` (`size` bytes on disk); OSError when no process can be
+    started here."""
+    args, limit, timeout = plan(path, size, compressed, columns)
     cmd = [sys.executable, "-I", "-S", "-c", DIE_WITH_PARENT + CHILD, *args,
            str(split_entries())]
     env = child_env({k: v for k, v in os.environ.items()
