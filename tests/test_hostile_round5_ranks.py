@@ -175,3 +175,28 @@ def test_a_rank_run_keeps_rows_not_analyses(tmp_path):
     # where the findings are asked for (batch words each rank's verdict), they are kept
     asked = run_many(ins, summarize, 2, [], None, findings=True)
     assert all(s.findings is not None for s in asked.summaries)
+
+
+def _bytes_read() -> int:
+    with open("/proc/self/io") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="Linux's /proc/self/io")
+def test_a_folder_of_compressed_ranks_is_sniffed_by_its_first_bytes(tmp_path):
+    import gzip
+    import os
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    body = pickle.dumps({"segments": [], "device_traces": [],
+                         "pad": os.urandom(1 << 20).hex()}, protocol=4)  # 2 MiB of text
+    for rank in range(8):
+        (folder / f"rank{rank}.pickle.gz").write_bytes(gzip.compress(body, 1))
+    resolve([str(folder)], texts=False)  # imports made before counting
+    before = _bytes_read()
+    ranks = resolve([str(folder)], texts=False).ranks
+    per_file = (_bytes_read() - before) / len(ranks)
+    # before: a read buffer's worth (a MiB decompressed, 600 KB of each file) to tell a kind
+    assert len(ranks) == 8 and all(i.kind is not None for i in ranks)
+    assert per_file < 64 << 10, per_file

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from snapana.capture_kinds import CaptureKind, detect
 from snapana.errors import InputError
-from snapana.sources._io import check_regular, note_input, open_input
+from snapana.sources._io import check_regular, note_input, read_head
 
 if TYPE_CHECKING:  # the model (polars) is imported by the reader that builds one
     from collections.abc import Callable
@@ -34,14 +34,10 @@ def sniff(path: Path) -> CaptureKind:
             note_input(path)  # nothing may be written into an input folder
             return CaptureKind.SNAPANA_EXPORT  # written by `snapana export`
         raise InputError(f"{path}: is a directory, expected a snapshot file")
-    stream, raw, _ = open_input(path)
     try:
-        head = stream.read(64)
+        head = read_head(path, 64)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        stream.close()
-        raw.close()
     if not head:
         raise InputError(f"{path}: empty file")
     kind = detect(head)
