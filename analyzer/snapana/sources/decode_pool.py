@@ -39,8 +39,9 @@ from snapana.sources.pickle_child import start as own_child
 #: the child reads entries from the bytes with numpy (`pickle_child.SCAN_ENTRIES` x 16 B) or
 #: hands its columns over in a payload file; larger files keep a child of their own.
 SERVED_BYTES = 1 << 20
-#: The kept process goes (after its reply) once it holds this much, or has served this many
-#: files: what a decode leaves behind (fragments, a cycle) cannot build up.
+#: The kept process goes (after its reply) once a file's peak (what it held before, and the
+#: file's decode) passes this, or it has served this many files: what a decode leaves behind
+#: (fragments, a cycle) cannot build up.
 RESTART_RSS = 256 << 20
 RESTART_FILES = 2000
 
@@ -55,22 +56,9 @@ code = compile(sys.argv[1], "<snapana decode>", "exec")
 RESTART_RSS, RESTART_FILES = int(sys.argv[2]), int(sys.argv[3])
 class Served(BaseException):
     pass
-def resident():
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-def peak_reset():
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
+# each file's peak is its own: reset (CHILD's `reset_peak`) after the one before; where Linux
+# cannot reset it, one file per process
+resettable = os.access("/proc/self/clear_refs", os.W_OK)
 def unlimited():
     try:
         import resource
@@ -85,7 +73,6 @@ while True:
     if not request:
         os._exit(0)
     sys.argv = ["-c", *json.loads(request)]
-    last = not peak_reset()
     out = io.BytesIO()
     sys.stdout = io.TextIOWrapper(out, "utf-8", write_through=True)
     scope = {"__name__": "__main__", "SERVED": Served}
@@ -96,8 +83,11 @@ while True:
     except BaseException:
         os._exit(1)
     unlimited()
+    reset_peak = scope.get("reset_peak")
     scope.clear()
     gc.collect()  # within the file's alarm: what it left is its own time
+    if reset_peak is not None:
+        reset_peak()
     signal.alarm(0)
     served += 1
     said = out.getvalue()
@@ -105,8 +95,9 @@ while True:
         head = json.loads(said.split(b"\n", 1)[0])
     except ValueError:
         head = {}
-    last = (last or head.get("error") == "memory" or served >= RESTART_FILES
-            or resident() > RESTART_RSS)
+    # its peak (from what the process held before it) says how much the process holds
+    last = (not resettable or head.get("error") == "memory" or served >= RESTART_FILES
+            or int(head.get("peak") or 0) > RESTART_RSS)
     replies.write(b"%d %d\n" % (len(said), last) + said)
     replies.flush()
     if last:
