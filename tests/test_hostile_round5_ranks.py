@@ -200,3 +200,14 @@ def test_a_folder_of_compressed_ranks_is_sniffed_by_its_first_bytes(tmp_path):
     # before: a read buffer's worth (a MiB decompressed, 600 KB of each file) to tell a kind
     assert len(ranks) == 8 and all(i.kind is not None for i in ranks)
     assert per_file < 64 << 10, per_file
+
+
+def test_batch_still_words_each_ranks_verdict(tmp_path):
+    import polars as pl
+
+    folder = _folder(tmp_path / "job", 4, oom=frozenset({1}))
+    out = tmp_path / "dataset"
+    result = invoke("batch", str(folder), "-o", str(out), "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    verdicts = pl.read_parquet(out / "ranks", hive_partitioning=True)["verdict"].to_list()
+    assert len(verdicts) == 4 and all(v.strip() for v in verdicts)  # findings kept for them
