@@ -211,3 +211,21 @@ def test_batch_still_words_each_ranks_verdict(tmp_path):
     assert result.returncode == 0, result.stderr
     verdicts = pl.read_parquet(out / "ranks", hive_partitioning=True)["verdict"].to_list()
     assert len(verdicts) == 4 and all(v.strip() for v in verdicts)  # findings kept for them
+
+
+def test_a_second_file_while_one_is_decoding_gets_a_child_of_its_own(tmp_path, monkeypatch):
+    # (another thread's file): never a reply meant for the other
+    small, other = tmp_path / "a.pickle", tmp_path / "b.pickle"
+    small.write_bytes(_tiny(1))
+    other.write_bytes(pickle.dumps({"segments": [], "pad": "y" * 5000}, protocol=4))
+    log = tmp_path / "children.log"
+    monkeypatch.setenv("SNAPANA_CHILD_LOG", str(log))
+    with decode_pool.kept():
+        first = decode_pool.start(small, small.stat().st_size, False, True)
+        second = decode_pool.start(other, other.stat().st_size, False, True)
+        said = {}
+        for name, child in (("second", second), ("first", first)):
+            out = child.wait()[1]
+            said[name] = json.loads(out.split(b"\n", 1)[0])["size"]
+    assert said == {"first": small.stat().st_size, "second": other.stat().st_size}
+    assert _started(log) == ["pool", "child"]

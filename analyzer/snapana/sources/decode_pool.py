@@ -25,6 +25,7 @@ import os
 import selectors
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -110,6 +111,9 @@ class _Kept:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        #: held from a file's request to its reply: one file at a time (a second thread's
+        #: file, meanwhile, gets a child of its own)
+        self.busy = threading.Lock()
 
     def process(self) -> subprocess.Popen[bytes]:
         if self.proc is None or self.proc.poll() is not None:
@@ -201,11 +205,16 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
     of the kept process where there is one and the file is small, else a child of its own.
     OSError when no process can be started here."""
     args, limit, timeout = plan(path, size, compressed, columns)
-    if _KEPT is None or limit > SERVED_BYTES:
+    kept = _KEPT
+    if kept is None or limit > SERVED_BYTES or not kept.busy.acquire(blocking=False):
         return own_child(path, size, compressed, columns)
-    # no forked helper (a small trace), no payload file: the columns follow the reply
-    proc = _KEPT.send([*args, str(1 << 62)])
-    return ServedChild(_KEPT, proc, limit, timeout)
+    try:
+        # no forked helper (a small trace), no payload file: the columns follow the reply
+        proc = kept.send([*args, str(1 << 62)])
+    except BaseException:
+        kept.busy.release()
+        raise
+    return ServedChild(kept, proc, limit, timeout)
 
 
 class ServedChild(Child):
@@ -215,12 +224,23 @@ class ServedChild(Child):
     def __init__(self, kept: _Kept, proc: subprocess.Popen[bytes], limit: int,
                  timeout: float) -> None:
         super().__init__(proc, limit, timeout)
-        self.kept = kept
+        self.kept, self.holds = kept, True  # holds `kept.busy` until the reply is read
 
     def wait(self) -> tuple[int, bytes]:
         """(0, the reply and payload); where the kept process went before replying (its
         alarm, a crash), its exit status and nothing: the next file gets a new one.
         TimeoutExpired (the process killed) past the timeout."""
+        try:
+            return self._reply()
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        if self.holds:
+            self.holds = False
+            self.kept.busy.release()
+
+    def _reply(self) -> tuple[int, bytes]:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         got = bytearray()
@@ -251,3 +271,4 @@ class ServedChild(Child):
 
     def kill(self) -> None:
         self.kept.end()
+        self._done()
