@@ -229,3 +229,33 @@ def test_a_second_file_while_one_is_decoding_gets_a_child_of_its_own(tmp_path, m
             said[name] = json.loads(out.split(b"\n", 1)[0])["size"]
     assert said == {"first": small.stat().st_size, "second": other.stat().st_size}
     assert _started(log) == ["pool", "child"]
+
+
+def test_compressed_tiny_ranks_share_the_kept_process(tmp_path, monkeypatch):
+    import gzip
+
+    folder = tmp_path / "job"
+    folder.mkdir()
+    for rank in range(6):
+        (folder / f"rank{rank}.pickle.gz").write_bytes(gzip.compress(_tiny(rank), mtime=0))
+    (folder / "rank6.pickle.gz").write_bytes(gzip.compress(_tiny(6), mtime=0)[:-12])  # cut
+    log = tmp_path / "children.log"
+    monkeypatch.setenv("SNAPANA_CHILD_LOG", str(log))
+    before = _table(_one_child_each(folder))
+    assert _started(log) == ["child"] * 7
+    log.unlink()
+    assert _table(summarize_many([folder], workers=1)) == before
+    assert _started(log) == ["pool"]  # a child each before
+    assert "gzip" in json.loads(before[1])["inputs"][6]["error"]
+
+
+def test_the_kept_process_is_renewed_after_its_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(decode_pool, "RESTART_FILES", 3)
+    path = tmp_path / "rank0.pickle"
+    path.write_bytes(_tiny(0))
+    log = tmp_path / "children.log"
+    monkeypatch.setenv("SNAPANA_CHILD_LOG", str(log))
+    with decode_pool.kept():
+        for _ in range(7):
+            load(path)
+    assert _started(log) == ["pool"] * 3  # files 1-3, 4-6, 7

@@ -35,10 +35,11 @@ from snapana.children import DIE_WITH_PARENT, child_env
 from snapana.sources.pickle_child import CHILD, Child, note_started, plan
 from snapana.sources.pickle_child import start as own_child
 
-#: Files up to this size (the decompressed limit: a plain file's own size) are decoded by the
-#: kept process: where a child's start-up is most of the cost, and below the size from which
-#: the child reads entries from the bytes with numpy (`pickle_child.SCAN_ENTRIES` x 16 B) or
-#: hands its columns over in a payload file; larger files keep a child of their own.
+#: Files up to this size on disk (gzip or not: a compressed one is decoded within its
+#: decompressed limit all the same) are decoded by the kept process: where a child's start-up
+#: is most of the cost, and below the size from which the child reads entries from the bytes
+#: with numpy (`pickle_child.SCAN_ENTRIES` x 16 B, plain files only) or hands its columns
+#: over in a payload file; larger files keep a child of their own.
 SERVED_BYTES = 1 << 20
 #: The kept process goes (after its reply) once a file's peak (what it held before, and the
 #: file's decode) passes this, or it has served this many files: what a decode leaves behind
@@ -206,7 +207,7 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
     OSError when no process can be started here."""
     args, limit, timeout = plan(path, size, compressed, columns)
     kept = _KEPT
-    if kept is None or limit > SERVED_BYTES or not kept.busy.acquire(blocking=False):
+    if kept is None or size > SERVED_BYTES or not kept.busy.acquire(blocking=False):
         return own_child(path, size, compressed, columns)
     try:
         # no forked helper (a small trace), no payload file: the columns follow the reply
