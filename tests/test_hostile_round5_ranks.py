@@ -259,3 +259,29 @@ def test_the_kept_process_is_renewed_after_its_files(tmp_path, monkeypatch):
         for _ in range(7):
             load(path)
     assert _started(log) == ["pool"] * 3  # files 1-3, 4-6, 7
+
+
+def test_a_worker_loads_its_rules_once_for_all_its_ranks(tmp_path, monkeypatch):
+    from snapana import session
+    from snapana.analysis.attribution import engine
+    from snapana.analysis.ranks import runner
+
+    loads: list[int] = []
+    real = engine.load_rules
+
+    def counted(files=()):
+        loads.append(1)
+        return real(files)
+
+    monkeypatch.setattr(engine, "load_rules", counted)
+    monkeypatch.setattr(session, "load_rules", counted)
+    loaded = getattr(runner, "_rules", None)  # the worker's rules, kept
+    if loaded is not None:
+        loaded.cache_clear()
+    folder = _folder(tmp_path / "job", 6)
+    rows = [runner.summary_dict(i, summarize, [], None)
+            for i in resolve([str(folder)], texts=False).ranks]
+    if loaded is not None:
+        loaded.cache_clear()
+    assert len(rows) == 6 and all(r["error"] is None for r in rows)
+    assert len(loads) == 1  # one per input before

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from snapana.analysis.ranks.aggregate import RankSummary, selection_key
@@ -47,10 +48,24 @@ def summary_dict(inp: Input, summarize: Summarize, rule_files: list[str] | None,
                  capacity: int | None, findings: bool = False) -> dict[str, Any]:
     """Worker: one input's RankSummary as a dict (picklable, small); its findings only
     where asked for (they are most of its bytes)."""
-    summary = summarize(inp, rule_files, capacity)[0]
+    summary = summarize(inp, _rules(tuple(rule_files or ())), capacity)[0]
     if not findings:
         summary.findings = None
     return vars(summary)
+
+
+@lru_cache(maxsize=1)
+def _rules(files: tuple[str, ...]) -> Any:
+    """The rules a worker's inputs are matched against, loaded once for all of them (as a
+    run in this process shares its RuleSet, and with it what its matches memoise), not once
+    per input; the files themselves where they cannot be loaded (`summarize` then says why
+    in each input's row)."""
+    from snapana.analysis.attribution.engine import RuleError, load_rules
+
+    try:
+        return load_rules(list(files))
+    except RuleError:
+        return list(files)
 
 
 #: Told of each input as its summary arrives (input path, summary dict).
