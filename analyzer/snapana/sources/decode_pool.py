@@ -10,11 +10,12 @@ scope per file, under that file's own limits: its memory limit (RLIMIT_AS, set p
 hard limit is left as it is, so the next file can have its own), its alarm (SIGALRM's
 default action ends the process, as it ends a child: the file is refused for its time, and
 the next file gets a new process) and its peak (reset per file; where Linux cannot reset it,
-the process serves one file and goes). A file that ran out of memory, a process grown past
-`RESTART_RSS` or `RESTART_FILES` files served: the process replies, then goes, and the next
-file starts a new one. Nothing from an input ever runs in the process that asked: it gets
-the same reply line and payload a child writes, on the process's stdout (a small file's
-columns are kilobytes: no payload file needed), framed by its length.
+the process serves one file and goes). After a file that ran out of memory, one whose peak
+passed `RESTART_RSS`, or `RESTART_FILES` files, the process replies, then goes, and the next
+file starts a new one. The process that asked decodes nothing first, as with a child: it
+gets the same reply line and payload a child writes, on the kept process's stdout (a small
+file's columns are kilobytes: no payload file needed), framed by its length. One file at a
+time: a file asked for while another is decoding (another thread's) gets a child.
 """
 
 from __future__ import annotations
