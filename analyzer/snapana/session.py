@@ -393,6 +393,7 @@ def summarize(inp: Input, rules: RulesLike = None, capacity: int | None = None
     summary.top_family = r.groups[0].name if r.groups else None
     summary.findings = _without_series(r)
     summary.moment = r.moment.kind
+    summary.history, summary.oom_named = r.diagnosis.history, r.diagnosis.oom_named
     if r.oom is not None:
         summary.oom = {"requested_bytes": r.oom.requested_bytes,
                        "device_free_bytes": r.oom.device_free_bytes,
@@ -417,11 +418,13 @@ def _without_series(r: DeviceReport) -> DeviceReport:
 
 def summarize_many(paths: Sequence[str | Path], workers: int | None = None,
                    rule_files: list[str] | None = None, capacity: int | None = None,
-                   engine: str = "local") -> list[RankSummary]:
+                   engine: str = "local", findings: bool = False) -> list[RankSummary]:
     """Each path a rank (`inputs.resolve`), summarised by the rank runner with this
-    session's worker; order follows `paths`."""
+    session's worker; order follows `paths`. `findings`: each summary keeps its device's
+    findings (else None: the rank table needs none)."""
     from snapana.analysis.ranks.runner import run_many
     from snapana.inputs import resolve
 
     ins = resolve(list(paths), texts=False, every_rank=True)
-    return run_many(ins.ranks, summarize, workers, rule_files, capacity, engine).summaries
+    return run_many(ins.ranks, summarize, workers, rule_files, capacity, engine,
+                    findings=findings).summaries

@@ -311,11 +311,13 @@ def log_checks(logs: list[Input], reports: Any) -> tuple[Any, ...]:
 
 
 def analyse_many(ranks: list[Input], workers: int | None, rules: list[Path] | None,
-                 ruleset: RuleSet, capacity: int | None, engine: str = "local"
-                 ) -> tuple[MultiReport, RankRun]:
-    """Summaries of several inputs (rules already checked) by the session's worker, a
-    progress bar per file on a terminal, and their aggregate."""
-    from rich.progress import BarColumn, Progress
+                 ruleset: RuleSet, capacity: int | None, engine: str = "local",
+                 findings: bool = False) -> tuple[MultiReport, RankRun]:
+    """Summaries of several inputs (rules already checked) by the session's worker, one
+    progress bar on a terminal (a bar per file would redraw thousands of rows on every
+    refresh), and their aggregate; `findings`: each keeps its findings (to word its
+    verdict)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress
 
     from snapana.analysis.ranks.aggregate import aggregate
     from snapana.analysis.ranks.runner import run_many
@@ -324,13 +326,14 @@ def analyse_many(ranks: list[Input], workers: int | None, rules: list[Path] | No
     rule_files = [str(r) for r in rules or ()]
     if not err.is_terminal or engine != "local":
         run = run_many(ranks, summarize, workers, rule_files, capacity, engine,
-                       ruleset=ruleset)
+                       ruleset=ruleset, findings=findings)
         return aggregate(run.summaries), run
-    with Progress("[progress.description]{task.description}", BarColumn(), console=err,
-                  transient=True) as bar:
-        tasks = {str(i.path): bar.add_task(i.name, total=1) for i in ranks}
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("inputs", total=len(ranks))
         run = run_many(ranks, summarize, workers, rule_files, capacity, engine,
-                       on_done=lambda a, _: bar.update(tasks[a], completed=1), ruleset=ruleset)
+                       on_done=lambda a, _: bar.advance(task), ruleset=ruleset,
+                       findings=findings)
     return aggregate(run.summaries), run
 
 

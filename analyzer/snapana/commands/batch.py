@@ -29,7 +29,8 @@ def batch(
     ins = policy.inputs(files, texts=False, every_rank=True)
     policy.output_folder(output, ins.files)
     ruleset, cap = policy.check_rules(rules, capacity)
-    multi, run = policy.analyse_many(ins.ranks, workers, rules, ruleset, cap, engine.value)
+    multi, run = policy.analyse_many(ins.ranks, workers, rules, ruleset, cap, engine.value,
+                                     findings=True)  # each rank's verdict is worded
     name = job or next((i.path.parent.name for i in ins.ranks if i.path is not None), "job")
     rank_dataset.write(multi, output, name, policy.verdicts(run))
     policy.none_analysed(multi, written=output)

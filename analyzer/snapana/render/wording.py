@@ -1077,10 +1077,9 @@ def rank_label(m: MultiReport, r: RankSummary) -> str:
 def _no_oom(r: RankSummary) -> str:
     """A rank with no OOM entry: "no" only where history was recorded (a state-only dump
     cannot tell: the OOM the job hit before it left no entry)."""
-    d = r.findings.diagnosis if r.findings is not None else None
-    if d is None or d.history:
+    if r.history:
         return "no"
-    return "unknown: no history, written at an OOM" if d.oom_named else "unknown: no history"
+    return "unknown: no history, written at an OOM" if r.oom_named else "unknown: no history"
 
 
 def rank_rows(m: MultiReport) -> list[tuple[str, str, str, str, str, str, str]]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from snapana.capture_kinds import CaptureKind, detect
 from snapana.errors import InputError
 from snapana.limits import MAX_LEADING_NULS
-from snapana.sources._io import check_regular, note_input, open_input
+from snapana.sources._io import check_regular, note_input, open_input, read_head
 
 if TYPE_CHECKING:  # the model (polars) is imported by the reader that builds one
     from collections.abc import Callable
@@ -35,21 +35,13 @@ def sniff(path: Path) -> CaptureKind:
             note_input(path)  # nothing may be written into an input folder
             return CaptureKind.SNAPANA_EXPORT  # written by `snapana export`
         raise InputError(f"{path}: is a directory, expected a snapshot file")
-    stream, raw, _ = open_input(path)
     try:
-        head = stream.read(64)
+        head = read_head(path, 64)
         nuls = 0
-        # a run of NULs first (a log rotated by copytruncate): told by what follows it
-        while head and not head.strip(b"\x00") and nuls < MAX_LEADING_NULS:
-            nuls += len(head)
-            head = stream.read(64 << 10)
-        if nuls:
-            head = (head.lstrip(b"\x00") + stream.read(64))[:64]
+        if head and not head.strip(b"\x00"):  # NULs first (a log rotated by copytruncate)
+            head, nuls = _after_leading_nuls(path)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        stream.close()
-        raw.close()
     if not head and not nuls:
         raise InputError(f"{path}: empty file")
     kind = detect(head)
@@ -76,3 +68,22 @@ def reader(kind: CaptureKind) -> Reader:
     module, _, function = kind.row.reader.partition(":")
     read: Reader = getattr(import_module(module), function)
     return read
+
+
+def _after_leading_nuls(path: Path) -> tuple[bytes, int]:
+    """The first 64 bytes after a run of NULs (up to `MAX_LEADING_NULS`), and how many NULs
+    were passed over: a log that logrotate's copytruncate cut starts with one, and is told
+    by what follows it."""
+    stream, raw, _ = open_input(path)
+    try:
+        head = stream.read(64)
+        nuls = 0
+        while head and not head.strip(b"\x00") and nuls < MAX_LEADING_NULS:
+            nuls += len(head)
+            head = stream.read(64 << 10)
+        if nuls:
+            head = (head.lstrip(b"\x00") + stream.read(64))[:64]
+        return head, nuls
+    finally:
+        stream.close()
+        raw.close()

@@ -12,7 +12,7 @@ import os
 import stat
 import zlib
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 try:
     import fcntl
@@ -217,6 +217,27 @@ def open_input(path: Path) -> tuple[BinaryIO, BinaryIO, bool]:
     except OSError as exc:
         raw.close()
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def read_head(path: Path, n: int) -> bytes:
+    """The first `n` bytes of a file's content (decompressed where it is gzip), and no more
+    than that asks: a kind is told from them, and a folder of thousands of compressed ranks
+    would otherwise decompress a read buffer (a MiB) of each. OSError as a read's."""
+    stream, raw, compressed = open_input(path)
+    try:
+        if not compressed:
+            return raw.read(n)
+        source = cast(BoundedGzip, cast(io.BufferedReader, stream).raw)
+        head = bytearray()
+        while len(head) < n:
+            got = source.read(n - len(head))
+            if not got:
+                break
+            head += got
+        return bytes(head)
+    finally:
+        stream.close()
+        raw.close()
 
 
 def first_line(exc: BaseException | str) -> str:

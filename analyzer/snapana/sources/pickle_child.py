@@ -537,6 +537,9 @@ if fd is not None:
 # its output ends here: the parent takes it now, not after the kernel frees this process's
 # memory (0.3 s for the 2 GB a 5M-entry trace decodes to), which happens before an exit
 # closes these
+if SERVED is not None:
+    reap()
+    raise SERVED()
 os.close(1)
 os.close(2)
 reap()
@@ -554,9 +557,14 @@ gc.disable()  # millions of dicts and no cycles: collecting would cost more than
 path = sys.argv[1]
 limit, base, factor = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 seconds, per_byte = float(sys.argv[5]), float(sys.argv[6])
+# set by `SERVER`, where this file is one of many a long-lived process decodes: the reply
+# ends this file's run (raised), not the process
+SERVED = globals().get("SERVED")
 def reply(**kw):
     sys.stdout.write(json.dumps(kw) + "\n")
     sys.stdout.flush()
+    if SERVED is not None:
+        raise SERVED()
     os._exit(0)
 class Refused(Exception):
     pass
@@ -714,8 +722,13 @@ try:
     try:
         import resource
         cap = base + factor * size
-        # (a hard limit above it, for `room`: what importing numpy for the scan takes)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap + (1 << 29)))
+        # (a hard limit above it, for `room`: what importing numpy for the scan takes; a
+        # served file leaves the hard limit as it is, for the next file's own)
+        hard = cap + (1 << 29) if SERVED is None else resource.getrlimit(
+            resource.RLIMIT_AS)[1]
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     except (ImportError, ValueError, OSError):
         pass
     try:
@@ -858,24 +871,32 @@ def payload_file() -> int | None:
         return None
 
 
-def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
-    """Start the child on `path` (`size` bytes on disk); OSError when no process can be
-    started here."""
+def plan(path: Path, size: int, compressed: bool, columns: bool
+         ) -> tuple[list[str], int, float]:
+    """What decoding `path` (`size` bytes on disk) is given: the child's arguments (its file,
+    the limit of decompressed bytes, its memory and time limits, its mode), that limit, and
+    how long its parent waits for it."""
     limit = decompressed_limit(size)[0] if compressed else size
     base = decode_memory(0)
     factor = decode_memory(1) - base
     seconds = decode_seconds(0)
     per_byte = decode_seconds(1 << 20) - seconds
-    cmd = [sys.executable, "-I", "-S", "-c", DIE_WITH_PARENT + CHILD, str(path), str(limit),
-           str(base),
-           str(factor), repr(seconds), repr(per_byte / (1 << 20)),
-           "columns" if columns else "check", str(split_entries())]
+    args = [str(path), str(limit), str(base), str(factor), repr(seconds),
+            repr(per_byte / (1 << 20)), "columns" if columns else "check"]
+    budget = seconds + per_byte / (1 << 20) * limit
+    return args, limit, budget * (2 if columns else 1) + 30 + limit / (20 << 20)
+
+
+def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
+    """Start the child on `path` (`size` bytes on disk); OSError when no process can be
+    started here."""
+    args, limit, timeout = plan(path, size, compressed, columns)
+    cmd = [sys.executable, "-I", "-S", "-c", DIE_WITH_PARENT + CHILD, *args,
+           str(split_entries())]
     env = child_env({k: v for k, v in os.environ.items()
                      if k in ("PATH", "SYSTEMROOT", "LANG")})
     if columns:
         env.update(_scan_env())
-    budget = seconds + per_byte / (1 << 20) * limit
-    timeout = budget * (2 if columns else 1) + 30 + limit / (20 << 20)
     fd = payload_file() if columns else None
     if fd is not None:
         cmd.append(str(fd))
@@ -887,7 +908,21 @@ def start(path: Path, size: int, compressed: bool, columns: bool) -> Child:
         if fd is not None:
             os.close(fd)
         raise
+    note_started(proc.pid, "child")
     return Child(proc, limit, timeout, fd)
+
+
+def note_started(pid: int, what: str) -> None:
+    """Where SNAPANA_CHILD_LOG names a file, a line appended to it for each decode process
+    started (its pid, and `child` for a one-file child or `pool` for a long-lived one): how
+    tests and benchmarks count them across worker processes."""
+    log = os.environ.get("SNAPANA_CHILD_LOG")
+    if log:
+        try:
+            with open(log, "a", encoding="utf-8") as fh:
+                fh.write(f"{pid} {what}\n")
+        except OSError:
+            pass
 
 
 #: Children started early, by what identifies their file and mode.

@@ -68,7 +68,7 @@ from snapana.model import (
     StackTable,
     pool_key,
 )
-from snapana.sources import pickle_child
+from snapana.sources import decode_pool, pickle_child
 from snapana.sources._checks import first_event_outside_segments
 from snapana.sources._io import (
     BoundedGzip,
@@ -157,7 +157,7 @@ def _decode_in_child(path: Path, size: int, compressed: bool, columns: bool = Fa
         st = os.stat(path)
         child = pickle_child.take(path, st, columns) if columns else None
         if child is None:
-            child = pickle_child.start(path, size, compressed, columns)
+            child = decode_pool.start(path, size, compressed, columns)
         limit = child.limit
         returncode, out = child.wait()
     except subprocess.TimeoutExpired:

@@ -37,8 +37,15 @@ class RankSummary:
     families: dict[str, int] = field(default_factory=dict)
     settings: str = ""
     moment: str = ""
+    #: Whether the capture recorded history, and the OOM its dump names where it records no
+    #: allocation: what the rank table says of a rank with no OOM entry.
+    history: bool = True
+    oom_named: str = ""
     #: The findings of the device summarised, without the per-event series, segments and
-    #: blocks (kilobytes): what the face words (the verdict); None when the input failed.
+    #: blocks (kilobytes): what the face words (each rank's verdict). Kept only where the
+    #: run was asked for them (`runner.run_many(findings=True)`: thousands of ranks would
+    #: hold thousands of them, and the table needs only the fields above); None when the
+    #: input failed.
     findings: DeviceReport | None = None
 
 

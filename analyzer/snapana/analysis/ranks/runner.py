@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from snapana.analysis.ranks.aggregate import RankSummary, selection_key
 from snapana.children import die_with_parent
 from snapana.errors import InputError
+from snapana.sources import decode_pool
 
 if TYPE_CHECKING:
     from snapana.analysis.attribution.engine import RuleSet
@@ -42,9 +45,27 @@ Summarize = Callable[["Input", Any, "int | None"],
 
 
 def summary_dict(inp: Input, summarize: Summarize, rule_files: list[str] | None,
-                 capacity: int | None) -> dict[str, Any]:
-    """Worker: one input's RankSummary as a dict (picklable, small)."""
-    return vars(summarize(inp, rule_files, capacity)[0])
+                 capacity: int | None, findings: bool = False) -> dict[str, Any]:
+    """Worker: one input's RankSummary as a dict (picklable, small); its findings only
+    where asked for (they are most of its bytes)."""
+    summary = summarize(inp, _rules(tuple(rule_files or ())), capacity)[0]
+    if not findings:
+        summary.findings = None
+    return vars(summary)
+
+
+@lru_cache(maxsize=1)
+def _rules(files: tuple[str, ...]) -> Any:
+    """The rules a worker's inputs are matched against, loaded once for all of them (as a
+    run in this process shares its RuleSet, and with it what its matches memoise), not once
+    per input; the files themselves where they cannot be loaded (`summarize` then says why
+    in each input's row)."""
+    from snapana.analysis.attribution.engine import RuleError, load_rules
+
+    try:
+        return load_rules(list(files))
+    except RuleError:
+        return list(files)
 
 
 #: Told of each input as its summary arrives (input path, summary dict).
@@ -63,37 +84,42 @@ class RankRun:
 def run_many(inputs: Sequence[Input], summarize: Summarize, workers: int | None = None,
              rule_files: list[str] | None = None, capacity: int | None = None,
              engine: str = "local", on_done: RankDone | None = None,
-             ruleset: RuleSet | None = None) -> RankRun:
+             ruleset: RuleSet | None = None, findings: bool = False) -> RankRun:
     """Summaries of the inputs by `summarize`, with the chosen engine; order follows
     `inputs`. Worker processes load `rule_files` themselves; a run in this process uses
     `ruleset` when given (the same files, already loaded) and keeps the best rank's full
-    report."""
+    report. `findings`: each summary keeps its device's findings (to word its verdict);
+    else they are dropped as it is made, so memory is the table's."""
     if engine == "local" and (workers == 1 or len(inputs) == 1):
         return _run_here(inputs, summarize, ruleset if ruleset is not None else rule_files,
-                         capacity, on_done)
+                         capacity, on_done, findings)
+    task = (summarize, rule_files, capacity, findings)  # summary_dict's, after the input
     if engine == "dask":
-        results = _map_dask(inputs, summarize, rule_files, capacity, workers)
+        results = _map_dask(inputs, task, workers)
     elif engine == "ray":
-        results = _map_ray(inputs, summarize, rule_files, capacity)
+        results = _map_ray(inputs, task)
     else:
-        results = _map_local(inputs, summarize, rule_files, capacity, workers, on_done)
+        results = _map_local(inputs, task, workers, on_done)
     return RankRun([RankSummary(**results[str(i.path)]) for i in inputs])
 
 
 def _run_here(inputs: Sequence[Input], summarize: Summarize, rules: Any,
-              capacity: int | None, on_done: RankDone | None) -> RankRun:
+              capacity: int | None, on_done: RankDone | None, findings: bool) -> RankRun:
     """One input after another in this process, keeping only the full report of the best
     rank so far (`selection_key`): memory stays one report, not one per rank."""
     run = RankRun([])
     best: tuple[Any, str, DeviceReport] | None = None
-    for inp in inputs:
-        a = str(inp.path)
-        summary, full = summarize(inp, rules, capacity)
-        run.summaries.append(summary)
-        if full is not None and (best is None or selection_key(summary) < best[0]):
-            best = (selection_key(summary), a, full)
-        if on_done:
-            on_done(a, vars(summary))
+    with decode_pool.kept():  # one decode process for the small files, not one each
+        for inp in inputs:
+            a = str(inp.path)
+            summary, full = summarize(inp, rules, capacity)
+            run.summaries.append(summary)
+            if full is not None and (best is None or selection_key(summary) < best[0]):
+                best = (selection_key(summary), a, full)
+            if not findings:
+                summary.findings = None
+            if on_done:
+                on_done(a, vars(summary))
     if best is not None:
         run.kept[best[1]] = best[2]
     return run
@@ -120,9 +146,12 @@ def _no_working_directory() -> Iterator[None]:
             os.environ["PYTHONSAFEPATH"] = saved_env
 
 
-def _map_local(inputs: Sequence[Input], summarize: Summarize, rule_files: list[str] | None,
-               capacity: int | None, workers: int | None, on_done: RankDone | None
-               ) -> dict[str, dict[str, Any]]:
+#: `summary_dict`'s arguments after the input: summarize, rule files, capacity, findings.
+Task = tuple[Summarize, "list[str] | None", "int | None", bool]
+
+
+def _map_local(inputs: Sequence[Input], task: Task, workers: int | None,
+               on_done: RankDone | None) -> dict[str, dict[str, Any]]:
     workers = workers or os.cpu_count() or 1
     results: dict[str, dict[str, Any]] = {}
     # Spawned, not forked: polars' thread pool does not survive a fork. (No
@@ -130,25 +159,41 @@ def _map_local(inputs: Sequence[Input], summarize: Summarize, rule_files: list[s
     with _no_working_directory(), ProcessPoolExecutor(
             max_workers=min(workers, len(inputs)),
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+            initializer=_worker_start, initargs=(os.getpid(),)) as pool:
         try:
+            # each future says it is done on a queue: `wait` on the pending set would walk
+            # all of them on every call, quadratic in thousands of ranks
+            finished: queue.SimpleQueue[Future[dict[str, Any]]] = queue.SimpleQueue()
+            futures: dict[Future[dict[str, Any]], str] = {}
             with _interrupts_held():  # submitting starts the workers
-                futures = {pool.submit(summary_dict, i, summarize, rule_files, capacity):
-                           str(i.path) for i in inputs}
-            pending = set(futures)
-            while pending:
-                # woken twice a second: a signal the kernel gave another thread is only
-                # handled (KeyboardInterrupt) when the main thread runs Python code
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    a = futures[fut]
-                    results[a] = fut.result()
-                    if on_done:
-                        on_done(a, results[a])
+                for i in inputs:
+                    fut = pool.submit(summary_dict, i, *task)
+                    futures[fut] = str(i.path)
+                    fut.add_done_callback(finished.put)
+            for _ in futures:
+                while True:
+                    # woken twice a second: a signal the kernel gave another thread is only
+                    # handled (KeyboardInterrupt) when the main thread runs Python code
+                    try:
+                        fut = finished.get(timeout=0.5)
+                        break
+                    except queue.Empty:
+                        continue
+                a = futures[fut]
+                results[a] = fut.result()
+                if on_done:
+                    on_done(a, results[a])
         except BaseException:  # Ctrl-C, an error: the workers stop now, not when done
             _stop(pool)
             raise
     return results
+
+
+def _worker_start(parent: int) -> None:
+    """A rank worker dies with its parent, and decodes its many small files in one kept
+    decode process (`decode_pool`), not a child each."""
+    die_with_parent(parent)
+    decode_pool.keep()
 
 
 @contextmanager
@@ -179,21 +224,20 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _map_dask(inputs: Sequence[Input], summarize: Summarize, rule_files: list[str] | None,
-              capacity: int | None, workers: int | None) -> dict[str, dict[str, Any]]:
+def _map_dask(inputs: Sequence[Input], task: Task, workers: int | None
+              ) -> dict[str, dict[str, Any]]:
     try:
         import dask.bag as db
     except ImportError:
         raise InputError("--engine dask needs dask: pip install 'snapana[dask]'") from None
     n = len(inputs)
     bag = db.from_sequence(list(inputs), npartitions=max(1, min(n, workers or n)))
-    out = bag.map(summary_dict, summarize, rule_files, capacity).compute(
+    out = bag.map(summary_dict, *task).compute(
         scheduler="processes", num_workers=workers)
     return dict(zip((str(i.path) for i in inputs), out, strict=True))
 
 
-def _map_ray(inputs: Sequence[Input], summarize: Summarize, rule_files: list[str] | None,
-             capacity: int | None) -> dict[str, dict[str, Any]]:
+def _map_ray(inputs: Sequence[Input], task: Task) -> dict[str, dict[str, Any]]:
     try:
         import ray
     except ImportError:
@@ -202,8 +246,8 @@ def _map_ray(inputs: Sequence[Input], summarize: Summarize, rule_files: list[str
     if started:
         ray.init(ignore_reinit_error=True)  # joins RAY_ADDRESS when set, else starts locally
     try:
-        task = ray.remote(summary_dict)
-        out = ray.get([task.remote(i, summarize, rule_files, capacity) for i in inputs])
+        remote = ray.remote(summary_dict)
+        out = ray.get([remote.remote(i, *task) for i in inputs])
     finally:
         if started:  # leave a caller's Ray as it was; disconnect from (or stop) our own
             ray.shutdown()
