@@ -121,9 +121,10 @@ def _lead(f: dict[str, float]) -> tuple[str, int, bool]:
         weighed += [("other_processes", cap - free - own > 3 * GIB // 200
                      and cap - free - own >= gap),
                     ("demand", allocated >= gap), ("own_outside", own - reserved >= gap)]
-    else:
-        weighed += [("demand", allocated >= gap),
-                    ("outside_pytorch", cap - free - reserved >= gap)]
+    else:  # not split by process: half the card or more outside the cache is looked at first
+        outside = cap - free - reserved
+        weighed = [("held_elsewhere", outside >= cap / 2 and outside >= gap), *weighed,
+                   ("demand", allocated >= gap), ("outside_pytorch", outside >= gap)]
     covering = next((c for c, covers in weighed if covers), None)
     return covering or "demand", gap, covering is not None
 
@@ -144,7 +145,31 @@ def test_the_lead_alone_covers_the_shortfall(thread: str, text: str, figures: di
     view = message_view(d)
     assert view.verdict.split(": ", 2)[2].startswith(
         {"demand": "demand", "fragmentation": "fragmentation",
-         "own_outside": "this process's memory outside"}.get(want, want))
+         "own_outside": "this process's memory outside",
+         "held_elsewhere": "something else holds this GPU"}.get(want, want))
+
+
+def test_most_of_the_card_held_outside_the_cache_leads() -> None:
+    """Issue 69: a 2.1 message (no 'this process has' sentence, so the memory outside
+    PyTorch's cache is not split by process) where 26.49 of 31.75 GiB stands outside a
+    5.22 GiB cache: what else holds the GPU is said first, with where to look, not the
+    5.31 MiB the live tensors could have given back."""
+    text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 "
+            "has a total capacity of 31.75 GiB of which 14.69 MiB is free. Of the allocated "
+            "memory 4.70 GiB is allocated by PyTorch, and 529.00 MiB is reserved by PyTorch "
+            "but unallocated.")
+    cap, free, reserved = round(31.75 * GIB), round(14.69 * MIB), round(4.70 * GIB) + 529 * MIB
+    (m,) = read_messages(text)
+    d = diagnose(m)
+    assert d.lead.id == "held_elsewhere" and d.lead.role == "lead"
+    assert d.lead.terms[0][1] == cap - free - reserved >= cap / 2
+    demand = next(c for c in d.causes if c.id == "demand")
+    assert demand.role == "contributor"  # it could have let it fit too, and comes after
+    verdict = message_view(d).verdict
+    assert "something else holds this GPU" in verdict
+    assert f"{(cap - free - reserved) / cap:.0%}" in verdict
+    assert "nvidia-smi --query-compute-apps" in verdict
+    assert verdict.index("something else") < verdict.find("demand") or "demand" not in verdict
 
 
 def test_a_ms_swift_reload_is_demand_with_its_outside_memory_a_contributor() -> None:

@@ -34,11 +34,18 @@ ELSEWHERE = "other processes and the driver"
 #: share of the card, yet failed, met a full card rather than another limit.
 FULL_CARD_SHARE = 0.01
 
+#: Memory outside PyTorch's allocator, not split by process, from this share of the card on
+#: is something else holding the GPU (another process, a colocated engine): a CUDA context
+#: and its libraries take a few hundred MiB to a few GiB, never half a card (issue 69).
+ELSEWHERE_SHARE = 0.5
+
 #: The order in which causes that each alone cover the shortfall lead: what the figures
-#: show to be the story first (a size bug, a cache with the bytes, another process), then
-#: the live tensors, and only last this process's memory outside the cache (mostly its CUDA
-#: context, which no setting removes) and the outside memory not split by process.
-LEAD_ORDER = ("fragmentation", "other_processes", "demand", "own_outside", "outside_pytorch")
+#: show to be the story first (half the card or more held outside this process's cache, a
+#: cache with the bytes, another process), then the live tensors, and only last this
+#: process's memory outside the cache (mostly its CUDA context, which no setting removes) and
+#: the outside memory not split by process.
+LEAD_ORDER = ("held_elsewhere", "fragmentation", "other_processes", "demand", "own_outside",
+              "outside_pytorch")
 
 #: Causes that decide alone, whatever else the figures say (the request could never fit, or
 #: the figures are not the card's).
@@ -53,7 +60,7 @@ CLAUSE_WORDS = {k: v[1].split(" (")[0].split(":")[0] for k, v in CLAUSES.items()
 #: Which figure each counterfactual cause needs (a message clause, named as CLAUSES does).
 NEEDS = {"fragmentation": ("unallocated",), "other_processes": ("this_process",),
          "demand": ("allocated",), "own_outside": ("this_process", "unallocated"),
-         "outside_pytorch": ("unallocated",)}
+         "outside_pytorch": ("unallocated",), "held_elsewhere": ("unallocated",)}
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,7 @@ class TextCause:
     different for the request to fit (None: no change to it would have)."""
 
     id: str  # size_bug | spill | other_limit | card_full | fragmentation | other_processes |
-    #          demand | own_outside | outside_pytorch | undecided
+    #          demand | own_outside | outside_pytorch | held_elsewhere | undecided
     terms: tuple[tuple[str, int], ...]
     role: str = "lead"
     needed: int | None = None
@@ -213,11 +220,17 @@ def _counterfactuals(m: OomMessage, req: int | None, shortfall: int | None,
                                 ("reserved", reserved), ("shortfall", shortfall)),
                 needed=shortfall)
     elif cap is not None and free is not None:
+        outside = cap - free - reserved if reserved is not None else 0
         if reserved is None:
             out["outside_pytorch"] = None
-        elif cap - free - reserved > 0:
+        elif outside >= ELSEWHERE_SHARE * cap:  # most of the card: something else holds it
+            out["held_elsewhere"] = TextCause(
+                "held_elsewhere", ((OUTSIDE, outside), ("capacity", cap),
+                                   ("reserved", reserved), ("shortfall", shortfall)),
+                needed=shortfall)
+        elif outside > 0:
             out["outside_pytorch"] = TextCause(
-                "outside_pytorch", ((OUTSIDE, cap - free - reserved), ("shortfall", shortfall)),
+                "outside_pytorch", ((OUTSIDE, outside), ("shortfall", shortfall)),
                 needed=shortfall)
     missing = tuple(dict.fromkeys(
         clause for cause, c in out.items() if c is None

@@ -144,7 +144,9 @@ HOLDERS = {"fragmentation": "the idle cache (reserved by PyTorch but unallocated
            "other_processes": "other processes on the card (and the driver)",
            "demand": "the live tensors (allocated by PyTorch)",
            "own_outside": "this process's memory outside PyTorch's allocator",
-           "outside_pytorch": "memory outside PyTorch's allocator"}
+           "outside_pytorch": "memory outside PyTorch's allocator",
+           "held_elsewhere": "memory outside this process's PyTorch cache (another process, "
+                             "a colocated engine, this process's other libraries)"}
 
 
 def _cause_sentence(c: TextCause, d: TextDiagnosis) -> str:
@@ -218,6 +220,15 @@ def _lead_sentence(c: TextCause, d: TextDiagnosis) -> str:
                 f"{fmt_bytes(_t(c, 'this process'))} − reserved {fmt_bytes(_t(c, 'reserved'))}"
                 f": the CUDA context, NCCL buffers, cuBLAS workspaces, another allocator): "
                 f"{shortfall}, and {fmt_bytes(gap)} less of it would have let it fit")
+    if c.id == "held_elsewhere":
+        cap = _t(c, "capacity")
+        return (f"something else holds this GPU: {held} of its {fmt_bytes(cap)} "
+                f"({c.terms[0][1] / cap:.0%}) is outside this process's PyTorch cache "
+                f"({fmt_bytes(_t(c, 'reserved'))} reserved), and {shortfall} — another process "
+                "or a colocated engine (a rollout engine's gpu_memory_utilization or "
+                "mem_fraction_static), or this process's other libraries; the message does not "
+                "split it by process: look at `nvidia-smi --query-compute-apps="
+                "pid,process_name,used_memory` while the job runs, and at what shares the card")
     if c.id == "outside_pytorch":
         return (f"memory outside PyTorch's allocator ({held}: this process's CUDA context and "
                 f"libraries, other processes, the driver — the message does not split it): "
