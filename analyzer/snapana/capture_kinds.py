@@ -102,8 +102,18 @@ def _parquet(head: bytes) -> bool:
     return head[:4] == b"PAR1"  # written by `snapana convert`
 
 
+#: An HTTP API's error body: an inference server's reply saved to a file. OpenAI's shape,
+#: which vLLM's and SGLang's OpenAI-compatible servers return ({"error": {"message": ...,
+#: "type": ..., "code": ...}}), vLLM's older ErrorResponse ({"object": "error", "message":
+#: ...}) and FastAPI's HTTPException ({"detail": ...}). No profiler trace starts with one of
+#: these keys; the body is text, read for the message it carries (as on standard input).
+_ERROR_BODY = re.compile(rb'\{\s*"(?:error"\s*:|object"\s*:\s*"error"|detail"\s*:)')
+
+
 def _json(head: bytes) -> bool:
     stripped = head.lstrip()
+    if _ERROR_BODY.match(stripped):
+        return False
     return stripped[:1] == b"{" or _JSON_ARRAY.match(stripped) is not None
 
 

@@ -19,6 +19,7 @@ from functools import lru_cache
 from importlib import resources
 
 from snapana.analysis.log_evidence import ACTIVATION_HALF, Finding
+from snapana.analysis.text_diagnosis import ELSEWHERE_SHARE
 from snapana.log_model import OomMessage
 from snapana.sources.memory_lines import MemoryLine
 from snapana.units import fmt_bytes
@@ -67,6 +68,7 @@ def framework_evidence(memory_lines: Sequence[MemoryLine], messages: Sequence[Oo
     groups: dict[tuple[str, int | None], list[MemoryLine]] = {}
     for m in memory_lines:
         groups.setdefault((m.framework, m.rank), []).append(m)
+    _join_unranked(groups)
     after = _MessagesAfter(messages)
     out = []
     for (framework, rank), lines in groups.items():
@@ -75,6 +77,17 @@ def framework_evidence(memory_lines: Sequence[MemoryLine], messages: Sequence[Oo
         out.append(FrameworkEvidence(framework, rank, tuple(lines), tuple(findings),
                                      tuple(knobs), message, source))
     return out
+
+
+def _join_unranked(groups: dict[tuple[str, int | None], list[MemoryLine]]) -> None:
+    """A framework's lines that name no rank join its one ranked group, where it has just
+    one: a traceback logged as one record carries the rank tag on its first line only
+    (SGLang's 'Scheduler hit an exception: Traceback ...', the refusal lines below it)."""
+    for framework in {f for f, _ in groups}:
+        ranked = [k for k in groups if k[0] == framework and k[1] is not None]
+        if (framework, None) in groups and len(ranked) == 1:
+            joined = groups.pop(ranked[0]) + groups.pop((framework, None))
+            groups[ranked[0]] = sorted(joined, key=lambda m: m.line)
 
 
 class _MessagesAfter:
@@ -157,9 +170,17 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
         findings.append(Finding(  # a fraction, which the text-log view prints as one
             "sglang_fraction", (("mem_fraction_static", mfs),)))  # type: ignore[arg-type]
     knobs: list[tuple[str, str]] = []
+    refused = _last(lines, "sglang.not_enough")
+    if refused is not None:  # last: the section's verdict is its last sentence
+        said = refused.number("mem_fraction_static")
+        share = said if said is not None else mfs
+        said_terms: list[tuple[str, int]] = [("line", refused.line)]
+        if share is not None:  # a fraction, which the text-log view prints as one
+            said_terms.append(("mem_fraction_static", share))  # type: ignore[arg-type]
+        findings.append(Finding("sglang_not_enough", tuple(said_terms)))
     gap = _shortfall(message)
     if gap is None or message is None:
-        return findings, knobs
+        return _refusal_last(findings), knobs
     findings.append(Finding("sglang_oom", (("request", message.request.bytes),  # type: ignore[union-attr]
                                            ("free", message.free.bytes),  # type: ignore[union-attr]
                                            ("shortfall", gap))
@@ -182,7 +203,14 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
         knobs.append(_knob("sglang_cuda_graph_max_bs", "<smaller>",
                            f"the CUDA graphs took {fmt_bytes(graphs)}, at least the "
                            f"{fmt_bytes(gap)} the OOM lacked"))
-    return findings, knobs
+    return _refusal_last(findings), knobs
+
+
+def _refusal_last(findings: list[Finding]) -> list[Finding]:
+    """SGLang's own refusal to start, moved last: the section's verdict is its last
+    sentence, and a refusal must never read as a healthy start-up."""
+    return ([f for f in findings if f.id != "sglang_not_enough"]
+            + [f for f in findings if f.id == "sglang_not_enough"])
 
 
 def _graphs(lines: Sequence[MemoryLine]) -> int | None:
@@ -242,9 +270,12 @@ def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
         if held is not None and total and held >= OTHERS_AT_START * total:
             findings_v06.append(Finding("vllm_held_at_start", (("held", held),
                                                                ("total", total))))
+    card = _bytes(old, "total")
     terms = [(what, n) for what, n in (
+        ("card (total_gpu_memory)", card),
         ("weights", weights), ("activation peak (profiling run)", activation),
-        ("non-torch memory", _bytes(profile, "non_torch")), ("non-KV memory in all", non_kv),
+        ("non-torch memory", _bytes(profile, "non_torch") if old is None
+         else _bytes(old, "non_torch")), ("non-KV memory in all", non_kv),
         ("KV cache", kv),
         ("budget (total × utilisation)" if old is not None else "budget (non-KV + KV)", budget))
         if n is not None]
@@ -273,6 +304,11 @@ def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
             knobs.append(_knob("vllm_max_model_len", f"{tokens:,}",
                                f"the KV cache holds {tokens:,} tokens, less than one request "
                                f"of {max_len:,} (concurrency {times:.2f}x)"))
+    cumem = _last(lines, "vllm.cumem_oom")
+    if cumem is not None:
+        findings.append(Finding("vllm_cumem_oom", (("line", cumem.line),
+                                                   ("source line", _whole(cumem,
+                                                                          "source_line")))))
     if activation is not None and budget and activation >= ACTIVATION_HALF * budget:
         findings.append(Finding("vllm_activation_half", (("activation", activation),
                                                          ("budget", budget))))
@@ -336,7 +372,43 @@ def _uneven_ranks(evidence: list[FrameworkEvidence]) -> FrameworkEvidence:
         first.knobs, first.message, first.source)
 
 
+# ----- slime's Memory-Usage lines --------------------------------------------------------
+
+def _slime(lines: Sequence[MemoryLine], message: OomMessage | None
+           ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    """The last Memory-Usage line of a rank: the card's used memory, and of it what this
+    process's PyTorch cache did not hold (used − reserved: other processes, a colocated
+    engine, this process's CUDA context and libraries)."""
+    last = lines[-1]
+    total, free, used = (_bytes(last, n) for n in ("total", "free", "used"))
+    assert total is not None and free is not None and used is not None
+    terms = [("total", total), ("used", used), ("free", free), ("line", last.line)]
+    reserved = _bytes(last, "reserved")
+    if reserved is not None:
+        terms += [("reserved", reserved), ("allocated", _bytes(last, "allocated") or 0)]
+    findings = [Finding("memory_usage", tuple(terms))]
+    if reserved is not None and total and used - reserved >= ELSEWHERE_SHARE * total:
+        findings.append(Finding("usage_elsewhere", (("outside", used - reserved),
+                                                    ("total", total))))
+    return findings, []
+
+
+# ----- out-of-memory errors raised outside PyTorch's caching allocator -------------------
+
+def _nccl(lines: Sequence[MemoryLine], message: OomMessage | None
+          ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    last = lines[-1]
+    return [Finding("nccl_calloc", (("size", _bytes(last, "size") or 0),
+                                    ("times", len(lines)), ("line", last.line)))], []
+
+
+def _cuda(lines: Sequence[MemoryLine], message: OomMessage | None
+          ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    return [Finding("cuda_error_oom", (("times", len(lines)), ("line", lines[0].line)))], []
+
+
 _JUDGES: dict[str, Callable[[Sequence[MemoryLine], OomMessage | None],
                             tuple[list[Finding], list[tuple[str, str]]]]] = {
     "sglang": _sglang, "torch_memory_saver": _memory_saver, "vllm": _vllm,
-    "megatron": _megatron, "deepspeed": _deepspeed}
+    "megatron": _megatron, "deepspeed": _deepspeed, "slime": _slime, "nccl": _nccl,
+    "cuda": _cuda}

@@ -522,7 +522,9 @@ def _budget_sum(b: KvBudget) -> list[str]:
 
 #: Each framework's name as its section says it.
 FRAMEWORK_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "torch_memory_saver": "torch_memory_saver",
-                   "megatron": "Megatron report_memory", "deepspeed": "DeepSpeed see_memory_usage"}
+                   "megatron": "Megatron report_memory", "deepspeed": "DeepSpeed see_memory_usage",
+                   "slime": "slime Memory-Usage", "nccl": "NCCL",
+                   "cuda": "CUDA error (outside PyTorch's allocator)"}
 
 
 def framework_section(e: FrameworkEvidence, named: bool = False) -> EvidenceSection:
@@ -601,6 +603,49 @@ def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
                                           "the failing step needed more than any reported one"
                                           if over > 0 else
                                           "within the highest reported peak"))
+    if f.id == "sglang_not_enough":
+        said = (f" (mem_fraction_static = {t['mem_fraction_static']:.2f})"
+                if "mem_fraction_static" in t else "")
+        return (f"SGLang refused to start at line {t['line']}: 'Not enough memory' — after the "
+                f"weights, its static share of the card{said} left nothing for the KV cache "
+                "pool; raise --mem-fraction-static, or free the card of what else holds it "
+                "(another engine or process: SGLang takes its share of the card's free memory "
+                "at start-up)")
+    if f.id == "vllm_cumem_oom":
+        return (f"vLLM's sleep-mode allocator (CuMemAllocator, cumem_allocator.cpp:"
+                f"{t['source line']}) ran out at line {t['line']}: memory created or mapped "
+                "outside PyTorch's caching allocator (the KV cache or weights a wake_up maps "
+                "back) — no allocator figures; what the trainer or another engine holds on "
+                "the card at wake-up is what it lacked (torch.cuda.empty_cache() before "
+                "wake_up, a lower gpu_memory_utilization)")
+    if f.id == "memory_usage":
+        held = (f"; reserved {b(t['reserved'])} (allocated {b(t['allocated'])}), so "
+                f"{b(t['used'] - t['reserved'])} of the used memory is outside this "
+                "process's PyTorch cache" if "reserved" in t else "")
+        return (f"last Memory-Usage (line {t['line']}): {b(t['used'])} of {b(t['total'])} "
+                f"used, {b(t['free'])} free{held}")
+    if f.id == "usage_elsewhere":
+        return (f"something else holds this GPU: {b(t['outside'])} of {b(t['total'])} "
+                f"({t['outside'] / t['total']:.0%}) is used outside this process's PyTorch "
+                "cache — a colocated rollout engine (its gpu_memory_utilization / "
+                "mem_fraction_static), another process, this process's other libraries; "
+                "`nvidia-smi --query-compute-apps=pid,process_name,used_memory` names them")
+    if f.id == "nccl_calloc":
+        times = f" ({t['times']} times)" if t["times"] > 1 else ""
+        return (f"NCCL could not allocate {b(t['size'])} ({t['size']:,} bytes) on the device "
+                f"(line {t['line']}){times}: its own cudaMalloc for communicator buffers, "
+                "outside PyTorch's caching allocator, found the card full — no allocator "
+                "figures; what PyTorch caches (torch.cuda.empty_cache() before the "
+                "collective) or another engine holds left it no room (NCCL_BUFFSIZE / "
+                "NCCL_MAX_NCHANNELS lower what NCCL asks)")
+    if f.id == "cuda_error_oom":
+        times = f" ({t['times']} times)" if t["times"] > 1 else ""
+        return (f"'CUDA error: out of memory' at line {t['line']}{times}: raised outside "
+                "PyTorch's caching allocator (a cuBLAS / cuDNN workspace, a kernel launch, "
+                "a library's own cudaMalloc, a CUDA context), so the error carries no "
+                "allocator figures — no request, free or reserved to split; CUDA reports "
+                "errors asynchronously, so the frame it names may not be the call that "
+                "failed (CUDA_LAUNCH_BLOCKING=1 pins it down)")
     if f.id == "uneven_ranks":
         (high, hb), (low, lb) = f.terms
         return (f"{high} peaks at {b(hb)}, {low} at {b(lb)}: the ranks are uneven "

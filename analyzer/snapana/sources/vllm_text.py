@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 
+from snapana.errors import InputError
 from snapana.log_model import KvBudget, KvRefusal
 from snapana.printed import SIZE, Size, whole
 
@@ -58,8 +59,13 @@ BUDGET_SPAN = 3
 
 
 
-def _signed(number: str, unit: str) -> Size:
-    size = Size.parse(number.lstrip("-"), unit)
+def _signed(number: str, unit: str) -> Size | None:
+    """A signed figure; None where it is past any device (a mangled line: a figure no vLLM
+    prints is not read, and never refuses the log around it)."""
+    try:
+        size = Size.parse(number.lstrip("-"), unit)
+    except InputError:
+        return None
     return Size(-size.bytes, size.slack, number + " " + unit) if number.startswith("-") \
         else size
 
@@ -103,7 +109,8 @@ def read_refusals(lines: list[str]) -> list[KvRefusal]:
     seen: list[Size] = []
     for i, line in enumerate(lines):
         if (a := _COMPILED["kv_available"].search(line)) is not None:
-            seen.append(_signed(a.group(1), a.group(2)))
+            if (kv := _signed(a.group(1), a.group(2))) is not None:
+                seen.append(kv)
         if not _STARTS.search(line):
             continue
         joined = _joined(lines[i:i + 4])
