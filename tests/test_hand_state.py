@@ -10,12 +10,14 @@ against snapana's own output."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
 import pytest
 import snapana
 from snapana.allocator_model.rules import round_size
+from snapana.analysis.attribution.hand_state import Row, find
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.handwritten import handwritten_train, weights
 
@@ -55,12 +57,10 @@ def test_moments_need_one_count_per_parameter(tmp_path: Path) -> None:
     """The program's own blocks made after the backward are state only when every weight
     size has the same number of them per weight: a moment dropped for one weight (two for
     most, one for it) leaves that size's blocks unnamed."""
-    from snapana.analysis.attribution.hand_state import Row, find
     sizes = [4096, 8192, 16384]
     grads = {s: 2 for s in sizes}
     rows = [Row(s, "user_tensors", 1, True) for s in sizes for _ in range(2)]  # params
     rows += [Row(s, "user_tensors", 20, True) for s in sizes for _ in range(4)]  # 2 / weight
-    from collections import Counter
     found = find(rows, Counter(grads), first=10)
     assert {f.family for f in found.values()} == {"parameters", "optimizer_state"}
     rows.pop()  # one moment fewer for the last size: 3 blocks for its 2 weights

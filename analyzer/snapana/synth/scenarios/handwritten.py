@@ -80,7 +80,7 @@ def handwritten_train(steps: int = 2, per_parameter: int = 2, *, zero_grad_late:
             grads = [sim.malloc(n, (ACCUMULATE, AUTOGRAD), family="gradients")
                      for n in weights()]
             sim.advance(5000)
-            for p, n in zip(params, weights(), strict=True):
+            for n in weights():  # each parameter in turn
                 if step == 0:  # the first step makes the moments and keeps them
                     moments += [sim.malloc(n, s, family="optimizer_state") for s in state]
                 tmp = sim.malloc(n, update, family="optimizer_temporaries")
