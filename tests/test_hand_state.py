@@ -18,8 +18,11 @@ import pytest
 import snapana
 from snapana.allocator_model.rules import round_size
 from snapana.analysis.attribution.hand_state import Row, find
+from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.handwritten import handwritten_train, weights
+
+from .conftest import SNAPSHOTS, raw_load
 
 
 def _synth(tmp: Path, **kw: object) -> tuple[snapana.api.Analysis, dict]:
@@ -84,3 +87,81 @@ def test_last_steps_gradients_freed_by_zero_grad_are_gradients(tmp_path: Path) -
     assert int(old["size"].sum()) >= sum(round_size(n) for n in weights())
     assert "unknown" not in growth or growth["unknown"].start_bytes == 0
     assert "gradients: " in a.summary() and "unknown: " not in a.summary()
+
+
+# --- real captures ----------------------------------------------------------------------
+
+def _program_made_kept(path: Path) -> set[int]:
+    """Independently of snapana: the blocks live at the end that the window made by stacks
+    with no frame of torch or an installed library (the program's own code) and never freed:
+    the only blocks the hand-written state can be."""
+    snap = raw_load(path)
+    trace = snap["device_traces"][0]
+    made: dict[int, dict] = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            made[e["addr"]] = e
+        elif e["action"] in ("free_requested", "free_completed"):
+            made.pop(e["addr"], None)
+    own = {a for a, e in made.items() if e.get("frames") and all(
+        "/torch/" not in f["filename"].replace("\\", "/") and "-packages/" not in f["filename"]
+        for f in e["frames"] if f["filename"].endswith(".py"))}
+    return own
+
+
+#: CS336 training captures: torch.optim-wrapped hand-written AdamW (kkaitlyn111, Wedsonlin,
+#: notHanmin), the program's own AdamW under the wrapper (bcrafton), no optimizer (MAGMA27)
+TRAINING = ["kkaitlyn111+cs336-a2-systems__memory_files_memory_ctx512_fullstep_.pickle",
+            "kkaitlyn111+cs336-a2-systems__memory_files_memory_ctx256_fullstep_.pickle",
+            "Wedsonlin+assignment2-systems__results_medium_512_training_memory_snapshot.pickle",
+            "bcrafton+assignment2-systems__memory_snapshot.pickle",
+            "notHanmin+assignment2-systems__memory_snapshot.pickle",
+            "MAGMA27+assignment2-systems__memory_snapshot.pickle",
+            "ZidongLiu+DeComFL__memory.pickle"]
+
+
+def _corpus(name: str) -> Path:
+    path = SNAPSHOTS / name
+    if not path.exists():
+        pytest.skip(f"corpus capture {name} absent")
+    return path
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("name", TRAINING)
+def test_corpus_hand_state_only_on_the_programs_own_blocks(name: str) -> None:
+    """On real captures the rule was not written from, what the hand-written-state methods
+    name at the end is among the blocks the raw trace shows the program's own code made and
+    kept (none of these programs builds its optimizer state outside torch.optim's wrapper
+    with a gradient to mirror, so nothing is named)."""
+    path = _corpus(name)
+    blocks = snapana.load(path).at(moment="end").blocks
+    named = set(blocks.filter(pl.col("method").str.starts_with("size-mirror:hand"))
+                ["address"].to_list())
+    assert named <= _program_made_kept(path)
+    assert named == set()
+
+
+@pytest.mark.corpus
+def test_corpus_zero_grad_frees_last_steps_gradients() -> None:
+    """notHanmin's step: optimizer.zero_grad (torch/optim/optimizer.py) frees the gradients
+    of the step before recording (no alloc event) after the forward. Recounted from the raw
+    trace: the timeline calls exactly those gradients from the start, shown at the end
+    (after they are freed) as at the peak."""
+    path = _corpus("notHanmin+assignment2-systems__memory_snapshot.pickle")
+    trace = raw_load(path)["device_traces"][0]
+    first: dict[int, dict] = {}
+    for e in trace:
+        if e["action"] in ("alloc", "free_requested"):
+            first.setdefault(e["addr"], e)
+    by_zero_grad = {a: e["size"] for a, e in first.items() if e["action"] == "free_requested"
+                    and any(f["name"] == "zero_grad" and f["filename"].replace("\\", "/")
+                            .endswith("torch/optim/optimizer.py") for f in e["frames"])}
+    assert len(by_zero_grad) > 100
+    for moment in ("end", "peak"):
+        timeline = Session.open(path, at=moment).report.timeline.families
+        assert timeline is not None
+        old = timeline.lifetimes.filter((pl.col("alloc_idx") < 0)
+                                        & pl.col("address").is_in(list(by_zero_grad)))
+        assert old.height == len(by_zero_grad)
+        assert set(old["family"].to_list()) == {"gradients"}
