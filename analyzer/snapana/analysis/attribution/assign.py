@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution import inference, weight_copies
+from snapana.analysis.attribution import hand_state, inference, weight_copies
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
 from snapana.analysis.attribution.families import (
@@ -353,6 +353,7 @@ class Attributor:
             cols["method"].append("" if d.family == "unknown" or framed else (d.rule_id or ""))
         self._working_sets(blocks, cols)
         self._infer(blocks, cols)
+        self._hand_state(blocks, cols)
         self._weight_copies(blocks, cols)
         self._inventory(blocks, cols)
         return blocks.with_columns(
@@ -461,6 +462,36 @@ class Attributor:
             cols["evidence"][i] = "inferred"
             cols["method"][i] = hit.method
 
+    def _hand_state(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
+        """The program's own blocks that mirror the window's gradients (`hand_state`): the
+        parameters of modules it wrote, the state of an optimizer it wrote."""
+        if not self.capture.has_trace or not {"requested_size", "free_req_idx"} <= set(
+                blocks.columns):
+            return
+        spec = hand_state.spec()
+        mine = [i for i, f in enumerate(cols["family"]) if f in spec.from_families]
+        if not mine:
+            return
+        skip = set(mine)
+        live = [(int(blocks["requested_size"][i] or blocks["size"][i]), cols["family"][i],
+                 cols["phase"][i], int(blocks["stack_id"][i])) for i in range(blocks.height)
+                if i not in skip]
+        evidence = self._evidence(blocks[mine], live)
+        n = self.capture.device_events(self.device).height
+        rows = [hand_state.Row(int(req or size), fam, -1 if born is None else int(born),
+                               freed is None or freed >= n)
+                for req, size, fam, born, freed in zip(
+                    blocks["requested_size"], blocks["size"], cols["family"],
+                    blocks["alloc_idx"], blocks["free_req_idx"], strict=True)]
+        for i, hit in hand_state.find(rows, evidence.gradient_sizes,
+                                      evidence.first_gradient).items():
+            cols["family"][i] = hit.family
+            cols["label"][i] = f"{family_label(hit.family)} (inferred: {hit.method})"
+            cols["reason"][i] = hit.why
+            cols["rule_id"][i] = ""
+            cols["evidence"][i] = "inferred"
+            cols["method"][i] = hit.method
+
     def _weight_copies(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Blocks of a forward sized like the parameters held with them over autocast's dtype
         ratio, one per weight (`weight_copies`): autocast's cached casts, not activations.
@@ -522,15 +553,22 @@ class Attributor:
         of the stack that freed them."""
         if "free_req_idx" not in candidates.columns:
             return {}
-        ev = self.capture.device_events(self.device)
+        n = self.capture.device_events(self.device).height
         freed = candidates.filter(
-            (pl.col("free_req_idx") >= 0) & (pl.col("free_req_idx") < ev.height)
+            (pl.col("free_req_idx") >= 0) & (pl.col("free_req_idx") < n)
         ).select("address", "free_req_idx", "size")
-        at = freed["free_req_idx"].cast(pl.Int64)
-        how = self._freeing(ev["stack_id"].gather(at).fill_null(EMPTY_STACK).to_numpy(),
-                            freed["size"].to_numpy(), at.to_numpy())
+        how = self.freeing_at(freed["free_req_idx"].to_numpy(), freed["size"].to_numpy())
         return {int(address): h for address, h in zip(freed["address"].to_list(), how,
                                                        strict=True) if h is not None}
+
+    def freeing_at(self, free_idx: np.ndarray, sizes: np.ndarray
+                   ) -> list[inference.Freed | None]:
+        """How the frees at the events `free_idx` (all in the trace) freed their blocks:
+        the freeing stack's phase, function names and site (None: no frames)."""
+        ev = self.capture.device_events(self.device)
+        at = pl.Series(np.asarray(free_idx), dtype=pl.Int64)
+        return self._freeing(ev["stack_id"].gather(at).fill_null(EMPTY_STACK).to_numpy(),
+                             np.asarray(sizes), at.to_numpy())
 
     def _freeing(self, stack_ids: np.ndarray, sizes: np.ndarray, free_idx: np.ndarray
                  ) -> list[inference.Freed | None]:
@@ -591,7 +629,9 @@ class Attributor:
             made["stack_id"].fill_null(EMPTY_STACK).to_numpy(), made["size"].to_numpy(),
             made["pos"].to_numpy(), made["stream"].fill_null(0).to_numpy())
         families = iter(np.asarray([d.family for d in decisions], dtype=object)[which].tolist())
-        for action, address, size in same.select("action", "addr", "size").iter_rows():
+        first_gradient = -1
+        for action, address, size, pos in same.select("action", "addr", "size",
+                                                      "pos").iter_rows():
             if action == "free_requested":
                 # the size the gradient was allocated with: a free naming another size (a
                 # trace at odds with itself, warned by the replay) frees that one
@@ -601,6 +641,8 @@ class Attributor:
                 continue
             family = next(families)
             if family in witnesses:
+                if first_gradient < 0:
+                    first_gradient = int(pos)
                 grad_at[int(address)] = int(size)
                 live_n[int(size)] = live_n.get(int(size), 0) + 1
                 most[int(size)] = max(most.get(int(size), 0), live_n[int(size)])
@@ -622,7 +664,7 @@ class Attributor:
         ev_out = inference.gather(most, others, allocs.height,
                                   freed / allocated if allocated else 0.0, backward, no_grad,
                                   state_in_window)
-        return replace(ev_out, engine=self._engine)
+        return replace(ev_out, engine=self._engine, first_gradient=first_gradient)
 
     @cached_property
     def _engine(self) -> str:

@@ -157,6 +157,9 @@ class Evidence:
     #: the serving engine whose frames the capture holds (inference.toml `engines`), "" none:
     #: what it held before recording is its weights and its pre-sized KV-cache pool
     engine: str = ""
+    #: the event of the window's first gradient allocation (its first backward), -1: none;
+    #: what the program's own code made before it and keeps is made at or before the model
+    first_gradient: int = -1
 
 
 def gather(gradients: dict[int, int], others: list[tuple[int, str]], recorded_allocs: int,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from snapana.analysis.attribution import inference
 from snapana.analysis.attribution.assign import Attributor, parse_pool
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.stack import BlockContext
@@ -92,12 +93,40 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
         if t.becomes not in values:
             values.append(t.becomes)
         index[rows] = values.index(t.becomes)
+    _freed_before(attributor, lt, framed, codes)
     if held is not None and not held.is_empty():
         _take_held(lt, held, codes)
     return lt.with_columns(
         *(pl.Series(name, values, dtype=pl.Utf8).gather(pl.Series(index, dtype=pl.Int64))
           for name, (index, values) in codes.items()),
         pl.Series("framed", framed, dtype=pl.Boolean))
+
+
+def _freed_before(attributor: Attributor, lt: pl.DataFrame, framed: np.ndarray,
+                  codes: dict[str, tuple[np.ndarray, list[str | None]]]) -> None:
+    """Lifetimes alive before the first event, without frames, that no rule decided and
+    that the window frees: the stack that frees them says what they were, by the inference
+    stage's lifetime methods (`inference.freed_as`: zero_grad frees last step's gradients,
+    an optimizer step the state it replaces), as it says for such a block at a moment, so a
+    family's bytes before the window do not depend on the moment shown."""
+    n = attributor.capture.device_events(attributor.device).height
+    index, values = codes["family"]
+    freed = lt["free_req_idx"].to_numpy()
+    unknown = np.asarray([v == "unknown" for v in values], dtype=bool)[index]
+    rows = np.flatnonzero((lt["alloc_idx"].to_numpy() < 0) & ~framed & (freed >= 0)
+                          & (freed < n) & unknown)
+    if not rows.size:
+        return
+    how = attributor.freeing_at(freed[rows], lt["size"].to_numpy()[rows])
+    evidence_index, evidence = codes["evidence"]
+    for row, h in zip(rows.tolist(), how, strict=True):
+        method = None if h is None else inference.freed_as(h, window=False)
+        if method is None:
+            continue
+        if method.family not in values:
+            values.append(method.family)
+        index[row] = values.index(method.family)
+        evidence_index[row] = evidence.index("inferred")
 
 
 def _take_held(lt: pl.DataFrame, held: pl.DataFrame,

@@ -1,0 +1,98 @@
+"""Training steps of a model and an optimizer the program wrote itself (issue 67).
+
+The modules make their weights in their own ``__init__`` (``nn.Parameter(torch.empty(...))``:
+no torch/nn/modules frame), the optimizer makes its moments in its own ``step`` at the first
+step (``torch.zeros_like(p)``, `per_parameter` per weight: 2 for Adam, 1 for momentum SGD;
+no torch/optim frame) and updates in place. The backward makes one gradient per weight on
+the autograd thread (AccumulateGrad); the program drops them (``p.grad = None``) before
+the next backward.
+
+`zero_grad_late` is the other capture (issue 67): recording begins at the second step,
+whose first act is torch.optim's ``zero_grad(set_to_none=True)`` freeing the gradients of
+the step before (alive before recording: no frames, no allocation event). Ground truth
+(`facts`) is the simulator's own bookkeeping: which address it made as what.
+"""
+
+from __future__ import annotations
+
+from snapana.allocator_model.frames import Frame
+from snapana.allocator_model.simulator import CachingAllocatorSim
+
+from .. import stacks as S
+from ..recording import start_late
+from .common import A800_CAPACITY, Facts, Outcome, run, truth
+
+NAME = "handwritten-train"
+LAYERS, HIDDEN, FFN, VOCAB, TOKENS = 4, 512, 2048, 8192, 2048
+FP32 = 4
+MODEL = "/workspace/lm/model.py"
+OPTIM = "/workspace/lm/optim.py"
+TRAIN = "/workspace/lm/train.py"
+#: one layer's weights (numel), made in the program's own Block.__init__
+LAYER = (HIDDEN * 3 * HIDDEN, HIDDEN * HIDDEN, HIDDEN * FFN, FFN * HIDDEN, HIDDEN)
+AUTOGRAD = ("??", 0, "torch::autograd::Engine::thread_main(std::shared_ptr<"
+                    "torch::autograd::GraphTask> const&)")
+ACCUMULATE = ("??", 0, "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)")
+
+
+def _at(*chain: Frame) -> tuple[Frame, ...]:
+    return S.stack([(TRAIN, 60, "<module>"), *chain])
+
+
+def weights() -> list[int]:
+    """The model's weight sizes in bytes, embedding first."""
+    return [VOCAB * HIDDEN * FP32] + [n * FP32 for _ in range(LAYERS) for n in LAYER]
+
+
+def handwritten_train(steps: int = 2, per_parameter: int = 2, *, zero_grad_late: bool = False
+                      ) -> tuple[dict[str, object], dict[str, object]]:
+    """(snapshot, truth) after `steps` steps; with `zero_grad_late`, recorded from the
+    second step's zero_grad on (torch.optim's, freeing last step's gradients)."""
+    start: list[int] = []
+    init = _at((MODEL, 80, "__init__"), (MODEL, 30, "__init__"))
+    state = [_at((TRAIN, 70, "<module>"), (OPTIM, 20 + k, "step"))
+             for k in range(per_parameter)]
+    update = _at((TRAIN, 70, "<module>"), (OPTIM, 30, "step"))
+    forward = S.stack([(TRAIN, 64, "<module>"), *S.call_module(MODEL, 120),
+                       *S.call_module(MODEL, 50)])
+    zero_grad = _at((f"{S.TORCH}/optim/optimizer.py", 990, "zero_grad"))
+    drop = _at((TRAIN, 62, "<module>"))
+
+    def script(sim: CachingAllocatorSim, facts: Facts) -> None:
+        params = [sim.malloc(n, init, family="parameters") for n in weights()]
+        grads: list[int] = []
+        moments: list[int] = []
+        old: list[int] = []
+        for step in range(steps):
+            if step == 1 and zero_grad_late:
+                start.append(len(sim.trace))
+                sim.advance(1_000_000)
+            for g in grads:  # the gradients of the step before go before its forward
+                sim.free(g, zero_grad if zero_grad_late else drop)
+            old, grads = grads, []
+            acts = [(sim.malloc(TOKENS * w * FP32, forward, family="saved_activations"),
+                     TOKENS * w * FP32) for _ in range(LAYERS) for w in (HIDDEN, FFN)]
+            sim.advance(5000)
+            for a, n in reversed(acts):  # backward: each activation's gradient
+                da = sim.malloc(n, (AUTOGRAD,), family="activation_gradients")
+                sim.free(a)
+                sim.free(da)
+            grads = [sim.malloc(n, (ACCUMULATE, AUTOGRAD), family="gradients")
+                     for n in weights()]
+            sim.advance(5000)
+            for n in weights():  # each parameter in turn
+                if step == 0:  # the first step makes the moments and keeps them
+                    moments += [sim.malloc(n, s, family="optimizer_state") for s in state]
+                tmp = sim.malloc(n, update, family="optimizer_temporaries")
+                sim.free(tmp)
+            sim.advance(5000)
+        facts["params"] = params
+        facts["moments"] = moments
+        facts["grads"] = grads
+        facts["old_grads"] = old
+
+    out: Outcome = run(script, A800_CAPACITY, 0)
+    snapshot = out.sim.snapshot()
+    if zero_grad_late:
+        snapshot = start_late(snapshot, start[0])
+    return snapshot, truth(NAME, out)
