@@ -54,8 +54,11 @@ SNAP = 0.05
 #: bytes in int64 at any size a bisection tries).
 LARGEST = 1 << 50
 #: How a block's growth was decided (the `how` column).
-FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE = (
-    "family", "scores", "calibrated", "unclassified", "indivisible")
+FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED = (
+    "family", "scores", "calibrated", "unclassified", "indivisible", "factored")
+#: How-values whose growth was read off the block's own size (or a second capture), not
+#: assumed from its family: the "derived" share of a prediction.
+DERIVED = (CALIBRATED, FACTORED)
 
 
 class ScaleError(ValueError):
@@ -99,6 +102,10 @@ class ScoreRule:
     batch: int
     seq: int
     assumption: str
+    #: a block of the scores' size over seq² times one of these (the scores' bytes per
+    #: element over another dtype's) is one more [batch, heads, seq, seq] matrix
+    dtype_ratios: tuple[float, ...] = ()
+    shaped: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,8 @@ class ScalingRules:
     next_steps: tuple[NextStep, ...]
     #: family -> (families whose sizes it mirrors, the family a block of no such size is)
     mirrors: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    #: families decided among the blocks held together at the moment, not per allocation
+    set_families: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=1)
@@ -133,12 +142,15 @@ def load_rules() -> ScalingRules:
     mirrors = {name: (tuple(f["mirror"]), str(f["unmatched"]))
                for name, f in data.get("family", {}).items() if "mirror" in f}
     scores = tuple(ScoreRule(s["id"], re.compile(s["function"]), int(s["batch"]),
-                             int(s["seq"]), s["assumption"]) for s in data.get("scores", []))
+                             int(s["seq"]), s["assumption"],
+                             tuple(float(r) for r in s.get("dtype_ratios", ())),
+                             s.get("shaped", "")) for s in data.get("scores", []))
     steps = tuple(NextStep(n["id"], n.get("text", ""), bool(n.get("drop_scores", False)),
                            tuple(n.get("drop_families", ())), tuple(n.get("hold_families", ())),
                            n.get("setting", ""), n.get("caveat", ""))
                   for n in data.get("next_step", []))
-    return ScalingRules(families, scores, steps, mirrors)
+    return ScalingRules(families, scores, steps, mirrors,
+                        tuple(data.get("set_families", ())))
 
 
 @dataclass(frozen=True)
@@ -190,9 +202,10 @@ def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> p
     before the window to `moment` takes the family the report gives it there), and each
     failed request (`alloc_idx` its OOM event, `address` −1), classified as the diagnosis
     does."""
-    live = dr.blocks_at(moment).filter((pl.col("state") == ACTIVE_ALLOCATED)
-                                       & (pl.col("alloc_idx") < 0))
-    lt = attribute_lifetimes(attributor, dr, attributor.attribute(live))
+    at_moment = attributor.attribute(
+        dr.blocks_at(moment).filter(pl.col("state") == ACTIVE_ALLOCATED))
+    lt = attribute_lifetimes(attributor, dr, at_moment.filter(pl.col("alloc_idx") < 0))
+    lt = _set_families(lt, at_moment, load_rules().set_families)
     blocks = lt.select("alloc_idx", "address",
                        pl.coalesce("requested_size", "size").alias("requested"),
                        "stack_id", "stream", "family",
@@ -206,6 +219,30 @@ def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> p
     sites = {sid: attributor.site(sid) for sid in blocks["stack_id"].unique().to_list()}
     return blocks.with_columns(
         pl.col("stack_id").replace_strict(sites, return_dtype=pl.Utf8).alias("site"))
+
+
+def _set_families(lt: pl.DataFrame, at_moment: pl.DataFrame,
+                  families: Sequence[str]) -> pl.DataFrame:
+    """`lt` with the `families` decided among the blocks held together at the moment
+    (`scaling.toml` `set_families`: autocast's weight copies are known by their sizes beside
+    the weights', which one allocation's lifetime cannot show) given to the window's blocks
+    that had them there, and to every other allocation of the same call path and size (the
+    same copy made again in another step)."""
+    found = at_moment.filter(pl.col("family").is_in(list(families))
+                             & (pl.col("alloc_idx") >= 0))
+    if found.is_empty():
+        return lt
+    size = pl.coalesce("requested_size", "size")
+    by_idx = found.select("alloc_idx", pl.col("family").alias("_set"))
+    by_path = (found.select("stack_id", size.alias("_req"), pl.col("family").alias("_path"))
+               .unique(["stack_id", "_req"], keep="first"))
+    return (lt.with_columns(size.alias("_req"))
+            .join(by_idx, on="alloc_idx", how="left", maintain_order="left")
+            .join(by_path, on=["stack_id", "_req"], how="left", maintain_order="left")
+            .with_columns(pl.when(pl.col("alloc_idx") >= 0)
+                          .then(pl.coalesce("_set", "_path", "family"))
+                          .otherwise(pl.col("family")).alias("family"))
+            .drop("_req", "_set", "_path"))
 
 
 def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str]) -> list[int]:
@@ -306,10 +343,14 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     grows = known & ((e_b > 0) | (e_s > 0))
     stack_ids = blocks["stack_id"].to_numpy()
     requested = blocks["requested"].to_numpy()
+    # a family with no rule, made in the window: its blocks may be scores or activations,
+    # which only their sizes can say (model state is held before the window or ruled)
+    open_ = ~known & (blocks["alloc_idx"].to_numpy() >= 0)
     assumptions: list[str] = []
     distinct = np.unique(stack_ids)
     for rule in rules.scores:
-        scores, hits = score_blocks(rule, stack_ids, requested, grows, stacks, distinct)
+        scores, hits = score_blocks(rule, stack_ids, requested, grows | open_, stacks,
+                                    distinct)
         if not scores.any():
             continue
         e_b[scores], e_s[scores] = rule.batch, rule.seq
@@ -321,6 +362,23 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         assumptions.append(rule.assumption.format(site=", ".join(sites[:3]) + more,
                                                   function=fn)
                            + f"; the smaller blocks under {fn} follow their family")
+        under = np.isin(stack_ids, list(hits))
+        framed = np.isin(stack_ids, [int(i) for i in distinct
+                                     if _frames(stacks.stack(int(i)))])
+        shaped = _score_shaped(rule, requested, scores, (grows | open_) & ~scores, under,
+                               framed, sizes)
+        if shaped.any():
+            e_b[shaped], e_s[shaped] = rule.batch, rule.seq
+            how[shaped] = SCORES
+            why[shaped] = rule.shaped.format(function=fn)
+            assumptions.append(rule.shaped.format(function=fn) + f": {int(shaped.sum()):,} "
+                               "blocks made elsewhere (their gradients, a mask, a copy in "
+                               "another dtype)")
+    derived = open_ & (how == UNCLASSIFIED)
+    if derived.any():
+        e_b[derived], e_s[derived], how[derived], why[derived] = _by_factors(
+            blocks.filter(pl.Series(derived)), sizes)
+    grows = grows | (open_ & ((e_b > 0) | (e_s > 0)))
     # the size itself: a [batch, seq, ...] block divides by batch × seq
     need = np.ones(n, dtype=np.float64)
     for knob, e in (("batch", e_b), ("seq", e_s)):
@@ -338,6 +396,62 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         pl.Series("how", how.tolist(), dtype=pl.Utf8),
         pl.Series("why", why.tolist(), dtype=pl.Utf8))
     return Growth(table, dict(sizes), tuple(assumptions))
+
+
+def _score_shaped(rule: ScoreRule, requested: np.ndarray, scores: np.ndarray,
+                  candidates: np.ndarray, under: np.ndarray, framed: np.ndarray,
+                  sizes: Mapping[str, Size]) -> np.ndarray:
+    """Among `candidates`, the blocks shaped like the score matrices found under an attention
+    function (`scores`; `under`: made under that function): bytes / seq^e the scores' own
+    batch × heads × dtype bytes times one of the rule's dtype ratios (the same dtype: their
+    gradients in backward; another: a bool mask, a bf16 copy), wherever made, for a size
+    that no block with Python frames (`framed`) makes outside the attention function: one
+    that does says the size is an activation's too (at seq = ffn / heads an fp32
+    [batch, seq, ffn] has the bytes of [batch, heads, seq, seq]), and then none of that size
+    is taken for scores."""
+    out = np.zeros(len(requested), dtype=bool)
+    if "seq" not in sizes:
+        return out
+    square = sizes["seq"].recorded ** rule.seq
+    found = requested[scores]
+    quotients = {int(q) for q in found[found % square == 0] // square}
+    whole = candidates & (requested % square == 0)
+    per = requested.astype(np.float64) / square
+    elsewhere = set(requested[candidates & framed & ~under].tolist())
+    for q in quotients:
+        for r in rule.dtype_ratios:
+            hit = whole & (per == q * r)
+            if hit.any() and int(requested[hit][0]) not in elsewhere:
+                out |= hit
+    return out
+
+
+def _by_factors(rows: pl.DataFrame, sizes: Mapping[str, Size]
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Exponents, how and why for blocks of no rule made in the window, from their sizes: a
+    multiple of the stated seq (batch) is [.., seq, ..] and grows linearly in it; a size
+    that is not is held fixed. Only the stated sizes are known, so a block whose size is a
+    multiple by coincidence (a weight-shaped temporary) would grow too: the share so derived
+    is printed."""
+    req = rows["requested"].to_numpy()
+    e = {}
+    for knob in KNOBS:
+        e[knob] = (np.mod(req, sizes[knob].recorded) == 0).astype(np.float64) \
+            if knob in sizes else np.zeros(len(req))
+    grows = (e["batch"] > 0) | (e["seq"] > 0)
+    family = rows["family"].fill_null("unknown").to_numpy().astype(object)
+    said = [k for k in KNOBS if k in sizes]
+    how = np.where(grows, FACTORED, UNCLASSIFIED).astype(object)
+    why = np.array([
+        (f"family {f or 'unknown'} has no scaling rule; its size is a multiple of "
+         + " × ".join(f"{k} {sizes[k].recorded:,}" for k in said if e[k][i] > 0)
+         + ": grown linearly in it, as an activation [.., " + ", ".join(
+             k for k in said if e[k][i] > 0) + ", ..]")
+        if grows[i] else
+        f"family {f or 'unknown'} has no scaling rule and its size is a multiple of no "
+        "stated size: held at its recorded size"
+        for i, f in enumerate(family)], dtype=object)
+    return e["batch"], e["seq"], how, why
 
 
 def _indivisible(rows: pl.DataFrame, e_b: np.ndarray, e_s: np.ndarray,

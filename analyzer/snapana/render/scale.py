@@ -147,6 +147,8 @@ def _assumptions(p: SizePrediction) -> tuple[str, ...]:
     words = {"state": "are model state, held at their recorded size",
              "family": "grow by their family's rule", "scores": "are score matrices (seq²)",
              "calibrated": "were measured against the other capture",
+             "factored": "have no family rule and grow linearly because their size is a "
+                         "multiple of the stated size (derived from the size, not a rule)",
              "unclassified": "have no rule and are held fixed",
              "indivisible": "do not divide by the stated size and are held fixed"}
     out = ["Model state (parameters, gradients, optimizer state, buffers) is held at its "
