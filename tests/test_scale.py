@@ -13,7 +13,6 @@ import numpy as np
 import polars as pl
 import pytest
 from snapana.analysis.replay import NEVER, OVER_RESERVED, replay
-from snapana.caching_allocator import round_size
 from snapana.model import EMPTY_STACK
 from snapana.render import render
 from snapana.render.views import capture_view
@@ -126,6 +125,12 @@ def test_report_is_compact_and_keeps_the_peak(scale_file):
 
 
 # ----- the vectorised pairing against the per-event state machine it replaces -------------
+
+def round_size(size: int, gran: int) -> int:
+    """kMinBlockSize's rounding, written here apart from the analyzer's rules: up to a
+    multiple of `gran`, at least one."""
+    return max(gran, -(-size // gran) * gran)
+
 
 def _reference_rows(actions, addrs, sizes, stacks, streams, gran=512):
     """The original per-event loop of replay(): rows in creation order, and mismatches.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from snapana.caching_allocator import ROUND_BYTES
+from snapana.allocator_model.rules import MIN_BLOCK_SIZE
 
 
 class CaptureKind(str, Enum):
@@ -150,7 +150,7 @@ def looks_like_text(head: bytes) -> bool:
 #: Every input kind, one row each, in the order detection tries them.
 SOURCES: dict[CaptureKind, Source] = {row.kind: row for row in (
     Source(CaptureKind.TORCH_SNAPSHOT, "a torch memory snapshot", _pickle,
-           "snapana.sources.torch_snapshot:load", yields_capture=True, size_rounding=ROUND_BYTES,
+           "snapana.sources.torch_snapshot:load", yields_capture=True, size_rounding=MIN_BLOCK_SIZE,
            allocator_segments=True, host_heap=False, rank_input=True, given_as="",
            read_beside=False),
     Source(CaptureKind.MEMRAY, "a memray capture", _memray,

@@ -18,6 +18,7 @@ from typing import NoReturn
 from .frames import Frame, FrameDict, FrameTable
 from .rules import (
     LARGE_BUFFER,
+    ROUNDUP_INTERVALS,
     allocation_size,
     expandable_page_size,
     is_small,
@@ -718,15 +719,22 @@ class CachingAllocatorSim:
         }
 
     def allocator_settings(self) -> dict[str, object]:
-        conf = "expandable_segments:True" if self.expandable_segments else ""
+        """What `_snapshot()` records of the settings the simulator ran with (PyTorch keys the
+        divisions by interval start in MiB, 1 to 32768: `roundup_key` doubling)."""
+        items = ["expandable_segments:True"] if self.expandable_segments else []
+        divisions = list(self.roundup_divisions[:ROUNDUP_INTERVALS])
+        divisions += [divisions[-1] if divisions else 0] * (ROUNDUP_INTERVALS - len(divisions))
+        if any(divisions):
+            items.append("roundup_power2_divisions:[" + ",".join(
+                f"{1 << i}:{d}" for i, d in enumerate(divisions)) + "]")
         return {
-            "PYTORCH_CUDA_ALLOC_CONF": conf, "max_split_size": -1,
+            "PYTORCH_CUDA_ALLOC_CONF": ",".join(items), "max_split_size": -1,
             "garbage_collection_threshold": 0.0,
             "expandable_segments": self.expandable_segments,
             "pinned_num_register_threads": 1, "release_lock_on_cudamalloc": False,
             "pinned_use_cuda_host_register": False,
             "graph_capture_record_stream_reuse": False,
-            "roundup_power2_divisions": {str(1 << i): 0 for i in range(16)},
+            "roundup_power2_divisions": {str(1 << i): d for i, d in enumerate(divisions)},
         }
 
     def snapshot(self) -> dict[str, object]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from snapana.caching_allocator import segment_size_for
+from snapana.allocator_model.rules import segment_size_for
 from snapana.log_model import OomMessage
 from snapana.printed import Size
 

@@ -1,9 +1,10 @@
 """Would a request fit in a given allocator state? The caching allocator's own rules, applied to
 a replayed state, so a what-if ("without family X") is more than a subtraction.
 
-Rules (c10/cuda/CUDACachingAllocator.cpp): requests round up to 512 bytes; requests of at most
-1 MiB use the small pool (2 MiB segments), larger ones the large pool (a 20 MiB segment below
-10 MiB, else the request rounded up to 2 MiB). A request is served from a cached free block of
+Rules (c10/cuda/CUDACachingAllocator.cpp, written once in `allocator_model.rules`): requests
+round up to 512 bytes (or by the capture's roundup_power2_divisions); requests of at most 1 MiB
+use the small pool (2 MiB segments), larger ones the large pool (a 20 MiB segment below 10 MiB,
+else the request rounded up to 2 MiB). A request is served from a cached free block of
 its pool and stream when one is large enough; otherwise the allocator asks the driver for a new
 segment, and when that fails it releases every fully free cached segment and asks again.
 
@@ -21,20 +22,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from snapana.caching_allocator import (
+from snapana.allocator_model.rules import (
     LARGE_PAGE,
+    SMALL_BUFFER,
     SMALL_PAGE,
-    SMALL_REQUEST,
-    SMALL_SEGMENT,
+    is_small,
     round_size,
     segment_size_for,
 )
-
-
-def round_request(size: int) -> int:
-    """What a block for this request holds: the one rounding rule (replay's)."""
-    return round_size(size)
-
 
 #: How a request is placed (Fit.how): a cached free block, a new cudaMalloc'd segment, more
 #: pages mapped into an expandable segment, or not at all.
@@ -104,9 +99,12 @@ def would_fit(
     are expandable) it never needs one contiguous cached block: the allocator maps more pages
     after the free space at the end of a segment, when the device has the memory, and before
     failing it unmaps the whole free pages of every segment and tries again.
+
+    `request` is as an OOM entry records it (`params.size()`), which malloc has rounded
+    already, by the capture's roundup_power2_divisions and pad: `round_size` leaves it.
     """
-    r = round_request(request)
-    small = r <= SMALL_REQUEST
+    r = round_size(request)
+    small = is_small(r)
     page = SMALL_PAGE if small else LARGE_PAGE
     segs = _with_kind(segments)
     by_seg: dict[int, list[tuple[int, int]]] = {}
@@ -133,8 +131,8 @@ def would_fit(
     expandable_pool = (bool(own["expandable"].any()) if own.height
                        else _pool_expandable(segs, pool))
     if largest >= r and not expandable_pool:
-        spare, terms = _grow(device_free, releasable, largest, r, segment_size_for(request),
-                             None)
+        spare, terms = _grow(device_free, releasable, largest, r,
+                             segment_size_for(request), None)
         return Fit(True, CACHED_BLOCK, spare, largest, releasable, False, 0, terms)
     if expandable_pool:
         # Map after the free end of a segment when the unmapped space there (up to the next
@@ -185,7 +183,7 @@ def _with_kind(segments: pl.DataFrame) -> pl.DataFrame:
     (only small-pool segments of the plain allocator are 2 MiB)."""
     cols = []
     if "segment_type" not in segments.columns:
-        cols.append(pl.when(pl.col("total_size") == SMALL_SEGMENT).then(pl.lit("small"))
+        cols.append(pl.when(pl.col("total_size") == SMALL_BUFFER).then(pl.lit("small"))
                     .otherwise(pl.lit("large")).alias("segment_type"))
     if "expandable" not in segments.columns:
         cols.append(pl.lit(False).alias("expandable"))

@@ -28,16 +28,21 @@ import numpy as np
 import polars as pl
 
 from snapana.allocator_model import config as alloc_conf
-from snapana.allocator_model.rules import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_SIZE
+from snapana.allocator_model.rules import (
+    LARGE_BUFFER,
+    LARGE_PAGE,
+    MIN_BLOCK_SIZE,
+    PLAIN,
+    ROUNDING_PADS,
+    SMALL_PAGE,
+    SMALL_SIZE,
+    SizeRules,
+)
 from snapana.caching_allocator import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
     ACTIVE_STATES,
-    LARGE_PAGE,
     MIN_PAD_WITNESSES,
-    ROUND_BYTES,
-    ROUNDING_PADS,
-    SMALL_PAGE,
 )
 from snapana.capture_kinds import size_rounding
 from snapana.errors import InputError
@@ -94,11 +99,18 @@ class DeviceReplay:
     #: segments: where the trace's segment_alloc/free/map/unmap events disagree with each
     #: other or with the final segments (reserved still sums the intervals as replayed)
     segment_mismatches: list[str] = field(default_factory=list)
-    #: bytes the capture's allocator added to each request before rounding it (`rounding_pad`)
-    request_pad: int = 0
+    #: how the capture's allocator sized its blocks: its recorded roundup_power2_divisions
+    #: and the bytes it added to each request before rounding it (`rounding_pad`); None for
+    #: a source that records requests as made (no rounding)
+    sizes: SizeRules | None = PLAIN
     #: why this device's trace was not replayed (`replay_or_final`): its one moment is the
     #: snapshot; None: the trace was replayed
     unreplayable: str | None = None
+
+    @property
+    def request_pad(self) -> int:
+        """Bytes the capture's allocator added to each request before rounding it."""
+        return self.sizes.pad if self.sizes is not None else 0
 
     def __repr__(self) -> str:
         """One line (not the capture and the arrays it holds)."""
@@ -336,18 +348,6 @@ LIFETIME_SCHEMA = {"address": pl.Int64, "size": pl.Int64, "stack_id": pl.Int64,
                    "free_done_idx": pl.Int64, "requested_size": pl.Int64}
 
 
-def _round_sizes(sizes: np.ndarray, granularity: int) -> np.ndarray:
-    """`round_size` over an array (by a mask where the granularity is a power of two and no
-    size is negative: the same numbers, without a division per row)."""
-    if granularity <= 1:
-        return sizes.copy()
-    if granularity & (granularity - 1) == 0 and (not sizes.size or sizes.min() >= 0):
-        out = sizes + (granularity - 1)
-        out &= -granularity
-        return np.maximum(out, granularity, out=out)
-    return np.maximum(granularity, -(-sizes // granularity) * granularity)
-
-
 def _pair_kinds(events: pl.DataFrame) -> np.ndarray:
     """Each event's kind for pairing (`_PAIR_KIND`; -1: not a block event), from the action
     strings compared with each kind's names (on a million rows, faster than a lookup)."""
@@ -365,9 +365,10 @@ def _column(events: pl.DataFrame, name: str, fill: int) -> np.ndarray:
     return (column.fill_null(fill) if column.null_count() else column).to_numpy()
 
 
-def _pair_lifetimes(events: pl.DataFrame, gran: int, pad: int = 0
+def _pair_lifetimes(events: pl.DataFrame, rules: SizeRules | None
                     ) -> tuple[dict[str, np.ndarray], list[tuple[int, str]]]:
-    """Pair alloc / free_requested / free_completed events per address into lifetimes.
+    """Pair alloc / free_requested / free_completed events per address into lifetimes, each
+    block sized by the capture allocator's `rules` (None: the requests as made).
 
     Vectorised form of this per-event state machine (events in order, one open row per
     address at most):
@@ -416,7 +417,7 @@ def _pair_lifetimes(events: pl.DataFrame, gran: int, pad: int = 0
     row -= 1
     opened_by_alloc = is_alloc[starts]
     sizes = values["size"][order]
-    rounded = _round_sizes(sizes + pad, gran) if pad else _round_sizes(sizes, gran)
+    rounded = rules.blocks(sizes) if rules is not None else sizes.copy()
     opened_at = order[starts]  # the event that opened each row
 
     completed = kind[ends] == _FREE_DONE  # a completion is always the last event of its row
@@ -470,13 +471,15 @@ def _in_order(positions: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def rounding_pad(blocks: pl.DataFrame, pools: dict[int, int] | None = None) -> int:
+def rounding_pad(blocks: pl.DataFrame, pools: dict[int, int] | None = None,
+                 divisions: tuple[int, ...] = ()) -> int:
     """The bytes the allocator added to each request before rounding it (`ROUNDING_PADS`),
     as the final blocks show it: a block whose request the pads round differently, sized as
     one pad rounds it, is a witness; so is each request of the trace that the pads send to
     different pools (`pool_witnesses`: a capture that ends with nothing live still shows
     it). A pad other than 0 needs `MIN_PAD_WITNESSES` and no witness of another; else
-    CUDA's rule (0) is assumed."""
+    CUDA's rule (0) is assumed. `divisions`: the capture's roundup_power2_divisions, which
+    round after the pad is added."""
     witnesses = dict.fromkeys(ROUNDING_PADS, 0)
     for pad, n in (pools or {}).items():
         witnesses[pad] += n
@@ -484,7 +487,7 @@ def rounding_pad(blocks: pl.DataFrame, pools: dict[int, int] | None = None) -> i
     if not live.is_empty():
         req = live["requested_size"].to_numpy().astype(np.int64)
         size = live["size"].to_numpy().astype(np.int64)
-        sized = {pad: _round_sizes(req + pad, ROUND_BYTES) for pad in ROUNDING_PADS}
+        sized = {pad: SizeRules(divisions, pad).blocks(req) for pad in ROUNDING_PADS}
         base = sized[ROUNDING_PADS[0]]
         differ = np.logical_or.reduce([sized[pad] != base for pad in ROUNDING_PADS])
         for pad in ROUNDING_PADS:
@@ -496,7 +499,8 @@ def rounding_pad(blocks: pl.DataFrame, pools: dict[int, int] | None = None) -> i
     return 0
 
 
-def pool_witnesses(events: pl.DataFrame, segments: pl.DataFrame) -> dict[int, int]:
+def pool_witnesses(events: pl.DataFrame, segments: pl.DataFrame,
+                   divisions: tuple[int, ...] = ()) -> dict[int, int]:
     """Per pad of `ROUNDING_PADS`: the recorded requests that the pads send to different
     pools and that lie in a segment of the pool this pad chooses. The allocator picks the
     pool on the padded, rounded size (torch_npu's malloc: `get_pool(round_size(orig_size))`,
@@ -509,7 +513,7 @@ def pool_witnesses(events: pl.DataFrame, segments: pl.DataFrame) -> dict[int, in
     if allocs.is_empty() or segs.is_empty():
         return out
     req = allocs["size"].to_numpy().astype(np.int64)
-    small = {pad: _round_sizes(req + pad, ROUND_BYTES) <= SMALL_SIZE for pad in ROUNDING_PADS}
+    small = {pad: SizeRules(divisions, pad).blocks(req) <= SMALL_SIZE for pad in ROUNDING_PADS}
     differ = np.logical_or.reduce([small[p] != small[ROUNDING_PADS[0]] for p in ROUNDING_PADS])
     if not differ.any():
         return out
@@ -608,13 +612,19 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     n = events.height
     gran = size_rounding(capture.source)
 
-    # Lifetimes: trace sizes are the requested bytes; the block holds them rounded up to 512
-    # (exact for final blocks, which take their size from the segments).
+    # Lifetimes: trace sizes are the requested bytes; the block holds them as the capture's
+    # allocator rounds them (`SizeRules`: 512 bytes, or its roundup_power2_divisions, after
+    # its pad; exact for final blocks, which take their size from the segments).
     seg_intervals, reserved, reserved_delta, seg_mismatches = _segment_intervals(
         capture, device, events)
-    pad = rounding_pad(capture.device_blocks(device), pool_witnesses(events, seg_intervals)
-                       ) if gran > 1 else 0
-    cols, clashes = _pair_lifetimes(events, gran, pad)
+    conf = alloc_conf.recorded(capture.allocator_settings)
+    rules: SizeRules | None = None
+    if gran > 1:
+        divisions = conf.roundup_divisions or ()
+        pad = rounding_pad(capture.device_blocks(device),
+                           pool_witnesses(events, seg_intervals, divisions), divisions)
+        rules = SizeRules(divisions, pad)
+    cols, clashes = _pair_lifetimes(events, rules)
     mismatches = [msg for _, msg in sorted(clashes)]
     ooms = [
         OomEvent(int(k), size, dev_free, stream, stack, t)
@@ -665,7 +675,6 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
         exact = np.zeros(len(cols["size"]), dtype=bool)
         exact[len(cols["size"]) - len(extra):] = True
         exact[from_segments] = True
-        conf = alloc_conf.recorded(capture.allocator_settings)
         # expandable segments split every remainder from 512 bytes on (a capture that does
         # not record its settings shows them by its segments)
         if not (conf.expandable_segments or seg_intervals["expandable"].any()):
@@ -692,7 +701,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     if n and (allocated.min() < 0 or reserved.min() < 0):
         mismatches.append("replaying back to the first event goes negative")
     dr = DeviceReplay(capture, device, lifetimes, seg_intervals, allocated, reserved, ooms, n,
-                      mismatches, seg_mismatches, pad)
+                      mismatches, seg_mismatches, rules)
     dr._reserved_delta = reserved_delta
     return dr
 

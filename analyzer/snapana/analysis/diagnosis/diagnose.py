@@ -14,6 +14,7 @@ from pathlib import PurePath
 
 import polars as pl
 
+from snapana.allocator_model.rules import NPU_REQUEST_PAD, round_size, segment_size_for
 from snapana.analysis.allocator_replay import offered_by_replay, replay_knobs, replay_without
 from snapana.analysis.attribution import chunk_groups, family_label
 from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
@@ -54,14 +55,13 @@ from snapana.analysis.knobs import (
     why_applies,
     working_set_families,
 )
-from snapana.analysis.placement import round_request, segment_size_for, would_fit
+from snapana.analysis.placement import would_fit
 from snapana.analysis.replay import OVER_RESERVED, DeviceReplay, Moment
 from snapana.analysis.size_groups import size_groups
 from snapana.caching_allocator import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
     NPU_FRAME_MARK,
-    NPU_REQUEST_PAD,
 )
 from snapana.model import Capture
 from snapana.units import fmt_bytes
@@ -449,7 +449,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
         knobs = sorted(knobs, key=lambda k: k.workload == "inference")
     diagnosis = Diagnosis(
         kind=moment.kind, phase=phase, request_bytes=request,
-        request_rounded_bytes=round_request(request) if request is not None else None,
+        request_rounded_bytes=round_size(request) if request is not None else None,
         request_segment_bytes=segment_size_for(request) if request is not None else None,
         request_family=req_family, request_label=req_label, request_site=req_site,
         capacity_bytes=capacity, outside_pytorch_bytes=outside, causes=tuple(causes),
@@ -632,7 +632,7 @@ def _moment_phase(held: pl.DataFrame, idx: int) -> str:
 
 def _causes(state: _AtMoment, request: int, device_free: int, capacity: int | None,
             outside: int | None) -> list[Cause]:
-    rounded = round_request(request)
+    rounded = round_size(request)
     default_free = [p for p in state.pools if p.pool == "0,0"]
     usable_free = sum(p.free_bytes for p in default_free)
     usable_largest = max((p.largest_free_bytes for p in default_free), default=0)
