@@ -152,3 +152,14 @@ def test_qwen_trace_cache_matches_raw() -> None:
     assert set(got["size"].to_list()) == {size}
     assert set(got["method"].to_list()) == {METHOD}
     assert "layered_activations" not in a.diagnosis.evidence.facts
+
+
+def test_a_training_step_names_no_cache() -> None:
+    """Kept pairs beside what only a backward or a step makes (a gradient, optimizer state)
+    are what autograd or activation checkpointing saved (the slime recompute sample keeps
+    each layer's attention and MLP inputs alternately): no cache is named."""
+    never = lambda lo, hi: 0  # noqa: E731
+    pairs = [r for i in range(4) for r in (_r(64, "k", 10 * i), _r(64, "v", 10 * i + 1))]
+    assert len(find(pairs, never)) == 8
+    assert find([*pairs, Row(4096, "optimizer_state", "unknown", "", -1, -1)], never) == {}
+    assert find([*pairs, Row(4096, "recompute", "backward", "r", 99, -1)], never) == {}

@@ -504,8 +504,10 @@ class Attributor:
             code = tuple(f for f in self.stacks.stack(int(sid))
                          if f[0].endswith(".py"))
             sites[int(sid)] = site_of(code) if code else ""
+        n = self.capture.device_events(self.device).height
         rows = [kv_pairs.Row(int(req or size), fam, phase, sites[int(sid)],
-                             -1 if idx is None else int(idx), -1 if f is None else int(f))
+                             -1 if idx is None else int(idx),
+                             int(f) if f is not None and 0 <= f < n else -1)
                 for req, size, fam, phase, sid, idx, f in zip(
                     blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
                     blocks["stack_id"], blocks["alloc_idx"], freed, strict=True)]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from snapana.analysis.attribution.families import workload_marks
 from snapana.analysis.attribution.inference import _raw
 
 
@@ -72,6 +73,11 @@ def find(rows: Sequence[Row], allocs_between: AllocsBetween) -> dict[int, str]:
     """Row index -> the reason, for each block of a forward's returned K/V pairs; nothing
     when the live blocks do not show exactly one such pair of sites."""
     s = spec()
+    families, phases = workload_marks()
+    if any(r.family in families or r.phase in phases for r in rows):
+        # a backward's or a step's blocks are held: the forward's kept pairs are what
+        # autograd (or activation checkpointing) saved for it, not a returned cache
+        return {}
     by_site: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         if (r.site and r.family in s.from_families and r.phase in s.phases
