@@ -96,7 +96,8 @@ def test_pattern_edges() -> None:
 
 # --- a real Hugging Face trace -------------------------------------------------------------
 
-QWEN = CORPUS / "kineto_traces" / "AMD-AGI+TraceLens__tests_traces_h100_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz"
+QWEN = CORPUS / "kineto_traces" / (
+    "AMD-AGI+TraceLens__tests_traces_h100_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
 
 
 def _kv_from_raw(path: Path) -> tuple[set[int], int]:
