@@ -17,12 +17,14 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
+from snapana.analysis.attribution import kv_pairs
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
 from snapana.analysis.attribution.facts import (
     FREE_SEGMENTS,
     LAYERED_ACTIVATIONS,
     OPTIMIZER_STATE,
     OWN_OPTIMIZER_STEP,
+    RETURNED_KV_CACHE,
     SCOPED_ELSEWHERE,
     SCORE_MATRICES,
     SEVERAL_DEVICES,
@@ -425,6 +427,12 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     if saved.height and saved["site"].n_unique() >= 2:
         facts[LAYERED_ACTIVATIONS.id] = f"saved activations from {saved['site'].n_unique()} " \
                                         "sites"
+    returned = held.filter(pl.col("method") == kv_pairs.spec().method) \
+        if held.height and "method" in held.columns else held
+    if returned.height:
+        facts[RETURNED_KV_CACHE.id] = (
+            f"{returned.height} key / value blocks ({fmt_bytes(int(returned['size'].sum()))}) "
+            "a forward made one pair per layer and kept to return as past_key_values")
     if devices_holding > 1:
         facts[SEVERAL_DEVICES.id] = f"{devices_holding} devices hold memory"
     own = own_optimizer_step(capture, held)

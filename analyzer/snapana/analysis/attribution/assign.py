@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution import hand_state, inference, weight_copies
+from snapana.analysis.attribution import hand_state, inference, kv_pairs, weight_copies
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
 from snapana.analysis.attribution.families import (
@@ -355,6 +355,7 @@ class Attributor:
         self._infer(blocks, cols)
         self._hand_state(blocks, cols)
         self._weight_copies(blocks, cols)
+        self._kv_pairs(blocks, cols)
         self._inventory(blocks, cols)
         return blocks.with_columns(
             [pl.Series(k, v, dtype=pl.Utf8) for k, v in cols.items()]
@@ -518,6 +519,45 @@ class Attributor:
             cols["rule_id"][i] = ""
             cols["evidence"][i] = "inferred"
             cols["method"][i] = spec.method
+
+    def _kv_pairs(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
+        """Blocks two sites of a forward keep one per layer, alternately, of one size, held
+        and freed together (`kv_pairs`): the key / value states a causal LM returns as
+        past_key_values, not saved activations."""
+        if "requested_size" not in blocks.columns:
+            return
+        freed = blocks["free_req_idx"] if "free_req_idx" in blocks.columns \
+            else pl.Series([None] * blocks.height)
+        sites: dict[int, str] = {}
+        for sid in set(blocks["stack_id"].to_list()):
+            # the code's own frames: a profiler's op and module-instance pseudo-frames
+            # (`<op>`, `<python>`) name the op or the layer, not the line that made it
+            code = tuple(f for f in self.stacks.stack(int(sid))
+                         if f[0].endswith(".py"))
+            sites[int(sid)] = site_of(code) if code else ""
+        n = self.capture.device_events(self.device).height
+        rows = [kv_pairs.Row(int(req or size), fam, phase, sites[int(sid)],
+                             -1 if idx is None else int(idx),
+                             int(f) if f is not None and 0 <= f < n else -1)
+                for req, size, fam, phase, sid, idx, f in zip(
+                    blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
+                    blocks["stack_id"], blocks["alloc_idx"], freed, strict=True)]
+        found = kv_pairs.find(rows, self._allocs_between)
+        spec = kv_pairs.spec()
+        for i, why in found.items():
+            cols["family"][i] = spec.family
+            cols["label"][i] = (f"{family_label(spec.family)} {spec.label} "
+                                f"(inferred: {spec.method})")
+            cols["reason"][i] = why
+            cols["rule_id"][i] = ""
+            cols["evidence"][i] = "inferred"
+            cols["method"][i] = spec.method
+
+    def _allocs_between(self, lo: int, hi: int) -> int:
+        """How many allocations this device's trace records strictly between two of its
+        events (positions in its trace, as `alloc_idx` / `free_req_idx` count them)."""
+        ev = self.capture.device_events(self.device)
+        return int((ev["action"].slice(lo + 1, max(hi - lo - 1, 0)) == "alloc").sum())
 
     def _inventory(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Named tensors from the recording's sidecar: a block holding one gets its family

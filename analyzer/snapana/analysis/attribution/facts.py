@@ -117,9 +117,14 @@ SCORE_MATRICES = ComputedFact(
     "matrices of an unfused attention, found as `whatif --scale` finds them (scaling.toml "
     "[[scores]]): what fused attention never materialises")
 
+RETURNED_KV_CACHE = ComputedFact(
+    "returned_kv_cache", "blocks held at the moment are the key / value pairs a forward made "
+    "one per layer and returns as past_key_values (inference.toml [kv_pairs]), not a cache "
+    "a decoding loop grows: a forward that does not generate need not keep them")
+
 COMPUTED_FACTS: tuple[ComputedFact, ...] = (
     FREE_SEGMENTS, SEVERAL_DEVICES, OPTIMIZER_STATE, STRANDED_CACHE, LAYERED_ACTIVATIONS,
-    SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP, SCORE_MATRICES)
+    SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP, SCORE_MATRICES, RETURNED_KV_CACHE)
 
 
 @lru_cache(maxsize=1)

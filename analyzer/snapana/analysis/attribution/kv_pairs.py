@@ -1,0 +1,113 @@
+"""A forward's returned KV cache, found by its shape in the allocation record.
+
+Why: a causal LM called with ``use_cache=True`` keeps each decoder layer's key and value
+states and returns them as ``past_key_values``. Where transformers' cache does not allocate
+them itself (``cache_utils.py`` ``DynamicCache.update`` up to 4.55 appends the tensors it is
+given on a layer's first call; older modeling files return ``present = (key, value)``), the
+blocks are made by the attention's own projections and rotary embedding, so their frames
+say "an activation of the forward". What tells them apart is the pattern: two sites each keep
+one block per layer, of one size, made alternately, held together and freed together when
+the output is dropped. The conclusion and its words are data (``inference.toml``
+``[kv_pairs]``); this module only matches the pattern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from snapana.analysis.attribution.families import workload_marks
+from snapana.analysis.attribution.inference import _raw
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """The ``[kv_pairs]`` table of inference.toml."""
+
+    family: str
+    method: str
+    label: str
+    from_families: frozenset[str]
+    phases: frozenset[str]
+    min_layers: int
+    max_kept_sites: int
+    why: str
+    freed_words: str
+
+
+@lru_cache(maxsize=1)
+def spec() -> PairSpec:
+    """The KV-pair signature, read once."""
+    t = _raw()["kv_pairs"]
+    return PairSpec(t["family"], t["method"], t["label"], frozenset(t["from_families"]),
+                    frozenset(t["phases"]), int(t["min_layers"]), int(t["max_kept_sites"]),
+                    t["why"], t["freed_words"])
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the matcher reads of one live block."""
+
+    size: int  # the requested size (the tensor's bytes)
+    family: str
+    phase: str
+    site: str  # '' where the stack has no Python frame: no site to count layers by
+    alloc_idx: int  # -1: made before recording
+    free_idx: int  # -1: not freed in the window
+
+
+#: (first, last) event index -> how many allocations the device made strictly between them
+AllocsBetween = Callable[[int, int], int]
+
+
+def _alternate(a: list[int], b: list[int]) -> bool:
+    """Allocation indices of two sites made one of each in turn (a pair per layer; the last
+    layer's second block may be missing at a moment inside it)."""
+    merged = sorted([(i, 0) for i in a] + [(i, 1) for i in b])
+    first = merged[0][1]
+    return all(s == (first + k) % 2 for k, (_, s) in enumerate(merged))
+
+
+def find(rows: Sequence[Row], allocs_between: AllocsBetween) -> dict[int, str]:
+    """Row index -> the reason, for each block of a forward's returned K/V pairs; nothing
+    when the live blocks do not show exactly one such pair of sites."""
+    s = spec()
+    families, phases = workload_marks()
+    if any(r.family in families or r.phase in phases for r in rows):
+        # a backward's or a step's blocks are held: the forward's kept pairs are what
+        # autograd (or activation checkpointing) saved for it, not a returned cache
+        return {}
+    by_site: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        if (r.site and r.family in s.from_families and r.phase in s.phases
+                and r.alloc_idx >= 0 and r.size > 0):
+            by_site.setdefault(r.site, []).append(i)
+    layered = {site: idx for site, idx in by_site.items()
+               if len(idx) >= s.min_layers and len({rows[i].size for i in idx}) == 1}
+    if not layered or len(layered) > s.max_kept_sites:
+        return {}
+    sites = sorted(layered)
+    pairs = [(a, b) for n, a in enumerate(sites) for b in sites[n + 1:]
+             if rows[layered[a][0]].size == rows[layered[b][0]].size
+             and abs(len(layered[a]) - len(layered[b])) <= 1
+             and _alternate([rows[i].alloc_idx for i in layered[a]],
+                            [rows[i].alloc_idx for i in layered[b]])]
+    if len(pairs) != 1:  # none, or which two are K and V is not known
+        return {}
+    a, b = pairs[0]
+    found = layered[a] + layered[b]
+    freed = [rows[i].free_idx for i in found]
+    words = ""
+    if any(f >= 0 for f in freed):
+        if min(freed) < 0:  # some dropped, some kept: not one returned output
+            return {}
+        lo, hi = min(freed), max(freed)
+        if allocs_between(lo, hi):
+            return {}
+        words = s.freed_words.format(span=hi - lo + 1)
+    first, second = sorted((a, b), key=lambda site: min(rows[i].alloc_idx
+                                                         for i in layered[site]))
+    why = s.why.format(pairs=min(len(layered[a]), len(layered[b])), size=rows[found[0]].size,
+                       first=first, second=second, freed=words, sites=len(layered))
+    return dict.fromkeys(found, why)

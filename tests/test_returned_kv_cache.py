@@ -1,0 +1,166 @@
+"""A forward's returned KV cache (issue 67): the key / value states a causal LM keeps per
+layer with use_cache=True and returns as past_key_values (transformers <= 4.55
+cache_utils.py DynamicCache.update appends them without allocating; older models return
+`present = (key, value)`) are the kv_cache family, said to be inferred, not saved
+activations; use_cache=False (free) acts on them where the forward does not generate.
+
+Checked against the simulator's ground truth and against a real Hugging Face trace, whose
+K / V blocks this test finds itself from the raw file's events and frames."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import snapana
+from snapana.analysis.attribution.kv_pairs import Row, find
+from snapana.synth.scenarios import write_snapshot
+from snapana.synth.scenarios.hf_forward import HEAD_DIM, KV_HEADS, LAYERS, hf_forward
+
+from .conftest import CORPUS
+
+FAMILY = "kv_cache"
+METHOD = "signature:kv-pairs"
+KNOB = "transformers.use_cache_false"
+
+
+def _synth(tmp: Path, **kw: object) -> tuple[snapana.api.Analysis, dict]:
+    path, truth = write_snapshot(*hf_forward(**kw), tmp / "hf.pickle")  # type: ignore[arg-type]
+    return snapana.load(path), json.loads(truth.read_text())
+
+
+def test_simulated_cache_is_named_exactly(tmp_path: Path) -> None:
+    """At the forward's peak the blocks named kv_cache are the simulator's cache: one K and
+    one V per layer of batch x kv_heads x seq x head_dim x 2 bytes, inferred, and why."""
+    a, truth = _synth(tmp_path)
+    got = a.blocks.filter(a.blocks["family"] == FAMILY)
+    assert sorted(got["address"].to_list()) == sorted(truth["facts"]["kv"])
+    assert len(truth["facts"]["kv"]) == 2 * LAYERS
+    assert int(got["requested_size"].sum()) == truth["facts"]["kv_bytes"] \
+        == 2 * LAYERS * 8 * 8192 * KV_HEADS * HEAD_DIM * 2
+    assert set(got["evidence"].to_list()) == {"inferred"}
+    assert set(got["method"].to_list()) == {METHOD}
+    assert all(r.startswith(f"inferred: {LAYERS} pairs") and "freed together" in r
+               for r in got["reason"].to_list())
+
+
+def test_use_cache_false_is_offered_first_and_generate_knobs_are_not(tmp_path: Path) -> None:
+    """A forward that does not generate: use_cache=False (free) is the first knob for the
+    cache; max_new_tokens (needs generate()) is not offered."""
+    a, _ = _synth(tmp_path)
+    ids = [k.id for k in a.diagnosis.knobs]
+    assert KNOB in ids and "transformers.max_new_tokens" not in ids
+    kv = [k for k in a.diagnosis.knobs if FAMILY in k.families]
+    assert kv[0].id == KNOB and kv[0].cost == "free"
+    what = {w.family: w for w in a.diagnosis.what_ifs}
+    assert what[FAMILY].removable == "yes"
+
+
+@pytest.mark.parametrize("kw", [{"use_cache": False}, {"grad": True, "batch": 1, "seq": 2048}],
+                         ids=["no-cache", "grad-enabled"])
+def test_twins_name_no_cache(tmp_path: Path, kw: dict) -> None:
+    """Without use_cache nothing is kept per layer; with autograd on, every layer keeps a
+    dozen sites and which two are the cache is not known: neither names a cache."""
+    a, _ = _synth(tmp_path, **kw)
+    assert FAMILY not in a.blocks["family"].to_list()
+    assert KNOB not in [k.id for k in a.diagnosis.knobs]
+
+
+def _r(size: int, site: str, at: int, free: int = -1) -> Row:
+    return Row(size, "saved_activations", "forward", site, at, free)
+
+
+def test_pattern_edges() -> None:
+    """Pairs must alternate, be of one size, be held together and freed in one burst."""
+    never = lambda lo, hi: 0  # noqa: E731
+    pairs = [r for i in range(4) for r in (_r(64, "k", 10 * i), _r(64, "v", 10 * i + 1))]
+    assert sorted(find(pairs, never)) == list(range(8))
+    # all K first, then all V: not one pair per layer
+    assert find([*(_r(64, "k", i) for i in range(4)), *(_r(64, "v", 10 + i) for i in range(4))],
+                never) == {}
+    # K and V of different sizes
+    assert find([r if r.site == "k" else _r(32, "v", r.alloc_idx) for r in pairs], never) == {}
+    # freed with allocations in between, or some kept and some freed
+    freed = [_r(r.size, r.site, r.alloc_idx, 100 + n) for n, r in enumerate(pairs)]
+    assert len(find(freed, never)) == 8
+    assert find(freed, lambda lo, hi: 1) == {}
+    assert find([*freed[:7], pairs[7]], never) == {}
+    # a third equal-size site alternating with both: which two are K and V is not known
+    three = [r for i in range(4) for r in (_r(64, "k", 10 * i), _r(64, "v", 10 * i + 1),
+                                           _r(64, "h", 10 * i + 2))]
+    assert find(three, never) == {}
+
+
+# --- a real Hugging Face trace -------------------------------------------------------------
+
+QWEN = CORPUS / "kineto_traces" / (
+    "AMD-AGI+TraceLens__tests_traces_h100_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz")
+
+
+def _kv_from_raw(path: Path) -> tuple[set[int], int]:
+    """Independently of snapana: the CUDA blocks alive at the trace's peak allocated total
+    that were allocated inside a call of transformers' Qwen2 attention forward (the
+    python_function events of modeling_qwen2.py nested under a Qwen2Attention module) and
+    that share one size with one block per decoder layer from each of two code paths:
+    the v projection (nn.Linear) and the rotary embedding (apply_rotary_pos_emb)."""
+    ev = json.load(gzip.open(path))["traceEvents"]
+    mem = sorted((e for e in ev if e.get("name") == "[memory]"
+                  and e["args"].get("Device Type") == 1), key=lambda e: e["ts"])
+    attn = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "python_function"
+            and str(e.get("name", "")).startswith("nn.Module: Qwen2Attention_")]
+    rope = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "python_function"
+            and "apply_rotary_pos_emb" in str(e.get("name", ""))]
+    lin = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "python_function"
+           and str(e.get("name", "")).startswith("nn.Module: Linear_")]
+    layers = len(attn)
+
+    def inside(t: float, spans: list[tuple[float, float]]) -> bool:
+        return any(a <= t <= b for a, b in spans)
+
+    live: dict[int, dict] = {}
+    peak, at_peak = -1, {}
+    for e in mem:
+        b = e["args"]["Bytes"]
+        if b > 0:
+            live[e["args"]["Addr"]] = e
+        else:
+            live.pop(e["args"]["Addr"], None)
+        if e["args"]["Total Allocated"] > peak:
+            peak, at_peak = e["args"]["Total Allocated"], dict(live)
+    made = [e for e in at_peak.values() if inside(e["ts"], attn)]
+    k = [e for e in made if inside(e["ts"], rope)]
+    v = [e for e in made if not inside(e["ts"], rope) and inside(e["ts"], lin)]
+    sizes = Counter(e["args"]["Bytes"] for e in k + v)
+    size, n = sizes.most_common(1)[0]
+    assert n == 2 * layers and len(k) == len(v) == layers
+    return {e["args"]["Addr"] for e in k + v}, size
+
+
+def test_qwen_trace_cache_matches_raw() -> None:
+    """The HF Qwen1.5-0.5B forward of the TraceLens trace: the 48 blocks snapana names
+    kv_cache at the peak are the ones its raw events place in the 24 attention calls (K from
+    the rotary embedding, V from the v projection), and nothing is left as saved
+    activations from those calls."""
+    if not QWEN.exists():
+        pytest.skip("corpus trace absent")
+    expected, size = _kv_from_raw(QWEN)
+    a = snapana.load(QWEN, device=0)
+    got = a.blocks.filter(a.blocks["family"] == FAMILY)
+    assert set(got["address"].to_list()) == expected
+    assert set(got["size"].to_list()) == {size}
+    assert set(got["method"].to_list()) == {METHOD}
+    assert "layered_activations" not in a.diagnosis.evidence.facts
+
+
+def test_a_training_step_names_no_cache() -> None:
+    """Kept pairs beside what only a backward or a step makes (a gradient, optimizer state)
+    are what autograd or activation checkpointing saved (the slime recompute sample keeps
+    each layer's attention and MLP inputs alternately): no cache is named."""
+    never = lambda lo, hi: 0  # noqa: E731
+    pairs = [r for i in range(4) for r in (_r(64, "k", 10 * i), _r(64, "v", 10 * i + 1))]
+    assert len(find(pairs, never)) == 8
+    assert find([*pairs, Row(4096, "optimizer_state", "unknown", "", -1, -1)], never) == {}
+    assert find([*pairs, Row(4096, "recompute", "backward", "r", 99, -1)], never) == {}
