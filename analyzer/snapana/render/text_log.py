@@ -298,6 +298,8 @@ def _request_sentences(r: RequestFinding) -> tuple[str, ...]:
         out.append("owned by " + ", ".join(f"{fw} ({where})" for fw, where in r.owners)
                    + " — the first framework frames walking out from the allocation")
     out.append(r.workload)
+    if r.forward_only:
+        out.append(f"This request's pass: {r.forward_only}.")
     return tuple(out)
 
 
