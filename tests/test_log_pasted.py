@@ -162,3 +162,21 @@ def test_every_corpus_message_with_frames_gets_its_request() -> None:
             continue
         ev = weigh([read_text(text, row["id"])])
         assert ev.requests and all(r is not None for r in ev.requests), row["id"]
+
+
+def test_a_pasted_log_fits_one_screen_and_full_keeps_the_rest(tmp_path) -> None:
+    """At 80 columns the default text is one screen (24 lines): the verdict, three knobs and
+    a three-line record hint, said once; --full keeps every knob and the record block."""
+    path = tmp_path / "ray.log"
+    path.write_text("\n".join(ray("MegatronTrainRayActor", 7, ln)
+                              for ln in [*frames_only(REF_LOGPROB), OOM]) + "\n")
+    brief = invoke("summary", str(path), columns=80)
+    assert brief.returncode == 0, brief.stderr
+    lines = brief.stdout.splitlines()
+    assert len(lines) <= 24, brief.stdout
+    assert sum(ln.lstrip().startswith(("1. ", "2. ", "3. ", "4. ")) for ln in lines) == 3
+    assert brief.stdout.count("Next time, record") == 1
+    hint = lines[next(i for i, ln in enumerate(lines) if ln.startswith("Next time")):]
+    assert len(hint) <= 3
+    full = invoke("summary", "--full", str(path), columns=80).stdout
+    assert full.count("knob for the request:") > 3 and "_dump_snapshot('oom.pickle')" in full

@@ -86,6 +86,18 @@ class TextLogView:
         return self.messages[0] if self.messages else None
 
     @property
+    def best_knobs(self) -> tuple[tuple[str, str], ...]:
+        """Every knob the text supports, once each, in the order the lead message gives
+        them: its causes' first, then its failing request's, then the tables' and refusals'
+        (the lead's own evidence before what stands beside it)."""
+        seen: dict[str, str] = {}
+        lead = self.lead
+        for knob, why in (*(lead.knobs if lead else ()), *(lead.request_knobs if lead else ()),
+                          *(k for s in self.sections for k in s.knobs)):
+            seen.setdefault(knob, why)
+        return tuple(seen.items())
+
+    @property
     def verdict(self) -> str | None:
         """The first OOM message's verdict; without one, a vLLM refusal's, else a table's."""
         if self.lead is not None:
@@ -334,6 +346,14 @@ def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
             "  torch.cuda.memory._dump_snapshot('oom.pickle')",
             f"({RECORD_ENTRIES:,} entries hold a few steps of a large model; raise it if the "
             "snapshot's trace starts mid-step.)")
+
+
+def record_hint(views: Sequence[MessageView]) -> tuple[str, ...]:
+    """`record_advice` in three lines, for the one-screen text."""
+    why = record_advice(views)[0].rsplit(" says ", 1)[-1].rstrip(":")
+    return ("Next time, record the allocator's history (snapana record -o oom-snapshots -- "
+            f"<command>, or _record_memory_history(max_entries={RECORD_ENTRIES}) then "
+            f"_dump_snapshot on the OOM): the snapshot says {why}.",)
 
 
 def text_log_view(title: str, evidence: LogEvidence,
