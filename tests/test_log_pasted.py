@@ -180,3 +180,25 @@ def test_a_pasted_log_fits_one_screen_and_full_keeps_the_rest(tmp_path) -> None:
     assert len(hint) <= 3
     full = invoke("summary", "--full", str(path), columns=80).stdout
     assert full.count("knob for the request:") > 3 and "_dump_snapshot('oom.pickle')" in full
+
+
+def test_not_read_names_the_traceback_no_message_used(tmp_path) -> None:
+    """A driver's traceback (Ray's RayTaskError, its frames through ray.get) and the actor's
+    own ending at the OOM message: the actor's is the request's stack, the driver's is read
+    and not used, and the JSON's not_read says so by its line."""
+    driver = [("/root/slime/train.py", 88, "train",
+               "ray.get(actor_model.async_train(rollout_id, rollout_data_ref))"),
+              (f"{SITE}/ray/_private/worker.py", 1012, "get_objects",
+               "raise value.as_instanceof_cause()")]
+    lines = ["Traceback (most recent call last):", *frames_only(driver),
+             "ValueError: the driver's own failure",
+             *(ray("MegatronTrainRayActor", 7, ln) for ln in [*frames_only(REF_LOGPROB), OOM])]
+    path = tmp_path / "ray.log"
+    path.write_text("\n".join(lines) + "\n")
+    doc = json.loads(invoke("summary", "--format", "json", str(path)).stdout)
+    (msg,) = doc["messages"]
+    # the actor's first frame: after the header, the driver's frames and source lines, and
+    # the driver's exception line
+    assert msg["failing_request"]["traceback"]["line"] == 1 + 2 * len(driver) + 2
+    (note,) = [n for n in doc["not_read"] if "traceback" in n]
+    assert "line 1" in note and f"{len(driver)} frame(s)" in note

@@ -367,8 +367,8 @@ def text_log_view(title: str, evidence: LogEvidence,
                 *(smi_section(e, named) for e in evidence.smi),
                 *(kv_section(e, named) for e in evidence.kv),
                 *(framework_section(e, named) for e in evidence.frameworks))
-    return TextLogView(title, views, rows, columns, record_advice(views), tuple(unrecognised),
-                       sections)
+    return TextLogView(title, views, rows, columns, record_advice(views),
+                       (*unrecognised, *evidence.not_read), sections)
 
 
 def _at(source: str, line: int, named: bool) -> str:
