@@ -46,6 +46,8 @@ class LogEvidence:
     requests: tuple[RequestFinding | None, ...] = ()
     #: frameworks' memory lines, per log, framework and rank, judged
     frameworks: tuple[FrameworkEvidence, ...] = ()
+    #: what was read and not used: tracebacks that end at no OOM message (issue 69)
+    not_read: tuple[str, ...] = ()
 
 
 def read_logs(paths: list[Path] | None, ranks: dict[Path, int] | None = None) -> LogEvidence:
@@ -62,10 +64,13 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
     diagnoses, summaries, smi, kv = [], [], [], []
     requests: list[RequestFinding | None] = []
     frameworks: list[FrameworkEvidence] = []
+    not_read: list[str] = []
     for log in logs:
         messages = list(log.messages)
         diagnoses += [diagnose(m) for m in messages]
-        requests += _requests(log)
+        named = _requests(log)
+        requests += named
+        not_read += _unused_tracebacks(log, named)
         frameworks += framework_evidence(log.memory_lines, messages, log.name)
         summaries += [summary_evidence(s, messages, log.name) for s in log.summaries]
         tables = [smi_evidence(t, messages, log.name) for t in log.smi]
@@ -77,7 +82,24 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
         kv += [kv_evidence(r, b, others, log.name) for r, b in paired]
         kv += [kv_evidence(None, b, others, log.name) for b in alone]
     return LogEvidence(tuple(logs), tuple(diagnoses), tuple(summaries), tuple(smi), tuple(kv),
-                       tuple(requests), tuple(across_ranks(frameworks)))
+                       tuple(requests), tuple(across_ranks(frameworks)), tuple(not_read))
+
+
+def _unused_tracebacks(log: log_text.TextLog, named: list[RequestFinding | None]) -> list[str]:
+    """The tracebacks of `log` with frames that no message's request was named from: read,
+    and not used (another exception's, or one whose OOM message the text does not hold)."""
+    used = {(r.traceback.first_line, r.traceback.rank) for r in named if r is not None}
+    out = []
+    for t in log.tracebacks:
+        if not t.frames or (t.first_line, t.rank) in used:
+            continue
+        ends = (f"ends in {t.exception[:80]!r}" if t.exception else
+                "is cut before its exception")
+        out.append(f"{log.name} line {t.first_line}"
+                   + (f" (rank {t.rank})" if t.rank is not None else "")
+                   + f": a traceback of {len(t.frames)} frame(s) that {ends}: no OOM message's"
+                   " request")
+    return out
 
 
 def _requests(log: log_text.TextLog) -> list[RequestFinding | None]:

@@ -204,8 +204,11 @@ def knobs_for(families: list[str], causes: list[str], frameworks: set[str],
             return (inference_only_first, k.direction == "bounds",
                     _COST_RANK.get(k.cost, len(KNOB_COSTS)), -acted, k.framework in _ALWAYS,
                     len(k.families))
-        return (inference_only_first, False, 0, min(fam, cause), k.framework in _ALWAYS,
-                k.direction == "bounds", len(k.families))
+        # a knob made for the very phase the request failed in (a log-prob pass's own
+        # token budget) before those acting on every pass
+        for_phase = bool(k.phases) and phase in k.phases
+        return (inference_only_first, False, 0, min(fam, cause), not for_phase,
+                k.framework in _ALWAYS, k.direction == "bounds", len(k.families))
 
     return sorted(chosen, key=rank)
 

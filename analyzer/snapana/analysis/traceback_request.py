@@ -9,14 +9,19 @@ log cannot show is what held the rest of the card: the finding says so.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from snapana.analysis.attribution.engine import RuleSet
+from snapana.analysis.attribution.facts import fact_specs
 from snapana.analysis.attribution.stack import BlockContext
 from snapana.analysis.evidence import stack_evidence
 from snapana.analysis.knobs import frameworks_in, knobs_for, reloads_offloaded, why_applies
 from snapana.analysis.sites import format_frame
 from snapana.sources.traceback_text import Traceback
+
+#: The evidence fact (attribution/evidence.toml) of a forward-only pass in the frames.
+FORWARD_ONLY_FACT = "forward_only_pass"
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,9 @@ class RequestFinding:
     workload: str  # the workload sentence this stack supports
     knobs: tuple[tuple[str, str], ...]  # (knob, effect — why it applies here)
     matched: tuple[int, ...] = ()  # the stack's frames the rule matched, innermost first
+    #: the words of the forward-only fact where the stack shows a forward-only pass (a
+    #: reference / old-policy log-prob pass: no backward follows what it makes), else ""
+    forward_only: str = ""
 
 
 class RequestNamer:
@@ -79,7 +87,16 @@ def _name(tb: Traceback, ctx: BlockContext, rules: RuleSet,
         tb, family, decision.label, decision.rule_id, decision.reason, decision.phase,
         format_frame(stack[matched[0]]) if matched else "", "",
         format_frame(stack[matched[-1]]) if len(matched) > 1 and matched[-1] != matched[0]
-        else "", "", owners, ev.workload.sentence, knobs, matched), tb)
+        else "", "", owners, ev.workload.sentence, knobs, matched,
+        _fact_words(FORWARD_ONLY_FACT, ev.facts)), tb)
+
+
+def _fact_words(fact: str, facts: Mapping[str, str]) -> str:
+    """A fact's words and the frame that shows it ("" where the stack does not show it)."""
+    if fact not in facts:
+        return ""
+    words = next(f.words for f in fact_specs() if f.id == fact)
+    return f"{words}: {facts[fact]}"
 
 
 def _with_traceback(f: RequestFinding, tb: Traceback) -> RequestFinding:

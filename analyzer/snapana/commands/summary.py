@@ -39,7 +39,7 @@ def summary(
     ins = policy.inputs(files, at, logs=log)
     logs, ins = policy.text_logs(ins, at)
     if logs is not None:  # a log or a paste: its OOM messages
-        policy.emit(policy.render_view(logs, format.value))
+        policy.emit(policy.render_view(logs, format.value, full=full))
         return
     from snapana.render.views import capture_view
 

@@ -302,7 +302,8 @@ def _request(r: Any, knobs: tuple[tuple[str, str], ...]) -> dict[str, Any] | Non
     return {"scope": TRACEBACK_SCOPE, "family": r.family, "label": r.label, "rule": r.rule_id,
             "phase": r.phase, "site": r.site or None, "code": r.code or None,
             "owners": [{"framework": fw, "where": w} for fw, w in r.owners],
-            "workload": r.workload, "knobs": [{"knob": k, "why": why} for k, why in knobs],
+            "workload": r.workload, "forward_only_pass": r.forward_only or None,
+            "knobs": [{"knob": k, "why": why} for k, why in knobs],
             "traceback": {"line": t.first_line, "rank": t.rank,
                           "frames": [{"file": f.path, "line": f.line, "function": f.function,
                                       "code": f.code} for f in t.frames]}}

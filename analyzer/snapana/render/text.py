@@ -18,7 +18,7 @@ from snapana.render.check import COLUMNS as CHECK_COLUMNS
 from snapana.render.check import CheckView
 from snapana.render.scale import COLUMNS as SCALE_COLUMNS
 from snapana.render.scale import HELD_COLUMNS, ScaleView
-from snapana.render.text_log import TextLogView
+from snapana.render.text_log import TextLogView, record_hint
 from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
 from snapana.render.whatif import WhatIfView
 from snapana.units import address_text, fmt_bytes, inert
@@ -450,10 +450,38 @@ def _site_rows(sites: Sequence[Sequence[str]], numeric: set[str], width: int) ->
     return out
 
 
+def _text_log_brief(view: TextLogView, out: _Out) -> str:
+    """A text log on one screen (issue 69): the verdict, the best knobs (the first of each
+    knob's words, the rest in --full), what was not read, a three-line record hint."""
+    out.para(f"Verdict. {view.verdict}" if view.verdict else
+             "No out-of-memory message was found in the text.")
+    knobs = view.best_knobs
+    if knobs:
+        more = f"{len(knobs)} in all, " if len(knobs) > BRIEF_KNOBS else ""
+        out.para(f"knobs ({more}--full: each one's evidence, every figure and cause)",
+                 first="", indent=INDENT)
+        for i, (knob, why) in enumerate(knobs[:BRIEF_KNOBS], 1):
+            out.para(f"{i}. {knob} — {why.split(' — ', 1)[0]}", INDENT * 3, first=INDENT)
+    else:
+        out.para("--full: every figure, cause and table the text holds", first="")
+    shown = view.sections[:BRIEF_KNOBS]
+    for sec in shown:
+        out.para(f"also read: {sec.title}")
+    if len(view.sections) > len(shown):
+        out.para(f"… and {len(view.sections) - len(shown)} more tables and lines (--full)")
+    if view.unrecognised:
+        out.para(f"not read: {len(view.unrecognised)} part(s) of the text (--full says which)")
+    for line in record_hint(view.messages):
+        out.para(line)
+    return out.text()
+
+
 def text_log(view: TextLogView, options: Options) -> str:
     """A text log's OOM messages: the verdict, then each message's figures, its sum, its
-    causes and knobs; what to record next time."""
+    causes and knobs; what to record next time. Without `full`, one screen."""
     out = _Out(options)
+    if not options.full:
+        return _text_log_brief(view, out)
     out.para(f"Verdict. {view.verdict}" if view.verdict else
              "No out-of-memory message was found in the text.")
     if view.rank_rows:

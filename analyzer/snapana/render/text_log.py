@@ -86,6 +86,18 @@ class TextLogView:
         return self.messages[0] if self.messages else None
 
     @property
+    def best_knobs(self) -> tuple[tuple[str, str], ...]:
+        """Every knob the text supports, once each, in the order the lead message gives
+        them: its causes' first, then its failing request's, then the tables' and refusals'
+        (the lead's own evidence before what stands beside it)."""
+        seen: dict[str, str] = {}
+        lead = self.lead
+        for knob, why in (*(lead.knobs if lead else ()), *(lead.request_knobs if lead else ()),
+                          *(k for s in self.sections for k in s.knobs)):
+            seen.setdefault(knob, why)
+        return tuple(seen.items())
+
+    @property
     def verdict(self) -> str | None:
         """The first OOM message's verdict; without one, a vLLM refusal's, else a table's."""
         if self.lead is not None:
@@ -309,6 +321,8 @@ def _request_sentences(r: RequestFinding) -> tuple[str, ...]:
         out.append("owned by " + ", ".join(f"{fw} ({where})" for fw, where in r.owners)
                    + " — the first framework frames walking out from the allocation")
     out.append(r.workload)
+    if r.forward_only:
+        out.append(f"This request's pass: {r.forward_only}.")
     return tuple(out)
 
 
@@ -345,6 +359,14 @@ def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
             "snapshot's trace starts mid-step.)")
 
 
+def record_hint(views: Sequence[MessageView]) -> tuple[str, ...]:
+    """`record_advice` in three lines, for the one-screen text."""
+    why = record_advice(views)[0].rsplit(" says ", 1)[-1].rstrip(":")
+    return ("Next time, record the allocator's history (snapana record -o oom-snapshots -- "
+            f"<command>, or _record_memory_history(max_entries={RECORD_ENTRIES}) then "
+            f"_dump_snapshot on the OOM): the snapshot says {why}.",)
+
+
 def text_log_view(title: str, evidence: LogEvidence,
                   unrecognised: Sequence[str] = ()) -> TextLogView:
     named = len(evidence.logs) > 1
@@ -356,8 +378,8 @@ def text_log_view(title: str, evidence: LogEvidence,
                 *(smi_section(e, named) for e in evidence.smi),
                 *(kv_section(e, named) for e in evidence.kv),
                 *(framework_section(e, named) for e in evidence.frameworks))
-    return TextLogView(title, views, rows, columns, record_advice(views), tuple(unrecognised),
-                       sections)
+    return TextLogView(title, views, rows, columns, record_advice(views),
+                       (*unrecognised, *evidence.not_read), sections)
 
 
 def _at(source: str, line: int, named: bool) -> str:

@@ -11,6 +11,14 @@ tracebacks ("During handling of the above exception ...") and Ray's remote one (
 actor's frames printed after the RayTaskError line, with no header) are each a traceback
 of their own; the one ending at the OOM message is its stack.
 
+Pasted logs often lose the header (issue 69): a code block that starts mid-stack, a Ray
+actor's lines each behind its "(ClassName pid=N[, ip=A])" prefix (ray/_private/worker.py,
+print_worker_logs), frames with log lines between them. A frame line (`File "…", line N,
+in f`) with no traceback open for its line's group starts one there; a group is the line's
+Ray actor (its pid) or its torchrun rank tag, so several processes' interleaved output is
+read apart, and lines of another group between the frames are passed over. A line that
+says "out of memory" ends a traceback as its exception line does.
+
 Every line is matched in linear time: lines longer than MAX_TRACE_LINE are not frame
 lines, a frame line is found by its literal `File "` and matched from there, every
 repetition is bounded.
@@ -43,6 +51,14 @@ _CARETS = frozenset("^~ \t")
 _REMOTE = "RayTaskError("
 #: How much of a line's start is searched for its rank tag.
 RANK_SPAN = 200
+#: Ray's prefix before a worker's line: "(" [actor or task name " "] "pid=" N [", ip=" A] ")"
+#: (ray/_private/worker.py print_worker_logs; "(raylet)" and "(autoscaler …)" name no pid).
+RAY_PREFIX = re.compile(r"\((?:[\w.<>:-]{1,200} )?pid=(\d{1,9})(?:, ip=[\w.:-]{1,64})?\)")
+#: The colour codes Ray (colorama) puts around its prefix: SGR sequences.
+_ANSI = re.compile(r"\x1b\[[0-9;]{0,32}m")
+#: Words of an OOM message's line: it ends the traceback whose exception it is, even where
+#: a paste lost the exception's class name.
+_OOM_WORDS = "out of memory"
 
 
 @dataclass(frozen=True)
@@ -57,11 +73,16 @@ class TraceFrame:
 class Traceback:
     """One traceback: its frames outermost first (as printed), where it ends."""
 
-    first_line: int  # 1-based line of its header
+    first_line: int  # 1-based line of its header (of its first frame, where it has none)
     end_line: int  # 1-based line of its exception line (0: the text ends first)
     rank: int | None
     frames: tuple[TraceFrame, ...]
     exception: str  # the exception line, its prefix removed
+    headless: bool = False  # read from a frame line: the paste had no header
+    #: 1-based line of its last frame or source line (what a cut one is matched by)
+    last_line: int = 0
+    #: 1-based lines it read (its frames, their source lines, its exception)
+    lines_read: int = 0
 
     @property
     def stack(self) -> tuple[tuple[str, str, int], ...]:
@@ -72,6 +93,35 @@ class Traceback:
 def _rank(line: str) -> int | None:
     m = RANK_TAG.search(line[:RANK_SPAN])
     return int(m.group(1)) if m else None
+
+
+def _group(line: str, rank: int | None) -> tuple[str, int] | None:
+    """Which process printed `line`, as far as its prefix says: a Ray worker's pid, else a
+    torchrun rank tag (None: no prefix names one)."""
+    m = RAY_PREFIX.match(line.lstrip()[:RANK_SPAN])
+    if m is not None:
+        return ("pid", int(m.group(1)))
+    return None if rank is None else ("rank", rank)
+
+
+def _headless_frame(line: str) -> int:
+    """Where a frame line's `File "` stands (-1: not a frame line that can start a
+    traceback: it must name its function and stand after its prefix, not inside a text)."""
+    at = line.find(_FRAME_AT)
+    if at < 0:
+        return -1
+    m = _FRAME.match(line, at)
+    if m is None or m.group(3) is None:
+        return -1
+    before = line[:at]
+    return at if not before or before[-1] in " \t:|)]" else -1
+
+
+def _frame_prefix(line: str, at: int) -> str:
+    """The prefix of a headless traceback: what stands before its first frame's indent,
+    with the one space that separates a prefix from the text."""
+    head = line[:at].rstrip(" \t")
+    return head + " " if head and line[len(head):len(head) + 1] == " " else head
 
 
 #: Digits made one, to compare a prefix's shape (a timestamp that moved on).
@@ -94,24 +144,30 @@ def read_tracebacks(lines: list[str]) -> list[Traceback]:
     """Every traceback of `lines`, in the order their headers appear. One pass: each line
     goes to the traceback open for its rank tag (or for untagged lines), so ranks printing
     at once are read apart and no line is read twice."""
-    reading: dict[int | None, _Reading] = {}
+    reading: dict[tuple[str, int] | None, _Reading] = {}
     out: list[Traceback] = []
     for i, line in enumerate(lines):
         if len(line) > MAX_TRACE_LINE:
             continue
+        if "\x1b" in line:
+            line = _ANSI.sub("", line)
         rank = _rank(line)
+        group = _group(line, rank)
         at = line.find(_HEADER)
         if at >= 0:
-            if rank in reading:  # cut: a new one begins before it ended
-                out.append(reading.pop(rank).finish(0, ""))
-            reading[rank] = _Reading(i + 1, line[:at], rank)
-        elif rank in reading:
-            done = reading[rank].feed(line, i + 1)
+            if group in reading:  # cut: a new one begins before it ended
+                out.append(reading.pop(group).finish(0, ""))
+            reading[group] = _Reading(i + 1, line[:at], rank)
+        elif group in reading:
+            done = reading[group].feed(line, i + 1)
             if done is not None:
                 out.append(done)
-                del reading[rank]
+                del reading[group]
                 if _REMOTE in done.exception:  # Ray prints the actor's frames next, headless
-                    reading[rank] = _Reading(i + 1, _prefix_of(line, done.exception), rank)
+                    reading[group] = _Reading(i + 1, _prefix_of(line, done.exception), rank)
+        elif (frame_at := _headless_frame(line)) >= 0:  # a paste that starts mid-stack
+            r = reading[group] = _Reading(i + 1, _frame_prefix(line, frame_at), rank, True)
+            r.feed(line, i + 1)
     out += [r.finish(0, "") for r in reading.values()]
     return sorted(out, key=lambda t: t.first_line)
 
@@ -125,18 +181,24 @@ def _prefix_of(line: str, exception: str) -> str:
 class _Reading:
     """A traceback being read: its frames so far, a frame whose source line may follow."""
 
-    def __init__(self, first_line: int, prefix: str, rank: int | None) -> None:
+    def __init__(self, first_line: int, prefix: str, rank: int | None,
+                 headless: bool = False) -> None:
         self.first_line, self.prefix, self.rank = first_line, prefix, rank
+        self.headless = headless
         self.frames: list[TraceFrame] = []
         self.pending: tuple[str, int, str] | None = None
+        self.indented = False  # the pending frame's line was indented (CPython's 2 spaces)
         self.loose = 0
+        self.last = first_line
+        self.read = 0 if headless else 1  # the header
 
     def finish(self, end_line: int, exception: str) -> Traceback:
         if self.pending is not None:
             self.frames.append(TraceFrame(*self.pending, ""))
             self.pending = None
         return Traceback(self.first_line, end_line, self.rank,
-                         tuple(self.frames[-MAX_FRAMES:]), exception)
+                         tuple(self.frames[-MAX_FRAMES:]), exception, self.headless,
+                         self.last, self.read + (1 if end_line else 0))
 
     def feed(self, line: str, number: int) -> Traceback | None:
         """Read one more line; the traceback when this line ends it."""
@@ -147,18 +209,23 @@ class _Reading:
             if self.pending is not None:
                 self.frames.append(TraceFrame(*self.pending, ""))
             self.pending = (m.group(1), int(m.group(2)), m.group(3) or "")
+            self.indented = at > 0
             self.loose = 0
+            self.last, self.read = number, self.read + 1
             if len(self.frames) > 2 * MAX_FRAMES:
                 del self.frames[:MAX_FRAMES]  # the innermost are kept
             return None
         text = body.strip()
         if not text or set(text) <= _CARETS:
             return None  # a blank line inside, or the carets under a source line
-        if _is_exception(text) and not body[:1].isspace():
+        if not body[:1].isspace() and (_is_exception(text) or _OOM_WORDS in text.lower()):
             return self.finish(number, text)
-        if self.pending is not None:  # its source line
+        if self.pending is not None and (body[:1].isspace() or not self.indented):
+            # its source line (indented under an indented frame: a log line between two
+            # frames is not)
             self.frames.append(TraceFrame(*self.pending, text))
             self.pending = None
+            self.last, self.read = number, self.read + 1
             return None
         self.loose += 1  # more source lines of one frame (3.13 prints a call's every line)
         return self.finish(0, "") if self.loose > MAX_SOURCE_LINES else None
@@ -171,10 +238,13 @@ _BARE = ("Error", "Exception", "Interrupt", "Exit")
 
 
 def _is_exception(text: str) -> bool:
+    """An exception's line: its class name ends as Python's exceptions' names do, so a log
+    line between the frames ("INFO:root:…", "Note: …") does not end the traceback."""
     m = _EXCEPTION.match(text)
     if m is None:
         return False
-    return m.group(0).endswith(":") or text.endswith(_BARE)
+    name = m.group(0).rstrip(":").split("(", 1)[0]
+    return name.endswith(_BARE) and (m.group(0).endswith(":") or text.endswith(_BARE))
 
 
 def traceback_of(by_end: dict[int, Traceback], line: int, rank: int | None,
@@ -190,5 +260,10 @@ def traceback_of(by_end: dict[int, Traceback], line: int, rank: int | None,
 
 
 def ending_at(tracebacks: Iterable[Traceback]) -> dict[int, Traceback]:
-    """Tracebacks keyed by the line of their exception (those cut short have none)."""
-    return {t.end_line: t for t in tracebacks if t.end_line}
+    """Tracebacks keyed by the line of their exception; one cut short (a paste whose OOM
+    message stands apart from its frames) by its last frame's line, where no exception
+    line is there."""
+    tracebacks = list(tracebacks)
+    out = {t.last_line: t for t in tracebacks if not t.end_line and t.frames}
+    out.update({t.end_line: t for t in tracebacks if t.end_line})
+    return out
