@@ -225,3 +225,34 @@ def test_synth_lists_and_writes_every_scenario_the_registry_has(tmp_path: Path) 
     assert invoke("synth", name, "-o", str(out)).returncode == 0
     truth = json.loads(out.with_suffix(".truth.json").read_text())
     assert len(raw_load(out)["device_traces"]) == len(truth["devices"]) > 1
+
+
+def test_the_readme_writes_a_repeated_flag_as_repeated() -> None:
+    """Issue 71: `--fail-on EXPR…` read as several values after one flag, which the CLI
+    refuses (exit 2): an option taken once per value is written `[--flag VALUE]…` in the
+    README's command table, and the form it shows works as written."""
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert not re.search(r"\[--[a-z-]+ [^\]|`]*…\]", readme)
+    assert "[--fail-on EXPR]…" in readme and "[--set KEY:VALUE]…" in readme
+    before, after = (str(SAMPLES / n) for n in ("slime-tp2-recompute-loss-ok.pickle",
+                                               "slime-tp2-chunked-logprob-oom.pickle"))
+    run = invoke("diff", before, after, "--fail-on", "oom", "--fail-on", "new_family")
+    assert run.returncode == 1 and "oom" in run.stdout + run.stderr, run.stderr
+    run = invoke("diff", before, after, "--fail-on", "oom", "new_family")
+    assert run.returncode == 2  # what the old wording read as: refused, as the README says
+
+
+def test_every_variable_the_tests_read_is_in_the_readme() -> None:
+    """Issue 71: `SNAPANA_CORPUS` (where the corpus tests look) was read by the tests and
+    named nowhere a user reads: each environment variable tests/conftest.py reads is in the
+    README."""
+    import re
+
+    root = Path(__file__).parent
+    read = set(re.findall(r"environ(?:\.get\(|\[)\s*\"([A-Z_]+)\"",
+                          (root / "conftest.py").read_text()))
+    assert "SNAPANA_CORPUS" in read
+    readme = (root.parent / "README.md").read_text()
+    assert {v for v in read if f"`{v}" not in readme} == set()

@@ -94,18 +94,8 @@ def _knob_lists(formats: dict[str, str]) -> dict[str, list[str]]:
             entry = None
         elif entry is not None:
             entry.append(line.strip())
-    markdown = []
-    rows = False
-    for line in formats["markdown"].splitlines():
-        if line.startswith("| knob | cost |"):
-            rows = True
-            continue
-        if rows and line.startswith("|---"):
-            continue
-        if rows and line.startswith("| `"):
-            markdown.append(html.unescape(line[3:line.index("` |")]).replace("\\", ""))
-        else:
-            rows = False
+    markdown = [m.group(2) for m in re.finditer(r"^\d+\. (`+) ?(.*?) ?\1 \(",
+                                                formats["markdown"], flags=re.M)]
     tables = re.findall(r'<table class="knobs">(.*?)</table>', formats["html"], flags=re.S)
     page = [html.unescape(re.sub(r"<[^>]+>", "", k)) for t in tables
             for k in re.findall(r"<tr><td><code>(.*?)</code></td>", t, flags=re.S)]

@@ -254,3 +254,31 @@ def test_the_resolver_is_the_only_place_that_resolves_an_input():
     # the scan sees such calls where they are: in the resolver
     assert {c.rsplit(" ", 1)[1] for c in _resolving_calls(PACKAGE / "inputs.py")} >= {
         "sniff", "expand", "find", "rank_of", "_folder"}
+
+
+@pytest.mark.parametrize("stray", ["notes.txt", "readme.md"])
+def test_a_folder_of_a_snapshot_by_content_and_a_stray_text_is_analysed(tmp_path, stray):
+    """Issue 71: `incident/` holding `rank0.pickle__3f2a9c` (a snapshot by content, not by
+    name) and a note was read as a folder of logs and refused whole (exit 2, "none of the
+    text inputs says anything about GPU memory"): the snapshot is analysed, the note listed
+    as not taken with why, exit 0 (the README's table: a file that is not a capture is no
+    failure); an OOM log beside it keeps its own line (give it with --log)."""
+    import shutil
+
+    from .conftest import SAMPLES, invoke
+
+    folder = tmp_path / "incident"
+    folder.mkdir()
+    snap = folder / "rank0.pickle__3f2a9c"
+    shutil.copy(SAMPLES / "fsdp-train-step.pickle", snap)
+    (folder / stray).write_text("# what happened\nrestarted at 3am, same config\n")
+    _log(folder / "job.log")
+    ins = resolve([str(folder)])
+    assert [i.path for i in ins.items] == [snap] and ins.items[0].role is Role.RANK
+    assert ins.skipped == ("job.log: a text log: give it alone, or beside a snapshot with --log",
+                           f"{stray}: no OOM message or capture in it")
+    run = invoke("summary", str(folder), "-f", "json")
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert [Path(e["file"]).name for e in data["inputs"]] == [snap.name]
+    assert sorted(data["skipped"]) == sorted(ins.skipped)

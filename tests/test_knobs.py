@@ -16,6 +16,8 @@ from snapana.analysis.knobs import (
     working_set_families,
 )
 
+from .conftest import SAMPLES, invoke
+
 SP = "/opt/venv/lib/python3.11/site-packages/"
 
 
@@ -198,3 +200,23 @@ def test_no_offload_knob_for_model_state_while_reloading() -> None:
     assert any(k.id == "swift.sleep_level" for k in got)  # releasing the engine's cache is fine
     with_offload = knobs_for(fams, [], {"ms_swift", "megatron", "vllm"}, "init")
     assert any(k.id == "swift.offload_model" for k in with_offload)
+
+
+def test_an_engines_share_of_the_gpu_is_a_memory_budget_not_compute() -> None:
+    """Issue 71: `gpu_memory_utilization` was labelled "(extra compute)". An engine's share
+    of the GPU (vLLM's gpu_memory_utilization, verl's and ms-swift's spelling of it, SGLang's
+    mem_fraction_static) is a budget: it lowers the engine's KV cache and graph pools to free
+    memory outside PyTorch and spends no compute (its caveat says what too low does). Keyed on
+    the mechanism: every knob that lowers kv_cache and the memory outside PyTorch."""
+    budgets = [k for k in load_knobs() if "kv_cache" in k.families and k.direction == "lowers"
+               and "outside_pytorch" in k.causes]
+    assert {k.id for k in budgets} >= {"vllm.gpu_memory_utilization",
+                                       "verl.rollout_gpu_memory_utilization",
+                                       "swift.vllm_gpu_memory_utilization",
+                                       "sglang.mem_fraction_static"}
+    assert all(k.cost == "free" for k in budgets), [(k.id, k.cost) for k in budgets]
+    full = " ".join(invoke("summary", str(SAMPLES / "swift-vllm-colocate-oom.pickle"),
+                           "--full", columns=400).stdout.split())
+    for name in ("--vllm_gpu_memory_utilization", "gpu_memory_utilization (vLLM"):
+        said = full[full.index(name):][:400]
+        assert "[no cost]" in said and "[extra compute]" not in said.split(" acts on ")[0]

@@ -315,3 +315,30 @@ def test_a_folders_memray_capture_is_read_beside_its_one_snapshot(tmp_path):
     host = data["devices"][1]
     assert Path(host["file"]).name == "host.bin" and host["host"]
     assert host["peak_allocated_bytes"] == peak
+
+
+def test_the_headline_does_not_deny_a_dump_written_at_an_oom(tmp_path):
+    """Issue 71: a folder of a run with no OOM in its history and a state-only dump whose name
+    says it was written at one: the headline said "No input recorded an OOM." above that
+    dump's row "unknown: no history, written at an OOM". Both now say the same: no history
+    records an OOM, and one dump (no history) was written at one."""
+    import shutil
+
+    from .conftest import raw_load
+
+    shutil.copy(SAMPLES / "fsdp-train-step.pickle", tmp_path / "rank0.pickle")
+    whole = raw_load(SAMPLES / "slime-tp2-recompute-loss-ok.pickle")
+    state_only = dict(whole, device_traces=[[] for _ in whole["device_traces"]])
+    (tmp_path / "rank1_oom_snapshot.pickle").write_bytes(pickle.dumps(state_only))
+    text = invoke("summary", str(tmp_path), columns=200)
+    assert text.returncode == 0, text.stderr
+    row = next(ln for ln in text.stdout.splitlines() if "rank1_oom_snapshot" in ln)
+    assert "written at an OOM" in row
+    flowed = " ".join(text.stdout.split())
+    assert "No input recorded an OOM" not in flowed
+    assert "1 dump without history was written at one" in flowed
+    data = json.loads(invoke("summary", str(tmp_path), "-f", "json").stdout)
+    assert "1 dump without history was written at one" in data["headline"]
+    shutil.copy(SAMPLES / "fsdp-train-step.pickle", tmp_path / "rank1_oom_snapshot.pickle")
+    flowed = " ".join(invoke("summary", str(tmp_path)).stdout.split())
+    assert "No input recorded an OOM." in flowed  # history, and no OOM in it: said plainly

@@ -187,7 +187,8 @@ def test_verdict_first_what_if_and_knobs_agree_across_formats(formats) -> None:
         knobs = [k["knob"] for k in d["knobs"]]
         items = re.findall(r"^  \d+\. (.*?)\n {6}\[", txt, flags=re.M | re.S)
         assert [_flat(k) for k in items] == knobs
-        md_knobs = re.findall(r"^\| `([^`]+)` \| (?:no cost|extra|may change)", mds, flags=re.M)
+        md_knobs = re.findall(r"^\d+\. `([^`]+)` \((?:no cost|extra|may change)", mds,
+                              flags=re.M)
         assert md_knobs == knobs
         html_knobs = re.findall(r'<table class="knobs">(.*?)</table>', hts, flags=re.S)
         got = re.findall(r"<tr><td><code>(.*?)</code>", html_knobs[0]) if html_knobs else []

@@ -174,3 +174,20 @@ def test_cli_names_the_fix_for_an_old_capture(path):
     pin = memray_capture.read_header(path).pin
     assert f"install '{pin}' in a separate environment" in lines[0]
     assert "--memray-python" in lines[0]
+
+
+def test_the_refusal_leads_with_the_route_that_works(tmp_path):
+    """Issue 71: the refusal of a capture another memray release wrote led with "install it
+    in a separate environment and run there: snapana convert …", where snapana is not
+    installed; the route that works is `convert` here, with `--memray-python` pointing at
+    that environment's python (memray alone there). It is the one command the line names."""
+    from pathlib import Path
+
+    version = min(memray_capture.FORMAT_RELEASES)
+    header = memray_capture.MemrayHeader(format_version=version, compressed=False)
+    path = Path(tmp_path / "host.bin")
+    msg = str(memray_capture.incompatible_error(path, header, "memray is not installed"))
+    command = f"{memray_capture.convert_hint(path)} --memray-python ENV/bin/python"
+    assert command in msg and "\n" not in msg
+    assert msg.count("snapana convert") == 1 and "run there" not in msg
+    assert msg.index(f"install '{header.pin}' in a separate environment") < msg.index(command)

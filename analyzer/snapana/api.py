@@ -284,7 +284,7 @@ class Analysis:
 
     def ticket(self, out_dir: str | Path) -> list[Path]:
         """Write a ticket's attachments into `out_dir` (the files `snapana ticket` writes):
-        card.png, ticket.md, report.html, summary.json."""
+        card.png, ticket.md, report.html, report.html.zip, summary.json."""
         from snapana.io.ticket import check_targets, write_ticket
 
         folder = Path(out_dir)

@@ -177,6 +177,21 @@ class _Seen:
         told = self(path)
         return not isinstance(told, InputError) and not told.row.yields_capture
 
+    def is_rank(self, path: Path) -> bool:
+        """A capture a folder's rank table takes (a snapshot, whatever its name)."""
+        told = self(path)
+        return not isinstance(told, InputError) and told.row.rank_input
+
+    def says_nothing(self, path: Path) -> bool:
+        """A text file with no OOM message, memory table or refusal in it (notes, a
+        readme): read once, as a log is."""
+        from snapana.sources import log_text
+
+        try:
+            return log_text.read(path, require=False).empty
+        except InputError:
+            return True
+
     def made(self, path: Path, role: Role) -> Input:
         """The input at `path`, with its kind (or why not), sidecar and rank."""
         from snapana.sources import sidecar
@@ -278,7 +293,8 @@ def _text_alone(named: list[str], sniffed: _Seen) -> Inputs | None:
         if p.is_dir() and not (p / MARKER).exists():
             members = sorted(m for m in p.iterdir() if m.is_file()
                              and not m.name.startswith("."))
-            if any(m.name.lower().endswith(SNAPSHOT_SUFFIXES) for m in members):
+            if any(m.name.lower().endswith(SNAPSHOT_SUFFIXES) or sniffed.is_rank(m)
+                   for m in members):  # a snapshot by name or content (`x.pickle__sha`)
                 return None
             found = [m for m in members if sniffed.is_text(m)]
             if not found:
@@ -368,6 +384,8 @@ def _folder(folder: Path, sniffed: _Seen) -> tuple[list[Path], list[str], list[P
             found.append(f)
         elif told.row.read_beside:
             others.append(f)
+        elif not told.row.yields_capture and sniffed.says_nothing(f):
+            skipped.append(f"{inert(f.name, lines=False)}: no OOM message or capture in it")
         else:
             skipped.append(f"{inert(f.name, lines=False)}: {told.row.not_a_rank}")
     return found, skipped, others

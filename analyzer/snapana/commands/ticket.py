@@ -1,6 +1,7 @@
 """`snapana ticket`: what to attach to an incident ticket, in one folder: a PNG card every
-tracker shows inline, the markdown summary with the card embedded, the HTML report and the
-JSON summary (`io.ticket`)."""
+tracker shows inline, the markdown body (its first line is where the card is dropped), the
+HTML report, zipped too (a tracker attaches a .zip, not an .html), and the JSON summary
+(`io.ticket`); `--stdout` prints the body too, for `gh issue create --body-file -`."""
 
 from __future__ import annotations
 
@@ -18,14 +19,17 @@ def ticket(
     file: FileArg,
     output: Annotated[Path, typer.Option(
         "-o", "--output", metavar="DIR",
-        help="folder to write card.png, ticket.md, report.html and summary.json in (made "
-             "when absent)")],
+        help="folder to write card.png, ticket.md, report.html, report.html.zip and "
+             "summary.json in (made when absent)")],
+    stdout: Annotated[bool, typer.Option(
+        "--stdout", help="also print ticket.md to standard output, for `gh issue create "
+        "--body-file -` (what was written is said on stderr)")] = False,
     device: DeviceOpt = None,
     rules: RulesOpt = None,
     capacity: CapacityOpt = None,
     at: AtOpt = None,
 ) -> None:
-    """Write a ticket's attachments: card.png, ticket.md, report.html, summary.json."""
+    """Write a ticket's attachments: card.png, ticket.md, report.html (and .zip), summary.json."""
     from snapana.io.ticket import check_targets, write_ticket
     from snapana.render.views import capture_view
 
@@ -38,3 +42,5 @@ def ticket(
     written = write_ticket(view, output, ins.single.name)
     policy.wrote(*written)
     policy.headline(view)
+    if stdout:
+        policy.emit(written[1].read_text(encoding="utf-8"))

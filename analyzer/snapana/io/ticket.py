@@ -1,10 +1,13 @@
 """A ticket's attachments in one folder: `card.png` (the picture every tracker shows inline),
-`ticket.md` (the markdown summary with the card embedded, under GitHub's comment limit),
-`report.html` (the whole page, offline) and `summary.json`. Each file is written atomically;
-an output that is an input is refused before any work (`check_targets`)."""
+`ticket.md` (the markdown body, under GitHub's comment limit), `report.html` (the whole page,
+offline), `report.html.zip` (the same page as a tracker takes it: GitHub attaches a .zip, not
+an .html) and `summary.json`. Each file is written atomically; an output that is an input is
+refused before any work (`check_targets`)."""
 
 from __future__ import annotations
 
+import io
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,16 +22,27 @@ from snapana.io.output import (
 if TYPE_CHECKING:
     from snapana.render.views import CaptureView
 
-CARD, MARKDOWN, PAGE, JSON = "card.png", "ticket.md", "report.html", "summary.json"
-TICKET_FILES = (CARD, MARKDOWN, PAGE, JSON)
+CARD, MARKDOWN, PAGE, ZIPPED, JSON = ("card.png", "ticket.md", "report.html",
+                                      "report.html.zip", "summary.json")
+TICKET_FILES = (CARD, MARKDOWN, PAGE, ZIPPED, JSON)
 #: GitHub's limit on an issue or comment body, in characters.
 MARKDOWN_LIMIT = 65_536
-_CUT = ("\n\n_(cut here to stay under GitHub's 65,536-character limit: report.html holds "
+#: The body's first line: where the card goes. A tracker uploads an image dropped on it and
+#: writes its link there; a relative `![…](card.png)` would be a broken image until then, and
+#: an HTML comment shows nothing in the issue if the card is never dropped.
+CARD_LINE = (f"<!-- snapana: drop {CARD} (in the ticket folder) on this line: the tracker "
+             "uploads it and puts its image here. -->\n\n")
+_CUT = (f"\n\n_(cut here to stay under GitHub's 65,536-character limit: {ZIPPED} holds "
         "every section)_\n")
+_TAIL = (f"\n---\nAttach from the ticket folder `{CARD}` (the card: drop it on this body's "
+         f"first line) and `{ZIPPED}` (the whole report: unzip and open `{PAGE}`, offline); "
+         f"`{JSON}` there holds the figures as JSON. Made by snapana.\n")
+#: A fixed time in the zip (its earliest): the same report zips to the same bytes.
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 def check_targets(folder: Path, read: list[Path]) -> list[Path]:
-    """The four outputs' paths, refused before any work when one is an input, lies inside
+    """The five outputs' paths, refused before any work when one is an input, lies inside
     an input folder, or is not a regular file; the folder must be one, or not exist yet."""
     check_folder_target(folder, replaced=False)
     refuse_inputs(folder, read)
@@ -40,26 +54,34 @@ def check_targets(folder: Path, read: list[Path]) -> list[Path]:
 
 
 def ticket_markdown(view: CaptureView) -> str:
-    """The markdown summary under the card, at most `MARKDOWN_LIMIT` characters (cut at a
-    line, saying so, where a capture's tables would pass it)."""
+    """The markdown body: the card's line, the summary, and the files to attach, at most
+    `MARKDOWN_LIMIT` characters (cut at a line, saying so, where a capture's tables would
+    pass it). The headline is said once, in the summary's Verdict line (the card shows it
+    too, as a picture)."""
     from snapana.render import render
-    from snapana.render.markdown import esc
 
-    first = view.devices[0] if view.devices else None
-    alt = esc(first.finding) if first else "snapana card"
-    head = (f"![{alt}]({CARD})\n\n" if first else "")
     body = render(view, "markdown")
-    tail = (f"\n---\nAttached: `{CARD}` (the card above), `{PAGE}` (the whole report: "
-            f"opens offline), `{JSON}`. Made by snapana.\n")
-    text = head + body + tail
+    text = CARD_LINE + body + _TAIL
     if len(text) <= MARKDOWN_LIMIT:
         return text
-    room = MARKDOWN_LIMIT - len(head) - len(_CUT) - len(tail)
-    return head + body[:body.rfind("\n", 0, room)] + _CUT + tail
+    room = MARKDOWN_LIMIT - len(CARD_LINE) - len(_CUT) - len(_TAIL)
+    return CARD_LINE + body[:body.rfind("\n", 0, room)] + _CUT + _TAIL
+
+
+def zipped(page: str) -> bytes:
+    """`report.html` alone in a zip, deflated, with a fixed time: opened, the same bytes as
+    the page `snapana report` writes."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        info = zipfile.ZipInfo(PAGE, date_time=_ZIP_TIME)
+        info.compress_type = zipfile.ZIP_DEFLATED
+        info.external_attr = 0o644 << 16
+        archive.writestr(info, page.encode("utf-8"))
+    return buffer.getvalue()
 
 
 def write_ticket(view: CaptureView, folder: Path, file: str) -> list[Path]:
-    """Write the four files into `folder` (made when absent; `check_targets` first)."""
+    """Write the five files into `folder` (made when absent; `check_targets` first)."""
     from snapana.render import render
     from snapana.render.card import card_png
 
@@ -74,9 +96,11 @@ def write_ticket(view: CaptureView, folder: Path, file: str) -> list[Path]:
         except OSError as exc:
             raise OutputError(f"{folder}: cannot make the folder: {exc.strerror or exc}"
                               ) from None
-    card, markdown, page, data = (folder / name for name in TICKET_FILES)
+    card, markdown, page, archive, data = (folder / name for name in TICKET_FILES)
+    html = render(view, "html")
     write_atomic(card, card_png(view.devices[0], file))
     write_atomic(markdown, ticket_markdown(view))
-    write_atomic(page, render(view, "html"))
+    write_atomic(page, html)
+    write_atomic(archive, zipped(html))
     write_atomic(data, render(view, "json"))
-    return [card, markdown, page, data]
+    return [card, markdown, page, archive, data]

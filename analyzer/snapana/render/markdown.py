@@ -21,6 +21,9 @@ from snapana.units import fmt_bytes, inert
 TOP_GROUPS = 10  # families listed, the rest summed in one row
 TOP_SITES = 20  # changed sites in a diff
 TOP_SIZES = 12  # rows of the sizes table of a history-less state
+#: The most columns a capture's table has: wider, a tracker's page (800 px) scrolls sideways;
+#: what does not fit goes into a list under the table.
+MAX_COLUMNS = 4
 
 #: Characters escaped wherever they stand: `\\` and `` ` `` (escapes, code spans), `*` and `~`
 #: (emphasis, strikethrough), `[` and `]` (links, images, footnotes), `|` (table cells), `&`
@@ -104,18 +107,21 @@ def _device(out: list[str], d: DeviceView) -> None:
         _table(out, ("blocks of a size", "total", "of allocated", "related size"),
                [(b, t, sh, esc(rel)) for b, t, sh, rel in d.sizes[:TOP_SIZES]])
         out.append("")
-    out.append("| what holds memory | bytes | blocks | share | evidence | repeated copies | "
-               "top site |")
-    out.append("|---|---:|---:|---:|---|---|---|")
+    out.append("| what holds memory | bytes | blocks | share |")
+    out.append("|---|---:|---:|---:|")
     for g in r.groups[:TOP_GROUPS]:
         share = g.bytes / r.allocated_bytes if r.allocated_bytes else 0.0
-        site = code(str(g.sites[0]["site"])) if g.sites else ""
-        out.append(f"| {code(g.name)} | {fmt_bytes(g.bytes)} | {g.blocks} | {share:.1%} | "
-                   f"{esc(evidence_note(g))} | {esc(d.group_notes.get(g.name, ''))} | {site} |")
+        out.append(f"| {code(g.name)} | {fmt_bytes(g.bytes)} | {g.blocks} | {share:.1%} |")
     if len(r.groups) > TOP_GROUPS:
         rest = r.groups[TOP_GROUPS:]
         out.append(f"| {len(rest)} more | {fmt_bytes(sum(g.bytes for g in rest))} | "
-                   f"{sum(g.blocks for g in rest)} | | | | |")
+                   f"{sum(g.blocks for g in rest)} | |")
+    out.append("")  # what does not fit a narrow column: each family's evidence, copies, site
+    for g in r.groups[:TOP_GROUPS]:
+        said = [esc(x) for x in (evidence_note(g), d.group_notes.get(g.name, "")) if x]
+        if g.sites:
+            said.append(f"top site {code(str(g.sites[0]['site']), cell=False)}")
+        out.append(f"- {code(g.name, cell=False)}: " + "; ".join(said))
     if d.growth:
         out.append("")
         out.append("**How it got there** (each family from the first recorded event):")
@@ -123,15 +129,28 @@ def _device(out: list[str], d: DeviceView) -> None:
         out.extend(f"- {esc(line)}" for line in d.growth)
     _table(out, ("without family", "bytes", "would the request fit?", "can go"),
            [(code(f), b, esc(res), esc(c)) for f, b, res, c in d.what_ifs])
-    _table(out, KNOB_COLUMNS,
-           [(code(k), esc(cost), esc(on), esc(eff), esc(cav), esc(why), esc(replay))
-            for k, cost, on, eff, cav, why, replay in d.knobs])
-    _table(out, ("cause", "verdict", "why"),
-           [(esc(c), esc(st), esc(why)) for c, st, why in d.causes])
+    _knobs(out, d.knobs)
+    if d.causes:  # a list: a verdict or a why may hold a setting no narrow column can wrap
+        out += ["", "**Cause checks:**", ""]
+        out += [f"- {esc(c)}: **{esc(st)}** — {esc(why)}" for c, st, why in d.causes]
     out += ["", f"**The verdict in full.** {esc(d.verdict)}"]
     for w in r.warnings:
         out.append(f"\n> warning: {esc(w)}")
     out.append("")
+
+
+def _knobs(out: list[str], knobs: Sequence[Sequence[str]]) -> None:
+    """The knobs as a numbered list (the first is the verdict's), each `KNOB_COLUMNS` field
+    named: seven columns are wider than a tracker's page, and a list wraps where a table
+    scrolls sideways."""
+    if not knobs:
+        return
+    out += ["", "**Knobs** (the first is the verdict's):", ""]
+    for i, (k, cost, on, *rest) in enumerate(knobs, 1):
+        fields = "; ".join(f"{name}: {esc(value)}" for name, value
+                           in zip(KNOB_COLUMNS[3:], rest, strict=True) if value)
+        out.append(f"{i}. {code(k, cell=False)} ({esc(cost)}), {KNOB_COLUMNS[2]} {esc(on)} — "
+                   f"{fields}")
 
 
 def capture(view: CaptureView, options: Options) -> str:
@@ -143,7 +162,12 @@ def capture(view: CaptureView, options: Options) -> str:
             out.append("")
     if view.device_rows:
         out.append("**Devices of this process.**")
-        _table(out, view.device_columns, [[esc(c) for c in row] for row in view.device_rows])
+        _table(out, view.device_columns[:MAX_COLUMNS],
+               [[esc(c) for c in row[:MAX_COLUMNS]] for row in view.device_rows])
+        out += [""] + [f"- {esc(row[0])}: " + "; ".join(
+            f"{esc(h)} {esc(c)}" for h, c in zip(view.device_columns[MAX_COLUMNS:],
+                                                 row[MAX_COLUMNS:], strict=True))
+            for row in view.device_rows if len(row) > MAX_COLUMNS]
         out += ["", esc(view.device_note), ""]
     for d in view.devices:
         _device(out, d)

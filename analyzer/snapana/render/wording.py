@@ -1096,6 +1096,18 @@ def rank_rows(m: MultiReport) -> list[tuple[str, str, str, str, str, str, str]]:
     return out
 
 
+def _no_oom_recorded(m: MultiReport) -> str:
+    """No rank's history records an OOM: said as much, and where a dump without history says
+    it was written at one (its name, its sidecar), that too, as its row does ("unknown: no
+    history, written at an OOM"), so the headline never denies what a row says."""
+    named = [r for r in m.ok if r.oom is None and not r.history and r.oom_named]
+    if not named:
+        return "No input recorded an OOM."
+    return (f"No input's history records an OOM; {plural(len(named), 'dump')} without "
+            f"history {'was' if len(named) == 1 else 'were'} written at one (see "
+            f"{'its' if len(named) == 1 else 'their'} row).")
+
+
 #: Files of a folder not taken as inputs, listed by name in the headline (the rest counted).
 SKIPPED_SHOWN = 10
 
@@ -1119,7 +1131,7 @@ def ranks_headline(m: MultiReport) -> str:
         parts.append(f"First to run out of memory: {who},"
                      f" a {fmt_bytes(first.oom['requested_bytes'])} request.")
     else:
-        parts.append("No input recorded an OOM.")
+        parts.append(_no_oom_recorded(m))
     if m.outliers:
         o = m.outliers[0]
         who = (f"rank {o['rank']}" if o["rank"] is not None

@@ -247,8 +247,8 @@ def incompatible_error(path: Path, header: MemrayHeader, why: str,
         return InputError(
             f"{path}: memray capture format {header.format_version} ({why}); it is read by "
             f"memray {header.readers}: install '{header.pin}' in a separate environment "
-            f"(not snapana's) and run there: {convert_hint(path, out)}; or point snapana at "
-            "that environment's interpreter with --memray-python"
+            f"(memray alone is enough there) and run here: {convert_hint(path, out)} "
+            "--memray-python ENV/bin/python (that environment's python)"
         )
     return InputError(
         f"{path}: memray capture format {header.format_version} ({why}); no memray release "
