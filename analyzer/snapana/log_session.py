@@ -71,7 +71,10 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
         named = _requests(log)
         requests += named
         not_read += _unused_tracebacks(log, named)
-        frameworks += framework_evidence(log.memory_lines, messages, log.name)
+        judged = framework_evidence(log.memory_lines, messages, log.name)
+        frameworks += judged
+        valued = frozenset(k.split(" ", 1)[0] for e in judged for k, _ in e.knobs
+                           if "<" not in k)
         summaries += [summary_evidence(s, messages, log.name) for s in log.summaries]
         tables = [smi_evidence(t, messages, log.name) for t in log.smi]
         smi += tables
@@ -79,7 +82,7 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
         budgets = list(log.budgets)
         paired = [(r, budget_before(r, budgets)) for r in log.refusals]
         alone = [b for b in budgets if all(b is not p for _, p in paired)]
-        kv += [kv_evidence(r, b, others, log.name) for r, b in paired]
+        kv += [kv_evidence(r, b, others, log.name, valued) for r, b in paired]
         kv += [kv_evidence(None, b, others, log.name) for b in alone]
     return LogEvidence(tuple(logs), tuple(diagnoses), tuple(summaries), tuple(smi), tuple(kv),
                        tuple(requests), tuple(across_ranks(frameworks)), tuple(not_read))

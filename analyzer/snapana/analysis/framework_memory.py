@@ -11,23 +11,17 @@ OOM message's causes are); its words are data (`framework_knobs.toml`).
 from __future__ import annotations
 
 import math
-import sys
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 
-from snapana.analysis.log_evidence import ACTIVATION_HALF, Finding
+from snapana.analysis.knob_words import knob as _knob
+from snapana.analysis.knob_words import named
+from snapana.analysis.log_evidence import ACTIVATION_HALF, MAX_UTILIZATION, Finding
 from snapana.analysis.text_diagnosis import ELSEWHERE_SHARE
 from snapana.log_model import OomMessage
 from snapana.sources.memory_lines import MemoryLine
 from snapana.units import fmt_bytes
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib
 
 #: vLLM 0.6's initial usage beyond its weights from this share of the card on: memory
 #: another process (or another instance) held before profiling (a CUDA context is ~1%).
@@ -47,18 +41,6 @@ class FrameworkEvidence:
     knobs: tuple[tuple[str, str], ...]  # (knob with its figure, why the figures support it)
     message: OomMessage | None  # the OOM of the same rank after the lines, if any
     source: str = ""
-
-
-@lru_cache(maxsize=1)
-def _knob_words() -> dict[str, dict[str, str]]:
-    text = (resources.files(__package__) / "framework_knobs.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)["knob"]
-
-
-def _knob(kid: str, value: str, why: str) -> tuple[str, str]:
-    words = _knob_words()[kid]
-    return (words["knob"].format(value=value),
-            f"{words['effect']} — {why} (cost: {words['caveat']})")
 
 
 def framework_evidence(memory_lines: Sequence[MemoryLine], messages: Sequence[OomMessage],
@@ -178,6 +160,7 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
         if share is not None:  # a fraction, which the text-log view prints as one
             said_terms.append(("mem_fraction_static", share))  # type: ignore[arg-type]
         findings.append(Finding("sglang_not_enough", tuple(said_terms)))
+        knobs.append(_refused_fraction(before, _bytes(loaded, "avail")))
     gap = _shortfall(message)
     if gap is None or message is None:
         return _refusal_last(findings), knobs
@@ -204,6 +187,23 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
                            f"the CUDA graphs took {fmt_bytes(graphs)}, at least the "
                            f"{fmt_bytes(gap)} the OOM lacked"))
     return _refusal_last(findings), knobs
+
+
+def _refused_fraction(before: int | None, after: int | None) -> tuple[str, str]:
+    """SGLang's refusal names --mem-fraction-static; its own start-up figures give the least
+    share that leaves the KV pool anything. profile_max_num_token: rest_memory =
+    available_gpu_memory (after the weights) − total_gpu_memory (free before them) × (1 −
+    mem_fraction_static), refused when not positive: so the share must pass 1 − after /
+    before."""
+    if before is None or after is None or before <= 0:
+        return named("sglang_not_enough")
+    lower = math.ceil((1 - after / before) * 100) / 100
+    return named("sglang_not_enough", f"{lower:.2f} or more",
+                 f"SGLang's KV pool is avail mem after the weights ({fmt_bytes(after)}) − avail "
+                 f"mem before them ({fmt_bytes(before)}) × (1 − mem_fraction_static) "
+                 "(model_runner profile_max_num_token), positive only from 1 − "
+                 f"{fmt_bytes(after)} / {fmt_bytes(before)} = {1 - after / before:.3f} on "
+                 f"(rounded up); each 0.01 above it gives the pool {fmt_bytes(before // 100)}")
 
 
 def _refusal_last(findings: list[Finding]) -> list[Finding]:
@@ -287,7 +287,9 @@ def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
         cap = message.capacity.bytes if message is not None and message.capacity else None
         if non_kv is None and old is None:  # what took the budget is not split: no value
             findings.append(Finding("vllm_unsplit", (("KV cache", kv),)))
-        elif cap and old is None:
+        elif old is not None:
+            knobs += _v06_utilization(old)
+        elif cap:
             more = math.ceil(-kv * 100 / cap) / 100
             knobs.append(_knob("vllm_gpu_memory_utilization", f"+{more:.2f} or more",
                                f"the budget was {fmt_bytes(-kv)} short of its non-KV memory: "
@@ -317,6 +319,27 @@ def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
                            f"{activation / budget:.0%} of the budget ({fmt_bytes(budget)}): "
                            "the KV cache gets what it leaves"))
     return findings, knobs
+
+
+def _v06_utilization(old: MemoryLine) -> list[tuple[str, str]]:
+    """vLLM 0.6's profiling results with no room for the cache: worker.
+    determine_num_available_blocks sets kv_cache_size = total_gpu_memory ×
+    gpu_memory_utilization − what the weights, the profiling run and non-torch memory took,
+    so they took total × utilisation − kv_cache_size; the least utilisation that leaves the
+    cache 1% of the card is (that + 1% of total) / total, rounded up to a hundredth."""
+    total, util, kv = _bytes(old, "total"), old.number("utilization"), _bytes(old, "kv")
+    if not total or util is None or kv is None:
+        return []
+    used = int(total * util) - kv
+    at = math.ceil((used + total // 100) * 100 / total) / 100
+    if at > MAX_UTILIZATION:
+        return []
+    return [named("vllm_no_blocks", f"{at:.2f}",
+                  f"its profiling results: {util:.2f} × {fmt_bytes(total)} − kv_cache_size "
+                  f"({fmt_bytes(kv)}) = {fmt_bytes(used)} taken before the cache; "
+                  f"({fmt_bytes(used)} + 1% of the card) / {fmt_bytes(total)} = {at:.2f} "
+                  "(rounded up) leaves the cache 1% of the card — size it for the longest "
+                  "request; if no other process holds that memory")]
 
 
 # ----- Megatron and DeepSpeed reports ---------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from snapana.analysis.knob_words import flag, named
 from snapana.log_model import KvBudget, KvRefusal, OomMessage
 from snapana.printed import Size
 from snapana.sources.log_tables import MemorySummary, SmiTable
@@ -158,9 +159,11 @@ def budget_before(r: KvRefusal, budgets: list[KvBudget]) -> KvBudget | None:
 
 
 def kv_evidence(r: KvRefusal | None, budget: KvBudget | None, others_on_gpu: bool | None,
-                source: str = "") -> KvEvidence:
+                source: str = "", valued: frozenset[str] = frozenset()) -> KvEvidence:
     """`others_on_gpu`: whether nvidia-smi beside the log shows another process sharing a
-    GPU (None: no table), which is what a higher utilisation would take from."""
+    GPU (None: no table), which is what a higher utilisation would take from. `valued`: the
+    knobs other lines of the log already offer with a value (the refusal's own direction
+    is then not repeated)."""
     findings: list[Finding] = []
     knobs: list[tuple[str, str]] = []
     if r is not None and r.kind == "too_long":
@@ -197,6 +200,10 @@ def kv_evidence(r: KvRefusal | None, budget: KvBudget | None, others_on_gpu: boo
                           f"the profiling run's activation peak ({peak.text}) is "  # type: ignore[union-attr]
                           f"{peak.bytes / whole.bytes:.0%} of the budget; it grows with the "  # type: ignore[union-attr]
                           "tokens one step batches, and the KV cache gets what it leaves"))
+    utilization = flag("vllm_gpu_memory_utilization")
+    if r is not None and r.kind == "no_blocks" and others_on_gpu is not True \
+            and utilization not in valued and not any(k.startswith(utilization) for k, _ in knobs):
+        knobs.insert(0, named("vllm_no_blocks"))  # its own message names it, without a figure
     return KvEvidence(r, budget, tuple(findings), tuple(knobs), source)
 
 
