@@ -103,3 +103,42 @@ def test_corpus_vllm_refusals_get_the_knob_their_message_names() -> None:
     for m in found:
         knobs = _knobs(m["text"])
         assert knobs and knobs[0][0].startswith("--gpu-memory-utilization"), m["id"]
+
+
+def test_sglang_verdict_follows_avail_mem_to_the_last_figure_before_the_oom() -> None:
+    """Start-up leaves 74 GB; a later line SGLang prints with the card's free memory
+    (model_runner.load_model's f"Load weight begin. avail mem={...:.2f} GB", a reload) says
+    20 GB: the verdict must not stop at start-up's figure."""
+    from .test_framework_lines import oom, printed, sglang_startup
+
+    cap = 94 * GIB + GIB // 2
+    before, weights, kv_half, graphs = cap - GIB, 15 * GIB, 2 * GIB, GIB
+    left = before - weights - 2 * kv_half - graphs
+    later = left - 54 * GIB
+    text = sglang_startup(0, before, weights, kv_half, 40000, graphs, 0.3)
+    text += f"[2026-02-01 00:06:00 TP0] Load weight begin. avail mem={later / GIB:.2f} GB\n"
+    request, free = later + GIB, later - 100 * (1 << 20)
+    text += "[2026-02-01 00:07:09 TP0] Scheduler hit an exception: " + oom(
+        request, free, cap, 70 * GIB, GIB, cap - free) + "\n"
+    ev = weigh([read_text(text, "s.log")])
+    (sec,) = [s for s in text_log_view("s.log", ev).sections if s.id == "framework"]
+    taken = printed(left) - printed(later)
+    assert f"was {printed(later) / GIB:.2f} GiB" in sec.verdict
+    assert f"{taken / GIB:.2f} GiB taken after start-up" in sec.verdict
+
+
+def test_sglang_draft_graph_end_with_avail_first_is_counted() -> None:
+    """eagle_worker.init_cuda_graphs: f"Capture draft cuda graph end. Time elapsed: {:.2f} s.
+    avail mem={after_mem:.2f} GB. mem usage={(before_mem - after_mem):.2f} GB." beside the
+    target's f"Capture cuda graph end. Time elapsed: {:.2f} s. mem usage={:.2f} GB. avail
+    mem={:.2f} GB.": the graphs took both."""
+    p = "[2026-02-01 00:05:03 TP0] "
+    text = (f"{p}Memory pool end. avail mem=44.00 GB\n"
+            f"{p}Capture cuda graph end. Time elapsed: 6.04 s. mem usage=2.25 GB. avail "
+            "mem=41.75 GB.\n"
+            f"{p}Capture draft cuda graph end. Time elapsed: 3.10 s. avail mem=40.50 GB. mem "
+            "usage=1.25 GB.\n")
+    (fw,) = weigh([read_text(text, "d.log")]).frameworks
+    budget = dict(fw.findings[0].terms)
+    assert budget["CUDA graphs"] == gib(2.25) + gib(1.25)
+    assert budget["left after start-up"] == gib(40.50)

@@ -132,7 +132,8 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
     kv_line = _last(lines, "sglang.kv_allocated")
     k, v, kv = (_bytes(kv_line, n) for n in ("k", "v", "kv"))
     pool = kv if kv is not None else (k + v if k is not None and v is not None else None)
-    end = _last(lines, "sglang.graph_end")
+    end = max((m for m in lines if m.format in _GRAPH_ENDS), key=lambda m: m.line,
+              default=None)
     graphs = _graphs(lines)
     budget = _last(lines, "sglang.budget")
     left = next((b for b in (_bytes(budget, "left"), _bytes(end, "avail"),
@@ -167,7 +168,8 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
     findings.append(Finding("sglang_oom", (("request", message.request.bytes),  # type: ignore[union-attr]
                                            ("free", message.free.bytes),  # type: ignore[union-attr]
                                            ("shortfall", gap))
-                            + ((("left after start-up", left),) if left is not None else ())))
+                            + ((("left after start-up", left),) if left is not None else ())
+                            + _last_avail(lines, message, left)))
     cap = message.capacity.bytes if message.capacity is not None else None
     if pool is not None and pool >= gap:
         if mfs is not None and cap:
@@ -187,6 +189,23 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
                            f"the CUDA graphs took {fmt_bytes(graphs)}, at least the "
                            f"{fmt_bytes(gap)} the OOM lacked"))
     return _refusal_last(findings), knobs
+
+
+def _last_avail(lines: Sequence[MemoryLine], message: OomMessage, left: int | None
+                ) -> tuple[tuple[str, int], ...]:
+    """SGLang's last 'avail mem' figure before the OOM, where it is lower than what start-up
+    left: every load, pool and capture line prints the card's free memory
+    (get_available_gpu_memory), and the sequence to the last one before the failure says
+    what was taken after start-up (a reload, a colocated trainer's memory)."""
+    seen = [m for m in lines if m.line < message.line and _bytes(m, "avail") is not None]
+    if not seen or left is None:
+        return ()
+    last = seen[-1]
+    avail = _bytes(last, "avail")
+    assert avail is not None
+    if avail >= left:
+        return ()
+    return (("last avail mem before the OOM", avail), ("at line", last.line))
 
 
 def _refused_fraction(before: int | None, after: int | None) -> tuple[str, str]:
@@ -213,13 +232,15 @@ def _refusal_last(findings: list[Finding]) -> list[Finding]:
             + [f for f in findings if f.id == "sglang_not_enough"])
 
 
+_GRAPH_ENDS = ("sglang.graph_end", "sglang.graph_end_avail_first")
+
+
 def _graphs(lines: Sequence[MemoryLine]) -> int | None:
     """What the CUDA graphs of the last start-up took: every capture's 'mem usage' after the
     last memory pool (a speculative engine captures the target's and the draft's)."""
     pool = _last(lines, "sglang.pool_end")
     since = pool.line if pool is not None else 0
-    used = [_bytes(m, "usage") for m in lines if m.format == "sglang.graph_end"
-            and m.line > since]
+    used = [_bytes(m, "usage") for m in lines if m.format in _GRAPH_ENDS and m.line > since]
     return sum(u for u in used if u is not None) if used else None
 
 

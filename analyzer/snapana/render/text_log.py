@@ -581,6 +581,10 @@ def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
         return (f"the OOM at line {e.message.line if e.message else '?'} asked "
                 f"{b(t['request'])} with {b(t['free'])} free: {b(t['shortfall'])} short"
                 + (f"; SGLang's start-up left {b(left)} of the card" if left is not None else "")
+                + (f", and its last 'avail mem' before the OOM (line {t['at line']}) was "
+                   f"{b(t['last avail mem before the OOM'])}: "
+                   f"{b(left - t['last avail mem before the OOM'])} taken after start-up"
+                   if left is not None and "last avail mem before the OOM" in t else "")
                 + " — the knobs below are the budget terms that alone held that much")
     if f.id == "saver_refused":
         times = f" ({t['times']} times)" if t["times"] > 1 else ""
