@@ -64,6 +64,9 @@ class EvidenceSection:
     rows: tuple[tuple[str, ...], ...]
     knobs: tuple[tuple[str, str], ...]
     numeric_from: int = 1  # columns from this one on hold figures (right-aligned)
+    #: it holds a finding that says what is wrong with the card (`LEADING_FINDINGS`): without
+    #: an OOM message, its verdict is the page's before a table that only reads its lines
+    leads: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ class TextLogView:
         """The first OOM message's verdict; without one, a vLLM refusal's, else a table's."""
         if self.lead is not None:
             return self.lead.verdict
-        ranked = sorted(self.sections, key=lambda s: s.id != "vllm")
+        ranked = sorted(self.sections, key=lambda s: (not s.leads, s.id != "vllm"))
         return ranked[0].verdict if ranked else None
 
 
@@ -542,6 +545,11 @@ def _budget_sum(b: KvBudget) -> list[str]:
             "0.01 GiB)"]
 
 
+#: Findings of a framework's lines that say what is wrong with the card (something else holds
+#: it, the framework refused to start), not only what its lines read: a section holding one
+#: gives the page its verdict where no OOM message does.
+LEADING_FINDINGS = frozenset({"usage_elsewhere", "sglang_not_enough"})
+
 #: Each framework's name as its section says it.
 FRAMEWORK_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "torch_memory_saver": "torch_memory_saver",
                    "megatron": "Megatron report_memory", "deepspeed": "DeepSpeed see_memory_usage",
@@ -563,7 +571,8 @@ def framework_section(e: FrameworkEvidence, named: bool = False) -> EvidenceSect
     verdict = f"{where}: {who}{rank}: " + (sentences[-1] if sentences else "its lines read.")
     return EvidenceSection("framework", f"{who} memory lines{rank} from {where}", verdict,
                            sentences, ("line", "format", "label", "figures as printed"),
-                           rows, e.knobs, numeric_from=4)
+                           rows, e.knobs, numeric_from=4,
+                           leads=any(f.id in LEADING_FINDINGS for f in e.findings))
 
 
 def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
