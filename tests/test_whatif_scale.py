@@ -150,10 +150,13 @@ def test_readme_fit_line_is_what_the_command_prints():
     text = (ROOT / "README.md").read_text()
     command = next(line for line in text.splitlines()
                    if line.startswith("snapana whatif") and "--fit" in line)
-    quoted = text.split(command, 1)[1].splitlines()[1].lstrip("# ").strip()
+    after = text.split(command, 1)[1].splitlines()[1:]
+    quoted = [line.lstrip("# ").strip() for line in
+              after[:next(i for i, line in enumerate(after) if not line.startswith("#"))]]
     out = invoke(*command.split()[1:], cwd=ROOT, columns=400)
     assert out.returncode == 0, out.stderr
-    assert quoted in " ".join(out.stdout.split()), quoted
+    for line in quoted:  # every output line the README quotes under the command
+        assert line in " ".join(out.stdout.split()), line
 
 
 @pytest.mark.parametrize(("small", "big", "comparable"), [

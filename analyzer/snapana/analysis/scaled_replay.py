@@ -24,7 +24,7 @@ from snapana.analysis.allocator_replay import (
     Trace,
     rerun,
 )
-from snapana.analysis.scaling import SCORES, Growth, NextStep, load_rules
+from snapana.analysis.scaling import SCORES, Growth, NextStep, Shares, load_rules, shares
 
 #: --fit doubles the size from the recorded one up to this many times before it says that
 #: nothing it can see stops the growth.
@@ -138,6 +138,7 @@ class Fit:
     replays: int
     note: str = ""
     steps: tuple[StepKnob, ...] = ()
+    withheld: str = ""  # why a largest size found is not given (`withheld`)
 
 
 def _bisect(fits: Callable[[int], bool], recorded: int) -> tuple[int | None, int | None, str]:
@@ -167,12 +168,31 @@ def _bisect(fits: Callable[[int], bool], recorded: int) -> tuple[int | None, int
     return lo, hi, ""
 
 
+def withheld(held: float, n: int, recorded: int, knob: str) -> str:
+    """Why a largest size `n` is not given ("" when it is): the share `held` of the peak held
+    at its recorded size could put the peak at `n` off by held × |n / recorded − 1|, past
+    `scaling.toml` `[confidence] max_held_error`."""
+    limit = load_rules().max_held_error
+    off = held * abs(n / recorded - 1)
+    if off <= limit:
+        return ""
+    return (f"not given: {held:.0%} of the peak is held at its recorded size (its growth is "
+            f"not known), and the replay's answer is far from the recorded {knob} "
+            f"(×{n / recorded:.2g}), where what is held could put the peak off by up to "
+            f"{off:.0%} of it (more than "
+            f"{limit:.0%}); to fix: --calibrate OTHER.pickle --calibrate-size {knob}=N (a "
+            f"capture of the job at another {knob} measures each block's growth), or give "
+            f"the {knob} its sizes were made at")
+
+
 def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
-                step_largest: bool = True) -> Fit:
+                step_largest: bool = True, held: float = 0.0) -> Fit:
     """The largest `knob` whose resized window runs without an OOM on `capacity` bytes, by
     bisection on the replay, with each next-step knob (`scaling.toml` `[[next_step]]`)
     replayed one size past it and, with `step_largest`, the largest size with it (a
-    bisection per knob)."""
+    bisection per knob). A size where the share `held` of the peak held fixed could be
+    off by too much (`withheld`) is not given, nor one for a knob whose replay leaves part
+    of it out (its caveat)."""
     recorded = window.growth.sizes[knob].recorded
     runs: dict[int, ScaledRun] = {}
 
@@ -182,6 +202,9 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
         return memo[n].fits
 
     n, past, note = _bisect(fits, recorded)
+    why = withheld(held, n, recorded, knob) if n is not None else ""
+    if why:
+        return Fit(knob, capacity, None, None, None, len(runs), withheld=why)
     proof = runs.get(n) if n is not None else None
     past_run = runs.get(past) if past is not None else None
     knobs: list[StepKnob] = []
@@ -192,12 +215,18 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
             def fits_with(k: int, c: Change = change, m: dict[int, ScaledRun] = mine) -> bool:
                 return fits(k, c, m)
 
-            found = _bisect(fits_with, past)[0] if step_largest else None
+            # a knob whose replay leaves part of its memory out (its caveat) backs no size
+            found = _bisect(fits_with, past)[0] if step_largest and not step.caveat else None
             at_next = mine.get(past) or window.run({knob: past}, capacity, change)
+            why = "" if step_largest else (f"not sought: {window.events.height:,} events, "
+                                           f"more than {SMALLEST_EVENTS:,} (a bisection per "
+                                           "knob)")
+            if step.caveat:
+                why = f"not given: the replay leaves out {step.caveat}"
+            if found is not None and withheld(held, found, recorded, knob):
+                found, why = None, withheld(held, found, recorded, knob)
             knobs.append(StepKnob(step.id, _knob_text(step), step.caveat, at_next, found,
-                                  "" if step_largest else
-                                  f"not sought: {window.events.height:,} events, more than "
-                                  f"{SMALLEST_EVENTS:,} (a bisection per knob)"))
+                                  why))
     return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs))
 
 
@@ -258,6 +287,8 @@ class SizePrediction:
     capacity_note: str
     recorded_oom: int | None = None  # trace index of the capture's own OOM
     traced: bool = True  # False: no trace, the snapshot's blocks alone are resized
+    #: the recorded peak's bytes by how sure their growth is
+    shares: Shares = Shares(0, {})
 
 
 def memory_for_pytorch(card: int | None, implied: int | None,
@@ -284,10 +315,13 @@ def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | No
     """The proof run at the recorded sizes, the run at `targets` (when any), and the largest
     `fit_knob` on `capacity` (when asked)."""
     sizes = window.growth.sizes
+    sure = shares(window.growth)
     proof = window.run({k: s.recorded for k, s in sizes.items()}, capacity)
     target = window.run(targets, capacity) if targets else None
     fit = largest_fit(window, fit_knob, capacity,
-                      step_largest=window.events.height <= SMALLEST_EVENTS) \
+                      step_largest=window.events.height <= SMALLEST_EVENTS,
+                      held=sure.share("held fixed")) \
         if fit_knob is not None and capacity else None
     return SizePrediction(window.device, window.growth, proof, *recorded_peaks, target, fit,
-                          capacity, capacity_note, recorded_oom, not window.events.is_empty())
+                          capacity, capacity_note, recorded_oom, not window.events.is_empty(),
+                          sure)

@@ -56,6 +56,8 @@ LARGEST = 1 << 50
 #: How a block's growth was decided (the `how` column).
 FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED = (
     "family", "scores", "calibrated", "unclassified", "indivisible", "factored")
+#: How-values of blocks held at their recorded size although their family might grow.
+HELD_HOWS = (UNCLASSIFIED, INDIVISIBLE)
 #: How-values whose growth was read off the block's own size (or a second capture), not
 #: assumed from its family: the "derived" share of a prediction.
 DERIVED = (CALIBRATED, FACTORED)
@@ -130,6 +132,16 @@ class ScalingRules:
     mirrors: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
     #: families decided among the blocks held together at the moment, not per allocation
     set_families: tuple[str, ...] = ()
+    #: `[seq_evidence]`: how far from the stated seq to look, and the share of the model
+    #: state's bytes past which dividing by a number is chance
+    seq_window: float = 0.05
+    seq_chance: float = 0.25
+    seq_least: float = 0.10
+    #: `[confidence]`: the most a --fit figure may be off from what is held fixed, and the
+    #: uncalibrated error band measured on the size pairs (percent, low / high) with its source
+    max_held_error: float = 0.10
+    band: tuple[float, float] = (0.0, 0.0)
+    band_source: str = ""
 
 
 @lru_cache(maxsize=1)
@@ -149,8 +161,14 @@ def load_rules() -> ScalingRules:
                            tuple(n.get("drop_families", ())), tuple(n.get("hold_families", ())),
                            n.get("setting", ""), n.get("caveat", ""))
                   for n in data.get("next_step", []))
+    evidence, sure = data.get("seq_evidence", {}), data.get("confidence", {})
+    low, high = (float(x) for x in sure.get("band", (0.0, 0.0)))
     return ScalingRules(families, scores, steps, mirrors,
-                        tuple(data.get("set_families", ())))
+                        tuple(data.get("set_families", ())),
+                        float(evidence.get("window", 0.05)), float(evidence.get("chance", 0.25)),
+                        float(evidence.get("least", 0.10)),
+                        float(sure.get("max_held_error", 0.10)), (low, high),
+                        str(sure.get("band_source", "")))
 
 
 @dataclass(frozen=True)
@@ -165,6 +183,8 @@ class Growth:
     sizes: Mapping[str, Size]
     assumptions: tuple[str, ...]
     calibration: str = ""  # what the second capture decided, in words ("" : none given)
+    #: the seq the sizes were made at, in words, where it is not the one stated ("": it is)
+    sized_for: str = ""
 
     def factor(self, sizes: Mapping[str, int]) -> np.ndarray:
         """Each block's bytes at `sizes` (knob -> size; a knob not given keeps its
@@ -190,7 +210,7 @@ class Growth:
     def held_fixed(self) -> pl.DataFrame:
         """Blocks held at their recorded size although their family might grow: per site,
         how many, their bytes, and why."""
-        fixed = self.blocks.filter(pl.col("how").is_in([UNCLASSIFIED, INDIVISIBLE]))
+        fixed = self.blocks.filter(pl.col("how").is_in(list(HELD_HOWS)))
         return (fixed.group_by("site", "family", "why")
                 .agg(pl.len().alias("blocks"), pl.col("requested").sum().alias("bytes"))
                 .sort("bytes", descending=True))
@@ -312,6 +332,7 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     `stacks`: a stack table with `.stack(stack_id)` (frames innermost first). Columns
     throughout: per-row Python only over distinct stacks."""
     rules = rules or load_rules()
+    sizes, sized_for = identify_seq(blocks, sizes, rules)
     n = blocks.height
     effective = blocks["family"].fill_null("")
     prefix = pl.Series([""] * n, dtype=pl.Utf8)
@@ -391,11 +412,65 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     e_s[bad] = 0
     how[bad] = INDIVISIBLE
     table = blocks.select("alloc_idx", "address", "requested", "stack_id", "stream",
-                          "family", "site").with_columns(
+                          "family", "site", "free_idx").with_columns(
         pl.Series("e_batch", e_b), pl.Series("e_seq", e_s),
         pl.Series("how", how.tolist(), dtype=pl.Utf8),
         pl.Series("why", why.tolist(), dtype=pl.Utf8))
-    return Growth(table, dict(sizes), tuple(assumptions))
+    return Growth(table, dict(sizes), tuple(assumptions), sized_for=sized_for)
+
+
+def identify_seq(blocks: pl.DataFrame, sizes: Mapping[str, Size], rules: ScalingRules
+                 ) -> tuple[dict[str, Size], str]:
+    """`sizes` with the recorded seq the blocks' sizes were made at, and why in words ("" when
+    it is the stated one). A number that divides at least `rules.seq_chance` of the model
+    state's bytes divides sizes by chance (8,192 = 2^13 divides most weights' bytes) and is
+    no evidence; then the number within `rules.seq_window` of it that divides the most bytes
+    of blocks whose family grows with seq (at least `rules.seq_least` of them), and is itself
+    evidence, is taken, and said."""
+    out = dict(sizes)
+    size = sizes.get("seq")
+    if size is None or blocks.is_empty():
+        return out, ""
+    rule = {f: (b, q) for f, (b, q, _) in rules.families.items()}
+    family = blocks["family"].fill_null("").to_list()
+    req = blocks["requested"].to_numpy().astype(np.int64)
+    state = np.array([rule.get(f) == (0, 0) for f in family])
+    grows = np.array([rule.get(f, (0, 0))[1] > 0 for f in family])
+    state_bytes = int(req[state].sum())
+
+    def chance(d: np.ndarray) -> np.ndarray:
+        """Per candidate, the share of the model state's bytes it divides."""
+        if not state_bytes:
+            return np.zeros(len(d))
+        return ((req[state][None, :] % d[:, None] == 0) * req[state][None, :]).sum(1) \
+            / state_bytes
+
+    stated = size.recorded
+    said = float(chance(np.array([stated]))[0])
+    if said < rules.seq_chance or not grows.any():
+        return out, ""
+    span = max(1, int(stated * rules.seq_window))
+    cand = np.arange(max(1, stated - span), stated + span + 1, dtype=np.int64)
+    cand = cand[cand != stated]
+    sizes_g, counts = np.unique(req[grows], return_counts=True)
+    divides = (sizes_g[None, :] % cand[:, None] == 0) * (sizes_g * counts)[None, :]
+    covered = divides.sum(1)
+    total = int(req[grows].sum())
+    ok = (covered >= rules.seq_least * total) & (chance(cand) < rules.seq_chance)
+    note = (f"{stated:,} also divides {said:.0%} of the model state's bytes (weights, "
+            "optimizer state), so a size dividing by it says nothing about seq")
+    if not ok.any():
+        return out, (f"The sizes do not say which seq they were made at: {note}, and no "
+                     f"number within {rules.seq_window:.0%} of it divides "
+                     f"{rules.seq_least:.0%} of the activations' bytes and less than "
+                     f"{rules.seq_chance:.0%} of the model state's: give the seq the job ran "
+                     "at, or --calibrate with a capture at another seq.")
+    best = np.flatnonzero(ok)[np.lexsort((np.abs(cand[ok] - stated), -covered[ok]))[0]]
+    found, grown = int(cand[best]), int(covered[best])
+    out["seq"] = Size("seq", found, size.target)
+    return out, (f"The activations are sized for seq={found:,}, not {stated:,}: "
+                 f"{grown / total:.0%} of the bytes of blocks whose family grows with seq "
+                 f"divide by {found:,}; {note}. Scaled from {found:,}.")
 
 
 def _score_shaped(rule: ScoreRule, requested: np.ndarray, scores: np.ndarray,
@@ -523,4 +598,44 @@ def calibrate(growth: Growth, mine: pl.DataFrame, other: pl.DataFrame, knob: str
              f"call paths measured against the capture at {knob}={other_size}"
              + (f"; {paths - same.len():,} paths allocate a different number of times there "
                 "and keep their rule" if paths > same.len() else ""))
-    return Growth(table, growth.sizes, growth.assumptions, words)
+    return Growth(table, growth.sizes, growth.assumptions, words, growth.sized_for)
+
+
+#: How-values by how sure their growth is: given by a rule, a shape or a second capture;
+#: assumed from the size alone (no rule); not known, held at the recorded size.
+SURE = {"derived": (FAMILY, SCORES, CALIBRATED), "assumed": (FACTORED,),
+        "held fixed": HELD_HOWS}
+
+
+@dataclass(frozen=True)
+class Shares:
+    """The bytes live at the recorded peak (`peak`: the blocks' requested bytes, summed at
+    the trace index where their total is largest), by how sure their growth is (`SURE`)."""
+
+    peak: int
+    by: Mapping[str, int]
+
+    def share(self, kind: str) -> float:
+        return self.by.get(kind, 0) / self.peak if self.peak else 0.0
+
+
+def shares(growth: Growth) -> Shares:
+    """The recorded peak's bytes by how sure their growth is: the blocks (held before the
+    window from its start; the failed requests left out) swept in trace order, and those
+    live where the sum is largest counted by `SURE`."""
+    b = growth.blocks.filter((pl.col("alloc_idx") < 0) | (pl.col("address") >= 0))
+    if b.is_empty():
+        return Shares(0, {})
+    start = b["alloc_idx"].to_numpy().clip(-1, None)
+    end = b["free_idx"].to_numpy()
+    req = b["requested"].to_numpy().astype(np.int64)
+    t = np.concatenate([start, end])
+    d = np.concatenate([req, -req])
+    order = np.lexsort((d, t))  # at one index, a free before an allocation
+    live = np.cumsum(d[order])
+    top = int(np.argmax(live))
+    at = int(t[order][top])
+    alive = (start <= at) & (end > at)
+    how = b["how"].to_numpy()
+    return Shares(int(req[alive].sum()), {
+        kind: int(req[alive & np.isin(how, list(hows))].sum()) for kind, hows in SURE.items()})

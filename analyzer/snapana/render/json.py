@@ -419,13 +419,18 @@ def scale(view: ScaleView, options: Options) -> str:
         p, f = d.prediction, d.prediction.fit
         held = p.growth.held_fixed()
         devices.append({
-            "device": d.device, "proof": d.proof, "verdict": d.verdict,
+            "device": d.device, "head": list(d.head), "proof": d.proof, "verdict": d.verdict,
+            "sized_for": p.growth.sized_for or None,
+            "recorded_seq": p.growth.sizes["seq"].recorded if "seq" in p.growth.sizes else None,
+            "peak_shares": {"peak_bytes": p.shares.peak, **{
+                k.replace(" ", "_") + "_bytes": v for k, v in p.shares.by.items()}},
             "recorded_peak_allocated_bytes": p.recorded_peak_allocated,
             "recorded_peak_reserved_bytes": p.recorded_peak_reserved,
             "at_recorded_size": run(p.proof), "at_asked_size": run(p.target),
             "capacity_bytes": p.capacity, "capacity_note": p.capacity_note,
             "fit": None if f is None else {
                 "knob": f.knob, "largest": f.largest, "note": f.note or None,
+                "withheld": f.withheld or None,
                 "replays": f.replays, "proof": run(f.proof), "past": run(f.past),
                 "next_step": [{"knob": k.id, "text": k.text, "caveat": k.caveat or None,
                                "at_next": run(k.at_next), "largest": k.largest,

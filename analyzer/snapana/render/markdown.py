@@ -272,7 +272,9 @@ def check(view: CheckView, options: Options) -> str:
 def scale(view: ScaleView, options: Options) -> str:
     out = [f"### What if: {esc(view.change)}", "", esc(view.title)]
     for d in view.devices:
-        out += _replayed_device(d)
+        out += ["", f"#### Device {d.device}", ""]
+        out += [x for line in d.head for x in (esc(line), "")]
+        out += [esc(d.proof), "", f"**{esc(d.verdict)}**"]
         _table(out, SCALE_COLUMNS, [[esc(c) for c in row] for row in d.rows])
         out += [""] + [f"- {esc(line)}" for line in d.fit]
         out += ["", "Assumed:", ""] + [f"- {esc(line)}" for line in d.assumptions]

@@ -12,6 +12,7 @@ from typing import ClassVar
 import polars as pl
 
 from snapana.analysis.scaled_replay import Fit, ScaledRun, SizePrediction
+from snapana.analysis.scaling import HELD_HOWS, load_rules
 from snapana.render import ViewKind
 from snapana.units import fmt_bytes
 
@@ -24,6 +25,7 @@ HELD_SHOWN = 8
 @dataclass(frozen=True)
 class DeviceScale:
     device: int
+    head: tuple[str, ...]  # which seq the sizes were made at; how sure the answer is
     proof: str
     verdict: str
     rows: tuple[tuple[str, str, str], ...]
@@ -58,7 +60,9 @@ def _where(p: SizePrediction, run: ScaledRun) -> str:
         return (f"while placing the blocks held before the window (a request of "
                 f"{fmt_bytes(size)})")
     row = p.growth.blocks.filter(pl.col("alloc_idx") == idx)
-    what = f" ({row['family'][0]}, {row['site'][0]})" if row.height else ""
+    held = ("; held at its recorded size: its growth is not known"
+            if row.height and row["how"][0] in HELD_HOWS else "")
+    what = f" ({row['family'][0]}, {row['site'][0]}{held})" if row.height else ""
     return f"at event {idx:,}, a request of {fmt_bytes(size)}{what}"
 
 
@@ -102,6 +106,9 @@ def _fit(p: SizePrediction) -> tuple[str, ...]:
     if f is None:
         return ()
     recorded = p.growth.sizes[f.knob].recorded
+    if f.withheld:
+        return (f"Largest {f.knob} that fits {fmt_bytes(f.capacity)}: {f.withheld} "
+                f"({f.replays} replays).",)
     if f.largest is None or f.proof is None:
         return (f"Largest {f.knob} on {fmt_bytes(f.capacity)}: none found — {f.note} "
                 f"({f.replays} replays).",)
@@ -117,10 +124,10 @@ def _fit(p: SizePrediction) -> tuple[str, ...]:
         n = k.at_next.sizes[f.knob]
         gain = (f"with it the largest is {k.largest:,}" if k.largest is not None else
                 f"the largest with it {k.note}" if k.note else "with it no largest is found")
-        caveat = f" (caveat: {k.caveat})" if k.caveat else ""
-        out.append(f"knob {k.id} — {k.text}: at {f.knob}={n:,} "
-                   + ("it fits" if k.at_next.fits else _outcome(p, k.at_next))
-                   + f"; {gain}{caveat}.")
+        fits = ("it fits" + (" as replayed (it leaves part out: not a proof)"
+                             if k.caveat else "")) if k.at_next.fits else \
+            _outcome(p, k.at_next)
+        out.append(f"knob {k.id} — {k.text}: at {f.knob}={n:,} {fits}; {gain}.")
     return tuple(out)
 
 
@@ -183,7 +190,29 @@ def _held(p: SizePrediction) -> tuple[tuple[str, str, str, str, str], ...]:
     return tuple(rows)
 
 
+def _head(p: SizePrediction) -> tuple[str, ...]:
+    """The first lines: the seq the sizes were made at where it is not the one typed, and
+    how sure the answer is: the recorded peak's shares whose growth is derived (a rule, a
+    shape, a second capture), assumed (its size alone) or held fixed, and the error band of
+    an uncalibrated answer."""
+    s = p.shares
+    out = [p.growth.sized_for] if p.growth.sized_for else []
+    if s.peak:
+        out.append(f"How sure: of the {fmt_bytes(s.peak)} live at the recorded peak, "
+                   f"{s.share('derived'):.0%} grows by a rule, a shape or a measurement "
+                   f"(derived), {s.share('assumed'):.0%} is assumed to grow because its size "
+                   f"is a multiple of the stated size, and {s.share('held fixed'):.0%} is "
+                   "held at its recorded size (its growth is not known).")
+    if not p.growth.calibration:
+        rules = load_rules()
+        low, high = rules.band
+        out.append(f"Uncalibrated: on the corpus size pairs such predictions were {low:+.2f}% "
+                   f"… {high:+.2f}% off the captured peak ({rules.band_source}); held-fixed "
+                   "blocks that do grow add to that.")
+    return tuple(out)
+
+
 def scale_view(title: str, change: str, predictions: list[SizePrediction]) -> ScaleView:
     return ScaleView(title, change, tuple(
-        DeviceScale(p.device, _proof(p), _verdict(p), _rows(p), _fit(p), _assumptions(p),
-                    _held(p), p) for p in predictions))
+        DeviceScale(p.device, _head(p), _proof(p), _verdict(p), _rows(p), _fit(p),
+                    _assumptions(p), _held(p), p) for p in predictions))

@@ -567,7 +567,10 @@ def scale(view: ScaleView, options: Options) -> str:
     out = _Out(options)
     out.para(f"What if: {view.change} — {view.title}")
     for d in view.devices:
-        _replayed_device(out, d)
+        out.line()
+        out.heading(f"device {d.device}")
+        for line in (*d.head, d.proof, d.verdict):
+            out.para(line, INDENT)
         out.write_table(SCALE_COLUMNS, d.rows, set())
         for line in d.fit:
             out.para(line, INDENT)
