@@ -78,3 +78,39 @@ def test_summary_offers_what_whatif_replays_for_unfused_attention(path) -> None:
         before = d.knobs[:ids.index("torch.fused_attention")]
         assert all(k.cost == "free" for k in before), [(k.id, k.cost) for k in before]
         assert not any(k in steps for k in ids[:ids.index("torch.fused_attention")]), ids
+
+
+@pytest.mark.parametrize("backward", [True, False])
+def test_score_gradients_and_own_attention_scores_are_held_scores(tmp_path, backward) -> None:
+    """The program's own attention (every frame its own code: `user_tensors`, a family with
+    no scaling rule) makes one [batch, heads, seq, seq] score matrix per layer; at the peak,
+    in backward, the autograd thread holds their gradients (no Python frames, the scores'
+    bytes, freed in the same backward: activations' gradients). whatif's resized replay
+    takes all of them for scores (made under the attention function, or of their shape
+    elsewhere), so the summary holds them as score matrices too and offers fused attention
+    first, ranked by those bytes; without the backward too (the scores alone, all
+    `user_tensors`)."""
+    b, h, s = 8, 4, 4096
+    scores = b * h * s * s * 4
+    sim = CachingAllocatorSim(capacity=80 * 1024 * MiB)
+    own = [("/job/model.py", 70, "scaled_dot_product_attention"),
+           ("/job/bench.py", 12, "main")]
+    engine = [("??", 0, "torch::autograd::Engine::thread_main(std::shared_ptr<GraphTask> "
+                        "const&)")]
+    kept = [sim.malloc(scores, own) for _ in range(2)]
+    sim.malloc(b * s * 32 * 4, own)  # the output [batch, seq, d]: smaller, not a score
+    grads = [sim.malloc(scores, engine) for _ in range(3 if backward else 0)]
+    for addr in [*grads, *kept]:  # the backward ends: the peak was before
+        sim.free(addr)
+    path = tmp_path / "own_attention.pickle"
+    path.write_bytes(pickle.dumps(sim.snapshot(), protocol=4))
+    (sess,) = sessions(load(path))
+    d = sess.report.diagnosis
+    assert d.evidence is not None
+    n = 5 if backward else 2
+    assert d.evidence.fact_bytes.get("score_matrices") == n * scores, d.evidence.facts
+    ids = [k.id for k in d.knobs]
+    assert ids and ids[0] == "torch.fused_attention", ids
+    w = sess.scaling({"seq": Size("seq", s)})
+    held = w.growth.blocks.filter(w.growth.blocks["requested"] == scores)
+    assert held.height == n and set(held["how"]) == {"scores"}, held

@@ -284,25 +284,45 @@ def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
     return under & (requested == int(requested[under].max())), hits
 
 
-def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, str]:
-    """The score matrices among `blocks` (stack_id, size, family: held at a moment), found
-    as the resized replay finds them (`score_blocks`, growing families only): their bytes,
-    their count and the attention function that made them (0, 0, "" when none)."""
+def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, int, str]:
+    """The score matrices among `blocks` (stack_id, size, family, alloc_idx: held at a
+    moment), found as the resized replay finds them (`decide`): under an attention function,
+    of a growing family or of one with no rule made in the window (the program's own
+    attention: `user_tensors`), and the blocks of their shape made elsewhere (their
+    gradients in backward: `_score_shaped`, the sequence length unknown, so their bytes are
+    the scores' times a dtype ratio). Their bytes, their count, how many of them were made
+    elsewhere, and the attention function (0, 0, 0, "" when none)."""
     if blocks.is_empty():
-        return 0, 0, ""
+        return 0, 0, 0, ""
     rules = load_rules()
     grow = {f for f, (b, q, _) in rules.families.items() if b > 0 or q > 0}
-    grows = blocks["family"].is_in(list(grow)).to_numpy()
+    family = blocks["family"].fill_null("")
+    grows = family.is_in(list(grow)).to_numpy()
+    made = blocks["alloc_idx"].to_numpy() >= 0 if "alloc_idx" in blocks.columns else \
+        np.zeros(blocks.height, dtype=bool)
+    candidates = grows | (~family.is_in(list(rules.families)).to_numpy() & made)
     stack_ids = blocks["stack_id"].to_numpy()
     size = blocks["size"].to_numpy()
-    total, count, name = 0, 0, ""
+    distinct = np.unique(stack_ids)
+    framed = _framed(stack_ids, distinct, stacks)
+    total, count, shaped_count, name = 0, 0, 0, ""
     for rule in rules.scores:
-        mask, hits = score_blocks(rule, stack_ids, size, grows, stacks)
-        if mask.any():
-            total += int(size[mask].sum())
-            count += int(mask.sum())
-            name = name or hits[int(stack_ids[mask][0])]
-    return total, count, name
+        mask, hits = score_blocks(rule, stack_ids, size, candidates, stacks, distinct)
+        if not mask.any():
+            continue
+        shaped = _score_shaped(rule, size, mask, candidates & ~mask,
+                               np.isin(stack_ids, list(hits)), framed, {"seq": Size("seq", 1)})
+        total += int(size[mask | shaped].sum())
+        count += int((mask | shaped).sum())
+        shaped_count += int(shaped.sum())
+        name = name or hits[int(stack_ids[mask][0])]
+    return total, count, shaped_count, name
+
+
+def _framed(stack_ids: np.ndarray, distinct: np.ndarray, stacks: Any) -> np.ndarray:
+    """Which blocks have a Python frame (a size such a block makes outside the attention
+    function is an activation's too)."""
+    return np.isin(stack_ids, [int(i) for i in distinct if _frames(stacks.stack(int(i)))])
 
 
 def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
@@ -363,8 +383,7 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
                                                   function=fn)
                            + f"; the smaller blocks under {fn} follow their family")
         under = np.isin(stack_ids, list(hits))
-        framed = np.isin(stack_ids, [int(i) for i in distinct
-                                     if _frames(stacks.stack(int(i)))])
+        framed = _framed(stack_ids, distinct, stacks)
         shaped = _score_shaped(rule, requested, scores, (grows | open_) & ~scores, under,
                                framed, sizes)
         if shaped.any():
