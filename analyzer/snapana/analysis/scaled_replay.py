@@ -138,6 +138,8 @@ class Fit:
     replays: int
     note: str = ""
     steps: tuple[StepKnob, ...] = ()
+    #: the pack knobs whose setting `largest` is (scaling.toml [fit_size]: a smaller batch)
+    knobs: tuple[str, ...] = ()
 
 
 def _bisect(fits: Callable[[int], bool], recorded: int) -> tuple[int | None, int | None, str]:
@@ -198,7 +200,8 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
                                   "" if step_largest else
                                   f"not sought: {window.events.height:,} events, more than "
                                   f"{SMALLEST_EVENTS:,} (a bisection per knob)"))
-    return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs))
+    return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs),
+               load_rules().fit_size.get(knob, ()))
 
 
 def _changes(window: Window) -> list[tuple[NextStep, Change]]:

@@ -130,6 +130,12 @@ class ScalingRules:
     mirrors: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
     #: families decided among the blocks held together at the moment, not per allocation
     set_families: tuple[str, ...] = ()
+    #: a framework's knob id -> the next step's id that replays its mechanism
+    same_step: Mapping[str, str] = field(default_factory=dict)
+    #: --scale key -> the knob ids whose setting is the largest size --fit finds
+    fit_size: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: knob id -> the whatif flag that replays it (not --fit)
+    whatif_flags: Mapping[str, str] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1)
@@ -149,8 +155,41 @@ def load_rules() -> ScalingRules:
                            tuple(n.get("drop_families", ())), tuple(n.get("hold_families", ())),
                            n.get("setting", ""), n.get("caveat", ""))
                   for n in data.get("next_step", []))
+    same = {k: str(t["id"]) for t in data.get("same_step", []) for k in t["knobs"]}
     return ScalingRules(families, scores, steps, mirrors,
-                        tuple(data.get("set_families", ())))
+                        tuple(data.get("set_families", ())), same,
+                        {key: tuple(ids) for key, ids in data.get("fit_size", {}).items()},
+                        {str(f["id"]): str(f["flag"]) for f in data.get("whatif_flag", [])})
+
+
+@dataclass(frozen=True)
+class ReplayRoute:
+    """How `snapana whatif` replays a knob: `how` is "fit" (a next step of --fit, as `step`),
+    "fit_size" (the size --fit finds, with --scale `key`), "set" (an allocator setting,
+    --set), "flag" (a flag of its own), or "none" (no mechanical model of it); `command`
+    says it."""
+
+    how: str
+    command: str = ""
+    step: str = ""
+    key: str = ""
+
+
+def replay_route(knob_id: str, simulate: Sequence[str] = ()) -> ReplayRoute:
+    """Which whatif replays `knob_id` (a pack knob; `simulate`: its allocator settings)."""
+    rules = load_rules()
+    steps = {s.id for s in rules.next_steps}
+    step = knob_id if knob_id in steps else rules.same_step.get(knob_id, "")
+    if step:
+        return ReplayRoute("fit", "snapana whatif --scale seq=N --fit (or batch=N)", step)
+    key = next((k for k, ids in rules.fit_size.items() if knob_id in ids), "")
+    if key:
+        return ReplayRoute("fit_size", f"snapana whatif --scale {key}=N --fit", key=key)
+    if simulate:
+        return ReplayRoute("set", "snapana whatif " + " ".join(f"--set {s}" for s in simulate))
+    if knob_id in rules.whatif_flags:
+        return ReplayRoute("flag", f"snapana whatif {rules.whatif_flags[knob_id]}")
+    return ReplayRoute("none")
 
 
 @dataclass(frozen=True)
