@@ -139,6 +139,8 @@ class Fit:
     note: str = ""
     steps: tuple[StepKnob, ...] = ()
     withheld: str = ""  # why a largest size found is not given (`withheld`)
+    #: the pack knobs whose setting `largest` is (scaling.toml [fit_size]: a smaller batch)
+    knobs: tuple[str, ...] = ()
 
 
 def _bisect(fits: Callable[[int], bool], recorded: int) -> tuple[int | None, int | None, str]:
@@ -227,7 +229,8 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
                 found, why = None, withheld(held, found, recorded, knob)
             knobs.append(StepKnob(step.id, _knob_text(step), step.caveat, at_next, found,
                                   why))
-    return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs))
+    return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs),
+               knobs=load_rules().fit_size.get(knob, ()))
 
 
 def _changes(window: Window) -> list[tuple[NextStep, Change]]:

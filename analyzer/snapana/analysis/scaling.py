@@ -142,6 +142,12 @@ class ScalingRules:
     max_held_error: float = 0.10
     band: tuple[float, float] = (0.0, 0.0)
     band_source: str = ""
+    #: a framework's knob id -> the next step's id that replays its mechanism
+    same_step: Mapping[str, str] = field(default_factory=dict)
+    #: --scale key -> the knob ids whose setting is the largest size --fit finds
+    fit_size: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: knob id -> the whatif flag that replays it (not --fit)
+    whatif_flags: Mapping[str, str] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1)
@@ -168,7 +174,43 @@ def load_rules() -> ScalingRules:
                         float(evidence.get("window", 0.05)), float(evidence.get("chance", 0.25)),
                         float(evidence.get("least", 0.10)),
                         float(sure.get("max_held_error", 0.10)), (low, high),
-                        str(sure.get("band_source", "")))
+                        str(sure.get("band_source", "")),
+                        same_step={k: str(t["id"]) for t in data.get("same_step", [])
+                                   for k in t["knobs"]},
+                        fit_size={key: tuple(ids)
+                                  for key, ids in data.get("fit_size", {}).items()},
+                        whatif_flags={str(f["id"]): str(f["flag"])
+                                      for f in data.get("whatif_flag", [])})
+
+
+@dataclass(frozen=True)
+class ReplayRoute:
+    """How `snapana whatif` replays a knob: `how` is "fit" (a next step of --fit, as `step`),
+    "fit_size" (the size --fit finds, with --scale `key`), "set" (an allocator setting,
+    --set), "flag" (a flag of its own), or "none" (no mechanical model of it); `command`
+    says it."""
+
+    how: str
+    command: str = ""
+    step: str = ""
+    key: str = ""
+
+
+def replay_route(knob_id: str, simulate: Sequence[str] = ()) -> ReplayRoute:
+    """Which whatif replays `knob_id` (a pack knob; `simulate`: its allocator settings)."""
+    rules = load_rules()
+    steps = {s.id for s in rules.next_steps}
+    step = knob_id if knob_id in steps else rules.same_step.get(knob_id, "")
+    if step:
+        return ReplayRoute("fit", "snapana whatif --scale seq=N --fit (or batch=N)", step)
+    key = next((k for k, ids in rules.fit_size.items() if knob_id in ids), "")
+    if key:
+        return ReplayRoute("fit_size", f"snapana whatif --scale {key}=N --fit", key=key)
+    if simulate:
+        return ReplayRoute("set", "snapana whatif " + " ".join(f"--set {s}" for s in simulate))
+    if knob_id in rules.whatif_flags:
+        return ReplayRoute("flag", f"snapana whatif {rules.whatif_flags[knob_id]}")
+    return ReplayRoute("none")
 
 
 @dataclass(frozen=True)
@@ -304,25 +346,45 @@ def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
     return under & (requested == int(requested[under].max())), hits
 
 
-def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, str]:
-    """The score matrices among `blocks` (stack_id, size, family: held at a moment), found
-    as the resized replay finds them (`score_blocks`, growing families only): their bytes,
-    their count and the attention function that made them (0, 0, "" when none)."""
+def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, int, str]:
+    """The score matrices among `blocks` (stack_id, size, family, alloc_idx: held at a
+    moment), found as the resized replay finds them (`decide`): under an attention function,
+    of a growing family or of one with no rule made in the window (the program's own
+    attention: `user_tensors`), and the blocks of their shape made elsewhere (their
+    gradients in backward: `_score_shaped`, the sequence length unknown, so their bytes are
+    the scores' times a dtype ratio). Their bytes, their count, how many of them were made
+    elsewhere, and the attention function (0, 0, 0, "" when none)."""
     if blocks.is_empty():
-        return 0, 0, ""
+        return 0, 0, 0, ""
     rules = load_rules()
     grow = {f for f, (b, q, _) in rules.families.items() if b > 0 or q > 0}
-    grows = blocks["family"].is_in(list(grow)).to_numpy()
+    family = blocks["family"].fill_null("")
+    grows = family.is_in(list(grow)).to_numpy()
+    made = blocks["alloc_idx"].to_numpy() >= 0 if "alloc_idx" in blocks.columns else \
+        np.zeros(blocks.height, dtype=bool)
+    candidates = grows | (~family.is_in(list(rules.families)).to_numpy() & made)
     stack_ids = blocks["stack_id"].to_numpy()
     size = blocks["size"].to_numpy()
-    total, count, name = 0, 0, ""
+    distinct = np.unique(stack_ids)
+    framed = _framed(stack_ids, distinct, stacks)
+    total, count, shaped_count, name = 0, 0, 0, ""
     for rule in rules.scores:
-        mask, hits = score_blocks(rule, stack_ids, size, grows, stacks)
-        if mask.any():
-            total += int(size[mask].sum())
-            count += int(mask.sum())
-            name = name or hits[int(stack_ids[mask][0])]
-    return total, count, name
+        mask, hits = score_blocks(rule, stack_ids, size, candidates, stacks, distinct)
+        if not mask.any():
+            continue
+        shaped = _score_shaped(rule, size, mask, candidates & ~mask,
+                               np.isin(stack_ids, list(hits)), framed, {"seq": Size("seq", 1)})
+        total += int(size[mask | shaped].sum())
+        count += int((mask | shaped).sum())
+        shaped_count += int(shaped.sum())
+        name = name or hits[int(stack_ids[mask][0])]
+    return total, count, shaped_count, name
+
+
+def _framed(stack_ids: np.ndarray, distinct: np.ndarray, stacks: Any) -> np.ndarray:
+    """Which blocks have a Python frame (a size such a block makes outside the attention
+    function is an activation's too)."""
+    return np.isin(stack_ids, [int(i) for i in distinct if _frames(stacks.stack(int(i)))])
 
 
 def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
@@ -384,8 +446,7 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
                                                   function=fn)
                            + f"; the smaller blocks under {fn} follow their family")
         under = np.isin(stack_ids, list(hits))
-        framed = np.isin(stack_ids, [int(i) for i in distinct
-                                     if _frames(stacks.stack(int(i)))])
+        framed = _framed(stack_ids, distinct, stacks)
         shaped = _score_shaped(rule, requested, scores, (grows | open_) & ~scores, under,
                                framed, sizes)
         if shaped.any():

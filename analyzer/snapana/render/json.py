@@ -9,6 +9,7 @@ from typing import Any
 from snapana.analysis.compare import FamilyChange, SiteChange
 from snapana.analysis.diagnosis.findings import Diagnosis, OomFinding
 from snapana.analysis.family_timeline import FamilyGrowth
+from snapana.analysis.scaling import replay_route
 from snapana.limits import MAX_FRAME_TEXT
 from snapana.model import Frame
 from snapana.printed import Size
@@ -204,8 +205,9 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
                    "direction": k.direction, "cost": k.cost, "effect": k.effect,
                    "caveat": k.caveat, "workload": k.workload,
                    "applies": d.applies.get(k.id, ""),
-                   "replay": _knob_replay(d.replays.get(k.id))}
-                  for k in d.knobs],
+                   "replay": _knob_replay(d.replays.get(k.id)),
+                   "replayed_by": _replayed_by(k, row[6])}
+                  for k, row in zip(d.knobs, view.knobs, strict=True)],
         "frameworks": list(d.frameworks),
         "oom_named": d.oom_named,
         # without history: the live blocks by size (count × size = total), related sizes in
@@ -356,6 +358,14 @@ def _window_replay(p: Any) -> dict[str, Any] | None:
             "peak_allocated_bytes": p.changed.peak_allocated}
 
 
+def _replayed_by(k: Any, predicted: str) -> dict[str, Any]:
+    """Which snapana whatif replays a knob (`how`: fit, fit_size, set, flag or none), and the
+    knob table's "predicted by replay" words."""
+    route = replay_route(k.id, k.simulate)
+    return {"how": route.how, "command": route.command or None, "step": route.step or None,
+            "predicted": predicted}
+
+
 def _knob_replay(r: Any) -> dict[str, Any] | None:
     """A knob's replay in numbers (None: it has no allocator settings to replay)."""
     if r is None:
@@ -431,6 +441,7 @@ def scale(view: ScaleView, options: Options) -> str:
             "fit": None if f is None else {
                 "knob": f.knob, "largest": f.largest, "note": f.note or None,
                 "withheld": f.withheld or None,
+                "knobs": list(f.knobs),
                 "replays": f.replays, "proof": run(f.proof), "past": run(f.past),
                 "next_step": [{"knob": k.id, "text": k.text, "caveat": k.caveat or None,
                                "at_next": run(k.at_next), "largest": k.largest,

@@ -117,6 +117,8 @@ def _fit(p: SizePrediction) -> tuple[str, ...]:
            f"on the replay from the recorded {recorded:,}, {f.replays} replays).",
            f"Proof: at {f.knob}={f.largest:,} peak allocated {fmt_bytes(r.peak_allocated)}, "
            f"peak reserved {fmt_bytes(r.peak_reserved)}, no OOM."]
+    if f.knobs:
+        out.append(f"knob {' / '.join(f.knobs)}: a {f.knob} of at most {f.largest:,}.")
     if f.past is not None:
         out.append(f"At {f.knob}={f.past.sizes[f.knob]:,}: peak allocated "
                    f"{fmt_bytes(f.past.replay.peak_allocated)}; {_outcome(p, f.past)}.")

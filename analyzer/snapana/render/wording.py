@@ -21,6 +21,7 @@ from snapana.analysis.diagnosis.findings import (
 from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.analysis.knobs import COST_WORDS, Knob
 from snapana.analysis.ranks.aggregate import MultiReport, RankSummary
+from snapana.analysis.scaling import ReplayRoute, replay_route
 from snapana.render.allocation_bands import AllocationsView
 from snapana.units import fmt_bytes, inert, parse_bytes, plural
 
@@ -633,18 +634,43 @@ def knob_rows(r: DeviceReport) -> list[tuple[str, str, str, str, str, str, str]]
     job and what replaying it predicts: every format shows this same list."""
     d = r.diagnosis
     return [(k.knob, cost_text(k), ", ".join(k.families + k.causes), k.effect, k.caveat,
-             d.applies.get(k.id, ""), replay_text(d.replays.get(k.id)))
+             d.applies.get(k.id, ""), replay_text(d.replays.get(k.id), knob_route(k)))
             for k in d.knobs]
+
+
+def knob_route(k: Knob) -> ReplayRoute:
+    """Which snapana whatif replays knob `k` (scaling.toml and the pack's allocator
+    settings): the same for every format."""
+    return replay_route(k.id, k.simulate)
+
+
+def _not_replayed(route: ReplayRoute | None) -> str:
+    """Why a knob has no replay in the report, and where whatif replays it."""
+    if route is None or route.how == "none":
+        return "not simulated (no mechanical model of it)"
+    if route.how == "fit":
+        named = f" as {route.step}" if route.step else ""
+        return (f"not simulated in this report: {route.command} replays it{named}, one size "
+                "past the largest that fits")
+    if route.how == "fit_size":
+        return (f"not simulated in this report: {route.command} replays other {route.key} "
+                "sizes; the largest that fits is this knob's setting")
+    if route.how == "set":
+        return (f"not simulated in this report (no recorded window to replay): {route.command} "
+                "replays it where a trace is recorded")
+    return (f"not simulated in this report: {route.command} replays it over the recorded "
+            "window (not --fit: it changes when memory is freed, not what a size needs)")
 
 
 #: What a replay of a recorded OOM's window cannot say, in every sentence that predicts one.
 WINDOW_ENDS = "the window ends at the OOM: what the job does after it is not recorded"
 
 
-def replay_text(r: KnobReplay | None) -> str:
-    """What the allocator model predicts for a knob over the recorded window, in words."""
+def replay_text(r: KnobReplay | None, route: ReplayRoute | None = None) -> str:
+    """What the allocator model predicts for a knob over the recorded window, in words; not
+    replayed here, which whatif replays it (`route`), or that none has a model of it."""
     if r is None:
-        return "not simulated (no mechanical model of it)"
+        return _not_replayed(route)
     p = r.prediction
     if p is None or p.changed is None:
         return r.note
