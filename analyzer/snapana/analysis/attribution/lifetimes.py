@@ -108,10 +108,10 @@ def set_methods() -> frozenset[str]:
     """The inference methods that decide a block among the blocks held together at a moment
     (their sizes beside the weights', a per-layer pattern, a count per gradient), which one
     allocation's lifetime cannot show: autocast's weight copies, a forward's returned K/V
-    pairs, hand-written parameters and optimizer state."""
+    pairs, hand-written parameters (re-bound ones too) and optimizer state."""
     hand = hand_state.spec()
     return frozenset({weight_copies.spec().method, kv_pairs.spec().method,
-                      hand.param_method, hand.state_method})
+                      hand.param_method, hand.state_method, hand.rebound_method})
 
 
 def carry_families(lt: pl.DataFrame, decided: Sequence[pl.DataFrame]) -> pl.DataFrame:
