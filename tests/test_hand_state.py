@@ -13,6 +13,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 import snapana
@@ -165,3 +166,92 @@ def test_corpus_zero_grad_frees_last_steps_gradients() -> None:
                                         & pl.col("address").is_in(list(by_zero_grad)))
         assert old.height == len(by_zero_grad)
         assert set(old["family"].to_list()) == {"gradients"}
+
+
+# --- parameters re-bound every step ---------------------------------------------------------
+
+@pytest.mark.parametrize(("per", "wrapped"), [(0, False), (2, False), (1, True), (2, True)],
+                         ids=["sgd", "adam", "momentum-wrapped", "adam-wrapped"])
+def test_rebound_parameters_are_parameters(tmp_path: Path, per: int, wrapped: bool) -> None:
+    """`p.data = p - lr * g` every step: the weights held at the end were made in the last
+    step, each made before the same function freed the old block of its size. They are
+    named parameters (inferred, by that lifetime), the moments (if any) optimizer state, and
+    neither is left to the program's own tensors, the torch.optim wrapper's rule or the
+    momentum-SGD reading of one block per weight."""
+    a, facts = _synth(tmp_path, per_parameter=per, steps=3, out_of_place=True,
+                      wrapped=wrapped)
+    blocks = a.at(moment="end").blocks
+    assert len(facts["params"]) == len(weights())
+    assert _addresses(blocks, "parameters") == set(facts["params"])
+    assert _addresses(blocks, "optimizer_state") == set(facts["moments"])
+    assert len(facts["moments"]) == per * len(weights())
+    params = blocks.filter(pl.col("family") == "parameters")
+    assert set(params["evidence"].to_list()) == {"inferred"}
+    assert all("the same function freed in the same step" in r
+               for r in params["reason"].to_list())
+    assert "user_tensors" not in blocks["family"].to_list()
+
+
+REBIND_LINE = 31  # handwritten.py: the step's `p.data = p - lr * g` line
+
+
+def test_rebound_parameters_in_the_timeline(tmp_path: Path) -> None:
+    """Every step's new weights are parameters, at the peak (inside the last update) as at
+    the end, and in the window's timeline: its parameters' bytes are the attribution's at
+    the peak, the weights' at the end, and between them the weights' plus at most the one
+    being replaced."""
+    a, facts = _synth(tmp_path, per_parameter=0, steps=3, out_of_place=True)
+    end = a.at(moment="end").blocks
+    weights_bytes = int(end.filter(pl.col("address").is_in(facts["params"]))["size"].sum())
+    assert weights_bytes >= sum(round_size(n) for n in weights())
+    # the peak falls inside an update: the weight being replaced and its replacement are
+    # both held, each made by the simulator as a parameter (the rebinding line of the step)
+    peak = a.at(moment="peak").blocks
+    rebinding = peak.filter(pl.col("site").str.ends_with(f"optim.py:{REBIND_LINE} step"))
+    assert rebinding.height and set(rebinding["family"].to_list()) == {"parameters"}
+    timeline = a.device_report.timeline.families
+    n = a.replay.n_events
+    series = timeline.bytes_at("parameters", np.arange(n))
+    assert int(series[a.moment.idx]) == int(
+        peak.filter(pl.col("family") == "parameters")["size"].sum())
+    assert int(series[n - 1]) == weights_bytes
+    # from the peak on (the last step: every weight held was made by a step's update), the
+    # parameters' requested bytes are the weights' plus at most the one being replaced
+    spans = timeline.spans.filter(pl.col("family") == "parameters")
+    for e in range(a.moment.idx, n):
+        held = spans.filter((pl.col("start") <= e) & (pl.col("end") > e))
+        got = int(held["requested_size"].sum())
+        assert sum(weights()) <= got <= sum(weights()) + max(weights()), e
+
+
+def test_state_updated_out_of_place_is_no_parameter() -> None:
+    """An optimizer that replaces its moments out of place swaps them like re-bound
+    weights, but their chains begin in its first step (after the first gradient), not
+    before it: only the chain begun by a block made before the first gradient is a
+    parameter; a gradient freed (zero_grad) pairs with nothing; a temporary of the step
+    replaces nothing."""
+    from snapana.analysis.attribution.hand_state import Event, rebound_roots
+
+    step = ("/w/optim.py", "step")
+    ev = [Event(0, True, 100, 64, False, ("/w/model.py", "__init__")),   # the weight
+          Event(1, True, 200, 64, True, None),                             # its gradient
+          Event(2, True, 300, 64, False, step),                            # moment, step 1
+          Event(3, True, 400, 64, False, step),                            # lr * g
+          Event(4, True, 500, 64, False, step),                            # the new weight
+          Event(5, False, 400, 64, False, step),                           # lr * g freed
+          Event(6, False, 100, 64, False, step),                           # old weight freed
+          Event(7, False, 200, 64, False, ("/torch/optim/optimizer.py", "zero_grad")),
+          Event(8, True, 201, 64, True, None),                             # next gradient
+          Event(9, True, 600, 64, False, step),                            # new moment
+          Event(10, True, 700, 64, False, step),                           # new weight
+          Event(11, False, 500, 64, False, step),                          # old weight freed
+          Event(12, False, 300, 64, False, step)]                          # old moment freed
+    roots, replaced = rebound_roots(ev)
+    assert roots == {4: 0, 10: 0, 9: 2}
+    assert replaced == {0, 4, 2}
+    rows = [Row(64, "user_tensors", 10, True, root=0), Row(64, "user_tensors", 9, True, root=2)]
+    grads = Counter({64: 1, 128: 1, 256: 1})
+    rows += [Row(n, "user_tensors", 10, True, root=0) for n in (128, 256)]
+    found = find(rows, grads, first=1)
+    assert {i for i, f in found.items() if f.family == "parameters"} == {0, 2, 3}
+    assert 1 not in found or found[1].family != "parameters"

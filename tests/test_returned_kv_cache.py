@@ -59,6 +59,36 @@ def test_use_cache_false_is_offered_first_and_generate_knobs_are_not(tmp_path: P
     assert what[FAMILY].removable == "yes"
 
 
+#: knobs whose setting is an argument of generate() or a decoding loop's length
+DECODING = ("transformers.quantized_cache", "transformers.offloaded_cache",
+            "torch.kv_cache_size", "transformers.max_new_tokens")
+
+
+def test_no_decoding_knob_for_a_forward_that_does_not_generate(tmp_path: Path) -> None:
+    """The returned cache of a plain forward: nothing generates, so no knob whose setting is
+    generate()'s (cache_implementation, max_new_tokens) or a decoding loop's length is
+    offered, and no offered knob for the cache speaks of generate()."""
+    a, _ = _synth(tmp_path)
+    offered = {k.id: k for k in a.diagnosis.knobs}
+    assert not set(DECODING) & set(offered)
+    assert not [k.id for k in offered.values() if "kv_cache" in k.families
+                and ("generate(" in k.knob or "max_new_tokens" in k.knob)]
+
+
+def test_generate_prefill_gets_the_decoding_knobs(tmp_path: Path) -> None:
+    """The same forward as generate()'s prefill (transformers/generation/utils.py generate ->
+    _sample on its stacks): the cache is a decoding loop's, so the generate() knobs are
+    offered and use_cache=False (which would break the loop) and the returned-cache fact
+    are not."""
+    a, truth = _synth(tmp_path, generate=True)
+    got = a.blocks.filter(a.blocks["family"] == FAMILY)
+    assert sorted(got["address"].to_list()) == sorted(truth["facts"]["kv"])
+    offered = {k.id for k in a.diagnosis.knobs}
+    assert set(DECODING) <= offered
+    assert KNOB not in offered
+    assert "returned_kv_cache" not in a.diagnosis.evidence.facts
+
+
 @pytest.mark.parametrize("kw", [{"use_cache": False}, {"grad": True, "batch": 1, "seq": 2048}],
                          ids=["no-cache", "grad-enabled"])
 def test_twins_name_no_cache(tmp_path: Path, kw: dict) -> None:

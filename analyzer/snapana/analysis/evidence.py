@@ -429,7 +429,7 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
                                         "sites"
     returned = held.filter(pl.col("method") == kv_pairs.spec().method) \
         if held.height and "method" in held.columns else held
-    if returned.height:
+    if returned.height and not facts.keys() & kv_pairs.spec().decoding_facts:
         facts[RETURNED_KV_CACHE.id] = (
             f"{returned.height} key / value blocks ({fmt_bytes(int(returned['size'].sum()))}) "
             "a forward made one pair per layer and kept to return as past_key_values")

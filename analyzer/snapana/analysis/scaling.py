@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution.lifetimes import attribute_lifetimes
+from snapana.analysis.attribution.lifetimes import attribute_lifetimes, carry_families
 from snapana.analysis.replay import NEVER
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import is_python_frame
@@ -130,8 +130,6 @@ class ScalingRules:
     next_steps: tuple[NextStep, ...]
     #: family -> (families whose sizes it mirrors, the family a block of no such size is)
     mirrors: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
-    #: families decided among the blocks held together at the moment, not per allocation
-    set_families: tuple[str, ...] = ()
     #: `[seq_evidence]`: how far from the stated seq to look, and the share of the model
     #: state's bytes past which dividing by a number is chance
     seq_window: float = 0.05
@@ -170,7 +168,6 @@ def load_rules() -> ScalingRules:
     evidence, sure = data.get("seq_evidence", {}), data.get("confidence", {})
     low, high = (float(x) for x in sure.get("band", (0.0, 0.0)))
     return ScalingRules(families, scores, steps, mirrors,
-                        tuple(data.get("set_families", ())),
                         float(evidence.get("window", 0.05)), float(evidence.get("chance", 0.25)),
                         float(evidence.get("least", 0.10)),
                         float(sure.get("max_held_error", 0.10)), (low, high),
@@ -267,7 +264,7 @@ def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> p
     at_moment = attributor.attribute(
         dr.blocks_at(moment).filter(pl.col("state") == ACTIVE_ALLOCATED))
     lt = attribute_lifetimes(attributor, dr, at_moment.filter(pl.col("alloc_idx") < 0))
-    lt = _set_families(lt, at_moment, load_rules().set_families)
+    lt = carry_families(lt, [at_moment])
     blocks = lt.select("alloc_idx", "address",
                        pl.coalesce("requested_size", "size").alias("requested"),
                        "stack_id", "stream", "family",
@@ -281,30 +278,6 @@ def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> p
     sites = {sid: attributor.site(sid) for sid in blocks["stack_id"].unique().to_list()}
     return blocks.with_columns(
         pl.col("stack_id").replace_strict(sites, return_dtype=pl.Utf8).alias("site"))
-
-
-def _set_families(lt: pl.DataFrame, at_moment: pl.DataFrame,
-                  families: Sequence[str]) -> pl.DataFrame:
-    """`lt` with the `families` decided among the blocks held together at the moment
-    (`scaling.toml` `set_families`: autocast's weight copies are known by their sizes beside
-    the weights', which one allocation's lifetime cannot show) given to the window's blocks
-    that had them there, and to every other allocation of the same call path and size (the
-    same copy made again in another step)."""
-    found = at_moment.filter(pl.col("family").is_in(list(families))
-                             & (pl.col("alloc_idx") >= 0))
-    if found.is_empty():
-        return lt
-    size = pl.coalesce("requested_size", "size")
-    by_idx = found.select("alloc_idx", pl.col("family").alias("_set"))
-    by_path = (found.select("stack_id", size.alias("_req"), pl.col("family").alias("_path"))
-               .unique(["stack_id", "_req"], keep="first"))
-    return (lt.with_columns(size.alias("_req"))
-            .join(by_idx, on="alloc_idx", how="left", maintain_order="left")
-            .join(by_path, on=["stack_id", "_req"], how="left", maintain_order="left")
-            .with_columns(pl.when(pl.col("alloc_idx") >= 0)
-                          .then(pl.coalesce("_set", "_path", "family"))
-                          .otherwise(pl.col("family")).alias("family"))
-            .drop("_req", "_set", "_path"))
 
 
 def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str]) -> list[int]:

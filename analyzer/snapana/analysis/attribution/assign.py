@@ -465,12 +465,14 @@ class Attributor:
 
     def _hand_state(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """The program's own blocks that mirror the window's gradients (`hand_state`): the
-        parameters of modules it wrote, the state of an optimizer it wrote."""
+        parameters of modules it wrote, the state of an optimizer it wrote, parameters its
+        step re-binds."""
         if not self.capture.has_trace or not {"requested_size", "free_req_idx"} <= set(
                 blocks.columns):
             return
         spec = hand_state.spec()
-        mine = [i for i, f in enumerate(cols["family"]) if f in spec.from_families]
+        mine = [i for i, (f, r) in enumerate(zip(cols["family"], cols["rule_id"], strict=True))
+                if f in spec.from_families or r in spec.rebound_rules]
         if not mine:
             return
         skip = set(mine)
@@ -478,12 +480,15 @@ class Attributor:
                  cols["phase"][i], int(blocks["stack_id"][i])) for i in range(blocks.height)
                 if i not in skip]
         evidence = self._evidence(blocks[mine], live)
+        roots, replaced = self._rebound_roots(frozenset(evidence.gradient_sizes))
         n = self.capture.device_events(self.device).height
         rows = [hand_state.Row(int(req or size), fam, -1 if born is None else int(born),
-                               freed is None or freed >= n)
-                for req, size, fam, born, freed in zip(
+                               freed is None or freed >= n, rule or "",
+                               None if born is None else roots.get(int(born)),
+                               born is not None and int(born) in replaced)
+                for req, size, fam, born, freed, rule in zip(
                     blocks["requested_size"], blocks["size"], cols["family"],
-                    blocks["alloc_idx"], blocks["free_req_idx"], strict=True)]
+                    blocks["alloc_idx"], blocks["free_req_idx"], cols["rule_id"], strict=True)]
         for i, hit in hand_state.find(rows, evidence.gradient_sizes,
                                       evidence.first_gradient).items():
             cols["family"][i] = hit.family
@@ -492,6 +497,35 @@ class Attributor:
             cols["rule_id"][i] = ""
             cols["evidence"][i] = "inferred"
             cols["method"][i] = hit.method
+
+    def _rebound_roots(self, sizes: frozenset[int]) -> tuple[dict[int, int], frozenset[int]]:
+        """`hand_state.rebound_roots` over this device's allocations and frees of `sizes`
+        (the gradients'): which allocations replaced a same-size block in one step."""
+        if not sizes:
+            return {}, frozenset()
+        ev = self.capture.device_events(self.device).with_row_index("pos")
+        same = ev.filter(pl.col("action").is_in(["alloc", "free_requested"])
+                         & pl.col("size").is_in(list(sizes)))
+        made = same.filter(pl.col("action") == "alloc")
+        which, decisions = self.decide_rows(
+            made["stack_id"].fill_null(EMPTY_STACK).to_numpy(), made["size"].to_numpy(),
+            made["pos"].to_numpy(), made["stream"].fill_null(0).to_numpy())
+        witnesses = parameter_witnesses()
+        gradient = iter(np.asarray([d.family in witnesses for d in decisions],
+                                   dtype=bool)[which].tolist())
+        functions: dict[int, tuple[str, str] | None] = {}
+        events = []
+        for action, address, size, pos, sid in same.select(
+                "action", "addr", "size", "pos", pl.col("stack_id").fill_null(EMPTY_STACK)
+        ).iter_rows():
+            if sid not in functions:
+                functions[sid] = next(((f[0], f[1]) for f in self.stacks.stack(int(sid))
+                                       if is_python_file(f[0])), None)
+            alloc = action == "alloc"
+            events.append(hand_state.Event(int(pos), alloc, int(address), int(size),
+                                           next(gradient) if alloc else False,
+                                           functions[sid]))
+        return hand_state.rebound_roots(events)
 
     def _weight_copies(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Blocks of a forward sized like the parameters held with them over autocast's dtype

@@ -119,8 +119,9 @@ SCORE_MATRICES = ComputedFact(
 
 RETURNED_KV_CACHE = ComputedFact(
     "returned_kv_cache", "blocks held at the moment are the key / value pairs a forward made "
-    "one per layer and returns as past_key_values (inference.toml [kv_pairs]), not a cache "
-    "a decoding loop grows: a forward that does not generate need not keep them")
+    "one per layer and returns as past_key_values (inference.toml [kv_pairs]), and nothing "
+    "shows a decoding loop (`decoding_facts`: generate()) that would grow them: a forward "
+    "that does not generate need not keep them")
 
 COMPUTED_FACTS: tuple[ComputedFact, ...] = (
     FREE_SEGMENTS, SEVERAL_DEVICES, OPTIMIZER_STATE, STRANDED_CACHE, LAYERED_ACTIVATIONS,

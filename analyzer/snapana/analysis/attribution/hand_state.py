@@ -6,14 +6,18 @@ library frame on those allocations, so the rules call them the program's own ten
 structure still shows what they are: the backward allocates one gradient per parameter, of
 the parameter's bytes; what the program made before the first gradient and keeps, one per
 gradient of a size, is the parameters; what it made after (in its step) and keeps, the same
-number per parameter for every size, is the optimizer's state. The conclusions and words are
-data (``inference.toml`` ``[hand_state]``); this module only counts.
+number per parameter for every size, is the optimizer's state. A parameter re-bound every
+step by an out-of-place update (``p.data = p - lr * g``) is made in the step, and the block it
+replaces (a chain of such replacements that began with a block made before the first
+gradient) is freed in the same step by the same function: that pair, one per gradient of a
+size, is a parameter too. The conclusions and words are data (``inference.toml``
+``[hand_state]``); this module only counts.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -32,6 +36,9 @@ class Spec:
     state_method: str
     state_why: str
     per_parameter: dict[int, str]
+    rebound_method: str
+    rebound_why: str
+    rebound_rules: frozenset[str]
 
 
 @lru_cache(maxsize=1)
@@ -40,7 +47,8 @@ def spec() -> Spec:
     t = _raw()["hand_state"]
     return Spec(frozenset(t["from_families"]), float(t["min_share"]), int(t["min_sizes"]),
                 t["param_method"], t["param_why"], t["state_method"], t["state_why"],
-                {int(k): v for k, v in t["per_parameter"].items()})
+                {int(k): v for k, v in t["per_parameter"].items()}, t["rebound_method"],
+                t["rebound_why"], frozenset(t["rebound_rules"]))
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,65 @@ class Row:
     family: str  # what the rules (and earlier inference) gave it
     born: int  # its allocation event, -1: none (before recording)
     kept: bool  # the window never frees it
+    rule: str = ""  # the rule that named it ("" none)
+    #: the allocation event of the block its chain of same-step replacements began with
+    #: (`rebound_roots`; -1: before recording), None: it replaced no block
+    root: int | None = None
+    replaced: bool = False  # a later step made a block in its place (`rebound_roots`)
+
+
+@dataclass(frozen=True)
+class Event:
+    """What `rebound_roots` reads of one allocation or free of the trace."""
+
+    pos: int  # its index in the device's trace
+    alloc: bool  # an allocation, else a free
+    address: int
+    size: int
+    gradient: bool  # an allocation the rules call a gradient
+    function: tuple[str, str] | None  # its stack's innermost Python (file, function)
+
+
+def rebound_roots(events: Iterable[Event]) -> tuple[dict[int, int], frozenset[int]]:
+    """Allocation event -> the allocation event its chain of replacements began with (-1:
+    before recording), for each allocation that replaced a same-size block in one step, and
+    the allocation events of the blocks so replaced. A replacement is made
+    after a gradient, when a block made before that gradient (not a gradient) is freed by
+    the same function with no gradient made between (an out-of-place update allocates the
+    new tensor, then rebinding frees the old); each free pairs with the latest such
+    allocation still alive and unpaired."""
+    alive: dict[int, tuple[int, bool]] = {}  # address -> (allocation event, a gradient)
+    waiting: dict[tuple[int, tuple[str, str]], dict[int, None]] = {}
+    where: dict[int, tuple[int, tuple[str, str]]] = {}  # allocation event -> its key
+    root: dict[int, int] = {}
+    replaced: set[int] = set()
+    last_gradient = -1
+    for e in events:
+        if e.alloc:
+            alive[e.address] = (e.pos, e.gradient)
+            if e.gradient:
+                last_gradient = e.pos
+                waiting.clear()
+                where.clear()
+            elif last_gradient >= 0 and e.function is not None:
+                key = (e.size, e.function)
+                waiting.setdefault(key, {})[e.pos] = None
+                where[e.pos] = key
+            continue
+        born, gradient = alive.pop(e.address, (-1, False))
+        if born in where:  # a temporary of the step: it replaced nothing
+            waiting[where.pop(born)].pop(born, None)
+            continue
+        if gradient or born >= last_gradient or e.function is None:
+            continue
+        new = waiting.get((e.size, e.function))
+        if new:
+            made = next(reversed(new))
+            del new[made]
+            del where[made]
+            root[made] = root.get(born, born) if born >= 0 else -1
+            replaced.add(born)
+    return root, frozenset(replaced)
 
 
 @dataclass(frozen=True)
@@ -58,6 +125,37 @@ class Found:
     family: str
     method: str
     why: str
+
+
+def _rebound(rows: Sequence[Row], gradients: Counter[int], first: int,
+             named: Counter[int]) -> dict[int, Found]:
+    """The blocks the program's step made in place of a same-size block whose chain of
+    replacements began with a block made before the first gradient, kept until a later step
+    replaces them in turn (or to the window's end), at most one per gradient of a size:
+    parameters re-bound by an out-of-place update."""
+    s = spec()
+    by_size: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        if ((r.kept or r.replaced) and r.born > first and r.root is not None
+                and 0 <= r.root < first
+                and r.size in gradients
+                and (r.family in s.from_families or r.rule in s.rebound_rules)):
+            by_size.setdefault(r.size, []).append(i)
+    # one per parameter: a block and the one made to replace it (both held while the
+    # update runs) are one chain, one parameter
+    params = {size: found for size, found in by_size.items()
+              if len({rows[i].root for i in found}) <= gradients[size] - named[size]}
+    matched = sum(len(v) for v in params.values())
+    total = sum(gradients.values())
+    if len(params) < s.min_sizes or matched < s.min_share * total:
+        return {}
+    out: dict[int, Found] = {}
+    for found in params.values():
+        for i in found:
+            why = s.rebound_why.format(born=rows[i].born, root=rows[i].root, first=first,
+                                       matched=matched, sizes=len(params), gradients=total)
+            out[i] = Found("parameters", s.rebound_method, why)
+    return out
 
 
 def find(rows: Sequence[Row], gradients: Counter[int], first: int) -> dict[int, Found]:
@@ -71,7 +169,9 @@ def find(rows: Sequence[Row], gradients: Counter[int], first: int) -> dict[int, 
     mine = [i for i, r in enumerate(rows) if r.family in s.from_families and r.kept
             and r.born >= 0 and r.size in gradients]
     named = Counter(r.size for r in rows if r.family == "parameters")
-    out: dict[int, Found] = {}
+    out = _rebound(rows, gradients, first, named)
+    mine = [i for i in mine if i not in out]
+    named += Counter(rows[i].size for i in out)
     early: dict[int, list[int]] = {}
     for i in mine:
         if rows[i].born < first:

@@ -34,6 +34,7 @@ class PairSpec:
     max_kept_sites: int
     why: str
     freed_words: str
+    decoding_facts: frozenset[str]
 
 
 @lru_cache(maxsize=1)
@@ -42,7 +43,7 @@ def spec() -> PairSpec:
     t = _raw()["kv_pairs"]
     return PairSpec(t["family"], t["method"], t["label"], frozenset(t["from_families"]),
                     frozenset(t["phases"]), int(t["min_layers"]), int(t["max_kept_sites"]),
-                    t["why"], t["freed_words"])
+                    t["why"], t["freed_words"], frozenset(t["decoding_facts"]))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from snapana.analysis.attribution import chunk_groups, family_label
 from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
 from snapana.analysis.attribution.engine import RuleSet
 from snapana.analysis.attribution.families import loop_families
-from snapana.analysis.attribution.lifetimes import attribute_lifetimes
+from snapana.analysis.attribution.lifetimes import attribute_lifetimes, carry_families
 from snapana.analysis.diagnosis.findings import (
     Band,
     Cause,
@@ -145,7 +145,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
     impossible = _impossible(segments, live, pools, reserved - allocated - pending)
     state = _AtMoment(moment, live, held, segments, pools, _groups(held), reserved, allocated,
                       pending, impossible)
-    lifetimes = attribute_lifetimes(attributor, dr, held) if dr.n_events else None
+    lifetimes = _lifetimes(dr, attributor, held, moment)
     extra = ({} if dr.oom is None or moment.kind != "oom" else
              {attributor.decide(dr.oom.stack_id, attributor.context(
                  dr.oom.stack_id, "0,0", dr.oom.stream, ACTIVE_ALLOCATED,
@@ -834,6 +834,22 @@ def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
         stacks=capture.stacks,
         segments=None if dr.segment_intervals.is_empty() else dr.segment_intervals,
     )
+
+
+def _lifetimes(dr: DeviceReplay, attributor: Attributor, held: pl.DataFrame,
+               moment: Moment) -> pl.DataFrame | None:
+    """Every lifetime of the window with its family (None without history): those held at
+    the moment take the report's, and the families inference decides among blocks held
+    together (at the moment, and at the peak the report also shows) carry over to the same
+    allocations and call paths (`carry_families`), so one block has one family in the
+    report."""
+    if not dr.n_events:
+        return None
+    decided = [held]
+    if dr.peak.idx != moment.idx:
+        decided.append(attributor.attribute(
+            dr.blocks_at(dr.peak).filter(pl.col("state") == ACTIVE_ALLOCATED)))
+    return carry_families(attribute_lifetimes(attributor, dr, held), decided)
 
 
 def _families(dr: DeviceReplay, attributor: Attributor, lifetimes: pl.DataFrame | None,

@@ -7,7 +7,14 @@ no torch/optim frame) and updates in place. The backward makes one gradient per 
 the autograd thread (AccumulateGrad); the program drops them (``p.grad = None``) before
 the next backward.
 
-`zero_grad_late` is the other capture (issue 67): recording begins at the second step,
+`out_of_place` updates each weight out of place, as ``p.data = p - lr * g`` does: the
+step allocates ``lr * g`` (freed once subtracted) and the new weight, then the rebinding frees
+the old one, every step, so the weights the window ends with were made in its last step;
+`per_parameter` may then be 0 (plain SGD: no state). `wrapped` runs the program's step
+inside torch.optim's ``Optimizer.step`` wrapper (a subclass of torch.optim.Optimizer:
+torch/optim/optimizer.py ``wrapper`` on every stack of the step).
+
+`zero_grad_late` is another capture (issue 67): recording begins at the second step,
 whose first act is torch.optim's ``zero_grad(set_to_none=True)`` freeing the gradients of
 the step before (alive before recording: no frames, no allocation event). Ground truth
 (`facts`) is the simulator's own bookkeeping: which address it made as what.
@@ -44,15 +51,19 @@ def weights() -> list[int]:
     return [VOCAB * HIDDEN * FP32] + [n * FP32 for _ in range(LAYERS) for n in LAYER]
 
 
-def handwritten_train(steps: int = 2, per_parameter: int = 2, *, zero_grad_late: bool = False
+def handwritten_train(steps: int = 2, per_parameter: int = 2, *, zero_grad_late: bool = False,
+                      out_of_place: bool = False, wrapped: bool = False
                       ) -> tuple[dict[str, object], dict[str, object]]:
     """(snapshot, truth) after `steps` steps; with `zero_grad_late`, recorded from the
     second step's zero_grad on (torch.optim's, freeing last step's gradients)."""
     start: list[int] = []
     init = _at((MODEL, 80, "__init__"), (MODEL, 30, "__init__"))
-    state = [_at((TRAIN, 70, "<module>"), (OPTIM, 20 + k, "step"))
-             for k in range(per_parameter)]
-    update = _at((TRAIN, 70, "<module>"), (OPTIM, 30, "step"))
+    stepping: list[Frame] = [(TRAIN, 70, "<module>")]
+    if wrapped:
+        stepping.append((f"{S.TORCH}/optim/optimizer.py", 487, "wrapper"))
+    state = [_at(*stepping, (OPTIM, 20 + k, "step")) for k in range(per_parameter)]
+    update = _at(*stepping, (OPTIM, 30, "step"))
+    rebind = _at(*stepping, (OPTIM, 31, "step"))
     forward = S.stack([(TRAIN, 64, "<module>"), *S.call_module(MODEL, 120),
                        *S.call_module(MODEL, 50)])
     zero_grad = _at((f"{S.TORCH}/optim/optimizer.py", 990, "zero_grad"))
@@ -80,11 +91,17 @@ def handwritten_train(steps: int = 2, per_parameter: int = 2, *, zero_grad_late:
             grads = [sim.malloc(n, (ACCUMULATE, AUTOGRAD), family="gradients")
                      for n in weights()]
             sim.advance(5000)
-            for n in weights():  # each parameter in turn
+            for i, n in enumerate(weights()):  # each parameter in turn
                 if step == 0:  # the first step makes the moments and keeps them
                     moments += [sim.malloc(n, s, family="optimizer_state") for s in state]
                 tmp = sim.malloc(n, update, family="optimizer_temporaries")
-                sim.free(tmp)
+                if out_of_place:  # p.data = p - lr * g: the new weight, then the old goes
+                    new = sim.malloc(n, rebind, family="parameters")
+                    sim.free(tmp)
+                    sim.free(params[i], rebind)
+                    params[i] = new
+                else:
+                    sim.free(tmp)
             sim.advance(5000)
         facts["params"] = params
         facts["moments"] = moments

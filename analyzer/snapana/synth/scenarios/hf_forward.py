@@ -34,26 +34,38 @@ WEIGHTS = (HIDDEN * HIDDEN, HIDDEN * KV_HEADS * HEAD_DIM, HIDDEN * KV_HEADS * HE
            HIDDEN * HIDDEN, HIDDEN * FFN, HIDDEN * FFN, FFN * HIDDEN, HIDDEN, HIDDEN)
 
 
-def _attn(line: int, *inner: Frame) -> tuple[Frame, ...]:
+#: the same forward as generate()'s prefill: GenerationMixin.generate (decorated
+#: @torch.no_grad()) calls its decoding loop `_sample`, which calls the model
+GENERATE: S.Chain = [("/workspace/eval/chat.py", 48, "<module>"),
+                     (f"{S.TORCH}/utils/_contextlib.py", 116, "decorate_context"),
+                     (f"{S.SITE}/transformers/generation/utils.py", 2215, "generate"),
+                     (f"{S.SITE}/transformers/generation/utils.py", 3206, "_sample"),
+                     *S.call_module(LLAMA, 1190), *S.call_module(LLAMA, 940)]
+
+
+def _attn(driver: S.Chain, line: int, *inner: Frame) -> tuple[Frame, ...]:
     """A frame of LlamaAttention.forward (a projection: through nn.Linear)."""
-    chain = [*DRIVER, *S.call_module(LLAMA, 640), *S.call_module(LLAMA, 300), (LLAMA, line,
-                                                                              "forward")]
+    chain = [*driver, *S.call_module(LLAMA, 640), *S.call_module(LLAMA, 300), (LLAMA, line,
+                                                                               "forward")]
     return S.stack(chain, list(inner))
 
 
-def _linear(line: int) -> tuple[Frame, ...]:
-    return _attn(line, *S.call_module(f"{S.TORCH}/nn/modules/linear.py", 125))
+def _linear(driver: S.Chain, line: int) -> tuple[Frame, ...]:
+    return _attn(driver, line, *S.call_module(f"{S.TORCH}/nn/modules/linear.py", 125))
 
 
-def _layer(line: int) -> tuple[Frame, ...]:
+def _layer(driver: S.Chain, line: int) -> tuple[Frame, ...]:
     """A frame of LlamaDecoderLayer.forward (norms, residual adds, the MLP)."""
-    return S.stack([*DRIVER, *S.call_module(LLAMA, 640), (LLAMA, line, "forward")])
+    return S.stack([*driver, *S.call_module(LLAMA, 640), (LLAMA, line, "forward")])
 
 
 def hf_forward(batch: int = 8, seq: int = 8192, *, use_cache: bool = True,
-               grad: bool = False) -> tuple[dict[str, object], dict[str, object]]:
+               grad: bool = False, generate: bool = False
+               ) -> tuple[dict[str, object], dict[str, object]]:
     """(snapshot, truth): the forward's end holds the weights, the cache (with `use_cache`),
-    the final hidden states and the logits; the cache is freed together after it."""
+    the final hidden states and the logits; the cache is freed together after it. With
+    `generate` the forward is generate()'s prefill (its frames on every stack)."""
+    drv = GENERATE if generate else DRIVER
     start: list[int] = []
     t = batch * seq
     kv_bytes = t * KV_HEADS * HEAD_DIM * BF16
@@ -66,7 +78,7 @@ def hf_forward(batch: int = 8, seq: int = 8192, *, use_cache: bool = True,
         start.append(len(sim.trace))
         sim.advance(1_000_000)
         act = "saved_activations" if grad else "activation_temporaries"
-        x = sim.malloc(t * HIDDEN * BF16, S.stack(DRIVER), family=act)
+        x = sim.malloc(t * HIDDEN * BF16, S.stack(drv), family=act)
         cache: list[int] = []
         kept: list[int] = []
 
@@ -82,35 +94,35 @@ def hf_forward(batch: int = 8, seq: int = 8192, *, use_cache: bool = True,
                     kept.remove(a)
 
         for _ in range(LAYERS):
-            h = temp(t * HIDDEN * BF16, _layer(610))  # input_layernorm
-            q = temp(t * HIDDEN * BF16, _linear(318))
-            k = temp(kv_bytes, _linear(319))
+            h = temp(t * HIDDEN * BF16, _layer(drv, 610))  # input_layernorm
+            q = temp(t * HIDDEN * BF16, _linear(drv, 318))
+            k = temp(kv_bytes, _linear(drv, 319))
             fam = "kv_cache" if use_cache else act
-            v = sim.malloc(kv_bytes, _linear(320), family=fam)
+            v = sim.malloc(kv_bytes, _linear(drv, 320), family=fam)
             rope = (LLAMA, 150, "apply_rotary_pos_emb")
-            qe = temp(t * HIDDEN * BF16, _attn(324, rope))
-            ke = sim.malloc(kv_bytes, _attn(324, rope), family=fam)
+            qe = temp(t * HIDDEN * BF16, _attn(drv, 324, rope))
+            ke = sim.malloc(kv_bytes, _attn(drv, 324, rope), family=fam)
             done(k)
-            o = temp(t * HIDDEN * BF16, _attn(340))  # sdpa output
+            o = temp(t * HIDDEN * BF16, _attn(drv, 340))  # sdpa output
             done(q, qe, h)
             if use_cache:
                 cache += [v, ke]
             else:
                 kept.extend((v, ke))
                 done(v, ke)
-            p = temp(t * HIDDEN * BF16, _linear(352))  # o_proj
+            p = temp(t * HIDDEN * BF16, _linear(drv, 352))  # o_proj
             done(o)
-            x2 = temp(t * HIDDEN * BF16, _layer(620))  # residual add
+            x2 = temp(t * HIDDEN * BF16, _layer(drv, 620))  # residual add
             done(p)
-            h2 = temp(t * HIDDEN * BF16, _layer(625))  # post_attention_layernorm
-            g = temp(t * FFN * BF16, _layer(630))
-            u = temp(t * FFN * BF16, _layer(631))
+            h2 = temp(t * HIDDEN * BF16, _layer(drv, 625))  # post_attention_layernorm
+            g = temp(t * FFN * BF16, _layer(drv, 630))
+            u = temp(t * FFN * BF16, _layer(drv, 631))
             done(h2)
-            m = temp(t * FFN * BF16, _layer(632))
+            m = temp(t * FFN * BF16, _layer(drv, 632))
             done(g, u)
-            d = temp(t * HIDDEN * BF16, _layer(633))
+            d = temp(t * HIDDEN * BF16, _layer(drv, 633))
             done(m)
-            y = sim.malloc(t * HIDDEN * BF16, _layer(636), family=act)  # residual add
+            y = sim.malloc(t * HIDDEN * BF16, _layer(drv, 636), family=act)  # residual add
             done(d, x2)
             if grad:
                 kept.append(x)
@@ -118,7 +130,7 @@ def hf_forward(batch: int = 8, seq: int = 8192, *, use_cache: bool = True,
                 sim.free(x)
             x = y
             sim.advance(2000)
-        logits = sim.malloc(t * VOCAB * BF16, S.stack([*DRIVER[:-3], *S.call_module(
+        logits = sim.malloc(t * VOCAB * BF16, S.stack([*drv[:-3], *S.call_module(
             f"{S.TORCH}/nn/modules/linear.py", 125)]), family="logits")
         facts["kv"] = list(cache)
         facts["kv_bytes"] = len(cache) * kv_bytes
