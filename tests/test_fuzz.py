@@ -113,3 +113,17 @@ def test_unmutated_real_seeds_are_never_refused():
     bad = [f"{out.cls}: {case.name}: {out.detail[:140]}" for case, out in outcomes
            if out.cls != "ok"]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("argv", [["--fail-on", "oom"], ["--fail-on=oom"]])
+def test_a_breached_fail_on_is_not_a_failure_however_the_value_is_given(argv):
+    """`diff A A --fail-on oom` on a capture with an OOM exits 1 by design (a breached limit),
+    with the value as its own word or glued on (`--fail-on=oom`, which the cli strategy writes
+    3 times in 10): the 30-minute campaign of issue 66 classed the glued form a traceback."""
+    from .fuzz import seeds
+
+    case = Case("cli", "--fail-on oom", {"input": seeds.rank_snapshot(0, True)},
+                argv=["diff", "{input}", "{input}", *argv], ext=".pickle")
+    with Runner(timeout=120.0) as runner:
+        out = runner.run(case)
+    assert out.code == 1 and out.cls == "ok", f"{out.cls}: {out.detail[:140]} (exit {out.code})"

@@ -376,7 +376,8 @@ class Runner:
             return Outcome("internal", err.strip().splitlines()[-1][:160] if err.strip()
                            else "", **base)
         cmd = case.command()
-        gate = "--fail-on" in cmd or cmd[:1] == ["check"]
+        gate = (any(a == "--fail-on" or a.startswith("--fail-on=") for a in cmd)
+                or cmd[:1] == ["check"])  # the value glued on too (cliargs.value_case)
         if code != 0 and not (code == OVER_BUDGET and gate):  # 1: a breached budget
             return Outcome("traceback", f"exit {code}", **base)
         raw = _RAW_CONTROL.search(err) or (None if "json" in cmd else _RAW_CONTROL.search(out))
