@@ -34,16 +34,19 @@ class PageVisit:
 
 
 def open_report(path: Path, timeout_ms: int = 30000, probe: str | None = None,
-                act: Callable[[Any], None] | None = None) -> PageVisit:
+                act: Callable[[Any], None] | None = None,
+                viewport: tuple[int, int] | None = None) -> PageVisit:
     """Open the report, wait until its figures are drawn, and collect what the page shows;
     `act`, given the playwright page, does what a person would (a click) before `probe`, a
-    JavaScript expression, is evaluated in the drawn page (e.g. a plot's data)."""
+    JavaScript expression, is evaluated in the drawn page (e.g. a plot's data). `viewport`:
+    the window's (width, height) in CSS pixels (playwright's default is 1280 × 720)."""
     sync_playwright = require("playwright.sync_api").sync_playwright  # a `chromium` test
     visit = PageVisit()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(),
                                     args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page()
+        page = browser.new_page(**({"viewport": {"width": viewport[0], "height": viewport[1]}}
+                                   if viewport else {}))
         page.on("console", lambda m: m.type == "error" and visit.console_errors.append(m.text))
         page.on("pageerror", lambda e: visit.console_errors.append(str(e)))
         page.on("request", lambda r: visit.requests.append(r.url))

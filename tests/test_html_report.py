@@ -8,7 +8,7 @@ import re
 import pytest
 
 from .browser import open_report
-from .conftest import corpus_files, invoke, require
+from .conftest import ROOT, corpus_files, invoke, require
 
 MiB = 2**20
 FR = [{"filename": "/job/model.py", "line": 54, "name": "forward"},
@@ -71,6 +71,48 @@ def test_report_renders_offline_in_chromium(tmp_path):
             assert "40.00 MiB" in visit.text  # the failed request
             assert "1.00 MiB" in visit.text  # device free
             assert "model.py:54 forward" in visit.text  # the allocation site
+
+
+#: A laptop's window (issue 71: the knob table was 1,716 px wide in it).
+WINDOW = (1366, 768)
+
+#: With every <details> open (a row's detail counts too): the document's width, each shown
+#: table's right edge, and each plotly legend that meets an axis' tick label or title.
+LAYOUT = """() => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  const box = e => e.getBoundingClientRect();
+  const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom
+                         && b.top < a.bottom;
+  const tables = Array.from(document.querySelectorAll('table'))
+    .filter(t => box(t).width > 0).map(t => [t.className, box(t).right]);
+  const covered = [];
+  document.querySelectorAll('.js-plotly-plot').forEach(div => {
+    const legend = div.querySelector('.legend');
+    if (!legend) return;
+    div.querySelectorAll('.xtick text, .ytick text, .g-xtitle text, .g-ytitle text')
+      .forEach(t => { if (box(t).width > 0 && meet(box(legend), box(t)))
+                        covered.push([div.dataset.figure, t.textContent]); });
+  });
+  return {width: document.documentElement.scrollWidth, tables: tables, covered: covered,
+          legends: document.querySelectorAll('.js-plotly-plot .legend').length};
+}"""
+
+
+@pytest.mark.chromium
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.stem)
+                                  for p in sorted((ROOT / "reports").glob("*.html"))])
+def test_a_sample_report_fits_a_laptop_window_and_no_legend_covers_an_axis(page):
+    """At 1,366 × 768 nothing scrolls sideways: no table is wider than the window (a
+    knob's frames and paths are in its row's detail), and no legend covers a tick label
+    or an axis title (the segment map's legend sat on its first tick labels)."""
+    visit = open_report(page, probe=LAYOUT, viewport=WINDOW)
+    got = visit.probed
+    assert visit.console_errors == []
+    assert got["tables"] and got["legends"]  # measured something
+    assert got["width"] <= WINDOW[0]
+    wide = [(name, right) for name, right in got["tables"] if right > WINDOW[0]]
+    assert wide == [], wide
+    assert got["covered"] == []
 
 
 @pytest.mark.parametrize("device", ["0"])

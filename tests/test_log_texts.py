@@ -406,6 +406,26 @@ def test_a_log_beside_its_snapshot_is_checked_against_it(tmp_path: Path, how: st
     assert invoke("report", str(SAMPLE), "--log", str(bad), "-o", str(bad)).returncode == 2
 
 
+def test_a_log_beside_its_snapshot_is_judged_on_the_first_screen(tmp_path: Path) -> None:
+    """`summary SNAP --log LOG` without --full says whether the log agrees, and on which
+    figure it does not (it said only "1 log(s) ... checked (--full)" before)."""
+    oom = _sample_oom()
+    good = tmp_path / "good.log"
+    good.write_text(f"[rank0]: torch.OutOfMemoryError: {oom.v2()}\n")
+    oom.free += GIB  # the message's free memory off by a GiB: another moment
+    bad = tmp_path / "bad.log"
+    bad.write_text(f"[rank0]: torch.OutOfMemoryError: {oom.v2()}\n")
+    for log, said in ((good, "good.log line 1 (rank 0) agrees with the snapshot"),
+                      (bad, "bad.log line 1 (rank 0) disagrees with the snapshot on device "
+                            "free (by 1.00 GiB)")):
+        result = invoke("summary", str(SAMPLE), "--log", str(log))
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert len(lines) <= 21  # the first screen
+        assert said in " ".join(line.strip() for line in lines), result.stdout
+        assert ("disagrees" in result.stdout) is (log == bad)
+
+
 def test_every_format_says_what_the_view_says() -> None:
     """The verdict, each section's sentences, rows and knobs, in the terminal text, the
     markdown, the HTML page and the JSON alike."""

@@ -400,7 +400,8 @@ def segment_name(g: SegmentGroup) -> str:
 
 def segments(v: DeviceView) -> Figure:
     """One bar per group of alike segments: its blocks by state (used, cached) and the free
-    gaps between them; the legend and the axis on top, where the first bars are."""
+    gaps between them; the axis on top, where the first bars are, and the legend beside
+    them, right of the plot: above it, the legend covered the axis' first tick labels."""
     rows: dict[str, dict[str, list[Any]]] = {}
     names: list[str] = []
     for g in v.segment_groups:
@@ -426,11 +427,11 @@ def segments(v: DeviceView) -> Figure:
                    textposition="none")
             for state, d in rows.items()]
     return _figure(*bars, barmode="overlay", height=max(260, 22 * len(names) + 130),
-                   margin=dict(l=10, r=10, t=100, b=20), title="Segments (fragmentation)",
+                   margin=dict(l=10, r=10, t=90, b=20), title="Segments (fragmentation)",
                    xaxis=dict(title="MiB into segment", side="top"),
                    yaxis=dict(autorange="reversed"),
-                   legend=dict(orientation="h", x=0, xanchor="left", y=1.0,
-                               yanchor="bottom"))
+                   legend=dict(orientation="v", x=1.01, xanchor="left", y=1.0,
+                               yanchor="top"))
 
 
 def _bar(rows: dict[str, dict[str, list[Any]]], state: str, seg: str, offset: int,

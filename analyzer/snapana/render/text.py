@@ -358,9 +358,8 @@ def _brief_capture(out: _Out, view: CaptureView) -> str:
         tail += _wrap(f"{d.name}: {'OOM' if d.report.oom else 'no OOM'}, "
                       f"{fmt_bytes(d.report.allocated_bytes)} allocated {d.moment} (top: "
                       f"{top})", out.width, "also ", INDENT)
-    if view.log_checks:
-        tail += _wrap(f"{len(view.log_checks)} log(s) beside it checked against its figures "
-                      "(--full)", out.width, "", INDENT)
+    for c in view.log_checks:  # each log's verdict on the first screen, its rows in --full
+        tail += _wrap(c.brief, out.width, "", INDENT)
     _brief(out, first, tail + _wrap(NEXT, out.width, "", ""))
     return out.text()
 

@@ -568,6 +568,8 @@ class LogCheckView:
     title: str
     verdict: str
     rows: tuple[tuple[str, str, str, str], ...]  # figure, the log printed, the snapshot, agree?
+    #: The verdict in one line for a one-screen summary: agrees, or disagrees on which figures
+    brief: str = ""
 
     COLUMNS: ClassVar[tuple[str, ...]] = ("figure", "the log printed", "the snapshot", "")
 
@@ -581,7 +583,8 @@ def log_check_view(c: LogCheck) -> LogCheckView:
     title = f"{where} against {c.path}, GPU {c.device}"
     if not c.snapshot_oom:
         return LogCheckView(title, "the snapshot records no OOM: it was dumped at another "
-                            "moment than the message, so their figures are not compared", ())
+                            "moment than the message, so their figures are not compared", (),
+                            f"log {where}: not compared (the snapshot records no OOM)")
     rows = tuple((f.what, f.printed.text, f"{fmt_bytes(f.snapshot)} ({f.how})",
                   "agrees" if f.agrees else
                   f"differs by {fmt_bytes(abs(f.printed.bytes - f.snapshot))}")
@@ -589,15 +592,22 @@ def log_check_view(c: LogCheck) -> LogCheckView:
     off = [f for f in c.figures if not f.agrees]
     if not c.figures:
         verdict = "the message holds none of the figures the snapshot records"
+        brief = f"log {where}: holds none of the snapshot's figures, nothing to compare"
     elif not off:
         verdict = (f"the log's {len(c.figures)} figures agree with the snapshot's within their "
                    "printed rounding: the two record the same failure")
+        brief = (f"log {where} agrees with the snapshot ({len(c.figures)} figures within "
+                 "their printed rounding)")
     else:
         verdict = (f"{len(off)} of {len(c.figures)} figures disagree ("
                    + ", ".join(f.what for f in off) + "): the log and the snapshot do not "
                    "record the same moment (another rank's log, another step, or a snapshot "
                    "dumped after memory was freed); read each on its own")
-    return LogCheckView(title, verdict, rows)
+        brief = (f"log {where} disagrees with the snapshot on "
+                 + ", ".join(f"{f.what} (by {fmt_bytes(abs(f.printed.bytes - f.snapshot))})"
+                             for f in off)
+                 + ": not the same moment")
+    return LogCheckView(title, verdict, rows, brief)
 
 
 def capture_view(reports: Iterable[DeviceReport], title: str,
