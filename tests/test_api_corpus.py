@@ -116,7 +116,7 @@ def _analysis_members(a: Analysis, tmp: Path) -> dict[str, Callable[[], Any]]:
     def ticket() -> None:
         written = a.ticket(tmp / "ticket")
         assert [p.name for p in written] == ["card.png", "ticket.md", "report.html",
-                                             "summary.json"]
+                                             "report.html.zip", "summary.json"]
         assert all(p.stat().st_size > 0 for p in written)
 
     def explore() -> None:

@@ -107,9 +107,28 @@ def _reference(a) -> tuple[list[str], list[str]]:
                     annotations=attributor.windows.at(ft)))
                 if freer.phase == rule.phase:
                     family = rule.becomes
+        if family == "unknown" and born < 0 and not attributor.stacks.stack(sid) and \
+                capture.has_trace and 0 <= freed < n:
+            family = _freed_as(attributor, ev, freed, row["size"]) or family
         families.append(family)
         phases.append(d.phase)
     return families, phases
+
+
+def _freed_as(attributor, ev: pl.DataFrame, freed: int, size: int) -> str | None:
+    """What the stack that freed a frameless block held since before recording says it was
+    (the inference stage's lifetime methods: zero_grad frees last step's gradients), read
+    from that one free event."""
+    fsid = ev["stack_id"][freed]
+    stack = attributor.stacks.stack(fsid) if fsid is not None else ()
+    if not stack:
+        return None
+    ft = ev["time_us"][freed] if attributor.capture.has_time else None
+    phase = attributor.rules.classify(stack, BlockContext(
+        size=int(size), has_alloc_event=True, annotations=attributor.windows.at(ft))).phase
+    method = inference.freed_as(inference.Freed(
+        phase, frozenset(f[1] for f in stack), attributor.site(fsid)), window=False)
+    return None if method is None else method.family
 
 
 def _check(path: Path) -> None:

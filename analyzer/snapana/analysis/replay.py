@@ -522,7 +522,7 @@ def pool_witnesses(events: pl.DataFrame, segments: pl.DataFrame,
     seg_end = (segs["address"] + segs["total_size"]).to_numpy()
     # the segment holding an address is the live one whose end is the first above it
     end = _first_live(seg_end, segs["open_idx"].to_numpy(), segs["close_idx"].to_numpy(),
-                      addr + 1, addr + int(segs["total_size"].max()), when)
+                      addr + 1, addr + int(segs["total_size"].to_numpy().max()), when)
     kinds: dict[int, set[str]] = {}
     for e, kind in zip(seg_end.tolist(), segs["segment_type"].to_list(), strict=True):
         kinds.setdefault(e, set()).add(kind)

@@ -226,7 +226,8 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
             if step.caveat:
                 why = f"not given: the replay leaves out {step.caveat}"
             if found is not None and withheld(held, found, recorded, knob):
-                found, why = None, withheld(held, found, recorded, knob)
+                why = withheld(held, found, recorded, knob)
+                found = None
             knobs.append(StepKnob(step.id, _knob_text(step), step.caveat, at_next, found,
                                   why))
     return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs),
