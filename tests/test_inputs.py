@@ -80,14 +80,13 @@ def test_a_folder_of_one_snapshot_its_sidecar_its_other_captures_and_a_log(tmp_p
         Input(snap, CaptureKind.TORCH_SNAPSHOT, Role.RANK, meta, None),
         Input(host, CaptureKind.MEMRAY, Role.BESIDE, None, None),
         Input(trace, CaptureKind.KINETO_TRACE, Role.BESIDE, None, None),
+        # issue 71: the job's OOM log in its incident folder is read beside the snapshot,
+        # as a log named among the inputs is, not listed as not taken
+        Input(log, CaptureKind.TEXT_LOG, Role.LOG, None, None),
     )
-    assert ins.skipped == (
-        "snapshot.meta.json: a sidecar, read with its capture",
-        "train.log: a text log: give it alone, or beside a snapshot with --log",
-    )
+    assert ins.skipped == ("snapshot.meta.json: a sidecar, read with its capture",)
     assert ins.single is None and not ins.text_only and ins.title == "1 inputs"
-    assert set(ins.files) == {snap, meta, host, trace}  # never an output; the log is not read
-    assert log not in ins.files
+    assert set(ins.files) == {snap, meta, host, trace, log}  # never an output
     sniffs, finds = counted
     assert max(sniffs.values()) == 1 and max(finds.values()) == 1, (sniffs, finds)
     with pytest.raises(InputError, match="--at applies to one capture"):
@@ -262,7 +261,8 @@ def test_a_folder_of_a_snapshot_by_content_and_a_stray_text_is_analysed(tmp_path
     name) and a note was read as a folder of logs and refused whole (exit 2, "none of the
     text inputs says anything about GPU memory"): the snapshot is analysed, the note listed
     as not taken with why, exit 0 (the README's table: a file that is not a capture is no
-    failure); an OOM log beside it keeps its own line (give it with --log)."""
+    failure); an OOM log beside it is read as the log of the same failure (as one named
+    among the inputs is)."""
     import shutil
 
     from .conftest import SAMPLES, invoke
@@ -274,11 +274,43 @@ def test_a_folder_of_a_snapshot_by_content_and_a_stray_text_is_analysed(tmp_path
     (folder / stray).write_text("# what happened\nrestarted at 3am, same config\n")
     _log(folder / "job.log")
     ins = resolve([str(folder)])
-    assert [i.path for i in ins.items] == [snap] and ins.items[0].role is Role.RANK
-    assert ins.skipped == ("job.log: a text log: give it alone, or beside a snapshot with --log",
-                           f"{stray}: no OOM message or capture in it")
+    assert [i.path for i in ins.ranks] == [snap]
+    assert [i.path for i in ins.logs] == [folder / "job.log"]
+    assert ins.skipped == (f"{stray}: no OOM message or capture in it",)
     run = invoke("summary", str(folder), "-f", "json")
     assert run.returncode == 0, run.stderr
     data = json.loads(run.stdout)
     assert [Path(e["file"]).name for e in data["inputs"]] == [snap.name]
     assert sorted(data["skipped"]) == sorted(ins.skipped)
+
+
+def test_an_incident_folder_s_oom_log_is_checked_against_its_snapshot(tmp_path):
+    """Issue 71: the log a crashed job left beside its snapshot was listed as not taken
+    ("give it beside a snapshot with --log") though the folder was the incident: it is
+    read as `--log` would be, and its figures are checked against the snapshot. The log's
+    line is written here from the raw pickle's OOM entry, as PyTorch's message prints it."""
+    import pickle
+    import shutil
+
+    from .conftest import SAMPLES, invoke
+
+    sample = SAMPLES / "slime-tp1-logits-fp32-oom.pickle"
+    raw = pickle.loads(sample.read_bytes())
+    oom = next(e for t in raw["device_traces"] for e in t if e["action"] == "oom")
+    gib = 2**30
+    folder = tmp_path / "incident"
+    folder.mkdir()
+    shutil.copy(sample, folder / "rank0.pickle")
+    (folder / "train.log").write_text(
+        "step 12\n[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        f"{oom['size'] / gib:.2f} GiB. GPU 0 has a total capacity of 79.11 GiB of which "
+        f"{oom['device_free'] / gib:.2f} GiB is free.\n")
+    run = invoke("summary", str(folder), "-f", "json")
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    assert data["skipped"] == []
+    (check,) = data["log_checks"]
+    assert check["title"].startswith("train.log line 2 (rank 0)")
+    rows = {r[0]: r for r in check["rows"]}
+    assert rows["device free"][1] == f"{oom['device_free'] / gib:.2f} GiB"
+    assert rows["device free"][3] == "agrees"

@@ -230,7 +230,9 @@ def resolve(files: Sequence[str | Path], *, at: str | None = None,
     may_be_one = not every_rank and _may_be_one(named)
     if not may_be_one:
         _at_one(at, None)
-    paths, skipped, companions = expand(named, sniffed)
+    paths, skipped, companions, folder_logs = expand(named, sniffed, take_logs=texts)
+    log_inputs += [sniffed.made(p, Role.LOG) for p in folder_logs
+                   if p not in {i.path for i in log_inputs}]
     single = paths[0] if may_be_one and len(paths) == 1 else None
     _at_one(at, single)
     _beside_one(trace + memray, single, f"the {len(paths)} inputs here make a rank table")
@@ -319,24 +321,27 @@ def _logs_among(named: list[str], sniffed: _Seen) -> list[str]:
     return found if len(found) != len(named) else []
 
 
-def expand(args: Iterable[str | Path], sniffed: _Seen | None = None
-           ) -> tuple[list[Path], list[str], list[Path]]:
+def expand(args: Iterable[str | Path], sniffed: _Seen | None = None, *,
+           take_logs: bool = False) -> tuple[list[Path], list[str], list[Path], list[Path]]:
     """Files, folders (their snapshots) and globs, in a stable order; a line for each file
     of a named folder that is not taken, with why (a folder's files are told apart by
-    content, never dropped without a word); and the folders' other captures of the same job
+    content, never dropped without a word); the folders' other captures of the same job
     (the kinds read beside a snapshot) where the inputs come to one snapshot: they are read
     beside it. Beside several snapshots a trace is tied to none of them, and listed with
-    why."""
+    why. With `take_logs`, a folder's text logs that hold an OOM message or a memory table
+    are read beside its snapshots, as a log named among them is (the incident folder a job
+    left: its snapshot and its log)."""
     from snapana.sources.parquet_dir import MARKER
 
     sniffed = sniffed or _Seen()
     out: list[Path] = []
     skipped: list[str] = []
     companions: list[Path] = []
+    logs: list[Path] = []
     for arg in args:
         p = Path(arg)
         if p.is_dir() and not (p / MARKER).exists():
-            found, passed, others = _folder(p, sniffed)
+            found, passed, others, texts = _folder(p, sniffed, take_logs)
             if not found:
                 raise InputError(f"{p}: no snapshot files (*.pickle) in this directory"
                                  + (f" ({len(passed) + len(others)} other files)"
@@ -344,6 +349,7 @@ def expand(args: Iterable[str | Path], sniffed: _Seen | None = None
             out.extend(found)
             skipped.extend(passed)
             companions.extend(others)
+            logs.extend(texts)
         elif any(ch in str(arg) for ch in "*?[") and not p.exists():
             matches = sniffed.matches(str(arg))
             if not matches:
@@ -356,17 +362,19 @@ def expand(args: Iterable[str | Path], sniffed: _Seen | None = None
         skipped += [f"{inert(f.name, lines=False)}: {sniffed.kind(f).row.not_a_rank} (with "
                     "several snapshots it is tied to none)" for f in companions]
         companions = []
-    return out, skipped, companions
+    return out, skipped, companions, logs
 
 
-def _folder(folder: Path, sniffed: _Seen) -> tuple[list[Path], list[str], list[Path]]:
+def _folder(folder: Path, sniffed: _Seen, take_logs: bool = False
+            ) -> tuple[list[Path], list[str], list[Path], list[Path]]:
     """A folder's snapshots (by name, or by content whatever their name: `x.pickle__sha`),
     a line for each other file that is not read with them (what its first bytes say it is,
-    and how it is given: its row of `capture_kinds.SOURCES`), and the captures read beside
-    a lone snapshot."""
+    and how it is given: its row of `capture_kinds.SOURCES`), the captures read beside
+    a lone snapshot, and (`take_logs`) the text logs that say something about memory."""
     found: list[Path] = []
     skipped: list[str] = []
     others: list[Path] = []
+    logs: list[Path] = []
     for f in sorted(folder.iterdir()):
         if f.name.startswith(".") or not f.is_file():
             continue
@@ -386,6 +394,8 @@ def _folder(folder: Path, sniffed: _Seen) -> tuple[list[Path], list[str], list[P
             others.append(f)
         elif not told.row.yields_capture and sniffed.says_nothing(f):
             skipped.append(f"{inert(f.name, lines=False)}: no OOM message or capture in it")
+        elif not told.row.yields_capture and take_logs:
+            logs.append(f)
         else:
             skipped.append(f"{inert(f.name, lines=False)}: {told.row.not_a_rank}")
-    return found, skipped, others
+    return found, skipped, others, logs
