@@ -115,6 +115,56 @@ def test_a_sample_report_fits_a_laptop_window_and_no_legend_covers_an_axis(page)
     assert got["covered"] == []
 
 
+#: A job's log as pasted: an OOM message with a long traceback line, and vLLM's own refusal
+#: (its format string in vllm/worker/worker.py, `determine_num_available_blocks`).
+_LOG = (
+    "[rank1]: Traceback (most recent call last):\n"
+    "[rank1]:   File \"/opt/conda/lib/python3.11/site-packages/megatron/core/"
+    "tensor_parallel/cross_entropy.py\", line 129, in forward\n"
+    "[rank1]:     logits_max = torch.max(vocab_parallel_logits, dim=-1)[0]\n"
+    "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 29.50 GiB. GPU 1 "
+    "has a total capacity of 79.11 GiB of which 14.06 GiB is free. Including non-PyTorch "
+    "memory, this process has 65.04 GiB memory in use. Of the allocated memory 61.44 GiB is "
+    "allocated by PyTorch, and 2.59 GiB is reserved by PyTorch but unallocated. If reserved "
+    "but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.\n")
+
+
+def _pages(tmp: object) -> dict[str, list[str]]:
+    """The report commands whose pages the samples do not show: several ranks with a log
+    among them, a log alone, and a diff."""
+    from pathlib import Path
+
+    tmp = Path(str(tmp))
+    log = tmp / "train.log"
+    log.write_text(_LOG)
+    samples = ROOT / "sample_snapshots"
+    a, b = (samples / "slime-tp2-chunked-logprob-oom.pickle",
+            samples / "slime-tp2-recompute-loss-ok.pickle")
+    return {"ranks": ["report", str(a), str(b), str(log)],
+            "log": ["report", str(log)],
+            "diff": ["diff", str(a), str(b), "-f", "html"]}
+
+
+@pytest.mark.chromium
+@pytest.mark.parametrize("kind", ["ranks", "log", "diff"])
+def test_the_other_pages_fit_a_laptop_window(tmp_path, kind):
+    """Issue 71: the samples' pages were measured at 1,366 × 768, the pages of several
+    ranks, of a log and of a diff were not. Each, made here, scrolls no table sideways and
+    no legend covers an axis."""
+    page = tmp_path / f"{kind}.html"
+    run = invoke(*_pages(tmp_path)[kind], "-o", str(page))
+    assert run.returncode == 0, run.stderr
+    visit = open_report(page, probe=LAYOUT, viewport=WINDOW)
+    got = visit.probed
+    assert visit.console_errors == []
+    assert got["tables"]  # measured something
+    assert got["width"] <= WINDOW[0]
+    wide = [(name, right) for name, right in got["tables"] if right > WINDOW[0]]
+    assert wide == [], wide
+    assert got["covered"] == []
+
+
 @pytest.mark.parametrize("device", ["0"])
 def test_device_option(tmp_path, device):
     snap = tmp_path / "oom.pickle"
