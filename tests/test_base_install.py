@@ -75,6 +75,18 @@ def test_base_install_has_no_torch_and_no_extras(laptop) -> None:
     assert _ok(laptop, "snapana --version").stdout.startswith("snapana ")
 
 
+def test_the_install_weighs_what_the_readme_says(laptop) -> None:
+    """Issue 71: a new user found a plain install's environment far larger than expected and
+    nothing said so. The README states its weight; the brand-new venv is measured here."""
+    bin_dir, _ = laptop
+    stated = re.search(r"environment weighs about ([\d,]+) MB", README)
+    assert stated, "the README no longer states the install's weight"
+    venv = bin_dir.parent
+    size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
+    mb = size / 1e6
+    assert abs(mb - int(stated.group(1).replace(",", ""))) <= 0.15 * mb, mb
+
+
 def test_readme_report_command(laptop) -> None:
     commands = [line.split("#")[0].strip() for block in _readme_blocks("bash")
                 for line in block.splitlines()
