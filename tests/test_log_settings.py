@@ -339,3 +339,11 @@ def test_mangled_dumps_never_raise() -> None:
                  "\n".join(megatron_print_args(Namespace(micro_batch_size="x" * 9000))[:2])]:
         read_settings(text.splitlines())
     assert _settings("non-default args: {'max_num_seqs': '12'}") == {"vllm.max_num_seqs": 12}
+
+
+def test_the_last_dump_is_the_one_kept() -> None:
+    """A job restarted with other settings prints them again: the last print is the one the
+    knobs read, however many came before."""
+    text = "\n".join(vllm_non_default({"gpu_memory_utilization": round(0.3 + k / 100, 2)})
+                     for k in range(40))
+    assert _settings(text) == {"vllm.gpu_memory_utilization": round(0.3 + 39 / 100, 2)}

@@ -28,6 +28,8 @@ MAX_BLOCK_LINES = 4_000
 MAX_STRAY_LINES = 50
 #: Candidate places a block line's setting is tried at (its prefix may hold double spaces).
 MAX_ITEM_TRIES = 8
+#: Dumps of one one-line format read, the last ones (a restarted job prints its own again).
+MAX_DUMPS = 16
 #: Characters of a value kept as printed.
 MAX_PRINTED = 200
 
@@ -184,13 +186,18 @@ _ITEM = re.compile(r"([A-Za-z_]\w{0,99}) (\.{0,100}) (.*)")
 
 
 def _pairs_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
+    """The last MAX_DUMPS lines of the format, read (the last print of a setting is the one
+    kept; a text of thousands of dumps is not scanned character by character throughout)."""
     out = []
-    for i, line in enumerate(lines):
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
         at = line.find(f.anchor)
         if at < 0 or (f.after and line.find(f.after, 0, at) < 0):
             continue
         out.append((i, _top_level(line[at + len(f.anchor):], f.style)))
-    return out
+        if len(out) >= MAX_DUMPS:
+            break
+    return out[::-1]
 
 
 def _blocks(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
