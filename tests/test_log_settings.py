@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from argparse import Namespace
 from enum import Enum
@@ -347,3 +348,48 @@ def test_the_last_dump_is_the_one_kept() -> None:
     text = "\n".join(vllm_non_default({"gpu_memory_utilization": round(0.3 + k / 100, 2)})
                      for k in range(40))
     assert _settings(text) == {"vllm.gpu_memory_utilization": round(0.3 + 39 / 100, 2)}
+
+
+def test_the_utilisation_step_becomes_the_value_to_set() -> None:
+    """V1's negative KV cache with the card's size: the knob is a step from the utilisation
+    set ('+0.36 or more'); the non-default args say it was 0.5, so the value is their sum."""
+    util = 0.5
+    card = ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.50 GiB. "
+            "GPU 0 has a total capacity of 79.25 GiB of which 975.94 MiB is free. Including "
+            "non-PyTorch memory, this process has 78.25 GiB memory in use. Of the allocated "
+            "memory 77.28 GiB is allocated by PyTorch, and 66.45 MiB is reserved by PyTorch "
+            "but unallocated.\n")
+    text = (vllm_non_default({"gpu_memory_utilization": util}) + "\n"
+            "DEBUG 03-12 11:58:22 [gpu_worker.py:400] Memory profiling takes 3.51 seconds. "
+            "Total non KV cache memory: 67.40GiB; torch peak memory increase: 1.21GiB; "
+            "non-torch forward increase memory: 0.66GiB; weights memory: 65.53GiB.\n"
+            "INFO 03-12 11:58:22 [gpu_worker.py:424] Available KV cache memory: -27.82 GiB\n"
+            + card)
+    (fw,) = weigh([read_text(text, "s3.log")]).frameworks
+    more = -(-round(27.82 * GIB) * 100 // round(79.25 * GIB)) / 100
+    (knob, why), = fw.knobs
+    assert knob == f"--gpu-memory-utilization {util + more:.2f} or more (now {util})"
+    assert f"{util} + {more:.2f}" in why
+
+
+@pytest.mark.parametrize("figures", [True, False])
+def test_sglang_refusal_with_its_server_args(figures: bool) -> None:
+    """SGLang's 'Not enough memory. Please try to increase --mem-fraction-static.' with the
+    ServerArgs line: the value from its figures names the one set; without figures the
+    direction becomes a bound on it."""
+    mfs, before, after = 0.8, 78.50, 12.25
+    p = "[2026-05-02 10:11:12 TP0] "
+    text = p + f"{ServerArgs(model_path='m', mem_fraction_static=mfs)=}".replace(
+        "ServerArgs(model_path='m', mem_fraction_static=mfs)=", "server_args=") + "\n"
+    if figures:
+        text += (f"{p}Load weight begin. avail mem={before:.2f} GB\n"
+                 f"{p}Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, avail "
+                 f"mem={after:.2f} GB, mem usage={before - after:.2f} GB.\n")
+    text += "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
+    (first, _), *_ = text_log_view("s.log", weigh([read_text(text, "s.log")])).best_knobs
+    if figures:
+        # profile_max_num_token: positive only from 1 − after / before on (rounded up)
+        lower = math.ceil((1 - round(after * GIB) / round(before * GIB)) * 100) / 100
+        assert first == f"--mem-fraction-static {lower:.2f} or more (now {mfs})"
+    else:
+        assert first == f"--mem-fraction-static > {mfs}"
