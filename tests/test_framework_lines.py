@@ -94,7 +94,8 @@ def test_sglang_startup_budget_and_the_term_the_oom_ate() -> None:
     gap = printed(request) - printed(free)
     lower = math.ceil(gap * 100 / printed(cap)) / 100
     (knob, why) = fw.knobs[0]
-    assert knob == f"--mem-fraction-static {mfs - lower:.2f}"
+    # the ServerArgs line's mem_fraction_static is the value it was set to (issue 69)
+    assert knob == f"--mem-fraction-static {mfs - lower:.2f} (now {mfs:g})"
     assert "alone covers" in why
     assert all(not k.startswith("--cuda-graph-max-bs") for k, _ in fw.knobs)  # 1.8 < gap
     view = text_log_view("sglang.log", ev)
@@ -369,3 +370,33 @@ def test_mangled_memory_lines_never_raise() -> None:
     weigh([read_text("\n".join(lines), "fuzz.log")])  # judged without raising
     bare = {f.id for f in line_formats() if f.pattern.match(f.anchor)}  # an error line: none
     assert all(m.figures or m.format in bare for m in read)
+
+
+def test_sglang_distributed_init_and_a_pool_expanded_after_start_up() -> None:
+    """model_runner.init_torch_distributed's f"Init torch distributed ends. mem usage={:.2f}
+    GB" is a start-up term (NCCL's communicators, taken before the weights); memory_pool's
+    f"Expand token kv pool to {size}, avail mem={:.2f} GB", printed after start-up, is the
+    last free figure before the OOM where it is lower than what start-up left (#69)."""
+    from snapana.render.text_log import text_log_view
+
+    cap = int(79.19 * GIB)
+    before, weights, kv_half, graphs, dist = cap - 2 * GIB, 15 * GIB, 20 * GIB, GIB, 1200 * MIB
+    left = before - weights - 2 * kv_half - graphs
+    later = left - 9 * GIB
+    p = "[2026-02-01 00:05:02 TP0] "
+    text = (f"{p}Init torch distributed begin.\n"
+            f"{p}Init torch distributed ends. mem usage={gb(dist)} GB\n")
+    text += sglang_startup(0, before, weights, kv_half, 300000, graphs, 0.85)
+    text += f"{p}Expand token kv pool to 600000, avail mem={gb(later)} GB\n"
+    request, free = later + GIB, later - 100 * MIB
+    text += f"{p}Scheduler hit an exception: " + oom(request, free, cap, 60 * GIB, GIB,
+                                                      cap - free) + "\n"
+    ev = weigh([read_text(text, "s.log")])
+    (fw,) = ev.frameworks
+    budget = dict(next(f for f in fw.findings if f.id == "sglang_budget").terms)
+    assert budget["torch distributed init"] == printed(dist)
+    said = dict(next(f for f in fw.findings if f.id == "sglang_oom").terms)
+    assert said["last avail mem before the OOM"] == printed(later)
+    (sec,) = [s for s in text_log_view("s.log", ev).sections if s.id == "framework"]
+    taken = printed(left) - printed(later)
+    assert f"{taken / GIB:.2f} GiB taken after start-up" in " ".join(sec.sentences)

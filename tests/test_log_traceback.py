@@ -315,4 +315,5 @@ def test_a_colocated_sglang_weight_update_is_named_with_its_budget() -> None:
     gap = round(3.20 * G) - round(1.10 * G)
     lower = -(-gap * 100 // round(79.19 * G)) / 100
     assert fw.message is not None
-    assert fw.knobs[0][0] == f"--mem-fraction-static {0.85 - lower:.2f}"
+    # the ServerArgs line says what it was set to (issue 69)
+    assert fw.knobs[0][0] == f"--mem-fraction-static {0.85 - lower:.2f} (now 0.85)"

@@ -14,6 +14,7 @@ from snapana.analysis.framework_memory import (
     across_ranks,
     framework_evidence,
 )
+from snapana.analysis.knob_words import with_settings
 from snapana.analysis.log_check import LogCheck, check, pick_message
 from snapana.analysis.log_evidence import (
     KvEvidence,
@@ -25,7 +26,9 @@ from snapana.analysis.log_evidence import (
     summary_evidence,
 )
 from snapana.analysis.text_diagnosis import TextDiagnosis, diagnose
+from snapana.log_model import OomMessage
 from snapana.sources import log_text
+from snapana.sources.settings_text import Setting
 from snapana.sources.traceback_text import ending_at, traceback_of
 
 if TYPE_CHECKING:
@@ -48,6 +51,9 @@ class LogEvidence:
     frameworks: tuple[FrameworkEvidence, ...] = ()
     #: what was read and not used: tracebacks that end at no OOM message (issue 69)
     not_read: tuple[str, ...] = ()
+    #: the settings the texts' args dumps print, and the knobs whose words they changed
+    settings: tuple[Setting, ...] = ()
+    set_knobs: tuple[tuple[str, str], ...] = ()  # (knob text, setting id)
 
 
 def read_logs(paths: list[Path] | None, ranks: dict[Path, int] | None = None) -> LogEvidence:
@@ -65,16 +71,19 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
     requests: list[RequestFinding | None] = []
     frameworks: list[FrameworkEvidence] = []
     not_read: list[str] = []
+    changed: list[tuple[str, str]] = []
     for log in logs:
         messages = list(log.messages)
-        diagnoses += [diagnose(m) for m in messages]
+        set_ = _Settings(log.settings, changed)
+        diagnoses += [replace(d, knobs=set_(d.knobs)) for d in map(diagnose, messages)]
         named = _requests(log)
-        requests += named
+        requests += [None if r is None else replace(r, knobs=set_(r.knobs, m))
+                     for r, m in zip(named, messages, strict=True)]
         not_read += _unused_tracebacks(log, named)
         judged = framework_evidence(log.memory_lines, messages, log.name)
-        frameworks += judged
         valued = frozenset(k.split(" ", 1)[0] for e in judged for k, _ in e.knobs
                            if "<" not in k)
+        frameworks += [replace(e, knobs=set_(e.knobs)) for e in judged]
         summaries += [summary_evidence(s, messages, log.name) for s in log.summaries]
         tables = [smi_evidence(t, messages, log.name) for t in log.smi]
         smi += tables
@@ -82,10 +91,30 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
         budgets = list(log.budgets)
         paired = [(r, budget_before(r, budgets)) for r in log.refusals]
         alone = [b for b in budgets if all(b is not p for _, p in paired)]
-        kv += [kv_evidence(r, b, others, log.name, valued) for r, b in paired]
-        kv += [kv_evidence(None, b, others, log.name) for b in alone]
+        kv += [replace(e, knobs=set_(e.knobs)) for e in
+               [kv_evidence(r, b, others, log.name, valued) for r, b in paired]
+               + [kv_evidence(None, b, others, log.name) for b in alone]]
     return LogEvidence(tuple(logs), tuple(diagnoses), tuple(summaries), tuple(smi), tuple(kv),
-                       tuple(requests), tuple(across_ranks(frameworks)), tuple(not_read))
+                       tuple(requests), tuple(across_ranks(frameworks)), tuple(not_read),
+                       tuple(s for log in logs for s in log.settings), tuple(changed))
+
+
+class _Settings:
+    """One log's settings put into knobs (`knob_words.with_settings`), the knobs whose words
+    they changed gathered in `changed`."""
+
+    def __init__(self, settings: tuple[Setting, ...], changed: list[tuple[str, str]]) -> None:
+        self.settings, self.changed = settings, changed
+
+    def __call__(self, knobs: tuple[tuple[str, str], ...], m: OomMessage | None = None
+                 ) -> tuple[tuple[str, str], ...]:
+        if not self.settings or not knobs:
+            return knobs
+        out, changed = with_settings(
+            knobs, self.settings, m.request.bytes if m and m.request else None,
+            m.free.bytes if m and m.free else None)
+        self.changed += changed
+        return out
 
 
 def _unused_tracebacks(log: log_text.TextLog, named: list[RequestFinding | None]) -> list[str]:

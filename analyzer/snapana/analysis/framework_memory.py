@@ -141,7 +141,9 @@ def _sglang(lines: Sequence[MemoryLine], message: OomMessage | None
                 None)
     fraction = _last(lines, "sglang.server_args")
     mfs = fraction.number("mem_fraction_static") if fraction is not None else None
+    dist = _bytes(_last(lines, "sglang.dist_init_end"), "usage")
     terms = [(what, n) for what, n in (
+        ("torch distributed init", dist if dist else None),
         ("free before the weights", before), ("weights", _bytes(loaded, "weights")),
         ("KV cache pool", pool), ("CUDA graphs", graphs), ("left after start-up", left))
         if n is not None]

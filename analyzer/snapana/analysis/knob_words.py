@@ -4,10 +4,18 @@ each knob is called and changes, and the knobs a framework's own message names, 
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
+
+from snapana.sources.settings_text import Setting
+from snapana.units import fmt_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,3 +50,118 @@ def named(hid: str, value: str | None = None, how: str = "") -> tuple[str, str]:
     why = f"the framework's own message names it ('{hint['says']}')"
     why += f"; the value: {how}" if value is not None else f"; {hint['without']}"
     return knob(hint["knob"], value if value is not None else hint["value"], why)
+
+
+# ----- the settings a log prints (issue 69) ------------------------------------------------
+
+class _SettingKnob(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    knobs: list[str] = msgspec.field(default_factory=list)
+    scales: Literal["request"] | None = None
+    unset_is: str | None = None
+    yields_to: str | None = None
+    spent: list[str] = msgspec.field(default_factory=list)
+
+
+class _SettingKnobs(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    setting: dict[str, _SettingKnob]
+
+
+@lru_cache(maxsize=1)
+def _setting_knobs() -> dict[str, _SettingKnob]:
+    text = (resources.files(__package__) / "setting_knobs.toml").read_text(encoding="utf-8")
+    return msgspec.toml.decode(text, type=_SettingKnobs).setting
+
+
+#: A knob's value the figures did not give: its direction in words.
+_PLACEHOLDER = re.compile(r"<([^<>]{1,60})>")
+#: A knob's value as a step from the one set ('+0.05 or more').
+_STEP = re.compile(r"\+([0-9]{1,3}\.[0-9]{1,4}) or more")
+_DOWN = ("lower", "smaller", "fewer")
+
+
+def _shown(v: int | float | bool | str) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _setting_for(knob: str, settings: Sequence[Setting]) -> tuple[Setting, _SettingKnob] | None:
+    """The setting `knob` is the value of, with a value (one printed None takes its
+    `unset_is` setting's, named as its own)."""
+    table = _setting_knobs()
+    by_id = {s.id: s for s in settings}
+    for s in settings:
+        words = table.get(s.id)
+        if words is None or not any(knob.startswith(k) for k in words.knobs):
+            continue
+        if s.value is None and words.unset_is is not None:
+            other = by_id.get(words.unset_is)
+            if other is None or other.value is None:
+                continue
+            s = replace(s, value=other.value,
+                        printed=f"None, so {other.name}'s {other.printed}")
+        if s.value is not None:
+            return s, words
+    return None
+
+
+def with_settings(knobs: Sequence[tuple[str, str]], settings: Sequence[Setting],
+                  request: int | None = None, free: int | None = None
+                  ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    """`knobs` with the value the log's settings give each (`setting_knobs.toml`): what it
+    was set to when the job failed, and the value to try where that and the failing
+    request's figures give one (a setting the request grows in proportion to: current ×
+    free / request); a knob whose change the settings show already made goes last and says
+    so. Returns the knobs, and (knob text, setting id) for each one a setting changed."""
+    out: list[tuple[str, str]] = []
+    spent: list[tuple[str, str]] = []
+    changed: list[tuple[str, str]] = []
+    found = [_setting_for(knob, settings) for knob, _ in knobs]
+    valued = [knob for (knob, _), f in zip(knobs, found, strict=True) if f is not None]
+    for (knob, why), f in zip(knobs, found, strict=True):
+        if f is None:
+            out.append((knob, why))
+            continue
+        s, words = f
+        assert s.value is not None
+        now = _shown(s.value)
+        where = f"{s.name} = {s.printed} in the log's settings (line {s.line}, {s.format})"
+        if now in words.spent:
+            text = f"{knob} (already set: {s.name}={now})"
+            spent.append((text, f"{why}; {where}: this change was already made when it "
+                                "failed"))
+            changed.append((text, s.id))
+            continue
+        sized = words.yields_to is None or not any(k.startswith(words.yields_to)
+                                                   for k in valued)
+        text, how = _valued(knob, s, words, request if sized else None, free)
+        out.append((text, f"{why}; {where}" + (f": {how}" if how else "")))
+        changed.append((text, s.id))
+    return tuple(out + spent), tuple(changed)
+
+
+def _valued(knob: str, s: Setting, words: _SettingKnob, request: int | None,
+            free: int | None) -> tuple[str, str]:
+    """The knob's text with the setting's value in it, and the arithmetic of a value to try."""
+    now = _shown(s.value)  # type: ignore[arg-type]
+    cur = s.value
+    if (words.scales == "request" and isinstance(cur, int) and not isinstance(cur, bool)
+            and request and free is not None and request > free):
+        to = cur * free // request
+        if 1 <= to < cur:
+            how = (f"the failing request ({fmt_bytes(request)}) grows with it: {cur:,} × "
+                   f"{fmt_bytes(free)} free / {fmt_bytes(request)} = {to:,} (rounded down) "
+                   "makes it fit what was free, if that micro-batch filled the setting")
+            if knob.startswith("--") and " " not in knob:
+                return f"{knob} {to} (now {now})", how
+            return f"{knob} ({s.name} {to}, now {now})", how
+    place = _PLACEHOLDER.search(knob)
+    if place is not None:
+        word = place.group(1)
+        sign = ">" if word.startswith("higher") else "<" if word in _DOWN else None
+        if sign is not None:
+            return knob[:place.start()] + f"{sign} {now}" + knob[place.end():], ""
+    step = _STEP.search(knob)
+    if step is not None and isinstance(cur, float):
+        at = f"{cur + float(step.group(1)):.2f} or more"
+        return (knob[:step.start()] + at + knob[step.end():] + f" (now {now})",
+                f"{now} + {step.group(1)}")
+    return f"{knob} (now {now})", ""

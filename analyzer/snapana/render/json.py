@@ -345,7 +345,13 @@ def text_log(view: TextLogView, options: Options) -> str:
                   "verdict": view.verdict, "sections": sections,
                   "ranks": {"columns": list(view.rank_columns),
                             "rows": [list(r) for r in view.rank_rows]},
-                  "not_read": list(view.unrecognised), "record": list(view.record)})
+                  "not_read": list(view.unrecognised), "record": list(view.record),
+                  "settings": [{"setting": s.id, "framework": s.framework, "name": s.name,
+                                "value": s.value, "printed": s.printed, "line": s.line,
+                                "format": s.format, "log": s.source,
+                                "changes_knobs": [k for k, sid in view.set_knobs
+                                                  if sid == s.id]}
+                               for s in view.settings]})
 
 
 def _window_replay(p: Any) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from snapana.render.check import COLUMNS as CHECK_COLUMNS
 from snapana.render.check import CheckView
 from snapana.render.scale import COLUMNS as SCALE_COLUMNS
 from snapana.render.scale import HELD_COLUMNS, ScaleView
-from snapana.render.text_log import TextLogView, record_hint
+from snapana.render.text_log import TextLogView, record_hint, settings_line
 from snapana.render.whatif import COLUMNS as WHATIF_COLUMNS
 from snapana.render.whatif import WhatIfView
 from snapana.units import address_text, fmt_bytes, inert
@@ -461,6 +461,9 @@ def _text_log_brief(view: TextLogView, out: _Out) -> str:
                  first="", indent=INDENT)
         for i, (knob, why) in enumerate(knobs[:BRIEF_KNOBS], 1):
             out.para(f"{i}. {knob} — {why.split(' — ', 1)[0]}", INDENT * 3, first=INDENT)
+        said = settings_line(view)
+        if said:
+            out.para(said, INDENT * 3, first=INDENT)
     else:
         out.para("--full: every figure, cause and table the text holds", first="")
     shown = view.sections[:BRIEF_KNOBS]

@@ -21,6 +21,7 @@ from snapana.units import fmt_bytes
 if TYPE_CHECKING:
     from snapana.analysis.traceback_request import RequestFinding
     from snapana.log_session import LogEvidence
+    from snapana.sources.settings_text import Setting
 
 #: What every statement from a traceback is limited to.
 TRACEBACK_SCOPE = "from the traceback: one request, not what held the rest"
@@ -81,6 +82,9 @@ class TextLogView:
     record: tuple[str, ...]
     unrecognised: tuple[str, ...]
     sections: tuple[EvidenceSection, ...] = ()
+    #: the settings the text's args dumps print; the knobs whose words they changed
+    settings: tuple[Setting, ...] = ()
+    set_knobs: tuple[tuple[str, str], ...] = ()  # (knob text, setting id)
 
     @property
     def lead(self) -> MessageView | None:
@@ -382,7 +386,19 @@ def text_log_view(title: str, evidence: LogEvidence,
                 *(kv_section(e, named) for e in evidence.kv),
                 *(framework_section(e, named) for e in evidence.frameworks))
     return TextLogView(title, views, rows, columns, record_advice(views),
-                       (*unrecognised, *evidence.not_read), sections)
+                       (*unrecognised, *evidence.not_read), sections, evidence.settings,
+                       evidence.set_knobs)
+
+
+def settings_line(view: TextLogView) -> str:
+    """One line naming the settings that gave the first knob its words (issue 69), or ""."""
+    if not view.best_knobs:
+        return ""
+    first = view.best_knobs[0][0]
+    ids = {sid for k, sid in view.set_knobs if k == first}
+    used = [s for s in view.settings if s.id in ids]
+    return ("the first knob's value is from the log's settings: " + ", ".join(
+        f"{s.name} = {s.printed} (line {s.line}, {s.format})" for s in used)) if used else ""
 
 
 def _at(source: str, line: int, named: bool) -> str:

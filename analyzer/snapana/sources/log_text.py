@@ -18,6 +18,7 @@ from snapana.sources._io import open_input
 from snapana.sources.log_tables import MemorySummary, SmiTable, read_smi, read_summaries
 from snapana.sources.memory_lines import MemoryLine, read_memory_lines
 from snapana.sources.oom_text import messages_in, unescape
+from snapana.sources.settings_text import Setting, read_settings
 from snapana.sources.text_lines import bounded_lines
 from snapana.sources.traceback_text import Traceback, read_tracebacks
 from snapana.sources.vllm_text import read_budgets, read_refusals
@@ -38,6 +39,9 @@ class TextLog:
     tracebacks: tuple[Traceback, ...] = ()
     #: frameworks' own memory lines (SGLang, vLLM, torch_memory_saver, Megatron, DeepSpeed)
     memory_lines: tuple[MemoryLine, ...] = ()
+    #: the settings its frameworks' args dumps print (vLLM, SGLang, Megatron / slime,
+    #: DeepSpeed), the last print of each: not memory, so they alone leave a text empty
+    settings: tuple[Setting, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -75,7 +79,8 @@ def _bounded(data: bytes, skipped: int, name: str) -> TextLog:
                        tuple(read_budgets(lines)[:MAX_LOG_MESSAGES]),
                        tuple(read_tracebacks(lines)[-MAX_LOG_MESSAGES:]) if messages else (),
                        tuple(replace(m, source=name)
-                             for m in read_memory_lines(lines)[-MAX_LOG_MESSAGES:]))
+                             for m in read_memory_lines(lines)[-MAX_LOG_MESSAGES:]),
+                       tuple(replace(s, source=name) for s in read_settings(lines)))
     except InputError as exc:  # a figure past its bound: said with the text's name
         raise InputError(f"{name}: {exc}") from None
 

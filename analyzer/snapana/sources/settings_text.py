@@ -1,0 +1,250 @@
+"""The settings a framework prints about itself at start-up, read from a log (issue 69):
+vLLM's non-default args and engine config, SGLang's ServerArgs repr, Megatron's (and so
+slime's) `_print_args` block, DeepSpeed's configuration print. A knob can then say what it
+was set to when the job failed, and what to try.
+
+The formats and the settings read from each are data (`settings_lines.toml`, each format
+with the source and format string it was written from); this module only finds and reads
+them. A setting's value is read as the Python repr or str the framework printed (numbers
+with DeepSpeed's thousands commas, True / False / None, quoted strings, an enum's value);
+one it cannot read is left out, never a reason to refuse the text. Work is linear in the
+text: each line is looked at once for each format's literal anchor, and a repr is scanned
+once for its depth."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Literal
+
+import msgspec
+
+#: Lines of one block read at most (Megatron prints a few hundred arguments).
+MAX_BLOCK_LINES = 4_000
+#: Lines inside a block that are not a setting (another process's output, a value printed
+#: over several lines) before the block is taken to have ended unmarked.
+MAX_STRAY_LINES = 50
+#: Candidate places a block line's setting is tried at (its prefix may hold double spaces).
+MAX_ITEM_TRIES = 8
+#: Dumps of one one-line format read, the last ones (a restarted job prints its own again).
+MAX_DUMPS = 16
+#: Characters of a value kept as printed.
+MAX_PRINTED = 200
+
+Value = int | float | bool | str | None
+
+
+class _Format(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    id: str
+    framework: str
+    kind: Literal["pairs", "block"]
+    source: str
+    style: Literal["assign", "dict"] = "assign"
+    anchor: str = ""
+    after: str = ""  # a literal the line holds before the anchor
+    begin: str = ""
+    end: str = ""
+    dots: int = 0
+
+
+class _Setting(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    id: str
+    framework: str
+    keys: dict[str, str]
+    type: Literal["int", "float", "bool", "str"]
+
+
+class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    format: list[_Format]
+    setting: list[_Setting]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as the log printed it: its value read (None: printed as None, unset),
+    where, and from which format."""
+
+    id: str  # "slime.max_tokens_per_gpu"
+    framework: str
+    name: str  # the name the framework printed it under ("max_seq_len")
+    value: Value
+    printed: str
+    line: int  # 1-based
+    format: str
+    source: str = ""  # the log it was read from
+
+
+@lru_cache(maxsize=1)
+def _data() -> _File:
+    text = (resources.files(__package__) / "settings_lines.toml").read_text(encoding="utf-8")
+    return msgspec.toml.decode(text, type=_File)
+
+
+def format_source(fmt: str) -> str:
+    """The framework source a format was written from."""
+    return next(f.source for f in _data().format if f.id == fmt)
+
+
+_KEY = {"assign": re.compile(r"(?<![\w.'\"])([A-Za-z_]\w{0,99})=(?!=)"),
+        "dict": re.compile(r"'([A-Za-z_]\w{0,99})': ")}
+_OPEN, _CLOSE = "([{", ")]}"
+_CALL = re.compile(r"[A-Za-z_]\w{0,99}\(")
+_INT = re.compile(r"-?[0-9][0-9,_]{0,30}")
+_FLOAT = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{0,20})?(?:[eE][-+]?[0-9]{1,3})?")
+_ENUM = re.compile(r"<[\w.]{1,100}: '([^']{0,100})'>")
+
+
+def _top_level(text: str, style: str) -> dict[str, str]:
+    """The `key` → raw value pairs of a repr's top level (`text` starts inside it): one pass
+    for the bracket depth (quoted strings skipped), keys kept where the depth is 0, each
+    value running to the next such key or to the bracket that closes the repr."""
+    depth, quote, escaped = 0, "", False
+    level = [0] * (len(text) + 1)
+    end = len(text)
+    for i, c in enumerate(text):
+        level[i] = -1 if quote else depth
+        if quote:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+            if depth < 0:
+                end = i
+                break
+    keys = [m for m in _KEY[style].finditer(text, 0, end) if level[m.start()] == 0]
+    out: dict[str, str] = {}
+    for m, nxt in zip(keys, [*keys[1:], None], strict=True):
+        stop = nxt.start() if nxt is not None else end
+        out.setdefault(m.group(1), text[m.end():stop].rstrip().rstrip(",").rstrip())
+    return out
+
+
+def _inside(raw: str) -> tuple[str, str] | None:
+    """A nested repr's body and style: 'Name(a=1, ...)' or '{'a': 1, ...}'."""
+    call = _CALL.match(raw)
+    if call is not None:
+        return raw[call.end():], "assign"
+    if raw.startswith("{"):
+        return raw[1:], "dict"
+    return None
+
+
+def _lookup(text: str, style: str, path: str) -> str | None:
+    """The raw value at a dotted `path` of a repr (each step inside the one before)."""
+    head, _, rest = path.partition(".")
+    raw = _top_level(text, style).get(head)
+    if raw is None or not rest:
+        return raw
+    body = _inside(raw)
+    return _lookup(body[0], body[1], rest) if body is not None else None
+
+
+def _value(raw: str, kind: str) -> tuple[bool, Value]:
+    """A printed value read as `kind`: (read?, value); None where it printed None."""
+    raw = raw.strip()
+    if raw == "None":
+        return True, None
+    enum = _ENUM.fullmatch(raw)
+    if enum is not None:
+        raw = enum.group(1)
+    elif len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
+        raw = raw[1:-1]
+    if kind == "bool":
+        low = raw.lower()
+        return (True, low == "true") if low in ("true", "false") else (False, None)
+    if kind == "int":
+        return (True, int(raw.replace(",", "").replace("_", ""))) if _INT.fullmatch(raw) \
+            else (False, None)
+    if kind == "float":
+        return (True, float(raw)) if _FLOAT.fullmatch(raw) else (False, None)
+    return True, raw[:MAX_PRINTED]
+
+
+def _block_item(line: str, dots: int) -> tuple[str, str] | None:
+    """A block line's '  {name} {dots} {value}': the dots must be the format's width less the
+    name's length (none from that length on), which a stray line seldom is."""
+    at, tries = line.find("  "), 0
+    while at >= 0 and tries < MAX_ITEM_TRIES:
+        m = _ITEM.match(line, at + 2)
+        if m is not None and len(m.group(2)) == max(dots - len(m.group(1)), 0):
+            return m.group(1), m.group(3)
+        at, tries = line.find("  ", at + 1), tries + 1
+    return None
+
+
+_ITEM = re.compile(r"([A-Za-z_]\w{0,99}) (\.{0,100}) (.*)")
+
+
+def _pairs_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
+    """The last MAX_DUMPS lines of the format, read (the last print of a setting is the one
+    kept; a text of thousands of dumps is not scanned character by character throughout)."""
+    out = []
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        at = line.find(f.anchor)
+        if at < 0 or (f.after and line.find(f.after, 0, at) < 0):
+            continue
+        out.append((i, _top_level(line[at + len(f.anchor):], f.style)))
+        if len(out) >= MAX_DUMPS:
+            break
+    return out[::-1]
+
+
+def _blocks(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
+    """Each block's settings, with the line each was printed on (the dict's key's line is
+    the block's begin line + its offset: kept per item below)."""
+    out: list[tuple[int, dict[str, str]]] = []
+    i = 0
+    while i < len(lines):
+        if f.begin not in lines[i]:
+            i += 1
+            continue
+        stray, j = 0, i + 1
+        while j < len(lines) and j - i <= MAX_BLOCK_LINES and stray <= MAX_STRAY_LINES:
+            if f.end in lines[j]:
+                break
+            item = _block_item(lines[j], f.dots)
+            if item is None:
+                stray += 1
+            else:
+                stray = 0
+                out.append((j, {item[0]: item[1]}))
+            j += 1
+        i = j + 1
+    return out
+
+
+def read_settings(lines: list[str]) -> tuple[Setting, ...]:
+    """Every setting `lines` print, the last print of each (a restarted job's own)."""
+    data = _data()
+    found: dict[str, Setting] = {}
+    for f in data.format:
+        printed = _blocks(lines, f) if f.kind == "block" else _pairs_lines(lines, f)
+        wanted = [(s, s.keys[f.id]) for s in data.setting if f.id in s.keys]
+        for i, pairs in printed:
+            for s, path in wanted:
+                head, _, rest = path.partition(".")
+                raw = pairs.get(head)
+                if raw is not None and rest:
+                    body = _inside(raw) if f.kind == "pairs" else (raw, "assign")
+                    raw = _lookup(body[0], body[1], rest) if body is not None else None
+                if raw is None:
+                    continue
+                ok, value = _value(raw, s.type)
+                if ok:
+                    new = Setting(s.id, s.framework, path, value, raw.strip()[:MAX_PRINTED],
+                                  i + 1, f.id)
+                    old = found.get(s.id)
+                    if old is None or old.line <= new.line:
+                        found[s.id] = new
+    return tuple(sorted(found.values(), key=lambda s: (s.line, s.id)))

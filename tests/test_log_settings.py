@@ -1,0 +1,395 @@
+"""Settings read from the args dumps a log carries (issue 69), and the knobs they give a value:
+vLLM's non-default args and engine config, SGLang's ServerArgs repr, Megatron's (and slime's)
+`_print_args` block, DeepSpeed's configuration print. Each dump is written here the way the
+framework writes it — its format string run on Python's own repr / str of the values (a
+dataclass, a dict, an argparse Namespace, a pydantic model), cited above each writer — and
+every expected value is recomputed here from what the test printed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from argparse import Namespace
+from enum import Enum
+from pathlib import Path
+
+import msgspec
+import pytest
+from snapana.analysis.knob_words import with_settings
+from snapana.log_session import weigh
+from snapana.render.text_log import text_log_view
+from snapana.sources.log_text import read_text
+from snapana.sources.settings_text import read_settings
+
+from .conftest import invoke
+from .test_framework_lines import GIB, MIB, oom, printed, sglang_startup
+from .test_log_knobs import NO_BLOCKS
+from .test_log_pasted import OOM, REF_LOGPROB, frames_only, ray
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PKG = Path(__file__).resolve().parents[1] / "analyzer" / "snapana"
+
+
+def _settings(text: str) -> dict[str, object]:
+    return {s.id: s.value for s in read_settings(text.splitlines())}
+
+
+# ----- vLLM -------------------------------------------------------------------------------
+
+def vllm_non_default(args: dict[str, object]) -> str:
+    """vllm/entrypoints/utils.py log_non_default_args: logger.info("non-default args: %s",
+    redacted_args), behind vLLM's log prefix."""
+    return "INFO 05-02 10:11:12 [utils.py:326] non-default args: %s" % (args,)  # noqa: UP031
+
+
+def vllm_engine_config(version: str, max_len: int, tp: int, eager: bool) -> str:
+    """vllm/v1/engine/core.py: "Initializing a V1 LLM engine (v%s) with config: %s" with
+    VllmConfig.__str__'s f-string (model={!r}, ..., max_seq_len=..., ...)."""
+    config = (f"model={'Qwen/Qwen3-8B'!r}, speculative_config=None, "
+              f"tokenizer={'Qwen/Qwen3-8B'!r}, skip_tokenizer_init=False, tokenizer_mode=auto, "
+              "revision=None, tokenizer_revision=None, trust_remote_code=False, "
+              f"dtype=torch.bfloat16, max_seq_len={max_len}, download_dir=None, "
+              f"load_format=auto, tensor_parallel_size={tp}, pipeline_parallel_size=1, "
+              "data_parallel_size=1, disable_custom_all_reduce=False, quantization=None, "
+              f"enforce_eager={eager}, kv_cache_dtype=auto, device_config=cuda, "
+              "compilation_config={\"level\":3,\"max_seq_len\":1}")
+    return (f"INFO 05-02 10:11:13 [core.py:69] Initializing a V1 LLM engine (v{version}) "
+            f"with config: {config}")
+
+
+def test_vllm_non_default_args_name_the_utilisation_the_refusal_asks_to_raise() -> None:
+    """The refusal names gpu_memory_utilization without a figure; the non-default args say
+    what it was: the knob asks for more than that."""
+    args = {"model": "Qwen/Qwen3-8B", "max_model_len": 32768, "gpu_memory_utilization": 0.5,
+            "max_num_seqs": 64, "api_key": "**REDACTED**",
+            "compilation_config": {"level": 3, "max_num_seqs": 1,
+                                   "cudagraph_capture_sizes": [1, 2]}}
+    text = (vllm_non_default(args) + "\n"
+            + '    raise ValueError("No available memory for the cache blocks. "\n'
+            + f"ValueError: {NO_BLOCKS}\n")
+    got = _settings(text)
+    assert got["vllm.gpu_memory_utilization"] == args["gpu_memory_utilization"]
+    assert got["vllm.max_num_seqs"] == args["max_num_seqs"]  # the top level's, not the nested
+    assert got["vllm.max_model_len"] == args["max_model_len"]
+    ev = weigh([read_text(text, "v.log")])
+    view = text_log_view("v.log", ev)
+    first, why = view.best_knobs[0]
+    assert first == f"--gpu-memory-utilization > {args['gpu_memory_utilization']}"
+    assert "line 1" in why and "vllm.non_default_args" in why
+
+
+def test_vllm_engine_config_gives_max_model_len_to_its_knob() -> None:
+    """V1's KV lines (kv_cache_utils: "GPU KV cache size: %s tokens" with {:,}; "Maximum
+    concurrency for %s tokens per request: %.2fx") below one request: the knob is the tokens
+    the cache holds, and the engine config says the length that was set."""
+    max_len, tokens = 40960, 21504
+    text = "\n".join([
+        vllm_engine_config("0.9.1", max_len, 2, False),
+        f"INFO 05-02 10:12:00 [kv_cache_utils.py:716] GPU KV cache size: {tokens:,} tokens",
+        f"INFO 05-02 10:12:00 [kv_cache_utils.py:720] Maximum concurrency for {max_len:,} "
+        f"tokens per request: {tokens / max_len:.2f}x"]) + "\n"
+    got = _settings(text)
+    assert got["vllm.max_model_len"] == max_len  # max_seq_len, not compilation_config's
+    assert got["vllm.tensor_parallel_size"] == 2
+    assert got["vllm.enforce_eager"] is False
+    knobs = text_log_view("v.log", weigh([read_text(text, "v.log")])).best_knobs
+    assert f"--max-model-len {tokens:,} (now {max_len})" in [k for k, _ in knobs]
+
+
+# ----- SGLang -----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class ServerArgs:
+    """A few of SGLang's ServerArgs fields, in its order: the dataclass repr is the line."""
+
+    model_path: str
+    tokenizer_path: str | None = None
+    tp_size: int = 1
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    json_model_override_args: str = "{}"
+    cuda_graph_max_bs: int | None = None
+
+
+def test_sglang_server_args_give_the_graph_knob_its_bound() -> None:
+    """engine._launch_subprocesses: logger.info(f"{server_args=}"). The OOM lacks less than
+    the CUDA graphs took: the graph knob asks for fewer than the batch size set."""
+    cap = int(79.19 * GIB)
+    before, weights, kv_half, graphs, mfs = cap - 700 * MIB, 15 * GIB, 27 * GIB, 3 * GIB, 0.88
+    left = before - weights - 2 * kv_half - graphs
+    request, free = left + 2 * GIB, left - 250 * MIB
+    args = ServerArgs(model_path="/models/q(1)=x, tp_size=8", tokenizer_path=None, tp_size=2,
+                      mem_fraction_static=mfs, chunked_prefill_size=8192,
+                      json_model_override_args='{"cuda_graph_max_bs": 4}', cuda_graph_max_bs=160)
+    text = sglang_startup(0, before, weights, kv_half, 399740, graphs, mfs)
+    text += f"[2026-02-01 00:05:04 TP0] {args=}".replace("args=", "server_args=") + "\n"
+    text += "[2026-02-01 00:07:09 TP0] Scheduler hit an exception: " + oom(
+        request, free, cap, 70 * GIB, GIB, cap - free - 100 * MIB) + "\n"
+    got = _settings(text)
+    assert got["sglang.tp_size"] == args.tp_size  # not the one inside model_path's quotes
+    assert got["sglang.cuda_graph_max_bs"] == args.cuda_graph_max_bs  # nor the JSON string's
+    assert got["sglang.mem_fraction_static"] == mfs
+    assert got["sglang.max_running_requests"] is None  # printed None: unset
+    knobs = [k for k, _ in text_log_view("s.log", weigh([read_text(text, "s.log")])).best_knobs]
+    assert printed(graphs) >= printed(request) - printed(free)
+    assert f"--cuda-graph-max-bs < {args.cuda_graph_max_bs}" in knobs
+    assert any(k.startswith("--mem-fraction-static") and k.endswith(f"(now {mfs:g})")
+               for k in knobs)
+
+
+# ----- Megatron / slime -------------------------------------------------------------------
+
+def megatron_print_args(args: Namespace, title: str = "arguments") -> list[str]:
+    """megatron/training/arguments.py _print_args, as its source reads."""
+    out = [f"------------------------ {title} ------------------------"]
+    str_list = []
+    for arg in vars(args):
+        dots = "." * (48 - len(arg))
+        str_list.append("  {} {} {}".format(arg, dots, getattr(args, arg)))  # noqa: UP032
+    out += sorted(str_list, key=lambda x: x.lower())
+    out.append(f"-------------------- end of {title} ---------------------")
+    return out
+
+
+SLIME_ARGS = Namespace(micro_batch_size=1, tensor_model_parallel_size=4,
+                       pipeline_model_parallel_size=1, recompute_granularity="full",
+                       max_tokens_per_gpu=16384, log_probs_max_tokens_per_gpu=16384,
+                       use_dynamic_batch_size=True, sglang_mem_fraction_static=0.7,
+                       overlap_param_gather_with_optimizer_step_and_more_words=False,
+                       data_path=["/data/a ........ b"])
+
+
+def test_slime_arguments_give_the_log_prob_budget_a_value(tmp_path: Path) -> None:
+    """slime parses its arguments through Megatron's, which prints them (with slime's own) in
+    _print_args' block, here behind Ray's actor prefix. The reference log-prob pass ran out:
+    its token budget leads, with the budget × free / request that fits what was free."""
+    lines = [ray("MegatronTrainRayActor", 4242, ln) for ln in megatron_print_args(SLIME_ARGS)]
+    lines += [ray("MegatronTrainRayActor", 12345, ln)
+              for ln in [*frames_only(REF_LOGPROB), OOM]]
+    text = "\n".join(lines) + "\n"
+    got = _settings(text)
+    for name in ("micro_batch_size", "tensor_model_parallel_size", "recompute_granularity"):
+        assert got[f"megatron.{name}"] == getattr(SLIME_ARGS, name)
+    for name in ("max_tokens_per_gpu", "log_probs_max_tokens_per_gpu", "use_dynamic_batch_size",
+                 "sglang_mem_fraction_static"):
+        assert got[f"slime.{name}"] == getattr(SLIME_ARGS, name)
+    view = text_log_view("r.log", weigh([read_text(text, "r.log")]))
+    first, why = view.best_knobs[0]
+    request, free = round(18.55 * GIB), round(9.69 * GIB)  # the OOM message's figures
+    budget = SLIME_ARGS.log_probs_max_tokens_per_gpu
+    assert first == f"--log-probs-max-tokens-per-gpu {budget * free // request} (now {budget})"
+    assert "megatron.arguments" in why
+    # the training budget is offered too, but the log-prob pass takes its own: no value
+    assert f"--max-tokens-per-gpu (now {SLIME_ARGS.max_tokens_per_gpu})" in [
+        k for k, _ in view.best_knobs]
+    # the JSON names every setting, and which knobs each changed
+    path = tmp_path / "ray.log"
+    path.write_text(text)
+    data = json.loads(invoke("summary", "--format", "json", str(path)).stdout)
+    by = {s["setting"]: s for s in data["settings"]}
+    assert by["slime.log_probs_max_tokens_per_gpu"]["changes_knobs"] == [first]
+    assert by["megatron.tensor_model_parallel_size"]["value"] == 4
+    # and the text says it in one line under the knobs
+    brief = invoke("summary", str(path)).stdout
+    said = "the first knob's value is from the log's settings: log_probs_max_tokens_per_gpu"
+    assert said in " ".join(brief.split())
+
+
+def test_a_log_prob_budget_printed_none_is_the_training_budget() -> None:
+    """slime fills log_probs_max_tokens_per_gpu from max_tokens_per_gpu after Megatron prints
+    the block (slime_validate_args): printed None, it is the training budget."""
+    args = Namespace(**{**vars(SLIME_ARGS), "log_probs_max_tokens_per_gpu": None})
+    lines = [*megatron_print_args(args), *frames_only(REF_LOGPROB), OOM]
+    view = text_log_view("r.log", weigh([read_text("\n".join(lines), "r.log")]))
+    request, free = round(18.55 * GIB), round(9.69 * GIB)
+    budget = args.max_tokens_per_gpu
+    first, why = view.best_knobs[0]
+    assert first == f"--log-probs-max-tokens-per-gpu {budget * free // request} (now {budget})"
+    assert "None, so max_tokens_per_gpu's" in why
+
+
+def test_recompute_already_full_goes_last() -> None:
+    """Megatron's recompute knob, with the block saying recompute_granularity is full."""
+    settings = read_settings(megatron_print_args(SLIME_ARGS))
+    recompute = _pack_knob("megatron.toml", "megatron.recompute_granularity")
+    knobs, _ = with_settings([(recompute, "why"), ("other", "why")], settings)
+    assert [k for k, _ in knobs] == ["other", f"{recompute} (already set: "
+                                              "recompute_granularity=full)"]
+
+
+def test_a_block_line_with_the_wrong_dots_is_not_a_setting() -> None:
+    """The dots are 48 less the name's length (none from 48 characters on): a line inside the
+    block with another count is another process's output, not an argument."""
+    long_name = "a_name_that_is_well_over_forty_eight_chars_long_x"
+    lines = megatron_print_args(Namespace(micro_batch_size=2, **{long_name: 3}))
+    lines.insert(2, "  tensor_model_parallel_size ... 8")
+    got = _settings("\n".join(lines))
+    assert got == {"megatron.micro_batch_size": 2}
+
+
+# ----- DeepSpeed --------------------------------------------------------------------------
+
+def deepspeed_print(config: object) -> list[str]:
+    """deepspeed/runtime/config.py DeepSpeedConfig.print("DeepSpeedEngine configuration"),
+    through DeepSpeed's logger format ('[%(asctime)s] [%(levelname)s] [%(filename)s:
+    %(lineno)d:%(funcName)s] %(message)s'), then print_user_config's first line."""
+    p = "[2025-03-01 10:00:00,123] [INFO] [config.py:1009:print] "
+    out = [f"{p}DeepSpeedEngine configuration:"]
+    for arg in sorted(vars(config)):
+        if arg != "_param_dict":
+            dots = "." * (29 - len(arg))
+            out.append(p + "  {} {} {}".format(arg, dots, getattr(config, arg)))  # noqa: UP032
+    out.append(p + "  json = {")
+    return out
+
+
+def _zero_config(stage: int, offload: str) -> object:
+    """DeepSpeedZeroConfig's str as pydantic prints it (DeepSpeedConfigModel:
+    use_enum_values=True), with its offload models nested."""
+    from pydantic import BaseModel, ConfigDict
+
+    class OffloadDeviceEnum(str, Enum):
+        none = "none"
+        cpu = "cpu"
+
+    class Base(BaseModel):
+        model_config = ConfigDict(use_enum_values=True)
+
+    class DeepSpeedZeroOffloadOptimizerConfig(Base):
+        device: OffloadDeviceEnum = OffloadDeviceEnum.none
+        nvme_path: str | None = None
+        pin_memory: bool = False
+
+    class DeepSpeedZeroConfig(Base):
+        stage: int = 0
+        contiguous_gradients: bool = True
+        offload_param: DeepSpeedZeroOffloadOptimizerConfig | None = None
+        offload_optimizer: DeepSpeedZeroOffloadOptimizerConfig | None = None
+        sub_group_size: int = 1_000_000_000
+
+    return DeepSpeedZeroConfig(stage=stage, offload_optimizer=DeepSpeedZeroOffloadOptimizerConfig(
+        device=OffloadDeviceEnum(offload), pin_memory=True))
+
+
+def _pack_knob(pack: str, kid: str) -> str:
+    data = tomllib.loads((PKG / "analysis" / "attribution" / "packs" / pack).read_text())
+    return next(k["knob"] for k in data["knob"] if k["id"] == kid)
+
+
+def test_deepspeed_config_says_offload_and_zero_are_already_on() -> None:
+    config = Namespace(train_batch_size=64, train_micro_batch_size_per_gpu=4,
+                       gradient_accumulation_steps=2, zero_config=_zero_config(3, "cpu"),
+                       zero_optimization_stage=3, zero_enabled=True,
+                       activation_checkpointing_config='{\n    "partition_activations": false\n}')
+    assert "offload_optimizer=DeepSpeedZeroOffloadOptimizerConfig(device='cpu'" in str(
+        config.zero_config)
+    settings = read_settings(deepspeed_print(config))
+    got = {s.id: s.value for s in settings}
+    assert got == {"deepspeed.zero_optimization_stage": 3, "deepspeed.offload_optimizer": "cpu",
+                   "deepspeed.train_micro_batch_size_per_gpu": 4}
+    offload = _pack_knob("pytorch.toml", "torch.optimizer_cpu_offload")
+    shard = _pack_knob("pytorch.toml", "torch.optimizer_sharding")
+    knobs, changed = with_settings([(offload, "why"), (shard, "why"), ("other", "why")], settings)
+    assert [k for k, _ in knobs][0] == "other"
+    assert {sid for _, sid in changed} == {"deepspeed.offload_optimizer",
+                                           "deepspeed.zero_optimization_stage"}
+    assert all("already set" in k for k, _ in knobs[1:])
+
+
+# ----- the data -----------------------------------------------------------------------------
+
+def _all_knob_texts() -> list[str]:
+    out = []
+    for pack in (PKG / "analysis" / "attribution" / "packs").glob("*.toml"):
+        out += [k["knob"] for k in tomllib.loads(pack.read_text()).get("knob", [])]
+    words = tomllib.loads((PKG / "analysis" / "framework_knobs.toml").read_text())
+    out += [w["knob"] for w in words["knob"].values()]
+    return out
+
+
+def test_every_setting_knob_names_a_knob_that_exists() -> None:
+    """Each knob text a setting is the value of begins a knob some pack or the framework
+    knobs offer, and each setting is one the formats read (the tables are read strictly)."""
+    table = tomllib.loads((PKG / "analysis" / "setting_knobs.toml").read_text())["setting"]
+    read = {s["id"] for s in tomllib.loads((PKG / "sources" / "settings_lines.toml").read_text())
+            ["setting"]}
+    texts = _all_knob_texts()
+    for sid, words in table.items():
+        assert sid in read, sid
+        for prefix in words.get("knobs", []):
+            assert any(t.startswith(prefix) for t in texts), (sid, prefix)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.toml.decode(b'[setting."x"]\nknob = ["--typo"]\n',
+                            type=__import__("snapana.analysis.knob_words", fromlist=["x"])
+                            ._SettingKnobs)
+
+
+def test_mangled_dumps_never_raise() -> None:
+    """Cut, unbalanced or garbled dumps: settings left out, never a traceback."""
+    for text in ["server_args=ServerArgs(mem_fraction_static=",
+                 "non-default args: {'max_model_len': '",
+                 "non-default args: {'max_num_seqs': 1e999999, 'gpu_memory_utilization': 0.٥}",
+                 "x ServerArgs(tp_size=))))(((, cuda_graph_max_bs=9" + "(" * 5000,
+                 "\n".join(megatron_print_args(Namespace(micro_batch_size="x" * 9000))[:2])]:
+        read_settings(text.splitlines())
+    assert _settings("non-default args: {'max_num_seqs': '12'}") == {"vllm.max_num_seqs": 12}
+
+
+def test_the_last_dump_is_the_one_kept() -> None:
+    """A job restarted with other settings prints them again: the last print is the one the
+    knobs read, however many came before."""
+    text = "\n".join(vllm_non_default({"gpu_memory_utilization": round(0.3 + k / 100, 2)})
+                     for k in range(40))
+    assert _settings(text) == {"vllm.gpu_memory_utilization": round(0.3 + 39 / 100, 2)}
+
+
+def test_the_utilisation_step_becomes_the_value_to_set() -> None:
+    """V1's negative KV cache with the card's size: the knob is a step from the utilisation
+    set ('+0.36 or more'); the non-default args say it was 0.5, so the value is their sum."""
+    util = 0.5
+    card = ("[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.50 GiB. "
+            "GPU 0 has a total capacity of 79.25 GiB of which 975.94 MiB is free. Including "
+            "non-PyTorch memory, this process has 78.25 GiB memory in use. Of the allocated "
+            "memory 77.28 GiB is allocated by PyTorch, and 66.45 MiB is reserved by PyTorch "
+            "but unallocated.\n")
+    text = (vllm_non_default({"gpu_memory_utilization": util}) + "\n"
+            "DEBUG 03-12 11:58:22 [gpu_worker.py:400] Memory profiling takes 3.51 seconds. "
+            "Total non KV cache memory: 67.40GiB; torch peak memory increase: 1.21GiB; "
+            "non-torch forward increase memory: 0.66GiB; weights memory: 65.53GiB.\n"
+            "INFO 03-12 11:58:22 [gpu_worker.py:424] Available KV cache memory: -27.82 GiB\n"
+            + card)
+    (fw,) = weigh([read_text(text, "s3.log")]).frameworks
+    more = -(-round(27.82 * GIB) * 100 // round(79.25 * GIB)) / 100
+    (knob, why), = fw.knobs
+    assert knob == f"--gpu-memory-utilization {util + more:.2f} or more (now {util})"
+    assert f"{util} + {more:.2f}" in why
+
+
+@pytest.mark.parametrize("figures", [True, False])
+def test_sglang_refusal_with_its_server_args(figures: bool) -> None:
+    """SGLang's 'Not enough memory. Please try to increase --mem-fraction-static.' with the
+    ServerArgs line: the value from its figures names the one set; without figures the
+    direction becomes a bound on it."""
+    mfs, before, after = 0.8, 78.50, 12.25
+    p = "[2026-05-02 10:11:12 TP0] "
+    text = p + f"{ServerArgs(model_path='m', mem_fraction_static=mfs)=}".replace(
+        "ServerArgs(model_path='m', mem_fraction_static=mfs)=", "server_args=") + "\n"
+    if figures:
+        text += (f"{p}Load weight begin. avail mem={before:.2f} GB\n"
+                 f"{p}Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, avail "
+                 f"mem={after:.2f} GB, mem usage={before - after:.2f} GB.\n")
+    text += "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
+    (first, _), *_ = text_log_view("s.log", weigh([read_text(text, "s.log")])).best_knobs
+    if figures:
+        # profile_max_num_token: positive only from 1 − after / before on (rounded up)
+        lower = math.ceil((1 - round(after * GIB) / round(before * GIB)) * 100) / 100
+        assert first == f"--mem-fraction-static {lower:.2f} or more (now {mfs})"
+    else:
+        assert first == f"--mem-fraction-static > {mfs}"
