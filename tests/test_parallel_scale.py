@@ -105,3 +105,13 @@ def test_bad_layout_refused(args):
     out = invoke("whatif", str(SLIME), *args)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_fsdp_names_and_pipeline(zero_capture):
+    """FSDP's NO_SHARD → FULL_SHARD is ZeRO 0 → 3 (Figure 1's 1.9 GB at Nd = 64); four
+    pipeline stages hold a quarter of the model state each (16Ψ / 4, the layers split)."""
+    psi = 7.5e9
+    fsdp = _asked(zero_capture, "--scale", "dp=64", "--zero", "no_shard:full_shard")
+    assert abs(fsdp["at_asked_size"]["peak_allocated_bytes"] / (16 * psi / 64) - 1) < 0.01
+    pp = _asked(zero_capture, "--scale", "pp=1:4")
+    assert abs(pp["at_asked_size"]["peak_allocated_bytes"] / (16 * psi / 4) - 1) < 0.01
