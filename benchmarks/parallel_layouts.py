@@ -94,19 +94,15 @@ def zero_rows(tmp: Path) -> list[Row]:
     base, _ = _written(tmp, "zero0", zero_job, 0, ND)
     one, _ = _written(tmp, "zero1", zero_job, 1, ND)
     dp8, _ = _written(tmp, "zero2-dp8", zero_job, 2, 8)
-    out = []
-    for stage in range(4):
-        _, sim = _written(tmp, f"zero{stage}-truth", zero_job, stage, ND)
-        out.append(Row("ZeRO Ψ=7.5B K=12", f"dp=64, stage 0 → {stage}",
-                       predict(base, [f"dp={ND}"], f"0:{stage}"), sim, zero_formula(stage),
-                       PAPER_ZERO[stage]))
-    _, sim3 = _written(tmp, "zero3-truth2", zero_job, 3, ND)
+    sim = {stage: _written(tmp, f"zero{stage}-truth", zero_job, stage, ND)[1]
+           for stage in range(4)}
+    out = [Row("ZeRO Ψ=7.5B K=12", f"dp=64, stage 0 → {stage}",
+               predict(base, [f"dp={ND}"], f"0:{stage}"), sim[stage], zero_formula(stage),
+               PAPER_ZERO[stage]) for stage in range(4)]
     out.append(Row("ZeRO Ψ=7.5B K=12", "dp=64, stage 1 (read from frames) → 3",
-                   predict(one, [f"dp={ND}"], "3"), sim3, zero_formula(3), PAPER_ZERO[3]))
-    _, sim2 = _written(tmp, "zero2-dp64", zero_job, 2, ND)
+                   predict(one, [f"dp={ND}"], "3"), sim[3], zero_formula(3), PAPER_ZERO[3]))
     out.append(Row("ZeRO Ψ=7.5B K=12", "stage 2 (--zero 2:2), dp 8 → 64",
-                   predict(dp8, ["dp=8:64"], "2:2"),
-                   sim2, zero_formula(2)))
+                   predict(dp8, ["dp=8:64"], "2:2"), sim[2], zero_formula(2)))
     return out
 
 

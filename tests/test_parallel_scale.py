@@ -6,10 +6,12 @@ and from the simulator's own peak at the other layout (synth/scenarios/parallel.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from snapana.synth.scenarios import write_snapshot
+from snapana.synth.scenarios.megatron import DenseModel
 from snapana.synth.scenarios.parallel import megatron_layers_job, megatron_step_job, zero_job
 
 from .conftest import ROOT, invoke
@@ -85,15 +87,26 @@ def test_megatron_step_tp4_within_ten_percent(tmp_path):
 
 
 def test_slime_sample_would_tp4_fit():
-    """'Would TP=4 fit': the sample's OOM at tp=2 replayed at tp=4 on the card the OOM
-    implies; the replay at tp=2 reproduces the recorded peak and its OOM."""
-    got = _asked(SLIME, "--scale", "tp=2:4", "--fit")
+    """'Would TP=4 fit': the sample's OOM replayed at tp=4 on the card the OOM implies, from
+    its recorded tp (the simulator's vocabulary per rank against the model's: its truth);
+    the replay at the recorded tp reproduces the recorded peak and its OOM."""
+    truth = json.loads(SLIME.with_name(SLIME.name.replace(".pickle", ".truth.json"))
+                       .read_text())
+    tp = DenseModel().vocab // truth["chunks"]["vocab_per_rank"]
+    assert tp == 2
+    got = _asked(SLIME, "--scale", f"tp={tp}:4", "--fit")
     assert got["at_recorded_size"]["peak_allocated_bytes"] == \
         got["recorded_peak_allocated_bytes"]
     assert not got["at_recorded_size"]["fits"]
     asked = got["at_asked_size"]
     assert asked["fits"] and asked["peak_allocated_bytes"] < got["capacity_bytes"]
     assert asked["peak_allocated_bytes"] < got["recorded_peak_allocated_bytes"]
+    # every large activation is split by the op that made it (the vocab-parallel log-prob
+    # softmax's temporaries too): what no op rule names is the per-token row max / log-prob
+    said = " ".join(got["assumptions"])
+    unmatched = re.search(r"made by no op a rule names[^:]*: [^:]*: ([\d,]+) blocks, "
+                          r"([\d,]+) bytes", said)
+    assert unmatched is not None and int(unmatched[2].replace(",", "")) < 2**20
 
 
 @pytest.mark.parametrize("args", [("--scale", "tp=0"), ("--scale", "tp=2:0"),
