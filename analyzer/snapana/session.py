@@ -31,6 +31,13 @@ from snapana.analysis.attribution.lifetimes import attribute_lifetimes
 from snapana.analysis.diagnosis.diagnose import device_report
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.explain import ExplainedSite, explain
+from snapana.analysis.parallel import (
+    LayoutChange,
+    LayoutError,
+    parse_layout,
+    shard_rows,
+    zero_from_frames,
+)
 from snapana.analysis.ranks.aggregate import RankSummary
 from snapana.analysis.replay import DeviceReplay, Moment, replay_or_final
 from snapana.analysis.scaled_replay import (
@@ -266,10 +273,14 @@ class Session:
 
     def resize(self, sizes: Mapping[str, Size], card: int | str | None = None,
                fit: str | None = None,
-               calibrate: tuple[Session, str, int] | None = None) -> SizePrediction:
-        """This device's window replayed at the asked sizes (`sizes`' targets) on `card`
-        (None: the card the recorded OOM implies), and the largest `fit` knob that fits it."""
+               calibrate: tuple[Session, str, int] | None = None,
+               layout: LayoutChange | None = None) -> SizePrediction:
+        """This device's window replayed at the asked sizes (`sizes`' targets) and parallel
+        `layout` on `card` (None: the card the recorded OOM implies), and the largest `fit`
+        knob that fits it."""
         window = self.scaling(sizes, calibrate)
+        if layout is not None:
+            window = self._sharded(window, layout)
         o = self.replay.oom
         implied = int(self.replay.reserved[o.idx]) + o.device_free_bytes \
             if o is not None and o.device_free_bytes is not None else None
@@ -280,8 +291,29 @@ class Session:
             raise InputError("--fit needs a card: give --capacity SIZE (no OOM is recorded "
                              "to imply one)")
         targets = {k: s.target for k, s in sizes.items() if s.target is not None}
+        if layout is not None:
+            targets.update(layout.target.sizes(layout.keys))
         return predict_sizes(window, targets, fit, capacity, note, self._recorded_peaks(),
                              o.idx if o is not None else None)
+
+    def parallel_layout(self, items: Sequence[str], zero: str | None) -> LayoutChange | None:
+        """The layout change `--scale tp= / dp= / pp= / sp=` and `--zero` ask for, the
+        recorded ZeRO stage read from the window's frames where --zero does not state it."""
+        stack_ids = window_blocks(self.attributor, self.replay, self.moment)["stack_id"]
+        read = zero_from_frames(self.capture.stacks, stack_ids.unique().to_list())
+        try:
+            return parse_layout(items, zero, read)
+        except LayoutError as exc:
+            raise InputError(str(exc)) from None
+
+    def _sharded(self, window: Window, layout: LayoutChange) -> Window:
+        """`window` with each block's split under `layout`, and what it rests on said."""
+        growth = window.growth
+        sharding = shard_rows(growth.blocks, self.capture.stacks, layout)
+        said = sharding.words(growth.blocks["requested"].to_numpy())
+        return Window(window.device, window.events,
+                      replace(growth, assumptions=(*growth.assumptions, *said)),
+                      window.setting, sharding)
 
     def _recorded_peaks(self) -> tuple[int, int]:
         """Peak allocated and reserved as the capture records them, to set beside a resized

@@ -24,7 +24,16 @@ from snapana.analysis.allocator_replay import (
     Trace,
     rerun,
 )
-from snapana.analysis.scaling import SCORES, Growth, NextStep, Shares, load_rules, shares
+from snapana.analysis.parallel import Sharding
+from snapana.analysis.scaling import (
+    LARGEST,
+    SCORES,
+    Growth,
+    NextStep,
+    Shares,
+    load_rules,
+    shares,
+)
 
 #: --fit doubles the size from the recorded one up to this many times before it says that
 #: nothing it can see stops the growth.
@@ -65,6 +74,8 @@ class Window:
     events: pl.DataFrame
     growth: Growth
     setting: Setting
+    #: each growth row's split under another parallel layout (None: the recorded layout)
+    sharding: Sharding | None = None
     _rows: np.ndarray = field(init=False)  # each growth row's event position (-1: held)
 
     def __post_init__(self) -> None:
@@ -78,6 +89,9 @@ class Window:
         """The resized trace (the held blocks first, as allocations with negative trace
         indices) and the trace indices `change` leaves out."""
         new = self.growth.factor(sizes)
+        if self.sharding is not None:
+            new = np.clip(np.round(new * self.sharding.factor(sizes)), 0, LARGEST
+                          ).astype(np.int64)
         if change.hold_rows:
             hold = np.fromiter(change.hold_rows, dtype=np.int64)
             new[hold] = np.minimum(new[hold], self.growth.blocks["requested"].to_numpy()[hold])
@@ -320,7 +334,9 @@ def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | No
     `fit_knob` on `capacity` (when asked)."""
     sizes = window.growth.sizes
     sure = shares(window.growth)
-    proof = window.run({k: s.recorded for k, s in sizes.items()}, capacity)
+    layout = window.sharding.change if window.sharding is not None else None
+    proof = window.run({**{k: s.recorded for k, s in sizes.items()},
+                        **(layout.recorded.sizes(layout.keys) if layout else {})}, capacity)
     target = window.run(targets, capacity) if targets else None
     fit = largest_fit(window, fit_knob, capacity,
                       step_largest=window.events.height <= SMALLEST_EVENTS,

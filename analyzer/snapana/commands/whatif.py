@@ -48,7 +48,14 @@ def whatif(
     scale: Annotated[list[str] | None, typer.Option(
         "--scale", metavar="KNOB=RECORDED[:TARGET]",
         help="resize the job: batch=4:16 or seq=128:2048 (the capture's size, then the one "
-             "to predict); both may be given; with --fit only the recorded size is needed")
+             "to predict); both may be given; with --fit only the recorded size is needed. "
+             "The parallel layout: tp=2:4, dp=8:64, pp=2:4, sp=0:1 (sequence parallelism "
+             "off/on); KEY=N alone keeps N")
+    ] = None,
+    zero: Annotated[str | None, typer.Option(
+        "--zero", metavar="RECORDED:TARGET",
+        help="with --scale dp=N: the ZeRO stage (0-3, or FSDP's no_shard / shard_grad_op / "
+             "full_shard); TARGET alone reads the recorded one from the capture's frames")
     ] = None,
     fit: Annotated[bool, typer.Option(
         "--fit", help="with --scale and a card: the largest batch (or seq) that fits, by "
@@ -68,12 +75,12 @@ def whatif(
     """Re-run the recorded window under a changed setting or card: does the OOM go away?
     With --scale: at another batch or sequence length, and the largest that fits (--fit)."""
     ins = policy.each(file, beside=[calibrate] if calibrate is not None else [])
-    if scale or fit or calibrate is not None or calibrate_size is not None:
+    if scale or fit or zero is not None or calibrate is not None or calibrate_size is not None:
         if set_ or drop or free_before_forward or empty_cache_before_forward or smallest:
             raise InputError("--scale is replayed alone: leave out --set, --drop, "
                              "--free-before-forward, --empty-cache-before-forward and "
                              "--smallest")
-        _scaled(ins, scale or [], capacity, fit, calibrate_size, device, format.value)
+        _scaled(ins, scale or [], capacity, fit, calibrate_size, device, format.value, zero)
         return
     from snapana.allocator_model import config as alloc_conf
     from snapana.render.whatif import whatif_view
@@ -124,9 +131,12 @@ def whatif(
 
 
 def _scaled(ins: Inputs, scale: list[str], capacity: str | None, fit: bool,
-            calibrate_size: str | None, device: int | None, fmt: str) -> None:
+            calibrate_size: str | None, device: int | None, fmt: str,
+            zero: str | None = None) -> None:
     """`--scale`: the window resized and replayed; `--fit`: the largest size that fits
-    (calibrated on the capture read beside, `--calibrate`, when one is given)."""
+    (calibrated on the capture read beside, `--calibrate`, when one is given); the parallel
+    layout keys and `--zero`: each rank's share under another layout (`analysis.parallel`)."""
+    from snapana.analysis.parallel import check_layout
     from snapana.analysis.scaling import ScaleError, parse_sizes
     from snapana.render.scale import scale_view
     from snapana.session import Session
@@ -134,6 +144,7 @@ def _scaled(ins: Inputs, scale: list[str], capacity: str | None, fit: bool,
     shown, calibrate = ins.items[0], next(iter(ins.beside), None)
     file = shown.path
 
+    scale, layout_items = check_layout(scale, zero)
     try:
         sizes = parse_sizes(scale)
     except ScaleError as exc:
@@ -142,12 +153,13 @@ def _scaled(ins: Inputs, scale: list[str], capacity: str | None, fit: bool,
         other = parse_sizes([calibrate_size]) if calibrate_size is not None else {}
     except ScaleError as exc:
         raise InputError(f"--calibrate-size {exc}") from None
-    if not sizes:
+    if not sizes and not layout_items and zero is None:
         raise InputError("give the capture's size: --scale batch=RECORDED[:TARGET] or "
                          "--scale seq=RECORDED[:TARGET]")
-    if fit and len(sizes) != 1:
+    if fit and (len(sizes) > 1 or not sizes and not layout_items):
         raise InputError("--fit finds one knob: give one --scale (batch=N or seq=N)")
-    if not fit and not any(s.target is not None for s in sizes.values()):
+    if not fit and not layout_items and zero is None and \
+            not any(s.target is not None for s in sizes.values()):
         raise InputError("nothing to predict: give a target (--scale seq=128:2048) or --fit")
     if (calibrate is None) != (not other):
         raise InputError("--calibrate OTHER.pickle and --calibrate-size KNOB=SIZE go together")
@@ -162,11 +174,17 @@ def _scaled(ins: Inputs, scale: list[str], capacity: str | None, fit: bool,
     if calibrate is not None:
         differs, size = next(iter(other.items()))
         with_other = (Session(policy.open_shown(calibrate), device), differs, size.recorded)
-    knob = next(iter(sizes)) if fit else None
-    predictions = [Session(capture, d).resize(sizes, capacity, knob, with_other)
-                   for d in devices if d in capture.devices]
+    knob = next(iter(sizes), None) if fit else None
+    sessions = [Session(capture, d) for d in devices if d in capture.devices]
+    layouts = [s.parallel_layout(layout_items, zero) for s in sessions]
+    predictions = [s.resize(sizes, capacity, knob, with_other, lay)
+                   for s, lay in zip(sessions, layouts, strict=True)]
+    if fit and knob is None and any(p.capacity is None for p in predictions):
+        raise InputError("--fit needs a card: give --capacity SIZE (no OOM is recorded to "
+                         "imply one)")
     change = ", ".join([*(f"{k} {s.recorded:,}" + (f" → {s.target:,}" if s.target else "")
                           for k, s in sizes.items()),
+                        *(layouts[0].said() if layouts and layouts[0] else []),
                         *([f"the largest {knob} that fits"] if knob else []),
                         *([f"a card of {capacity}"] if capacity else []),
                         *([f"calibrated on {calibrate.name}"] if calibrate else [])])

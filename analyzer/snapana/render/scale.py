@@ -160,14 +160,15 @@ def _assumptions(p: SizePrediction) -> tuple[str, ...]:
                          "multiple of the stated size (derived from the size, not a rule)",
              "unclassified": "have no rule and are held fixed",
              "indivisible": "do not divide by the stated size and are held fixed"}
+    # with no batch or seq asked (a parallel layout alone) nothing grows: its own words say
     out = ["Model state (parameters, gradients, optimizer state, buffers) is held at its "
            "recorded size; activations, logits and the KV cache grow linearly with batch and "
            "sequence; vocabulary-sized logits with batch × sequence (the vocabulary is the "
            "model's).",
            "Of the window's blocks: " + "; ".join(
                f"{n:,} ({fmt_bytes(b)}) {words.get(h, h)}"
-               for h, n, b in by_how.iter_rows()) + ".",
-           *p.growth.assumptions]
+               for h, n, b in by_how.iter_rows()) + "."] if p.growth.sizes else []
+    out += p.growth.assumptions
     if not p.growth.held_fixed().is_empty():
         out.append("A block held fixed keeps its recorded size and its count: where it is one "
                    "chunk of a loop over chunks of a fixed size (a chunked log-prob), a larger "
@@ -199,6 +200,8 @@ def _head(p: SizePrediction) -> tuple[str, ...]:
     an uncalibrated answer."""
     s = p.shares
     out = [p.growth.sized_for] if p.growth.sized_for else []
+    if not p.growth.sizes:  # a parallel layout alone: its assumptions say how sure
+        return tuple(out)
     if s.peak:
         out.append(f"How sure: of the {fmt_bytes(s.peak)} live at the recorded peak, "
                    f"{s.share('derived'):.0%} grows by a rule, a shape or a measurement "
