@@ -27,13 +27,11 @@ BANDS = """(() => { const b = document.querySelector('section.device .explore-ba
   return [b.dataset.window.split(',').map(Number), b.drawn, b.dataset.drawMs]; })()"""
 
 
-#: Known misses, measured and said (issue 67, left open): the explorer's table at another
-#: event is the window's timeline, which carries an inferred family (autocast's weight
-#: copies) over only from the moment shown and the peak, while the API attributes the blocks
-#: held at that event afresh. On this capture (autocast frames in its trace) event 10,384
-#: holds 95 copies (621.6 MB) the API names and the page counts as saved_activations.
-KNOWN = {"gpt-medium-ctx1024-train.pickle": "inferred families at another event: the page's "
-         "timeline carries them only from the moment shown and the peak (#67)"}
+#: Known misses (none now): a capture's name -> why its page is known to differ from the API.
+#: Issue 67's (gpt-medium-ctx1024-train: 95 autocast copies at event 10,384 the page counted
+#: as saved_activations) is gone: the families named among blocks held together are decided
+#: once for the window (`analysis.attribution.carry`), so every event shows the same ones.
+KNOWN: dict[str, str] = {}
 
 
 def _inputs() -> list:

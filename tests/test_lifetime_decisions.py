@@ -131,6 +131,27 @@ def _freed_as(attributor, ev: pl.DataFrame, freed: int, size: int) -> str | None
     return None if method is None else method.family
 
 
+def _with_set_decisions(a: snapana.Analysis, families: list[str]) -> list[str]:
+    """`families` with the window's set decisions (`Attributor.set_decisions`) applied one
+    lifetime at a time: an allocation a decision moment saw takes the set family it named
+    there (if any); one none saw, allocated in the window, takes its call path and size's."""
+    window = a.attributor.set_decisions()
+    if window is None:
+        return families
+    by_key = {(k, ad): f for k, ad, f in window.by_key.select(
+        "alloc_idx", "address", "_c_family").iter_rows()}
+    by_path = {(sid, req): f for sid, req, f in window.by_path.select(
+        "stack_id", "_req", "_p_family").iter_rows()}
+    out = list(families)
+    for i, (born, address, sid, size, req) in enumerate(a.replay.lifetimes.select(
+            "alloc_idx", "address", "stack_id", "size", "requested_size").iter_rows()):
+        if (born, address) in by_key:
+            out[i] = by_key[(born, address)] or out[i]
+        elif born >= 0:
+            out[i] = by_path.get((sid, req if req is not None else size)) or out[i]
+    return out
+
+
 def _check(path: Path) -> None:
     for device in snapana.load(path).capture.devices:
         a = snapana.load(path, device=device)
@@ -139,6 +160,7 @@ def _check(path: Path) -> None:
             continue
         fast = attribute_lifetimes(a.attributor, dr)
         families, phases = _reference(a)
+        families = _with_set_decisions(a, families)
         wrong = np.flatnonzero(np.asarray(fast["family"].to_list(), dtype=object)
                                != np.asarray(families, dtype=object))
         assert not wrong.size, (device, [(fast["family"][int(i)], families[i])

@@ -42,6 +42,10 @@ MAX_TIME = 2**62
 #: (replay, attribution, figures), so a few hundred bytes per device must not buy seconds.
 MAX_DEVICE = 4096
 MAX_DEVICES = 64
+#: events spread over a trace at which the families named among blocks held together
+#: (autocast's copies, K/V pairs, hand-written state) are decided, besides the OOM and the
+#: peak: each costs one attribution of the blocks live there (session._set_moments)
+SET_DECISION_MOMENTS = 16
 #: Range of a stack frame's ``line`` PyTorch can write: ``py_symbolize`` stores the
 #: ``uint64_t`` lineno of ``unwind::Frame`` (so CPython's "no line" -1 from
 #: ``PyCode_Addr2Line`` arrives as 2**64 - 1), the C++ pickler casts it to ``int64_t`` (-1).

@@ -51,7 +51,7 @@ from snapana.analysis.scaling import calibrate as measure
 from snapana.capture_kinds import CaptureKind
 from snapana.errors import InputError, SnapanaError
 from snapana.inputs import Input
-from snapana.limits import MAX_DEVICES
+from snapana.limits import MAX_DEVICES, SET_DECISION_MOMENTS
 from snapana.model import Capture, ReadProgress
 from snapana.units import parse_capacity
 
@@ -185,7 +185,25 @@ class Session:
     @cached_property
     def attributor(self) -> Attributor:
         # the replay's capture: without the trace when it was not replayed (`replay_or_final`)
-        return Attributor(self.replay.capture, self.device, self.rules)
+        attributor = Attributor(self.replay.capture, self.device, self.rules)
+        if self.replay.n_events:
+            attributor.decide_sets_at(self._set_moments)
+        return attributor
+
+    def _set_moments(self) -> list[pl.DataFrame]:
+        """The blocks live at the moments the families named among blocks held together are
+        decided at, once for the window (`Attributor.decide_sets_at`): the moment of
+        interest, the peak, then `SET_DECISION_MOMENTS` events spread evenly over the trace
+        (a crowd of same-size blocks that hides a set at one moment is gone at another).
+        None depends on the moment asked for, so every moment shows the same decisions."""
+        dr = self.replay
+        n = dr.n_events
+        spread = [dr.event(int(k * (n - 1) / max(SET_DECISION_MOMENTS - 1, 1)))
+                  for k in range(SET_DECISION_MOMENTS)]
+        picked: dict[int, Moment] = {}
+        for m in (dr.interest, dr.peak, *spread):
+            picked.setdefault(m.idx, m)
+        return [dr.blocks_at(m) for m in picked.values()]
 
     @property
     def device_capacity(self) -> int | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cached_property
 from typing import Any
@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from snapana.analysis.attribution import hand_state, inference, kv_pairs, weight_copies
+from snapana.analysis.attribution.carry import CARRIED, SetDecisions, set_methods
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
 from snapana.analysis.attribution.families import (
@@ -244,6 +245,25 @@ class Attributor:
         self._memo: dict[tuple[Any, ...], Decision] = {}
         self._sites: dict[int, str] = {}
         self._trace_phases: TracePhases | None = None
+        self._moments: Callable[[], Sequence[pl.DataFrame]] | None = None
+        self._set_decisions: SetDecisions | None = None
+        self._window = False  # the set methods are decided for the window (decide_sets_at)
+
+    def decide_sets_at(self, moments: Callable[[], Sequence[pl.DataFrame]]) -> None:
+        """Decide the families named among blocks held together (`carry.set_methods`) once
+        for the window, at the blocks `moments` gives (read on first use), so that every
+        later `attribute` gives an allocation the same one (`carry`)."""
+        self._moments = moments
+        self._set_decisions = None
+        self._window = True
+
+    def set_decisions(self) -> SetDecisions | None:
+        """The window's set decisions (`decide_sets_at`; None: none given or none named)."""
+        if self._moments is not None:
+            moments, self._moments = self._moments, None
+            self._set_decisions = SetDecisions.of(
+                [self._attribute(b, sets=True) for b in moments()], set_methods())
+        return self._set_decisions
 
     def trace_phases(self) -> TracePhases:
         """The phases the trace shows around frameless allocations (built on first use)."""
@@ -333,7 +353,18 @@ class Attributor:
         `evidence` says how the family was decided: "inventory" (the recording named the
         tensor), "frames" (a rule matched the stack),
         "inferred" (no frames: a rule on the pool or the trace's timeline, or the inference
-        stage; `method` names which) or "unknown" (the reason says why)."""
+        stage; `method` names which) or "unknown" (the reason says why). The families named
+        among blocks held together come from the window's decisions where it has them
+        (`decide_sets_at`), so an allocation has one wherever it is shown."""
+        return self._attribute(blocks, sets=not self._windowed(blocks))
+
+    def _windowed(self, blocks: pl.DataFrame) -> bool:
+        """Whether the window's set decisions say which of `blocks` the set methods name."""
+        return self._window and {"alloc_idx", "address", "requested_size"} <= set(blocks.columns)
+
+    def _attribute(self, blocks: pl.DataFrame, *, sets: bool) -> pl.DataFrame:
+        """`attribute`, the set methods run on `blocks` themselves (`sets`) or taken from
+        the window's decisions."""
         names = ("family", "label", "rule_id", "phase", "reason", "site", "evidence", "method")
         cols: dict[str, list[Any]] = {k: [] for k in names}
         stream_col = "segment_stream" if "segment_stream" in blocks.columns else "stream"
@@ -353,13 +384,33 @@ class Attributor:
             cols["method"].append("" if d.family == "unknown" or framed else (d.rule_id or ""))
         self._working_sets(blocks, cols)
         self._infer(blocks, cols)
-        self._hand_state(blocks, cols)
-        self._weight_copies(blocks, cols)
-        self._kv_pairs(blocks, cols)
+        if sets:
+            self._hand_state(blocks, cols)
+            self._weight_copies(blocks, cols)
+            self._kv_pairs(blocks, cols)
+        else:
+            self._take_sets(blocks, cols)
         self._inventory(blocks, cols)
         return blocks.with_columns(
             [pl.Series(k, v, dtype=pl.Utf8) for k, v in cols.items()]
         )
+
+    def _take_sets(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
+        """The window's set decisions on `blocks`: each block they name takes that family
+        with its reason; the rest keep what the rules and the inference stage said."""
+        window = self.set_decisions()
+        if window is None or blocks.is_empty():
+            return
+        got = window.carried(blocks.select("alloc_idx", "address", "stack_id", "size",
+                                           "requested_size"))
+        for i, values in enumerate(zip(*(got[f"_carried_{c}"] for c in CARRIED),
+                                       strict=True)):
+            if values[0] is None:
+                continue
+            for c, v in zip(CARRIED, values, strict=True):
+                cols[c][i] = v
+            cols["rule_id"][i] = ""
+            cols["evidence"][i] = "inferred"
 
     def transient(self, family: np.ndarray, names: Sequence[str | None],
                   alloc_idx: np.ndarray, free_idx: np.ndarray,
@@ -689,8 +740,7 @@ class Attributor:
         (size, family, phase, stack): allocations of the window too, even when their
         event fell out of the trace."""
         sizes = set(candidates["requested_size"].to_list())
-        ev = self.capture.device_events(self.device).with_row_index("pos")
-        allocs = ev.filter(pl.col("action") == "alloc")
+        ev, allocs, allocated, freed, alloc_stacks = self._trace_totals
         same = ev.filter(pl.col("action").is_in(["alloc", "free_requested"])
                          & pl.col("size").is_in(list(sizes)))
         live_n: dict[int, int] = {}  # size -> gradients of that size alive now
@@ -728,17 +778,26 @@ class Attributor:
                              if f in witnesses and s in sizes)
         for size, n in held_grads.items():
             most[size] = max(most.get(size, 0), n)
-        allocated = int(allocs["size"].sum())
-        freed = int(ev.filter(pl.col("action") == "free_requested")["size"].sum())
         backward = any(p in ("backward", "optimizer") for _, _, p, _ in live) or (
             self.capture.has_trace and self.trace_phases().has_phase("backward", "optimizer"))
         no_grad = "" if backward else self._no_grad_site(
-            {sid for _, _, _, sid in live} | set(allocs["stack_id"].drop_nulls().to_list()))
+            {sid for _, _, _, sid in live} | alloc_stacks)
         state_in_window = any(f == "optimizer_state" for _, f, _, _ in live)
         ev_out = inference.gather(most, others, allocs.height,
                                   freed / allocated if allocated else 0.0, backward, no_grad,
                                   state_in_window)
         return replace(ev_out, engine=self._engine, first_gradient=first_gradient)
+
+    @cached_property
+    def _trace_totals(self) -> tuple[pl.DataFrame, pl.DataFrame, int, int, set[int]]:
+        """This device's events with their positions, its allocations, the bytes allocated
+        and freed, and the allocating stacks: read once, since every moment's evidence
+        (`_evidence`) reads them and the window's set decisions ask at several moments."""
+        ev = self.capture.device_events(self.device).with_row_index("pos")
+        allocs = ev.filter(pl.col("action") == "alloc")
+        freed = int(ev.filter(pl.col("action") == "free_requested")["size"].sum())
+        return (ev, allocs, int(allocs["size"].sum()), freed,
+                set(allocs["stack_id"].drop_nulls().to_list()))
 
     @cached_property
     def _engine(self) -> str:

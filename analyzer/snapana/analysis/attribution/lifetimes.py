@@ -22,8 +22,9 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution import hand_state, inference, kv_pairs, weight_copies
+from snapana.analysis.attribution import inference
 from snapana.analysis.attribution.assign import Attributor, parse_pool
+from snapana.analysis.attribution.carry import CARRIED, SetDecisions, set_methods
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.stack import BlockContext
 from snapana.analysis.replay import DeviceReplay
@@ -98,20 +99,13 @@ def attribute_lifetimes(attributor: Attributor, dr: DeviceReplay,
     _freed_before(attributor, lt, framed, codes)
     if held is not None and not held.is_empty():
         _take_held(lt, held, codes)
-    return lt.with_columns(
+    out = lt.with_columns(
         *(pl.Series(name, values, dtype=pl.Utf8).gather(pl.Series(index, dtype=pl.Int64))
           for name, (index, values) in codes.items()),
         pl.Series("framed", framed, dtype=pl.Boolean))
-
-
-def set_methods() -> frozenset[str]:
-    """The inference methods that decide a block among the blocks held together at a moment
-    (their sizes beside the weights', a per-layer pattern, a count per gradient), which one
-    allocation's lifetime cannot show: autocast's weight copies, a forward's returned K/V
-    pairs, hand-written parameters (re-bound ones too) and optimizer state."""
-    hand = hand_state.spec()
-    return frozenset({weight_copies.spec().method, kv_pairs.spec().method,
-                      hand.param_method, hand.state_method, hand.rebound_method})
+    # the set families the attributor decided once for the window (`Attributor.set_decisions`)
+    window = attributor.set_decisions()
+    return out if window is None else _carry(out, window)
 
 
 def carry_families(lt: pl.DataFrame, decided: Sequence[pl.DataFrame]) -> pl.DataFrame:
@@ -119,35 +113,20 @@ def carry_families(lt: pl.DataFrame, decided: Sequence[pl.DataFrame]) -> pl.Data
     blocks at the moments `decided` (blocks attributed at a moment, the one shown first)
     carried over to the same allocations, and to every other allocation of the window of the
     same call path and size (the same copy or cache made again in another step), so that a
-    block carries one family wherever the report shows it. An allocation some moment
-    decided keeps the first such decision: where another method named it there, it stays so."""
-    frames = [d.select("alloc_idx", "stack_id", pl.coalesce("requested_size", "size")
-                       .alias("_req"), "family", pl.col("method").is_in(list(set_methods()))
-                       .alias("_set"))
-              for d in decided if "method" in d.columns]
-    if not frames:
-        return lt
-    seen = pl.concat(frames).filter(pl.col("alloc_idx") >= 0)
-    found = seen.filter("_set")
-    if found.is_empty():
-        return lt
-    by_idx = (seen.unique("alloc_idx", keep="first", maintain_order=True)
-              .select("alloc_idx", pl.when("_set").then("family").alias("_by_idx"),
-                      pl.lit(True).alias("_seen")))
-    by_path = (found.select("stack_id", "_req", pl.col("family").alias("_path"))
-               .unique(["stack_id", "_req"], keep="first", maintain_order=True))
-    carried = pl.when(pl.col("alloc_idx") < 0).then(None).when(pl.col("_seen")).then(
-        "_by_idx").otherwise("_path")
-    out = (lt.with_columns(pl.coalesce("requested_size", "size").alias("_req"))
-           .join(by_idx, on="alloc_idx", how="left", maintain_order="left")
-           .join(by_path, on=["stack_id", "_req"], how="left", maintain_order="left")
-           .with_columns(carried.alias("_carried")))
+    block carries one family wherever the report shows it (`carry.SetDecisions`)."""
+    found = SetDecisions.of(decided, set_methods())
+    return lt if found is None else _carry(lt, found)
+
+
+def _carry(lt: pl.DataFrame, found: SetDecisions) -> pl.DataFrame:
+    """`lt` with the families `found` carries to its allocations, their evidence inferred."""
+    out = found.carried(lt)
     if "evidence" in out.columns:
-        out = out.with_columns(pl.when(pl.col("_carried").is_not_null())
+        out = out.with_columns(pl.when(pl.col("_carried_family").is_not_null())
                                .then(pl.lit("inferred")).otherwise("evidence")
                                .alias("evidence"))
-    return (out.with_columns(pl.coalesce("_carried", "family").alias("family"))
-            .drop("_req", "_by_idx", "_seen", "_path", "_carried"))
+    return (out.with_columns(pl.coalesce("_carried_family", "family").alias("family"))
+            .drop(*(f"_carried_{c}" for c in CARRIED)))
 
 
 def _freed_before(attributor: Attributor, lt: pl.DataFrame, framed: np.ndarray,
