@@ -119,8 +119,8 @@ def test_a_sample_report_fits_a_laptop_window_and_no_legend_covers_an_axis(page)
 
 def _three_gpu_snapshot(path):
     """One process's snapshot of three GPUs, each holding its own amount (device d: d + 1
-    blocks of 5 + 2d MiB in a 40 MiB segment: 5, 14, 27 MiB), the OOM on the last one: a `--device` that showed
-    another device's figures, or all three, cannot pass for the right one."""
+    blocks of 5 + 2d MiB in a 40 MiB segment: 5, 14, 27 MiB), the OOM on the last one: a
+    `--device` that showed another device's figures, or all three, cannot pass for it."""
     segments, traces = [], []
     for dev in range(3):
         base = 0x1000_0000 * (dev + 1)
