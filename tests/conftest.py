@@ -9,10 +9,12 @@ import pickle
 import shutil
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 #: pytester runs the plugin's own tests (snapana.pytest_plugin) in a sandboxed pytest.
 pytest_plugins = ["pytester"]
@@ -137,6 +139,22 @@ def corpus_params(folder: str, pattern: str = "*") -> list:
 class _NoGlobals(pickle.Unpickler):
     def find_class(self, module, name):  # pragma: no cover - corpus is pure data
         raise AssertionError(f"test loader refused {module}.{name}")
+
+
+PACKS = ROOT / "analyzer" / "snapana" / "analysis" / "attribution" / "packs"
+VOCABULARY = PACKS / "vocabulary.toml"
+
+
+@cache
+def vocabulary() -> dict[str, Any]:
+    """The vocabulary's data file as TOML reads it, without snapana: the expectation a test
+    holds snapana's families, colours and lifetimes to."""
+    return tomllib.loads(VOCABULARY.read_text(encoding="utf-8"))
+
+
+def vocabulary_colours() -> dict[str, str]:
+    """Each family's colour as the data file writes it (lower case)."""
+    return {f["id"]: f["colour"].lower() for f in vocabulary()["family"]}
 
 
 def raw_load(path: Path):

@@ -21,7 +21,7 @@ from snapana.render.views import OTHER_COLOUR
 from snapana.units import fmt_bytes
 
 from .browser import open_report
-from .conftest import SNAPSHOTS, corpus_params, invoke, raw_load
+from .conftest import SNAPSHOTS, corpus_params, invoke, raw_load, vocabulary_colours
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "sample_snapshots").glob("*.pickle"))
@@ -168,7 +168,8 @@ def test_the_verdicts_family_has_bands_of_its_own() -> None:
 
 def test_figure_draws_the_bands() -> None:
     """One trace per band, bottom first, in the family colours, the outline of its steps;
-    small enough for the page."""
+    small enough for the page. The colours are the vocabulary file's (read here)."""
+    given = vocabulary_colours()
     a = snapana.load(CHUNKED)
     v = a._device_view
     av = v.allocations
@@ -176,7 +177,7 @@ def test_figure_draws_the_bands() -> None:
     bands = list(fig.data)
     assert len(bands) == len(av.bands)
     for tr, b in zip(bands, av.bands, strict=True):
-        assert tr.fillcolor == (v.colours[b.family] if b.family else OTHER_COLOUR)
+        assert tr.fillcolor == (given[b.family] if b.family else OTHER_COLOUR)
         x, y = b.outline(av.x, av.start)
         assert np.allclose(np.asarray(tr.y, dtype=np.float64) * GiB, y, rtol=1e-6, atol=2**12)
         assert np.allclose(np.asarray(tr.x, dtype=np.float64), x, rtol=1e-6)

@@ -7,6 +7,7 @@ into the snapshot's innermost-first order, so each test reads top-down.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,11 @@ from snapana.analysis.attribution import (
     load_rules,
 )
 
+from .conftest import PACKS, ROOT, vocabulary
+
 SP = "/opt/venv/lib/python3.11/site-packages/"
 MiB = 1 << 20
 GiB = 1 << 30
-
-PACKS = Path(__file__).resolve().parent.parent / "analyzer/snapana/analysis/attribution/packs"
-
 
 def py(path: str, name: str, line: int = 10) -> tuple[str, str, int]:
     """A Python frame; paths not starting with '/' are put under site-packages."""
@@ -80,35 +80,10 @@ def classify(rules, stack, ctx: BlockContext = CTX) -> Decision:
 
 
 def test_every_builtin_pack_loads_with_rules(rules):
-    expected = {
-        "slime",
-        "megatron",
-        "vllm",
-        "sglang",
-        "torch_memory_saver",
-        "fsdp",
-        "deepspeed",
-        "transformer_engine",
-        "verl",
-        "areal",
-        "openrlhf",
-        "ms_swift",
-        "pytorch",
-        "phases",
-        "memory_timeline",
-        "generic",
-        "transformers",
-        "peft",
-        "accelerate",
-        "diffusers",
-        "bitsandbytes",
-        "trl",
-        "lightning",
-        "torchtitan",
-        "liger_kernel",
-        "flash_attn",
-        "host",
-    }
+    """Every pack file in packs/ (read from the folder: a new pack is a file, no list here to
+    extend) is loaded, and each gives at least one rule."""
+    expected = {p.stem for p in PACKS.glob("*.toml")} - {"vocabulary"}
+    assert expected  # the folder was found
     assert set(builtin_pack_names()) == expected
     per_pack = {p: 0 for p in expected}
     for r in (*rules.rules, *rules.phase_rules, *rules.for_memory("host").rules):
@@ -116,35 +91,27 @@ def test_every_builtin_pack_loads_with_rules(rules):
     assert all(n > 0 for n in per_pack.values()), per_pack
 
 
-def test_family_table_has_the_stable_ids():
-    assert set(family_ids()) == {
-        "saved_logprob_softmax",
-        "logits",
-        "saved_activations",
-        "activation_temporaries",
-        "gradients",
-        "grad_buffer",
-        "param_buffer",
-        "parameters",
-        "main_params_fp32",
-        "optimizer_state",
-        "optimizer_temporaries",
-        "activation_gradients",
-        "autocast_weight_copies",
-        "kv_cache",
-        "cuda_graph_pool",
-        "weight_update_buffer",
-        "comm_buffer",
-        "workspace",
-        "recompute",
-        "user_tensors",
-        "host_optimizer_state",
-        "host_weight_backup",
-        "pinned_buffer",
-        "host_data",
-        "host_dataset_cache",
-        "unknown",
-    }
+#: where the data files other than the packs name a family: `family = "id"`, `[family.id]`
+NAMED_FAMILY = re.compile(r'^\s*(?:family\s*=\s*"([a-z0-9_]+)"|\[family\.([a-z0-9_]+)\])', re.M)
+
+
+def test_family_table_is_the_vocabulary_and_every_named_family_is_in_it():
+    """The family table is vocabulary.toml's [[family]] entries in their order (read here with
+    tomllib: a new family is data, no list here to extend), and ids are stable API: every id
+    the inference and scaling tables and the README's family list name is one of them, so a
+    renamed or dropped family fails here, not in a user's report."""
+    ids = [f["id"] for f in vocabulary()["family"]]
+    assert family_ids() == tuple(ids) and len(set(ids)) == len(ids)
+    analysis = PACKS.parent.parent
+    for table in (analysis / "attribution" / "inference.toml", analysis / "scaling.toml"):
+        named = {a or b for a, b in NAMED_FAMILY.findall(table.read_text())}
+        assert named and named <= set(ids), (table.name, named - set(ids))
+    readme = (ROOT / "README.md").read_text()
+    (listed,) = re.findall(r"^Families: (.*?)(?:\n\n)", readme, flags=re.M | re.S)
+    while re.search(r"\([^()]*\)", listed):  # the notes in brackets name other things
+        listed = re.sub(r"\([^()]*\)", "", listed)
+    named = set(re.findall(r"`([a-z0-9_]+)`", listed))
+    assert len(named) > 10 and named <= set(ids), named - set(ids)
 
 
 def test_vocabulary_holds_families_phases_and_causes():
@@ -156,10 +123,7 @@ def test_vocabulary_holds_families_phases_and_causes():
     )
     from snapana.analysis.attribution.families import parse_vocabulary
 
-    assert PHASES == phase_ids() == (
-        "init", "forward", "backward", "optimizer", "rollout", "logprobs", "weight_update",
-        "unknown",
-    )
+    assert PHASES == phase_ids() == tuple(p["id"] for p in vocabulary()["phase"])
     assert phase_label("optimizer") == "optimizer step"
     assert "outside_pytorch" in cause_ids() and "fragmentation" in cause_ids()
     assert "logits" in families_with_lifetime("transient")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 
 import pytest
+from snapana.units import fmt_bytes
 
 from .browser import open_report
-from .conftest import ROOT, corpus_files, invoke, require
+from .conftest import ROOT, corpus_files, invoke, oom_entry, raw_load, require
 
 MiB = 2**20
 FR = [{"filename": "/job/model.py", "line": 54, "name": "forward"},
@@ -165,14 +167,69 @@ def test_the_other_pages_fit_a_laptop_window(tmp_path, kind):
     assert got["covered"] == []
 
 
-@pytest.mark.parametrize("device", ["0"])
-def test_device_option(tmp_path, device):
-    snap = tmp_path / "oom.pickle"
-    _oom_snapshot(snap)
-    ok = invoke("report", str(snap), "--device", device, "-o", str(tmp_path / "a.html"))
-    assert ok.returncode == 0
+def _three_gpu_snapshot(path):
+    """One process's snapshot of three GPUs, each holding its own amount (device d: d + 1
+    blocks of 5 + 2d MiB in a 40 MiB segment: 5, 14, 27 MiB), the OOM on the last one: a
+    `--device` that showed another device's figures, or all three, cannot pass for it."""
+    segments, traces = [], []
+    for dev in range(3):
+        base = 0x1000_0000 * (dev + 1)
+        size = (5 + 2 * dev) * MiB
+        used = (dev + 1) * size
+        blocks = [{"address": base + i * size, "size": size, "requested_size": size,
+                   "state": "active_allocated", "frames": FR} for i in range(dev + 1)]
+        blocks.append({"address": base + used, "size": 40 * MiB - used, "requested_size": 0,
+                       "state": "inactive", "frames": []})
+        segments.append({"device": dev, "address": base, "total_size": 40 * MiB, "stream": 0,
+                         "segment_type": "large", "segment_pool_id": (0, 0),
+                         "is_expandable": False, "allocated_size": used, "active_size": used,
+                         "requested_size": used, "frames": [], "blocks": blocks})
+        trace = [{"action": "segment_alloc", "addr": base, "size": 40 * MiB, "stream": 0,
+                  "time_us": 10, "frames": FR}]
+        trace += [{"action": "alloc", "addr": b["address"], "size": b["size"], "stream": 0,
+                   "time_us": 11 + i, "frames": FR} for i, b in enumerate(blocks[:-1])]
+        if dev == 2:
+            trace.append({"action": "oom", "addr": 0, "size": 64 * MiB, "stream": 0,
+                          "device_free": MiB, "time_us": 20, "frames": FR})
+        traces.append(trace)
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": traces,
+                                   "allocator_settings": {}}, protocol=4))
+
+
+def _raw_device_figures(path, device: int) -> tuple[int, int]:
+    """(allocated, reserved) of one device, summed from the raw pickle without snapana."""
+    segs = [s for s in raw_load(path)["segments"] if s["device"] == device]
+    allocated = sum(b["size"] for s in segs for b in s["blocks"]
+                    if b["state"] == "active_allocated")
+    return allocated, sum(s["total_size"] for s in segs)
+
+
+@pytest.mark.parametrize("device", [0, 1, 2])
+def test_device_option_shows_that_device_alone(tmp_path, device):
+    """`--device N` of a three-GPU capture shows device N's figures (recomputed here from
+    the raw pickle) and no other's; a device the capture lacks is one line, exit 2."""
+    snap = tmp_path / "three.pickle"
+    _three_gpu_snapshot(snap)
+    allocated, reserved = _raw_device_figures(snap, device)
+    run = invoke("summary", str(snap), "--device", str(device), "-f", "json")
+    assert run.returncode == 0, run.stderr
+    (dev,) = json.loads(run.stdout)["devices"]
+    assert dev["device_name"] == f"cuda:{device}"
+    assert (dev["allocated_bytes"], dev["reserved_bytes"]) == (allocated, reserved)
+    assert (dev["oom"] is not None) == (oom_entry(snap) is not None and device == 2)
+    page = tmp_path / "a.html"
+    ok = invoke("report", str(snap), "--device", str(device), "-o", str(page))
+    assert ok.returncode == 0, ok.stderr
+    html = page.read_text()
+    assert re.findall(r'<section class="device" data-device="(\d+)">', html) == [str(device)]
+    assert f"<h2>cuda:{device} " in html and fmt_bytes(allocated) in html
+    for other in set(range(3)) - {device}:
+        assert fmt_bytes(_raw_device_figures(snap, other)[0]) not in html
+    # the OOM happened elsewhere: said so, never as this device's
+    assert ("ran out of memory on cuda:2" in html) == (device != 2)
     bad = invoke("report", str(snap), "--device", "7", "-o", str(tmp_path / "b.html"))
     assert bad.returncode == 2 and "no device 7" in bad.stderr
+    assert bad.stderr.count("\n") == 1
     assert not (tmp_path / "b.html").exists()
 
 

@@ -125,9 +125,13 @@ def test_every_kind_has_a_view_type_and_text() -> None:
     for kind, cls in VIEW_TYPES.items():
         assert cls.kind == kind
         assert "text" in formats(kind)
+    # the formats are the output table's (no list of them here to pin): the text ones are
+    # FORMATS, every view that compares or summarises has each, a capture every output
+    text = tuple(f for f, out in registry.OUTPUTS.items() if not out.binary)
+    assert FORMATS == text
     for kind in ("diff", "ranks"):
-        assert formats(kind) == FORMATS
-    assert formats("capture") == (*FORMATS, "png")
+        assert formats(kind) == text
+    assert formats("capture") == tuple(registry.OUTPUTS)
     assert set(formats()) == set(registry.OUTPUTS)
 
 
@@ -161,12 +165,14 @@ def _choices(command: str) -> tuple[str, ...]:
 
 
 def test_cli_format_choices_come_from_the_registry() -> None:
-    """Each command offers the formats its views have: `summary -f png` (a capture's card)
-    but no `check -f html` (no renderer)."""
-    assert _choices("summary") == formats("capture", "ranks", "text_log") == (*FORMATS, "png")
-    assert _choices("diff") == formats("diff")
-    assert _choices("check") == formats("check") == ("text", "markdown", "json")
-    assert _choices("whatif") == formats("whatif", "scale")
+    """Each command offers the formats its views have, read from the registry (`summary -f
+    png`: a capture's card; no `check -f html` while no check renderer writes html), in
+    the output table's order."""
+    views = {"summary": ("capture", "ranks", "text_log"), "diff": ("diff",),
+             "check": ("check",), "whatif": ("whatif", "scale")}
+    for command, kinds in views.items():
+        have = {fmt for kind, fmt in registered() if kind in kinds}
+        assert _choices(command) == tuple(f for f in registry.OUTPUTS if f in have), command
 
 
 def test_binary_output_is_refused_on_a_terminal_and_written_elsewhere(tmp_path: Path) -> None:

@@ -16,8 +16,7 @@ from snapana.allocator_model.frames import Frame
 from snapana.allocator_model.simulator import CachingAllocatorSim
 
 from .. import stacks as S
-from ..recording import start_late
-from .common import A800_CAPACITY, Facts, Outcome, run, truth
+from .common import Facts, drop_together, run_recorded_late
 
 NAME = "gpt-autocast-forward"
 LAYERS, HIDDEN, FFN, VOCAB = 8, 2048, 8192, 32768
@@ -82,12 +81,7 @@ def autocast_forward(batch: int = 3, seq: int = 500, *, autocast: bool = True,
                             family="activation_temporaries")
         facts["copies"] = [a for a, _ in copies]
         facts["copy_bytes"] = sum(n for _, n in copies)
-        sim.advance(10_000)
-        for a, _ in copies:  # torch.autocast.__exit__: torch.clear_autocast_cache()
-            sim.free(a)
-        sim.free(x)
-        sim.free(logits)
+        # torch.autocast.__exit__: torch.clear_autocast_cache(); then the output goes
+        drop_together(sim, [a for a, _ in copies], (x, logits))
 
-    out: Outcome = run(script, A800_CAPACITY, 0)
-    snapshot = start_late(out.sim.snapshot(), start[0])
-    return snapshot, truth(NAME, out)
+    return run_recorded_late(NAME, script, start)

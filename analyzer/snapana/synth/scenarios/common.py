@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from snapana.allocator_model.frames import Frame
 from snapana.allocator_model.rules import MiB, round_size
 from snapana.allocator_model.simulator import CachingAllocatorSim, SimulatedOOM
+
+from ..recording import start_late
 
 # An 80 GB A800/A100 as torch reports it: "total capacity of 79.25 GiB".
 A800_CAPACITY = 81156 * MiB
@@ -110,3 +112,20 @@ def truth(name: str, out: Outcome) -> dict[str, object]:
         "chunks": chunks,
         "facts": facts,
     }
+
+
+def drop_together(sim: CachingAllocatorSim, *held: Iterable[int]) -> None:
+    """A forward's output dropped a while after it ends: everything it held (the cache, the
+    kept activations, autocast's copies) freed together, so a capture shows one lifetime."""
+    sim.advance(10_000)
+    for group in held:
+        for address in group:
+            sim.free(address)
+
+
+def run_recorded_late(name: str, script: Script, start: list[int]
+                      ) -> tuple[dict[str, object], dict[str, object]]:
+    """(snapshot, truth) of `script` on an A800, recording begun at trace entry `start[0]`
+    (the script appends it once the weights exist): their blocks carry no frames."""
+    out = run(script, A800_CAPACITY, 0)
+    return start_late(out.sim.snapshot(), start[0]), truth(name, out)

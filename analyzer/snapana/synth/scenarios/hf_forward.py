@@ -18,8 +18,7 @@ from snapana.allocator_model.frames import Frame
 from snapana.allocator_model.simulator import CachingAllocatorSim
 
 from .. import stacks as S
-from ..recording import start_late
-from .common import A800_CAPACITY, Facts, Outcome, run, truth
+from .common import Facts, drop_together, run_recorded_late
 
 NAME = "hf-llama-forward-use-cache"
 LAYERS, HIDDEN, KV_HEADS, HEAD_DIM, FFN, VOCAB = 8, 4096, 8, 128, 14336, 32000
@@ -134,14 +133,7 @@ def hf_forward(batch: int = 8, seq: int = 8192, *, use_cache: bool = True,
             f"{S.TORCH}/nn/modules/linear.py", 125)]), family="logits")
         facts["kv"] = list(cache)
         facts["kv_bytes"] = len(cache) * kv_bytes
-        sim.advance(10_000)
-        for a in cache:  # the returned output dropped: DynamicCache and its lists go
-            sim.free(a)
-        for a in kept:
-            sim.free(a)
-        sim.free(x)
-        sim.free(logits)
+        # the returned output dropped: DynamicCache and its lists go
+        drop_together(sim, cache, kept, (x, logits))
 
-    out: Outcome = run(script, A800_CAPACITY, 0)
-    snapshot = start_late(out.sim.snapshot(), start[0])
-    return snapshot, truth(NAME, out)
+    return run_recorded_late(NAME, script, start)

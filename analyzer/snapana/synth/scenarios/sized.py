@@ -13,8 +13,7 @@ from __future__ import annotations
 from snapana.allocator_model.simulator import CachingAllocatorSim
 
 from .. import stacks as S
-from ..recording import start_late
-from .common import A800_CAPACITY, Facts, Outcome, Script, run, truth
+from .common import Facts, Script, run_recorded_late
 
 NAME = "gpt-train-sized"
 LAYERS, HIDDEN, HEADS, FFN, VOCAB = 6, 1024, 16, 4096, 32768
@@ -111,6 +110,4 @@ def sized_job(batch: int, seq: int) -> tuple[dict[str, object], dict[str, object
     """(snapshot, truth) of the step at `batch` × `seq`: truth's `peak_allocated_bytes` is the
     simulator's own peak over the whole run (the weights included)."""
     start, script = _script(batch, seq)
-    out: Outcome = run(script, A800_CAPACITY, 0)
-    snapshot = start_late(out.sim.snapshot(), start[0])
-    return snapshot, truth(NAME, out)
+    return run_recorded_late(NAME, script, start)
