@@ -34,6 +34,7 @@ from snapana.analysis.scaling import (
     load_rules,
     shares,
 )
+from snapana.analysis.trace_edits import Edit, apply, checkpoint_edit, hidden_size
 
 #: --fit doubles the size from the recorded one up to this many times before it says that
 #: nothing it can see stops the growth.
@@ -62,6 +63,13 @@ class Change:
     drop_rows: frozenset[int] = frozenset()
     hold_rows: frozenset[int] = frozenset()
     setting: Setting | None = None
+    #: frees moved and allocations repeated (analysis/trace_edits.py: checkpointing)
+    edits: tuple[Edit, ...] = ()
+
+    @property
+    def caveat(self) -> str:
+        """What the change's replay leaves out ("": nothing)."""
+        return "; ".join(e.caveat for e in self.edits if e.caveat)
 
 
 @dataclass
@@ -109,7 +117,8 @@ class Window:
             "device_free": [None] * len(order)},
             schema={"action": pl.Utf8, "idx": pl.Int64, "addr": pl.Int64, "size": pl.Int64,
                     "stream": pl.Int64, "device_free": pl.Int64})
-        window = self.events.select(*Trace.COLUMNS).with_columns(pl.Series("size", size))
+        window = apply(self.events.select(*Trace.COLUMNS).with_columns(
+            pl.Series("size", size)), change.edits)
         trace = Trace(pl.concat([prelude, window.cast(prelude.schema)]))
         idx = self.growth.blocks["alloc_idx"].to_numpy()
         prelude_of = dict(zip(order.tolist(), prelude_idx.tolist(), strict=True))
@@ -232,18 +241,18 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
                 return fits(k, c, m)
 
             # a knob whose replay leaves part of its memory out (its caveat) backs no size
-            found = _bisect(fits_with, past)[0] if step_largest and not step.caveat else None
+            caveat = step.caveat or change.caveat
+            found = _bisect(fits_with, past)[0] if step_largest and not caveat else None
             at_next = mine.get(past) or window.run({knob: past}, capacity, change)
             why = "" if step_largest else (f"not sought: {window.events.height:,} events, "
                                            f"more than {SMALLEST_EVENTS:,} (a bisection per "
                                            "knob)")
-            if step.caveat:
-                why = f"not given: the replay leaves out {step.caveat}"
+            if caveat:
+                why = f"not given: the replay leaves out {caveat}"
             if found is not None and withheld(held, found, recorded, knob):
                 why = withheld(held, found, recorded, knob)
                 found = None
-            knobs.append(StepKnob(step.id, _knob_text(step), step.caveat, at_next, found,
-                                  why))
+            knobs.append(StepKnob(step.id, _knob_text(step), caveat, at_next, found, why))
     return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs),
                knobs=load_rules().fit_size.get(knob, ()))
 
@@ -263,6 +272,12 @@ def _changes(window: Window) -> list[tuple[NextStep, Change]]:
         if step.drop_families:
             rows |= set(np.flatnonzero(blocks["family"].is_in(list(step.drop_families))
                                        .to_numpy()).tolist())
+        edits: tuple[Edit, ...] = ()
+        if step.checkpoint:
+            rules = load_rules()
+            edit = checkpoint_edit(blocks, rules.checkpoint_saved, rules.checkpoint_backward,
+                                   hidden_size(blocks))
+            edits = (edit,) if edit else ()
         if step.hold_families:
             held |= set(np.flatnonzero(blocks["family"].is_in(list(step.hold_families))
                                        .to_numpy()).tolist())
@@ -274,8 +289,8 @@ def _changes(window: Window) -> list[tuple[NextStep, Change]]:
             setting = replace(window.setting, **over)
             if setting == window.setting:
                 continue  # already set
-        if rows or held or setting is not None:
-            out.append((step, Change(frozenset(rows), frozenset(held), setting)))
+        if rows or held or setting is not None or edits:
+            out.append((step, Change(frozenset(rows), frozenset(held), setting, edits)))
     return out
 
 
