@@ -26,6 +26,7 @@ from snapana.analysis.allocator_replay import (
 )
 from snapana.analysis.parallel import Sharding
 from snapana.analysis.scaling import (
+    CHUNKS,
     LARGEST,
     SCORES,
     Growth,
@@ -34,7 +35,16 @@ from snapana.analysis.scaling import (
     load_rules,
     shares,
 )
-from snapana.analysis.trace_edits import Edit, apply, checkpoint_edit, hidden_size
+from snapana.analysis.trace_edits import (
+    Edit,
+    Loop,
+    apply,
+    checkpoint_edit,
+    chunk_loops,
+    hidden_size,
+    loop_sizes,
+    repeat_iterations,
+)
 
 #: --fit doubles the size from the recorded one up to this many times before it says that
 #: nothing it can see stops the growth.
@@ -85,8 +95,14 @@ class Window:
     #: each growth row's split under another parallel layout (None: the recorded layout)
     sharding: Sharding | None = None
     _rows: np.ndarray = field(init=False)  # each growth row's event position (-1: held)
+    #: the chunk loops a larger seq adds chunks to (analysis/trace_edits.py)
+    loops: list[Loop] = field(init=False)
 
     def __post_init__(self) -> None:
+        seq = self.growth.sizes.get("seq")
+        self.loops = chunk_loops(self.growth.blocks, seq.recorded) if seq else []
+        for loop in self.loops:
+            self.growth = mark_loop(self.growth, loop)
         pos = self.events.select("idx").with_row_index("_pos")
         rows = self.growth.blocks.select("alloc_idx").with_row_index("_row").join(
             pos, left_on="alloc_idx", right_on="idx", how="left").sort("_row")
@@ -100,6 +116,10 @@ class Window:
         if self.sharding is not None:
             new = np.clip(np.round(new * self.sharding.factor(sizes)), 0, LARGEST
                           ).astype(np.int64)
+        loop_drop: frozenset[int] = frozenset()
+        if self.loops and "seq" in sizes:
+            loop_drop, _ = loop_sizes(new, self.growth.blocks["requested"].to_numpy(),
+                                      self.loops, sizes["seq"])
         if change.hold_rows:
             hold = np.fromiter(change.hold_rows, dtype=np.int64)
             new[hold] = np.minimum(new[hold], self.growth.blocks["requested"].to_numpy()[hold])
@@ -119,10 +139,13 @@ class Window:
                     "stream": pl.Int64, "device_free": pl.Int64})
         window = apply(self.events.select(*Trace.COLUMNS).with_columns(
             pl.Series("size", size)), change.edits)
+        if self.loops and "seq" in sizes:
+            window = repeat_iterations(window, self.growth.blocks, self.loops, sizes["seq"])
         trace = Trace(pl.concat([prelude, window.cast(prelude.schema)]))
         idx = self.growth.blocks["alloc_idx"].to_numpy()
         prelude_of = dict(zip(order.tolist(), prelude_idx.tolist(), strict=True))
-        drop = frozenset(int(idx[r]) if idx[r] >= 0 else prelude_of[r] for r in change.drop_rows)
+        drop = frozenset(int(idx[r]) if idx[r] >= 0 else prelude_of[r]
+                         for r in change.drop_rows | loop_drop)
         return trace, drop
 
     def run(self, sizes: Mapping[str, int], capacity: int | None,
@@ -208,6 +231,20 @@ def withheld(held: float, n: int, recorded: int, knob: str) -> str:
             f"{limit:.0%}); to fix: --calibrate OTHER.pickle --calibrate-size {knob}=N (a "
             f"capture of the job at another {knob} measures each block's growth), or give "
             f"the {knob} its sizes were made at")
+
+
+def mark_loop(growth: Growth, loop: Loop) -> Growth:
+    """`growth` with the loop's blocks said to grow by more chunks, not larger ones."""
+    rows = pl.Series([r for it in loop.rows for r in it], dtype=pl.UInt32)
+    mask = pl.int_range(pl.len(), dtype=pl.UInt32).is_in(rows.implode())
+    why = (f"one chunk of {loop.chunk:,} tokens of a loop over the sequence ({len(loop.rows)} "
+           f"chunks at seq {loop.seq:,}): a larger seq makes more chunks of this size, the "
+           "last one the rest")
+    blocks = growth.blocks.with_columns(
+        pl.when(mask).then(pl.lit(CHUNKS)).otherwise(pl.col("how")).alias("how"),
+        pl.when(mask).then(pl.lit(why)).otherwise(pl.col("why")).alias("why"))
+    return replace(growth, blocks=blocks,
+                   assumptions=(*growth.assumptions, "A chunk loop: " + why))
 
 
 def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,

@@ -54,8 +54,8 @@ SNAP = 0.05
 #: bytes in int64 at any size a bisection tries).
 LARGEST = 1 << 50
 #: How a block's growth was decided (the `how` column).
-FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED = (
-    "family", "scores", "calibrated", "unclassified", "indivisible", "factored")
+FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED, CHUNKS = (
+    "family", "scores", "calibrated", "unclassified", "indivisible", "factored", "chunks")
 #: How-values of blocks held at their recorded size although their family might grow.
 HELD_HOWS = (UNCLASSIFIED, INDIVISIBLE)
 #: How-values whose growth was read off the block's own size (or a second capture), not
@@ -647,7 +647,7 @@ def calibrate(growth: Growth, mine: pl.DataFrame, other: pl.DataFrame, knob: str
 
 #: How-values by how sure their growth is: given by a rule, a shape or a second capture;
 #: assumed from the size alone (no rule); not known, held at the recorded size.
-SURE = {"derived": (FAMILY, SCORES, CALIBRATED), "assumed": (FACTORED,),
+SURE = {"derived": (FAMILY, SCORES, CALIBRATED, CHUNKS), "assumed": (FACTORED,),
         "held fixed": HELD_HOWS}
 
 

@@ -178,3 +178,117 @@ def hidden_size(blocks: pl.DataFrame, weights: Sequence[str] = ("parameters",)) 
     w = blocks.filter(pl.col("family").is_in(list(weights))).group_by("requested").len()
     w = w.filter((pl.col("len") >= 2) & (pl.col("requested") % 4 == 0))
     return int(w["requested"].min()) // 4 if w.height else None
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A chunk loop (a chunked log-prob, a chunked loss): sites that each made `k` blocks in
+    turn, all of `chunk` tokens but the last (the rest of `seq`), every block a token count
+    × the site's bytes per token. `rows[j]`: the growth rows of iteration j; `per_token`: a
+    row's bytes per token; `span`: the trace indices [start, end) of the last full
+    iteration (the one repeated)."""
+
+    chunk: int
+    seq: int
+    rows: tuple[tuple[int, ...], ...]
+    per_token: Mapping[int, int]
+    span: tuple[int, int]
+    tail_start: int  # trace index where the last iteration starts
+
+    def count(self, seq: int) -> int:
+        return -(-seq // self.chunk)
+
+
+def chunk_loops(blocks: pl.DataFrame, seq: int) -> list[Loop]:
+    """The chunk loops among the window's allocations (`blocks`: the growth table) at the
+    recorded `seq`: per site, k ≥ 2 blocks made in turn, equal but the last (not larger),
+    whose bytes sum to `seq` × a per-token size that divides each (the loop covers the
+    sequence a chunk of c < seq tokens at a time, so k = ceil(seq / c)); sites of one k and
+    chunk interleaved in one loop."""
+    made = blocks.with_row_index("_row").filter(
+        pl.col("alloc_idx") >= 0).sort("alloc_idx")  # a failed request: the last chunk
+    found: dict[tuple[int, int], list[tuple[int, list[int], list[int]]]] = {}
+    for (_,), g in made.group_by("site", maintain_order=True):
+        size = g["requested"].to_list()
+        k = len(size)
+        if k < 2 or len(set(size[:-1])) != 1 or size[-1] > size[0]:
+            continue
+        total = sum(size)
+        if total % seq:
+            continue
+        per = total // seq
+        if not per or size[0] % per or size[-1] % per:
+            continue
+        c = size[0] // per
+        if not 1 < c < seq or -(-seq // c) != k:
+            continue
+        found.setdefault((k, c), []).append((per, g["_row"].to_list(),
+                                             g["alloc_idx"].to_list()))
+    loops = []
+    for (k, c), sites in found.items():
+        rows = tuple(tuple(s[1][j] for s in sites) for j in range(k))
+        starts = [min(s[2][j] for s in sites) for j in range(k)]
+        per = {r: p for p, rs, _ in sites for r in rs}
+        loops.append(Loop(c, seq, rows, per, (starts[-2], starts[-1]), starts[-1]))
+    return loops
+
+
+def loop_sizes(new: np.ndarray, requested: np.ndarray, loops: Sequence[Loop],
+               seq: int) -> tuple[frozenset[int], int]:
+    """Resize each loop's rows in `new` at `seq` (a chunk keeps its size; the last one takes
+    the rest of the tokens); the trace indices of the iterations left out at a smaller seq
+    are returned as growth rows to drop, with how many iterations are added in total."""
+    drop: set[int] = set()
+    added = 0
+    for loop in loops:
+        k, k2 = len(loop.rows), loop.count(seq)
+        tail = seq - (k2 - 1) * loop.chunk
+        for rows in loop.rows[:-1]:
+            new[list(rows)] = requested[list(rows)]
+        for r in loop.rows[-1]:
+            new[r] = tail * loop.per_token[r]
+        if k2 < k:
+            drop.update(r for rows in loop.rows[k2 - 1:-1] for r in rows)
+        added += max(0, k2 - k)
+    return frozenset(drop), added
+
+
+def repeat_iterations(events: pl.DataFrame, blocks: pl.DataFrame, loops: Sequence[Loop],
+                      seq: int) -> pl.DataFrame:
+    """`events` (resized) with each loop's last full iteration made again as many times as
+    a larger `seq` adds chunks, just before its last iteration: its allocations at fresh
+    addresses, each freed where its own iteration frees it (inside the iteration) or right
+    after the original's free (a chunk kept, as the saved softmax is)."""
+    at = {int(i): p for p, i in enumerate(events["idx"].to_list())}
+    key = np.arange(events.height, dtype=np.float64)
+    extra: list[pl.DataFrame] = []
+    fresh = FRESH
+    alloc = blocks.filter(pl.col("alloc_idx") >= 0).select("alloc_idx", "free_idx")
+    for loop in loops:
+        copies = loop.count(seq) - len(loop.rows)
+        lo, hi = loop.span
+        if copies <= 0 or lo not in at or loop.tail_start not in at:
+            continue
+        mine = alloc.filter((pl.col("alloc_idx") >= lo) & (pl.col("alloc_idx") < hi))
+        base, n = at[loop.tail_start] - 1, hi - lo + 1
+        for m in range(copies):
+            def slot(i: int, m: int = m, base: float = base, n: int = n, lo: int = lo,
+                     copies: int = copies) -> float:
+                return base + (m * n + (i - lo) + 1) / (copies * n + 2)
+            for a, f in zip(mine["alloc_idx"].to_list(), mine["free_idx"].to_list(),
+                            strict=True):
+                if a not in at:
+                    continue
+                row = events[at[a]].with_columns(pl.lit(fresh, dtype=pl.Int64).alias("addr"))
+                fresh -= 1
+                extra.append(row.with_columns(pl.lit(slot(a)).alias("_key")))
+                if f in at:
+                    end = slot(f) if f < hi else at[f] + 0.5 + (m + 1) * 1e-6
+                    extra.append(row.with_columns(pl.lit("free_completed").alias("action"),
+                                                  pl.lit(end).alias("_key")))
+    if not extra:
+        return events
+    schema = events.schema | {"_key": pl.Float64}
+    out = pl.concat([events.with_columns(pl.Series("_key", key)),
+                     *(e.cast(schema) for e in extra)])
+    return out.sort("_key", maintain_order=True).drop("_key")
