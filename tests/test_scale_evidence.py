@@ -49,7 +49,7 @@ def test_the_peak_shares_are_the_blocks_own():
     alive = [r for r in rows if max(r["alloc_idx"], -1) <= at < r["free_idx"]]
     held = sum(r["requested"] for r in alive if r["how"] in ("unclassified", "indivisible"))
     derived = sum(r["requested"] for r in alive
-                  if r["how"] in ("family", "scores", "calibrated"))
+                  if r["how"] in ("family", "scores", "calibrated", "chunks"))
     dev = _fit(8148)
     shares = dev["peak_shares"]
     assert shares["peak_bytes"] == best

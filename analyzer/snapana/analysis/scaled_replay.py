@@ -26,6 +26,7 @@ from snapana.analysis.allocator_replay import (
 )
 from snapana.analysis.parallel import Sharding
 from snapana.analysis.scaling import (
+    CHUNKS,
     LARGEST,
     SCORES,
     Growth,
@@ -33,6 +34,16 @@ from snapana.analysis.scaling import (
     Shares,
     load_rules,
     shares,
+)
+from snapana.analysis.trace_edits import (
+    Edit,
+    Loop,
+    apply,
+    checkpoint_edit,
+    chunk_loops,
+    hidden_size,
+    loop_sizes,
+    repeat_iterations,
 )
 
 #: --fit doubles the size from the recorded one up to this many times before it says that
@@ -62,6 +73,13 @@ class Change:
     drop_rows: frozenset[int] = frozenset()
     hold_rows: frozenset[int] = frozenset()
     setting: Setting | None = None
+    #: frees moved and allocations repeated (analysis/trace_edits.py: checkpointing)
+    edits: tuple[Edit, ...] = ()
+
+    @property
+    def caveat(self) -> str:
+        """What the change's replay leaves out ("": nothing)."""
+        return "; ".join(e.caveat for e in self.edits if e.caveat)
 
 
 @dataclass
@@ -77,8 +95,14 @@ class Window:
     #: each growth row's split under another parallel layout (None: the recorded layout)
     sharding: Sharding | None = None
     _rows: np.ndarray = field(init=False)  # each growth row's event position (-1: held)
+    #: the chunk loops a larger seq adds chunks to (analysis/trace_edits.py)
+    loops: list[Loop] = field(init=False)
 
     def __post_init__(self) -> None:
+        seq = self.growth.sizes.get("seq")
+        self.loops = chunk_loops(self.growth.blocks, seq.recorded) if seq else []
+        for loop in self.loops:
+            self.growth = mark_loop(self.growth, loop)
         pos = self.events.select("idx").with_row_index("_pos")
         rows = self.growth.blocks.select("alloc_idx").with_row_index("_row").join(
             pos, left_on="alloc_idx", right_on="idx", how="left").sort("_row")
@@ -92,6 +116,10 @@ class Window:
         if self.sharding is not None:
             new = np.clip(np.round(new * self.sharding.factor(sizes)), 0, LARGEST
                           ).astype(np.int64)
+        loop_drop: frozenset[int] = frozenset()
+        if self.loops and "seq" in sizes:
+            loop_drop, _ = loop_sizes(new, self.growth.blocks["requested"].to_numpy(),
+                                      self.loops, sizes["seq"])
         if change.hold_rows:
             hold = np.fromiter(change.hold_rows, dtype=np.int64)
             new[hold] = np.minimum(new[hold], self.growth.blocks["requested"].to_numpy()[hold])
@@ -109,11 +137,15 @@ class Window:
             "device_free": [None] * len(order)},
             schema={"action": pl.Utf8, "idx": pl.Int64, "addr": pl.Int64, "size": pl.Int64,
                     "stream": pl.Int64, "device_free": pl.Int64})
-        window = self.events.select(*Trace.COLUMNS).with_columns(pl.Series("size", size))
+        window = apply(self.events.select(*Trace.COLUMNS).with_columns(
+            pl.Series("size", size)), change.edits)
+        if self.loops and "seq" in sizes:
+            window = repeat_iterations(window, self.growth.blocks, self.loops, sizes["seq"])
         trace = Trace(pl.concat([prelude, window.cast(prelude.schema)]))
         idx = self.growth.blocks["alloc_idx"].to_numpy()
         prelude_of = dict(zip(order.tolist(), prelude_idx.tolist(), strict=True))
-        drop = frozenset(int(idx[r]) if idx[r] >= 0 else prelude_of[r] for r in change.drop_rows)
+        drop = frozenset(int(idx[r]) if idx[r] >= 0 else prelude_of[r]
+                         for r in change.drop_rows | loop_drop)
         return trace, drop
 
     def run(self, sizes: Mapping[str, int], capacity: int | None,
@@ -201,6 +233,20 @@ def withheld(held: float, n: int, recorded: int, knob: str) -> str:
             f"the {knob} its sizes were made at")
 
 
+def mark_loop(growth: Growth, loop: Loop) -> Growth:
+    """`growth` with the loop's blocks said to grow by more chunks, not larger ones."""
+    rows = pl.Series([r for it in loop.rows for r in it], dtype=pl.UInt32)
+    mask = pl.int_range(pl.len(), dtype=pl.UInt32).is_in(rows.implode())
+    why = (f"one chunk of {loop.chunk:,} tokens of a loop over the sequence ({len(loop.rows)} "
+           f"chunks at seq {loop.seq:,}): a larger seq makes more chunks of this size, the "
+           "last one the rest")
+    blocks = growth.blocks.with_columns(
+        pl.when(mask).then(pl.lit(CHUNKS)).otherwise(pl.col("how")).alias("how"),
+        pl.when(mask).then(pl.lit(why)).otherwise(pl.col("why")).alias("why"))
+    return replace(growth, blocks=blocks,
+                   assumptions=(*growth.assumptions, "A chunk loop: " + why))
+
+
 def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
                 step_largest: bool = True, held: float = 0.0) -> Fit:
     """The largest `knob` whose resized window runs without an OOM on `capacity` bytes, by
@@ -232,18 +278,18 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
                 return fits(k, c, m)
 
             # a knob whose replay leaves part of its memory out (its caveat) backs no size
-            found = _bisect(fits_with, past)[0] if step_largest and not step.caveat else None
+            caveat = step.caveat or change.caveat
+            found = _bisect(fits_with, past)[0] if step_largest and not caveat else None
             at_next = mine.get(past) or window.run({knob: past}, capacity, change)
             why = "" if step_largest else (f"not sought: {window.events.height:,} events, "
                                            f"more than {SMALLEST_EVENTS:,} (a bisection per "
                                            "knob)")
-            if step.caveat:
-                why = f"not given: the replay leaves out {step.caveat}"
+            if caveat:
+                why = f"not given: the replay leaves out {caveat}"
             if found is not None and withheld(held, found, recorded, knob):
                 why = withheld(held, found, recorded, knob)
                 found = None
-            knobs.append(StepKnob(step.id, _knob_text(step), step.caveat, at_next, found,
-                                  why))
+            knobs.append(StepKnob(step.id, _knob_text(step), caveat, at_next, found, why))
     return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs),
                knobs=load_rules().fit_size.get(knob, ()))
 
@@ -263,6 +309,12 @@ def _changes(window: Window) -> list[tuple[NextStep, Change]]:
         if step.drop_families:
             rows |= set(np.flatnonzero(blocks["family"].is_in(list(step.drop_families))
                                        .to_numpy()).tolist())
+        edits: tuple[Edit, ...] = ()
+        if step.checkpoint:
+            rules = load_rules()
+            edit = checkpoint_edit(blocks, rules.checkpoint_saved, rules.checkpoint_backward,
+                                   hidden_size(blocks))
+            edits = (edit,) if edit else ()
         if step.hold_families:
             held |= set(np.flatnonzero(blocks["family"].is_in(list(step.hold_families))
                                        .to_numpy()).tolist())
@@ -274,8 +326,8 @@ def _changes(window: Window) -> list[tuple[NextStep, Change]]:
             setting = replace(window.setting, **over)
             if setting == window.setting:
                 continue  # already set
-        if rows or held or setting is not None:
-            out.append((step, Change(frozenset(rows), frozenset(held), setting)))
+        if rows or held or setting is not None or edits:
+            out.append((step, Change(frozenset(rows), frozenset(held), setting, edits)))
     return out
 
 

@@ -54,8 +54,8 @@ SNAP = 0.05
 #: bytes in int64 at any size a bisection tries).
 LARGEST = 1 << 50
 #: How a block's growth was decided (the `how` column).
-FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED = (
-    "family", "scores", "calibrated", "unclassified", "indivisible", "factored")
+FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED, CHUNKS = (
+    "family", "scores", "calibrated", "unclassified", "indivisible", "factored", "chunks")
 #: How-values of blocks held at their recorded size although their family might grow.
 HELD_HOWS = (UNCLASSIFIED, INDIVISIBLE)
 #: How-values whose growth was read off the block's own size (or a second capture), not
@@ -121,6 +121,8 @@ class NextStep:
     hold_families: tuple[str, ...] = ()
     setting: str = ""
     caveat: str = ""
+    #: replayed as activation checkpointing (`[checkpointing]`, analysis/trace_edits.py)
+    checkpoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,10 @@ class ScalingRules:
     fit_size: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: knob id -> the whatif flag that replays it (not --fit)
     whatif_flags: Mapping[str, str] = field(default_factory=dict)
+    #: `[checkpointing]`: the families a forward saves for the backward, and those whose
+    #: first allocation starts the backward
+    checkpoint_saved: tuple[str, ...] = ()
+    checkpoint_backward: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=1)
@@ -163,7 +169,8 @@ def load_rules() -> ScalingRules:
                              s.get("shaped", "")) for s in data.get("scores", []))
     steps = tuple(NextStep(n["id"], n.get("text", ""), bool(n.get("drop_scores", False)),
                            tuple(n.get("drop_families", ())), tuple(n.get("hold_families", ())),
-                           n.get("setting", ""), n.get("caveat", ""))
+                           n.get("setting", ""), n.get("caveat", ""),
+                           bool(n.get("checkpoint", False)))
                   for n in data.get("next_step", []))
     evidence, sure = data.get("seq_evidence", {}), data.get("confidence", {})
     low, high = (float(x) for x in sure.get("band", (0.0, 0.0)))
@@ -177,7 +184,10 @@ def load_rules() -> ScalingRules:
                         fit_size={key: tuple(ids)
                                   for key, ids in data.get("fit_size", {}).items()},
                         whatif_flags={str(f["id"]): str(f["flag"])
-                                      for f in data.get("whatif_flag", [])})
+                                      for f in data.get("whatif_flag", [])},
+                        checkpoint_saved=tuple(data.get("checkpointing", {}).get("saved", ())),
+                        checkpoint_backward=tuple(data.get("checkpointing", {})
+                                                  .get("backward", ())))
 
 
 @dataclass(frozen=True)
@@ -637,7 +647,7 @@ def calibrate(growth: Growth, mine: pl.DataFrame, other: pl.DataFrame, knob: str
 
 #: How-values by how sure their growth is: given by a rule, a shape or a second capture;
 #: assumed from the size alone (no rule); not known, held at the recorded size.
-SURE = {"derived": (FAMILY, SCORES, CALIBRATED), "assumed": (FACTORED,),
+SURE = {"derived": (FAMILY, SCORES, CALIBRATED, CHUNKS), "assumed": (FACTORED,),
         "held fixed": HELD_HOWS}
 
 

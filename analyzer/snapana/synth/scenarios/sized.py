@@ -37,11 +37,44 @@ def _attention(i: int, line: int) -> S.Chain:
     return [*_layer(i, 80), (MODEL, line, "attention")]
 
 
-def _script(batch: int, seq: int) -> tuple[list[int], Script]:
+def _layer_forward(sim: CachingAllocatorSim, i: int, t: int, batch: int, seq: int,
+                   wrap: S.Chain = ()) -> list[int]:
+    """Layer `i`'s forward (under `wrap`: checkpoint's frames); what it saves for backward,
+    its input's layer norm first."""
+    def at(chain: S.Chain) -> list[tuple[str, int, str]]:
+        return S.stack([*wrap, *chain]) if wrap else S.stack(chain)
+
+    saved = [sim.malloc(t * HIDDEN * FP32, at(_layer(i, 78)),
+                        family="saved_activations")]  # layer norm
+    saved.append(sim.malloc(t * 3 * HIDDEN * FP32, at(_layer(i, 79)),
+                            family="saved_activations"))  # qkv
+    scores = sim.malloc(batch * HEADS * seq * seq * FP32, at(_attention(i, 40)),
+                        family="activation_temporaries")
+    rowmax = sim.malloc(batch * HEADS * seq * FP32, at(_attention(i, 41)),
+                        family="activation_temporaries")
+    saved.append(sim.malloc(batch * HEADS * seq * seq * FP32, at(_attention(i, 42)),
+                            family="saved_activations"))
+    sim.free(rowmax)
+    sim.free(scores)
+    saved.append(sim.malloc(t * HIDDEN * FP32, at(_attention(i, 43)),
+                            family="saved_activations"))  # probs @ v
+    saved.append(sim.malloc(t * FFN * FP32, at(_layer(i, 84)),
+                            family="saved_activations"))  # up projection
+    saved.append(sim.malloc(t * FFN * FP32, at(_layer(i, 85)),
+                            family="saved_activations"))  # gelu
+    return saved
+
+
+def _script(batch: int, seq: int, checkpointed: bool = False) -> tuple[list[int], Script]:
     """The script and the trace position where recording starts (after model and optimizer
-    state are built)."""
+    state are built). `checkpointed`: each layer under torch.utils.checkpoint
+    (non-reentrant, torch/utils/checkpoint.py: the pack hook keeps a holder, not the tensor,
+    so a layer's intermediates die with it and only its input is kept; in backward the first
+    unpack reruns the layer's forward under `recompute_fn`, whose tensors live until that
+    layer's backward is done)."""
     start: list[int] = []
     t = batch * seq
+    wrap = [*STEP, *S.call_module(MODEL, 200), *S.CHECKPOINT]
 
     def script(sim: CachingAllocatorSim, facts: Facts) -> None:
         weights = [sim.malloc(VOCAB * HIDDEN * FP32, None, family="parameters")]
@@ -56,25 +89,15 @@ def _script(batch: int, seq: int) -> tuple[list[int], Script]:
         top = [*STEP, *S.call_module(MODEL, 200)]
         saved = [sim.malloc(t * HIDDEN * FP32, S.stack(top, [(MODEL, 190, "forward")]),
                             family="saved_activations")]
+        layers: list[list[int]] = []
         for i in range(LAYERS):
-            saved.append(sim.malloc(t * HIDDEN * FP32, S.stack(_layer(i, 78)),
-                                    family="saved_activations"))  # layer norm
-            saved.append(sim.malloc(t * 3 * HIDDEN * FP32, S.stack(_layer(i, 79)),
-                                    family="saved_activations"))  # qkv
-            scores = sim.malloc(batch * HEADS * seq * seq * FP32, S.stack(_attention(i, 40)),
-                                family="activation_temporaries")
-            rowmax = sim.malloc(batch * HEADS * seq * FP32, S.stack(_attention(i, 41)),
-                                family="activation_temporaries")
-            saved.append(sim.malloc(batch * HEADS * seq * seq * FP32,
-                                    S.stack(_attention(i, 42)), family="saved_activations"))
-            sim.free(rowmax)
-            sim.free(scores)
-            saved.append(sim.malloc(t * HIDDEN * FP32, S.stack(_attention(i, 43)),
-                                    family="saved_activations"))  # probs @ v
-            saved.append(sim.malloc(t * FFN * FP32, S.stack(_layer(i, 84)),
-                                    family="saved_activations"))  # up projection
-            saved.append(sim.malloc(t * FFN * FP32, S.stack(_layer(i, 85)),
-                                    family="saved_activations"))  # gelu
+            made = _layer_forward(sim, i, t, batch, seq, wrap if checkpointed else ())
+            if checkpointed:  # the holders keep nothing: only the layer's input stays
+                for a in made[1:]:
+                    sim.free(a)
+                made = made[:1]
+            layers.append(made)
+            saved += made
             sim.advance(2000)
         logits = sim.malloc(t * VOCAB * FP32, S.stack(top, [(MODEL, 210, "forward")]),
                             family="logits")
@@ -88,15 +111,19 @@ def _script(batch: int, seq: int) -> tuple[list[int], Script]:
         sim.free(logits)
         grads = [sim.malloc(VOCAB * HIDDEN * FP32, None, family="gradients")]
         sim.free(grad)
-        for _ in range(LAYERS):
-            g = sim.malloc(t * FFN * FP32, None, family="gradients")
-            grads += [sim.malloc(n * FP32, None, family="gradients") for n in WEIGHTS]
-            for _ in range(5):
-                sim.free(saved.pop())
-            sim.free(g)
-            sim.advance(2000)
+        if checkpointed:
+            _checkpointed_backward(sim, layers, grads, t, batch, seq)
+            saved = saved[:1]
+        else:
+            for _ in range(LAYERS):
+                g = sim.malloc(t * FFN * FP32, None, family="gradients")
+                grads += [sim.malloc(n * FP32, None, family="gradients") for n in WEIGHTS]
+                for _ in range(6):  # the layer's six saved tensors
+                    sim.free(saved.pop())
+                sim.free(g)
+                sim.advance(2000)
         sim.free(saved.pop())
-        facts["batch"], facts["seq"] = batch, seq
+        facts["batch"], facts["seq"], facts["checkpointed"] = batch, seq, checkpointed
         for w in weights:  # the update's temporaries, one parameter at a time
             size = next(b.size for b in sim.live_blocks() if b.address == w)
             sim.free(sim.malloc(size, S.stack(OPTIM), family="optimizer_state"))
@@ -106,8 +133,25 @@ def _script(batch: int, seq: int) -> tuple[list[int], Script]:
     return start, script
 
 
-def sized_job(batch: int, seq: int) -> tuple[dict[str, object], dict[str, object]]:
-    """(snapshot, truth) of the step at `batch` × `seq`: truth's `peak_allocated_bytes` is the
-    simulator's own peak over the whole run (the weights included)."""
-    start, script = _script(batch, seq)
+def _checkpointed_backward(sim: CachingAllocatorSim, layers: list[list[int]],
+                           grads: list[int], t: int, batch: int, seq: int) -> None:
+    """Each layer from the last: its forward rerun (`recompute_fn`), its gradients, then
+    what the rerun made and the layer's kept input freed."""
+    for i in reversed(range(LAYERS)):
+        again = _layer_forward(sim, i, t, batch, seq, [*S.RECOMPUTE])
+        sim.free(again[0])  # the rerun's layer norm: the kept input is what is unpacked
+        g = sim.malloc(t * FFN * FP32, None, family="gradients")
+        grads += [sim.malloc(n * FP32, None, family="gradients") for n in WEIGHTS]
+        for a in [*again[1:], *layers[i]]:
+            sim.free(a)
+        sim.free(g)
+        sim.advance(2000)
+
+
+def sized_job(batch: int, seq: int, checkpointed: bool = False
+              ) -> tuple[dict[str, object], dict[str, object]]:
+    """(snapshot, truth) of the step at `batch` × `seq` (`checkpointed`: each layer under
+    torch.utils.checkpoint): truth's `peak_allocated_bytes` is the simulator's own peak over
+    the whole run (the weights included)."""
+    start, script = _script(batch, seq, checkpointed)
     return run_recorded_late(NAME, script, start)

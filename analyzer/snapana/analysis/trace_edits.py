@@ -1,0 +1,294 @@
+"""Edits of a resized window's events for what a knob or a larger size changes in *when*
+memory is held, not only how much (issue 70): activation checkpointing's replay and the
+chunks a chunk loop adds at a larger size.
+
+An edit is a list of moves and insertions keyed on trace indices; `apply` places them in the
+window's events (action, idx, addr, size, stream, device_free) by position, so one edit
+serves every size a bisection tries: the copies take the resized sizes of the events they
+copy. Inserted blocks get addresses no recorded block has (negative), so their frees pair
+with them alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from snapana.analysis.replay import NEVER
+
+#: the first address an inserted block takes (downwards): below any recorded address
+FRESH = -(1 << 52)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Allocations `allocs` (trace indices) made again just before the event `before`, and
+    freed just after the event `after` (None: held to the window's end), each at its own
+    fresh address."""
+
+    allocs: tuple[int, ...]
+    before: int
+    after: int | None
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Frees moved (`moves`: the free event `idx` placed right after the event `after`),
+    frees added for blocks the window never frees (`frees`: the block allocated at `idx`
+    freed right after the event `after`), and copies inserted."""
+
+    moves: Mapping[int, int] = field(default_factory=dict)
+    frees: Mapping[int, int] = field(default_factory=dict)
+    copies: tuple[Copy, ...] = ()
+    words: str = ""  # what the edit rests on, said
+    caveat: str = ""  # what it leaves out ("": nothing), so that it backs no size
+
+    def __bool__(self) -> bool:
+        return bool(self.moves) or bool(self.frees) or bool(self.copies)
+
+
+def apply(events: pl.DataFrame, edits: Sequence[Edit]) -> pl.DataFrame:
+    """`events` with `edits` applied: each event ordered by a key (its position; a moved
+    free just after its new place; a copy just before or after its anchor)."""
+    edits = [e for e in edits if e]
+    if not edits:
+        return events
+    key = np.arange(events.height, dtype=np.float64)
+    at = {int(i): p for p, i in enumerate(events["idx"].to_list())}  # trace indices: unique
+    extra: list[pl.DataFrame] = []
+    fresh = FRESH
+    for edit in edits:
+        for free, after in edit.moves.items():
+            if free in at and after in at:
+                key[at[free]] = at[after] + 0.5
+        added = [(at[a], at[after]) for a, after in edit.frees.items() if a in at and after in at]
+        if added:
+            extra.append(events[[r for r, _ in added]].with_columns(
+                pl.lit("free_completed").alias("action"),
+                pl.Series("_key", [p + 0.5 for _, p in added], dtype=pl.Float64)))
+        for copy in edit.copies:
+            rows = [at[a] for a in copy.allocs if a in at]
+            if not rows or copy.before not in at or (copy.after is not None
+                                                     and copy.after not in at):
+                continue
+            made = events[rows].with_columns(
+                pl.Series("addr", np.arange(fresh, fresh - len(rows), -1), dtype=pl.Int64))
+            fresh -= len(rows)
+            step = np.arange(len(rows)) * 1e-6
+            extra.append(made.with_columns(pl.Series("_key", at[copy.before] - 0.5 + step)))
+            if copy.after is not None:
+                extra.append(made.with_columns(pl.lit("free_completed").alias("action"),
+                                               pl.Series("_key", at[copy.after] + 0.5 + step)))
+    out = pl.concat([events.with_columns(pl.Series("_key", key)),
+                     *(e.cast(events.schema | {"_key": pl.Float64}) for e in extra)])
+    return out.sort("_key", maintain_order=True).drop("_key")
+
+
+def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequence[str],
+                    hidden: int | None = None) -> Edit:
+    """Activation checkpointing of the repeated blocks (torch.utils.checkpoint, non-reentrant:
+    its pack hook keeps a handle, not the tensor, and saves the block's inputs; the first
+    unpack in backward reruns the block's forward). `blocks`: the growth table. Saved for
+    backward: blocks of the `saved` families made in the window before the backward's start
+    (the first allocation of a `backward` family) and freed after it. The layers: the sites
+    that saved the same count K ≥ 2 of them (the count most of those bytes share), the j-th
+    of each site in layer j. Each layer keeps its input (its first block that divides by the
+    `hidden` size × the tokens, or its first) and frees the rest at its last allocation; the
+    largest layer's are made again at the backward's start and held through the backward
+    (the recompute of one block at a time)."""
+    b = blocks.with_row_index("_row")
+    start = b.filter(pl.col("family").is_in(list(backward)) & (pl.col("alloc_idx") >= 0))
+    # a window that ends in the forward (its OOM): what is live at its end is saved
+    first = int(start["alloc_idx"].min()) if start.height else int(NEVER - 1)
+    kept = b.filter(pl.col("family").is_in(list(saved)) & (pl.col("alloc_idx") >= 0)
+                    & (pl.col("alloc_idx") < first) & (pl.col("free_idx") > first)
+                    & (pl.col("address") >= 0)).sort("alloc_idx")
+    if kept.is_empty():
+        return Edit(words="nothing made in the forward is held into the backward")
+    counts = kept.group_by("site").agg(pl.len().alias("k"), pl.col("requested").sum())
+    k = _layer_count(counts)
+    if k is None:
+        return Edit(words="no site saves a tensor per layer: no repeated blocks to checkpoint")
+    sites = counts.filter(pl.col("k") % k == 0)["site"]
+    # a site called m times per layer: its blocks m at a time, in order, are layer j's
+    layered = kept.filter(pl.col("site").is_in(sites.implode())).with_columns(
+        (pl.int_range(pl.len()).over("site") // (pl.len().over("site") // k))
+        .alias("_layer")).sort("alloc_idx")
+    moves: dict[int, int] = {}
+    frees: dict[int, int] = {}
+    biggest, most = pl.DataFrame(), -1
+    for (_,), layer in layered.group_by("_layer", maintain_order=True):
+        inputs = layer.filter(pl.col("requested") % hidden == 0) if hidden else layer
+        keep = int((inputs if inputs.height else layer)["alloc_idx"][0])
+        rest = layer.filter(pl.col("alloc_idx") != keep)
+        end = int(layer["alloc_idx"].max())
+        moves.update({int(f): end for f in rest["free_idx"] if f < NEVER})
+        frees.update({int(a): end for a, f in zip(rest["alloc_idx"], rest["free_idx"],
+                                                    strict=True) if f >= NEVER})
+        if int(rest["requested"].sum()) > most:
+            biggest, most = rest, int(rest["requested"].sum())
+    # the last layer's backward starts where its first saved tensor is freed: its forward
+    # is rerun there; one layer's rerun is live until the last layer's backward is done
+    # (the window ends before the backward frees any: from the backward's start to its end)
+    done = layered.filter(pl.col("free_idx") < NEVER)["free_idx"]
+    if not start.height:
+        return Edit(moves, frees, (), _said(k, sites.len(), layered.height, 0, None),
+                    caveat="the recompute of one block in the backward, which the window "
+                           "ends before")
+    copy = Copy(tuple(int(i) for i in biggest["alloc_idx"]),
+                int(done.min()) if done.len() else first,
+                int(done.max()) if done.len() else None)
+    return Edit(moves, frees, (copy,),
+                _said(k, sites.len(), layered.height, biggest.height, copy.before))
+
+
+def _layer_count(counts: pl.DataFrame, share: float = 0.9) -> int | None:
+    """The number of layers: of the counts (≥ 2) of tensors a site saved, the largest whose
+    multiples cover at least `share` of the bytes the best count covers (an op run twice a
+    layer saved twice as many; every count is a multiple of 1 and most of 2)."""
+    cand = sorted(set(counts.filter(pl.col("k") >= 2)["k"].to_list()))
+    if not cand:
+        return None
+    k, size = counts["k"].to_numpy(), counts["requested"].to_numpy()
+    cover = {c: int(size[k % c == 0].sum()) for c in cand}
+    best = max(cover.values())
+    return max(c for c in cand if cover[c] >= share * best)
+
+
+def _said(k: int, sites: int, blocks: int, again: int, at: int | None) -> str:
+    """What the checkpointing replay found and did, in words."""
+    out = (f"{k} repeated blocks (layers) found: {sites} sites saved {k} tensors for the "
+           "backward, or a multiple of it (an op run more than once a layer); each layer "
+           f"keeps its input and frees the other {blocks - k:,} at its end")
+    if at is None:
+        return out + "; the window ends before the backward"
+    return out + (f", and the largest layer's {again} are made again when the last "
+                  f"layer's backward starts (event {at:,}) and held through it")
+
+
+
+def hidden_size(blocks: pl.DataFrame, weights: Sequence[str] = ("parameters",)) -> int | None:
+    """The hidden size in elements of four bytes or fewer, read from the weights: the
+    smallest weight size held twice or more (a layer's norm weights and biases are
+    [hidden]), over 4 bytes (fp32; a bf16 one's hidden is a multiple of it). None without
+    per-weight blocks (a flat buffer)."""
+    w = blocks.filter(pl.col("family").is_in(list(weights))).group_by("requested").len()
+    w = w.filter((pl.col("len") >= 2) & (pl.col("requested") % 4 == 0))
+    return int(w["requested"].min()) // 4 if w.height else None
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A chunk loop (a chunked log-prob, a chunked loss): sites that each made `k` blocks in
+    turn, all of `chunk` tokens but the last (the rest of `seq`), every block a token count
+    × the site's bytes per token. `rows[j]`: the growth rows of iteration j; `per_token`: a
+    row's bytes per token; `span`: the trace indices [start, end) of the last full
+    iteration (the one repeated)."""
+
+    chunk: int
+    seq: int
+    rows: tuple[tuple[int, ...], ...]
+    per_token: Mapping[int, int]
+    span: tuple[int, int]
+    tail_start: int  # trace index where the last iteration starts
+
+    def count(self, seq: int) -> int:
+        return -(-seq // self.chunk)
+
+
+def chunk_loops(blocks: pl.DataFrame, seq: int) -> list[Loop]:
+    """The chunk loops among the window's allocations (`blocks`: the growth table) at the
+    recorded `seq`: per site, k ≥ 2 blocks made in turn, equal but the last (not larger),
+    whose bytes sum to `seq` × a per-token size that divides each (the loop covers the
+    sequence a chunk of c < seq tokens at a time, so k = ceil(seq / c)); sites of one k and
+    chunk interleaved in one loop."""
+    made = blocks.with_row_index("_row").filter(
+        pl.col("alloc_idx") >= 0).sort("alloc_idx")  # a failed request: the last chunk
+    found: dict[tuple[int, int], list[tuple[int, list[int], list[int]]]] = {}
+    for (_,), g in made.group_by("site", maintain_order=True):
+        size = g["requested"].to_list()
+        k = len(size)
+        if k < 2 or len(set(size[:-1])) != 1 or size[-1] > size[0]:
+            continue
+        total = sum(size)
+        if total % seq:
+            continue
+        per = total // seq
+        if not per or size[0] % per or size[-1] % per:
+            continue
+        c = size[0] // per
+        if not 1 < c < seq or -(-seq // c) != k:
+            continue
+        found.setdefault((k, c), []).append((per, g["_row"].to_list(),
+                                             g["alloc_idx"].to_list()))
+    loops = []
+    for (k, c), sites in found.items():
+        rows = tuple(tuple(s[1][j] for s in sites) for j in range(k))
+        starts = [min(s[2][j] for s in sites) for j in range(k)]
+        per = {r: p for p, rs, _ in sites for r in rs}
+        loops.append(Loop(c, seq, rows, per, (starts[-2], starts[-1]), starts[-1]))
+    return loops
+
+
+def loop_sizes(new: np.ndarray, requested: np.ndarray, loops: Sequence[Loop],
+               seq: int) -> tuple[frozenset[int], int]:
+    """Resize each loop's rows in `new` at `seq` (a chunk keeps its size; the last one takes
+    the rest of the tokens); the trace indices of the iterations left out at a smaller seq
+    are returned as growth rows to drop, with how many iterations are added in total."""
+    drop: set[int] = set()
+    added = 0
+    for loop in loops:
+        k, k2 = len(loop.rows), loop.count(seq)
+        tail = seq - (k2 - 1) * loop.chunk
+        for rows in loop.rows[:-1]:
+            new[list(rows)] = requested[list(rows)]
+        for r in loop.rows[-1]:
+            new[r] = tail * loop.per_token[r]
+        if k2 < k:
+            drop.update(r for rows in loop.rows[k2 - 1:-1] for r in rows)
+        added += max(0, k2 - k)
+    return frozenset(drop), added
+
+
+def repeat_iterations(events: pl.DataFrame, blocks: pl.DataFrame, loops: Sequence[Loop],
+                      seq: int) -> pl.DataFrame:
+    """`events` (resized) with each loop's last full iteration made again as many times as
+    a larger `seq` adds chunks, just before its last iteration: its allocations at fresh
+    addresses, each freed where its own iteration frees it (inside the iteration) or right
+    after the original's free (a chunk kept, as the saved softmax is)."""
+    at = {int(i): p for p, i in enumerate(events["idx"].to_list())}
+    key = np.arange(events.height, dtype=np.float64)
+    extra: list[pl.DataFrame] = []
+    fresh = FRESH
+    alloc = blocks.filter(pl.col("alloc_idx") >= 0).select("alloc_idx", "free_idx")
+    for loop in loops:
+        copies = loop.count(seq) - len(loop.rows)
+        lo, hi = loop.span
+        if copies <= 0 or lo not in at or loop.tail_start not in at:
+            continue
+        mine = alloc.filter((pl.col("alloc_idx") >= lo) & (pl.col("alloc_idx") < hi))
+        base, n = at[loop.tail_start] - 1, hi - lo + 1
+        for m in range(copies):
+            def slot(i: int, m: int = m, base: float = base, n: int = n, lo: int = lo,
+                     copies: int = copies) -> float:
+                return base + (m * n + (i - lo) + 1) / (copies * n + 2)
+            for a, f in zip(mine["alloc_idx"].to_list(), mine["free_idx"].to_list(),
+                            strict=True):
+                if a not in at:
+                    continue
+                row = events[at[a]].with_columns(pl.lit(fresh, dtype=pl.Int64).alias("addr"))
+                fresh -= 1
+                extra.append(row.with_columns(pl.lit(slot(a)).alias("_key")))
+                if f in at:
+                    end = slot(f) if f < hi else at[f] + 0.5 + (m + 1) * 1e-6
+                    extra.append(row.with_columns(pl.lit("free_completed").alias("action"),
+                                                  pl.lit(end).alias("_key")))
+    if not extra:
+        return events
+    schema = events.schema | {"_key": pl.Float64}
+    out = pl.concat([events.with_columns(pl.Series("_key", key)),
+                     *(e.cast(schema) for e in extra)])
+    return out.sort("_key", maintain_order=True).drop("_key")
