@@ -274,7 +274,8 @@ def _contributor_sentence(c: TextCause, d: TextDiagnosis) -> str:
 
 def _verdict(d: TextDiagnosis, where: str) -> str:
     m = d.message
-    dev = f"GPU {m.device}" if m.device is not None else "the GPU"
+    unit = "NPU" if m.backend == "NPU" else "GPU"  # torch_npu numbers its NPUs
+    dev = f"{unit} {m.device}" if m.device is not None else f"the {unit}"
     req = f"a request of {m.request.text}" if m.request else "a request (size not in the text)"
     if d.lead is None:
         return f"{where}: {m.backend} out of memory on {dev} for {req}."
