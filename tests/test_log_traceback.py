@@ -317,3 +317,37 @@ def test_a_colocated_sglang_weight_update_is_named_with_its_budget() -> None:
     assert fw.message is not None
     # the ServerArgs line says what it was set to (issue 69)
     assert fw.knobs[0][0] == f"--mem-fraction-static {0.85 - lower:.2f} (now 0.85)"
+
+
+#: A vLLM worker's model forward as a Ray worker's log prints it from mid-stack (the worker's
+#: execute_model / profile_run frames above it cut off): vllm/compilation/decorators.py's
+#: __call__ into a model's forward, a fused-MoE layer's intermediate cache (vllm
+#: model_executor/layers/fused_moe/fused_moe.py fused_experts_impl: torch.empty).
+VLLM_MIDSTACK = [
+    (f"{SITE}/vllm/compilation/decorators.py", 172, "__call__",
+     "return self.forward(*args, **kwargs)"),
+    (f"{SITE}/vllm/model_executor/models/deepseek_v2.py", 646, "forward",
+     "hidden_states, residual = layer(positions, hidden_states, residual)"),
+    (f"{SITE}/torch/nn/modules/module.py", 1739, "_wrapped_call_impl",
+     "return self._call_impl(*args, **kwargs)"),
+    (f"{SITE}/vllm/model_executor/layers/fused_moe/fused_moe.py", 1290, "fused_experts_impl",
+     "intermediate_cache1 = torch.empty((M, topk_ids.shape[1], N),"),
+]
+
+
+def test_a_vllm_forward_pasted_mid_stack_is_a_step_temporary() -> None:
+    """vLLM runs its model under torch.inference_mode (the workers' execute_model and
+    profile run are decorated with it): a forward in vllm/model_executor makes step
+    temporaries, never activations saved for a backward, and inference_mode is no knob
+    for it; the engine's own batch knob is."""
+    prefix = "(RayWorkerWrapper pid=4711, ip=10.0.0.2) ERROR 03-27 10:29:13 [worker_base.py:620] "
+    lines = traceback_lines(VLLM_MIDSTACK, "torch.OutOfMemoryError: " + message(
+        "2.00 MiB", "448.00 KiB", "44.52 GiB", "43.71 GiB", "1.04 MiB", "44.53 GiB"),
+        prefix=prefix)[1:]  # no header: the paste starts at the first frame
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "vllm.log")]).requests
+    want = decided(VLLM_MIDSTACK, 2 << 20)
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert want.family == "activation_temporaries" and want.rule_id == "vllm.model_forward"
+    knobs = [k for k, _ in finding.knobs]
+    assert not any("inference_mode" in k for k in knobs)
+    assert any("max_num_seqs" in k for k in knobs)
