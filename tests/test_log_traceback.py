@@ -351,3 +351,29 @@ def test_a_vllm_forward_pasted_mid_stack_is_a_step_temporary() -> None:
     knobs = [k for k, _ in finding.knobs]
     assert not any("inference_mode" in k for k in knobs)
     assert any("max_num_seqs" in k for k in knobs)
+
+
+#: ZeRO-3's gather before a module's forward, outermost first (deepspeed/runtime/zero/
+#: partitioned_param_coordinator.py fetch_sub_module -> __all_gather_params ->
+#: partition_parameters.py all_gather_coalesced's full-size buffer, torch.empty).
+ZERO3_GATHER = [
+    (f"{SITE}/deepspeed/runtime/zero/partitioned_param_coordinator.py", 329,
+     "fetch_sub_module", "self.__all_gather_params(params_to_fetch, forward)"),
+    (f"{SITE}/deepspeed/runtime/zero/partitioned_param_coordinator.py", 424,
+     "__all_gather_params", "self.__all_gather_params_(nonquantized_params, forward)"),
+    (f"{SITE}/deepspeed/runtime/zero/partition_parameters.py", 1123, "all_gather_coalesced",
+     "param_buffer = torch.empty("),
+]
+
+
+def test_a_zero3_gather_oom_gets_the_live_parameters_knob() -> None:
+    """The ZeRO-3 all-gather buffer is named, and its knob is DeepSpeed's own bound on the
+    parameters gathered and prefetched at once (DeepSpeed's config docs: smaller values use
+    less memory), offered because the gather's frames show ZeRO-3."""
+    lines = traceback_lines(ZERO3_GATHER, "torch.cuda.OutOfMemoryError: " + message(
+        "512.00 MiB", "62.19 MiB", "31.60 GiB", "30.25 GiB", "430.00 MiB", "31.75 GiB"))
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "ds.log")]).requests
+    want = decided(ZERO3_GATHER, 512 << 20)
+    assert (finding.family, finding.rule_id) == (want.family, "deepspeed.zero3_allgather")
+    assert [k for k, _ in finding.knobs][0].startswith(
+        "zero_optimization.stage3_max_live_parameters")
