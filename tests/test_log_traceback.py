@@ -377,3 +377,34 @@ def test_a_zero3_gather_oom_gets_the_live_parameters_knob() -> None:
     assert (finding.family, finding.rule_id) == (want.family, "deepspeed.zero3_allgather")
     assert [k for k, _ in finding.knobs][0].startswith(
         "zero_optimization.stage3_max_live_parameters")
+
+
+#: deepspeed.initialize moving the module whole (deepspeed/__init__.py initialize ->
+#: runtime/engine.py DeepSpeedEngine.__init__ -> _configure_distributed_model ->
+#: torch/nn/modules/module.py Module.to's convert).
+DS_MODULE_TO = [
+    (f"{SITE}/deepspeed/__init__.py", 181, "initialize", "engine = DeepSpeedEngine(args=args,"),
+    (f"{SITE}/deepspeed/runtime/engine.py", 262, "__init__",
+     "self._configure_distributed_model(model)"),
+    (f"{SITE}/deepspeed/runtime/engine.py", 1103, "_configure_distributed_model",
+     "self.module.to(self.device)"),
+    (f"{SITE}/torch/nn/modules/module.py", 1152, "convert",
+     "return t.to(device, dtype if t.is_floating_point() or t.is_complex() else None, "
+     "non_blocking)"),
+]
+
+
+def test_deepspeed_initialize_moving_the_model_is_named_with_zero_init() -> None:
+    """A rank's OOM inside deepspeed.initialize (pdsh's 'host: ' and torchrun's '[rankN]:'
+    before every line) is the whole model moved to the GPU before ZeRO partitions it: the
+    parameters family, and zero.Init (each rank builds only its partition) as the first
+    knob."""
+    lines = traceback_lines(DS_MODULE_TO, "torch.OutOfMemoryError: " + message(
+        "500.00 MiB", "213.81 MiB", "79.11 GiB", "78.60 GiB", "1.69 MiB", "79.33 GiB"),
+        prefix="worker-5: [rank22]: ")[1:]
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "ds.log")]).requests
+    want = decided(DS_MODULE_TO, 500 << 20)
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert want.rule_id == "deepspeed.engine_module_to_device"
+    assert finding.family == "parameters"
+    assert "deepspeed.zero.Init()" in finding.knobs[0][0]
