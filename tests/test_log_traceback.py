@@ -317,3 +317,94 @@ def test_a_colocated_sglang_weight_update_is_named_with_its_budget() -> None:
     assert fw.message is not None
     # the ServerArgs line says what it was set to (issue 69)
     assert fw.knobs[0][0] == f"--mem-fraction-static {0.85 - lower:.2f} (now 0.85)"
+
+
+#: A vLLM worker's model forward as a Ray worker's log prints it from mid-stack (the worker's
+#: execute_model / profile_run frames above it cut off): vllm/compilation/decorators.py's
+#: __call__ into a model's forward, a fused-MoE layer's intermediate cache (vllm
+#: model_executor/layers/fused_moe/fused_moe.py fused_experts_impl: torch.empty).
+VLLM_MIDSTACK = [
+    (f"{SITE}/vllm/compilation/decorators.py", 172, "__call__",
+     "return self.forward(*args, **kwargs)"),
+    (f"{SITE}/vllm/model_executor/models/deepseek_v2.py", 646, "forward",
+     "hidden_states, residual = layer(positions, hidden_states, residual)"),
+    (f"{SITE}/torch/nn/modules/module.py", 1739, "_wrapped_call_impl",
+     "return self._call_impl(*args, **kwargs)"),
+    (f"{SITE}/vllm/model_executor/layers/fused_moe/fused_moe.py", 1290, "fused_experts_impl",
+     "intermediate_cache1 = torch.empty((M, topk_ids.shape[1], N),"),
+]
+
+
+def test_a_vllm_forward_pasted_mid_stack_is_a_step_temporary() -> None:
+    """vLLM runs its model under torch.inference_mode (the workers' execute_model and
+    profile run are decorated with it): a forward in vllm/model_executor makes step
+    temporaries, never activations saved for a backward, and inference_mode is no knob
+    for it; the engine's own batch knob is."""
+    prefix = "(RayWorkerWrapper pid=4711, ip=10.0.0.2) ERROR 03-27 10:29:13 [worker_base.py:620] "
+    lines = traceback_lines(VLLM_MIDSTACK, "torch.OutOfMemoryError: " + message(
+        "2.00 MiB", "448.00 KiB", "44.52 GiB", "43.71 GiB", "1.04 MiB", "44.53 GiB"),
+        prefix=prefix)[1:]  # no header: the paste starts at the first frame
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "vllm.log")]).requests
+    want = decided(VLLM_MIDSTACK, 2 << 20)
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert want.family == "activation_temporaries" and want.rule_id == "vllm.model_forward"
+    knobs = [k for k, _ in finding.knobs]
+    assert not any("inference_mode" in k for k in knobs)
+    assert any("max_num_seqs" in k for k in knobs)
+
+
+#: ZeRO-3's gather before a module's forward, outermost first (deepspeed/runtime/zero/
+#: partitioned_param_coordinator.py fetch_sub_module -> __all_gather_params ->
+#: partition_parameters.py all_gather_coalesced's full-size buffer, torch.empty).
+ZERO3_GATHER = [
+    (f"{SITE}/deepspeed/runtime/zero/partitioned_param_coordinator.py", 329,
+     "fetch_sub_module", "self.__all_gather_params(params_to_fetch, forward)"),
+    (f"{SITE}/deepspeed/runtime/zero/partitioned_param_coordinator.py", 424,
+     "__all_gather_params", "self.__all_gather_params_(nonquantized_params, forward)"),
+    (f"{SITE}/deepspeed/runtime/zero/partition_parameters.py", 1123, "all_gather_coalesced",
+     "param_buffer = torch.empty("),
+]
+
+
+def test_a_zero3_gather_oom_gets_the_live_parameters_knob() -> None:
+    """The ZeRO-3 all-gather buffer is named, and its knob is DeepSpeed's own bound on the
+    parameters gathered and prefetched at once (DeepSpeed's config docs: smaller values use
+    less memory), offered because the gather's frames show ZeRO-3."""
+    lines = traceback_lines(ZERO3_GATHER, "torch.cuda.OutOfMemoryError: " + message(
+        "512.00 MiB", "62.19 MiB", "31.60 GiB", "30.25 GiB", "430.00 MiB", "31.75 GiB"))
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "ds.log")]).requests
+    want = decided(ZERO3_GATHER, 512 << 20)
+    assert (finding.family, finding.rule_id) == (want.family, "deepspeed.zero3_allgather")
+    assert [k for k, _ in finding.knobs][0].startswith(
+        "zero_optimization.stage3_max_live_parameters")
+
+
+#: deepspeed.initialize moving the module whole (deepspeed/__init__.py initialize ->
+#: runtime/engine.py DeepSpeedEngine.__init__ -> _configure_distributed_model ->
+#: torch/nn/modules/module.py Module.to's convert).
+DS_MODULE_TO = [
+    (f"{SITE}/deepspeed/__init__.py", 181, "initialize", "engine = DeepSpeedEngine(args=args,"),
+    (f"{SITE}/deepspeed/runtime/engine.py", 262, "__init__",
+     "self._configure_distributed_model(model)"),
+    (f"{SITE}/deepspeed/runtime/engine.py", 1103, "_configure_distributed_model",
+     "self.module.to(self.device)"),
+    (f"{SITE}/torch/nn/modules/module.py", 1152, "convert",
+     "return t.to(device, dtype if t.is_floating_point() or t.is_complex() else None, "
+     "non_blocking)"),
+]
+
+
+def test_deepspeed_initialize_moving_the_model_is_named_with_zero_init() -> None:
+    """A rank's OOM inside deepspeed.initialize (pdsh's 'host: ' and torchrun's '[rankN]:'
+    before every line) is the whole model moved to the GPU before ZeRO partitions it: the
+    parameters family, and zero.Init (each rank builds only its partition) as the first
+    knob."""
+    lines = traceback_lines(DS_MODULE_TO, "torch.OutOfMemoryError: " + message(
+        "500.00 MiB", "213.81 MiB", "79.11 GiB", "78.60 GiB", "1.69 MiB", "79.33 GiB"),
+        prefix="worker-5: [rank22]: ")[1:]
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "ds.log")]).requests
+    want = decided(DS_MODULE_TO, 500 << 20)
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert want.rule_id == "deepspeed.engine_module_to_device"
+    assert finding.family == "parameters"
+    assert "deepspeed.zero.Init()" in finding.knobs[0][0]

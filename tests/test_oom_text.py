@@ -100,6 +100,59 @@ class Oom:
                 f"{shown(self.unallocated)} cached)")
 
 
+def npu(oom: Oom, active: int | None = None, cached_word: bool = False) -> str:
+    """torch_npu (Ascend): torch_npu/csrc/core/npu/NPUCachingAllocator.cpp, `malloc`'s OOM
+    branch: 'NPU out of memory. Tried to allocate <a> (NPU <d>; <t> total capacity; <a>
+    already allocated; <c> current active; <f> free; <r> reserved in total by PyTorch).If
+    reserved memory is >> allocated memory try setting max_split_size_mb to avoid
+    fragmentation.' (the old 1.x copy: '... <f> free; <c> cached)', no 'current active')."""
+    head = (f"NPU out of memory. Tried to allocate {shown(oom.request)} (NPU {oom.device}; "
+            f"{shown(oom.capacity)} total capacity; {shown(oom.allocated)} already allocated; ")
+    if cached_word:
+        return head + f"{shown(oom.free)} free; {shown(oom.unallocated)} cached)"
+    return (head + f"{shown(oom.allocated if active is None else active)} current active; "
+            f"{shown(oom.free)} free; {shown(oom.reserved)} reserved in total by PyTorch)."
+            "If reserved memory is >> allocated memory try setting max_split_size_mb to "
+            "avoid fragmentation.")
+
+
+def test_torch_npu_wordings_read_their_figures() -> None:
+    """An Ascend job's OOM (torch_npu's own allocator, same clauses as PyTorch 1.4 - 2.0 but
+    'NPU' and a 'current active' figure) is read, not refused; its knob names torch_npu's
+    own variable, which has expandable segments."""
+    r = random.Random("npu")
+    for _ in range(30):
+        oom = _random_oom(r)
+        (m,) = read_messages(f"RuntimeError: {npu(oom)}\n")
+        assert m.backend == "NPU" and m.device == oom.device and m.wording == "torch_npu"
+        for name in ("request", "capacity", "free", "allocated", "reserved"):
+            assert _close(getattr(m, name), getattr(oom, name)), (name, npu(oom))
+        (old,) = read_messages(npu(oom, cached_word=True))
+        assert old.wording == "torch_npu 1.x" and _close(old.unallocated, oom.unallocated)
+    # the idle cache (reserved - allocated) is at least the request: fragmentation leads
+    oom = Oom(request=72 * MIB, device=3, capacity=61 * GIB, free=5 * MIB,
+              allocated=56 * GIB, unallocated=2 * GIB)
+    d = diagnose(read_messages(npu(oom))[0])
+    assert d.causes[0].id == "fragmentation"
+    assert [k for k, _ in d.knobs] == ["PYTORCH_NPU_ALLOC_CONF=expandable_segments:True"]
+
+
+def test_an_npu_paste_behind_ray_prefixes_is_summarised(tmp_path: Path) -> None:
+    """A Ray worker's NPU OOM ('[repeated Nx across cluster]' after it, the next line an
+    HCCL warning): read with exit 0, the device called an NPU."""
+    oom = Oom(request=30 * MIB, device=3, capacity=61 * GIB, free=14 * MIB,
+              allocated=60 * GIB, unallocated=300 * MIB)
+    tag = "(NPURayWorkerWrapper pid=4242) ERROR 06-09 06:57:48 worker_base.py:581] "
+    log = tmp_path / "npu.log"
+    log.write_text(f"{tag}RuntimeError: {npu(oom)} [repeated 6x across cluster]\n"
+                   "(NPURayWorkerWrapper pid=4243) [rank7]:[W609 06:57:47.8 x.ts:877] "
+                   "Warning: HCCL timeout (function ProcessGroupHCCL)\n")
+    r = invoke("summary", str(log))
+    assert r.returncode == 0, r.stderr
+    assert f"NPU out of memory on NPU 3 for a request of {shown(oom.request)}" in \
+        " ".join(r.stdout.split())
+
+
 def _random_oom(r: random.Random) -> Oom:
     capacity = r.choice((16, 24, 40, 80, 141)) * GIB - r.randrange(0, 900) * MIB
     reserved = r.randrange(capacity // 2, capacity - 64 * MIB)

@@ -119,6 +119,29 @@ def test_cuda_error_out_of_memory_has_no_allocator_figures(tmp_path: Path) -> No
     assert "no allocator figures" in verdict
 
 
+def cublas_error(status: str, call: str) -> str:
+    """aten/src/ATen/cuda/Exceptions.h TORCH_CUDABLAS_CHECK: "CUDA error: " +
+    _cublasGetErrorEnum(err) + " when calling `" #EXPR "`", raised from the op's frame."""
+    return ("  File \"net.py\", line 12, in forward\n    return F.linear(x, self.w)\n"
+            f"RuntimeError: CUDA error: {status} when calling `{call}`\n")
+
+
+def test_cublas_alloc_failed_is_read_as_an_oom_outside_the_allocator(tmp_path: Path) -> None:
+    """CUBLAS_STATUS_ALLOC_FAILED (cuBLAS's own handle / workspace memory) is an OOM with no
+    allocator figures, said so in its own words, not refused; another cuBLAS status is not
+    an OOM and is not read as one."""
+    out = _summary(tmp_path, "cublas.log",
+                   cublas_error("CUBLAS_STATUS_ALLOC_FAILED", "cublasCreate(handle)"))
+    verdict = " ".join(out.split("\n\n")[0].split())
+    assert "CUBLAS_STATUS_ALLOC_FAILED" in verdict and "no allocator figures" in verdict
+    assert "'CUDA error: out of memory'" not in verdict
+    (fw,) = weigh([read_text(cublas_error("CUBLAS_STATUS_ALLOC_FAILED", "cublasCreate(h)")
+                             * 2, "x.log")]).frameworks
+    assert [(f.id, dict(f.terms)["times"]) for f in fw.findings] == [("cublas_alloc_failed", 2)]
+    assert read_text(cublas_error("CUBLAS_STATUS_EXECUTION_FAILED", "cublasGemmEx(...)"),
+                     "y.log").empty
+
+
 def nccl_calloc(size: int, host: str = "node2:24881:25568 [2]") -> str:
     """NCCL src/include/alloc.h: CUDACHECK's WARN("Cuda failure '%s'", cudaGetErrorString(
     err)) then ncclCudaCallocDebug's WARN("Failed to CUDA calloc %ld bytes", nelem *

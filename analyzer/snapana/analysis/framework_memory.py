@@ -450,7 +450,11 @@ def _nccl(lines: Sequence[MemoryLine], message: OomMessage | None
 
 def _cuda(lines: Sequence[MemoryLine], message: OomMessage | None
           ) -> tuple[list[Finding], list[tuple[str, str]]]:
-    return [Finding("cuda_error_oom", (("times", len(lines)), ("line", lines[0].line)))], []
+    by_format: dict[str, list[MemoryLine]] = {}  # 'CUDA error: out of memory', cuBLAS's
+    for ln in lines:
+        by_format.setdefault(ln.format, []).append(ln)
+    return [Finding(fmt.replace(".", "_"), (("times", len(group)), ("line", group[0].line)))
+            for fmt, group in by_format.items()], []
 
 
 _JUDGES: dict[str, Callable[[Sequence[MemoryLine], OomMessage | None],

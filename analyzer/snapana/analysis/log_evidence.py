@@ -99,8 +99,7 @@ def summary_evidence(s: MemorySummary, messages: list[OomMessage], source: str =
     message = _nearest(messages, s.line, s.device)
     knobs: list[tuple[str, str]] = []
     if fragmented and not (message is not None and message.expandable_on):
-        env = ("PYTORCH_HIP_ALLOC_CONF" if message is not None and message.backend == "HIP"
-               else "PYTORCH_CUDA_ALLOC_CONF")
+        env = f"PYTORCH_{message.backend if message is not None else 'CUDA'}_ALLOC_CONF"
         knobs.append((f"{env}=expandable_segments:True",
                       "memory_summary()'s non-releasable memory (free pieces of blocks split "
                       "and partly in use) is at least "

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from snapana.log_model import OomMessage
-from snapana.sources.oom_text import CLAUSES
+from snapana.sources.oom_text import CLAUSES, EXPANDABLE_WORDINGS
 
 #: The names of the split's terms renderers look up.
 OUTSIDE = "outside PyTorch's allocator"
@@ -302,9 +302,9 @@ def _knobs(m: OomMessage, causes: list[TextCause]) -> tuple[tuple[str, str], ...
     """Knobs the message's figures support, each with the figure that supports it: only a
     leading fragmentation (the idle cache could have served the request)."""
     out: list[tuple[str, str]] = []
-    env = "PYTORCH_HIP_ALLOC_CONF" if m.backend == "HIP" else "PYTORCH_CUDA_ALLOC_CONF"
+    env = f"PYTORCH_{m.backend}_ALLOC_CONF"  # CUDA, HIP, NPU: each allocator's own variable
     if causes and causes[0].id == "fragmentation" and not m.expandable_on:
-        if m.wording == "2.1+":
+        if m.wording in EXPANDABLE_WORDINGS:
             out.append((f"{env}=expandable_segments:True",
                         "the cached but unallocated bytes are at least the request: segments "
                         "that grow in place leave no gaps between them (unless it was already "

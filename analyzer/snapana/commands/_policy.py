@@ -293,7 +293,7 @@ def text_logs(ins: Inputs, at: str | None = None) -> tuple[Any | None, Inputs]:
 
             found(empty[0], empty[0].name)  # its one-line refusal
         raise InputError(f"none of the {len(empty)} text inputs says anything about GPU memory "
-                         "(no 'CUDA/HIP out of memory' message, memory_summary(), nvidia-smi "
+                         "(no 'CUDA/HIP/NPU out of memory' message, memory_summary(), nvidia-smi "
                          "table or vLLM KV-cache refusal)")
     notes += [f"{inert(log.name, lines=False)}: nothing about GPU memory in it (no OOM "
               "message, memory_summary(), nvidia-smi table or vLLM refusal)" for log in empty]

@@ -274,7 +274,8 @@ def _contributor_sentence(c: TextCause, d: TextDiagnosis) -> str:
 
 def _verdict(d: TextDiagnosis, where: str) -> str:
     m = d.message
-    dev = f"GPU {m.device}" if m.device is not None else "the GPU"
+    unit = "NPU" if m.backend == "NPU" else "GPU"  # torch_npu numbers its NPUs
+    dev = f"{unit} {m.device}" if m.device is not None else f"the {unit}"
     req = f"a request of {m.request.text}" if m.request else "a request (size not in the text)"
     if d.lead is None:
         return f"{where}: {m.backend} out of memory on {dev} for {req}."
@@ -697,6 +698,13 @@ def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
                 "allocator figures — no request, free or reserved to split; CUDA reports "
                 "errors asynchronously, so the frame it names may not be the call that "
                 "failed (CUDA_LAUNCH_BLOCKING=1 pins it down)")
+    if f.id == "cublas_alloc_failed":
+        times = f" ({t['times']} times)" if t["times"] > 1 else ""
+        return (f"cuBLAS could not allocate (CUBLAS_STATUS_ALLOC_FAILED) at line {t['line']}"
+                f"{times}: its handle or workspace is device memory cuBLAS takes itself, "
+                "outside PyTorch's caching allocator, so the error carries no allocator "
+                "figures; the card had no room when cuBLAS first ran on this device and "
+                "thread (what PyTorch caches, another process, a second job on the GPU)")
     if f.id == "uneven_ranks":
         (high, hb), (low, lb) = f.terms
         return (f"{high} peaks at {b(hb)}, {low} at {b(lb)}: the ranks are uneven "

@@ -127,7 +127,7 @@ def found(log: TextLog, name: str) -> TextLog:
     if log.empty:
         raise InputError(f"{name}: unrecognised format (not a torch memory snapshot pickle, "
                          "profiler trace or memray capture, and no 'CUDA out of memory' / "
-                         "'HIP out of memory' message, memory_summary(), nvidia-smi table, "
+                         "'HIP/NPU out of memory' message, memory_summary(), nvidia-smi table, "
                          "vLLM KV-cache refusal or framework memory line in its text)")
     return log
 

@@ -2,7 +2,8 @@
 (issue 44).
 
 Most OOM tickets carry no snapshot, only what PyTorch printed when the job died. Each message
-is found by its anchor ("CUDA out of memory." / "HIP out of memory."); its lines are joined
+is found by its anchor ("CUDA out of memory." / "HIP out of memory.", torch_npu's "NPU out of
+memory."); its lines are joined
 again (a log wraps them and puts a timestamp or a rank tag before each), HTML and JSON
 escapes undone; then its figures are read clause by clause (`CLAUSES`). Every wording PyTorch
 has used is a combination of these clauses, so one reader takes them all; which wording a
@@ -35,6 +36,11 @@ CLAUSES: dict[str, tuple[str, str, str]] = {
     # free; 14.75 GiB reserved in total by PyTorch)"
     "old_capacity": (r"\(GPU (\d++); " + SIZE + r" total capacity",
                      "the device's memory (cudaMemGetInfo total)", "1.0 - 2.0"),
+    # torch_npu (Ascend), NPUCachingAllocator.cpp `malloc`'s OOM branch: "(NPU 0; 60.97 GiB
+    # total capacity; 59.57 GiB already allocated; 59.57 GiB current active; 16.54 MiB free;
+    # [<fraction> allowed; ]60.06 GiB reserved in total by PyTorch)" (1.x: "...free; <c> cached)")
+    "npu_capacity": (r"\(NPU (\d++); " + SIZE + r" total capacity",
+                     "the NPU's memory (aclrtGetMemInfo total)", "torch_npu, every release"),
     "old_allocated": (SIZE + r" already allocated",
                       "bytes of live tensors PyTorch's allocator handed out", "1.0 - 2.0"),
     "old_free": (r"; " + SIZE + r" free\b",
@@ -81,14 +87,21 @@ WORDINGS = (
     ("2.12+ fraction", "PyTorch 2.12 and later, a memory-fraction refusal", ("preempted",)),
     ("1.4-2.0", "PyTorch 1.4 - 2.0", ("old_capacity", "old_allocated", "old_reserved")),
     ("1.0-1.3", "PyTorch 1.0 - 1.3", ("old_capacity", "old_allocated", "old_cached")),
+    ("torch_npu", "torch_npu (Ascend NPU)", ("npu_capacity", "old_allocated", "old_reserved")),
+    ("torch_npu 1.x", "torch_npu 1.x (Ascend NPU)", ("npu_capacity", "old_allocated",
+                                                     "old_cached")),
 )
+#: The wordings printed by allocators that have expandable segments (PyTorch 2.1+,
+#: torch_npu's PYTORCH_NPU_ALLOC_CONF): the others get max_split_size_mb instead.
+EXPANDABLE_WORDINGS = frozenset({"2.1+", "torch_npu"})
 
-#: Where a message starts: PyTorch's "CUDA out of memory." (HIP on ROCm builds, hipified).
-ANCHOR = re.compile(r"(CUDA|HIP) out of memory\b")  # (a paste may glue a word before it)
+#: Where a message starts: PyTorch's "CUDA out of memory." (HIP on ROCm builds, hipified;
+#: NPU from torch_npu's allocator, its own copy of the caching allocator).
+ANCHOR = re.compile(r"(CUDA|HIP|NPU) out of memory\b")  # (a paste may glue a word before it)
 #: Where its text ends: the documentation pointer every wording closes with, or the anchor
 #: of the next message.
 _END = re.compile(r"See documentation for Memory Management[^\n]*|\bCUDA out of memory\b|"
-                  r"\bHIP out of memory\b")
+                  r"\bHIP out of memory\b|\bNPU out of memory\b")
 #: How many characters after the anchor a message may take (the longest wording, with a
 #: dozen "Process ... has ..." lines and a log prefix before each line, is under 3,000).
 SPAN = 6000
@@ -181,7 +194,7 @@ def _wording(found: set[str]) -> tuple[str, str, tuple[str, ...]]:
     wording is told by its capacity clause (each era words it its own way) and, for the
     old one, by 'cached' vs 'reserved in total'; a message cut short keeps its wording."""
     for wid, releases, needs in WORDINGS:
-        if needs[0] in found and ("old_cached" in found) == (wid == "1.0-1.3"):
+        if needs[0] in found and ("old_cached" in found) == ("old_cached" in needs):
             return wid, releases, tuple(n for n in needs if n not in found)
     return "unrecognised", "not one of PyTorch's wordings", ()
 
@@ -211,7 +224,7 @@ def _message(line: int, backend: str, body: str, prefix: str) -> OomMessage:
     found = {k for k in CLAUSES if _find(k, body)}
     wording, releases, missing = _wording(found)
     cap = _find("capacity", body)
-    old_cap = _find("old_capacity", body)
+    old_cap = _find("old_capacity", body) or _find("npu_capacity", body)
     raw_device = cap.group(1) if cap else old_cap.group(1) if old_cap else None
     device = None if not raw_device else (
         whole(raw_device) if raw_device.isdigit() else ord(raw_device))
