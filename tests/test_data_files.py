@@ -138,3 +138,45 @@ def test_a_format_of_an_undeclared_framework_is_refused(monkeypatch: pytest.Monk
     with pytest.raises(data_file.DataFileError,
                        match=rf"^{re.escape(path)}:{line}: line\[\d+\]\.framework: 'nccl2'"):
         memory_lines._file.__wrapped__()
+
+
+# ----- a capture's metadata: one declared set of keys -----------------------------------------
+
+def _metadata_keys() -> dict[str, str]:
+    """Every key the package writes into or reads from a capture's `metadata` (a dict
+    literal given as `metadata=`, `….metadata["k"]`, `….metadata.get("k")` /
+    `.setdefault("k")`) -> the first module that uses it."""
+    import ast
+
+    found: dict[str, str] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            keys: list[ast.expr] = []
+            if isinstance(node, ast.keyword) and node.arg == "metadata" \
+                    and isinstance(node.value, ast.Dict):
+                keys = [k for k in node.value.keys if k is not None]
+            elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "metadata":
+                keys = [node.slice]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("get", "setdefault") \
+                    and isinstance(node.func.value, ast.Attribute) \
+                    and node.func.value.attr == "metadata" and node.args:
+                keys = [node.args[0]]
+            for k in keys:
+                if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                    found.setdefault(k.value, rel)
+    return found
+
+
+def test_every_metadata_key_of_a_capture_is_declared() -> None:
+    """`Capture.metadata` is typed (issue 68: an untyped dict read at five sites): every key
+    a source writes or a stage reads is one of `CaptureMetadata`'s, so a misspelt key is a
+    type error, not a silent miss."""
+    from snapana.model import CaptureMetadata
+
+    used = _metadata_keys()
+    assert {"reserved_timeline", "inventory", "sidecar", "device_names"} <= set(used)
+    undeclared = {k: m for k, m in used.items() if k not in CaptureMetadata.__annotations__}
+    assert not undeclared, f"metadata keys not declared in CaptureMetadata: {undeclared}"
