@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from fnmatch import fnmatch
-from importlib import resources
+from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -27,6 +27,7 @@ else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
     import tomli as tomllib
 
 T = TypeVar("T")
+PACKAGE = Path(__file__).parent
 
 #: Data file (path under ``snapana/``, a glob for a folder of them) -> its schema. Filled by
 #: :func:`schema` when the module declaring it is imported; a test checks every ``*.toml`` of
@@ -70,9 +71,8 @@ def refuse(path: str, where: str, problem: str) -> DataFileError:
 
 
 def _text(path: str) -> str:
-    package, _, name = f"snapana/{path}".rpartition("/")
-    return resources.files(package.replace("/", ".")).joinpath(name).read_text(
-        encoding="utf-8")
+    """The package's file `path` (a file beside the modules, as every data file is)."""
+    return (PACKAGE / path).read_text(encoding="utf-8")
 
 
 def read(text: str, source: str, cls: type[T]) -> T:
