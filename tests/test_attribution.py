@@ -128,15 +128,18 @@ def test_vocabulary_holds_families_phases_and_causes():
     assert "outside_pytorch" in cause_ids() and "fragmentation" in cause_ids()
     assert "logits" in families_with_lifetime("transient")
     assert "recompute" in families_with_lifetime("working_set")
-    with pytest.raises(ValueError, match=r"^v.toml: \[\[family\]\] 'x': unknown field 'shade'$"):
+    # the schema's words (issue 68): file, line, path in it
+    with pytest.raises(ValueError,
+                       match=r"^v.toml:5: family\[0\].shade: unknown field \(allowed: "):
         parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\nshade = 1\n',
                          "v.toml")
-    with pytest.raises(ValueError, match="`lifetime` must be one of"):
+    with pytest.raises(ValueError, match=r"family\[0\].lifetime: 'forever' is not one of "
+                                         r"\('transient', 'working_set', 'undetermined'\)"):
         parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\n'
                          'colour = "#000000"\nlifetime = "forever"\n', "v.toml")
-    with pytest.raises(ValueError, match="missing required field `colour`"):
+    with pytest.raises(ValueError, match="family\\[0\\].colour: missing required field"):
         parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\n', "v.toml")
-    with pytest.raises(ValueError, match="`colour` must be #rrggbb"):
+    with pytest.raises(ValueError, match="colour: expected `str` matching regex|colour: .*#"):
         parse_vocabulary('[[family]]\nid = "x"\nlabel = "x"\ndescription = "d"\n'
                          'colour = "red"\n', "v.toml")
 
@@ -156,8 +159,10 @@ def test_inventory_roles_are_the_vocabulary_s_and_the_format_s() -> None:
     assert role_families()["gradient"] == "gradients"
     two = ('[[family]]\nid = "{0}"\nlabel = "{0}"\ndescription = "d"\ncolour = "#000000"\n'
            'inventory_roles = ["gradient"]\n')
+    rest = ('[[phase]]\nid = "unknown"\nlabel = "u"\ndescription = "d"\n'
+            '[[cause]]\nid = "c"\ndescription = "d"\n')
     with pytest.raises(ValueError, match="inventory role 'gradient' is given to two families"):
-        parse_vocabulary(two.format("a") + two.format("b"), "v.toml")
+        parse_vocabulary(two.format("a") + two.format("b") + rest, "v.toml")
 
 
 def test_family_colours_are_given_distinct_and_stable() -> None:
@@ -1057,7 +1062,8 @@ def test_bad_packs_give_one_line_errors_naming_the_path(tmp_path, body, where, p
         load_rules([path])
     msg = str(info.value)
     assert "\n" not in msg
-    assert msg.startswith(f"{path}: {where}: "), msg
+    # the schema's errors name the line too (issue 68): `file:line: path: problem`
+    assert re.match(rf"{re.escape(str(path))}(:\d+)?: {re.escape(where)}: ", msg), msg
     assert problem in msg, msg
 
 

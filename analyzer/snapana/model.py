@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypedDict
 
 import polars as pl
 
@@ -162,6 +162,31 @@ def is_python_frame(frame: Frame) -> bool:
     return is_python_file(frame[0])
 
 
+class CaptureMetadata(TypedDict, total=False):
+    """What a source knows of its capture beyond the tables (issue 68: it was an untyped
+    dict): each key, who writes it and what it holds. A dict at run time, so an export
+    writes and reads it as before; the type checker holds every read and write to these keys.
+    """
+
+    #: device -> its name as the source gives it (kineto's deviceProperties, memray's host)
+    device_names: dict[int, str]
+    #: device -> the caching allocator's reserved bytes after each event (kineto traces)
+    reserved_timeline: dict[int, Any]
+    #: device -> {"allocated" / "reserved": per-event totals as the trace printed them}
+    kineto_totals: dict[int, dict[str, Any]]
+    trace: dict[str, Any]  # the trace's own metadata, bounded
+    device_properties: Any  # kineto's deviceProperties, bounded
+    sidecar: dict[str, Any]  # the recorder's run facts (reason, rank, versions, ...)
+    inventory: dict[int, list[dict[str, Any]]]  # device -> the sidecar's named tensors
+    user_metadata: Any  # a snapshot's own, bounded
+    compile_context: Any
+    memory_timeline_layout: str  # export_memory_timeline's layout ("raw", ...)
+    category_families: dict[str, str]  # its categories -> families
+    moment: str  # memray: the moment the capture is of ("high_water_mark")
+    memray: dict[str, Any]  # memray's metadata, bounded
+    memray_snapshots: dict[str, Any]  # memray's RSS / heap series over time
+
+
 @dataclass
 class Capture:
     """One input file, normalized. Sources fill it; nothing downstream reads the file again."""
@@ -179,7 +204,7 @@ class Capture:
     has_trace: bool = False
     has_time: bool = False
     capacity_bytes: dict[int, int] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: CaptureMetadata = field(default_factory=lambda: CaptureMetadata())
     #: The file name the capture was first read from, where `path` is not it (an export
     #: folder names the snapshot it was exported from); "" otherwise.
     origin: str = ""

@@ -20,7 +20,7 @@ from snapana.analysis.knob_words import named
 from snapana.analysis.log_evidence import ACTIVATION_HALF, MAX_UTILIZATION, Finding
 from snapana.analysis.text_diagnosis import ELSEWHERE_SHARE
 from snapana.log_model import OomMessage
-from snapana.sources.memory_lines import MemoryLine
+from snapana.sources.memory_lines import MemoryLine, framework_names
 from snapana.units import fmt_bytes
 
 #: vLLM 0.6's initial usage beyond its weights from this share of the card on: memory
@@ -462,3 +462,20 @@ _JUDGES: dict[str, Callable[[Sequence[MemoryLine], OomMessage | None],
     "sglang": _sglang, "torch_memory_saver": _memory_saver, "vllm": _vllm,
     "megatron": _megatron, "deepspeed": _deepspeed, "slime": _slime, "nccl": _nccl,
     "cuda": _cuda}
+
+#: Each framework's name as its section says it (memory_lines.toml [[framework]]).
+FRAMEWORK_NAMES = framework_names()
+
+
+def _check_registry() -> None:
+    """A framework reader is one entry, tied by its id: its formats and name in
+    memory_lines.toml and its judge here. Checked at import, so one without the other fails
+    the test suite, not a user's log."""
+    if set(_JUDGES) != set(FRAMEWORK_NAMES):
+        raise ImportError(
+            "framework readers: memory_lines.toml [[framework]] without a judge: "
+            f"{sorted(set(FRAMEWORK_NAMES) - set(_JUDGES))}; judges without a [[framework]]: "
+            f"{sorted(set(_JUDGES) - set(FRAMEWORK_NAMES))}")
+
+
+_check_registry()

@@ -5,71 +5,86 @@ each knob is called and changes, and the knobs a framework's own message names, 
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
-from importlib import resources
-from typing import Any, Literal
+from typing import Literal
 
-import msgspec
-
+from snapana import data_file
 from snapana.sources.settings_text import Setting
 from snapana.units import fmt_bytes
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib
+
+class KnobWords(data_file.Table, frozen=True, kw_only=True):
+    """``[knob.<id>]``: a knob as written (`{value}` where its value goes), what it changes
+    and what it costs."""
+
+    knob: str
+    effect: str
+    caveat: str
+
+
+class Hint(data_file.Table, frozen=True, kw_only=True):
+    """``[hint.<id>]``: a knob a framework's own message names."""
+
+    knob: str  # a [knob.<id>]'s id
+    source: str  # where the framework prints it
+    says: str  # the message's words
+    value: str  # the value said where the log gives no figure
+    without: str  # why there is no figure
+
+
+@data_file.schema("analysis/framework_knobs.toml")
+class KnobsFile(data_file.Table, frozen=True, kw_only=True):
+    knob: dict[str, KnobWords]
+    hint: dict[str, Hint] = {}
 
 
 @lru_cache(maxsize=1)
-def _table() -> dict[str, Any]:
-    text = (resources.files(__package__) / "framework_knobs.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)
+def _table() -> KnobsFile:
+    return data_file.packaged("analysis/framework_knobs.toml", KnobsFile)
 
 
 def knob(kid: str, value: str, why: str) -> tuple[str, str]:
     """Knob `kid` with its value, and why the figures support it (with its cost)."""
-    words = _table()["knob"][kid]
-    return (words["knob"].format(value=value),
-            f"{words['effect']} — {why} (cost: {words['caveat']})")
+    words = _table().knob[kid]
+    return (words.knob.format(value=value), f"{words.effect} — {why} (cost: {words.caveat})")
 
 
 def flag(kid: str) -> str:
     """The knob's name without its value ('--gpu-memory-utilization'): two offers of one
     knob, one with a value, are one knob."""
-    return str(_table()["knob"][kid]["knob"]).split("{", 1)[0].strip()
+    return _table().knob[kid].knob.split("{", 1)[0].strip()
 
 
 def named(hid: str, value: str | None = None, how: str = "") -> tuple[str, str]:
     """The knob a framework's own message names (`[hint.<hid>]`), with `value` where the
     log's figures give one (`how`: from which, and the arithmetic), else the hint's own
     direction (its message gives no figure)."""
-    hint = _table()["hint"][hid]
-    why = f"the framework's own message names it ('{hint['says']}')"
-    why += f"; the value: {how}" if value is not None else f"; {hint['without']}"
-    return knob(hint["knob"], value if value is not None else hint["value"], why)
+    hint = _table().hint[hid]
+    why = f"the framework's own message names it ('{hint.says}')"
+    why += f"; the value: {how}" if value is not None else f"; {hint.without}"
+    return knob(hint.knob, value if value is not None else hint.value, why)
 
 
 # ----- the settings a log prints (issue 69) ------------------------------------------------
 
-class _SettingKnob(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    knobs: list[str] = msgspec.field(default_factory=list)
+class _SettingKnob(data_file.Table, frozen=True, kw_only=True):
+    knobs: list[str] = []
     scales: Literal["request"] | None = None
     unset_is: str | None = None
     yields_to: str | None = None
-    spent: list[str] = msgspec.field(default_factory=list)
+    spent: list[str] = []
 
 
-class _SettingKnobs(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+@data_file.schema("analysis/setting_knobs.toml")
+class _SettingKnobs(data_file.Table, frozen=True, kw_only=True):
     setting: dict[str, _SettingKnob]
 
 
 @lru_cache(maxsize=1)
 def _setting_knobs() -> dict[str, _SettingKnob]:
-    text = (resources.files(__package__) / "setting_knobs.toml").read_text(encoding="utf-8")
-    return msgspec.toml.decode(text, type=_SettingKnobs).setting
+    return data_file.packaged("analysis/setting_knobs.toml", _SettingKnobs).setting
 
 
 #: A knob's value the figures did not give: its direction in words.

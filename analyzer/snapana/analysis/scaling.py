@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import msgspec
 import numpy as np
 import polars as pl
 
+from snapana import data_file
 from snapana.analysis.attribution.lifetimes import attribute_lifetimes, carry_families
 from snapana.analysis.replay import NEVER
 from snapana.caching_allocator import ACTIVE_ALLOCATED
@@ -40,11 +41,6 @@ from snapana.units import ascii_int
 if TYPE_CHECKING:
     from snapana.analysis.attribution.assign import Attributor
     from snapana.analysis.replay import DeviceReplay, Moment
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib
 
 KNOBS = ("batch", "seq")
 #: An exponent measured between two captures within this of a whole number is that number.
@@ -154,11 +150,75 @@ class ScalingRules:
     checkpoint_backward: tuple[str, ...] = ()
 
 
+class _FamilyScale(data_file.Table, frozen=True, kw_only=True):
+    batch: int
+    seq: int
+    why: str = ""
+    mirror: list[str] | None = None
+    unmatched: str | None = None
+
+
+class _Score(data_file.Table, frozen=True, kw_only=True):
+    id: str
+    function: str
+    batch: int
+    seq: int
+    assumption: str
+    dtype_ratios: list[float] = []
+    shaped: str = ""
+
+
+class _NextStep(data_file.Table, frozen=True, kw_only=True):
+    id: str
+    text: str = ""
+    drop_scores: bool = False
+    drop_families: list[str] = []
+    hold_families: list[str] = []
+    setting: str = ""
+    caveat: str = ""
+
+
+class _SeqEvidence(data_file.Table, frozen=True, kw_only=True):
+    window: float = 0.05
+    chance: float = 0.25
+    least: float = 0.10
+
+
+class _Confidence(data_file.Table, frozen=True, kw_only=True):
+    max_held_error: float = 0.10
+    band: Annotated[tuple[float, ...], msgspec.Meta(min_length=2, max_length=2)] = (0.0, 0.0)
+    band_source: str = ""
+
+
+class _SameStep(data_file.Table, frozen=True, kw_only=True):
+    id: str
+    knobs: list[str]
+
+
+class _WhatifFlag(data_file.Table, frozen=True, kw_only=True):
+    id: str
+    flag: str
+
+
+@data_file.schema("analysis/scaling.toml")
+class ScalingFile(data_file.Table, frozen=True, kw_only=True):
+    """The schema `scaling.toml` is checked against (`load_rules` reads what it checked)."""
+
+    family: dict[str, _FamilyScale] = {}
+    scores: list[_Score] = []
+    next_step: list[_NextStep] = []
+    seq_evidence: _SeqEvidence = _SeqEvidence()
+    confidence: _Confidence = _Confidence()
+    same_step: list[_SameStep] = []
+    fit_size: dict[str, list[str]] = {}
+    whatif_flag: list[_WhatifFlag] = []
+
+
 @lru_cache(maxsize=1)
 def load_rules() -> ScalingRules:
     """The built-in `scaling.toml`."""
     text = resources.files("snapana.analysis").joinpath("scaling.toml").read_text("utf-8")
-    data: dict[str, Any] = tomllib.loads(text)
+    data = data_file.checked(text, "analysis/scaling.toml", ScalingFile)
     families = {name: (int(f["batch"]), int(f["seq"]), str(f.get("why", "")))
                 for name, f in data.get("family", {}).items()}
     mirrors = {name: (tuple(f["mirror"]), str(f["unmatched"]))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from snapana.analysis.framework_memory import FrameworkEvidence
+from snapana.analysis.framework_memory import FRAMEWORK_NAMES, FrameworkEvidence
 from snapana.analysis.log_evidence import Finding, KvEvidence, SmiEvidence, SummaryEvidence
 from snapana.analysis.text_diagnosis import CLAUSE_WORDS, TextCause, TextDiagnosis
 from snapana.log_model import SUMMARY_COLUMNS, SUMMARY_ROWS, KvBudget, OomMessage
@@ -566,13 +566,6 @@ def _budget_sum(b: KvBudget) -> list[str]:
 #: it, the framework refused to start), not only what its lines read: a section holding one
 #: gives the page its verdict where no OOM message does.
 LEADING_FINDINGS = frozenset({"usage_elsewhere", "sglang_not_enough"})
-
-#: Each framework's name as its section says it.
-FRAMEWORK_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "torch_memory_saver": "torch_memory_saver",
-                   "megatron": "Megatron report_memory", "deepspeed": "DeepSpeed see_memory_usage",
-                   "slime": "slime Memory-Usage", "nccl": "NCCL",
-                   "cuda": "CUDA error (outside PyTorch's allocator)"}
-
 
 def framework_section(e: FrameworkEvidence, named: bool = False) -> EvidenceSection:
     """A framework's memory lines on one rank: each line's figures as printed, the budget

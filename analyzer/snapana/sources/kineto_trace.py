@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, TypeGuard
 
 import numpy as np
 import polars as pl
 
+from snapana import data_file
 from snapana.capture_kinds import CaptureKind
 from snapana.errors import InputError
 from snapana.limits import MAX_BYTES, MAX_DEVICE, MAX_TIME
@@ -41,11 +40,6 @@ from snapana.model import (
 from snapana.sources._io import MetaError, sanitize
 from snapana.sources.json_stream import stream_json
 from snapana.units import SYNTHETIC_ADDRESSES, ascii_int
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib
 
 CPU_DEVICE = -1
 _MEMORY = "[memory]"
@@ -66,13 +60,25 @@ class DeviceType:
     properties: bool  # kineto's `deviceProperties` describe it (name, totalGlobalMem)
 
 
+class DeviceTypeEntry(data_file.Table, frozen=True, kw_only=True):
+    """``[[type]]`` of device_types.toml."""
+
+    number: int
+    torch: str
+    properties: bool = False
+
+
+@data_file.schema("sources/device_types.toml")
+class DeviceTypesFile(data_file.Table, frozen=True, kw_only=True):
+    type: list[DeviceTypeEntry]
+
+
 @lru_cache(maxsize=1)
 def device_types() -> dict[int, DeviceType]:
     """The device types of device_types.toml by number: data, so a ROCm trace's 6 is read as
     its CUDA twin's 1 is without a branch for it."""
-    text = (resources.files(__package__) / "device_types.toml").read_text(encoding="utf-8")
-    return {t["number"]: DeviceType(t["number"], t["torch"], bool(t.get("properties")))
-            for t in tomllib.loads(text)["type"]}
+    data = data_file.packaged("sources/device_types.toml", DeviceTypesFile)
+    return {t.number: DeviceType(t.number, t.torch, t.properties) for t in data.type}
 
 
 # ----- collecting events ---------------------------------------------------------------------

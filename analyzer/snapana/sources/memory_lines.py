@@ -13,17 +13,12 @@ is read from the line's prefix (torchrun's "[rank3]:", Megatron's "[Rank 3]", SG
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
+from typing import Literal
 
+from snapana import data_file
 from snapana.printed import Size
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib
 
 #: Lines longer than this are not read for memory figures.
 MAX_MEMORY_LINE = 65_536
@@ -37,6 +32,53 @@ _PIECES = {"num": r"\d{1,9}(?:\.\d{1,6})?", "int": r"\d{1,20}", "count": r"\d[\d
 #: parallel rank: one process per GPU), vLLM's "rank=3".
 RANK_TAG = re.compile(r"\[[Rr]ank ?(\d{1,6})\]|\bTP(\d{1,4})\b|\brank=(\d{1,6})\b")
 _BYTE_UNITS = {"GB", "GiB", "MB", "MiB", "KB", "KiB", "bytes", "B"}
+
+
+Unit = Literal["GB", "GiB", "MB", "MiB", "KB", "KiB", "bytes", "B", "count", "float"]
+
+
+class LineEntry(data_file.Table, frozen=True, kw_only=True):
+    """``[[line]]``: one format a framework prints, and the format string it was read from."""
+
+    id: str
+    framework: str  # a [[framework]]'s id
+    source: str
+    anchor: str
+    pattern: str
+    units: dict[str, Unit]
+    label: Literal["prefix", "previous", ""] = ""
+
+
+class FrameworkEntry(data_file.Table, frozen=True, kw_only=True):
+    """``[[framework]]``: a framework whose lines are read; its judge
+    (`analysis.framework_memory`) is registered under the same id."""
+
+    id: str
+    name: str  # as a report's section names it
+
+
+@data_file.schema("sources/memory_lines.toml")
+class MemoryLinesFile(data_file.Table, frozen=True, kw_only=True):
+    framework: list[FrameworkEntry]
+    line: list[LineEntry]
+
+
+@lru_cache(maxsize=1)
+def _file() -> MemoryLinesFile:
+    """The formats file, read once; a line whose framework is not declared is refused."""
+    path = "sources/memory_lines.toml"
+    data = data_file.packaged(path, MemoryLinesFile)
+    declared = {f.id for f in data.framework}
+    for n, entry in enumerate(data.line):
+        if entry.framework not in declared:
+            raise data_file.refuse(path, f"line[{n}].framework",
+                                   f"{entry.framework!r} is no [[framework]]'s id")
+    return data
+
+
+def framework_names() -> dict[str, str]:
+    """Each framework whose lines are read -> its name in a report (``[[framework]]``)."""
+    return {f.id: f.name for f in _file().framework}
 
 
 @dataclass(frozen=True)
@@ -74,15 +116,13 @@ class MemoryLine:
 
 @lru_cache(maxsize=1)
 def line_formats() -> tuple[LineFormat, ...]:
-    text = (resources.files(__package__) / "memory_lines.toml").read_text(encoding="utf-8")
     out = []
-    for entry in tomllib.loads(text)["line"]:
-        pattern = entry["pattern"]
+    for entry in _file().line:
+        pattern = entry.pattern
         for name, piece in _PIECES.items():
             pattern = pattern.replace("{" + name + "}", piece)
-        out.append(LineFormat(entry["id"], entry["framework"], entry["anchor"],
-                              re.compile(pattern), dict(entry["units"]), entry["source"],
-                              entry.get("label", "")))
+        out.append(LineFormat(entry.id, entry.framework, entry.anchor, re.compile(pattern),
+                              dict(entry.units), entry.source, entry.label))
     return tuple(out)
 
 

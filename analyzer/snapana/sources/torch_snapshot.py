@@ -64,6 +64,7 @@ from snapana.model import (
     EVENT_SCHEMA,
     SEGMENT_SCHEMA,
     Capture,
+    CaptureMetadata,
     ReadProgress,
     StackTable,
     pool_key,
@@ -941,9 +942,9 @@ def _normalize(data: dict[str, Any], path: str, consume: bool = False,
         warnings=warnings,
         has_trace=events.height > 0,
         has_time=has_time,
-        metadata={
+        metadata=cast("CaptureMetadata", {
             k: sanitize(data[k], k) for k in ("user_metadata", "compile_context") if k in data
-        },
+        }),
     )
     return capture
 

@@ -7,34 +7,30 @@ name them (checked when a pack loads), and `analysis.evidence` decides the workl
 from __future__ import annotations
 
 import fnmatch
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
-from typing import Any
+from typing import Literal
 
+import msgspec
+
+from snapana import data_file
 from snapana.model import Frame, is_python_file
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib
+
+class FactPattern(data_file.Table, frozen=True, kw_only=True):
+    """A frame that shows a fact (an entry of `frames` / `of_blocks`)."""
+
+    file: str = ""  # a path fragment ("" : any file)
+    functions: tuple[str, ...] = ()  # glob patterns on the function name (empty: any)
+    user_code: bool = False  # only frames outside installed libraries
 
 
-@dataclass(frozen=True)
-class FactPattern:
-    file: str  # a path fragment ("" : any file)
-    functions: tuple[str, ...]  # glob patterns on the function name (empty: any)
-    user_code: bool  # only frames outside installed libraries
-
-
-@dataclass(frozen=True)
-class FactSpec:
+class FactSpec(data_file.Table, frozen=True, kw_only=True):
     """One fact of ``evidence.toml``: frames that show it, and the workload it speaks for."""
 
     id: str
-    says: str  # "training", "inference", "autograd" or "" (none)
+    says: Literal["training", "inference", "autograd", ""] = ""  # "" : none
     words: str
     frames: tuple[FactPattern, ...]
     annotations: tuple[str, ...] = ()  # glob patterns on annotation names
@@ -52,31 +48,46 @@ class FactSpec:
     unless_with: tuple[str, ...] = ()
 
 
+class FactLimits(data_file.Table, frozen=True, kw_only=True):
+    """``[limits]``: the weak facts' thresholds (comments in the file) and the path
+    fragments of installed libraries."""
+
+    long_life_events: int
+    forward_allocations: int
+    kept_share: float
+    freed_allocations: int
+    freed_share_max: float
+    dropped_share: float
+    of_blocks_share: float
+    library_paths: tuple[str, ...]
+
+
+class WorkloadWords(data_file.Table, frozen=True, kw_only=True):
+    """``[workload]``: what the workload statement adds in words of its own."""
+
+    autograd_only: str
+
+
+@data_file.schema("analysis/attribution/evidence.toml")
+class EvidenceFile(data_file.Table, frozen=True, kw_only=True):
+    workload: WorkloadWords
+    fact: tuple[FactSpec, ...]
+    limits: FactLimits
+
+
 @lru_cache(maxsize=1)
+def _file() -> EvidenceFile:
+    return data_file.packaged("analysis/attribution/evidence.toml", EvidenceFile)
+
+
 def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
-    text = resources.files("snapana.analysis.attribution").joinpath(
-        "evidence.toml").read_text(encoding="utf-8")
-    data = tomllib.loads(text)
-    facts = tuple(
-        FactSpec(f["id"], f.get("says", ""), f["words"], _patterns(f["frames"]),
-                 tuple(f.get("annotations", ())), bool(f.get("weak", False)),
-                 _patterns(f.get("of_blocks", ())), f.get("seen_as", ""),
-                 tuple(f.get("only_with", ())), tuple(f.get("unless_with", ())))
-        for f in data["fact"])
-    return facts, tuple(data["limits"]["library_paths"])
-
-
-def _patterns(raw: Iterable[dict[str, Any]]) -> tuple[FactPattern, ...]:
-    return tuple(FactPattern(p.get("file", ""), tuple(p.get("functions", ())),
-                             bool(p.get("user_code", False))) for p in raw)
+    return _file().fact, _file().limits.library_paths
 
 
 @lru_cache(maxsize=1)
 def fact_limits() -> dict[str, float]:
     """The numeric limits of ``evidence.toml`` (the weak facts' thresholds)."""
-    text = resources.files("snapana.analysis.attribution").joinpath(
-        "evidence.toml").read_text(encoding="utf-8")
-    return {k: v for k, v in tomllib.loads(text)["limits"].items()
+    return {k: v for k, v in msgspec.structs.asdict(_file().limits).items()
             if isinstance(v, int | float)}
 
 
@@ -128,13 +139,10 @@ COMPUTED_FACTS: tuple[ComputedFact, ...] = (
     SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP, SCORE_MATRICES, RETURNED_KV_CACHE)
 
 
-@lru_cache(maxsize=1)
 def workload_words() -> dict[str, str]:
     """What a workload statement adds in words of its own (``[workload]`` of
     ``evidence.toml``)."""
-    text = resources.files("snapana.analysis.attribution").joinpath(
-        "evidence.toml").read_text(encoding="utf-8")
-    return dict(tomllib.loads(text)["workload"])
+    return msgspec.structs.asdict(_file().workload)
 
 
 def fact_ids() -> tuple[str, ...]:

@@ -8,18 +8,13 @@ that is not a rule pack.
 
 from __future__ import annotations
 
-import re
-import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Annotated, Literal, get_args
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib
+import msgspec
+
+from snapana import data_file
 
 VOCABULARY_FILE = "vocabulary.toml"
 
@@ -30,13 +25,16 @@ WORKLOADS = ("training", "inference")
 ``workload = "training"`` in the vocabulary shows it); any other is ``inference``. Knobs that
 only make sense for one (activation checkpointing, ``inference_mode``) say which."""
 
-MARKS = ("training", "autograd")
+Mark = Literal["training", "autograd"]
+Lifetime = Literal["transient", "working_set", "undetermined"]
+
+MARKS: tuple[str, ...] = get_args(Mark)
 """What holding a family or reaching a phase says of the workload (its ``workload`` in the
 vocabulary): ``training``, only a training step makes it (an optimizer's state, a parameter's
 gradient); ``autograd``, a backward ran, which guidance, a gradient-based attack or a
 benchmark does as well as training (the workload stays undetermined on it alone)."""
 
-LIFETIMES = ("transient", "working_set", "undetermined")
+LIFETIMES: tuple[str, ...] = get_args(Lifetime)
 """Values of a family's optional ``lifetime``: ``transient`` families are built and dropped
 within one step (a knob can make them go), ``working_set`` families belong to the operation
 in flight (they can only shrink), ``undetermined`` ones are known by where they were made,
@@ -44,20 +42,22 @@ not by what they are for (whether they can go is not known). Without one a famil
 state."""
 
 
-@dataclass(frozen=True)
-class Family:
+Colour = Annotated[str, msgspec.Meta(pattern=r"^#[0-9a-fA-F]{6}$")]
+
+
+class Family(data_file.Table, frozen=True, kw_only=True):
     """One tensor family: ``id`` is stable, ``label`` is for display."""
 
     id: str
     label: str
     description: str
-    colour: str
+    colour: Colour
     """``#rrggbb``: the family's one colour in every report, figure and diff. Given in the
     vocabulary, not derived from the family's place in it, so a new family recolours no
     other; the colours of families that meet in one report must be told apart (a test)."""
-    lifetime: str | None = None
+    lifetime: Lifetime | None = None
     """One of :data:`LIFETIMES`, or None (model state, or not known)."""
-    workload: str | None = None
+    workload: Mark | None = None
     """One of :data:`MARKS`: what a capture holding it does; None: either."""
     inventory_roles: tuple[str, ...] = ()
     """The roles of a recording's tensor inventory (`snapana record`'s sidecar) that are
@@ -74,14 +74,13 @@ class Family:
     """A family a rule giving this one says more than (an inventory role of it)."""
 
 
-@dataclass(frozen=True)
-class Phase:
+class Phase(data_file.Table, frozen=True, kw_only=True):
     """One phase of a training / RL step: ``id`` is stable, ``label`` is for display."""
 
     id: str
     label: str
     description: str
-    workload: str | None = None
+    workload: Mark | None = None
     """One of :data:`MARKS`: what a capture reaching this phase does (an optimizer step
     trains; a backward needs autograd); None: either."""
     forward_only: bool = False
@@ -89,105 +88,58 @@ class Phase:
     no workload, whatever its family."""
 
 
-@dataclass(frozen=True)
-class Cause:
+class Cause(data_file.Table, frozen=True, kw_only=True):
     """One reason an allocation can fail (diagnosis); knobs name the causes they act on."""
 
     id: str
     description: str
 
 
-@dataclass(frozen=True)
-class Vocabulary:
-    families: tuple[Family, ...]
-    phases: tuple[Phase, ...]
-    causes: tuple[Cause, ...]
+@data_file.schema(f"analysis/attribution/packs/{VOCABULARY_FILE}")
+class Vocabulary(data_file.Table, frozen=True, kw_only=True):
+    """The vocabulary file: each table needs one entry at least."""
 
+    family: Annotated[tuple[Family, ...], msgspec.Meta(min_length=1)]
+    phase: Annotated[tuple[Phase, ...], msgspec.Meta(min_length=1)]
+    cause: Annotated[tuple[Cause, ...], msgspec.Meta(min_length=1)]
 
-_COLOUR = re.compile(r"#[0-9a-fA-F]{6}")
-#: The true-or-false fields (a family's; a phase's `forward_only`).
-_FLAGS = ("loop", "mirrors_parameters", "shows_parameters", "forward_only")
+    @property
+    def families(self) -> tuple[Family, ...]:
+        return self.family
 
-_TABLES: dict[str, tuple[set[str], set[str]]] = {
-    # table -> (required fields, optional fields)
-    "family": ({"id", "label", "description", "colour"},
-               {"lifetime", "workload", "inventory_roles", "loop", "mirrors_parameters",
-                "shows_parameters", "refines"}),
-    "phase": ({"id", "label", "description"}, {"workload", "forward_only"}),
-    "cause": ({"id", "description"}, set()),
-}
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        return self.phase
 
-
-def _entries(data: Mapping[str, Any], table: str, source: str) -> list[dict[str, Any]]:
-    required, optional = _TABLES[table]
-    entries = data.get(table)
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{source}: needs at least one [[{table}]] entry")
-    seen: set[str] = set()
-    for n, raw in enumerate(entries):
-        where = f"{source}: [[{table}]] {raw.get('id', n)!r}" if isinstance(raw, dict) else source
-        if not isinstance(raw, dict):
-            raise ValueError(f"{where}: [[{table}]] entries must be tables")
-        extra = sorted(set(raw) - required - optional)
-        if extra:
-            raise ValueError(f"{where}: unknown field {extra[0]!r}")
-        missing = sorted(required - set(raw))
-        if missing:
-            raise ValueError(f"{where}: missing required field `{missing[0]}`")
-        roles = raw.get("inventory_roles", [])
-        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
-            raise ValueError(f"{where}: `inventory_roles` must be a list of strings")
-        flags = [k for k in raw if k in _FLAGS]
-        if not all(isinstance(raw[k], bool) for k in flags):
-            raise ValueError(f"{where}: {', '.join(f'`{k}`' for k in flags)} must be true or false")
-        if not all(isinstance(v, str) for k, v in raw.items()
-                   if k != "inventory_roles" and k not in _FLAGS):
-            raise ValueError(f"{where}: every field but `inventory_roles` and the flags "
-                             f"({', '.join(_FLAGS)}) must be a string")
-        if raw["id"] in seen:
-            raise ValueError(f"{where}: duplicate id")
-        seen.add(raw["id"])
-        if raw.get("lifetime", LIFETIMES[0]) not in LIFETIMES:
-            raise ValueError(f"{where}: `lifetime` must be one of {LIFETIMES}")
-        if raw.get("workload", MARKS[0]) not in MARKS:
-            raise ValueError(f"{where}: `workload` must be one of {MARKS}")
-        if "colour" in raw and not _COLOUR.fullmatch(raw["colour"]):
-            raise ValueError(f"{where}: `colour` must be #rrggbb")
-    return entries
+    @property
+    def causes(self) -> tuple[Cause, ...]:
+        return self.cause
 
 
 def parse_vocabulary(text: str, source: str = VOCABULARY_FILE) -> Vocabulary:
-    """Read a vocabulary file; a malformed one is a ``ValueError`` with one line."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{source}: TOML syntax error: {' '.join(str(exc).split())}") from None
-    extra = sorted(set(data) - set(_TABLES))
-    if extra:
-        raise ValueError(f"{source}: unknown table {extra[0]!r} (allowed: family, phase, cause)")
-    fams = tuple(
-        Family(f["id"], f["label"], f["description"], f["colour"].lower(), f.get("lifetime"),
-               f.get("workload"), tuple(f.get("inventory_roles", ())), f.get("loop", False),
-               f.get("mirrors_parameters", False), f.get("shows_parameters", False),
-               f.get("refines"))
-        for f in _entries(data, "family", source)
-    )
+    """Read a vocabulary file; a malformed one is a ``ValueError`` with one line (the file,
+    the line, the path in it)."""
+    vocab = data_file.read(text, source, Vocabulary)
+    fams = vocab.family
+    for table in ("family", "phase", "cause"):
+        ids = [e.id for e in getattr(vocab, table)]
+        if twice := next((n for n, i in enumerate(ids) if i in ids[:n]), None):
+            where = f"{table}[{twice}].id"
+            raise ValueError(f"{data_file.at(source, text, where)}: {where}: duplicate id "
+                             f"{ids[twice]!r}")
     unknown_refined = sorted({f.refines for f in fams if f.refines} - {f.id for f in fams})
     if unknown_refined:
         raise ValueError(f"{source}: `refines` names no family: {unknown_refined[0]!r}")
     roles = [r for f in fams for r in f.inventory_roles]
-    twice = sorted({r for r in roles if roles.count(r) > 1})
-    if twice:
-        raise ValueError(f"{source}: inventory role {twice[0]!r} is given to two families")
+    twice_roles = sorted({r for r in roles if roles.count(r) > 1})
+    if twice_roles:
+        raise ValueError(f"{source}: inventory role {twice_roles[0]!r} is given to two families")
     if UNKNOWN not in {f.id for f in fams}:
         raise ValueError(f"{source}: the family table needs the {UNKNOWN!r} family")
-    phases = tuple(Phase(p["id"], p["label"], p["description"], p.get("workload"),
-                         bool(p.get("forward_only", False)))
-                   for p in _entries(data, "phase", source))
-    if UNKNOWN not in {p.id for p in phases}:
+    if UNKNOWN not in {p.id for p in vocab.phase}:
         raise ValueError(f"{source}: the phase table needs the {UNKNOWN!r} phase")
-    causes = tuple(Cause(c["id"], c["description"]) for c in _entries(data, "cause", source))
-    return Vocabulary(fams, phases, causes)
+    return msgspec.structs.replace(vocab, family=tuple(
+        msgspec.structs.replace(f, colour=f.colour.lower()) for f in fams))
 
 
 @lru_cache(maxsize=1)

@@ -19,36 +19,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
-from snapana.analysis.attribution.inference import _raw
-
-
-@dataclass(frozen=True)
-class Spec:
-    """The ``[hand_state]`` table of inference.toml."""
-
-    from_families: frozenset[str]
-    min_share: float
-    min_sizes: int
-    param_method: str
-    param_why: str
-    state_method: str
-    state_why: str
-    per_parameter: dict[int, str]
-    rebound_method: str
-    rebound_why: str
-    rebound_rules: frozenset[str]
+from snapana.analysis.attribution.inference_schema import HandStateSpec as Spec
+from snapana.analysis.attribution.inference_schema import inference_file
 
 
-@lru_cache(maxsize=1)
 def spec() -> Spec:
     """The hand-written state's signature, read once."""
-    t = _raw()["hand_state"]
-    return Spec(frozenset(t["from_families"]), float(t["min_share"]), int(t["min_sizes"]),
-                t["param_method"], t["param_why"], t["state_method"], t["state_why"],
-                {int(k): v for k, v in t["per_parameter"].items()}, t["rebound_method"],
-                t["rebound_why"], frozenset(t["rebound_rules"]))
+    return inference_file().hand_state
 
 
 @dataclass(frozen=True)
@@ -194,10 +172,11 @@ def find(rows: Sequence[Row], gradients: Counter[int], first: int) -> dict[int, 
     k = per.pop()
     matched = sum(len(v) for v in late.values())
     covered = sum(gradients[size] for size in late)
-    if (k not in s.per_parameter or len(late) < s.min_sizes
+    per_parameter = {int(n): what for n, what in s.per_parameter.items()}
+    if (k not in per_parameter or len(late) < s.min_sizes
             or covered < s.min_share * total):
         return out
     why = s.state_why.format(per=int(k), matched=matched, sizes=len(late), params=covered,
-                             first=first, what=s.per_parameter[int(k)])
+                             first=first, what=per_parameter[int(k)])
     return out | {i: Found("optimizer_state", s.state_method, why)
                   for found in late.values() for i in found}

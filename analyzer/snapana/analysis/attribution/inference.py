@@ -37,25 +37,18 @@ Every candidate no method names keeps `unknown`, labelled with what is known abo
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
+import msgspec
 import polars as pl
 
 from snapana.analysis.attribution.families import parameter_mirrors
+from snapana.analysis.attribution.inference_schema import inference_file
 from snapana.analysis.replay import NEVER
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib
-
-INFERENCE_FILE = Path(__file__).parent / "inference.toml"
 
 
 @dataclass(frozen=True)
@@ -81,24 +74,16 @@ class Inferred:
 
 
 @lru_cache(maxsize=1)
-def _raw() -> dict[str, Any]:
-    with INFERENCE_FILE.open("rb") as fh:
-        return tomllib.load(fh)
-
-
-@lru_cache(maxsize=1)
 def _table() -> tuple[dict[str, Method], dict[str, Any]]:
-    raw = _raw()
-    methods = {m["id"]: Method(m["id"], m["family"], int(m["strength"]), m["why"],
-                               m.get("freed_in_phase"), tuple(m.get("if_function", ())),
-                               tuple(m.get("unless_function", ())),
-                               bool(m.get("in_window", False)))
-               for m in raw["method"]}
-    return methods, dict(raw["limits"])
+    raw = inference_file()
+    methods = {m.id: Method(m.id, m.family, m.strength, m.why, m.freed_in_phase,
+                            m.if_function, m.unless_function, m.in_window)
+               for m in raw.method}
+    return methods, msgspec.structs.asdict(raw.limits)
 
 
 def _labels() -> dict[str, str]:
-    return dict(_raw()["label"])
+    return dict(inference_file().label)
 
 
 @dataclass(frozen=True)
@@ -115,18 +100,18 @@ class Transient:
 
 @lru_cache(maxsize=1)
 def transient_rules() -> tuple[Transient, ...]:
-    return tuple(Transient(t["family"], t["phase"], t["becomes"], t["label"], t["why"])
-                 for t in _raw().get("transient", ()))
+    return tuple(Transient(t.family, t.phase, t.becomes, t.label, t.why)
+                 for t in inference_file().transient)
 
 
 def engines() -> dict[str, str]:
     """Serving engines: pack name -> the engine's name (inference.toml `[engines]`)."""
-    return dict(_raw().get("engines", {}))
+    return dict(inference_file().engines)
 
 
 def no_grad_markers() -> tuple[tuple[str, str], ...]:
     """(file suffix, function) of frames that show a stack runs without autograd."""
-    return tuple((m["file"], m["function"]) for m in _raw().get("no_grad", ()))
+    return tuple((m.file, m.function) for m in inference_file().no_grad)
 
 
 @dataclass(frozen=True)

@@ -15,35 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from snapana.analysis.attribution.families import workload_marks
-from snapana.analysis.attribution.inference import _raw
+from snapana.analysis.attribution.inference_schema import PairSpec, inference_file
 
 
-@dataclass(frozen=True)
-class PairSpec:
-    """The ``[kv_pairs]`` table of inference.toml."""
-
-    family: str
-    method: str
-    label: str
-    from_families: frozenset[str]
-    phases: frozenset[str]
-    min_layers: int
-    max_kept_sites: int
-    why: str
-    freed_words: str
-    decoding_facts: frozenset[str]
-
-
-@lru_cache(maxsize=1)
 def spec() -> PairSpec:
     """The KV-pair signature, read once."""
-    t = _raw()["kv_pairs"]
-    return PairSpec(t["family"], t["method"], t["label"], frozenset(t["from_families"]),
-                    frozenset(t["phases"]), int(t["min_layers"]), int(t["max_kept_sites"]),
-                    t["why"], t["freed_words"], frozenset(t["decoding_facts"]))
+    return inference_file().kv_pairs
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from snapana import data_file
 from snapana.caching_allocator import ALLOCATOR_SETTINGS, BLOCK_STATES, normalize_state
 from snapana.errors import InputError
 from snapana.limits import MAX_BYTES, MAX_PACK_BYTES, toml_too_deep
@@ -311,11 +312,13 @@ class _Where:
     def __init__(self, source: str, pack: str, data: Mapping[str, Any]) -> None:
         self.source, self.pack, self.data = source, pack, data
 
-    def fail(self, path: str, problem: str) -> RuleError:
+    def fail(self, path: str, problem: str, text: str = "") -> RuleError:
+        """The error at `path`; given the file's `text`, it names the line too."""
         one_line = " ".join(str(problem).split())
         entry = self._entry(path)
         where = f"{path} ({entry})" if entry else path
-        return RuleError(f"{self.source}: {where or '(top level)'}: {one_line}")
+        return RuleError(f"{data_file.at(self.source, text, path)}: {where or '(top level)'}: "
+                         f"{one_line}")
 
     def _entry(self, path: str) -> str:
         m = re.match(r"(\w+)\[(\d+)\]", path)
@@ -332,8 +335,8 @@ class _Where:
         return f"{_ENTRY_KINDS[m[1]]} `{entry_id}`"
 
 
-def _schema_error(exc: msgspec.ValidationError, where: _Where) -> RuleError:
-    return where.fail(*schema.explain(exc))
+def _schema_error(exc: msgspec.ValidationError, where: _Where, text: str) -> RuleError:
+    return where.fail(*schema.explain(exc), text)
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -576,7 +579,7 @@ def parse_pack_text(text: str, source: str, *, user: bool = False, order_start: 
     try:
         spec = msgspec.convert(data, schema.PackFile)
     except msgspec.ValidationError as exc:
-        raise _schema_error(exc, where) from None
+        raise _schema_error(exc, where, text) from None
     name = where.pack = spec.pack.name or Path(source).stem
     if not re.fullmatch(schema.NAME_PATTERN, name):
         raise where.fail("pack.name", f"must be a simple identifier, got {name!r}")

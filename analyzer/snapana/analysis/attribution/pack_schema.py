@@ -7,13 +7,12 @@ facts) and compiles; ``packs/README.md`` is generated from them (:mod:`.pack_doc
 is one field here, with its description.
 """
 
-import re
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import Meta
 
+from snapana import data_file
 from snapana.caching_allocator import BLOCK_STATES
 
 PoolKind = Literal["default", "mempool", "graph", "private"]
@@ -57,8 +56,7 @@ def _doc(text: str) -> Meta:
     return Meta(description=" ".join(text.split()))
 
 
-class _Table(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """A TOML table: its keys are the struct's fields and nothing else."""
+_Table = data_file.Table
 
 
 class PackHeader(_Table, frozen=True, kw_only=True):
@@ -258,6 +256,7 @@ class ExampleEntry(_Table, frozen=True, kw_only=True):
     phase_hint: Annotated[str | None, _doc("the phase the caller established")] = None
 
 
+@data_file.schema("analysis/attribution/packs/*.toml")
 class PackFile(_Table, frozen=True, kw_only=True):
     """A pack file. A framework's pack (``packs/<framework>.toml``) holds everything about
     that framework: how to detect it, its rules and phase rules, its knobs and examples. A
@@ -277,64 +276,4 @@ class PackFile(_Table, frozen=True, kw_only=True):
 def explain(exc: msgspec.ValidationError) -> tuple[str, str]:
     """(path in the file, problem) of msgspec's message (``Expected `str`, got `int` - at
     `$.rule[3].label```), in the file's terms: tables, lists, the allowed fields or values."""
-    problem, sep, at = str(exc).rpartition(" - at `")
-    if not sep:
-        problem, at = str(exc), "$`"
-    path = at[:-1].removeprefix("$").lstrip(".")
-    if m := re.fullmatch(r"Object contains unknown field `(.*)`", problem):
-        allowed = ", ".join(sorted(f.name for f in msgspec.structs.fields(_type_at(path))))
-        return _join(path, m[1]), f"unknown field (allowed: {allowed})"
-    if m := re.fullmatch(r"Object missing required field `(.*)`", problem):
-        return _join(path, m[1]), "missing required field"
-    if m := re.fullmatch(r"Invalid enum value (.*)", problem):
-        return path, f"{m[1]} is not one of {_choices_at(path)}"
-    problem = re.sub(r"matching regex '.*'", lambda _: "that is a " + PATTERN_WORDS.get(
-        _pattern_at(path), "name of the right form"), problem)
-    problem = re.sub(r"\barray\b", "list", re.sub(r"\bobject\b", "table", problem))
-    return path, problem.replace(" | null", "").replace("Expected", "expected")
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _arms(t: Any) -> list[Any]:
-    """The alternatives of a (possibly annotated) union type, annotations removed."""
-    while get_origin(t) is Annotated:
-        t = get_args(t)[0]
-    if get_origin(t) in (Union, UnionType):
-        return [a for arm in get_args(t) for a in _arms(arm)]
-    return [t]
-
-
-def _is_struct(t: Any) -> bool:
-    return isinstance(t, type) and issubclass(t, Struct)
-
-
-def _type_at(path: str) -> Any:
-    """The type a path of the file is checked against (``rule[0].frames[1]``)."""
-    t: Any = PackFile
-    for step in re.findall(r"\[\d+\]|[^.\[\]]+", path):
-        arms = _arms(t)
-        if step.startswith("["):
-            t = next(get_args(a)[0] for a in arms if get_origin(a) is list)
-        else:
-            t = get_type_hints(next(a for a in arms if _is_struct(a)), include_extras=True)[step]
-    return next((a for a in _arms(t) if _is_struct(a)), t)
-
-
-def _choices_at(path: str) -> tuple[str, ...]:
-    arms = _arms(_type_at(path))
-    arms += [a for arm in arms if get_origin(arm) is list for a in _arms(get_args(arm)[0])]
-    return tuple(dict.fromkeys(v for a in arms if get_origin(a) is Literal for v in get_args(a)))
-
-
-def _pattern_at(path: str) -> str:
-    """The regex a path's string must match (the ``Meta(pattern=...)`` of its type)."""
-    t = _type_at(path)
-    while get_origin(t) in (Annotated, Union, UnionType):
-        for a in get_args(t)[1:] if get_origin(t) is Annotated else ():
-            if isinstance(a, Meta) and a.pattern is not None:
-                return a.pattern
-        t = get_args(t)[0]
-    return ""
+    return data_file.explain(exc, PackFile, PATTERN_WORDS)

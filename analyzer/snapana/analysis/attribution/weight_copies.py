@@ -14,38 +14,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
-from snapana.analysis.attribution.inference import _raw
-
-
-@dataclass(frozen=True)
-class CopySpec:
-    """The ``[weight_copies]`` table of inference.toml."""
-
-    family: str
-    method: str
-    ratios: tuple[int, ...]
-    from_families: frozenset[str]
-    phases: frozenset[str]
-    cast_symbol: str
-    min_param_share: float
-    min_copies: int
-    why: str
-    cast_words: str
-    weight_families: frozenset[str]
-    held_unknown: bool
+from snapana.analysis.attribution.inference_schema import CopySpec, inference_file
 
 
-@lru_cache(maxsize=1)
 def spec() -> CopySpec:
     """The weight-copy signature, read once."""
-    t = _raw()["weight_copies"]
-    return CopySpec(t["family"], t["method"], tuple(int(r) for r in t["ratios"]),
-                    frozenset(t["from_families"]), frozenset(t["phases"]), t["cast_symbol"],
-                    float(t["min_param_share"]), int(t["min_copies"]), t["why"],
-                    t["cast_words"], frozenset(t["weight_families"]),
-                    bool(t["held_unknown"]))
+    return inference_file().weight_copies
 
 
 @dataclass(frozen=True)
