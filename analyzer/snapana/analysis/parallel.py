@@ -12,25 +12,17 @@ the figure is the replay's, not a formula's.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Literal
 
-import msgspec
 import numpy as np
 import polars as pl
-from msgspec import Struct
 
+from snapana import data_file
 from snapana.model import is_python_frame
 from snapana.units import ascii_int
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 needs the ``tomli`` backport
-    import tomli as tomllib
 
 #: The layout keys `--scale` takes besides batch and seq.
 LAYOUT_KEYS = ("tp", "dp", "pp", "sp")
@@ -44,8 +36,7 @@ class LayoutError(ValueError):
     """A --scale tp= / dp= / pp= / sp= or --zero text that does not say a layout."""
 
 
-class _Table(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """A TOML table: its keys are the struct's fields and nothing else."""
+_Table = data_file.Table
 
 
 class FamilyRule(_Table, frozen=True, kw_only=True):
@@ -70,6 +61,7 @@ class ZeroFrames(_Table, frozen=True, kw_only=True):
     says: str
 
 
+@data_file.schema("analysis/parallel.toml")
 class ParallelRules(_Table, frozen=True, kw_only=True):
     family: dict[str, FamilyRule]
     unmatched: Literal["tensor", "sequence", "shape"] = "shape"
@@ -81,8 +73,7 @@ class ParallelRules(_Table, frozen=True, kw_only=True):
 @lru_cache(maxsize=1)
 def load_parallel_rules() -> ParallelRules:
     """The built-in `parallel.toml`, checked against its schema."""
-    text = resources.files("snapana.analysis").joinpath("parallel.toml").read_text("utf-8")
-    return msgspec.convert(tomllib.loads(text), ParallelRules)
+    return data_file.packaged("analysis/parallel.toml", ParallelRules)
 
 
 @dataclass(frozen=True)

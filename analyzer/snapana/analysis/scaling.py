@@ -176,6 +176,12 @@ class _NextStep(data_file.Table, frozen=True, kw_only=True):
     hold_families: list[str] = []
     setting: str = ""
     caveat: str = ""
+    checkpoint: bool = False
+
+
+class _Checkpointing(data_file.Table, frozen=True, kw_only=True):
+    saved: list[str] = []
+    backward: list[str] = []
 
 
 class _SeqEvidence(data_file.Table, frozen=True, kw_only=True):
@@ -212,6 +218,7 @@ class ScalingFile(data_file.Table, frozen=True, kw_only=True):
     same_step: list[_SameStep] = []
     fit_size: dict[str, list[str]] = {}
     whatif_flag: list[_WhatifFlag] = []
+    checkpointing: _Checkpointing = _Checkpointing()
 
 
 @lru_cache(maxsize=1)

@@ -19,6 +19,12 @@ import polars as pl
 
 from snapana.analysis.replay import NEVER
 
+
+def _int(value: object) -> int:
+    """An integer column's aggregate (its min or max) as an int."""
+    assert isinstance(value, (int, np.integer)), value
+    return int(value)
+
 #: the first address an inserted block takes (downwards): below any recorded address
 FRESH = -(1 << 52)
 
@@ -83,7 +89,7 @@ def apply(events: pl.DataFrame, edits: Sequence[Edit]) -> pl.DataFrame:
                 extra.append(made.with_columns(pl.lit("free_completed").alias("action"),
                                                pl.Series("_key", at[copy.after] + 0.5 + step)))
     out = pl.concat([events.with_columns(pl.Series("_key", key)),
-                     *(e.cast(events.schema | {"_key": pl.Float64}) for e in extra)])
+                     *(e.cast(pl.Schema({**events.schema, "_key": pl.Float64()})) for e in extra)])
     return out.sort("_key", maintain_order=True).drop("_key")
 
 
@@ -102,7 +108,7 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
     b = blocks.with_row_index("_row")
     start = b.filter(pl.col("family").is_in(list(backward)) & (pl.col("alloc_idx") >= 0))
     # a window that ends in the forward (its OOM): what is live at its end is saved
-    first = int(start["alloc_idx"].min()) if start.height else int(NEVER - 1)
+    first = _int(start["alloc_idx"].min()) if start.height else int(NEVER - 1)
     kept = b.filter(pl.col("family").is_in(list(saved)) & (pl.col("alloc_idx") >= 0)
                     & (pl.col("alloc_idx") < first) & (pl.col("free_idx") > first)
                     & (pl.col("address") >= 0)).sort("alloc_idx")
@@ -124,7 +130,7 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
         inputs = layer.filter(pl.col("requested") % hidden == 0) if hidden else layer
         keep = int((inputs if inputs.height else layer)["alloc_idx"][0])
         rest = layer.filter(pl.col("alloc_idx") != keep)
-        end = int(layer["alloc_idx"].max())
+        end = _int(layer["alloc_idx"].max())
         moves.update({int(f): end for f in rest["free_idx"] if f < NEVER})
         frees.update({int(a): end for a, f in zip(rest["alloc_idx"], rest["free_idx"],
                                                     strict=True) if f >= NEVER})
@@ -139,8 +145,8 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
                     caveat="the recompute of one block in the backward, which the window "
                            "ends before")
     copy = Copy(tuple(int(i) for i in biggest["alloc_idx"]),
-                int(done.min()) if done.len() else first,
-                int(done.max()) if done.len() else None)
+                _int(done.min()) if done.len() else first,
+                _int(done.max()) if done.len() else None)
     return Edit(moves, frees, (copy,),
                 _said(k, sites.len(), layered.height, biggest.height, copy.before))
 
@@ -177,7 +183,7 @@ def hidden_size(blocks: pl.DataFrame, weights: Sequence[str] = ("parameters",)) 
     per-weight blocks (a flat buffer)."""
     w = blocks.filter(pl.col("family").is_in(list(weights))).group_by("requested").len()
     w = w.filter((pl.col("len") >= 2) & (pl.col("requested") % 4 == 0))
-    return int(w["requested"].min()) // 4 if w.height else None
+    return _int(w["requested"].min()) // 4 if w.height else None
 
 
 @dataclass(frozen=True)
@@ -288,7 +294,7 @@ def repeat_iterations(events: pl.DataFrame, blocks: pl.DataFrame, loops: Sequenc
                                                   pl.lit(end).alias("_key")))
     if not extra:
         return events
-    schema = events.schema | {"_key": pl.Float64}
+    schema = pl.Schema({**events.schema, "_key": pl.Float64()})
     out = pl.concat([events.with_columns(pl.Series("_key", key)),
                      *(e.cast(schema) for e in extra)])
     return out.sort("_key", maintain_order=True).drop("_key")

@@ -16,10 +16,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from typing import Literal
 
-import msgspec
+from snapana import data_file
 
 #: Lines of one block read at most (Megatron prints a few hundred arguments).
 MAX_BLOCK_LINES = 4_000
@@ -36,7 +35,7 @@ MAX_PRINTED = 200
 Value = int | float | bool | str | None
 
 
-class _Format(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class _Format(data_file.Table, frozen=True, kw_only=True):
     id: str
     framework: str
     kind: Literal["pairs", "block"]
@@ -49,14 +48,15 @@ class _Format(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=T
     dots: int = 0
 
 
-class _Setting(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class _Setting(data_file.Table, frozen=True, kw_only=True):
     id: str
     framework: str
     keys: dict[str, str]
     type: Literal["int", "float", "bool", "str"]
 
 
-class _File(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+@data_file.schema("sources/settings_lines.toml")
+class _File(data_file.Table, frozen=True, kw_only=True):
     format: list[_Format]
     setting: list[_Setting]
 
@@ -78,8 +78,7 @@ class Setting:
 
 @lru_cache(maxsize=1)
 def _data() -> _File:
-    text = (resources.files(__package__) / "settings_lines.toml").read_text(encoding="utf-8")
-    return msgspec.toml.decode(text, type=_File)
+    return data_file.packaged("sources/settings_lines.toml", _File)
 
 
 def format_source(fmt: str) -> str:

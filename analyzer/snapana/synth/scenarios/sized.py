@@ -38,10 +38,10 @@ def _attention(i: int, line: int) -> S.Chain:
 
 
 def _layer_forward(sim: CachingAllocatorSim, i: int, t: int, batch: int, seq: int,
-                   wrap: S.Chain = ()) -> list[int]:
+                   wrap: S.Chain | None = None) -> list[int]:
     """Layer `i`'s forward (under `wrap`: checkpoint's frames); what it saves for backward,
     its input's layer norm first."""
-    def at(chain: S.Chain) -> list[tuple[str, int, str]]:
+    def at(chain: S.Chain) -> tuple[S.Frame, ...]:
         return S.stack([*wrap, *chain]) if wrap else S.stack(chain)
 
     saved = [sim.malloc(t * HIDDEN * FP32, at(_layer(i, 78)),
@@ -91,7 +91,7 @@ def _script(batch: int, seq: int, checkpointed: bool = False) -> tuple[list[int]
                             family="saved_activations")]
         layers: list[list[int]] = []
         for i in range(LAYERS):
-            made = _layer_forward(sim, i, t, batch, seq, wrap if checkpointed else ())
+            made = _layer_forward(sim, i, t, batch, seq, wrap if checkpointed else None)
             if checkpointed:  # the holders keep nothing: only the layer's input stays
                 for a in made[1:]:
                     sim.free(a)
