@@ -149,7 +149,7 @@ def _decode_in_child(path: Path, size: int, compressed: bool, columns: bool = Fa
     (a refused global, a truncated file) are left to the real decode, which says them.
 
     With ``columns``, the child's reply and payload when the snapshot is plain
-    (`pickle_child.CHILD_COLUMNS`: the trace buffers, then the rest as a pickle, from the
+    (`child_columns.CHILD_COLUMNS`: the trace buffers, then the rest as a pickle, from the
     file the child wrote them to or after its reply on stdout), else None: the caller
     decodes in-process. A child `pickle_child.start_early` started on this very
     file is taken rather than starting another."""
@@ -243,9 +243,9 @@ def load(path: Path, progress: ReadProgress | None = None) -> Capture:
     """Read a snapshot pickle into a Capture, accepting every layout PyTorch has written.
 
     The pickle is decoded once, in the bounded child, which hands back the traces as flat
-    columns (`pickle_child.CHILD_COLUMNS`); only a snapshot whose trace holds values of another type
-    than PyTorch writes (or one the columns then find out of range) is decoded again here,
-    by the entry-by-entry path that names the offending value. On that path the decoded
+    columns (`child_columns.CHILD_COLUMNS`); only a snapshot whose trace holds values of
+    another type than PyTorch writes (or one the columns then find out of range) is decoded
+    again here, by the entry-by-entry path that names the offending value. On that path the decoded
     entries are released chunk by chunk as they become columns.
     """
     path = Path(path)
@@ -267,7 +267,7 @@ class _NotPlain(Exception):
     """Trace columns from the child hold a value the entry-by-entry path must judge."""
 
 
-#: The child's buffers, by array typecode (`pickle_child.CHILD_COLUMNS`): native byte order,
+#: The child's buffers, by array typecode (`child_columns.CHILD_COLUMNS`): native byte order,
 #: since the child runs on this machine.
 _BUFFER_TYPES = {"B": "=u1", "i": "=i4", "q": "=i8"}
 
