@@ -153,6 +153,9 @@ DIAGNOSIS_ALGORITHM = "snapana.analysis.diagnosis.diagnose"
 ALGORITHMS = {
     DIAGNOSIS_ALGORITHM,
     "snapana.analysis.replay",
+    "snapana.analysis.replay_pairs",
+    "snapana.analysis.replay_segments",
+    "snapana.analysis.replay_sizes",
     "snapana.analysis.placement",
     "snapana.session",
     "snapana.analysis.ranks.runner",

@@ -12,7 +12,7 @@ import pickle
 
 import pytest
 from snapana.errors import InputError
-from snapana.sources import pickle_child, torch_snapshot
+from snapana.sources import pickle_child, snapshot_decode, torch_snapshot
 from snapana.sources.torch_snapshot import from_snapshot_dict, load
 
 from .conftest import raw_load
@@ -270,7 +270,7 @@ def test_columns_come_through_a_mapped_file_and_no_descriptor_is_left(tmp_path):
     path.write_bytes(pickle.dumps(_snapshot(), protocol=4))
     expected = from_snapshot_dict(raw_load(path), str(path))  # polars' own threads start
     before = _open_fds()
-    got = torch_snapshot._decode_in_child(path, path.stat().st_size, False, columns=True)
+    got = snapshot_decode._decode_in_child(path, path.stat().st_size, False, columns=True)
     assert got is not None and isinstance(got[1], mmap.mmap)
     del got
     gc.collect()
@@ -292,7 +292,7 @@ def test_columns_on_stdout_where_no_file_can_be_passed(tmp_path, monkeypatch):
     monkeypatch.setattr(pickle_child, "payload_file", lambda: None)
     path = tmp_path / "s.pickle"
     path.write_bytes(pickle.dumps(_snapshot(), protocol=4))
-    got = torch_snapshot._decode_in_child(path, path.stat().st_size, False, columns=True)
+    got = snapshot_decode._decode_in_child(path, path.stat().st_size, False, columns=True)
     assert got is not None and isinstance(got[1], memoryview)
     _same(load(path), from_snapshot_dict(raw_load(path), str(path)))
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from snapana.errors import InputError
 from snapana.sources import pickle_child, pickle_scan, torch_snapshot
-from snapana.sources.torch_snapshot import _RestrictedUnpickler, from_snapshot_dict, load
+from snapana.sources.snapshot_decode import _RestrictedUnpickler
+from snapana.sources.torch_snapshot import from_snapshot_dict, load
 from snapana.synth.scale import scale_snapshot
 
 from .conftest import ROOT, SNAPSHOTS, raw_load

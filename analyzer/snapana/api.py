@@ -148,7 +148,7 @@ class Analysis:
     @property
     def evidence(self) -> tuple[str, ...]:
         """At most three short lines under the headline."""
-        return self._device_view.evidence
+        return self._device_view.answer.evidence
 
     @property
     def moment(self) -> Moment:
@@ -320,7 +320,7 @@ class Analysis:
         rows = [(g.name, fmt_bytes(g.bytes), str(g.blocks),
                  f"{g.bytes / r.allocated_bytes:.1%}" if r.allocated_bytes else "", g.label)
                 for g in r.groups]
-        evidence = "".join(f"<li>{_html.escape(e)}</li>" for e in v.evidence)
+        evidence = "".join(f"<li>{_html.escape(e)}</li>" for e in v.answer.evidence)
         return (f"<div class='snapana'><p>{head}</p>"
                 f"<p style='border-left:4px solid {'#d62728' if r.oom else '#3182bd'};"
                 f"padding-left:8px'>{_html.escape(v.lead)}</p>"

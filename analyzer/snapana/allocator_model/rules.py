@@ -34,7 +34,7 @@ NPU_REQUEST_PAD = 32
 #: Bytes an allocator adds to a request before rounding it: 0 for CUDA's caching allocator;
 #: torch_npu's, which writes the same snapshot format with devices named cuda:N, adds
 #: NPU_REQUEST_PAD. The replay takes the one the final blocks show
-#: (`analysis.replay.rounding_pad`).
+#: (`analysis.replay_sizes.rounding_pad`).
 ROUNDING_PADS = (0, NPU_REQUEST_PAD)
 
 

@@ -222,22 +222,7 @@ def rerun(events: Events, device: int, setting: Setting,
     held = before.reserved if before is not None else 0
     capacity = setting.capacity or _capacity_for(events, held) or UNBOUNDED
     addresses: list[int] = []  # of the recorded segment events, in order
-    made: _Made
-
-    def recorded_address(action: str, size: int) -> int | None:
-        """The address the job's own cudaMalloc (or first map) returned for the segment
-        event the model is about to make, while the two sequences agree there."""
-        k = len(made.events())
-        if k >= len(addresses) or out.recorded[k][0] != action or \
-                (action == "segment_alloc" and out.recorded[k][1] != size):
-            return None
-        return addresses[k]
-
-    sim = CachingAllocatorSim(capacity, expandable_segments=setting.expandable_segments,
-                              addresses=recorded_address, trace_actions=MODEL_ACTIONS,
-                              max_split_size=setting.max_split_size,
-                              roundup_divisions=setting.roundup_divisions,
-                              request_pad=setting.request_pad)
+    sim, made = _model(setting, capacity, out, addresses)
     blocks: dict[int, int] = {}  # recorded address -> the model's
     dropped: set[int] = set()  # recorded addresses of live blocks left out
     allocated_at: dict[int, int] = {}  # recorded address -> trace index of its allocation
@@ -245,12 +230,8 @@ def rerun(events: Events, device: int, setting: Setting,
         if before.unsupported:
             out.stopped, out.stopped_at = before.unsupported, -1
             return out
-        for i, seg in enumerate(before.segments):
-            pool = before.segment_pools[i] if i < len(before.segment_pools) else (0, 0)
-            sim.adopt(*seg, pool=pool)
-            blocks.update({b[0]: b[0] for b in seg[4] if b[3]})
+        _adopt(sim, before, blocks)
     pools = before.pools if before is not None else {}
-    made = _Made(sim)
     last = -1
     free_at, empty_at = setting.free_at, setting.empty_at
     trace = sim.trace  # the model's segment events (and OOMs) as it makes them
@@ -308,6 +289,48 @@ def rerun(events: Events, device: int, setting: Setting,
                 out.cut_at = idx
                 _count_recorded(out, events, idx)
                 break
+    _finish(out, made, sim, compare, last)
+    return out
+
+
+def _model(setting: Setting, capacity: int, out: Replay, addresses: list[int]
+           ) -> tuple[CachingAllocatorSim, _Made]:
+    """The allocator model for `setting`, and what it has made so far. While its segment
+    events agree with the recorded ones (`out.recorded`, at `addresses`), each new segment
+    takes the address the job's own cudaMalloc (or first map) returned."""
+    made: _Made
+
+    def recorded_address(action: str, size: int) -> int | None:
+        """The address the job's own cudaMalloc (or first map) returned for the segment
+        event the model is about to make, while the two sequences agree there."""
+        k = len(made.events())
+        if k >= len(addresses) or out.recorded[k][0] != action or \
+                (action == "segment_alloc" and out.recorded[k][1] != size):
+            return None
+        return addresses[k]
+
+    sim = CachingAllocatorSim(capacity, expandable_segments=setting.expandable_segments,
+                              addresses=recorded_address, trace_actions=MODEL_ACTIONS,
+                              max_split_size=setting.max_split_size,
+                              roundup_divisions=setting.roundup_divisions,
+                              request_pad=setting.request_pad)
+    made = _Made(sim)
+    return sim, made
+
+
+def _adopt(sim: CachingAllocatorSim, before: Before, blocks: dict[int, int]) -> None:
+    """The state before the window taken into the model: its segments, each in its pool,
+    and their live blocks (at their own addresses) into `blocks`."""
+    for i, seg in enumerate(before.segments):
+        pool = before.segment_pools[i] if i < len(before.segment_pools) else (0, 0)
+        sim.adopt(*seg, pool=pool)
+        blocks.update({b[0]: b[0] for b in seg[4] if b[3]})
+
+
+def _finish(out: Replay, made: _Made, sim: CachingAllocatorSim, compare: bool,
+            last: int) -> None:
+    """What the model made, its final segments, and (comparing) a divergence in the number
+    of segment events where none was found before `last`, the last trace index run."""
     out.simulated = list(made.events())
     out.final_segments = sim.segment_sizes()
     if compare and out.divergence is None and len(out.simulated) != len(out.recorded):
@@ -316,7 +339,6 @@ def rerun(events: Events, device: int, setting: Setting,
                           "the model made more segment events than the trace records"
                           if len(out.simulated) > len(out.recorded) else
                           "the trace records segment events the model did not make")
-    return out
 
 
 def _count_recorded(out: Replay, events: Trace, after: int) -> None:

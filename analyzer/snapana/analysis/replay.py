@@ -6,19 +6,19 @@ indices; blocks freed without an `alloc` in the trace, and final blocks the trac
 touched, were alive before recording began. A block is live at event i when
 `alloc_idx <= i < free_idx`, which makes any moment (the OOM, the peak, an index) a filter,
 and the live-bytes timeline a cumulative sum. Equivalent to undoing events backwards from the
-final segments, as PyTorch's viewer does, and checked against them.
+final segments, as PyTorch's viewer does, and checked against them. The pairing is
+`replay_pairs`', the blocks' sizes as the capture's allocator made them `replay_sizes`'.
 
 Segments get lifetimes the same way. A `segment_alloc` lives until its `segment_free`. An
 expandable segment (`expandable_segments:True`: one virtual range whose pages are mapped on
 demand) lives as the pieces its `segment_map` events map, each until a `segment_unmap` takes
 it or part of it; at a moment, the touching pieces of one range are one segment, as PyTorch's
-snapshot reports one segment per contiguous mapped range. Reserved is the mapped bytes and a
-free block is free mapped space; unmapped address space is neither.
+snapshot reports one segment per contiguous mapped range (`replay_segments`). Reserved is the
+mapped bytes and a free block is free mapped space; unmapped address space is neither.
 """
 
 from __future__ import annotations
 
-import bisect
 import copy
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,34 +28,23 @@ import numpy as np
 import polars as pl
 
 from snapana.allocator_model import config as alloc_conf
-from snapana.allocator_model.rules import (
-    LARGE_BUFFER,
-    LARGE_PAGE,
-    MIN_BLOCK_SIZE,
-    PLAIN,
-    ROUNDING_PADS,
-    SMALL_PAGE,
-    SMALL_SIZE,
-    SizeRules,
-)
-from snapana.caching_allocator import (
-    ACTIVE_ALLOCATED,
-    ACTIVE_PENDING_FREE,
-    ACTIVE_STATES,
-    MIN_PAD_WITNESSES,
-)
+from snapana.allocator_model.rules import PLAIN, SizeRules
+from snapana.analysis.replay_pairs import LIFETIME_SCHEMA, NEVER, pair_lifetimes
+from snapana.analysis.replay_segments import segment_intervals
+from snapana.analysis.replay_sizes import pool_witnesses, rounding_pad, taken_whole
+from snapana.caching_allocator import ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, ACTIVE_STATES
 from snapana.capture_kinds import size_rounding
 from snapana.errors import InputError
 from snapana.limits import MAX_TIME
 from snapana.model import EMPTY_STACK, Capture
 from snapana.units import parse_int, quote
 
+__all__ = ["NEVER", "OVER_RESERVED", "DeviceReplay", "Moment", "MomentError", "MomentKind",
+           "replay", "replay_or_final"]
+
 
 class MomentError(InputError, ValueError):
     """A moment the capture does not have (no OOM, no timestamps, an index out of range)."""
-
-
-NEVER = np.iinfo(np.int64).max  # free index of a block still live at the end
 
 
 #: Which moment a report shows: the OOM, the peak, the snapshot, or one asked for (--at).
@@ -340,272 +329,6 @@ def _append_free(rows: dict, address: int, size: int, pool: str, stream: int, se
     rows["segment_address"].append(seg)
 
 
-_ALLOC, _FREE_REQ, _FREE_DONE = 0, 1, 2
-_PAIR_KIND = {"alloc": _ALLOC, "free_requested": _FREE_REQ, "free_completed": _FREE_DONE,
-              "free": _FREE_DONE}
-LIFETIME_SCHEMA = {"address": pl.Int64, "size": pl.Int64, "stack_id": pl.Int64,
-                   "stream": pl.Int64, "alloc_idx": pl.Int64, "free_req_idx": pl.Int64,
-                   "free_done_idx": pl.Int64, "requested_size": pl.Int64}
-
-
-def _pair_kinds(events: pl.DataFrame) -> np.ndarray:
-    """Each event's kind for pairing (`_PAIR_KIND`; -1: not a block event), from the action
-    strings compared with each kind's names (on a million rows, faster than a lookup)."""
-    action, kind = pl.col("action"), pl.lit(-1, pl.Int8)
-    for k in set(_PAIR_KIND.values()):
-        names = [a for a, v in _PAIR_KIND.items() if v == k]
-        kind = pl.when(action == names[0] if len(names) == 1 else action.is_in(names)) \
-            .then(pl.lit(k, pl.Int8)).otherwise(kind)
-    return events.select(kind).to_series().to_numpy()
-
-
-def _column(events: pl.DataFrame, name: str, fill: int) -> np.ndarray:
-    """An Int64 column of `events` as numpy, nulls as `fill` (a view where it has none)."""
-    column = events[name]
-    return (column.fill_null(fill) if column.null_count() else column).to_numpy()
-
-
-def _pair_lifetimes(events: pl.DataFrame, rules: SizeRules | None
-                    ) -> tuple[dict[str, np.ndarray], list[tuple[int, str]]]:
-    """Pair alloc / free_requested / free_completed events per address into lifetimes, each
-    block sized by the capture allocator's `rules` (None: the requests as made).
-
-    Vectorised form of this per-event state machine (events in order, one open row per
-    address at most):
-    - ``alloc``: a new row; an address already open is a mismatch, and its row ends here.
-    - ``free_requested``: sets the open row's request index (the last one wins); with no
-      open row, opens one that was alive before recording.
-    - ``free_completed``/``free``: closes the open row (request index defaults to it); with
-      no open row, a closed row alive before recording.
-    Sorting by (address, event index) lays each address's events out in order: an event
-    opens a row when it is an alloc, the address's first event, or follows a completion.
-    Rows come back in the order they were opened; mismatches as (event index, message).
-    """
-    every_kind = _pair_kinds(events)
-    values = {name: _column(events, name, fill) for name, fill in
-              (("addr", 0), ("size", 0), ("stack_id", EMPTY_STACK), ("stream", 0))}
-    # events are in index order already: a stable sort by address keeps it within each. The
-    # positions sorted are the events' own (`i`), block events only
-    block = every_kind >= 0
-    if block.all():  # (a trace of PyTorch's: segment events are few, when any)
-        order = np.argsort(values["addr"], kind="stable")
-    else:
-        rows = np.flatnonzero(block)
-        order = rows[np.argsort(values["addr"][rows], kind="stable")]
-    i = order
-    kind = every_kind[order]
-    addr = values["addr"][order]
-    m = len(i)
-    if m == 0:
-        return {k: np.zeros(0, np.int64) for k in LIFETIME_SCHEMA}, []
-    same = np.zeros(m, dtype=bool)
-    same[1:] = addr[1:] == addr[:-1]
-    prev = np.full(m, -1, dtype=np.int8)
-    prev[1:] = kind[:-1]
-    prev[~same] = -1
-    is_alloc = kind == _ALLOC
-    new_row = is_alloc | (prev == -1) | (prev == _FREE_DONE)
-    clash = np.flatnonzero(is_alloc & same & ((prev == _ALLOC) | (prev == _FREE_REQ)))
-    mismatches = [(int(i[p]), f"event {int(i[p])}: alloc at 0x{int(addr[p]):x} which is "
-                   "already live") for p in clash]
-
-    starts = np.flatnonzero(new_row)
-    ends = np.empty_like(starts)
-    ends[:-1] = starts[1:] - 1
-    ends[-1] = m - 1
-    row = np.cumsum(new_row)
-    row -= 1
-    opened_by_alloc = is_alloc[starts]
-    sizes = values["size"][order]
-    rounded = rules.blocks(sizes) if rules is not None else sizes.copy()
-    opened_at = order[starts]  # the event that opened each row
-
-    completed = kind[ends] == _FREE_DONE  # a completion is always the last event of its row
-    req_idx = np.where(completed, i[ends], NEVER)
-    done_idx = req_idx.copy()
-    # an open row followed by another row at its address was ended by a clashing alloc
-    next_same = np.zeros(len(starts), dtype=bool)
-    next_same[:-1] = addr[starts[1:]] == addr[starts[:-1]]
-    clashed = ~completed & next_same
-    done_idx[:-1] = np.where(clashed[:-1], opened_at[1:], done_idx[:-1])
-    rpos = np.flatnonzero(kind == _FREE_REQ)
-    if len(rpos):
-        rrows = row[rpos]
-        last = np.ones(len(rpos), dtype=bool)
-        last[:-1] = rrows[1:] != rrows[:-1]
-        req_idx[rrows[last]] = i[rpos[last]]
-    # a row a clashing alloc ended is no longer allocated from then on either: the
-    # allocated timeline and the blocks at a moment must count the same rows
-    req_idx = np.minimum(req_idx, done_idx)
-    # a free that names another size than its alloc: the trace contradicts itself
-    opener = starts[row]
-    freed = np.flatnonzero(~new_row & (kind != _ALLOC) & (sizes > 0) & is_alloc[opener]
-                           & (rounded != rounded[opener]))
-    mismatches += [(int(i[p]), f"event {int(i[p])}: free at 0x{int(addr[p]):x} of "
-                    f"{int(sizes[p])} bytes, allocated as {int(sizes[opener[p]])}")
-                   for p in freed]
-
-    cols = {
-        "address": addr[starts],
-        "size": rounded[starts],
-        "stack_id": np.where(opened_by_alloc, values["stack_id"][opened_at], EMPTY_STACK),
-        "stream": values["stream"][opened_at],
-        "alloc_idx": np.where(opened_by_alloc, opened_at, -1),
-        "free_req_idx": req_idx,
-        "free_done_idx": done_idx,
-        "requested_size": sizes[starts],
-    }
-    by_open = _in_order(opened_at, len(events))
-    return {k: np.ascontiguousarray(v[by_open], dtype=np.int64) for k, v in cols.items()}, \
-        mismatches
-
-
-def _in_order(positions: np.ndarray, n: int) -> np.ndarray:
-    """The order that sorts distinct positions in [0, n): `np.argsort(positions)`, by
-    marking them and counting, without a sort."""
-    marked = np.zeros(n, dtype=bool)
-    marked[positions] = True
-    rank = np.cumsum(marked)
-    out = np.empty(len(positions), dtype=np.int64)
-    out[rank[positions] - 1] = np.arange(len(positions))
-    return out
-
-
-def rounding_pad(blocks: pl.DataFrame, pools: dict[int, int] | None = None,
-                 divisions: tuple[int, ...] = ()) -> int:
-    """The bytes the allocator added to each request before rounding it (`ROUNDING_PADS`),
-    as the final blocks show it: a block whose request the pads round differently, sized as
-    one pad rounds it, is a witness; so is each request of the trace that the pads send to
-    different pools (`pool_witnesses`: a capture that ends with nothing live still shows
-    it). A pad other than 0 needs `MIN_PAD_WITNESSES` and no witness of another; else
-    CUDA's rule (0) is assumed. `divisions`: the capture's roundup_power2_divisions, which
-    round after the pad is added."""
-    witnesses = dict.fromkeys(ROUNDING_PADS, 0)
-    for pad, n in (pools or {}).items():
-        witnesses[pad] += n
-    live = blocks.filter(pl.col("state").is_in(ACTIVE_STATES) & (pl.col("requested_size") > 0))
-    if not live.is_empty():
-        req = live["requested_size"].to_numpy().astype(np.int64)
-        size = live["size"].to_numpy().astype(np.int64)
-        sized = {pad: SizeRules(divisions, pad).blocks(req) for pad in ROUNDING_PADS}
-        base = sized[ROUNDING_PADS[0]]
-        differ = np.logical_or.reduce([sized[pad] != base for pad in ROUNDING_PADS])
-        for pad in ROUNDING_PADS:
-            witnesses[pad] += int(((size == sized[pad]) & differ).sum())
-    for pad in ROUNDING_PADS[1:]:
-        if witnesses[pad] >= MIN_PAD_WITNESSES and not any(
-                n for p, n in witnesses.items() if p != pad):
-            return pad
-    return 0
-
-
-def pool_witnesses(events: pl.DataFrame, segments: pl.DataFrame,
-                   divisions: tuple[int, ...] = ()) -> dict[int, int]:
-    """Per pad of `ROUNDING_PADS`: the recorded requests that the pads send to different
-    pools and that lie in a segment of the pool this pad chooses. The allocator picks the
-    pool on the padded, rounded size (torch_npu's malloc: `get_pool(round_size(orig_size))`,
-    round_size adding 32 bytes: a request within 32 bytes of kSmallSize is served from the
-    large pool), so the pool of the segment holding such a request shows the pad. Only
-    segments cut by the caching allocator count (an expandable range's type is a guess)."""
-    out = dict.fromkeys(ROUNDING_PADS, 0)
-    allocs = events.with_row_index("k").filter(pl.col("action") == "alloc")
-    segs = segments.filter(~pl.col("expandable"))
-    if allocs.is_empty() or segs.is_empty():
-        return out
-    req = allocs["size"].to_numpy().astype(np.int64)
-    small = {pad: SizeRules(divisions, pad).blocks(req) <= SMALL_SIZE for pad in ROUNDING_PADS}
-    differ = np.logical_or.reduce([small[p] != small[ROUNDING_PADS[0]] for p in ROUNDING_PADS])
-    if not differ.any():
-        return out
-    addr = allocs["addr"].to_numpy().astype(np.int64)[differ]
-    when = allocs["k"].to_numpy().astype(np.int64)[differ]
-    seg_end = (segs["address"] + segs["total_size"]).to_numpy()
-    # the segment holding an address is the live one whose end is the first above it
-    end = _first_live(seg_end, segs["open_idx"].to_numpy(), segs["close_idx"].to_numpy(),
-                      addr + 1, addr + int(segs["total_size"].to_numpy().max()), when)
-    kinds: dict[int, set[str]] = {}
-    for e, kind in zip(seg_end.tolist(), segs["segment_type"].to_list(), strict=True):
-        kinds.setdefault(e, set()).add(kind)
-    in_small = np.array([kinds.get(e) == {"small"} for e in end.tolist()], dtype=bool)
-    in_large = np.array([kinds.get(e) == {"large"} for e in end.tolist()], dtype=bool)
-    for pad in ROUNDING_PADS:
-        chose = small[pad][differ]
-        out[pad] = int((chose & in_small).sum() + (~chose & in_large).sum())
-    return out
-
-
-def taken_whole(cols: dict[str, np.ndarray], exact: np.ndarray, segments: pl.DataFrame,
-                max_split_size: int | None) -> np.ndarray:
-    """Block sizes with the allocator's split rule (`allocator_model.rules.should_split`):
-    a block of the large pool takes the whole free block it was cut from when what would
-    remain is too small to split off (at most kSmallSize; with max_split_size_mb, a request
-    of that size or more takes any block it is given, which is less than kLargeBuffer
-    larger). The free block a request took runs from its address to the next block or
-    segment end live when it was made; a block held before recording is read in the state
-    before the first event. Small-pool blocks never differ: their remainders are split from 512
-    bytes on, and so are every pool's with expandable segments on (not called then).
-    `exact` rows (sized by the final segments) keep their size."""
-    size = cols["size"].copy()
-    cand = np.flatnonzero(~exact & (size > SMALL_SIZE))
-    if not cand.size:
-        return size
-    address, start, end = cols["address"], cols["alloc_idx"], cols["free_done_idx"]
-    when = start[cand]  # -1: the state before the first event
-    low = address[cand] + size[cand]
-    reach = np.full(cand.size, SMALL_SIZE, dtype=np.int64)
-    if max_split_size is not None:
-        reach[size[cand] >= max_split_size] = LARGE_BUFFER - MIN_BLOCK_SIZE
-    high = low + reach
-    seg_end = (segments["address"] + segments["total_size"]).to_numpy()
-    opened, closed = segments["open_idx"].to_numpy(), segments["close_idx"].to_numpy()
-    next_block = _first_live(address, start, end, low, high, when)
-    range_end = _first_live(seg_end, opened, closed, low, high, when)
-    none = np.iinfo(np.int64).max
-    boundary = np.minimum(np.where(next_block >= 0, next_block, none),
-                          np.where(range_end >= 0, range_end, none))
-    whole = boundary < none
-    rows = cand[whole]
-    size[rows] = boundary[whole] - address[rows]
-    return size
-
-
-#: Candidate (query, address) pairs looked at in one go by `_first_live`.
-_PAIRS_AT_ONCE = 1 << 22
-
-
-def _first_live(points: np.ndarray, opened: np.ndarray, closed: np.ndarray,
-                low: np.ndarray, high: np.ndarray, when: np.ndarray) -> np.ndarray:
-    """For each query k: the smallest point in [low[k], high[k]] whose interval is live at
-    event when[k] (opened <= when < closed), -1 if none. Intervals at one point do not
-    overlap in time, so the one that can be live is the last opened by then: a bisection
-    over (point, opened)."""
-    out = np.full(len(low), -1, dtype=np.int64)
-    if not len(points) or not len(low):
-        return out
-    distinct, rank = np.unique(points, return_inverse=True)
-    span = int(max(opened.max(), when.max())) + 3
-    key = rank.astype(np.int64) * span + (opened + 1)
-    order = np.argsort(key, kind="stable")
-    key, rank, closed = key[order], rank[order], closed[order]
-    first = np.searchsorted(distinct, low, "left")
-    count = np.searchsorted(distinct, high, "right") - first
-    bounds = np.cumsum(count)
-    k0 = 0
-    while k0 < len(low):
-        k1 = max(int(np.searchsorted(bounds, bounds[k0] - count[k0] + _PAIRS_AT_ONCE,
-                                     "right")), k0 + 1)
-        n = count[k0:k1]
-        query = np.repeat(np.arange(k0, k1), n)
-        offset = np.arange(len(query)) - np.repeat(np.cumsum(n) - n, n)
-        d = first[query] + offset
-        j = np.searchsorted(key, d * span + (when[query] + 1), "right") - 1
-        ok = (j >= 0) & (rank[np.maximum(j, 0)] == d) & (closed[np.maximum(j, 0)] > when[query])
-        hit, at = np.unique(query[ok], return_index=True)  # points ascend within a query
-        out[hit] = distinct[d[ok][at]]
-        k0 = k1
-    return out
-
-
 def replay(capture: Capture, device: int) -> DeviceReplay:
     """Pair the trace's events into lifetimes and check them against the final segments."""
     events = capture.device_events(device)
@@ -615,7 +338,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     # Lifetimes: trace sizes are the requested bytes; the block holds them as the capture's
     # allocator rounds them (`SizeRules`: 512 bytes, or its roundup_power2_divisions, after
     # its pad; exact for final blocks, which take their size from the segments).
-    seg_intervals, reserved, reserved_delta, seg_mismatches = _segment_intervals(
+    seg_intervals, reserved, reserved_delta, seg_mismatches = segment_intervals(
         capture, device, events)
     conf = alloc_conf.recorded(capture.allocator_settings)
     rules: SizeRules | None = None
@@ -624,7 +347,7 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
         pad = rounding_pad(capture.device_blocks(device),
                            pool_witnesses(events, seg_intervals, divisions), divisions)
         rules = SizeRules(divisions, pad)
-    cols, clashes = _pair_lifetimes(events, rules)
+    cols, clashes = pair_lifetimes(events, rules)
     mismatches = [msg for _, msg in sorted(clashes)]
     ooms = [
         OomEvent(int(k), size, dev_free, stream, stack, t)
@@ -632,8 +355,48 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
         .filter(pl.col("action") == "oom")
         .select("k", "size", "device_free", "stream", "stack_id", "time_us").iter_rows()
     ]
+    extra, from_segments = _match_final_blocks(capture, device, cols, n, mismatches)
+    if extra:
+        cols = {k: np.concatenate([v, np.asarray([row[j] for row in extra], dtype=np.int64)])
+                for j, (k, v) in enumerate(cols.items())}
+    if gran > 1 and not seg_intervals.is_empty():
+        # a block the trace alone holds is its request rounded, unless the free block it
+        # took was too small to split: then it holds the whole of it (the final blocks are
+        # sized by the segments already)
+        exact = np.zeros(len(cols["size"]), dtype=bool)
+        exact[len(cols["size"]) - len(extra):] = True
+        exact[from_segments] = True
+        # expandable segments split every remainder from 512 bytes on (a capture that does
+        # not record its settings shows them by its segments)
+        if not (conf.expandable_segments or seg_intervals["expandable"].any()):
+            cols["size"] = taken_whole(cols, exact, seg_intervals, conf.max_split_size)
+    lifetimes = pl.DataFrame(cols, schema=LIFETIME_SCHEMA)
+    _, allocated = _bytes_timeline(lifetimes, n, "free_req_idx")
+    live_before, live = _bytes_timeline(lifetimes, n, "free_done_idx")
+    if seg_intervals.is_empty():
+        if n:
+            reserved, reserved_delta = _reserved_without_segments(capture, device, live_before,
+                                                                  live)
+    else:
+        over = _over_reserved(live_before, live, reserved, reserved_delta,
+                              int(seg_intervals["total_size"].sum()))
+        if over:
+            mismatches.append(over)
+    if n and (allocated.min() < 0 or reserved.min() < 0):
+        mismatches.append("replaying back to the first event goes negative")
+    dr = DeviceReplay(capture, device, lifetimes, seg_intervals, allocated, reserved, ooms, n,
+                      mismatches, seg_mismatches, rules)
+    dr._reserved_delta = reserved_delta
+    return dr
 
-    # Final blocks: live ones must match the trace's open blocks exactly.
+
+def _match_final_blocks(capture: Capture, device: int, cols: dict[str, np.ndarray], n: int,
+                        mismatches: list[str]) -> tuple[list[list[int]], list[int]]:
+    """Final blocks: live ones must match the trace's open blocks exactly. Each one found
+    open in `cols` takes its size (and stack, where the trace has none) from the segments;
+    a trace block not in them is closed at the end (`n`). Returns the final blocks the trace
+    never opened (rows to add, in `LIFETIME_SCHEMA`'s order) and the rows the segments
+    sized; adds to `mismatches` where the two disagree."""
     final_blocks = capture.device_blocks(device).filter(
         pl.col("state").is_in(ACTIVE_STATES)
     )
@@ -664,46 +427,20 @@ def replay(capture: Capture, device: int) -> DeviceReplay:
     for a, r in open_blocks.items():  # in the order the rows were opened
         mismatches.append(f"block 0x{a:x} is live in the trace but not in the segments")
         cols["free_done_idx"][r] = n  # close it at the end so it does not leak into later moments
+    return extra, from_segments
 
-    if extra:
-        cols = {k: np.concatenate([v, np.asarray([row[j] for row in extra], dtype=np.int64)])
-                for j, (k, v) in enumerate(cols.items())}
-    if gran > 1 and not seg_intervals.is_empty():
-        # a block the trace alone holds is its request rounded, unless the free block it
-        # took was too small to split: then it holds the whole of it (the final blocks are
-        # sized by the segments already)
-        exact = np.zeros(len(cols["size"]), dtype=bool)
-        exact[len(cols["size"]) - len(extra):] = True
-        exact[from_segments] = True
-        # expandable segments split every remainder from 512 bytes on (a capture that does
-        # not record its settings shows them by its segments)
-        if not (conf.expandable_segments or seg_intervals["expandable"].any()):
-            cols["size"] = taken_whole(cols, exact, seg_intervals, conf.max_split_size)
-    lifetimes = pl.DataFrame(cols, schema=LIFETIME_SCHEMA)
-    _, allocated = _bytes_timeline(lifetimes, n, "free_req_idx")
-    live_before, live = _bytes_timeline(lifetimes, n, "free_done_idx")
-    if seg_intervals.is_empty():
-        if n:
-            # No allocator segments (profiler traces, memory timelines): reserved is what
-            # the source recorded after each event, else the live blocks (nothing is known
-            # to be cached; a pending-free block still occupies memory).
-            series = capture.metadata.get("reserved_timeline", {}).get(device)
-            if series is not None and len(series) == n:
-                reserved = np.maximum(np.asarray(series, dtype=np.int64), live)
-            else:
-                reserved = live.copy()
-            reserved_delta = np.diff(reserved, prepend=live_before)
+
+def _reserved_without_segments(capture: Capture, device: int, live_before: int,
+                               live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """No allocator segments (profiler traces, memory timelines): reserved is what the
+    source recorded after each event, else the live blocks (nothing is known to be cached;
+    a pending-free block still occupies memory); and its change at each event."""
+    series = capture.metadata.get("reserved_timeline", {}).get(device)
+    if series is not None and len(series) == len(live):
+        reserved = np.maximum(np.asarray(series, dtype=np.int64), live)
     else:
-        over = _over_reserved(live_before, live, reserved, reserved_delta,
-                              int(seg_intervals["total_size"].sum()))
-        if over:
-            mismatches.append(over)
-    if n and (allocated.min() < 0 or reserved.min() < 0):
-        mismatches.append("replaying back to the first event goes negative")
-    dr = DeviceReplay(capture, device, lifetimes, seg_intervals, allocated, reserved, ooms, n,
-                      mismatches, seg_mismatches, rules)
-    dr._reserved_delta = reserved_delta
-    return dr
+        reserved = live.copy()
+    return reserved, np.diff(reserved, prepend=live_before)
 
 
 #: How a report says a snapshot's trace was not replayed (`replay_or_final`).
@@ -778,220 +515,3 @@ def _over_reserved(live_before: int, live: np.ndarray, reserved: np.ndarray,
     return (f"{OVER_RESERVED}: {int(live[i])} > {int(reserved[i])} bytes after event {i} "
             f"({over.size} event(s) in all)")
 
-
-SEGMENT_INTERVAL_SCHEMA = {"address": pl.Int64, "total_size": pl.Int64, "pool": pl.Utf8,
-                           "stream": pl.Int64, "open_idx": pl.Int64, "close_idx": pl.Int64,
-                           "segment_type": pl.Utf8, "expandable": pl.Boolean,
-                           "vseg": pl.Int64}
-
-
-class _Row:
-    """One segment interval while the trace is read: a whole segment (`segment_alloc` ..
-    `segment_free`), or one mapped piece of an expandable segment (`segment_map` ..
-    `segment_unmap`, split when part of it is unmapped)."""
-
-    __slots__ = ("address", "size", "pool", "stream", "open_idx", "close_idx", "segment_type",
-                 "expandable")
-
-    def __init__(self, address: int, size: int, stream: int, open_idx: int,
-                 expandable: bool, close_idx: int = NEVER) -> None:
-        self.address, self.size, self.stream = address, size, stream
-        self.open_idx, self.close_idx = open_idx, close_idx
-        self.pool = "0,0"
-        self.segment_type: str | None = None
-        self.expandable = expandable
-
-    @property
-    def end(self) -> int:
-        return self.address + self.size
-
-
-class _Mapped:
-    """The mapped pieces of expandable segments open at the current event, by address."""
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.rows: dict[int, _Row] = {}
-
-    def add(self, row: _Row) -> None:
-        bisect.insort(self.starts, row.address)
-        self.rows[row.address] = row
-
-    def remove(self, row: _Row) -> None:
-        del self.starts[bisect.bisect_left(self.starts, row.address)]
-        del self.rows[row.address]
-
-    def overlapping(self, lo: int, hi: int) -> list[_Row]:
-        j = max(bisect.bisect_right(self.starts, lo) - 1, 0)
-        out = []
-        while j < len(self.starts) and self.starts[j] < hi:
-            row = self.rows[self.starts[j]]
-            if row.end > lo:
-                out.append(row)
-            j += 1
-        return out
-
-
-def _gaps(lo: int, hi: int, covered: list[_Row]) -> list[tuple[int, int]]:
-    """The parts of [lo, hi) that no row in `covered` (sorted by address) covers."""
-    out, cursor = [], lo
-    for r in covered:
-        if r.address > cursor:
-            out.append((cursor, min(r.address, hi)))
-        cursor = max(cursor, r.end)
-    if cursor < hi:
-        out.append((cursor, hi))
-    return [(a, b) for a, b in out if b > a]
-
-
-def _segment_intervals(
-    capture: Capture, device: int, events: pl.DataFrame,
-) -> tuple[pl.DataFrame, np.ndarray, np.ndarray, list[str]]:
-    """Segment lifetimes (for fragmentation at a moment), the reserved-bytes timeline (their
-    sum after each event) and the places where the trace disagrees with the final segments.
-
-    A segment from `segment_alloc` lives until its `segment_free`. An expandable segment
-    (PyTorch's ExpandableSegment: one virtual range, pages mapped on demand) is the pieces
-    its `segment_map` events map, each alive until a `segment_unmap` takes it (or part of it)
-    away; reserved is the mapped bytes, unmapped address space is neither reserved nor free.
-    Touching pieces of one virtual range are one segment at a moment, as PyTorch's snapshot
-    reports one segment per contiguous mapped range.
-    """
-    n = events.height
-    final = capture.device_segments(device)
-    rows: list[_Row] = []
-    mismatches: list[str] = []
-    open_segs: dict[int, _Row] = {}
-    mapped = _Mapped()
-    seg_events = events.with_row_index("i").filter(
-        pl.col("action").is_in(["segment_alloc", "segment_free", "segment_map",
-                                "segment_unmap"])
-    ).select("i", "action", "addr", "size", "stream")
-    for i, act, addr, size, stream in seg_events.iter_rows():
-        addr, size, stream = addr or 0, size or 0, stream or 0
-        if act == "segment_alloc":
-            if addr in open_segs:
-                mismatches.append(f"event {i}: segment_alloc at 0x{addr:x} which is "
-                                  "already allocated")
-                open_segs.pop(addr).close_idx = i
-            row = _Row(addr, size, stream, i, False)
-            rows.append(row)
-            open_segs[addr] = row
-        elif act == "segment_free":
-            closed = open_segs.pop(addr, None)
-            if closed is None:  # allocated before recording began
-                closed = _Row(addr, size, stream, -1, False)
-                rows.append(closed)
-            closed.close_idx = i
-        elif act == "segment_map":
-            if mapped.overlapping(addr, addr + size):
-                mismatches.append(f"event {i}: segment_map at 0x{addr:x} maps memory that "
-                                  "is already mapped")
-            else:
-                row = _Row(addr, size, stream, i, True)
-                rows.append(row)
-                mapped.add(row)
-        else:  # segment_unmap: close what it covers; what was mapped before recording too
-            lo, hi = addr, addr + size
-            hit = mapped.overlapping(lo, hi)
-            for a, b in _gaps(lo, hi, hit):
-                rows.append(_Row(a, b - a, stream, -1, True, close_idx=i))
-            for row in hit:
-                mapped.remove(row)
-                row.close_idx = i
-                for a, b in ((row.address, lo), (hi, row.end)):
-                    if b > a:  # the part of the piece that stays mapped
-                        rest = _Row(a, b - a, row.stream, i, True)
-                        rows.append(rest)
-                        mapped.add(rest)
-
-    # The final segments are ground truth: pieces and segments open at the end must be them.
-    final_rows = list(final.select("address", "total_size", "pool", "stream", "segment_type",
-                                   "is_expandable").iter_rows())
-    runs: list[tuple[int, int, str, int, str]] = []
-    for a, total, pool, stream, seg_type, expandable in final_rows:
-        if expandable:
-            runs.append((a, a + total, pool, stream, seg_type))
-            inside = mapped.overlapping(a, a + total)
-            for row in inside:
-                if row.address < a or row.end > a + total:
-                    mismatches.append(f"mapped range 0x{row.address:x} (+{row.size}) crosses "
-                                      f"the end of segment 0x{a:x}")
-            for lo, hi in _gaps(a, a + total, inside):  # mapped before recording began
-                rows.append(_Row(lo, hi - lo, stream, -1, True))
-            for row in inside:
-                mapped.remove(row)
-            continue
-        found = open_segs.pop(a, None)
-        if found is None:
-            found = _Row(a, total, stream, -1, False)
-            rows.append(found)
-        found.size, found.pool, found.stream, found.segment_type = total, pool, stream, seg_type
-    for row in list(open_segs.values()) + [mapped.rows[a] for a in mapped.starts]:
-        kind = "mapped range" if row.expandable else "segment"
-        mismatches.append(f"{kind} 0x{row.address:x} is open in the trace but not in the "
-                          "segments")
-        row.close_idx = n  # alive to the end, as the trace says
-    vseg = _virtual_segments(rows, runs)
-    seg_df = pl.DataFrame(
-        [[r.address, r.size, r.pool, r.stream, r.open_idx, r.close_idx,
-          r.segment_type or ("small" if r.size == SMALL_PAGE else "large"), r.expandable, v]
-         for r, v in zip(rows, vseg, strict=True)],
-        schema=SEGMENT_INTERVAL_SCHEMA, orient="row",
-    )
-    if n == 0:
-        return seg_df, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), mismatches
-    size = seg_df["total_size"].to_numpy()
-    o_idx = seg_df["open_idx"].to_numpy()
-    c_idx = seg_df["close_idx"].to_numpy()
-    delta = np.zeros(n, dtype=np.int64)
-    opened = (o_idx >= 0) & (o_idx < n)
-    np.add.at(delta, o_idx[opened], size[opened])
-    ended = (c_idx >= 0) & (c_idx < n)
-    np.add.at(delta, c_idx[ended], -size[ended])
-    baseline = int(size[o_idx < 0].sum())
-    reserved = baseline + np.cumsum(delta)
-    return seg_df, reserved, delta, mismatches
-
-
-def _virtual_segments(rows: list[_Row], runs: list[tuple[int, int, str, int, str]]) -> list[int]:
-    """An id per row: whole segments their own, the pieces of one expandable segment one.
-
-    Pieces that ever touch or overlap belong to one virtual range (a range is reserved at
-    1 1/8 of the device, so two ranges' pieces never meet); the range takes pool, stream and
-    segment type from a final segment inside it, else the default pool and the page size
-    its mappings are multiples of.
-    """
-    ids = [0] * len(rows)
-    order = sorted((r.address, k) for k, r in enumerate(rows) if r.expandable)
-    clusters: list[list[int]] = []
-    end = -1
-    for a, k in order:
-        if not clusters or a > end:
-            clusters.append([])
-            end = a
-        clusters[-1].append(k)
-        end = max(end, rows[k].end)
-    finals = sorted(runs)
-    starts = [f[0] for f in finals]
-    for c, members in enumerate(clusters):
-        lo = min(rows[k].address for k in members)
-        hi = max(rows[k].end for k in members)
-        j = bisect.bisect_left(starts, lo)
-        owner = finals[j] if j < len(finals) and finals[j][0] < hi else None
-        if owner is None:
-            large = all(rows[k].size % LARGE_PAGE == 0 for k in members)
-            seg_type, pool = ("large" if large else "small"), "0,0"
-        else:
-            pool, seg_type = owner[2], owner[4]
-        for k in members:
-            rows[k].pool, rows[k].segment_type = pool, seg_type
-            if owner is not None:
-                rows[k].stream = owner[3]
-            ids[k] = c
-    nxt = len(clusters)
-    for k, r in enumerate(rows):
-        if not r.expandable:
-            ids[k] = nxt
-            nxt += 1
-    return ids

@@ -16,6 +16,7 @@ from snapana.errors import InputError
 from snapana.units import inert
 
 if TYPE_CHECKING:
+    from snapana.allocator_model.config import AllocConf
     from snapana.inputs import Inputs
 
 
@@ -86,12 +87,7 @@ def whatif(
     from snapana.render.whatif import whatif_view
     from snapana.session import Session, resolve_capacity
 
-    try:
-        asked, not_simulated = alloc_conf.parse(set_ or [])
-    except alloc_conf.ConfError as exc:
-        raise InputError(f"--set {exc}") from None
-    simulated = [p for item in set_ or [] for p in alloc_conf.split_pairs(item)
-                 if p.replace("=", ":", 1).partition(":")[0].strip() in alloc_conf.SIMULATED]
+    asked, not_simulated, simulated = _settings(set_ or [])
     card = resolve_capacity(capacity) if capacity is not None else None
     families = tuple(dict.fromkeys(drop or ()))
     early = tuple(dict.fromkeys(free_before_forward or ()))
@@ -104,12 +100,7 @@ def whatif(
     same = alloc_conf.in_force(asked, capture.allocator_settings)
     if same and len(same) == len(simulated) and card is None and not not_simulated and \
             not families and not early and not empty_cache_before_forward:
-        said = (f"{', '.join(same)}: already in force in {inert(str(file), lines=False)} "
-                "(its allocator_settings record it): the window was recorded with it, so "
-                "there is nothing to change or predict. Ask for another setting, --capacity, "
-                "--drop or --free-before-forward.")
-        policy.emit(json.dumps({"already_in_force": same, "message": said}, indent=2) + "\n"
-                    if format.value == "json" else said + "\n")
+        _say_already_in_force(same, file, format.value)
         return
     not_simulated += [f"{s}: already in force (the capture records it), not changed"
                       for s in same]
@@ -120,14 +111,45 @@ def whatif(
                    for d in devices if d in capture.devices]
     if not predictions:
         raise InputError(f"{file}: no device {device} (devices: {capture.devices})")
-    change = ", ".join([*(p if len(p) <= 60 else p[:59] + "…" for p in simulated),
-                        *([f"a card of {capacity}"] if capacity else []),
-                        *(f"without {f[:60]}" for f in families),
-                        *(f"{f[:60]} freed before each forward" for f in early),
-                        *(["torch.cuda.empty_cache() before each forward"]
-                          if empty_cache_before_forward else [])]) or "nothing simulated"
+    change = _change(simulated, capacity, families, early, empty_cache_before_forward)
     policy.emit(policy.render_view(whatif_view(str(file), change, predictions,
                                                tuple(not_simulated)), format.value))
+
+
+def _settings(set_: list[str]) -> tuple[AllocConf, list[str], list[str]]:
+    """--set parsed: the settings asked for, what is not simulated (with why), and the
+    pairs the model simulates, as typed."""
+    from snapana.allocator_model import config as alloc_conf
+
+    try:
+        asked, not_simulated = alloc_conf.parse(set_)
+    except alloc_conf.ConfError as exc:
+        raise InputError(f"--set {exc}") from None
+    simulated = [p for item in set_ for p in alloc_conf.split_pairs(item)
+                 if p.replace("=", ":", 1).partition(":")[0].strip() in alloc_conf.SIMULATED]
+    return asked, not_simulated, simulated
+
+
+def _say_already_in_force(same: list[str], file: Path, fmt: str) -> None:
+    """Every setting asked for is the one the capture was recorded with: nothing to
+    predict, and the answer says so."""
+    said = (f"{', '.join(same)}: already in force in {inert(str(file), lines=False)} "
+            "(its allocator_settings record it): the window was recorded with it, so "
+            "there is nothing to change or predict. Ask for another setting, --capacity, "
+            "--drop or --free-before-forward.")
+    policy.emit(json.dumps({"already_in_force": same, "message": said}, indent=2) + "\n"
+                if fmt == "json" else said + "\n")
+
+
+def _change(simulated: list[str], capacity: str | None, families: tuple[str, ...],
+            early: tuple[str, ...], empty_cache_before_forward: bool) -> str:
+    """What the what-if changes, in words (each part bounded)."""
+    return ", ".join([*(p if len(p) <= 60 else p[:59] + "…" for p in simulated),
+                      *([f"a card of {capacity}"] if capacity else []),
+                      *(f"without {f[:60]}" for f in families),
+                      *(f"{f[:60]} freed before each forward" for f in early),
+                      *(["torch.cuda.empty_cache() before each forward"]
+                        if empty_cache_before_forward else [])]) or "nothing simulated"
 
 
 def _scaled(ins: Inputs, scale: list[str], capacity: str | None, fit: bool,

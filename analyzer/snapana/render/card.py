@@ -115,7 +115,7 @@ def card_layout(d: DeviceView, file: str) -> CardLayout:
     y += 38
     band_bottom = y
     y += 14
-    for text in _wrap(d.finding, "headline", inner, 5):
+    for text in _wrap(d.answer.finding, "headline", inner, 5):
         lines.append(Line(text, (MARGIN, y), "headline"))
         y += SIZES["headline"] + 7
     y += 10
@@ -143,7 +143,7 @@ def card_layout(d: DeviceView, file: str) -> CardLayout:
         lines.append(Line("nothing is allocated", (MARGIN, y), "body", MUTED))
         y += SIZES["body"] + 10
     y += 8
-    for text in _wrap(d.fix, "body", inner, 4):
+    for text in _wrap(d.answer.fix, "body", inner, 4):
         lines.append(Line(text, (MARGIN, y), "body"))
         y += SIZES["body"] + 6
     y += 10

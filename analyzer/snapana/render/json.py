@@ -147,7 +147,7 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
     markdown and HTML."""
     return {
         "headline": view.lead,
-        "evidence": list(view.evidence),
+        "evidence": list(view.answer.evidence),
         "verdict": view.verdict,
         "kind": d.kind,
         "phase": d.phase,
@@ -175,11 +175,11 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
         "failed_elsewhere": d.failed_elsewhere,
         "workload": d.workload,
         "workload_evidence": list(d.evidence.workload.evidence) if d.evidence else [],
-        "workload_statement": view.workload,
+        "workload_statement": view.job.workload,
         "facts": dict(d.evidence.facts) if d.evidence else {},
         "allocator_settings": None if d.evidence is None or d.evidence.settings is None
         else dict(d.evidence.settings),
-        "allocator_settings_statement": view.settings,
+        "allocator_settings_statement": view.job.settings,
         "expandable_segments": d.evidence.expandable if d.evidence else None,
         "free_segment_bytes": dict(d.evidence.free_segment_bytes) if d.evidence else {},
         "knob_families": list(d.knob_families),

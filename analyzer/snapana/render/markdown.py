@@ -89,13 +89,13 @@ def _device(out: list[str], d: DeviceView) -> None:
     out.append("")
     out.append(f"**Verdict.** {esc(d.lead)}")
     out.append("")
-    out.extend(f"- {esc(line)}" for line in d.evidence)
-    if d.evidence:
+    out.extend(f"- {esc(line)}" for line in d.answer.evidence)
+    if d.answer.evidence:
         out.append("")
-    for line in (d.workload, d.settings):
+    for line in (d.job.workload, d.job.settings):
         if line:
             out.append(f"- {esc(line)}")
-    if d.workload or d.settings:
+    if d.job.workload or d.job.settings:
         out.append("")
     out.append("| | |")
     out.append("|---|---:|")

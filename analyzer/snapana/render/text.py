@@ -192,7 +192,7 @@ def _answer(out: _Out, d: DeviceView) -> None:
     out.para(f"{d.name} — {d.moment}", first="── ", indent="   ",
              style="bold red" if d.report.oom else "bold blue")
     out.para(d.lead, first="Verdict. ")
-    for line in d.evidence:
+    for line in d.answer.evidence:
         out.para(line, first=INDENT + "· ", indent=INDENT * 2)
 
 
@@ -231,7 +231,7 @@ def _device(out: _Out, d: DeviceView) -> None:
     r = d.report
     _answer(out, d)
     out.para(d.verdict, first="In full. ")
-    for line in (d.workload, d.settings):
+    for line in (d.job.workload, d.job.settings):
         if line:
             out.para(line, first=INDENT, indent=INDENT * 3)
     out.heading("figures")

@@ -388,6 +388,27 @@ def cap_ranges(blocks: Sequence[SegmentRange], seg_size: int,
 OOM_ROWS = ("requested (failed allocation)", "device free at the OOM", "short by")
 
 
+@dataclass(frozen=True)
+class Answer:
+    """The answer first (`headline.py`): what failed and what holds the memory; the first
+    fix and what it buys; at most three evidence lines."""
+
+    finding: str = ""
+    fix: str = ""
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobStatements:
+    """What the job was, the one statement each that every section makes of it: the
+    workload and the evidence that decided it, the allocator settings recorded, and how
+    much history was recorded where it was not ('' each: nothing to say)."""
+
+    workload: str = ""
+    settings: str = ""
+    history: str = ""
+
+
 @dataclass(frozen=True, eq=False)
 class DeviceView:
     """One device's report with its words; the timeline and segment map are shaped on first
@@ -411,22 +432,16 @@ class DeviceView:
     #: where time axes count from (µs) when sources share a clock (`clock_origin`); None:
     #: the device's own first event
     origin: int | None = None
-    #: the workload and the evidence that decided it; the allocator settings recorded
-    workload: str = ""
-    settings: str = ""
-    history: str = ""  # how much history was recorded, where it was not ('' : it was)
+    #: the workload, the allocator settings and the history recorded, in words
+    job: JobStatements = JobStatements()
     #: without history: blocks × size, total, share, relation (wording.size_rows), and
     #: demand or fragmentation from the segments
     sizes: tuple[tuple[str, str, str, str], ...] = ()
     demand: str = ""
     #: the what-ifs `what_ifs` words, in its order (wording.shown_what_ifs)
     what_if_items: tuple[WhatIf, ...] = ()
-    #: the answer first (`headline.py`): what failed and what holds the memory; the first
-    #: fix and what it buys; at most three evidence lines. `verdict` is the whole paragraph
-    #: the sections below complete
-    finding: str = ""
-    fix: str = ""
-    evidence: tuple[str, ...] = ()
+    #: the answer first; `verdict` is the whole paragraph the sections below complete
+    answer: Answer = Answer()
 
     def __repr__(self) -> str:
         """One line (the report and its words are attributes)."""
@@ -435,7 +450,7 @@ class DeviceView:
     @property
     def lead(self) -> str:
         """The headline: the finding and the fix, one or two sentences."""
-        return " ".join(x for x in (self.finding, self.fix) if x)
+        return " ".join(x for x in (self.answer.finding, self.answer.fix) if x)
 
     @cached_property
     def timeline(self) -> TimelineView:
@@ -496,10 +511,11 @@ def device_view(r: DeviceReport, origin: int | None = None) -> DeviceView:
         group_notes={g.name: w.group_note(g) for g in r.groups}, host=w.is_host(r),
         history_note=w.host_history_note(r) if r.source.row.host_heap else "",
         growth=tuple(w.growth_lines(r)) if r.diagnosis.history else (), origin=origin,
-        workload=w.workload_statement(r), settings=w.settings_statement(r),
-        history=w.history_statement(r), sizes=tuple(w.size_rows(r)),
+        job=JobStatements(w.workload_statement(r), w.settings_statement(r),
+                          w.history_statement(r)),
+        sizes=tuple(w.size_rows(r)),
         demand=w.demand_statement(r) if not r.diagnosis.history else "",
-        finding=finding, fix=fix, evidence=tuple(evidence(r)))
+        answer=Answer(finding, fix, tuple(evidence(r))))
 
 
 @dataclass(frozen=True, eq=False)

@@ -225,10 +225,10 @@ class RuleSet:
         self.sites = sites
         thresholds: set[int] = set()
         for r in (*self.rules, *self.phase_rules):
-            if r.min_size is not None:
-                thresholds.add(r.min_size)
-            if r.max_size is not None:
-                thresholds.add(r.max_size + 1)
+            if r.block.min_size is not None:
+                thresholds.add(r.block.min_size)
+            if r.block.max_size is not None:
+                thresholds.add(r.block.max_size + 1)
         self._size_thresholds = tuple(sorted(thresholds))
         self._memo: dict[tuple[Stack, tuple[object, ...]], Decision] = {}
         self._phase_memo: dict[tuple[Stack, tuple[object, ...]], tuple[str, str | None]] = {}
@@ -498,43 +498,44 @@ class RuleSet:
         """Context conditions, cheapest first. With ``full=False`` returns None on the first
         failure (the fast path); with ``full=True`` returns every check for explanations."""
         checks: list[_Check] = []
+        b = r.block
 
         def add(desc: str, ok: bool, ident: bool = False) -> bool:
             checks.append((desc, ok, ident))
             return ok or full
 
-        if r.no_frames is not None:
-            ok = ns.empty == r.no_frames
-            if not add(f"no_frames = {_tf(r.no_frames)} (block: {len(ns.frames)} frames)", ok):
+        if b.no_frames is not None:
+            ok = ns.empty == b.no_frames
+            if not add(f"no_frames = {_tf(b.no_frames)} (block: {len(ns.frames)} frames)", ok):
                 return None
-        if r.no_python_frames is not None:
-            ok = (not ns.has_python) == r.no_python_frames
-            desc = f"no_python_frames = {_tf(r.no_python_frames)} (block: {len(ns.python)} Python)"
+        if b.no_python_frames is not None:
+            ok = (not ns.has_python) == b.no_python_frames
+            desc = f"no_python_frames = {_tf(b.no_python_frames)} (block: {len(ns.python)} Python)"
             if not add(desc, ok):
                 return None
-        if r.has_alloc_event is not None:
-            ok = ctx.has_alloc_event is r.has_alloc_event
+        if b.has_alloc_event is not None:
+            ok = ctx.has_alloc_event is b.has_alloc_event
             have = "no trace" if ctx.has_alloc_event is None else _tf(ctx.has_alloc_event)
-            if not add(f"has_alloc_event = {_tf(r.has_alloc_event)} (block: {have})", ok):
+            if not add(f"has_alloc_event = {_tf(b.has_alloc_event)} (block: {have})", ok):
                 return None
-        if r.pools is not None:
+        if b.pools is not None:
             kind = ctx.pool_kind
-            ok = kind in r.pools or ("private" in r.pools and kind != "default")
-            if not add(f"pool is {'/'.join(sorted(r.pools))} (block: {kind} {ctx.pool_id})", ok):
+            ok = kind in b.pools or ("private" in b.pools and kind != "default")
+            if not add(f"pool is {'/'.join(sorted(b.pools))} (block: {kind} {ctx.pool_id})", ok):
                 return None
-        if r.stream is not None:
-            ok = (ctx.stream == 0) == (r.stream == "default")
-            if not add(f"{r.stream} stream (block: stream {ctx.stream})", ok):
+        if b.stream is not None:
+            ok = (ctx.stream == 0) == (b.stream == "default")
+            if not add(f"{b.stream} stream (block: stream {ctx.stream})", ok):
                 return None
-        if r.states is not None:
-            ok = normalize_state(ctx.state) in r.states
-            if not add(f"state {'/'.join(sorted(r.states))} (block: {ctx.state})", ok):
+        if b.states is not None:
+            ok = normalize_state(ctx.state) in b.states
+            if not add(f"state {'/'.join(sorted(b.states))} (block: {ctx.state})", ok):
                 return None
-        if r.min_size is not None:
-            if not add(f"size >= {r.min_size} (block: {ctx.size})", ctx.size >= r.min_size):
+        if b.min_size is not None:
+            if not add(f"size >= {b.min_size} (block: {ctx.size})", ctx.size >= b.min_size):
                 return None
-        if r.max_size is not None:
-            if not add(f"size <= {r.max_size} (block: {ctx.size})", ctx.size <= r.max_size):
+        if b.max_size is not None:
+            if not add(f"size <= {b.max_size} (block: {ctx.size})", ctx.size <= b.max_size):
                 return None
         if r.phases is not None:
             if not add(f"phase {'/'.join(sorted(r.phases))} (block: {phase})", phase in r.phases):
@@ -714,11 +715,11 @@ class RuleSet:
             ann = next((a for a in ctx.annotations if r.annotation.search(a)), None)
             if ann:
                 parts.append(f"inside annotation `{ann}`")
-        if r.pools is not None:
+        if r.block.pools is not None:
             parts.append(f"in a {ctx.pool_kind} pool")
-        if r.stream == "nondefault":
+        if r.block.stream == "nondefault":
             parts.append("on a non-default stream")
-        if r.no_python_frames:
+        if r.block.no_python_frames:
             parts.append("no Python frames")
         text = ", ".join(parts)
         if r.reason_text:

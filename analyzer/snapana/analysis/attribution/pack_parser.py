@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,26 @@ class FramePattern:
 
 
 @dataclass(frozen=True)
+class BlockConditions:
+    """A rule's conditions on the block itself (None: not tested): its pool kinds, its
+    stream (``default`` / ``nondefault``), its states, its size bounds in bytes, whether it
+    has no frames or no Python frames, whether the trace holds its alloc event."""
+
+    pools: frozenset[str] | None
+    stream: str | None
+    states: frozenset[str] | None
+    min_size: int | None
+    max_size: int | None
+    no_python_frames: bool | None
+    no_frames: bool | None
+    has_alloc_event: bool | None
+
+
+#: The keys of `_conditions` that are a `BlockConditions`.
+_BLOCK_KEYS = tuple(f.name for f in fields(BlockConditions))
+
+
+@dataclass(frozen=True)
 class Rule:
     """A compiled rule (``kind == "family"``) or phase rule (``kind == "phase"``)."""
 
@@ -193,16 +213,10 @@ class Rule:
     only_frames: tuple[FramePattern, ...]
     """When non-empty: every Python frame of the stack matches one of these (and the stack
     has Python frames) — a stack made of nothing but the named code."""
-    pools: frozenset[str] | None
-    stream: str | None
-    states: frozenset[str] | None
+    block: BlockConditions
+    """What the block itself must be: its pool, stream, state, size, frames, alloc event."""
     phases: frozenset[str] | None
     annotation: re.Pattern[str] | None
-    min_size: int | None
-    max_size: int | None
-    no_python_frames: bool | None
-    no_frames: bool | None
-    has_alloc_event: bool | None
     phase_hints: frozenset[str] | None = None
     """``phase_hint`` condition: the phase the caller established from the timeline
     (:attr:`BlockContext.phase_hint`), as opposed to the phase inferred from the stack."""
@@ -494,6 +508,13 @@ def _conditions(raw: schema.RuleEntry | schema.PhaseRuleEntry, path: str,
     return out
 
 
+def _grouped(cond: dict[str, Any]) -> dict[str, Any]:
+    """`_conditions` as `Rule` takes them: those on the block itself as one
+    `BlockConditions`."""
+    block = BlockConditions(**{k: cond[k] for k in _BLOCK_KEYS})
+    return {**{k: v for k, v in cond.items() if k not in _BLOCK_KEYS}, "block": block}
+
+
 def _qualify(rule_id: str, pack: str) -> str:
     return rule_id if rule_id.startswith(pack + ".") else f"{pack}.{rule_id}"
 
@@ -609,7 +630,7 @@ def _family_rule(raw: schema.RuleEntry, path: str, pack: str, default_priority: 
     return Rule(id=_qualify(raw.id, pack), kind="family", family=raw.family, label=raw.label,
                 phase_out=None, priority=default_priority if raw.priority is None
                 else raw.priority, order=0, source=where.source, description=raw.description,
-                reason_text=raw.reason, **cond)
+                reason_text=raw.reason, **_grouped(cond))
 
 
 def _phase_rule(raw: schema.PhaseRuleEntry, path: str, pack: str, default_priority: int,
@@ -620,7 +641,7 @@ def _phase_rule(raw: schema.PhaseRuleEntry, path: str, pack: str, default_priori
                 label=raw.phase if raw.label is None else raw.label, phase_out=raw.phase,
                 priority=default_priority if raw.priority is None else raw.priority, order=0,
                 source=where.source, description=raw.description, reason_text=raw.reason,
-                **_conditions(raw, path, where))
+                **_grouped(_conditions(raw, path, where)))
 
 
 def _simulated(values: tuple[str, ...], path: str, where: _Where) -> tuple[str, ...]:
