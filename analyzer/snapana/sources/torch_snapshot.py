@@ -26,7 +26,7 @@ capture says so in its warnings.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
