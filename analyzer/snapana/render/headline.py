@@ -8,6 +8,7 @@ them). Worded once here from the findings, read by the view-model (`views.Device
 
 from __future__ import annotations
 
+from snapana.analysis.diagnosis.causes import HEADLINE_ORDER, Fragmentation
 from snapana.analysis.diagnosis.findings import DeviceReport, Group, WhatIf
 from snapana.analysis.knobs import Knob
 from snapana.render import wording as w
@@ -137,20 +138,12 @@ def _figures(r: DeviceReport) -> str:
 def _cause(r: DeviceReport) -> str:
     """The cause that holds, short (the cause checks below say it in full)."""
     d = r.diagnosis
-    frag = d.cause("fragmentation")
-    out = d.cause("outside_pytorch")
-    pool = d.cause("private_pool")
-    if out is not None and out.holds:
-        return (f"{fmt_bytes(d.outside_pytorch_bytes)} of the device is held outside this "
-                "process's PyTorch allocator")
-    if frag is not None and frag.holds:
-        return (f"fragmentation: {fmt_bytes(r.cached_unallocated_bytes)} is cached but "
-                "unallocated, yet no free block is large enough (largest "
-                f"{fmt_bytes(int(frag.numbers['largest_free_block_bytes']))})")
-    if pool is not None and pool.holds:
-        return (f"{fmt_bytes(int(pool.numbers['private_pool_free_bytes']))} sits free in "
-                "private pools the request cannot use")
+    said = next((said for kind in HEADLINE_ORDER
+                 if (c := d.cause(kind)) is not None and (said := c.short(r))), "")
+    if said:
+        return said
     placed = _placement(r)
+    frag = d.cause(Fragmentation)
     if frag is not None and r.has_segments and r.cached_unallocated_bytes is not None:
         demand = f"only {fmt_bytes(r.cached_unallocated_bytes)} is cached but unallocated"
         return (f"real demand ({demand}), yet {placed}" if placed else

@@ -10,8 +10,12 @@ from pathlib import Path
 
 from snapana.analysis.allocator_replay import KnobReplay, Prediction
 from snapana.analysis.compare import CaptureDiff, GrowthChange, Side, SiteChange
+from snapana.analysis.diagnosis.causes import (
+    EXPANDABLE_RULE,
+    VERDICT_ORDER,
+    Fragmentation,
+)
 from snapana.analysis.diagnosis.findings import (
-    Cause,
     ChunkLoop,
     DeviceReport,
     Diagnosis,
@@ -246,15 +250,9 @@ def pool_words(w: WhatIf) -> str:
     return text
 
 
-#: How the expandable-segments allocator places a request (placement.py's rule), in words.
-EXPANDABLE_RULE = ("with expandable segments the allocator maps more pages at the end of a "
-                   "segment when the device has free memory, and never needs one contiguous "
-                   "cached block")
-
-
 def expandable(r: DeviceReport) -> bool:
     """The default pool's segments are expandable (`expandable_segments:True`)."""
-    return any(p.expandable for p in r.pools if p.pool == "0,0")
+    return r.expandable
 
 
 def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
@@ -271,44 +269,16 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
         opening += f" found {fmt_bytes(r.oom.device_free_bytes)} free on the device"
         if r.oom.gap_bytes is not None and r.oom.gap_bytes > 0:
             opening += f" (short by {fmt_bytes(r.oom.gap_bytes)})"
-    frag = d.cause("fragmentation")
-    if r.has_segments and frag is not None and expandable(r):
+    frag = d.cause(Fragmentation)
+    if r.has_segments and frag is not None and r.expandable:
         opening += (f", too little to map the pages it needed: {EXPANDABLE_RULE} (largest "
-                    "free cached block "
-                    f"{fmt_bytes(int(frag.numbers['largest_free_block_bytes']))})")
+                    f"free cached block {frag.b('largest_free_block_bytes')})")
     elif r.has_segments and frag is not None:
         opening += (" and no cached block large enough in its pool (largest "
-                    f"{fmt_bytes(int(frag.numbers['largest_free_block_bytes']))})")
+                    f"{frag.b('largest_free_block_bytes')})")
     parts.append(opening + ".")
-    if frag and frag.holds and expandable(r):
-        parts.append(
-            f"Fragmentation: {fmt_bytes(r.cached_unallocated_bytes)} is cached but "
-            f"unallocated ({_pct(frag.numbers['cached_share'])} of reserved), in pages live "
-            "blocks partly hold: the allocator unmaps whole free pages before failing, never "
-            "these; compacted, the request would fit.")
-    elif frag and frag.holds:
-        parts.append(
-            f"Fragmentation: {fmt_bytes(r.cached_unallocated_bytes)} is cached but "
-            f"unallocated ({_pct(frag.numbers['cached_share'])} of reserved), yet no free "
-            "block is large enough; compacted, the request would fit.")
-    elif frag and r.has_segments:
-        parts.append(
-            f"This is real demand, not fragmentation: only "
-            f"{fmt_bytes(r.cached_unallocated_bytes)} is cached but unallocated "
-            f"({_pct(frag.numbers['cached_share'])} of reserved).")
-    out = d.cause("outside_pytorch")
-    if out and out.holds:
-        parts.append(
-            f"{fmt_bytes(d.outside_pytorch_bytes)} ({_pct(out.numbers['share'])} of the "
-            "device) is held outside this process's PyTorch allocator: another process, "
-            "NCCL, or a colocated inference engine.")
-    elif d.cause("capacity_unknown"):
-        parts.append("(Device capacity unknown: pass --capacity to measure memory held "
-                     "outside PyTorch.)")
-    pool = d.cause("private_pool")
-    if pool and pool.holds:
-        parts.append(f"{fmt_bytes(int(pool.numbers['private_pool_free_bytes']))} sits free "
-                     "in private pools the request cannot use.")
+    parts += [said for kind in VERDICT_ORDER
+              if (c := d.cause(kind)) is not None and (said := c.verdict(r))]
     acc, first = d.accumulating, _what_if(d, d.excess_family)
     if acc is not None and d.excess_family and d.excess_family == d.request_family:
         stop = d.excess_knob
@@ -780,74 +750,10 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-CAUSE_NAMES = {"real_demand": "real demand", "fragmentation": "fragmentation",
-               "private_pool": "private pools", "outside_pytorch": "memory outside PyTorch",
-               "capacity_unknown": "memory outside PyTorch"}
-
-
-def _cause_reason(c: Cause, r: DeviceReport) -> str:
-    n, b = c.numbers, (lambda key: fmt_bytes(int(c.numbers[key])))
-    if c.id == "real_demand":
-        head = (f"{b('requested_bytes')} requested, {b('device_free_bytes')} free on the "
-                f"device: short by {b('short_by_bytes')}")
-        if not r.has_segments:
-            return head
-        if n["short_after_compaction_bytes"]:
-            return (f"{head}; the {b('default_pool_free_bytes')} cached free in its pool would "
-                    f"still leave it {b('short_after_compaction_bytes')} short")
-        if c.holds:
-            frag = r.diagnosis.cause("fragmentation")
-            share = float(frag.numbers["cached_share"]) if frag else 0.0
-            return (f"{head}; with the {b('default_pool_free_bytes')} cached free in its pool "
-                    f"it would fit (device free {b('device_free_bytes')} + cached free "
-                    f"{b('default_pool_free_bytes')} − request "
-                    f"{b('rounded_request_bytes')} = "
-                    f"{b('spare_after_compaction_bytes')} to spare), but that is "
-                    f"{_pct(share)} of reserved: the memory is in use, not stranded")
-        return f"{head}, yet enough is cached free: see fragmentation"
-    if c.id == "fragmentation":
-        of_reserved = f"{_pct(n['cached_share'])} of reserved"
-        if c.holds:
-            return (f"{b('cached_unallocated_bytes')} ({of_reserved}) is cached but "
-                    "unallocated and would fit the request if compacted, yet the largest "
-                    "free block is "
-                    f"{b('largest_free_block_bytes')} < {b('rounded_request_bytes')}")
-        if not n["fits_if_compacted"]:
-            return ("even compacted, device free plus the cached free in its pool is less "
-                    f"than the {b('rounded_request_bytes')} request")
-        if n["largest_free_block_bytes"] >= n["rounded_request_bytes"]:
-            return (f"a cached block of {b('largest_free_block_bytes')} is large enough: the "
-                    "replayed state is incomplete")
-        return (f"only {b('cached_unallocated_bytes')} ({of_reserved}, below "
-                f"{_pct(n['share_threshold'])}) is cached but unallocated: compacting it "
-                "would fit this one request, but it is not what filled the device")
-    if c.id == "private_pool":
-        if c.holds:
-            return (f"{b('private_pool_free_bytes')} sits free in private pools the request "
-                    "cannot use; with it the request would fit")
-        if not n["private_pool_free_bytes"]:
-            return "no private pool has free memory"
-        return (f"{b('private_pool_free_bytes')} free in private pools would not change "
-                "whether the request fits")
-    if c.id == "outside_pytorch":
-        where = (f"{b('outside_pytorch_bytes')} ({_pct(n['share'])} of the "
-                 f"{b('capacity_bytes')} device) is held outside this process's PyTorch "
-                 "allocator")
-        return where if c.holds else f"only {where}: too little to be the cause"
-    return "not measured: the device capacity is unknown (pass --capacity, e.g. 80GiB)"
-
-
 def cause_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
     """Each cause the diagnosis checked: its name, holds / rejected / not measured, and why,
-    in words, with the headline's own figures."""
-    rows: list[tuple[str, str, str]] = []
-    for c in r.diagnosis.causes:
-        status = ("not measured" if c.id == "capacity_unknown" else
-                  "holds" if c.holds else "rejected")
-        reason = _cause_reason(c, r)
-        if c.id == "fragmentation" and expandable(r):
-            reason += f" ({EXPANDABLE_RULE})"
-        rows.append((CAUSE_NAMES.get(c.id, c.id), status, reason))
+    in words, with the headline's own figures (each in its kind's words: `causes.py`)."""
+    rows = [(c.label, c.status, c.reason(r)) for c in r.diagnosis.causes]
     return rows + allocator_rows(r)
 
 

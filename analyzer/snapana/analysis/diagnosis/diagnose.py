@@ -21,9 +21,17 @@ from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
 from snapana.analysis.attribution.engine import RuleSet
 from snapana.analysis.attribution.families import loop_families
 from snapana.analysis.attribution.lifetimes import attribute_lifetimes, carry_families
+from snapana.analysis.diagnosis.causes import (
+    CapacityUnknown,
+    Cause,
+    Demand,
+    Fragmentation,
+    LargeCache,
+    OutsidePytorch,
+    PrivatePool,
+)
 from snapana.analysis.diagnosis.findings import (
     Band,
-    Cause,
     ChunkLoop,
     DeviceReport,
     Diagnosis,
@@ -441,7 +449,7 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     cached = not state.impossible and large_cache(state.reserved, state.cached_unallocated,
                                                   shortfall)
     if cached:
-        cache = [k for k in knobs_for([], ["large_cache"], fw, phase, rules,
+        cache = [k for k in knobs_for([], [LargeCache.vocab_id], fw, phase, rules,
                                       workload=workload, ev=ev) if k not in knobs]
         knobs = knobs[:MAX_KNOBS - len(cache)] + cache
     if workload in (None, "undetermined"):
@@ -647,7 +655,7 @@ def _causes(state: _AtMoment, request: int, device_free: int, capacity: int | No
     causes = [
         # Natural signs: "short by" is request minus device free (the headline's figure);
         # what compaction of the request's pool would leave is short or spare, never negative.
-        Cause("real_demand", not fits_if_compacted or not fragmentation, {
+        Demand(not fits_if_compacted or not fragmentation, {
             "requested_bytes": request, "rounded_request_bytes": rounded,
             "device_free_bytes": device_free, "short_by_bytes": max(0, request - device_free),
             "allocated_bytes": state.allocated,
@@ -656,22 +664,22 @@ def _causes(state: _AtMoment, request: int, device_free: int, capacity: int | No
             "short_after_compaction_bytes": max(0, rounded - device_free - usable_free),
             "spare_after_compaction_bytes": max(0, device_free + usable_free - rounded),
         }),
-        *(() if state.impossible else (Cause("fragmentation", fragmentation, {
+        *(() if state.impossible else (Fragmentation(fragmentation, {
             "cached_unallocated_bytes": cached, "cached_share": round(share, 4),
             "share_threshold": FRAGMENTATION_SHARE,
             "largest_free_block_bytes": usable_largest, "rounded_request_bytes": rounded,
             "fits_if_compacted": fits_if_compacted,
         }),)),
-        Cause("private_pool", other_free > 0 and rounded <= device_free + usable_free
+        PrivatePool(other_free > 0 and rounded <= device_free + usable_free
               + other_free and not fits_if_compacted, {
             "private_pool_free_bytes": other_free, "default_pool_free_bytes": usable_free,
         }),
     ]
     if capacity is None or outside is None:
-        causes.append(Cause("capacity_unknown", False, {}))
+        causes.append(CapacityUnknown(False))
     else:
-        causes.append(Cause("outside_pytorch", outside >= max(rounded, OUTSIDE_SHARE * capacity),
-                            {"outside_pytorch_bytes": outside, "capacity_bytes": capacity,
+        causes.append(OutsidePytorch(outside >= max(rounded, OUTSIDE_SHARE * capacity),
+                                     {"outside_pytorch_bytes": outside, "capacity_bytes": capacity,
                              "share": round(outside / capacity, 4) if capacity else 0.0}))
     return causes
 

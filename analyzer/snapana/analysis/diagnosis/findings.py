@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, TypeVar
 
 import numpy as np
 import polars as pl
 
 from snapana.analysis.allocator_replay import KnobReplay, Prediction
+from snapana.analysis.diagnosis.causes import Cause
 from snapana.analysis.evidence import JobEvidence
 from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline
 from snapana.analysis.knobs import Knob
@@ -26,13 +27,11 @@ from snapana.analysis.size_groups import SizeGroup
 from snapana.capture_kinds import CaptureKind
 from snapana.model import Frame, StackTable
 
-#: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
-CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",
-                  "capacity_unknown"]
 #: Whether a family can go: "yes" (kept by the step), "offload" (model state a knob moves),
 #: "shrink" (working set of the op in flight), "no", or "unknown" (the unknown family, or one
 #: whose lifetime is "undetermined": what it is for, and so whether it can go, is not known).
 Removable = Literal["yes", "offload", "shrink", "no", "unknown"]
+C = TypeVar("C", bound=Cause)
 
 @dataclass(frozen=True)
 class PoolFree:
@@ -152,15 +151,6 @@ class OomFinding:
 
 
 @dataclass(frozen=True)
-class Cause:
-    """One reason the allocation failed, with the numbers that show it (bytes as ints)."""
-
-    id: CauseId
-    holds: bool
-    numbers: Mapping[str, int | float | bool]
-
-
-@dataclass(frozen=True)
 class WhatIf:
     """The state at the moment without one family: would the request have fit?"""
 
@@ -255,8 +245,9 @@ class Diagnosis:
     #: history, for the what-if families; empty where the model does not reproduce it)
     whatif_replays: Mapping[str, Prediction] = field(default_factory=dict)
 
-    def cause(self, cause_id: CauseId) -> Cause | None:
-        return next((c for c in self.causes if c.id == cause_id), None)
+    def cause(self, kind: type[C]) -> C | None:
+        """The cause of that kind the diagnosis checked (None: not checked)."""
+        return next((c for c in self.causes if isinstance(c, kind)), None)
 
     def __repr__(self) -> str:
         """One line (the findings are its attributes; a notebook saves the plain form)."""
@@ -302,6 +293,11 @@ class DeviceReport:
     reserved_known: bool = True  # reserved is measured (segments or a reserved series)
     #: the trace is recorded but could not be replayed: the state is the snapshot's final one
     not_replayed: bool = False
+
+    @property
+    def expandable(self) -> bool:
+        """The default pool's segments are expandable (`expandable_segments:True`)."""
+        return any(p.expandable for p in self.pools if p.pool == "0,0")
 
     def __repr__(self) -> str:
         """One line: which device, which moment, how much (the findings are attributes)."""
