@@ -13,13 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar
+from typing import ClassVar, Literal, Protocol, TypeVar
 
 from snapana.units import fmt_bytes
-
-if TYPE_CHECKING:
-    from snapana.analysis.diagnosis.findings import DeviceReport
-    from snapana.analysis.text_diagnosis import TextDiagnosis
 
 #: An instance's place in a log's diagnosis: it alone explains the failure (lead), part of
 #: the shortfall (contributor), a figure it needs is missing (open), or it would lead unless
@@ -34,6 +30,41 @@ Weight = Literal["decisive", "counterfactual", "context"]
 #: `terms`, `role`, `needed` and `share`). A kind built by none is a vocabulary id only (the
 #: `causes` a knob acts on).
 Path = Literal["snapshot", "log"]
+
+class Checked(Protocol):
+    """What a snapshot cause's words read of the diagnosis (`findings.Diagnosis`)."""
+
+    @property
+    def causes(self) -> tuple[Cause, ...]: ...
+
+
+class DeviceReport(Protocol):
+    """What a snapshot cause's words read of the report (`findings.DeviceReport`, which
+    imports this module)."""
+
+    @property
+    def has_segments(self) -> bool: ...
+    @property
+    def expandable(self) -> bool: ...
+    @property
+    def cached_unallocated_bytes(self) -> int | None: ...
+    @property
+    def diagnosis(self) -> Checked: ...
+
+
+class TextDiagnosis(Protocol):
+    """What a log cause's words read of the log's diagnosis (`text_diagnosis.TextDiagnosis`,
+    which imports this module)."""
+
+    @property
+    def shortfall(self) -> int | None: ...
+    @property
+    def segment(self) -> int | None: ...
+    @property
+    def missing_words(self) -> tuple[str, ...]: ...
+    @property
+    def causes(self) -> tuple[Cause, ...]: ...
+
 
 #: How the expandable-segments allocator places a request (placement.py's rule), in words.
 EXPANDABLE_RULE = ("with expandable segments the allocator maps more pages at the end of a "
@@ -172,7 +203,8 @@ class Demand(Cause):
             return (f"{head}; the {b('default_pool_free_bytes')} cached free in its pool would "
                     f"still leave it {b('short_after_compaction_bytes')} short")
         if self.holds:
-            frag = r.diagnosis.cause(Fragmentation)
+            frag = next((c for c in r.diagnosis.causes if isinstance(c, Fragmentation)),
+                        None)
             share = float(frag.numbers["cached_share"]) if frag else 0.0
             return (f"{head}; with the {b('default_pool_free_bytes')} cached free in its pool "
                     f"it would fit (device free {b('device_free_bytes')} + cached free "
