@@ -30,7 +30,7 @@ def _holder(r: DeviceReport) -> Group | None:
     """The family the headline names as holding the memory: the excess the diagnosis would
     take away first, else the largest."""
     d = r.diagnosis
-    named = d.excess_family if d.kind == "oom" else None
+    named = d.excess_family if d.at_oom else None
     return next((g for g in r.groups if g.name == named), r.groups[0] if r.groups else None)
 
 
@@ -64,7 +64,7 @@ def _fix(r: DeviceReport, lead: str) -> str:
     if r.oom is None and (d.small or not d.prescribe):
         return "Nothing needs to shrink."
     if not d.knobs:
-        if d.kind == "oom" and d.request_family:
+        if d.at_oom and d.request_family:
             return (f"No knob of a framework in use applies: the request itself "
                     f"({d.request_family}) must shrink.")
         return "No knob of a framework in use applies."
@@ -80,9 +80,9 @@ def headline(r: DeviceReport) -> tuple[str, str]:
     if d.empty:
         return f"{dev} holds nothing {w.moment_text(r)}: there is nothing to diagnose.", ""
     g = _holder(r)
-    if d.kind == "oom" and r.oom is not None:
+    if d.at_oom and r.oom is not None:
         phase = ("Out of memory while reloading offloaded state" if d.reloading else
-                 "Out of memory" if d.phase == "unknown" else
+                 "Out of memory" if not d.phase_known else
                  f"Out of memory in the {w.PHASE_NAMES.get(d.phase, d.phase)} phase")
         what = d.request_family if d.request_family not in (None, "unknown") else \
             "an unattributed tensor"
@@ -194,7 +194,7 @@ def evidence(r: DeviceReport) -> list[str]:
     if d.empty:
         return []
     lines = [_figures(r)]
-    if d.kind == "oom" and r.oom is not None:
+    if d.at_oom and r.oom is not None:
         lines += [_cause(r), _removal(r)]
         if not lines[1] and r.groups:
             lines[1] = _largest(r)

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from snapana.analysis.traceback_request import RequestFinding
     from snapana.log_session import LogEvidence
 
+#: A finding's terms, by what they are.
+Terms = dict[str, int]
+
 #: What every statement from a traceback is limited to.
 TRACEBACK_SCOPE = "from the traceback: one request, not what held the rest"
 
@@ -213,7 +216,7 @@ def message_view(d: TextDiagnosis, named: bool = False,
                  request: RequestFinding | None = None) -> MessageView:
     m = d.message
     where = _where(m, named)
-    wording = (f"{m.wording} wording ({m.releases})" if m.wording != "unrecognised"
+    wording = (f"{m.wording} wording ({m.releases})" if m.recognised
                else "not a wording PyTorch prints: only the clauses found are read")
     verdict = _verdict(d, where)
     if request is not None:
@@ -343,28 +346,33 @@ def summary_section(e: SummaryEvidence, named: bool = False) -> EvidenceSection:
 
 
 def _summary_sentence(f: Finding) -> str:
-    t = dict(f.terms)
-    if f.id == "cached":
-        return (f"reserved {fmt_bytes(t['reserved'])} − allocated {fmt_bytes(t['allocated'])}"
-                f" = {fmt_bytes(t['reserved'] - t['allocated'])} cached but unallocated")
-    if f.id == "non_releasable":
-        return (f"non-releasable memory {fmt_bytes(t['non-releasable'])} = "
-                f"{t['non-releasable'] / t['reserved']:.0%} of reserved "
-                f"{fmt_bytes(t['reserved'])}: free pieces of blocks that are split and partly "
-                "in use, which neither a larger request nor the device can have "
-                "(fragmentation)")
-    if f.id == "rounding":
-        return (f"allocated {fmt_bytes(t['allocated'])} − requested "
-                f"{fmt_bytes(t['requested'])} = {fmt_bytes(t['allocated'] - t['requested'])} "
-                "of rounding (requests rounded up to 512 bytes, or to the block size)")
-    if f.id == "retries":
-        return (f"{t['retries']} cudaMalloc retries: the allocator freed its cache and tried "
-                "again that many times (each a device synchronisation): the process ran at "
-                "the edge of the card before it failed")
-    if f.id == "oversize":
-        return (f"{t['oversize segments']} oversize segment(s) now: max_split_size_mb is set "
-                "and larger blocks are kept whole")
-    return f.id
+    words = SUMMARY_WORDS.get(f.id)
+    return words(dict(f.terms)) if words is not None else f.id
+
+
+#: Each memory_summary() finding's words, by its id.
+SUMMARY_WORDS: dict[str, Callable[[Terms], str]] = {
+    "cached": lambda t: (
+        f"reserved {fmt_bytes(t['reserved'])} − allocated {fmt_bytes(t['allocated'])}"
+        f" = {fmt_bytes(t['reserved'] - t['allocated'])} cached but unallocated"),
+    "non_releasable": lambda t: (
+        f"non-releasable memory {fmt_bytes(t['non-releasable'])} = "
+        f"{t['non-releasable'] / t['reserved']:.0%} of reserved "
+        f"{fmt_bytes(t['reserved'])}: free pieces of blocks that are split and partly "
+        "in use, which neither a larger request nor the device can have "
+        "(fragmentation)"),
+    "rounding": lambda t: (
+        f"allocated {fmt_bytes(t['allocated'])} − requested "
+        f"{fmt_bytes(t['requested'])} = {fmt_bytes(t['allocated'] - t['requested'])} "
+        "of rounding (requests rounded up to 512 bytes, or to the block size)"),
+    "retries": lambda t: (
+        f"{t['retries']} cudaMalloc retries: the allocator freed its cache and tried "
+        "again that many times (each a device synchronisation): the process ran at "
+        "the edge of the card before it failed"),
+    "oversize": lambda t: (
+        f"{t['oversize segments']} oversize segment(s) now: max_split_size_mb is set "
+        "and larger blocks are kept whole"),
+}
 
 
 def smi_section(e: SmiEvidence, named: bool = False) -> EvidenceSection:
@@ -436,18 +444,21 @@ def kv_section(e: KvEvidence, named: bool = False) -> EvidenceSection:
             ("activation peak (profiling run)", b.activation.text if b.activation else None),
             ("left for the KV cache", b.kv.text if b.kv else None)) if s is not None]
         sentences += _budget_sum(b)
-        for f in e.findings:
-            if f.id == "activation_half":
-                t = dict(f.terms)
-                sentences.append(
-                    f"the profiling run's activation peak ({fmt_bytes(t['activation peak'])}) "
-                    f"takes {t['activation peak'] / t['budget']:.0%} of the budget "
-                    f"({fmt_bytes(t['budget'])}): half or more of what vLLM may use goes to "
-                    "one step's activations, not to the KV cache")
+        sentences += [KV_WORDS[f.id](dict(f.terms)) for f in e.findings if f.id in KV_WORDS]
     for a in r.available_lines if r is not None else ():
         rows.append(("'Available KV cache memory' logged", a.text))
     return EvidenceSection("vllm", f"vLLM at {where}", f"{where}: {head}.", tuple(sentences),
                            ("figure", "as printed") if rows else (), tuple(rows), e.knobs)
+
+
+#: The vLLM budget findings a section says in a sentence, by id (the others are its rows).
+KV_WORDS: dict[str, Callable[[Terms], str]] = {
+    "activation_half": lambda t: (
+        f"the profiling run's activation peak ({fmt_bytes(t['activation peak'])}) "
+        f"takes {t['activation peak'] / t['budget']:.0%} of the budget "
+        f"({fmt_bytes(t['budget'])}): half or more of what vLLM may use goes to "
+        "one step's activations, not to the KV cache"),
+}
 
 
 def _budget_sum(b: KvBudget) -> list[str]:
@@ -503,8 +514,6 @@ def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
 
 
 b = fmt_bytes
-#: The terms of a framework finding, by what they are.
-Terms = dict[str, int]
 
 
 def _budget(f: Finding) -> str:

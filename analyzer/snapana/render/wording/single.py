@@ -3,11 +3,14 @@ rows of each table of a single report, shared by every format."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from snapana.analysis.allocator_replay import KnobReplay, Prediction
 from snapana.analysis.diagnosis.causes import (
     EXPANDABLE_RULE,
     VERDICT_ORDER,
     Fragmentation,
+    LargeCache,
 )
 from snapana.analysis.diagnosis.findings import (
     ChunkLoop,
@@ -61,17 +64,17 @@ def moment_text(r: DeviceReport) -> str:
         return "at the heap's high-water mark"
     m = r.moment
     where = "before the first recorded event" if m.idx < 0 else f"event {m.idx}"
-    if m.time_us is not None and m.kind == "time":
+    if m.time_us is not None and r.diagnosis.at_time:
         where += f", trace time {m.time_us} µs"
     if r.at is not None:
         return f"at {_MOMENT_NAMES.get(m.kind, where)} ({where}; chosen with --at {r.at})"
-    if not r.diagnosis.history and m.kind != "oom":
+    if not r.diagnosis.history and not r.diagnosis.at_oom:
         if r.not_replayed:  # recorded, not usable (the warnings say why)
             return "at the snapshot (its trace cannot be replayed: see the warnings)"
         return "at the snapshot (no allocation history recorded)"
-    if m.kind == "oom":
+    if r.diagnosis.at_oom:
         return f"at the OOM ({where})"
-    if m.kind == "peak":
+    if r.diagnosis.at_peak:
         return f"at the peak ({where}; no OOM recorded)"
     return "at the snapshot (no OOM, no allocation history recorded)"
 
@@ -255,7 +258,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
     named: set[str] = set()
     what = f"{d.request_label} at {d.request_site}" if d.request_label else d.request_site
     phase = ("Out of memory while reloading offloaded state" if d.reloading else
-             "Out of memory (phase not identified)" if d.phase == "unknown" else
+             "Out of memory (phase not identified)" if not d.phase_known else
              f"Out of memory in the {PHASE_NAMES.get(d.phase, d.phase)} phase")
     opening = f"{phase}: a {fmt_bytes(d.request_bytes)} request ({what})"
     if r.oom.device_free_bytes is not None:
@@ -290,7 +293,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
         note = group_note(next(g for g in r.groups if g.name == first.family))
         head = f"{first.family} ({fmt_bytes(first.bytes)}{': ' + note if note else ''})"
         k = d.excess_knob
-        if first.fits and d.reloading and first.removable == "offload":
+        if first.fits and d.reloading and first.by_offload:
             parts.append(
                 f"The excess is {head}, still on the GPU while offloaded state is reloaded: "
                 f"{_fit_words(first)}. No offload knob is offered (offloading is the path "
@@ -311,7 +314,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
     alt = _what_if(d, d.alternative_family)
     if alt is not None:
         k = d.alternative_knob
-        if alt.fits and d.reloading and alt.removable == "offload":
+        if alt.fits and d.reloading and alt.by_offload:
             parts.append(f"Also sufficient: {alt.family} ({fmt_bytes(alt.bytes)}), still on "
                          "the GPU while offloaded state is reloaded (no offload knob offered).")
         elif alt.fits:
@@ -465,7 +468,7 @@ def verdict(r: DeviceReport) -> str:
     if d.empty:
         return (f"{device_text(r)} holds nothing {moment_text(r)}: 0 B allocated, 0 B "
                 "reserved. There is nothing on this device to diagnose.")
-    if d.kind == "oom" and r.oom is not None:
+    if d.at_oom and r.oom is not None:
         named = _oom_verdict(r, parts)
     elif r.source.row.host_heap and r.at is None:
         _host_verdict(r, parts)
@@ -499,7 +502,7 @@ def verdict(r: DeviceReport) -> str:
                         else "."))
     else:
         where = ("the high-water mark" if r.source.row.host_heap else
-                 "the peak" if d.kind == "peak" else "the snapshot")
+                 "the peak" if d.at_peak else "the snapshot")
         opening = (f"Shown {moment_text(r)}" if r.at is not None
                    else f"No OOM recorded: this diagnoses {where}")
         largest = f" Largest: {_top(r)}." if r.groups else " Nothing is allocated."
@@ -531,10 +534,10 @@ def verdict(r: DeviceReport) -> str:
         parts.append(_workload_words(d))
     if d.knobs and d.knobs[0].id not in named:
         k = d.knobs[0]
-        lead = ("Knob" if d.kind == "oom" and r.oom is not None else
+        lead = ("Knob" if d.at_oom and r.oom is not None else
                 "To make it fit" if d.oom_named and not d.history else
                 "If this peak must shrink" if d.history else "If this state must shrink")
-        if d.kind != "oom" and d.capacity_bytes is not None and d.headroom_bytes is not None:
+        if not d.at_oom and d.capacity_bytes is not None and d.headroom_bytes is not None:
             lead = (f"Near capacity ({fmt_bytes(d.headroom_bytes)} of headroom); "
                     "if this peak must shrink")
         parts.append(f"{lead}: {k.knob} ({cost_text(k)}) — {k.effect}.")
@@ -581,7 +584,7 @@ def _cache_words(r: DeviceReport) -> str:
             "unallocated")
     if d.capacity_bytes and r.reserved_bytes >= 0.9 * d.capacity_bytes:
         text += f", with the device near its {fmt_bytes(d.capacity_bytes)} capacity"
-    knobs = [k.knob for k in d.knobs if "large_cache" in k.causes
+    knobs = [k.knob for k in d.knobs if LargeCache.vocab_id in k.causes
              and (k.id not in d.replays or d.replays[k.id].helps is not False)]
     if knobs:
         text += "; acting on it: " + "; ".join(knobs) + " (caveats in the knob list)"
@@ -607,20 +610,28 @@ def knob_route(k: Knob) -> ReplayRoute:
     return replay_route(k.id, k.simulate)
 
 
+#: Why a knob has no replay in the report, and where whatif replays it, by how whatif
+#: replays it (`scaling.ReplayRoute.how`).
+_NOT_REPLAYED: dict[str, Callable[[ReplayRoute], str]] = {
+    "none": lambda route: "not simulated (no mechanical model of it)",
+    "fit": lambda route: (
+        f"not simulated in this report: {route.command} replays it"
+        f"{f' as {route.step}' if route.step else ''}, one size past the largest that fits"),
+    "fit_size": lambda route: (
+        f"not simulated in this report: {route.command} replays other {route.key} "
+        "sizes; the largest that fits is this knob's setting"),
+    "set": lambda route: (
+        f"not simulated in this report (no recorded window to replay): {route.command} "
+        "replays it where a trace is recorded"),
+}
+
+
 def _not_replayed(route: ReplayRoute | None) -> str:
     """Why a knob has no replay in the report, and where whatif replays it."""
-    if route is None or route.how == "none":
-        return "not simulated (no mechanical model of it)"
-    if route.how == "fit":
-        named = f" as {route.step}" if route.step else ""
-        return (f"not simulated in this report: {route.command} replays it{named}, one size "
-                "past the largest that fits")
-    if route.how == "fit_size":
-        return (f"not simulated in this report: {route.command} replays other {route.key} "
-                "sizes; the largest that fits is this knob's setting")
-    if route.how == "set":
-        return (f"not simulated in this report (no recorded window to replay): {route.command} "
-                "replays it where a trace is recorded")
+    route = route or ReplayRoute("none")
+    words = _NOT_REPLAYED.get(route.how)
+    if words is not None:
+        return words(route)
     return (f"not simulated in this report: {route.command} replays it over the recorded "
             "window (not --fit: it changes when memory is freed, not what a size needs)")
 
@@ -737,7 +748,7 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
         if replayed is not None and replayed.changed is not None:
             result += f" — {_window_words(replayed)}"
         can_go = _CAN_GO.get(w.removable, "no (model state)")
-        if w.removable == "offload" and d.reloading:
+        if w.by_offload and d.reloading:
             can_go = "by offloading (not offered: the OOM is in the reload)"
         rows.append((w.family, fmt_bytes(w.bytes), result, can_go))
     return rows
