@@ -1,12 +1,13 @@
 """Why an allocation failed: one frozen dataclass per cause kind, registered once with its
 vocabulary id, the id a log's diagnosis prints, its label, the words for what it holds and
 its weight. A snapshot's diagnosis (`diagnose.py`) and a log's (`text_diagnosis.py`) build the
-same classes, so a log's demand and a snapshot's demand are one type; renderers say a cause
-through a function dispatched on its type (`render/cause_words.py`), and a kind without words
-fails a test instead of printing its id.
+same classes, so a log's demand and a snapshot's demand are one type. Each kind owns its words
+(`reason`, `verdict`, `short` for a snapshot, `says` for a log): renderers reach them by
+dispatch on the type, a sentence is made from the cause's own figures, and a kind a diagnosis
+builds without words fails a test (test_cause_kinds) instead of printing its id.
 
-The cause words ("fragmentation", "demand", ...) are spelt here and nowhere else: the other
-modules name the classes.
+The cause ids ("fragmentation", "real_demand", "demand", ...) are spelt here and nowhere else
+in the package: the other modules name the classes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ Weight = Literal["decisive", "counterfactual", "context"]
 #: `terms`, `role`, `needed` and `share`). A kind built by none is a vocabulary id only (the
 #: `causes` a knob acts on).
 Path = Literal["snapshot", "log"]
+
 
 class Checked(Protocol):
     """What a snapshot cause's words read of the diagnosis (`findings.Diagnosis`)."""
