@@ -377,7 +377,7 @@ def test_top_sites_break_ties_the_same_way_whatever_the_row_order():
     the family first by name and the smaller stack id, however the rows are ordered (a
     report names the same site family on every run)."""
     import polars as pl
-    from snapana.analysis.diagnosis.diagnose import _top_sites
+    from snapana.analysis.diagnosis.moment_state import top_sites as _top_sites
     from snapana.model import StackTable
 
     stacks = StackTable()
