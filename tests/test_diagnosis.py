@@ -7,6 +7,7 @@ import json
 import pickle
 
 import pytest
+from snapana.analysis.diagnosis.causes import Demand, Fragmentation
 from snapana.render.wording import verdict
 from snapana.session import analyse
 from snapana.sources import load
@@ -42,7 +43,7 @@ def test_s1_3_chunked_logprob_is_real_demand_and_the_saved_softmax_can_go():
     assert d.request_bytes == oom["size"] and r.oom.device_free_bytes == oom["device_free"]
     # the OOM is the last event
     assert r.cached_unallocated_bytes == reserved - allocated - pending
-    assert d.cause("real_demand").holds and not d.cause("fragmentation").holds
+    assert d.cause(Demand).holds and not d.cause(Fragmentation).holds
     assert d.excess_family == "saved_logprob_softmax"
     w = next(w for w in d.what_ifs if w.family == "saved_logprob_softmax")
     assert w.fits and w.spare_bytes > 0
@@ -70,7 +71,7 @@ def test_s1_1_fp32_logits_copy_names_tp_and_max_tokens():
     oom, *_ = _raw_oom(path)
     assert d.request_bytes == oom["size"]
     assert d.request_family == "logits" and "float16_to_fp32" in d.request_label
-    assert not d.cause("fragmentation").holds
+    assert not d.cause(Fragmentation).holds
     top = [k.knob for k in d.knobs[:4]]
     assert any("tensor-model-parallel" in k for k in top)
     assert any("max-tokens-per-gpu" in k for k in top)
@@ -82,7 +83,7 @@ def test_s2_colocated_vllm_is_not_fragmentation():
     oom, reserved, allocated, pending = _raw_oom(path)
     assert r.cached_unallocated_bytes == reserved - allocated - pending
     assert round(r.cached_unallocated_bytes / MiB, 2) == 66.45
-    assert not d.cause("fragmentation").holds and d.cause("real_demand").holds
+    assert not d.cause(Fragmentation).holds and d.cause(Demand).holds
     assert d.outside_pytorch_bytes == truth["capacity_bytes"] - reserved - oom["device_free"]
     held = {g.name for g in r.groups[:4]}
     assert {"parameters", "kv_cache"} <= held  # the colocated vLLM engine
@@ -376,7 +377,7 @@ def test_top_sites_break_ties_the_same_way_whatever_the_row_order():
     the family first by name and the smaller stack id, however the rows are ordered (a
     report names the same site family on every run)."""
     import polars as pl
-    from snapana.analysis.diagnosis.diagnose import _top_sites
+    from snapana.analysis.diagnosis.moment_state import top_sites as _top_sites
     from snapana.model import StackTable
 
     stacks = StackTable()

@@ -17,6 +17,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from snapana.analysis.diagnosis.causes import Fragmentation
 from snapana.analysis.diagnosis.findings import DeviceReport
 from snapana.analysis.placement import MAP_PAGES, would_fit
 from snapana.analysis.replay import replay
@@ -342,7 +343,7 @@ def test_bundled_expandable_sample_report_is_consistent() -> None:
     assert [p.expandable for p in r.pools] == [True]
     check_report(r, truth["capacity_bytes"])
     d = r.diagnosis
-    frag = d.cause("fragmentation")
+    frag = d.cause(Fragmentation)
     assert frag is not None and not frag.holds
     assert any(w.how == MAP_PAGES for w in d.what_ifs)  # freed pages are remapped at the end
 

@@ -28,14 +28,22 @@ SUMMARY_COLUMNS = ("current", "peak", "allocated in all", "freed in all")
 
 
 @dataclass(frozen=True)
+class Dialect:
+    """Which PyTorch printed the message: its backend and wording, and the releases that
+    print that wording."""
+
+    backend: str  # CUDA or HIP
+    wording: str  # a WORDINGS id, or "unrecognised"
+    releases: str
+
+
+@dataclass(frozen=True)
 class OomMessage:
     """One OOM message as the text holds it: its figures (None where its wording has no
     such clause), where it stands, and what about it is odd."""
 
     line: int  # 1-based line of its anchor
-    backend: str  # CUDA or HIP
-    wording: str  # a WORDINGS id, or "unrecognised"
-    releases: str
+    dialect: Dialect
     text: str  # the message, its lines joined, prefixes and escapes removed
     prefix: str  # the log prefix of its first line
     rank: int | None
@@ -57,6 +65,23 @@ class OomMessage:
     expandable_on: bool | None = None
     oddities: tuple[str, ...] = field(default=())
     source: str = ""  # the log it was read from (its name, or "standard input")
+
+    @property
+    def recognised(self) -> bool:
+        """Its wording is one PyTorch prints (else only the clauses found are read)."""
+        return self.dialect.wording != "unrecognised"
+
+    @property
+    def backend(self) -> str:
+        return self.dialect.backend
+
+    @property
+    def wording(self) -> str:
+        return self.dialect.wording
+
+    @property
+    def releases(self) -> str:
+        return self.dialect.releases
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,23 @@ the message does not print is assumed: the largest free cached block is never in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from snapana.analysis.diagnosis.causes import (
+    CardFull,
+    Cause,
+    Demand,
+    Fragmentation,
+    HeldElsewhere,
+    OtherLimit,
+    OtherProcesses,
+    OutsidePytorch,
+    OwnOutside,
+    Role,
+    SizeBug,
+    Spill,
+    Undecided,
+)
 from snapana.log_model import OomMessage
 from snapana.sources.oom_text import CLAUSES, EXPANDABLE_WORDINGS
 
@@ -43,13 +58,9 @@ ELSEWHERE_SHARE = 0.5
 #: show to be the story first (half the card or more held outside this process's cache, a
 #: cache with the bytes, another process), then the live tensors, and only last this
 #: process's memory outside the cache (mostly its CUDA context, which no setting removes) and
-#: the outside memory not split by process.
-LEAD_ORDER = ("held_elsewhere", "fragmentation", "other_processes", "demand", "own_outside",
-              "outside_pytorch")
-
-#: Causes that decide alone, whatever else the figures say (the request could never fit, or
-#: the figures are not the card's).
-DECISIVE = ("size_bug", "spill", "other_limit", "card_full")
+#: the outside memory not split by process. (Decisive causes, `Cause.weight`, come first.)
+LEAD_ORDER: tuple[type[Cause], ...] = (HeldElsewhere, Fragmentation, OtherProcesses, Demand,
+                                       OwnOutside, OutsidePytorch)
 
 #: Each clause's meaning in a few words, for a sentence naming a missing figure.
 CLAUSE_WORDS = {k: v[1].split(" (")[0].split(":")[0] for k, v in CLAUSES.items()} | {
@@ -58,25 +69,16 @@ CLAUSE_WORDS = {k: v[1].split(" (")[0].split(":")[0] for k, v in CLAUSES.items()
     "capacity": "total capacity ... is free"}
 
 #: Which figure each counterfactual cause needs (a message clause, named as CLAUSES does).
-NEEDS = {"fragmentation": ("unallocated",), "other_processes": ("this_process",),
-         "demand": ("allocated",), "own_outside": ("this_process", "unallocated"),
-         "outside_pytorch": ("unallocated",), "held_elsewhere": ("unallocated",)}
+NEEDS: dict[type[Cause], tuple[str, ...]] = {
+    Fragmentation: ("unallocated",), OtherProcesses: ("this_process",), Demand: ("allocated",),
+    OwnOutside: ("this_process", "unallocated"), OutsidePytorch: ("unallocated",),
+    HeldElsewhere: ("unallocated",)}
 
 
-@dataclass(frozen=True)
-class TextCause:
-    """One reason the request did not fit, with the figures it compares. `role`: lead (it
-    alone explains the failure), contributor (part of the shortfall: `share` of it), or open
-    (a figure it needs is not in the text), candidate (it would lead unless the missing
-    figure says an open one does). `needed`: the bytes that would have had to be
-    different for the request to fit (None: no change to it would have)."""
-
-    id: str  # size_bug | spill | other_limit | card_full | fragmentation | other_processes |
-    #          demand | own_outside | outside_pytorch | held_elsewhere | undecided
-    terms: tuple[tuple[str, int], ...]
-    role: str = "lead"
-    needed: int | None = None
-    share: float | None = None
+def _c(kind: type[Cause], terms: tuple[tuple[str, int], ...], role: Role = "lead",
+       needed: int | None = None) -> Cause:
+    """A cause as a log's message shows it."""
+    return kind(terms=terms, role=role, needed=needed, log=True)
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class TextDiagnosis:
     #: the device's memory, split: (what, bytes), adding up to the capacity where it is known
     split: tuple[tuple[str, int], ...]
     #: the lead cause first, then contributors and causes left open
-    causes: tuple[TextCause, ...]
+    causes: tuple[Cause, ...]
     #: PYTORCH_CUDA_ALLOC_CONF / environment knobs the causes support, each with its reason
     knobs: tuple[tuple[str, str], ...]
     #: bytes the allocator would have asked the device for (the request's segment)
@@ -98,8 +100,13 @@ class TextDiagnosis:
     missing: tuple[str, ...] = ()
 
     @property
-    def lead(self) -> TextCause | None:
+    def lead(self) -> Cause | None:
         return self.causes[0] if self.causes else None
+
+    @property
+    def missing_words(self) -> tuple[str, ...]:
+        """The missing clauses, each in a few words (`CLAUSE_WORDS`)."""
+        return tuple(CLAUSE_WORDS.get(k, k) for k in self.missing)
 
 
 def _bytes(s: object) -> int | None:
@@ -136,21 +143,21 @@ def _split(cap: int | None, free: int | None, reserved: int | None, own: int | N
 
 
 def _decisive(m: OomMessage, req: int | None, cap: int | None, free: int | None,
-              reserved: int | None) -> list[TextCause]:
+              reserved: int | None) -> list[Cause]:
     """Causes no counterfactual about the card's other holders can change: a request larger
     than the card, figures that are not the card's, a limit other than the card's memory,
     a card full to within its last percent."""
-    out: list[TextCause] = []
+    out: list[Cause] = []
     if m.exabyte:
-        out.append(TextCause("size_bug", (("request", 1 << 60), ("capacity", cap or 0))))
+        out.append(_c(SizeBug, (("request", 1 << 60), ("capacity", cap or 0))))
     if req is not None and cap is not None and req > cap + m.capacity.slack:  # type: ignore[union-attr]
-        out.append(TextCause("size_bug", (("request", req), ("capacity", cap))))
+        out.append(_c(SizeBug, (("request", req), ("capacity", cap))))
     if m.allocated is not None and cap is not None and m.allocated.bytes > cap:
-        out.append(TextCause("spill", (("allocated", m.allocated.bytes), ("capacity", cap))))
+        out.append(_c(Spill, (("allocated", m.allocated.bytes), ("capacity", cap))))
     if m.wording == "2.12+ fraction" and req is not None:
-        out.append(TextCause("other_limit", (("request", req),)))
+        out.append(_c(OtherLimit, (("request", req),)))
     if m.allowed is not None and reserved is not None and req is not None:
-        out.append(TextCause("other_limit", (("allowed", m.allowed.bytes),
+        out.append(_c(OtherLimit, (("allowed", m.allowed.bytes),
                                              ("reserved", reserved), ("request", req))))
     if out or req is None or free is None or m.allowed is not None:
         return out
@@ -158,25 +165,25 @@ def _decisive(m: OomMessage, req: int | None, cap: int | None, free: int | None,
     if req <= free + slack:  # the figures say it fits, yet it failed
         margin = int(FULL_CARD_SHARE * cap) if cap else 0
         if cap is not None and free - req <= max(margin, slack):
-            out.append(TextCause("card_full", (("free", free), ("request", req),
+            out.append(_c(CardFull, (("free", free), ("request", req),
                                                ("capacity", cap), ("within", margin))))
         else:
-            out.append(TextCause("other_limit", (("segment asked for", req), ("free", free))))
+            out.append(_c(OtherLimit, (("segment asked for", req), ("free", free))))
     return out
 
 
 def _holders(m: OomMessage, allocated: int | None, cached: int | None, own: int | None,
-             reserved: int | None, cap: int | None, free: int | None) -> list[TextCause]:
+             reserved: int | None, cap: int | None, free: int | None) -> list[Cause]:
     """Beside a decisive cause: what held the card, as contributors without a share."""
     out = []
     if allocated is not None:
-        out.append(TextCause("demand", (("allocated by PyTorch", allocated),), "contributor"))
+        out.append(_c(Demand, (("allocated by PyTorch", allocated),), "contributor"))
     if cached:
-        out.append(TextCause("fragmentation", (("cached but unallocated", cached),),
+        out.append(_c(Fragmentation, (("cached but unallocated", cached),),
                              "contributor"))
     if own and reserved is not None and cap is not None and free is not None:
         if cap - free - own > 0:
-            out.append(TextCause("other_processes", ((OTHERS, cap - free - own),),
+            out.append(_c(OtherProcesses, ((OTHERS, cap - free - own),),
                                  "contributor"))
     return out
 
@@ -184,53 +191,53 @@ def _holders(m: OomMessage, allocated: int | None, cached: int | None, own: int 
 def _counterfactuals(m: OomMessage, req: int | None, shortfall: int | None,
                      allocated: int | None, cached: int | None, own: int | None,
                      reserved: int | None, cap: int | None, free: int | None
-                     ) -> tuple[dict[str, TextCause | None], tuple[str, ...]]:
+                     ) -> tuple[dict[type[Cause], Cause | None], tuple[str, ...]]:
     """Each cause with the bytes it held and what would have had to change; None where a
     figure it needs is missing. And the clauses missing that way."""
     have = {"unallocated": cached is not None, "this_process": own is not None,
             "allocated": allocated is not None}
-    out: dict[str, TextCause | None] = {}
+    out: dict[type[Cause], Cause | None] = {}
     if req is None or shortfall is None:
         return {}, tuple(k for k in ("request", "capacity") if getattr(m, k) is None)
     if cached is None:
-        out["fragmentation"] = None
+        out[Fragmentation] = None
     elif cached:
-        out["fragmentation"] = TextCause(
-            "fragmentation", (("cached but unallocated", cached), ("request", req)),
+        out[Fragmentation] = _c(
+            Fragmentation, (("cached but unallocated", cached), ("request", req)),
             needed=req if cached >= req else None)
     if own is not None and cap is not None and free is not None:
         listed = _other_processes(m)
         others = cap - free - own if listed is None else listed
         rounding = sum(s.slack for s in (m.capacity, m.free, m.this_process) if s is not None)
         if others > rounding:  # (less is the printed figures' rounding)
-            out["other_processes"] = TextCause(
-                "other_processes", ((OTHERS if listed is not None else ELSEWHERE, others),
+            out[OtherProcesses] = _c(
+                OtherProcesses, ((OTHERS if listed is not None else ELSEWHERE, others),
                                     ("shortfall", shortfall)), needed=shortfall)
     if allocated is None:
-        out["demand"] = None
+        out[Demand] = None
     else:
-        out["demand"] = TextCause("demand", (("allocated by PyTorch", allocated),
+        out[Demand] = _c(Demand, (("allocated by PyTorch", allocated),
                                              ("shortfall", shortfall)), needed=shortfall)
     if own is not None:
         if reserved is None:
-            out["own_outside"] = None
+            out[OwnOutside] = None
         elif own - reserved > 0:
-            out["own_outside"] = TextCause(
-                "own_outside", ((OWN_OUTSIDE, own - reserved), ("this process", own),
+            out[OwnOutside] = _c(
+                OwnOutside, ((OWN_OUTSIDE, own - reserved), ("this process", own),
                                 ("reserved", reserved), ("shortfall", shortfall)),
                 needed=shortfall)
     elif cap is not None and free is not None:
         outside = cap - free - reserved if reserved is not None else 0
         if reserved is None:
-            out["outside_pytorch"] = None
+            out[OutsidePytorch] = None
         elif outside >= ELSEWHERE_SHARE * cap:  # most of the card: something else holds it
-            out["held_elsewhere"] = TextCause(
-                "held_elsewhere", ((OUTSIDE, outside), ("capacity", cap),
+            out[HeldElsewhere] = _c(
+                HeldElsewhere, ((OUTSIDE, outside), ("capacity", cap),
                                    ("reserved", reserved), ("shortfall", shortfall)),
                 needed=shortfall)
         elif outside > 0:
-            out["outside_pytorch"] = TextCause(
-                "outside_pytorch", ((OUTSIDE, outside), ("shortfall", shortfall)),
+            out[OutsidePytorch] = _c(
+                OutsidePytorch, ((OUTSIDE, outside), ("shortfall", shortfall)),
                 needed=shortfall)
     missing = tuple(dict.fromkeys(
         clause for cause, c in out.items() if c is None
@@ -238,22 +245,21 @@ def _counterfactuals(m: OomMessage, req: int | None, shortfall: int | None,
     return out, missing
 
 
-def _covers(c: TextCause, shortfall: int) -> bool:
+def _covers(c: Cause, shortfall: int) -> bool:
     """The cause alone would have let the request fit."""
-    held = c.terms[0][1]
-    if c.id == "fragmentation":
+    if isinstance(c, Fragmentation):
         return c.needed is not None  # one free block of the cache could have served it
-    return held >= shortfall
+    return c.held >= shortfall
 
 
-def _ranked(candidates: dict[str, TextCause | None], shortfall: int | None
-            ) -> list[TextCause]:
+def _ranked(candidates: dict[type[Cause], Cause | None], shortfall: int | None
+            ) -> list[Cause]:
     """The lead (the first cause in LEAD_ORDER that alone covers the shortfall, unless one
     before it is open), then the contributors with their share, then the open ones."""
     if shortfall is None:
         return []
-    lead: TextCause | None = None
-    open_before: list[str] = []
+    lead: Cause | None = None
+    open_before: list[type[Cause]] = []
     for cid in LEAD_ORDER:
         if cid not in candidates:
             continue
@@ -264,15 +270,15 @@ def _ranked(candidates: dict[str, TextCause | None], shortfall: int | None
             lead = c
             break
     if open_before:
-        undecided = TextCause("undecided", (), "lead")
-        opened = [TextCause(cid, (), "open") for cid in open_before]
+        undecided = _c(Undecided, ())
+        opened = [_c(cid, (), "open") for cid in open_before]
         if lead is not None:  # it leads unless a missing figure says an open one does
-            opened.append(TextCause(lead.id, lead.terms, "candidate", lead.needed))
+            opened.append(replace(lead, role="candidate"))
         rest = [_contributor(c, shortfall) for c in candidates.values()
                 if c is not None and c is not lead]
         return [undecided, *opened, *(r for r in rest if r is not None)]
     if lead is None:
-        lead = candidates.get("demand")
+        lead = candidates.get(Demand)
         if lead is None:
             return []
     rest = [_contributor(c, shortfall) for c in candidates.values()
@@ -280,13 +286,11 @@ def _ranked(candidates: dict[str, TextCause | None], shortfall: int | None
     return [lead, *(r for r in rest if r is not None)]
 
 
-def _contributor(c: TextCause, shortfall: int) -> TextCause | None:
+def _contributor(c: Cause, shortfall: int) -> Cause | None:
     """A cause beside the lead, with the share of the shortfall it would have covered."""
-    held = c.terms[0][1]
-    if held <= 0 or shortfall <= 0:
+    if c.held <= 0 or shortfall <= 0:
         return None
-    return TextCause(c.id, c.terms, "contributor", c.needed,
-                     min(held, shortfall) / shortfall)
+    return replace(c, role="contributor", share=min(c.held, shortfall) / shortfall)
 
 
 def _other_processes(m: OomMessage) -> int | None:
@@ -298,12 +302,12 @@ def _other_processes(m: OomMessage) -> int | None:
     return sum(s.bytes for _, s in m.processes)
 
 
-def _knobs(m: OomMessage, causes: list[TextCause]) -> tuple[tuple[str, str], ...]:
+def _knobs(m: OomMessage, causes: list[Cause]) -> tuple[tuple[str, str], ...]:
     """Knobs the message's figures support, each with the figure that supports it: only a
     leading fragmentation (the idle cache could have served the request)."""
     out: list[tuple[str, str]] = []
     env = f"PYTORCH_{m.backend}_ALLOC_CONF"  # CUDA, HIP, NPU: each allocator's own variable
-    if causes and causes[0].id == "fragmentation" and not m.expandable_on:
+    if causes and isinstance(causes[0], Fragmentation) and not m.expandable_on:
         if m.wording in EXPANDABLE_WORDINGS:
             out.append((f"{env}=expandable_segments:True",
                         "the cached but unallocated bytes are at least the request: segments "

@@ -8,6 +8,7 @@ them). Worded once here from the findings, read by the view-model (`views.Device
 
 from __future__ import annotations
 
+from snapana.analysis.diagnosis.causes import HEADLINE_ORDER, Fragmentation
 from snapana.analysis.diagnosis.findings import DeviceReport, Group, WhatIf
 from snapana.analysis.knobs import Knob
 from snapana.render import wording as w
@@ -29,7 +30,7 @@ def _holder(r: DeviceReport) -> Group | None:
     """The family the headline names as holding the memory: the excess the diagnosis would
     take away first, else the largest."""
     d = r.diagnosis
-    named = d.excess_family if d.kind == "oom" else None
+    named = d.excess_family if d.at_oom else None
     return next((g for g in r.groups if g.name == named), r.groups[0] if r.groups else None)
 
 
@@ -63,7 +64,7 @@ def _fix(r: DeviceReport, lead: str) -> str:
     if r.oom is None and (d.small or not d.prescribe):
         return "Nothing needs to shrink."
     if not d.knobs:
-        if d.kind == "oom" and d.request_family:
+        if d.at_oom and d.request_family:
             return (f"No knob of a framework in use applies: the request itself "
                     f"({d.request_family}) must shrink.")
         return "No knob of a framework in use applies."
@@ -79,9 +80,9 @@ def headline(r: DeviceReport) -> tuple[str, str]:
     if d.empty:
         return f"{dev} holds nothing {w.moment_text(r)}: there is nothing to diagnose.", ""
     g = _holder(r)
-    if d.kind == "oom" and r.oom is not None:
+    if d.at_oom and r.oom is not None:
         phase = ("Out of memory while reloading offloaded state" if d.reloading else
-                 "Out of memory" if d.phase == "unknown" else
+                 "Out of memory" if not d.phase_known else
                  f"Out of memory in the {w.PHASE_NAMES.get(d.phase, d.phase)} phase")
         what = d.request_family if d.request_family not in (None, "unknown") else \
             "an unattributed tensor"
@@ -137,20 +138,12 @@ def _figures(r: DeviceReport) -> str:
 def _cause(r: DeviceReport) -> str:
     """The cause that holds, short (the cause checks below say it in full)."""
     d = r.diagnosis
-    frag = d.cause("fragmentation")
-    out = d.cause("outside_pytorch")
-    pool = d.cause("private_pool")
-    if out is not None and out.holds:
-        return (f"{fmt_bytes(d.outside_pytorch_bytes)} of the device is held outside this "
-                "process's PyTorch allocator")
-    if frag is not None and frag.holds:
-        return (f"fragmentation: {fmt_bytes(r.cached_unallocated_bytes)} is cached but "
-                "unallocated, yet no free block is large enough (largest "
-                f"{fmt_bytes(int(frag.numbers['largest_free_block_bytes']))})")
-    if pool is not None and pool.holds:
-        return (f"{fmt_bytes(int(pool.numbers['private_pool_free_bytes']))} sits free in "
-                "private pools the request cannot use")
+    said = next((said for kind in HEADLINE_ORDER
+                 if (c := d.cause(kind)) is not None and (said := c.short(r))), "")
+    if said:
+        return said
     placed = _placement(r)
+    frag = d.cause(Fragmentation)
     if frag is not None and r.has_segments and r.cached_unallocated_bytes is not None:
         demand = f"only {fmt_bytes(r.cached_unallocated_bytes)} is cached but unallocated"
         return (f"real demand ({demand}), yet {placed}" if placed else
@@ -201,7 +194,7 @@ def evidence(r: DeviceReport) -> list[str]:
     if d.empty:
         return []
     lines = [_figures(r)]
-    if d.kind == "oom" and r.oom is not None:
+    if d.at_oom and r.oom is not None:
         lines += [_cause(r), _removal(r)]
         if not lines[1] and r.groups:
             lines[1] = _largest(r)

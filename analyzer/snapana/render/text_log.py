@@ -6,13 +6,14 @@ Renderers (text, markdown, json, html) only lay these sentences and rows out."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from snapana.analysis.diagnosis.causes import Cause, Demand, Fragmentation, Role
 from snapana.analysis.framework_memory import FRAMEWORK_NAMES, FrameworkEvidence
 from snapana.analysis.log_evidence import Finding, KvEvidence, SmiEvidence, SummaryEvidence
-from snapana.analysis.text_diagnosis import CLAUSE_WORDS, TextCause, TextDiagnosis
+from snapana.analysis.text_diagnosis import TextDiagnosis
 from snapana.log_model import SUMMARY_COLUMNS, SUMMARY_ROWS, KvBudget, OomMessage
 from snapana.printed import Size
 from snapana.render import ViewKind
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from snapana.analysis.traceback_request import RequestFinding
     from snapana.log_session import LogEvidence
     from snapana.sources.settings_text import Setting
+
+#: A finding's terms, by what they are.
+Terms = dict[str, int]
 
 #: What every statement from a traceback is limited to.
 TRACEBACK_SCOPE = "from the traceback: one request, not what held the rest"
@@ -154,122 +158,42 @@ def _split(d: TextDiagnosis) -> str:
             "each rounded to 0.01 of its unit)")
 
 
-def _t(c: TextCause, what: str) -> int:
-    return dict(c.terms)[what]
+def _open(c: Cause, d: TextDiagnosis) -> str:
+    return f"open: {c.holder} — the text lacks a figure it needs"
 
 
-#: What each counterfactual cause is, in words.
-HOLDERS = {"fragmentation": "the idle cache (reserved by PyTorch but unallocated)",
-           "other_processes": "other processes on the card (and the driver)",
-           "demand": "the live tensors (allocated by PyTorch)",
-           "own_outside": "this process's memory outside PyTorch's allocator",
-           "outside_pytorch": "memory outside PyTorch's allocator",
-           "held_elsewhere": "memory outside this process's PyTorch cache (another process, "
-                             "a colocated engine, this process's other libraries)"}
+def _candidate(c: Cause, d: TextDiagnosis) -> str:
+    return (f"candidate: {c.holder} held {fmt_bytes(c.held)}, enough alone for the "
+            f"{fmt_bytes(d.shortfall or 0)} shortfall; it leads unless the missing figure says "
+            "an open cause before it does")
 
 
-def _cause_sentence(c: TextCause, d: TextDiagnosis) -> str:
-    if c.role == "open":
-        return (f"open: {HOLDERS.get(c.id, c.id)} — the text lacks a figure it needs")
-    if c.role == "candidate":
-        return (f"candidate: {HOLDERS.get(c.id, c.id)} held {fmt_bytes(c.terms[0][1])}, "
-                f"enough alone for the {fmt_bytes(d.shortfall or 0)} shortfall; it leads "
-                "unless the missing figure says an open cause before it does")
-    if c.role == "contributor":
-        return _contributor_sentence(c, d)
-    return _lead_sentence(c, d)
-
-
-def _lead_sentence(c: TextCause, d: TextDiagnosis) -> str:
-    gap = d.shortfall or 0
-    shortfall = (f"the request ({fmt_bytes(d.segment or 0)}) was {fmt_bytes(gap)} more than "
-                 f"the device's free {fmt_bytes((d.segment or 0) - gap)}")
-    if c.id == "size_bug" and _t(c, "request") >= 1 << 60:
-        return ("a request of more than an exabyte: a size bug (a negative or overflowed "
-                "size), not an OOM any setting can fix")
-    if c.id == "size_bug":
-        return (f"the request ({fmt_bytes(_t(c, 'request'))}) is larger than the whole device "
-                f"({fmt_bytes(_t(c, 'capacity'))}): a size bug (a shape, a dtype, a "
-                "mis-set batch); nothing else held on the card could have made it fit")
-    if c.id == "spill":
-        return (f"PyTorch's allocated {fmt_bytes(_t(c, 'allocated'))} is above the device's "
-                f"{fmt_bytes(_t(c, 'capacity'))}: the driver spilled into system memory "
-                "(Windows / WSL shared GPU memory); the figures do not describe the card alone")
-    if c.id == "other_limit":
-        if len(c.terms) == 1:
-            return (f"the request ({fmt_bytes(_t(c, 'request'))}) was refused before it was "
-                    "tried: it would pass the per-process memory fraction "
-                    "(torch.cuda.set_per_process_memory_fraction)")
-        if "allowed" in dict(c.terms):
-            return (f"a memory fraction capped this process at {fmt_bytes(_t(c, 'allowed'))} "
-                    f"(torch.cuda.set_per_process_memory_fraction); PyTorch reserved "
-                    f"{fmt_bytes(_t(c, 'reserved'))} and the request "
-                    f"{fmt_bytes(_t(c, 'request'))} went past the cap")
-        return (f"the allocator asked the device for {fmt_bytes(_t(c, 'segment asked for'))} "
-                f"while {fmt_bytes(_t(c, 'free'))} was free: another limit was hit (a memory "
-                "fraction, a private pool, a driver refusal), not the device's capacity")
-    if c.id == "card_full":
-        return (f"the card is full: {fmt_bytes(_t(c, 'free'))} free and a request of "
-                f"{fmt_bytes(_t(c, 'request'))} are within {fmt_bytes(_t(c, 'within'))} "
-                f"(1% of the card's {fmt_bytes(_t(c, 'capacity'))}) of each other, and the "
-                "driver cannot hand out the last of what it reports free")
-    if c.id == "undecided":
-        missing = " and ".join(f"'{CLAUSE_WORDS.get(k, k)}'" for k in d.missing) or "a figure"
-        opened = [HOLDERS[o.id] for o in d.causes
-                  if o.role in ("open", "candidate") and o.id in HOLDERS]
-        return (f"not decided: the text lacks the {missing} figure (the paste is cut short), "
-                f"and {shortfall}; whether " + " or ".join(opened) + " leads depends on it")
-    if c.id == "fragmentation":
-        return (f"fragmentation: PyTorch held {fmt_bytes(_t(c, 'cached but unallocated'))} "
-                "reserved but unallocated, at least the request "
-                f"({fmt_bytes(_t(c, 'request'))}): had that idle cache been one free block, "
-                "the request would have fit in it (the message does not record the largest "
-                "free block: a snapshot does)")
-    held = fmt_bytes(c.terms[0][1])
-    if c.id == "other_processes":
-        return (f"other processes held {held} of the card: {shortfall}, and with that much "
-                "less held by them the request would have fit — nvidia-smi beside the log "
-                "names them")
-    if c.id == "demand":
-        return (f"demand: {shortfall}, and no other holder alone held that much; PyTorch's "
-                f"live tensors held {held}, and {fmt_bytes(gap)} fewer of them would have let "
-                "it fit")
-    if c.id == "own_outside":
-        return (f"this process's memory outside PyTorch's allocator ({held}: this process "
-                f"{fmt_bytes(_t(c, 'this process'))} − reserved {fmt_bytes(_t(c, 'reserved'))}"
-                f": the CUDA context, NCCL buffers, cuBLAS workspaces, another allocator): "
-                f"{shortfall}, and {fmt_bytes(gap)} less of it would have let it fit")
-    if c.id == "held_elsewhere":
-        cap = _t(c, "capacity")
-        return (f"something else holds this GPU: {held} of its {fmt_bytes(cap)} "
-                f"({c.terms[0][1] / cap:.0%}) is outside this process's PyTorch cache "
-                f"({fmt_bytes(_t(c, 'reserved'))} reserved), and {shortfall} — another process "
-                "or a colocated engine (a rollout engine's gpu_memory_utilization or "
-                "mem_fraction_static), or this process's other libraries; the message does not "
-                "split it by process: look at `nvidia-smi --query-compute-apps="
-                "pid,process_name,used_memory` while the job runs, and at what shares the card")
-    if c.id == "outside_pytorch":
-        return (f"memory outside PyTorch's allocator ({held}: this process's CUDA context and "
-                f"libraries, other processes, the driver — the message does not split it): "
-                f"{shortfall}, and {fmt_bytes(gap)} less of it would have let it fit")
-    return c.id
-
-
-def _contributor_sentence(c: TextCause, d: TextDiagnosis) -> str:
-    held = c.terms[0][1]
-    what = HOLDERS.get(c.id, c.id)
+def _contributor(c: Cause, d: TextDiagnosis) -> str:
+    what, held = c.holder, fmt_bytes(c.held)
     if c.share is None:
-        return f"also held: {what}, {fmt_bytes(held)}"
+        return f"also held: {what}, {held}"
     gap = fmt_bytes(d.shortfall or 0)
     part = f"{c.share:.0%} of the {gap} shortfall"
-    if c.id == "fragmentation":
-        return (f"contributor: {what} held {fmt_bytes(held)}, less than the request: no one "
-                f"block of it could have served it; given back to the device it would have "
-                f"covered {part}")
+    if isinstance(c, Fragmentation):
+        return (f"contributor: {what} held {held}, less than the request: no one block of it "
+                f"could have served it; given back to the device it would have covered {part}")
     if c.share >= 1:
-        return (f"also enough alone: {what} held {fmt_bytes(held)}, at least the {gap} "
-                "shortfall (the lead comes first by the order causes are weighed in)")
-    return f"contributor: {what} held {fmt_bytes(held)}: {part}"
+        return (f"also enough alone: {what} held {held}, at least the {gap} shortfall (the "
+                "lead comes first by the order causes are weighed in)")
+    return f"contributor: {what} held {held}: {part}"
+
+
+def _lead(c: Cause, d: TextDiagnosis) -> str:
+    return c.says(d)
+
+
+#: A log's cause in words, by its role (the lead in its kind's own words: `Cause.says`).
+ROLE_WORDS: dict[Role, Callable[[Cause, TextDiagnosis], str]] = {
+    "lead": _lead, "open": _open, "candidate": _candidate, "contributor": _contributor}
+
+
+def _cause_sentence(c: Cause, d: TextDiagnosis) -> str:
+    return ROLE_WORDS[c.role](c, d)
 
 
 def _verdict(d: TextDiagnosis, where: str) -> str:
@@ -297,7 +221,7 @@ def message_view(d: TextDiagnosis, named: bool = False,
                  request: RequestFinding | None = None) -> MessageView:
     m = d.message
     where = _where(m, named)
-    wording = (f"{m.wording} wording ({m.releases})" if m.wording != "unrecognised"
+    wording = (f"{m.wording} wording ({m.releases})" if m.recognised
                else "not a wording PyTorch prints: only the clauses found are read")
     verdict = _verdict(d, where)
     if request is not None:
@@ -352,9 +276,9 @@ def _rank_table(views: Sequence[MessageView], named: bool = False
 def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
     """What to record so that the next OOM comes with a snapshot: the allocator's history
     names the tensors these figures only count."""
-    causes = Counter(v.diagnosis.lead.id for v in views if v.diagnosis.lead is not None)
-    why = ("which tensors held the memory" if causes.get("demand") else
-           "which blocks split the cache" if causes.get("fragmentation") else
+    causes = Counter(type(v.diagnosis.lead) for v in views if v.diagnosis.lead is not None)
+    why = ("which tensors held the memory" if causes.get(Demand) else
+           "which blocks split the cache" if causes.get(Fragmentation) else
            "what held the memory")
     return (f"Next time, record the allocator's history so the OOM leaves a snapshot that says "
             f"{why}:",
@@ -439,28 +363,33 @@ def summary_section(e: SummaryEvidence, named: bool = False) -> EvidenceSection:
 
 
 def _summary_sentence(f: Finding) -> str:
-    t = dict(f.terms)
-    if f.id == "cached":
-        return (f"reserved {fmt_bytes(t['reserved'])} − allocated {fmt_bytes(t['allocated'])}"
-                f" = {fmt_bytes(t['reserved'] - t['allocated'])} cached but unallocated")
-    if f.id == "non_releasable":
-        return (f"non-releasable memory {fmt_bytes(t['non-releasable'])} = "
-                f"{t['non-releasable'] / t['reserved']:.0%} of reserved "
-                f"{fmt_bytes(t['reserved'])}: free pieces of blocks that are split and partly "
-                "in use, which neither a larger request nor the device can have "
-                "(fragmentation)")
-    if f.id == "rounding":
-        return (f"allocated {fmt_bytes(t['allocated'])} − requested "
-                f"{fmt_bytes(t['requested'])} = {fmt_bytes(t['allocated'] - t['requested'])} "
-                "of rounding (requests rounded up to 512 bytes, or to the block size)")
-    if f.id == "retries":
-        return (f"{t['retries']} cudaMalloc retries: the allocator freed its cache and tried "
-                "again that many times (each a device synchronisation): the process ran at "
-                "the edge of the card before it failed")
-    if f.id == "oversize":
-        return (f"{t['oversize segments']} oversize segment(s) now: max_split_size_mb is set "
-                "and larger blocks are kept whole")
-    return f.id
+    words = SUMMARY_WORDS.get(f.id)
+    return words(dict(f.terms)) if words is not None else f.id
+
+
+#: Each memory_summary() finding's words, by its id.
+SUMMARY_WORDS: dict[str, Callable[[Terms], str]] = {
+    "cached": lambda t: (
+        f"reserved {fmt_bytes(t['reserved'])} − allocated {fmt_bytes(t['allocated'])}"
+        f" = {fmt_bytes(t['reserved'] - t['allocated'])} cached but unallocated"),
+    "non_releasable": lambda t: (
+        f"non-releasable memory {fmt_bytes(t['non-releasable'])} = "
+        f"{t['non-releasable'] / t['reserved']:.0%} of reserved "
+        f"{fmt_bytes(t['reserved'])}: free pieces of blocks that are split and partly "
+        "in use, which neither a larger request nor the device can have "
+        "(fragmentation)"),
+    "rounding": lambda t: (
+        f"allocated {fmt_bytes(t['allocated'])} − requested "
+        f"{fmt_bytes(t['requested'])} = {fmt_bytes(t['allocated'] - t['requested'])} "
+        "of rounding (requests rounded up to 512 bytes, or to the block size)"),
+    "retries": lambda t: (
+        f"{t['retries']} cudaMalloc retries: the allocator freed its cache and tried "
+        "again that many times (each a device synchronisation): the process ran at "
+        "the edge of the card before it failed"),
+    "oversize": lambda t: (
+        f"{t['oversize segments']} oversize segment(s) now: max_split_size_mb is set "
+        "and larger blocks are kept whole"),
+}
 
 
 def smi_section(e: SmiEvidence, named: bool = False) -> EvidenceSection:
@@ -532,18 +461,21 @@ def kv_section(e: KvEvidence, named: bool = False) -> EvidenceSection:
             ("activation peak (profiling run)", b.activation.text if b.activation else None),
             ("left for the KV cache", b.kv.text if b.kv else None)) if s is not None]
         sentences += _budget_sum(b)
-        for f in e.findings:
-            if f.id == "activation_half":
-                t = dict(f.terms)
-                sentences.append(
-                    f"the profiling run's activation peak ({fmt_bytes(t['activation peak'])}) "
-                    f"takes {t['activation peak'] / t['budget']:.0%} of the budget "
-                    f"({fmt_bytes(t['budget'])}): half or more of what vLLM may use goes to "
-                    "one step's activations, not to the KV cache")
+        sentences += [KV_WORDS[f.id](dict(f.terms)) for f in e.findings if f.id in KV_WORDS]
     for a in r.available_lines if r is not None else ():
         rows.append(("'Available KV cache memory' logged", a.text))
     return EvidenceSection("vllm", f"vLLM at {where}", f"{where}: {head}.", tuple(sentences),
                            ("figure", "as printed") if rows else (), tuple(rows), e.knobs)
+
+
+#: The vLLM budget findings a section says in a sentence, by id (the others are its rows).
+KV_WORDS: dict[str, Callable[[Terms], str]] = {
+    "activation_half": lambda t: (
+        f"the profiling run's activation peak ({fmt_bytes(t['activation peak'])}) "
+        f"takes {t['activation peak'] / t['budget']:.0%} of the budget "
+        f"({fmt_bytes(t['budget'])}): half or more of what vLLM may use goes to "
+        "one step's activations, not to the KV cache"),
+}
 
 
 def _budget_sum(b: KvBudget) -> list[str]:
@@ -586,120 +518,148 @@ def framework_section(e: FrameworkEvidence, named: bool = False) -> EvidenceSect
 
 
 def _framework_sentence(f: Finding, e: FrameworkEvidence) -> str:
-    t = dict(f.terms)
-    b = fmt_bytes
-    if f.id in ("sglang_budget", "vllm_budget"):
-        return ("start-up budget: " if f.id == "sglang_budget" else "budget: ") + ", ".join(
-            f"{what} {b(n)}" for what, n in f.terms) + " (figures as the framework printed them)"
-    if f.id == "sglang_kv_tokens":
-        return f"the KV cache pool holds {t['tokens']:,} tokens"
-    if f.id == "sglang_fraction":
-        return f"mem_fraction_static = {t['mem_fraction_static']:.2f} (its ServerArgs line)"
-    if f.id == "sglang_oom":
-        left = t.get("left after start-up")
-        return (f"the OOM at line {e.message.line if e.message else '?'} asked "
-                f"{b(t['request'])} with {b(t['free'])} free: {b(t['shortfall'])} short"
-                + (f"; SGLang's start-up left {b(left)} of the card" if left is not None else "")
-                + (f", and its last 'avail mem' before the OOM (line {t['at line']}) was "
-                   f"{b(t['last avail mem before the OOM'])}: "
-                   f"{b(left - t['last avail mem before the OOM'])} taken after start-up"
-                   if left is not None and "last avail mem before the OOM" in t else "")
-                + " — the knobs below are the budget terms that alone held that much")
-    if f.id == "saver_refused":
-        times = f" ({t['times']} times)" if t["times"] > 1 else ""
-        return (f"torch_memory_saver refused an allocation of {b(t['size'])}{times}: "
-                f"{b(t['free'])} free less its margin {b(t['margin'])} leaves "
-                f"{b(t['free'] - t['margin'])}")
-    if f.id == "saver_margin":
-        return (f"the allocation fits the free memory; the margin ({b(t['margin'])}) is what "
-                "refused it")
-    if f.id == "saver_short":
-        return (f"the allocation ({b(t['size'])}) is {b(t['size'] - t['free'])} more than the "
-                f"card's free {b(t['free'])}: no margin would let it through — what holds the "
-                "card (a colocated engine, this process's own tensors) must give it back")
-    if f.id == "vllm_kv_negative":
-        return (f"Available KV cache memory is {b(t['KV cache'])}: the weights, the profiling "
-                "run's activations and the memory outside torch took more than vLLM's budget")
-    if f.id == "vllm_held_at_start":
-        return (f"{b(t['held'])} of the card ({t['held'] / t['total']:.0%}) was in use before "
-                "profiling besides the weights (initial_memory_usage − weights): another "
-                "process or vLLM instance on the card, which the budget counts against itself")
-    if f.id == "vllm_unsplit":
-        return ("the log does not split what took it (vLLM's 'Total non KV cache memory' "
-                "line is debug-level): a colocated trainer's memory, another process's, or "
-                "vLLM's own weights and activations — no utilisation is offered without it")
-    if f.id == "vllm_kv_tokens":
-        return (f"the KV cache holds {t['tokens']:,} tokens; a request may be "
-                f"{t['max_model_len']:,} long")
-    if f.id == "vllm_activation_half":
-        return (f"the profiling run's activation peak {b(t['activation'])} takes "
-                f"{t['activation'] / t['budget']:.0%} of the budget {b(t['budget'])}: at least "
-                "half of it goes to one step's activations, not the KV cache")
-    if f.id == "report_peak":
-        return (f"highest reported peak: {b(t['max reserved'])} reserved, "
-                f"{b(t['max allocated'])} allocated (line {t['line']})")
-    if f.id == "report_cached":
-        return (f"last report (line {t['line']}): {b(t['reserved'])} reserved − "
-                f"{b(t['allocated'])} allocated = {b(t['reserved'] - t['allocated'])} cached")
-    if f.id == "report_vs_oom":
-        over = t["reserved at the OOM"] + t["request"] - t["reported peak"]
-        return (f"the OOM came with {b(t['reserved at the OOM'])} reserved and a request of "
-                f"{b(t['request'])}: " + (f"{b(over)} beyond the highest reported peak — "
-                                          "the failing step needed more than any reported one"
-                                          if over > 0 else
-                                          "within the highest reported peak"))
-    if f.id == "sglang_not_enough":
-        said = (f" (mem_fraction_static = {t['mem_fraction_static']:.2f})"
-                if "mem_fraction_static" in t else "")
-        return (f"SGLang refused to start at line {t['line']}: 'Not enough memory' — after the "
-                f"weights, its static share of the card{said} left nothing for the KV cache "
-                "pool; raise --mem-fraction-static, or free the card of what else holds it "
-                "(another engine or process: SGLang takes its share of the card's free memory "
-                "at start-up)")
-    if f.id == "vllm_cumem_oom":
-        return (f"vLLM's sleep-mode allocator (CuMemAllocator, cumem_allocator.cpp:"
-                f"{t['source line']}) ran out at line {t['line']}: memory created or mapped "
-                "outside PyTorch's caching allocator (the KV cache or weights a wake_up maps "
-                "back) — no allocator figures; what the trainer or another engine holds on "
-                "the card at wake-up is what it lacked (torch.cuda.empty_cache() before "
-                "wake_up, a lower gpu_memory_utilization)")
-    if f.id == "memory_usage":
-        held = (f"; reserved {b(t['reserved'])} (allocated {b(t['allocated'])}), so "
-                f"{b(t['used'] - t['reserved'])} of the used memory is outside this "
-                "process's PyTorch cache" if "reserved" in t else "")
-        return (f"last Memory-Usage (line {t['line']}): {b(t['used'])} of {b(t['total'])} "
-                f"used, {b(t['free'])} free{held}")
-    if f.id == "usage_elsewhere":
-        return (f"something else holds this GPU: {b(t['outside'])} of {b(t['total'])} "
-                f"({t['outside'] / t['total']:.0%}) is used outside this process's PyTorch "
-                "cache — a colocated rollout engine (its gpu_memory_utilization / "
-                "mem_fraction_static), another process, this process's other libraries; "
-                "`nvidia-smi --query-compute-apps=pid,process_name,used_memory` names them")
-    if f.id == "nccl_calloc":
-        times = f" ({t['times']} times)" if t["times"] > 1 else ""
-        return (f"NCCL could not allocate {b(t['size'])} ({t['size']:,} bytes) on the device "
-                f"(line {t['line']}){times}: its own cudaMalloc for communicator buffers, "
-                "outside PyTorch's caching allocator, found the card full — no allocator "
-                "figures; what PyTorch caches (torch.cuda.empty_cache() before the "
-                "collective) or another engine holds left it no room (NCCL_BUFFSIZE / "
-                "NCCL_MAX_NCHANNELS lower what NCCL asks)")
-    if f.id == "cuda_error_oom":
-        times = f" ({t['times']} times)" if t["times"] > 1 else ""
-        return (f"'CUDA error: out of memory' at line {t['line']}{times}: raised outside "
-                "PyTorch's caching allocator (a cuBLAS / cuDNN workspace, a kernel launch, "
-                "a library's own cudaMalloc, a CUDA context), so the error carries no "
-                "allocator figures — no request, free or reserved to split; CUDA reports "
-                "errors asynchronously, so the frame it names may not be the call that "
-                "failed (CUDA_LAUNCH_BLOCKING=1 pins it down)")
-    if f.id == "cublas_alloc_failed":
-        times = f" ({t['times']} times)" if t["times"] > 1 else ""
-        return (f"cuBLAS could not allocate (CUBLAS_STATUS_ALLOC_FAILED) at line {t['line']}"
-                f"{times}: its handle or workspace is device memory cuBLAS takes itself, "
-                "outside PyTorch's caching allocator, so the error carries no allocator "
-                "figures; the card had no room when cuBLAS first ran on this device and "
-                "thread (what PyTorch caches, another process, a second job on the GPU)")
-    if f.id == "uneven_ranks":
-        (high, hb), (low, lb) = f.terms
-        return (f"{high} peaks at {b(hb)}, {low} at {b(lb)}: the ranks are uneven "
-                f"({b(hb - lb)} apart: a heavier pipeline stage, longer sequences on one rank)")
-    return f.id
+    """A framework finding in its words (`FRAMEWORK_WORDS`; a finding without words is
+    a failing test, test_cause_kinds)."""
+    return FRAMEWORK_WORDS[f.id](dict(f.terms), f, e)
+
+
+b = fmt_bytes
+
+
+def _budget(f: Finding) -> str:
+    return ", ".join(f"{what} {b(n)}" for what, n in f.terms) + \
+        " (figures as the framework printed them)"
+
+
+def _sglang_oom(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
+    left = t.get("left after start-up")
+    return (f"the OOM at line {e.message.line if e.message else '?'} asked "
+            f"{b(t['request'])} with {b(t['free'])} free: {b(t['shortfall'])} short"
+            + (f"; SGLang's start-up left {b(left)} of the card" if left is not None else "")
+            + (f", and its last 'avail mem' before the OOM (line {t['at line']}) was "
+               f"{b(t['last avail mem before the OOM'])}: "
+               f"{b(left - t['last avail mem before the OOM'])} taken after start-up"
+               if left is not None and "last avail mem before the OOM" in t else "")
+            + " — the knobs below are the budget terms that alone held that much")
+
+
+def _times(t: Terms) -> str:
+    return f" ({t['times']} times)" if t["times"] > 1 else ""
+
+
+def _saver_refused(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
+    return (f"torch_memory_saver refused an allocation of {b(t['size'])}{_times(t)}: "
+            f"{b(t['free'])} free less its margin {b(t['margin'])} leaves "
+            f"{b(t['free'] - t['margin'])}")
+
+
+def _report_vs_oom(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
+    over = t["reserved at the OOM"] + t["request"] - t["reported peak"]
+    return (f"the OOM came with {b(t['reserved at the OOM'])} reserved and a request of "
+            f"{b(t['request'])}: " + (f"{b(over)} beyond the highest reported peak — "
+                                      "the failing step needed more than any reported one"
+                                      if over > 0 else "within the highest reported peak"))
+
+
+def _sglang_not_enough(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
+    said = (f" (mem_fraction_static = {t['mem_fraction_static']:.2f})"
+            if "mem_fraction_static" in t else "")
+    return (f"SGLang refused to start at line {t['line']}: 'Not enough memory' — after the "
+            f"weights, its static share of the card{said} left nothing for the KV cache "
+            "pool; raise --mem-fraction-static, or free the card of what else holds it "
+            "(another engine or process: SGLang takes its share of the card's free memory "
+            "at start-up)")
+
+
+def _memory_usage(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
+    held = (f"; reserved {b(t['reserved'])} (allocated {b(t['allocated'])}), so "
+            f"{b(t['used'] - t['reserved'])} of the used memory is outside this "
+            "process's PyTorch cache" if "reserved" in t else "")
+    return (f"last Memory-Usage (line {t['line']}): {b(t['used'])} of {b(t['total'])} "
+            f"used, {b(t['free'])} free{held}")
+
+
+def _uneven_ranks(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
+    (high, hb), (low, lb) = f.terms
+    return (f"{high} peaks at {b(hb)}, {low} at {b(lb)}: the ranks are uneven "
+            f"({b(hb - lb)} apart: a heavier pipeline stage, longer sequences on one rank)")
+
+
+#: Each framework finding's words, by its id.
+FRAMEWORK_WORDS: dict[str, Callable[[Terms, Finding, FrameworkEvidence], str]] = {
+    "sglang_budget": lambda t, f, e: "start-up budget: " + _budget(f),
+    "vllm_budget": lambda t, f, e: "budget: " + _budget(f),
+    "sglang_kv_tokens": lambda t, f, e: f"the KV cache pool holds {t['tokens']:,} tokens",
+    "sglang_fraction": lambda t, f, e: (
+        f"mem_fraction_static = {t['mem_fraction_static']:.2f} (its ServerArgs line)"),
+    "sglang_oom": _sglang_oom,
+    "saver_refused": _saver_refused,
+    "saver_margin": lambda t, f, e: (
+        f"the allocation fits the free memory; the margin ({b(t['margin'])}) is what "
+        "refused it"),
+    "saver_short": lambda t, f, e: (
+        f"the allocation ({b(t['size'])}) is {b(t['size'] - t['free'])} more than the "
+        f"card's free {b(t['free'])}: no margin would let it through — what holds the "
+        "card (a colocated engine, this process's own tensors) must give it back"),
+    "vllm_kv_negative": lambda t, f, e: (
+        f"Available KV cache memory is {b(t['KV cache'])}: the weights, the profiling "
+        "run's activations and the memory outside torch took more than vLLM's budget"),
+    "vllm_held_at_start": lambda t, f, e: (
+        f"{b(t['held'])} of the card ({t['held'] / t['total']:.0%}) was in use before "
+        "profiling besides the weights (initial_memory_usage − weights): another "
+        "process or vLLM instance on the card, which the budget counts against itself"),
+    "vllm_unsplit": lambda t, f, e: (
+        "the log does not split what took it (vLLM's 'Total non KV cache memory' "
+        "line is debug-level): a colocated trainer's memory, another process's, or "
+        "vLLM's own weights and activations — no utilisation is offered without it"),
+    "vllm_kv_tokens": lambda t, f, e: (
+        f"the KV cache holds {t['tokens']:,} tokens; a request may be "
+        f"{t['max_model_len']:,} long"),
+    "vllm_activation_half": lambda t, f, e: (
+        f"the profiling run's activation peak {b(t['activation'])} takes "
+        f"{t['activation'] / t['budget']:.0%} of the budget {b(t['budget'])}: at least "
+        "half of it goes to one step's activations, not the KV cache"),
+    "report_peak": lambda t, f, e: (
+        f"highest reported peak: {b(t['max reserved'])} reserved, "
+        f"{b(t['max allocated'])} allocated (line {t['line']})"),
+    "report_cached": lambda t, f, e: (
+        f"last report (line {t['line']}): {b(t['reserved'])} reserved − "
+        f"{b(t['allocated'])} allocated = {b(t['reserved'] - t['allocated'])} cached"),
+    "report_vs_oom": _report_vs_oom,
+    "sglang_not_enough": _sglang_not_enough,
+    "vllm_cumem_oom": lambda t, f, e: (
+        f"vLLM's sleep-mode allocator (CuMemAllocator, cumem_allocator.cpp:"
+        f"{t['source line']}) ran out at line {t['line']}: memory created or mapped "
+        "outside PyTorch's caching allocator (the KV cache or weights a wake_up maps "
+        "back) — no allocator figures; what the trainer or another engine holds on "
+        "the card at wake-up is what it lacked (torch.cuda.empty_cache() before "
+        "wake_up, a lower gpu_memory_utilization)"),
+    "memory_usage": _memory_usage,
+    "usage_elsewhere": lambda t, f, e: (
+        f"something else holds this GPU: {b(t['outside'])} of {b(t['total'])} "
+        f"({t['outside'] / t['total']:.0%}) is used outside this process's PyTorch "
+        "cache — a colocated rollout engine (its gpu_memory_utilization / "
+        "mem_fraction_static), another process, this process's other libraries; "
+        "`nvidia-smi --query-compute-apps=pid,process_name,used_memory` names them"),
+    "nccl_calloc": lambda t, f, e: (
+        f"NCCL could not allocate {b(t['size'])} ({t['size']:,} bytes) on the device "
+        f"(line {t['line']}){_times(t)}: its own cudaMalloc for communicator buffers, "
+        "outside PyTorch's caching allocator, found the card full — no allocator "
+        "figures; what PyTorch caches (torch.cuda.empty_cache() before the "
+        "collective) or another engine holds left it no room (NCCL_BUFFSIZE / "
+        "NCCL_MAX_NCHANNELS lower what NCCL asks)"),
+    "cuda_error_oom": lambda t, f, e: (
+        f"'CUDA error: out of memory' at line {t['line']}{_times(t)}: raised outside "
+        "PyTorch's caching allocator (a cuBLAS / cuDNN workspace, a kernel launch, "
+        "a library's own cudaMalloc, a CUDA context), so the error carries no "
+        "allocator figures — no request, free or reserved to split; CUDA reports "
+        "errors asynchronously, so the frame it names may not be the call that "
+        "failed (CUDA_LAUNCH_BLOCKING=1 pins it down)"),
+    "cublas_alloc_failed": lambda t, f, e: (
+        f"cuBLAS could not allocate (CUBLAS_STATUS_ALLOC_FAILED) at line {t['line']}"
+        f"{_times(t)}: its handle or workspace is device memory cuBLAS takes itself, "
+        "outside PyTorch's caching allocator, so the error carries no allocator "
+        "figures; the card had no room when cuBLAS first ran on this device and "
+        "thread (what PyTorch caches, another process, a second job on the GPU)"),
+    "uneven_ranks": _uneven_ranks,
+}

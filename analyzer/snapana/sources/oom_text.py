@@ -20,7 +20,7 @@ import html
 import re
 from dataclasses import replace
 
-from snapana.log_model import OomMessage
+from snapana.log_model import Dialect, OomMessage
 from snapana.printed import SIZE, Size, whole
 from snapana.sources.text_lines import bounded_lines
 
@@ -239,7 +239,7 @@ def _message(line: int, backend: str, body: str, prefix: str) -> OomMessage:
                       for m in _COMPILED["process"].finditer(body))
     rank = _RANK.search(prefix)
     msg = OomMessage(
-        line=line, backend=backend, wording=wording, releases=releases, text=body,
+        line=line, dialect=Dialect(backend, wording, releases), text=body,
         prefix=prefix.strip(), rank=int(rank.group(1)) if rank else None, device=device,
         request=_size(_find("request", body)) or _size(_find("preempted", body)),
         capacity=_size(cap, 2) if cap else _size(old_cap, 2),

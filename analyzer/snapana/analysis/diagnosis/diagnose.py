@@ -16,29 +16,35 @@ import polars as pl
 
 from snapana.allocator_model.rules import NPU_REQUEST_PAD, round_size, segment_size_for
 from snapana.analysis.allocator_replay import offered_by_replay, replay_knobs, replay_without
-from snapana.analysis.attribution import chunk_groups, family_label
-from snapana.analysis.attribution.assign import AnnotationWindows, Attributor
+from snapana.analysis.attribution.assign import Attributor
 from snapana.analysis.attribution.engine import RuleSet
-from snapana.analysis.attribution.families import loop_families
-from snapana.analysis.attribution.lifetimes import attribute_lifetimes, carry_families
-from snapana.analysis.diagnosis.findings import (
-    Band,
+from snapana.analysis.diagnosis import moment_state as st
+from snapana.analysis.diagnosis.causes import (
+    CapacityUnknown,
     Cause,
+    Demand,
+    Fragmentation,
+    LargeCache,
+    OutsidePytorch,
+    PrivatePool,
+)
+from snapana.analysis.diagnosis.findings import (
+    Advice,
     ChunkLoop,
+    Coverage,
     DeviceReport,
     Diagnosis,
+    FailedRequest,
+    Figures,
     Group,
-    GroupSite,
     OomFinding,
     PoolFree,
-    PoolStreamBytes,
+    Remedy,
     Removable,
-    Site,
-    Timeline,
+    Standing,
     WhatIf,
 )
 from snapana.analysis.evidence import JobEvidence, job_evidence
-from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline, family_timeline
 from snapana.analysis.knobs import (
     Knob,
     best_knob,
@@ -66,8 +72,6 @@ from snapana.caching_allocator import (
 from snapana.model import Capture
 from snapana.units import fmt_bytes
 
-CHUNK_MIN_BYTES = 16 << 20  # repeated blocks smaller than this are not worth calling chunks
-LOOP_SIZE_SPREAD = 16  # a loop's copies differ in size by at most this factor
 #: Fragmentation is the cause only when the cached-but-unallocated bytes are a real share of
 #: what PyTorch reserved; below this the memory is genuinely in use (seed 000, S1 #3).
 FRAGMENTATION_SHARE = 0.10
@@ -128,7 +132,7 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
     allocated = int(held["size"].sum())
     pending = int(live.filter(pl.col("state") == ACTIVE_PENDING_FREE)["size"].sum())
     segments = dr.segments_at(moment)
-    pools = _pools(segments, dr.free_blocks_at(moment))
+    pools = st.pools(segments, dr.free_blocks_at(moment))
     oom = None
     if moment.kind == "oom" and dr.oom is not None:
         o = dr.oom
@@ -143,9 +147,9 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
             count=len(dr.ooms),
         )
     impossible = _impossible(segments, live, pools, reserved - allocated - pending)
-    state = _AtMoment(moment, live, held, segments, pools, _groups(held), reserved, allocated,
+    state = _AtMoment(moment, live, held, segments, pools, st.groups(held), reserved, allocated,
                       pending, impossible)
-    lifetimes = _lifetimes(dr, attributor, held, moment)
+    lifetimes = st.lifetimes(dr, attributor, held, moment)
     extra = ({} if dr.oom is None or moment.kind != "oom" else
              {attributor.decide(dr.oom.stack_id, attributor.context(
                  dr.oom.stack_id, "0,0", dr.oom.stream, ACTIVE_ALLOCATED,
@@ -169,33 +173,36 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
         source=capture.source,
         device=dr.device,
         moment=moment,
-        reserved_bytes=reserved,
-        allocated_bytes=allocated,
-        pending_free_bytes=state.pending_free,
-        cached_unallocated_bytes=None if impossible else state.cached_unallocated,
-        largest_free_block_bytes=None if impossible
-        else max((p.largest_free_bytes for p in pools), default=0),
+        figures=Figures(
+            reserved_bytes=reserved,
+            allocated_bytes=allocated,
+            pending_free_bytes=state.pending_free,
+            cached_unallocated_bytes=None if impossible else state.cached_unallocated,
+            largest_free_block_bytes=None if impossible
+            else max((p.largest_free_bytes for p in pools), default=0),
+            peak_allocated_bytes=max(peak_bytes, allocated) if history else allocated,
+            before_recording_bytes=int(held.filter(pl.col("alloc_idx") < 0)["size"].sum())),
         pools=() if impossible else pools,
-        peak_allocated_bytes=max(peak_bytes, allocated) if history else allocated,
         peak=peak if history else moment,
         oom=oom,
         groups=state.groups,
-        by_pool_stream=_by_pool_stream(held),
-        top_sites=_top_sites(capture, held),
-        timeline=_timeline(capture, dr, peak, peak_bytes, attributor, held, moment,
+        by_pool_stream=st.by_pool_stream(held),
+        top_sites=st.top_sites(capture, held),
+        timeline=st.timeline(capture, dr, peak, peak_bytes, attributor, held, moment,
                            (diagnosis.request_family, diagnosis.excess_family), lifetimes),
         segments=segments,
-        live_blocks=_with_family(live, held),
+        live_blocks=st.with_family(live, held),
         n_events=dr.n_events,
         warnings=tuple(warnings),
-        before_recording_bytes=int(held.filter(pl.col("alloc_idx") < 0)["size"].sum()),
         diagnosis=diagnosis,
         device_name=_device_name(capture, dr),
         at=at,
-        has_segments=segmented,
-        reserved_known=segmented or dr.device in capture.metadata.get("reserved_timeline", {}),
-        failed=dr.oom is not None,
-        not_replayed=dr.unreplayable is not None,
+        coverage=Coverage(
+            has_segments=segmented,
+            reserved_known=segmented or dr.device in capture.metadata.get("reserved_timeline",
+                                                                          {}),
+            failed=dr.oom is not None,
+            not_replayed=dr.unreplayable is not None),
     )
 
 
@@ -216,7 +223,7 @@ def _replayed_knobs(capture: Capture, dr: DeviceReplay, d: Diagnosis, rules: Rul
     lead = [k for k in (d.excess_knob, d.alternative_knob) if k is not None]
     knobs = offered_by_replay(d.knobs, lead, decided, replays)[:MAX_KNOBS]
     applies = {k.id: d.applies.get(k.id) or _replay_applies(k, d) for k in knobs}
-    return replace(d, knobs=knobs, replays=replays, applies=applies)
+    return replace(d, advice=replace(d.advice, knobs=knobs, replays=replays, applies=applies))
 
 
 def _replay_applies(k: Knob, d: Diagnosis) -> str:
@@ -260,16 +267,6 @@ def _impossible(segments: pl.DataFrame, live: pl.DataFrame, pools: tuple[PoolFre
     return None
 
 
-def _with_family(live: pl.DataFrame, held: pl.DataFrame) -> pl.DataFrame:
-    """The live blocks with the family (and its evidence) of the allocated block at their
-    address. One family per address (the first), so the join is one-to-one: an inconsistent
-    capture can hold several live blocks at one address, and joining on a repeated key
-    multiplies rows."""
-    families = held.select("address", "family", "evidence").unique(
-        "address", keep="first", maintain_order=True)
-    return live.join(families, on="address", how="left", maintain_order="left")
-
-
 def _replay_warnings(dr: DeviceReplay) -> list[str]:
     """Where the replay found the capture at odds with itself: figures that cannot add up
     get their own warning, then the block and the segment disagreements, one line each."""
@@ -311,118 +308,209 @@ def _check_capacity(capture: Capture, dr: DeviceReplay, moment: Moment, capacity
                              f"free at the OOM ({fmt_bytes(floor)}) on device {dr.device}")
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every part of the diagnosis reads of the job: the frameworks whose knobs apply
+    (with the host pack's for a process's heap), the rules, the workload and its evidence."""
+
+    fw: set[str]
+    rules: RuleSet
+    workload: str | None
+    ev: JobEvidence
+    host: bool
+
+    def removable(self, family: str, phase: str) -> Removable:
+        return _removable(family, self.fw, self.rules, phase, self.workload, self.ev)
+
+
+@dataclass(frozen=True)
+class _AtOom:
+    """What the OOM says: the failed request, the causes, each family's what-if and what to
+    take away first."""
+
+    request: FailedRequest
+    phase: str
+    outside: int | None
+    causes: list[Cause]
+    what_ifs: list[WhatIf]
+    remedy: Remedy
+    reloading: bool
+    shortfall: int | None
+    warnings: list[str]
+
+
 def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: _AtMoment,
              oom: OomFinding | None, capacity: int | None,
              history: bool, ev: JobEvidence) -> tuple[Diagnosis, list[str]]:
     """Why it failed, what would have made it fit, and which knobs change that; with the
     warnings the diagnosis adds to the report (its input is left as it was). Every knob
     named passes its preconditions against the job's evidence `ev`."""
-    workload = ev.workload.answer
-    moment = state.moment
-    segments, live, held = state.segments, state.live, state.held
     rules = attributor.rules  # the built-in packs plus any --rules file: knobs and markers too
     frameworks = sorted(frameworks_in(sorted({f[0] for f in capture.stacks.frames}), rules))
     # a process's heap (memray) gets the host pack's knobs for the families that hold it
     host = capture.source.row.host_heap
-    fw = set(frameworks) | ({"host"} if host else set())
-    request = req_family = req_label = req_site = None
-    phase = _moment_phase(held, moment.idx)
-    outside = None
-    causes: list[Cause] = []
-    what_ifs: list[WhatIf] = []
-    warnings: list[str] = []
-    excess = alternative = None
-    excess_knob = alternative_knob = None
-    accumulating: ChunkLoop | None = None
-    without_copies: WhatIf | None = None
-    reloading = False
-    lead: list[Knob] = []
-    shortfall: int | None = None
+    job = _Job(set(frameworks) | ({"host"} if host else set()), rules, ev.workload.answer, ev,
+               host)
+    at = None
     if oom is not None and dr.oom is not None:
-        o = dr.oom
-        request = o.requested_bytes
-        ctx = attributor.context(o.stack_id, "0,0", o.stream, ACTIVE_ALLOCATED, request,
-                                 o.idx)
-        decision = attributor.decide(o.stack_id, ctx)
-        req_family, req_label, phase = decision.family, decision.label, decision.phase
-        req_site = attributor.site(o.stack_id)
-        reloading = reloads_offloaded(
-            attributor.rules.explain(capture.stacks.stack(o.stack_id), ctx).phase_rule_id)
-        device_free = o.device_free_bytes or 0
-        if capacity is not None and o.device_free_bytes is not None:
-            outside = capacity - state.reserved - o.device_free_bytes
-        causes = _causes(state, request, device_free, capacity, outside)
-        baseline = would_fit(request, device_free, segments, live, stream=o.stream)
-        # a state that cannot exist (`_impossible`) places nothing: no shortfall, no what-if
-        shortfall = None if state.impossible else max(0, -baseline.spare_bytes)
-        if baseline.fits and not state.impossible:
-            warnings.append(
-                "the replayed state would have fit the request: device_free or the "
-                "segments at the OOM are incomplete, so what-ifs are approximate"
-            )
-        shown = [] if state.impossible else list(state.groups[:WHATIF_FAMILIES])
-        shown += [g for g in state.groups[WHATIF_FAMILIES:] if g.name == req_family
-                  and not state.impossible]
-        for g in shown:
-            mine = held.filter(pl.col("family") == g.name)
-            without = live.filter(~pl.col("address").is_in(mine["address"].implode()))
-            fit = would_fit(request, device_free, segments, without, stream=o.stream)
-            private = mine.filter(pl.col("pool") != "0,0")
-            pools = tuple(sorted(set(private["pool"].to_list())))
-            released = sum(p.reserved_bytes for p in state.pools if p.pool in pools)
-            what_ifs.append(WhatIf(
-                g.name, g.bytes, g.blocks, fit.fits, fit.spare_bytes, fit.how,
-                _removable(g.name, fw, rules, phase, workload, ev), int(private["size"].sum()),
-                pools, released,
-                segment_size_for(request) <= device_free + released if pools else None,
-                fit.spare_terms))
-        accumulating = _accumulation(state.groups, req_family, o.stack_id)
-        if accumulating is not None and req_family and not state.impossible:
-            copies = held.filter((pl.col("family") == req_family)
-                                 & (pl.col("stack_id") == accumulating["stack_id"]))
-            fit = would_fit(request, device_free, segments,
-                            live.filter(~pl.col("address").is_in(copies["address"].implode())),
-                            stream=o.stream)
-            without_copies = WhatIf(req_family, int(copies["size"].sum()), copies.height,
-                                    fit.fits, fit.spare_bytes, fit.how,
-                                    _removable(req_family, fw, rules, phase, workload, ev),
-                                    spare_terms=fit.spare_terms)
-        stop = (stop_knob(req_family, fw, phase, rules, offload=not reloading,
-                          workload=workload, ev=ev)
-                if accumulating is not None and req_family else None)
-        if accumulating is not None:
-            excess, excess_knob = req_family, stop
-        else:
-            excess, excess_knob = _excess(what_ifs, fw, phase, rules, not reloading,
-                                          workload=workload, ev=ev)
-        alternative, alternative_knob = _excess([w for w in what_ifs if w.family != excess],
-                                                fw, phase, rules, not reloading,
-                                                avoid=excess_knob, workload=workload,
-                                                ev=ev)
-        if accumulating is not None and _cheaper(alternative_knob, excess_knob):
-            # a sufficient fix that costs less (last step's gradients freed before this
-            # forward, at no cost) comes before stopping the accumulation (recompute)
-            excess, excess_knob, alternative, alternative_knob = (
-                alternative, alternative_knob, excess, excess_knob)
-        lead = [k for k in (excess_knob, alternative_knob) if k is not None]
-        what_ifs.sort(key=lambda w: (w.family != excess, w.family != alternative))
+        at = _at_oom(capture, dr, attributor, state, capacity, job)
+        phase, what_ifs, remedy = at.phase, at.what_ifs, at.remedy
     else:
-        for g in state.groups[:WHATIF_FAMILIES]:
-            removable = _removable(g.name, fw, rules, phase, workload, ev)
-            if host and removable == "no" and knobs_for([g.name], [], fw, phase, rules,
-                                                        workload=workload, ev=ev):
-                removable = "yes"  # a host knob stops keeping it (its caveat says the cost)
-            what_ifs.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by",
-                                   removable))
+        phase = _moment_phase(state.held, state.moment.idx)
+        what_ifs, remedy = _peak_what_ifs(state, job, phase), Remedy()
+    shortfall = at.shortfall if at is not None else None
+    standing = _standing(capture, dr, state, oom is not None, capacity, host, shortfall)
+    order = _knob_order(state, what_ifs, remedy.excess_family,
+                        at.request.family if at is not None else None, shortfall, host)
+    knobs = _offered(job, state, at, remedy, order, phase, standing.large_cache)
+    prescribe = standing.prescribe
+    advice = Advice(knobs=tuple(knobs[:MAX_KNOBS]) if prescribe else (),
+                    applies={k.id: why_applies(k, ev, list(order)) or ""
+                             for k in knobs[:MAX_KNOBS]},
+                    knob_families=tuple(order))
+    diagnosis = Diagnosis(
+        kind=state.moment.kind, phase=phase, request=at.request if at is not None else None,
+        capacity_bytes=capacity, outside_pytorch_bytes=at.outside if at is not None else None,
+        causes=tuple(at.causes if at is not None else ()), what_ifs=tuple(what_ifs),
+        frameworks=tuple(frameworks),
+        remedy=remedy if prescribe else replace(remedy, excess_knob=None,
+                                                alternative_knob=None),
+        advice=advice, standing=standing, reloading=at.reloading if at is not None else False,
+        history=history, workload=job.workload, evidence=ev, shortfall_bytes=shortfall,
+        size_groups=() if history else size_groups(state.held["size"].to_list()),
+        oom_named="" if oom is not None else _oom_named(capture),
+    )
+    return diagnosis, at.warnings if at is not None else []
+
+
+def _at_oom(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: _AtMoment,
+            capacity: int | None, job: _Job) -> _AtOom:
+    """The failed request placed in the state at the OOM: the causes, the state without each
+    of the largest families (and without the request's own loop of copies), and the cheapest
+    family to take away with the knob that does it."""
+    o = dr.oom
+    assert o is not None
+    request = o.requested_bytes
+    ctx = attributor.context(o.stack_id, "0,0", o.stream, ACTIVE_ALLOCATED, request, o.idx)
+    decision = attributor.decide(o.stack_id, ctx)
+    family, phase = decision.family, decision.phase
+    reloading = reloads_offloaded(
+        attributor.rules.explain(capture.stacks.stack(o.stack_id), ctx).phase_rule_id)
+    device_free = o.device_free_bytes or 0
+    outside = None
+    if capacity is not None and o.device_free_bytes is not None:
+        outside = capacity - state.reserved - o.device_free_bytes
+    causes = _causes(state, request, device_free, capacity, outside)
+    baseline = would_fit(request, device_free, state.segments, state.live, stream=o.stream)
+    # a state that cannot exist (`_impossible`) places nothing: no shortfall, no what-if
+    shortfall = None if state.impossible else max(0, -baseline.spare_bytes)
+    warnings = []
+    if baseline.fits and not state.impossible:
+        warnings.append(
+            "the replayed state would have fit the request: device_free or the "
+            "segments at the OOM are incomplete, so what-ifs are approximate"
+        )
+    what_ifs = _oom_what_ifs(state, request, device_free, o.stream, family, job, phase)
+    accumulating = _accumulation(state.groups, family, o.stack_id)
+    without_copies = None
+    if accumulating is not None and family and not state.impossible:
+        copies = state.held.filter((pl.col("family") == family)
+                                   & (pl.col("stack_id") == accumulating["stack_id"]))
+        fit = would_fit(request, device_free, state.segments, state.live.filter(
+            ~pl.col("address").is_in(copies["address"].implode())), stream=o.stream)
+        without_copies = WhatIf(family, int(copies["size"].sum()), copies.height, fit.fits,
+                                fit.spare_bytes, fit.how, job.removable(family, phase),
+                                spare_terms=fit.spare_terms)
+    remedy = _remedy(what_ifs, family, accumulating, without_copies, job, phase, reloading)
+    what_ifs.sort(key=lambda w: (w.family != remedy.excess_family,
+                                 w.family != remedy.alternative_family))
+    return _AtOom(FailedRequest(request, round_size(request), segment_size_for(request), family,
+                                decision.label, attributor.site(o.stack_id)),
+                  phase, outside, causes, what_ifs, remedy, reloading, shortfall, warnings)
+
+
+def _oom_what_ifs(state: _AtMoment, request: int, device_free: int, stream: int,
+                  family: str | None, job: _Job, phase: str) -> list[WhatIf]:
+    """The request placed without each of the largest families (and the request's own)."""
+    if state.impossible:
+        return []
+    shown = list(state.groups[:WHATIF_FAMILIES])
+    shown += [g for g in state.groups[WHATIF_FAMILIES:] if g.name == family]
+    out = []
+    for g in shown:
+        mine = state.held.filter(pl.col("family") == g.name)
+        without = state.live.filter(~pl.col("address").is_in(mine["address"].implode()))
+        fit = would_fit(request, device_free, state.segments, without, stream=stream)
+        private = mine.filter(pl.col("pool") != "0,0")
+        pools = tuple(sorted(set(private["pool"].to_list())))
+        released = sum(p.reserved_bytes for p in state.pools if p.pool in pools)
+        out.append(WhatIf(
+            g.name, g.bytes, g.blocks, fit.fits, fit.spare_bytes, fit.how,
+            job.removable(g.name, phase), int(private["size"].sum()), pools, released,
+            segment_size_for(request) <= device_free + released if pools else None,
+            fit.spare_terms))
+    return out
+
+
+def _remedy(what_ifs: list[WhatIf], family: str | None, accumulating: ChunkLoop | None,
+            without_copies: WhatIf | None, job: _Job, phase: str, reloading: bool) -> Remedy:
+    """The family to take away first and its knob (an accumulating request's own family:
+    the knob that stops it), and the cheapest alternative; a sufficient fix that costs less
+    comes first."""
+    fw, rules, workload, ev = job.fw, job.rules, job.workload, job.ev
+    if accumulating is not None:
+        excess, excess_knob = family, (stop_knob(family, fw, phase, rules, offload=not reloading,
+                                                 workload=workload, ev=ev) if family else None)
+    else:
+        excess, excess_knob = _excess(what_ifs, fw, phase, rules, not reloading,
+                                      workload=workload, ev=ev)
+    alternative, alternative_knob = _excess([w for w in what_ifs if w.family != excess],
+                                            fw, phase, rules, not reloading,
+                                            avoid=excess_knob, workload=workload, ev=ev)
+    if accumulating is not None and _cheaper(alternative_knob, excess_knob):
+        # a sufficient fix that costs less (last step's gradients freed before this
+        # forward, at no cost) comes before stopping the accumulation (recompute)
+        excess, excess_knob, alternative, alternative_knob = (
+            alternative, alternative_knob, excess, excess_knob)
+    return Remedy(excess, alternative, accumulating, without_copies, excess_knob,
+                  alternative_knob)
+
+
+def _peak_what_ifs(state: _AtMoment, job: _Job, phase: str) -> list[WhatIf]:
+    """Without an OOM: how much lower the moment would be without each of the largest."""
+    out = []
+    for g in state.groups[:WHATIF_FAMILIES]:
+        removable = job.removable(g.name, phase)
+        if job.host and removable == "no" and knobs_for([g.name], [], job.fw, phase, job.rules,
+                                                        workload=job.workload, ev=job.ev):
+            removable = "yes"  # a host knob stops keeping it (its caveat says the cost)
+        out.append(WhatIf(g.name, g.bytes, g.blocks, None, None, "peak lower by", removable))
+    return out
+
+
+def _standing(capture: Capture, dr: DeviceReplay, state: _AtMoment, failed: bool,
+              capacity: int | None, host: bool, shortfall: int | None) -> Standing:
+    """Where the device stands: its headroom, whether it is empty, small, shown beside a
+    device that failed, or holds a large cache; and so whether knobs are prescribed."""
     headroom = capacity - state.reserved if capacity is not None else None
-    empty = state.allocated == 0 and state.reserved == 0 and oom is None
-    failed_elsewhere = None if oom is not None else _failed_elsewhere(capture, dr.device)
-    small = (oom is None and not host and state.reserved < SMALL_RESERVED
+    empty = state.allocated == 0 and state.reserved == 0 and not failed
+    failed_elsewhere = None if failed else _failed_elsewhere(capture, dr.device)
+    small = (not failed and not host and state.reserved < SMALL_RESERVED
              and state.allocated < SMALL_RESERVED)
     prescribe = host or dr.device >= 0 and not empty and not small and \
         failed_elsewhere is None and (
-            oom is not None or headroom is None or capacity is None
+            failed or headroom is None or capacity is None
             or state.reserved >= FAR_FROM_CAPACITY * capacity)
+    # a state that cannot exist has no computable cache (`_impossible`): nothing to say of it
+    cached = not state.impossible and large_cache(state.reserved, state.cached_unallocated,
+                                                  shortfall)
+    return Standing(headroom, prescribe, empty, cached, small and not empty, failed_elsewhere)
+
+
+def _knob_order(state: _AtMoment, what_ifs: list[WhatIf], excess: str | None,
+                req_family: str | None, shortfall: int | None, host: bool) -> list[str]:
+    """The families knobs are chosen for (`_knob_families`), the one to take away first,
+    then the request's, those whose removal alone fits, those that can go, the largest."""
     eligible = _knob_families(state, what_ifs, req_family, shortfall)
     order = ([excess] if excess else []) + ([req_family] if req_family else [])
     if host:
@@ -430,44 +518,30 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     order += [w.family for w in what_ifs if w.removable != "no" and w.fits]
     order += [w.family for w in what_ifs if w.removable != "no"]
     order += [g.name for g in state.groups]
-    order = [f for f in dict.fromkeys(order) if f in eligible]
-    held_causes: list[str] = [c.id for c in causes if c.holds]
+    return [f for f in dict.fromkeys(order) if f in eligible]
+
+
+def _offered(job: _Job, state: _AtMoment, at: _AtOom | None, remedy: Remedy,
+             order: list[str], phase: str, cached: bool) -> list[Knob]:
+    """The knobs for the families in `order` and the causes that hold, those the verdict
+    names first; a large cache's after them; an inference-only knob never before another
+    where the workload is undetermined."""
+    lead = [k for k in (remedy.excess_knob, remedy.alternative_knob) if k is not None]
+    held_causes = [c.id for c in at.causes if c.holds] if at is not None else []
+    reloading = at.reloading if at is not None else False
     knobs = list(dict.fromkeys(
-        lead + knobs_for(order, held_causes, fw, phase, rules, offload=not reloading,
-                         workload=workload, ev=ev,
-                         bytes_of=None if oom is not None else
+        lead + knobs_for(order, held_causes, job.fw, phase, job.rules, offload=not reloading,
+                         workload=job.workload, ev=job.ev,
+                         bytes_of=None if at is not None else
                          {g.name: g.bytes for g in state.groups})))
-    # a state that cannot exist has no computable cache (`_impossible`): nothing to say of it
-    cached = not state.impossible and large_cache(state.reserved, state.cached_unallocated,
-                                                  shortfall)
     if cached:
-        cache = [k for k in knobs_for([], ["large_cache"], fw, phase, rules,
-                                      workload=workload, ev=ev) if k not in knobs]
+        cache = [k for k in knobs_for([], [LargeCache.vocab_id], job.fw, phase, job.rules,
+                                      workload=job.workload, ev=job.ev) if k not in knobs]
         knobs = knobs[:MAX_KNOBS - len(cache)] + cache
-    if workload in (None, "undetermined"):
+    if job.workload in (None, "undetermined"):
         # a forward that may be trained: an inference-only knob never comes before another
         knobs = sorted(knobs, key=lambda k: k.workload == "inference")
-    diagnosis = Diagnosis(
-        kind=moment.kind, phase=phase, request_bytes=request,
-        request_rounded_bytes=round_size(request) if request is not None else None,
-        request_segment_bytes=segment_size_for(request) if request is not None else None,
-        request_family=req_family, request_label=req_label, request_site=req_site,
-        capacity_bytes=capacity, outside_pytorch_bytes=outside, causes=tuple(causes),
-        what_ifs=tuple(what_ifs), excess_family=excess,
-        excess_knob=excess_knob if prescribe else None,
-        alternative_knob=alternative_knob if prescribe else None,
-        knobs=tuple(knobs[:MAX_KNOBS]) if prescribe else (),
-        frameworks=tuple(frameworks), accumulating=accumulating, without_copies=without_copies,
-        alternative_family=alternative, reloading=reloading, headroom_bytes=headroom,
-        prescribe=prescribe, history=history, workload=workload, evidence=ev,
-        small=small and not empty, failed_elsewhere=failed_elsewhere,
-        applies={k.id: why_applies(k, ev, list(order)) or "" for k in knobs[:MAX_KNOBS]},
-        knob_families=tuple(order), shortfall_bytes=shortfall, empty=empty,
-        large_cache=cached,
-        size_groups=() if history else size_groups(held["size"].to_list()),
-        oom_named="" if oom is not None else _oom_named(capture),
-    )
-    return diagnosis, warnings
+    return knobs
 
 
 #: A file name that says it was written at an OOM: "oom" as a word of its own
@@ -647,7 +721,7 @@ def _causes(state: _AtMoment, request: int, device_free: int, capacity: int | No
     causes = [
         # Natural signs: "short by" is request minus device free (the headline's figure);
         # what compaction of the request's pool would leave is short or spare, never negative.
-        Cause("real_demand", not fits_if_compacted or not fragmentation, {
+        Demand(not fits_if_compacted or not fragmentation, {
             "requested_bytes": request, "rounded_request_bytes": rounded,
             "device_free_bytes": device_free, "short_by_bytes": max(0, request - device_free),
             "allocated_bytes": state.allocated,
@@ -656,99 +730,24 @@ def _causes(state: _AtMoment, request: int, device_free: int, capacity: int | No
             "short_after_compaction_bytes": max(0, rounded - device_free - usable_free),
             "spare_after_compaction_bytes": max(0, device_free + usable_free - rounded),
         }),
-        *(() if state.impossible else (Cause("fragmentation", fragmentation, {
+        *(() if state.impossible else (Fragmentation(fragmentation, {
             "cached_unallocated_bytes": cached, "cached_share": round(share, 4),
             "share_threshold": FRAGMENTATION_SHARE,
             "largest_free_block_bytes": usable_largest, "rounded_request_bytes": rounded,
             "fits_if_compacted": fits_if_compacted,
         }),)),
-        Cause("private_pool", other_free > 0 and rounded <= device_free + usable_free
+        PrivatePool(other_free > 0 and rounded <= device_free + usable_free
               + other_free and not fits_if_compacted, {
             "private_pool_free_bytes": other_free, "default_pool_free_bytes": usable_free,
         }),
     ]
     if capacity is None or outside is None:
-        causes.append(Cause("capacity_unknown", False, {}))
+        causes.append(CapacityUnknown(False))
     else:
-        causes.append(Cause("outside_pytorch", outside >= max(rounded, OUTSIDE_SHARE * capacity),
-                            {"outside_pytorch_bytes": outside, "capacity_bytes": capacity,
+        causes.append(OutsidePytorch(outside >= max(rounded, OUTSIDE_SHARE * capacity),
+                                     {"outside_pytorch_bytes": outside, "capacity_bytes": capacity,
                              "share": round(outside / capacity, 4) if capacity else 0.0}))
     return causes
-
-
-def _pools(segments: pl.DataFrame, free: pl.DataFrame) -> tuple[PoolFree, ...]:
-    """Reserved, free and largest free block per pool and stream; they add up to the device's
-    reserved and cached-but-unallocated bytes (segments are disjoint: an expandable segment
-    counts its mapped ranges once)."""
-    out = []
-    expandable = (pl.col("expandable").any() if "expandable" in segments.columns
-                  else pl.lit(False)).alias("expandable")
-    seg = segments.group_by("pool", "stream").agg(pl.col("total_size").sum().alias("reserved"),
-                                                  expandable)
-    fr = free.group_by("pool", "stream").agg(
-        pl.col("size").sum().alias("free"), pl.col("size").max().alias("largest")
-    )
-    joined = seg.join(fr, on=["pool", "stream"], how="left").fill_null(0).sort("pool", "stream")
-    for pool, stream, reserved, exp, free_b, largest in joined.select(
-            "pool", "stream", "reserved", "expandable", "free", "largest").iter_rows():
-        out.append(PoolFree(pool, int(stream), int(reserved), int(free_b), int(largest),
-                            bool(exp)))
-    return tuple(out)
-
-
-def _groups(held: pl.DataFrame) -> tuple[Group, ...]:
-    """Families first, then their sites; chunk loops (one site, many equal blocks) named."""
-    inferred = (pl.col("evidence") == "inferred") if "evidence" in held.columns else pl.lit(False)
-    agg = (
-        held.group_by("family")
-        .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"),
-             pl.col("size").filter(inferred).sum().alias("inferred"))
-        .sort(["bytes", "family"], descending=[True, False])
-    )
-    groups = []
-    for name, nbytes, blocks, inferred_bytes in agg.iter_rows():
-        mine = held.filter(pl.col("family") == name)
-        sub = (
-            mine.group_by("site")
-            .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"),
-                 # the most common; among equally common ones the first by name, whatever
-                 # the order the source listed the blocks in
-                 pl.col("label").mode().sort().first().alias("label"),
-                 pl.col("rule_id").mode().sort().first().alias("rule_id"))
-            .sort(["bytes", "site"], descending=[True, False])
-        )
-        sites = tuple(
-            GroupSite(site=site, bytes=int(b), blocks=int(n), label=label, rule_id=rule_id)
-            for site, b, n, label, rule_id in sub.iter_rows()
-        )
-        chunks = _loops(str(name), mine)
-        evidence = () if "evidence" not in mine.columns else tuple(
-            (str(e), int(b)) for e, b in mine.group_by("evidence").agg(pl.col("size").sum())
-            .sort(["size", "evidence"], descending=[True, False]).iter_rows())
-        groups.append(Group(str(name), int(nbytes), int(blocks), label=family_label(name),
-                            sites=sites, chunks=chunks, inferred_bytes=int(inferred_bytes or 0),
-                            evidence=evidence))
-    return tuple(groups)
-
-
-def _loops(family: str, mine: pl.DataFrame) -> tuple[ChunkLoop, ...]:
-    """Repeated live blocks of one stack (same site, same loop) in a family whose repeats are
-    a loop's copies (`families.loop_families`), in block bytes so they add up to the family's bytes;
-    largest first. A site without a source frame (a profiler op, a timeline category, no
-    frames) is not a loop, nor are blocks of wildly different sizes."""
-    if family not in loop_families():
-        return ()
-    sites = dict(mine.select("stack_id", "site").iter_rows())
-    return tuple(
-        ChunkLoop(site=site, stack_id=int(str(g.site_key)), count=g.count,
-                  chunk_size=g.chunk_size, total=g.total, uniform=g.uniform,
-                  min_size=g.min_size, max_size=g.max_size)
-        for g in chunk_groups(mine.select("stack_id", "family", "size", "alloc_idx").iter_rows(),
-                              min_count=2)
-        for site in [str(sites.get(g.site_key) or "")]
-        if g.chunk_size >= CHUNK_MIN_BYTES and site and not site.startswith("<")
-        and g.max_size <= LOOP_SIZE_SPREAD * g.min_size
-    )
 
 
 def _device_name(capture: Capture, dr: DeviceReplay) -> str:
@@ -763,104 +762,3 @@ def _device_name(capture: Capture, dr: DeviceReplay) -> str:
     return f"npu:{dr.device}" if npu and capture.source.row.allocator_segments else ""
 
 
-def _by_pool_stream(held: pl.DataFrame) -> tuple[PoolStreamBytes, ...]:
-    agg = (
-        held.group_by("pool", "stream")
-        .agg(pl.col("size").sum().alias("bytes"), pl.len().alias("blocks"))
-        .sort(["bytes", "pool", "stream"], descending=[True, False, False])
-    )
-    return tuple(PoolStreamBytes(pool=pool, stream=stream, bytes=b, blocks=n)
-                 for pool, stream, b, n in agg.iter_rows())
-
-
-def _top_sites(capture: Capture, held: pl.DataFrame, limit: int = 15) -> tuple[Site, ...]:
-    """The sites holding the most bytes, each with its largest block's stack and its most
-    common family; ties broken by the smaller stack id and the family's name, so the same
-    capture always names the same ones."""
-    family = (
-        held.group_by("site", "family").len()
-        .sort(["site", "len", "family"], descending=[False, True, False])
-        .unique("site", keep="first", maintain_order=True)
-        .select("site", "family")
-    )
-    agg = (
-        held.group_by("site")
-        .agg(
-            pl.col("size").sum().alias("bytes"),
-            pl.len().alias("blocks"),
-            pl.col("stack_id").sort_by(["size", "stack_id"], descending=[True, False])
-            .first().alias("stack_id"),
-        )
-        .join(family, on="site")
-        .sort(["bytes", "site"], descending=[True, False])
-        .head(limit)
-    )
-    return tuple(
-        Site(site, int(b), int(n), capture.stacks.stack(int(sid)), family)
-        for site, b, n, sid, family in agg.iter_rows()
-    )
-
-
-def _timeline(capture: Capture, dr: DeviceReplay, peak: Moment, peak_bytes: int,
-              attributor: Attributor, held: pl.DataFrame, moment: Moment,
-              named: tuple[str | None, ...], lifetimes: pl.DataFrame | None) -> Timeline:
-    """The live-bytes series of the whole trace, per family too (with the growth of the
-    dominant families and of those the verdict `named`), the events of the OOM and the
-    peak, and on a clock the annotation windows; a view downsamples it."""
-    clock = (capture.device_events(dr.device)["time_us"]
-             if capture.has_time and dr.n_events > 0 else None)
-    if clock is not None and clock.null_count() == clock.len():
-        clock = None  # no event of this device carries a time (another device's may)
-    times = None
-    bands: tuple[Band, ...] = ()
-    if clock is not None:
-        col = clock.fill_null(strategy="forward")
-        times = col.fill_null(strategy="backward").to_numpy()
-        bands = tuple(Band(name, start, end)
-                      for start, end, name in AnnotationWindows(capture, dr.device).windows
-                      if end < AnnotationWindows.OPEN_END)
-    families, growth, sites = _families(dr, attributor, lifetimes, moment, peak, named)
-    return Timeline(
-        allocated=dr.allocated,
-        reserved=dr.reserved,
-        times_us=times,
-        oom_idx=dr.oom.idx if dr.oom is not None else None,
-        peak_idx=peak.idx,
-        peak_bytes=peak_bytes,
-        bands=bands,
-        families=families,
-        growth=growth,
-        family_sites=sites,
-        stacks=capture.stacks,
-        segments=None if dr.segment_intervals.is_empty() else dr.segment_intervals,
-    )
-
-
-def _lifetimes(dr: DeviceReplay, attributor: Attributor, held: pl.DataFrame,
-               moment: Moment) -> pl.DataFrame | None:
-    """Every lifetime of the window with its family (None without history): those held at
-    the moment take the report's, and the families inference decides among blocks held
-    together (at the moment, and at the peak the report also shows) carry over to the same
-    allocations and call paths (`carry_families`), so one block has one family in the
-    report."""
-    if not dr.n_events:
-        return None
-    decided = [held]
-    if dr.peak.idx != moment.idx:
-        decided.append(attributor.attribute(
-            dr.blocks_at(dr.peak).filter(pl.col("state") == ACTIVE_ALLOCATED)))
-    return carry_families(attribute_lifetimes(attributor, dr, held), decided)
-
-
-def _families(dr: DeviceReplay, attributor: Attributor, lifetimes: pl.DataFrame | None,
-              moment: Moment, peak: Moment, named: tuple[str | None, ...]) -> tuple[
-        FamilyTimeline | None, tuple[FamilyGrowth, ...], dict[str, str]]:
-    """Each family's live bytes over the trace, the growth of the dominant and `named`
-    families, and each family's top site (nothing without history)."""
-    if not dr.n_events or lifetimes is None:
-        return None, (), {}
-    families = family_timeline(lifetimes, dr.n_events)
-    growth = families.dominant(moment.idx, peak.idx, dr.allocated_at(moment),
-                               tuple(f for f in named if f))
-    sites = {f: attributor.site(sid) for f, sid in families.top_stacks().items()}
-    return families, growth, sites

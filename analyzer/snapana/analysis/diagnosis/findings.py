@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Literal, TypedDict
+from typing import Literal, TypedDict, TypeVar
 
 import numpy as np
 import polars as pl
 
 from snapana.analysis.allocator_replay import KnobReplay, Prediction
+from snapana.analysis.diagnosis.causes import Cause
 from snapana.analysis.evidence import JobEvidence
 from snapana.analysis.family_timeline import FamilyGrowth, FamilyTimeline
 from snapana.analysis.knobs import Knob
@@ -26,13 +27,11 @@ from snapana.analysis.size_groups import SizeGroup
 from snapana.capture_kinds import CaptureKind
 from snapana.model import Frame, StackTable
 
-#: Why an allocation failed (the ``[[cause]]`` ids of ``attribution/packs/vocabulary.toml``).
-CauseId = Literal["real_demand", "fragmentation", "private_pool", "outside_pytorch",
-                  "capacity_unknown"]
 #: Whether a family can go: "yes" (kept by the step), "offload" (model state a knob moves),
 #: "shrink" (working set of the op in flight), "no", or "unknown" (the unknown family, or one
 #: whose lifetime is "undetermined": what it is for, and so whether it can go, is not known).
 Removable = Literal["yes", "offload", "shrink", "no", "unknown"]
+C = TypeVar("C", bound=Cause)
 
 @dataclass(frozen=True)
 class PoolFree:
@@ -152,15 +151,6 @@ class OomFinding:
 
 
 @dataclass(frozen=True)
-class Cause:
-    """One reason the allocation failed, with the numbers that show it (bytes as ints)."""
-
-    id: CauseId
-    holds: bool
-    numbers: Mapping[str, int | float | bool]
-
-
-@dataclass(frozen=True)
 class WhatIf:
     """The state at the moment without one family: would the request have fit?"""
 
@@ -182,57 +172,66 @@ class WhatIf:
     #: The terms `spare_bytes` is the sum of (placement.Fit.spare_terms), for the report.
     spare_terms: SpareTerms = ()
 
+    @property
+    def by_offload(self) -> bool:
+        """It can go only by offloading (model state a knob moves)."""
+        return self.removable == "offload"
+
 
 @dataclass(frozen=True)
-class Diagnosis:
-    kind: MomentKind
-    phase: str
-    request_bytes: int | None
-    request_rounded_bytes: int | None
-    request_segment_bytes: int | None
-    request_family: str | None
-    request_label: str | None
-    request_site: str | None
-    capacity_bytes: int | None
-    outside_pytorch_bytes: int | None
-    causes: tuple[Cause, ...]
-    what_ifs: tuple[WhatIf, ...]
-    excess_family: str | None  # the family to take away first: see _excess
-    knobs: tuple[Knob, ...]
-    frameworks: tuple[str, ...]
+class FailedRequest:
+    """The allocation that failed, as the allocator would have placed it."""
+
+    bytes: int
+    rounded_bytes: int  # rounded as the allocator rounds a block
+    segment_bytes: int  # the segment it would have asked the device for
+    family: str | None
+    label: str | None
+    site: str | None
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """What to take away first, and the cheapest alternative that also suffices."""
+
+    excess_family: str | None = None  # the family to take away first: see `_excess`
+    #: The cheapest family other than the first one whose removal also makes the request fit.
+    alternative_family: str | None = None
     #: The failing request's family holds live copies from one loop (see `_accumulation`).
     accumulating: ChunkLoop | None = None
     #: The request placed without exactly those copies (the rest of the family kept).
     without_copies: WhatIf | None = None
-    #: The cheapest family other than the first one whose removal also makes the request fit.
-    alternative_family: str | None = None
     #: The knobs the verdict names for `excess_family` (for an accumulating family: the one
     #: that stops it) and for `alternative_family`; None where no knob of a framework in use
     #: applies. Both lead `knobs`.
     excess_knob: Knob | None = None
     alternative_knob: Knob | None = None
-    #: The OOM happened while reloading offloaded state: no offload knob is offered.
-    reloading: bool = False
-    #: Capacity minus reserved at the moment (None: capacity unknown).
-    headroom_bytes: int | None = None
-    #: False when nothing needs fixing (no OOM, far from a known capacity; or host memory).
-    prescribe: bool = True
-    #: The capture records allocation history (alloc/free events), not only the final state.
-    history: bool = True
-    #: "training", "inference" or "undetermined", decided from the evidence (see
-    #: `analysis.evidence`); None: nothing in the capture speaks for any. Knobs only for the
-    #: other workload are not offered; where undetermined, inference-only knobs come last.
-    workload: str | None = None
-    #: The job's evidence (workload, facts, owners of each family, allocator settings).
-    evidence: JobEvidence | None = None
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The knobs offered, why each applies, and what a replay predicts of them."""
+
+    knobs: tuple[Knob, ...] = ()
     #: Knob id -> why it applies to this job (the evidence its preconditions found).
     applies: Mapping[str, str] = field(default_factory=dict)
     #: The families the knobs were chosen for: at an OOM those whose removal makes the request
     #: fit, the request's own, or together enough for `shortfall_bytes`; else those holding at
     #: least `KNOB_SHARE` of the allocated bytes.
     knob_families: tuple[str, ...] = ()
-    #: At an OOM, how far the replayed state is from placing the request (0: it would fit).
-    shortfall_bytes: int | None = None
+    #: Knob id -> its allocator settings replayed over the recorded window (knobs with
+    #: `simulate`, in a capture with history): what the model predicts, or why it does not
+    replays: Mapping[str, KnobReplay] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Where the device stands against its capacity, and so whether anything is prescribed."""
+
+    #: Capacity minus reserved at the moment (None: capacity unknown).
+    headroom_bytes: int | None = None
+    #: False when nothing needs fixing (no OOM, far from a known capacity; or host memory).
+    prescribe: bool = True
     #: Nothing is allocated or reserved on the device: there is nothing to diagnose.
     empty: bool = False
     #: More than `LARGE_CACHE_SHARE` of reserved is cached but unallocated (see `large_cache`).
@@ -242,27 +241,190 @@ class Diagnosis:
     #: Another device of the capture ran out of memory: this one is shown for comparison, and
     #: no knob is prescribed for it.
     failed_elsewhere: int | None = None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why the allocation failed (or what the peak holds), what would have made it fit, and
+    the knobs that change that. Grouped: the failed request, the remedy, the advice and the
+    standing (the properties below read through them)."""
+
+    kind: MomentKind
+    phase: str
+    request: FailedRequest | None
+    capacity_bytes: int | None
+    outside_pytorch_bytes: int | None
+    causes: tuple[Cause, ...]
+    what_ifs: tuple[WhatIf, ...]
+    frameworks: tuple[str, ...]
+    remedy: Remedy = Remedy()
+    advice: Advice = Advice()
+    standing: Standing = Standing()
+    #: The OOM happened while reloading offloaded state: no offload knob is offered.
+    reloading: bool = False
+    #: The capture records allocation history (alloc/free events), not only the final state.
+    history: bool = True
+    #: "training", "inference" or "undetermined", decided from the evidence (see
+    #: `analysis.evidence`); None: nothing in the capture speaks for any. Knobs only for the
+    #: other workload are not offered; where undetermined, inference-only knobs come last.
+    workload: str | None = None
+    #: The job's evidence (workload, facts, owners of each family, allocator settings).
+    evidence: JobEvidence | None = None
+    #: At an OOM, how far the replayed state is from placing the request (0: it would fit).
+    shortfall_bytes: int | None = None
     #: Without history: the live blocks grouped by size, related sizes together (what the
     #: sizes say when no event does); () where history was recorded.
     size_groups: tuple[SizeGroup, ...] = ()
     #: Without an OOM in the trace: what says the capture was written at one anyway (its
     #: sidecar's reason, its file name), in words; "" when nothing does.
     oom_named: str = ""
-    #: Knob id -> its allocator settings replayed over the recorded window (knobs with
-    #: `simulate`, in a capture with history): what the model predicts, or why it does not
-    replays: Mapping[str, KnobReplay] = field(default_factory=dict)
     #: Family -> the recorded window replayed without its allocations (at an OOM with
     #: history, for the what-if families; empty where the model does not reproduce it)
     whatif_replays: Mapping[str, Prediction] = field(default_factory=dict)
 
-    def cause(self, cause_id: CauseId) -> Cause | None:
-        return next((c for c in self.causes if c.id == cause_id), None)
+    @property
+    def at_oom(self) -> bool:
+        """The moment is the failed allocation (not a peak or the capture's end)."""
+        return self.kind == "oom"
+
+    @property
+    def at_peak(self) -> bool:
+        return self.kind == "peak"
+
+    @property
+    def at_time(self) -> bool:
+        """The moment is a trace time the user chose (--at)."""
+        return self.kind == "time"
+
+    @property
+    def phase_known(self) -> bool:
+        """The frames place the moment in a phase (forward, backward, ...)."""
+        return self.phase != "unknown"
+
+    # ----- the groups' figures, read as before the grouping (#68)
+
+    @property
+    def request_bytes(self) -> int | None:
+        return self.request.bytes if self.request else None
+
+    @property
+    def request_rounded_bytes(self) -> int | None:
+        return self.request.rounded_bytes if self.request else None
+
+    @property
+    def request_segment_bytes(self) -> int | None:
+        return self.request.segment_bytes if self.request else None
+
+    @property
+    def request_family(self) -> str | None:
+        return self.request.family if self.request else None
+
+    @property
+    def request_label(self) -> str | None:
+        return self.request.label if self.request else None
+
+    @property
+    def request_site(self) -> str | None:
+        return self.request.site if self.request else None
+
+    @property
+    def excess_family(self) -> str | None:
+        return self.remedy.excess_family
+
+    @property
+    def alternative_family(self) -> str | None:
+        return self.remedy.alternative_family
+
+    @property
+    def accumulating(self) -> ChunkLoop | None:
+        return self.remedy.accumulating
+
+    @property
+    def without_copies(self) -> WhatIf | None:
+        return self.remedy.without_copies
+
+    @property
+    def excess_knob(self) -> Knob | None:
+        return self.remedy.excess_knob
+
+    @property
+    def alternative_knob(self) -> Knob | None:
+        return self.remedy.alternative_knob
+
+    @property
+    def knobs(self) -> tuple[Knob, ...]:
+        return self.advice.knobs
+
+    @property
+    def applies(self) -> Mapping[str, str]:
+        return self.advice.applies
+
+    @property
+    def knob_families(self) -> tuple[str, ...]:
+        return self.advice.knob_families
+
+    @property
+    def replays(self) -> Mapping[str, KnobReplay]:
+        return self.advice.replays
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        return self.standing.headroom_bytes
+
+    @property
+    def prescribe(self) -> bool:
+        return self.standing.prescribe
+
+    @property
+    def empty(self) -> bool:
+        return self.standing.empty
+
+    @property
+    def large_cache(self) -> bool:
+        return self.standing.large_cache
+
+    @property
+    def small(self) -> bool:
+        return self.standing.small
+
+    @property
+    def failed_elsewhere(self) -> int | None:
+        return self.standing.failed_elsewhere
+
+    def cause(self, kind: type[C]) -> C | None:
+        """The cause of that kind the diagnosis checked (None: not checked)."""
+        return next((c for c in self.causes if isinstance(c, kind)), None)
 
     def __repr__(self) -> str:
         """One line (the findings are its attributes; a notebook saves the plain form)."""
         first = f", first {self.knobs[0].id}" if self.knobs else ""
         return (f"<snapana Diagnosis {self.kind} in the {self.phase} phase: excess "
                 f"{self.excess_family}, {len(self.knobs)} knob(s){first}>")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The device's bytes at the moment (and its peak), as the report states them."""
+
+    reserved_bytes: int
+    allocated_bytes: int
+    pending_free_bytes: int
+    #: None: not computable (the state at the moment cannot exist; a warning says why)
+    cached_unallocated_bytes: int | None
+    largest_free_block_bytes: int | None
+    peak_allocated_bytes: int
+    before_recording_bytes: int
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What the capture records of the device, and so which figures the report can state."""
+
+    has_segments: bool = True  # the source records allocator segments (pools, cached bytes)
+    failed: bool = False  # this device's trace records an OOM (reports list it first)
+    reserved_known: bool = True  # reserved is measured (segments or a reserved series)
+    #: the trace is recorded but could not be replayed: the state is the snapshot's final one
+    not_replayed: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,14 +436,8 @@ class DeviceReport:
     source: CaptureKind
     device: int
     moment: Moment
-    reserved_bytes: int
-    allocated_bytes: int
-    pending_free_bytes: int
-    #: None: not computable (the state at the moment cannot exist; a warning says why)
-    cached_unallocated_bytes: int | None
-    largest_free_block_bytes: int | None
+    figures: Figures
     pools: tuple[PoolFree, ...]
-    peak_allocated_bytes: int
     peak: Moment
     oom: OomFinding | None
     groups: tuple[Group, ...]
@@ -293,15 +449,61 @@ class DeviceReport:
     live_blocks: pl.DataFrame
     n_events: int
     warnings: tuple[str, ...]
-    before_recording_bytes: int
     diagnosis: Diagnosis
     device_name: str = ""  # e.g. "host process" (memray), "GPU 0" / "CPU" (profiler)
     at: str | None = None  # the moment the user asked for (--at); None: the default moment
-    has_segments: bool = True  # the source records allocator segments (pools, cached bytes)
-    failed: bool = False  # this device's trace records an OOM (reports list it first)
-    reserved_known: bool = True  # reserved is measured (segments or a reserved series)
-    #: the trace is recorded but could not be replayed: the state is the snapshot's final one
-    not_replayed: bool = False
+    coverage: Coverage = Coverage()
+
+    # ----- the groups' figures, read as before the grouping (#68)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.figures.reserved_bytes
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.figures.allocated_bytes
+
+    @property
+    def pending_free_bytes(self) -> int:
+        return self.figures.pending_free_bytes
+
+    @property
+    def cached_unallocated_bytes(self) -> int | None:
+        return self.figures.cached_unallocated_bytes
+
+    @property
+    def largest_free_block_bytes(self) -> int | None:
+        return self.figures.largest_free_block_bytes
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return self.figures.peak_allocated_bytes
+
+    @property
+    def before_recording_bytes(self) -> int:
+        return self.figures.before_recording_bytes
+
+    @property
+    def has_segments(self) -> bool:
+        return self.coverage.has_segments
+
+    @property
+    def failed(self) -> bool:
+        return self.coverage.failed
+
+    @property
+    def reserved_known(self) -> bool:
+        return self.coverage.reserved_known
+
+    @property
+    def not_replayed(self) -> bool:
+        return self.coverage.not_replayed
+
+    @property
+    def expandable(self) -> bool:
+        """The default pool's segments are expandable (`expandable_segments:True`)."""
+        return any(p.expandable for p in self.pools if p.pool == "0,0")
 
     def __repr__(self) -> str:
         """One line: which device, which moment, how much (the findings are attributes)."""

@@ -1,17 +1,18 @@
-"""The words every format shares, so the terminal, markdown, JSON and HTML say the same thing:
-the verdicts, the moment, the headline numbers and the rows of each table. The view-models
-(`views.py`) call these once; renderers only lay the results out.
-"""
+"""The words of one capture's device: the verdict, the moment, the headline numbers and the
+rows of each table of a single report, shared by every format."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from collections.abc import Callable
 
 from snapana.analysis.allocator_replay import KnobReplay, Prediction
-from snapana.analysis.compare import CaptureDiff, GrowthChange, Side, SiteChange
+from snapana.analysis.diagnosis.causes import (
+    EXPANDABLE_RULE,
+    VERDICT_ORDER,
+    Fragmentation,
+    LargeCache,
+)
 from snapana.analysis.diagnosis.findings import (
-    Cause,
     ChunkLoop,
     DeviceReport,
     Diagnosis,
@@ -20,10 +21,9 @@ from snapana.analysis.diagnosis.findings import (
 )
 from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.analysis.knobs import COST_WORDS, Knob
-from snapana.analysis.ranks.aggregate import MultiReport, RankSummary
 from snapana.analysis.scaling import ReplayRoute, replay_route
 from snapana.render.allocation_bands import AllocationsView
-from snapana.units import fmt_bytes, inert, parse_bytes, plural
+from snapana.units import fmt_bytes, parse_bytes, plural
 
 #: A figure of a state that cannot exist (the report's warnings say why).
 NOT_COMPUTABLE = "not computable"
@@ -64,17 +64,17 @@ def moment_text(r: DeviceReport) -> str:
         return "at the heap's high-water mark"
     m = r.moment
     where = "before the first recorded event" if m.idx < 0 else f"event {m.idx}"
-    if m.time_us is not None and m.kind == "time":
+    if m.time_us is not None and r.diagnosis.at_time:
         where += f", trace time {m.time_us} µs"
     if r.at is not None:
         return f"at {_MOMENT_NAMES.get(m.kind, where)} ({where}; chosen with --at {r.at})"
-    if not r.diagnosis.history and m.kind != "oom":
+    if not r.diagnosis.history and not r.diagnosis.at_oom:
         if r.not_replayed:  # recorded, not usable (the warnings say why)
             return "at the snapshot (its trace cannot be replayed: see the warnings)"
         return "at the snapshot (no allocation history recorded)"
-    if m.kind == "oom":
+    if r.diagnosis.at_oom:
         return f"at the OOM ({where})"
-    if m.kind == "peak":
+    if r.diagnosis.at_peak:
         return f"at the peak ({where}; no OOM recorded)"
     return "at the snapshot (no OOM, no allocation history recorded)"
 
@@ -246,15 +246,9 @@ def pool_words(w: WhatIf) -> str:
     return text
 
 
-#: How the expandable-segments allocator places a request (placement.py's rule), in words.
-EXPANDABLE_RULE = ("with expandable segments the allocator maps more pages at the end of a "
-                   "segment when the device has free memory, and never needs one contiguous "
-                   "cached block")
-
-
 def expandable(r: DeviceReport) -> bool:
     """The default pool's segments are expandable (`expandable_segments:True`)."""
-    return any(p.expandable for p in r.pools if p.pool == "0,0")
+    return r.expandable
 
 
 def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
@@ -264,51 +258,23 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
     named: set[str] = set()
     what = f"{d.request_label} at {d.request_site}" if d.request_label else d.request_site
     phase = ("Out of memory while reloading offloaded state" if d.reloading else
-             "Out of memory (phase not identified)" if d.phase == "unknown" else
+             "Out of memory (phase not identified)" if not d.phase_known else
              f"Out of memory in the {PHASE_NAMES.get(d.phase, d.phase)} phase")
     opening = f"{phase}: a {fmt_bytes(d.request_bytes)} request ({what})"
     if r.oom.device_free_bytes is not None:
         opening += f" found {fmt_bytes(r.oom.device_free_bytes)} free on the device"
         if r.oom.gap_bytes is not None and r.oom.gap_bytes > 0:
             opening += f" (short by {fmt_bytes(r.oom.gap_bytes)})"
-    frag = d.cause("fragmentation")
-    if r.has_segments and frag is not None and expandable(r):
+    frag = d.cause(Fragmentation)
+    if r.has_segments and frag is not None and r.expandable:
         opening += (f", too little to map the pages it needed: {EXPANDABLE_RULE} (largest "
-                    "free cached block "
-                    f"{fmt_bytes(int(frag.numbers['largest_free_block_bytes']))})")
+                    f"free cached block {frag.b('largest_free_block_bytes')})")
     elif r.has_segments and frag is not None:
         opening += (" and no cached block large enough in its pool (largest "
-                    f"{fmt_bytes(int(frag.numbers['largest_free_block_bytes']))})")
+                    f"{frag.b('largest_free_block_bytes')})")
     parts.append(opening + ".")
-    if frag and frag.holds and expandable(r):
-        parts.append(
-            f"Fragmentation: {fmt_bytes(r.cached_unallocated_bytes)} is cached but "
-            f"unallocated ({_pct(frag.numbers['cached_share'])} of reserved), in pages live "
-            "blocks partly hold: the allocator unmaps whole free pages before failing, never "
-            "these; compacted, the request would fit.")
-    elif frag and frag.holds:
-        parts.append(
-            f"Fragmentation: {fmt_bytes(r.cached_unallocated_bytes)} is cached but "
-            f"unallocated ({_pct(frag.numbers['cached_share'])} of reserved), yet no free "
-            "block is large enough; compacted, the request would fit.")
-    elif frag and r.has_segments:
-        parts.append(
-            f"This is real demand, not fragmentation: only "
-            f"{fmt_bytes(r.cached_unallocated_bytes)} is cached but unallocated "
-            f"({_pct(frag.numbers['cached_share'])} of reserved).")
-    out = d.cause("outside_pytorch")
-    if out and out.holds:
-        parts.append(
-            f"{fmt_bytes(d.outside_pytorch_bytes)} ({_pct(out.numbers['share'])} of the "
-            "device) is held outside this process's PyTorch allocator: another process, "
-            "NCCL, or a colocated inference engine.")
-    elif d.cause("capacity_unknown"):
-        parts.append("(Device capacity unknown: pass --capacity to measure memory held "
-                     "outside PyTorch.)")
-    pool = d.cause("private_pool")
-    if pool and pool.holds:
-        parts.append(f"{fmt_bytes(int(pool.numbers['private_pool_free_bytes']))} sits free "
-                     "in private pools the request cannot use.")
+    parts += [said for kind in VERDICT_ORDER
+              if (c := d.cause(kind)) is not None and (said := c.verdict(r))]
     acc, first = d.accumulating, _what_if(d, d.excess_family)
     if acc is not None and d.excess_family and d.excess_family == d.request_family:
         stop = d.excess_knob
@@ -327,7 +293,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
         note = group_note(next(g for g in r.groups if g.name == first.family))
         head = f"{first.family} ({fmt_bytes(first.bytes)}{': ' + note if note else ''})"
         k = d.excess_knob
-        if first.fits and d.reloading and first.removable == "offload":
+        if first.fits and d.reloading and first.by_offload:
             parts.append(
                 f"The excess is {head}, still on the GPU while offloaded state is reloaded: "
                 f"{_fit_words(first)}. No offload knob is offered (offloading is the path "
@@ -348,7 +314,7 @@ def _oom_verdict(r: DeviceReport, parts: list[str]) -> set[str]:
     alt = _what_if(d, d.alternative_family)
     if alt is not None:
         k = d.alternative_knob
-        if alt.fits and d.reloading and alt.removable == "offload":
+        if alt.fits and d.reloading and alt.by_offload:
             parts.append(f"Also sufficient: {alt.family} ({fmt_bytes(alt.bytes)}), still on "
                          "the GPU while offloaded state is reloaded (no offload knob offered).")
         elif alt.fits:
@@ -502,7 +468,7 @@ def verdict(r: DeviceReport) -> str:
     if d.empty:
         return (f"{device_text(r)} holds nothing {moment_text(r)}: 0 B allocated, 0 B "
                 "reserved. There is nothing on this device to diagnose.")
-    if d.kind == "oom" and r.oom is not None:
+    if d.at_oom and r.oom is not None:
         named = _oom_verdict(r, parts)
     elif r.source.row.host_heap and r.at is None:
         _host_verdict(r, parts)
@@ -536,7 +502,7 @@ def verdict(r: DeviceReport) -> str:
                         else "."))
     else:
         where = ("the high-water mark" if r.source.row.host_heap else
-                 "the peak" if d.kind == "peak" else "the snapshot")
+                 "the peak" if d.at_peak else "the snapshot")
         opening = (f"Shown {moment_text(r)}" if r.at is not None
                    else f"No OOM recorded: this diagnoses {where}")
         largest = f" Largest: {_top(r)}." if r.groups else " Nothing is allocated."
@@ -568,10 +534,10 @@ def verdict(r: DeviceReport) -> str:
         parts.append(_workload_words(d))
     if d.knobs and d.knobs[0].id not in named:
         k = d.knobs[0]
-        lead = ("Knob" if d.kind == "oom" and r.oom is not None else
+        lead = ("Knob" if d.at_oom and r.oom is not None else
                 "To make it fit" if d.oom_named and not d.history else
                 "If this peak must shrink" if d.history else "If this state must shrink")
-        if d.kind != "oom" and d.capacity_bytes is not None and d.headroom_bytes is not None:
+        if not d.at_oom and d.capacity_bytes is not None and d.headroom_bytes is not None:
             lead = (f"Near capacity ({fmt_bytes(d.headroom_bytes)} of headroom); "
                     "if this peak must shrink")
         parts.append(f"{lead}: {k.knob} ({cost_text(k)}) — {k.effect}.")
@@ -618,7 +584,7 @@ def _cache_words(r: DeviceReport) -> str:
             "unallocated")
     if d.capacity_bytes and r.reserved_bytes >= 0.9 * d.capacity_bytes:
         text += f", with the device near its {fmt_bytes(d.capacity_bytes)} capacity"
-    knobs = [k.knob for k in d.knobs if "large_cache" in k.causes
+    knobs = [k.knob for k in d.knobs if LargeCache.vocab_id in k.causes
              and (k.id not in d.replays or d.replays[k.id].helps is not False)]
     if knobs:
         text += "; acting on it: " + "; ".join(knobs) + " (caveats in the knob list)"
@@ -644,20 +610,28 @@ def knob_route(k: Knob) -> ReplayRoute:
     return replay_route(k.id, k.simulate)
 
 
+#: Why a knob has no replay in the report, and where whatif replays it, by how whatif
+#: replays it (`scaling.ReplayRoute.how`).
+_NOT_REPLAYED: dict[str, Callable[[ReplayRoute], str]] = {
+    "none": lambda route: "not simulated (no mechanical model of it)",
+    "fit": lambda route: (
+        f"not simulated in this report: {route.command} replays it"
+        f"{f' as {route.step}' if route.step else ''}, one size past the largest that fits"),
+    "fit_size": lambda route: (
+        f"not simulated in this report: {route.command} replays other {route.key} "
+        "sizes; the largest that fits is this knob's setting"),
+    "set": lambda route: (
+        f"not simulated in this report (no recorded window to replay): {route.command} "
+        "replays it where a trace is recorded"),
+}
+
+
 def _not_replayed(route: ReplayRoute | None) -> str:
     """Why a knob has no replay in the report, and where whatif replays it."""
-    if route is None or route.how == "none":
-        return "not simulated (no mechanical model of it)"
-    if route.how == "fit":
-        named = f" as {route.step}" if route.step else ""
-        return (f"not simulated in this report: {route.command} replays it{named}, one size "
-                "past the largest that fits")
-    if route.how == "fit_size":
-        return (f"not simulated in this report: {route.command} replays other {route.key} "
-                "sizes; the largest that fits is this knob's setting")
-    if route.how == "set":
-        return (f"not simulated in this report (no recorded window to replay): {route.command} "
-                "replays it where a trace is recorded")
+    route = route or ReplayRoute("none")
+    words = _NOT_REPLAYED.get(route.how)
+    if words is not None:
+        return words(route)
     return (f"not simulated in this report: {route.command} replays it over the recorded "
             "window (not --fit: it changes when memory is freed, not what a size needs)")
 
@@ -774,80 +748,16 @@ def what_if_rows(r: DeviceReport) -> list[tuple[str, str, str, str]]:
         if replayed is not None and replayed.changed is not None:
             result += f" — {_window_words(replayed)}"
         can_go = _CAN_GO.get(w.removable, "no (model state)")
-        if w.removable == "offload" and d.reloading:
+        if w.by_offload and d.reloading:
             can_go = "by offloading (not offered: the OOM is in the reload)"
         rows.append((w.family, fmt_bytes(w.bytes), result, can_go))
     return rows
 
 
-CAUSE_NAMES = {"real_demand": "real demand", "fragmentation": "fragmentation",
-               "private_pool": "private pools", "outside_pytorch": "memory outside PyTorch",
-               "capacity_unknown": "memory outside PyTorch"}
-
-
-def _cause_reason(c: Cause, r: DeviceReport) -> str:
-    n, b = c.numbers, (lambda key: fmt_bytes(int(c.numbers[key])))
-    if c.id == "real_demand":
-        head = (f"{b('requested_bytes')} requested, {b('device_free_bytes')} free on the "
-                f"device: short by {b('short_by_bytes')}")
-        if not r.has_segments:
-            return head
-        if n["short_after_compaction_bytes"]:
-            return (f"{head}; the {b('default_pool_free_bytes')} cached free in its pool would "
-                    f"still leave it {b('short_after_compaction_bytes')} short")
-        if c.holds:
-            frag = r.diagnosis.cause("fragmentation")
-            share = float(frag.numbers["cached_share"]) if frag else 0.0
-            return (f"{head}; with the {b('default_pool_free_bytes')} cached free in its pool "
-                    f"it would fit (device free {b('device_free_bytes')} + cached free "
-                    f"{b('default_pool_free_bytes')} − request "
-                    f"{b('rounded_request_bytes')} = "
-                    f"{b('spare_after_compaction_bytes')} to spare), but that is "
-                    f"{_pct(share)} of reserved: the memory is in use, not stranded")
-        return f"{head}, yet enough is cached free: see fragmentation"
-    if c.id == "fragmentation":
-        of_reserved = f"{_pct(n['cached_share'])} of reserved"
-        if c.holds:
-            return (f"{b('cached_unallocated_bytes')} ({of_reserved}) is cached but "
-                    "unallocated and would fit the request if compacted, yet the largest "
-                    "free block is "
-                    f"{b('largest_free_block_bytes')} < {b('rounded_request_bytes')}")
-        if not n["fits_if_compacted"]:
-            return ("even compacted, device free plus the cached free in its pool is less "
-                    f"than the {b('rounded_request_bytes')} request")
-        if n["largest_free_block_bytes"] >= n["rounded_request_bytes"]:
-            return (f"a cached block of {b('largest_free_block_bytes')} is large enough: the "
-                    "replayed state is incomplete")
-        return (f"only {b('cached_unallocated_bytes')} ({of_reserved}, below "
-                f"{_pct(n['share_threshold'])}) is cached but unallocated: compacting it "
-                "would fit this one request, but it is not what filled the device")
-    if c.id == "private_pool":
-        if c.holds:
-            return (f"{b('private_pool_free_bytes')} sits free in private pools the request "
-                    "cannot use; with it the request would fit")
-        if not n["private_pool_free_bytes"]:
-            return "no private pool has free memory"
-        return (f"{b('private_pool_free_bytes')} free in private pools would not change "
-                "whether the request fits")
-    if c.id == "outside_pytorch":
-        where = (f"{b('outside_pytorch_bytes')} ({_pct(n['share'])} of the "
-                 f"{b('capacity_bytes')} device) is held outside this process's PyTorch "
-                 "allocator")
-        return where if c.holds else f"only {where}: too little to be the cause"
-    return "not measured: the device capacity is unknown (pass --capacity, e.g. 80GiB)"
-
-
 def cause_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
     """Each cause the diagnosis checked: its name, holds / rejected / not measured, and why,
-    in words, with the headline's own figures."""
-    rows: list[tuple[str, str, str]] = []
-    for c in r.diagnosis.causes:
-        status = ("not measured" if c.id == "capacity_unknown" else
-                  "holds" if c.holds else "rejected")
-        reason = _cause_reason(c, r)
-        if c.id == "fragmentation" and expandable(r):
-            reason += f" ({EXPANDABLE_RULE})"
-        rows.append((CAUSE_NAMES.get(c.id, c.id), status, reason))
+    in words, with the headline's own figures (each in its kind's words: `causes.py`)."""
+    rows = [(c.label, c.status, c.reason(r)) for c in r.diagnosis.causes]
     return rows + allocator_rows(r)
 
 
@@ -859,315 +769,6 @@ def allocator_rows(r: DeviceReport) -> list[tuple[str, str, str]]:
     return [("the allocator's placement", f"{k.knob} removes it (replay)",
              f"{k.knob}: {replay_gone_words(d.replays[k.id])}")
             for k in d.knobs if k.id in d.replays and d.replays[k.id].oom_gone]
-
-
-# ----- the devices of one process ----------------------------------------------------------
-
-DEVICE_COLUMNS = ("device", "shown at", "peak allocated", "OOM", "top family")
-#: Peaks further apart than this factor are called uneven.
-SKEW_FACTOR = 1.5
-
-
-def _family_bytes(r: DeviceReport, family: str) -> int:
-    return next((g.bytes for g in r.groups if g.name == family), 0)
-
-
-def device_rows(reports: list[DeviceReport]) -> list[tuple[str, str, str, str, str]]:
-    """A row per GPU of one process: its peak, its OOM and the family holding most."""
-    return [(device_text(r), _MOMENT_NAMES.get(r.moment.kind, f"event {r.moment.idx}"),
-             fmt_bytes(r.peak_allocated_bytes),
-             f"yes, {fmt_bytes(r.oom.requested_bytes)} request" if r.oom is not None else "no",
-             f"{r.groups[0].name} {fmt_bytes(r.groups[0].bytes)}" if r.groups else "-")
-            for r in reports]
-
-
-def skew_text(reports: list[DeviceReport]) -> str:
-    """How far apart the devices' peaks are, and what an uneven spread implies: only among
-    devices that held memory (a device the job never used is no replica), and "peak" only
-    where history was recorded (a state-only capture has one moment)."""
-    idle = [r for r in reports if not (r.peak_allocated_bytes or r.reserved_bytes)]
-    reports = [r for r in reports if r not in idle]
-    unused = (" " + ", ".join(device_text(r) for r in idle) +
-              (" holds" if len(idle) == 1 else " hold") + " no memory.") if idle else ""
-    if len(reports) < 2:
-        return (f"Only {device_text(reports[0])} holds memory: nothing to compare."
-                if reports else "No device holds memory.") + unused
-    if not all(r.diagnosis.history for r in reports):
-        return _skew(reports, "holds", "hold alike") + unused
-    return _skew(reports, "peaked at", "peak alike") + unused
-
-
-def _skew(reports: list[DeviceReport], verb: str, alike: str) -> str:
-    hi = max(reports, key=lambda r: r.peak_allocated_bytes)
-    lo = min(reports, key=lambda r: r.peak_allocated_bytes)
-    if hi.peak_allocated_bytes <= SKEW_FACTOR * lo.peak_allocated_bytes:
-        return (f"The {len(reports)} devices {alike} ({fmt_bytes(lo.peak_allocated_bytes)}"
-                f" to {fmt_bytes(hi.peak_allocated_bytes)}).")
-    others = ", ".join(f"{device_text(r)} at {fmt_bytes(r.peak_allocated_bytes)}"
-                       for r in sorted(reports, key=lambda r: -r.peak_allocated_bytes)
-                       if r is not hi)
-    ran_out = " and ran out of memory" if hi.oom is not None else ""
-    ratio = (f"{hi.peak_allocated_bytes / lo.peak_allocated_bytes:.1f}× the smallest"
-             if lo.peak_allocated_bytes else "the smallest holds nothing")
-    text = (f"Uneven: {device_text(hi)} {verb} {fmt_bytes(hi.peak_allocated_bytes)}"
-            f"{ran_out} while {others} ({ratio}).")
-    if hi.groups:
-        top = hi.groups[0].name
-        text += (f" Devices holding replicas of one model (nn.DataParallel, data parallel) "
-                 f"should {alike.split()[0]} alike, so look at what {device_text(hi)} holds "
-                 "beyond the "
-                 f"others: {top} {fmt_bytes(hi.groups[0].bytes)} there, "
-                 f"{fmt_bytes(_family_bytes(lo, top))} on {device_text(lo)}; if the model is "
-                 f"split across them (pipeline or manual placement), moving layers off "
-                 f"{device_text(hi)} evens them out.")
-    return text
-
-
-# ----- a diff ------------------------------------------------------------------------------
-
-TOP_FAMILIES = 3  # families named in the verdict
-
-
-def signed(n: int) -> str:
-    return fmt_bytes(n, signed=True) if n else "±0"
-
-
-def _oom_phrase(d: CaptureDiff) -> str:
-    b, a = d.before, d.after
-    if b.has_oom and not a.has_oom:
-        return "no OOM after"
-    if b.has_oom and a.has_oom:
-        return "still OOM after"
-    if a.has_oom:
-        return "OOM after (none before)"
-    return "no OOM either side"
-
-
-def diff_verdict(d: CaptureDiff) -> str:
-    """One line: the families that moved most, the peak, and whether the OOM is gone —
-    e.g. 'saved_logprob_softmax -3.32 GiB (gone); peak -2.44 GiB; no OOM after'."""
-    if d.is_empty:
-        return "no change: same families, sites and peak"
-    moved = [f for f in d.families if f.change_bytes][:TOP_FAMILIES]
-    parts = []
-    if moved:
-        parts.append(", ".join(f"{f.family} {signed(f.change_bytes)}"
-                               + {"vanished": " (gone)", "new": " (new)"}.get(f.status, "")
-                               for f in moved))
-    else:
-        parts.append("families unchanged")
-    parts.append(f"peak {signed(d.peak_change_bytes)}")
-    parts.append(_oom_phrase(d))
-    return "; ".join(parts)
-
-
-#: What the diff's growth lines say, in every format.
-GROWTH_HEADING = "How the families grew, from the start of each trace to its moment"
-
-
-def _grew(g: FamilyGrowth | None, s: Side) -> str:
-    if g is None:
-        return "never held"
-    text = f"{fmt_bytes(g.start_bytes)} → {fmt_bytes(g.moment_bytes)} {_at(s)}"
-    if fmt_bytes(g.max_bytes) != fmt_bytes(g.moment_bytes):
-        text += f" (at most {fmt_bytes(g.max_bytes)} before it)"
-    return text
-
-
-def growth_change_text(d: CaptureDiff, c: GrowthChange) -> str:
-    """One family's growth on each side, checkable against each side's family timeline:
-    "saved_logprob_softmax: before 0 B → 3.32 GiB at the OOM; after never held"."""
-    return f"{c.family}: before {_grew(c.before, d.before)}; after {_grew(c.after, d.after)}"
-
-
-def growth_change_lines(d: CaptureDiff) -> list[str]:
-    """A line per family whose growth differs most between the sides (`CaptureDiff.growth`)."""
-    return [growth_change_text(d, c) for c in d.growth]
-
-
-def history_note(d: CaptureDiff) -> str:
-    """Which side has no allocation history, so no family timeline ('' when both have)."""
-    missing = [f"{k} ({Path(s.path).name})" for k, s in (("before", d.before),
-                                                         ("after", d.after)) if not s.history]
-    if not missing:
-        return ""
-    which = " and ".join(missing)
-    return (f"No family timelines to compare: {which} "
-            f"{'has' if len(missing) == 1 else 'have'} no allocation history, only the state "
-            "at the moment.")
-
-
-def diff_axis(clocked: bool) -> str:
-    return "seconds since each side's first event" if clocked else "event index"
-
-
-def diff_axis_note(clock_before: bool, clock_after: bool) -> str:
-    """Why the diff's family timelines run on the event index ('' when both have a clock)."""
-    if clock_before and clock_after:
-        return ""
-    if clock_before or clock_after:
-        return (f"{'after' if clock_before else 'before'} has no clock, so both sides run on "
-                "the event index from their first event")
-    return ""
-
-
-def _at(s: Side) -> str:
-    return {"oom": "at the OOM", "peak": "at the peak", "snapshot": "at the end"}.get(
-        s.moment_kind, f"at event {s.moment_idx}")
-
-
-def side_text(s: Side) -> str:
-    where = {"oom": "at the OOM", "peak": "at the peak", "snapshot": "at the snapshot"}.get(
-        s.moment_kind, s.moment_kind)
-    req = f", failed request {fmt_bytes(s.request_bytes)}" if s.request_bytes else ""
-    dev = f"cuda:{s.device}" if s.device >= 0 else "host"
-    return f"{Path(s.path).name} ({dev}, {where}, event {s.moment_idx}{req})"
-
-
-def totals(d: CaptureDiff) -> list[tuple[str, int, int, int]]:
-    b, a = d.before, d.after
-    return [
-        ("peak allocated", b.peak_allocated_bytes, a.peak_allocated_bytes, d.peak_change_bytes),
-        ("allocated at the moment", b.allocated_bytes, a.allocated_bytes,
-         d.allocated_change_bytes),
-        ("reserved at the moment", b.reserved_bytes, a.reserved_bytes,
-         d.reserved_change_bytes),
-    ]
-
-
-def total_rows(d: CaptureDiff) -> list[tuple[str, str, str, str]]:
-    return [(k, fmt_bytes(b), fmt_bytes(a), signed(c)) for k, b, a, c in totals(d)]
-
-
-def family_rows(d: CaptureDiff, all_rows: bool = False) -> list[tuple[str, str, str, str, str]]:
-    return [(f.family, fmt_bytes(f.before_bytes), fmt_bytes(f.after_bytes),
-             signed(f.change_bytes), f.status)
-            for f in d.families if all_rows or f.status != "same"]
-
-
-def site_rows(d: CaptureDiff, limit: int = 20) -> list[tuple[str, str, str, str, str, str]]:
-    moved = [s for s in d.sites if s.status != "same"][:limit]
-    return [(s.family, s.site, fmt_bytes(s.before_bytes), fmt_bytes(s.after_bytes),
-             signed(s.change_bytes), _chunk_note(s) or s.status) for s in moved]
-
-
-def _chunk_note(s: SiteChange) -> str:
-    if s.before_chunks and not s.after_chunks:
-        return f"{s.status}: {s.before_chunks} chunks gone"
-    if s.after_chunks and not s.before_chunks:
-        return f"{s.status}: {s.after_chunks} chunks"
-    return ""
-
-
-# ----- the ranks of a job -------------------------------------------------------------------
-
-RANK_COLUMNS = ("rank", "file", "OOM", "reserved", "allocated", "top family", "note")
-
-
-def _note(m: MultiReport, r: RankSummary) -> str:
-    if r.error:
-        return f"failed: {r.error}"
-    notes = []
-    if m.first_oom is r:
-        notes.append("FIRST OOM")
-    fams = [o["family"] for o in m.outliers if o["file"] == r.file]
-    if fams:
-        notes.append("outlier: " + ", ".join(fams))
-    return "; ".join(notes)
-
-
-_SEPARATORS = "_-. "
-
-
-def short_names(files: list[str]) -> list[str]:
-    """Each file's name without what all of them share at the start: the part that tells
-    them apart ('oom_snapshot_rank0.pickle', ... -> '…rank0.pickle', ...). The prefix is cut
-    at a separator (_ - . or space), so a rank number is never split."""
-    names = [f.replace("\\", "/").rsplit("/", 1)[-1] for f in files]
-    if len(names) < 2:
-        return names
-    cut = len(os.path.commonprefix(names))
-    cut = max((i + 1 for i in range(cut) if names[0][i] in _SEPARATORS), default=0)
-    if cut < 4 or any(len(n) == cut for n in names):
-        return names
-    return ["…" + n[cut:] for n in names]
-
-
-def rank_label(m: MultiReport, r: RankSummary) -> str:
-    """A rank by its number, else by the distinguishing part of its file name."""
-    if r.rank is not None:
-        return f"rank {r.rank}"
-    return short_names([x.file for x in m.ranks])[m.ranks.index(r)]
-
-
-def _no_oom(r: RankSummary) -> str:
-    """A rank with no OOM entry: "no" only where history was recorded (a state-only dump
-    cannot tell: the OOM the job hit before it left no entry)."""
-    if r.history:
-        return "no"
-    return "unknown: no history, written at an OOM" if r.oom_named else "unknown: no history"
-
-
-def rank_rows(m: MultiReport) -> list[tuple[str, str, str, str, str, str, str]]:
-    out = []
-    names = short_names([r.file for r in m.ranks])
-    for r, name in zip(m.ranks, names, strict=True):
-        oom = "-" if r.error else (f"yes, {fmt_bytes(r.oom['requested_bytes'])} request"
-                                   if r.oom is not None else _no_oom(r))
-        # a file name is one cell: a newline or tab in it is shown escaped, never a new line
-        out.append((str(r.rank) if r.rank is not None else "?", inert(name, lines=False),
-                    oom, fmt_bytes(r.reserved_bytes) if not r.error else "-",
-                    fmt_bytes(r.allocated_bytes) if not r.error else "-",
-                    r.top_family or "-", _note(m, r)))
-    return out
-
-
-def _no_oom_recorded(m: MultiReport) -> str:
-    """No rank's history records an OOM: said as much, and where a dump without history says
-    it was written at one (its name, its sidecar), that too, as its row does ("unknown: no
-    history, written at an OOM"), so the headline never denies what a row says."""
-    named = [r for r in m.ok if r.oom is None and not r.history and r.oom_named]
-    if not named:
-        return "No input recorded an OOM."
-    return (f"No input's history records an OOM; {plural(len(named), 'dump')} without "
-            f"history {'was' if len(named) == 1 else 'were'} written at one (see "
-            f"{'its' if len(named) == 1 else 'their'} row).")
-
-
-#: Files of a folder not taken as inputs, listed by name in the headline (the rest counted).
-SKIPPED_SHOWN = 10
-
-
-def ranks_headline(m: MultiReport) -> str:
-    n_ok, n = len(m.ok), len(m.ranks)
-    parts = [f"{plural(n, 'input')}, {n_ok} analysed."]
-    if m.skipped:
-        shown = "; ".join(m.skipped[:SKIPPED_SHOWN])
-        more = f"; and {len(m.skipped) - SKIPPED_SHOWN} more" \
-            if len(m.skipped) > SKIPPED_SHOWN else ""
-        parts.append(f"{plural(len(m.skipped), 'other file')} not taken as inputs: "
-                     f"{shown}{more}.")
-    if m.beside:
-        parts.append(f"{plural(len(m.beside), 'other capture')} of this folder: "
-                     f"{'; '.join(m.beside)}.")
-    first = m.first_oom
-    if first is not None and first.oom is not None:
-        name = inert(first.file.rsplit("/", 1)[-1], lines=False)
-        who = f"rank {first.rank} ({name})" if first.rank is not None else name
-        parts.append(f"First to run out of memory: {who},"
-                     f" a {fmt_bytes(first.oom['requested_bytes'])} request.")
-    else:
-        parts.append(_no_oom_recorded(m))
-    if m.outliers:
-        o = m.outliers[0]
-        who = (f"rank {o['rank']}" if o["rank"] is not None
-               else inert(o["file"].rsplit("/", 1)[-1], lines=False))
-        parts.append(f"{len(m.outliers)} outlier(s), e.g. {who}: {o['family']} "
-                     f"{fmt_bytes(o['bytes'])} vs median {fmt_bytes(o['median_bytes'])}.")
-    if not m.one_job:
-        parts.append("These files do not look like one job (" + "; ".join(m.why_not_one_job)
-                     + "): compare them with care.")
-    return " ".join(parts)
 
 
 def inferred_note(g: Group) -> str:
