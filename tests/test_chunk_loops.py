@@ -46,3 +46,23 @@ def test_the_sample_fails_on_a_chunk_of_the_smaller_size():
     vocab_per_rank = 248320 // 2
     _, requested = p.fit.past.replay.simulated_ooms[0]
     assert requested == (past - 7 * CHUNK) * vocab_per_rank * 4
+
+
+def test_a_layer_loop_is_not_a_chunk_loop():
+    """A forward's L layers make L equal blocks at one site ([batch, seq, hidden] each, the
+    same module code every layer), and their sum is seq × (L × the bytes per token): that
+    fits a chunk loop of seq / L tokens, but it is a layer loop whose blocks grow with seq
+    (the corpus's 128 → 256 forwards were over-predicted by 19% to 399% when it was taken
+    for one). Only a smaller last block (the rest of the tokens) tells a chunk loop."""
+    import polars as pl
+    from snapana.analysis.trace_edits import chunk_loops
+
+    seq, layers, per_token = 128, 16, 2 * 768 * 4  # batch 2, hidden 768, fp32
+    layer_loop = pl.DataFrame({"site": [7] * layers, "alloc_idx": list(range(layers)),
+                               "requested": [seq * per_token] * layers})
+    assert chunk_loops(layer_loop, seq) == []
+    chunk, k = 48, -(-seq // 48)  # 48 + 48 + 32 tokens
+    sizes = [chunk * per_token] * (k - 1) + [(seq - (k - 1) * chunk) * per_token]
+    loop = pl.DataFrame({"site": [7] * k, "alloc_idx": list(range(k)), "requested": sizes})
+    (found,) = chunk_loops(loop, seq)
+    assert (found.chunk, len(found.rows)) == (chunk, k)

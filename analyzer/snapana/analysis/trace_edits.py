@@ -207,17 +207,19 @@ class Loop:
 
 def chunk_loops(blocks: pl.DataFrame, seq: int) -> list[Loop]:
     """The chunk loops among the window's allocations (`blocks`: the growth table) at the
-    recorded `seq`: per site, k ≥ 2 blocks made in turn, equal but the last (not larger),
-    whose bytes sum to `seq` × a per-token size that divides each (the loop covers the
-    sequence a chunk of c < seq tokens at a time, so k = ceil(seq / c)); sites of one k and
-    chunk interleaved in one loop."""
+    recorded `seq`: per site, k ≥ 2 blocks made in turn, equal but the last, which is
+    smaller (the rest of the tokens), whose bytes sum to `seq` × a per-token size that
+    divides each (the loop covers the sequence a chunk of c < seq tokens at a time, so k =
+    ceil(seq / c)); sites of one k and chunk interleaved in one loop. k equal blocks are no
+    evidence of a chunk loop: a model's L layers make L equal blocks at one site whose sum
+    is seq × (L × the per-token bytes), and those grow with seq."""
     made = blocks.with_row_index("_row").filter(
         pl.col("alloc_idx") >= 0).sort("alloc_idx")  # a failed request: the last chunk
     found: dict[tuple[int, int], list[tuple[int, list[int], list[int]]]] = {}
     for (_,), g in made.group_by("site", maintain_order=True):
         size = g["requested"].to_list()
         k = len(size)
-        if k < 2 or len(set(size[:-1])) != 1 or size[-1] > size[0]:
+        if k < 2 or len(set(size[:-1])) != 1 or size[-1] >= size[0]:
             continue
         total = sum(size)
         if total % seq:
