@@ -75,11 +75,14 @@ class Change:
     setting: Setting | None = None
     #: frees moved and allocations repeated (analysis/trace_edits.py: checkpointing)
     edits: tuple[Edit, ...] = ()
+    #: what dropping `drop_rows` leaves out of the knob's own memory ("": nothing)
+    leaves_out: str = ""
 
     @property
     def caveat(self) -> str:
         """What the change's replay leaves out ("": nothing)."""
-        return "; ".join(e.caveat for e in self.edits if e.caveat)
+        return "; ".join([*(e.caveat for e in self.edits if e.caveat),
+                          *([self.leaves_out] if self.leaves_out else [])])
 
 
 @dataclass
@@ -310,11 +313,17 @@ def _changes(window: Window) -> list[tuple[NextStep, Change]]:
             rows |= set(np.flatnonzero(blocks["family"].is_in(list(step.drop_families))
                                        .to_numpy()).tolist())
         edits: tuple[Edit, ...] = ()
+        leaves_out = ""
         if step.checkpoint:
             rules = load_rules()
             edit = checkpoint_edit(blocks, rules.checkpoint_saved, rules.checkpoint_backward,
                                    hidden_size(blocks))
             edits = (edit,) if edit else ()
+            if not edits:  # no layers told apart: the saved activations left out, said
+                rows |= set(np.flatnonzero(blocks["family"].is_in(
+                    list(rules.checkpoint_without_layers)).to_numpy()).tolist())
+                leaves_out = ("each checkpointed block's kept inputs and the recompute of "
+                              "one block (the window's layers could not be told apart)")
         if step.hold_families:
             held |= set(np.flatnonzero(blocks["family"].is_in(list(step.hold_families))
                                        .to_numpy()).tolist())
@@ -327,7 +336,8 @@ def _changes(window: Window) -> list[tuple[NextStep, Change]]:
             if setting == window.setting:
                 continue  # already set
         if rows or held or setting is not None or edits:
-            out.append((step, Change(frozenset(rows), frozenset(held), setting, edits)))
+            out.append((step, Change(frozenset(rows), frozenset(held), setting, edits,
+                                     leaves_out)))
     return out
 
 

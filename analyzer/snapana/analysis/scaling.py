@@ -148,6 +148,7 @@ class ScalingRules:
     #: first allocation starts the backward
     checkpoint_saved: tuple[str, ...] = ()
     checkpoint_backward: tuple[str, ...] = ()
+    checkpoint_without_layers: tuple[str, ...] = ()
 
 
 class _FamilyScale(data_file.Table, frozen=True, kw_only=True):
@@ -182,6 +183,7 @@ class _NextStep(data_file.Table, frozen=True, kw_only=True):
 class _Checkpointing(data_file.Table, frozen=True, kw_only=True):
     saved: list[str] = []
     backward: list[str] = []
+    without_layers: list[str] = []
 
 
 class _SeqEvidence(data_file.Table, frozen=True, kw_only=True):
@@ -254,7 +256,9 @@ def load_rules() -> ScalingRules:
                                       for f in data.get("whatif_flag", [])},
                         checkpoint_saved=tuple(data.get("checkpointing", {}).get("saved", ())),
                         checkpoint_backward=tuple(data.get("checkpointing", {})
-                                                  .get("backward", ())))
+                                                  .get("backward", ())),
+                        checkpoint_without_layers=tuple(data.get("checkpointing", {})
+                                                        .get("without_layers", ())))
 
 
 @dataclass(frozen=True)
