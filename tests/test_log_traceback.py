@@ -408,3 +408,44 @@ def test_deepspeed_initialize_moving_the_model_is_named_with_zero_init() -> None
     assert want.rule_id == "deepspeed.engine_module_to_device"
     assert finding.family == "parameters"
     assert "deepspeed.zero.Init()" in finding.knobs[0][0]
+
+
+#: vLLM v1's prompt log-probs (vllm/v1/executor/multiproc_executor.py worker_busy_loop ->
+#: vllm/v1/worker/gpu_model_runner.py _get_prompt_logprobs_dict -> vllm/v1/sample/
+#: sampler.py Sampler.compute_logprobs: `logits.log_softmax(dim=-1, dtype=torch.float32)`).
+VLLM_PROMPT_LOGPROBS = [
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 847, "worker_busy_loop",
+     "output = func(*args, **kwargs)"),
+    (f"{SITE}/vllm/v1/worker/gpu_model_runner.py", 4308, "_get_prompt_logprobs_dict",
+     "logprobs = self.sampler.compute_logprobs(logits)"),
+    (f"{SITE}/vllm/v1/sample/sampler.py", 207, "compute_logprobs",
+     "return logits.log_softmax(dim=-1, dtype=torch.float32)"),
+]
+
+
+def test_a_traceback_flattened_onto_one_line_is_read() -> None:
+    """A paste that lost its newlines holds the header, every frame with its source line
+    and carets, and the OOM message on one line: its frames are read as the failing
+    request's stack, in order, with their source lines (no carets)."""
+    exc = "torch.OutOfMemoryError: " + message(
+        "18.55 GiB", "6.01 GiB", "73.17 GiB", "70.22 GiB", "1.12 GiB", "79.19 GiB")
+    flat = " ".join(traceback_lines(VLLM_PROMPT_LOGPROBS, exc))
+    log = read_text(flat + "\n", "flat.log")
+    (finding,) = weigh([log]).requests
+    assert finding is not None
+    assert finding.traceback.stack == stack_of(VLLM_PROMPT_LOGPROBS)
+    assert [f.code for f in finding.traceback.frames] == [c for *_, c in VLLM_PROMPT_LOGPROBS]
+    want = decided(VLLM_PROMPT_LOGPROBS, int(18.55 * (1 << 30)))
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+
+
+def test_a_flattened_traceback_of_another_exception_is_listed_as_not_read() -> None:
+    """A flattened traceback that ends in another exception than the OOM message is read,
+    and said as read and not used."""
+    other = " ".join(traceback_lines(VLLM_PROMPT_LOGPROBS, "RuntimeError: worker died"))
+    oom = "torch.OutOfMemoryError: " + message(
+        "18.55 GiB", "6.01 GiB", "73.17 GiB", "70.22 GiB", "1.12 GiB", "79.19 GiB")
+    between = "".join(f"INFO step {i}\n" for i in range(5))  # not the OOM's own traceback
+    evidence = weigh([read_text(f"{other}\n{between}{oom}\n", "flat.log")])
+    (note,) = evidence.not_read
+    assert "flat.log line 1" in note and "3 frame(s)" in note and "RuntimeError" in note
