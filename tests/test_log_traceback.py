@@ -449,3 +449,31 @@ def test_a_flattened_traceback_of_another_exception_is_listed_as_not_read() -> N
     evidence = weigh([read_text(f"{other}\n{between}{oom}\n", "flat.log")])
     (note,) = evidence.not_read
     assert "flat.log line 1" in note and "3 frame(s)" in note and "RuntimeError" in note
+
+
+#: vLLM's LogitsProcessor (vllm/model_executor/layers/logits_processor.py forward ->
+#: _get_logits), reached from the v1 worker's execute_model (compute_logits).
+VLLM_LOGITS = [
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 430, "worker_busy_loop",
+     "output = func(*args, **kwargs)"),
+    (f"{SITE}/vllm/v1/worker/gpu_model_runner.py", 1201, "execute_model",
+     "logits = self.model.compute_logits(sample_hidden_states, None)"),
+    (f"{SITE}/vllm/model_executor/layers/logits_processor.py", 70, "forward",
+     "logits = self._get_logits(hidden_states, lm_head, embedding_bias)"),
+]
+
+
+@pytest.mark.parametrize("frames", [VLLM_LOGITS, VLLM_PROMPT_LOGPROBS])
+def test_vllm_logits_are_named_without_a_training_loss_knob(frames) -> None:
+    """What vLLM's LogitsProcessor and its sampler's log-softmax make is the [tokens, vocab]
+    logits: named `logits` by the vLLM pack, with the engine's own batch bound as its knob
+    and no loss knob (a serving engine's logits feed a sampler, not a cross-entropy)."""
+    lines = traceback_lines(frames, "torch.OutOfMemoryError: " + message(
+        "270.00 MiB", "156.94 MiB", "21.82 GiB", "21.42 GiB", "104.00 MiB", "21.98 GiB"))
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "vllm.log")]).requests
+    want = decided(frames, 270 << 20)
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert (want.family, want.rule_id) == ("logits", "vllm.logits")
+    knobs = [k for k, _ in finding.knobs]
+    assert knobs and "max_num_seqs" in knobs[0]
+    assert not any("cross-entropy" in k or "cross_entropy" in k.lower() for k in knobs)
