@@ -477,3 +477,46 @@ def test_vllm_logits_are_named_without_a_training_loss_knob(frames) -> None:
     knobs = [k for k, _ in finding.knobs]
     assert knobs and "max_num_seqs" in knobs[0]
     assert not any("cross-entropy" in k or "cross_entropy" in k.lower() for k in knobs)
+
+
+def verl_entropy(outer: list[tuple[str, int, str, str]]) -> list[tuple[str, int, str, str]]:
+    """verl's entropy over the logits (verl/workers/actor/dp_actor.py _forward_micro_batch ->
+    verl/utils/torch_functional.py entropy_from_logits), under `outer`."""
+    return [*outer,
+            ("/verl/verl/workers/actor/dp_actor.py", 266, "_forward_micro_batch",
+             "entropy = verl_F.entropy_from_logits(logits)  # (bsz, response_length)"),
+            ("/verl/verl/utils/torch_functional.py", 148, "entropy_from_logits",
+             "entropy = torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)")]
+
+
+#: the old-policy log-prob pass (fsdp_workers.py compute_log_prob -> dp_actor.py
+#: compute_log_prob, whose micro-batches run under `with torch.no_grad()`)
+VERL_LOG_PROB = verl_entropy([
+    ("/verl/verl/workers/fsdp_workers.py", 782, "compute_log_prob",
+     "output, entropys = self.actor.compute_log_prob(data=data, calculate_entropy=True)"),
+    ("/verl/verl/workers/actor/dp_actor.py", 332, "compute_log_prob",
+     "entropy, log_probs = self._forward_micro_batch("),
+])
+#: the training step (fsdp_workers.py update_actor -> dp_actor.py update_policy)
+VERL_UPDATE = verl_entropy([
+    ("/verl/verl/workers/fsdp_workers.py", 700, "update_actor",
+     "metrics = self.actor.update_policy(data=data)"),
+    ("/verl/verl/workers/actor/dp_actor.py", 420, "update_policy",
+     "entropy, log_prob = self._forward_micro_batch("),
+])
+
+
+@pytest.mark.parametrize(("frames", "kept"), [(VERL_LOG_PROB, False), (VERL_UPDATE, True)])
+def test_verl_entropy_checkpointing_needs_a_pass_that_keeps_for_backward(frames, kept) -> None:
+    """entropy_checkpointing recomputes in backward what a trained forward keeps for it: a
+    no-grad log-prob pass (compute_log_prob) keeps nothing, so it is offered on the training
+    step's entropy and not on the log-prob pass's, whose first knob is its own budget."""
+    lines = traceback_lines(frames, "torch.OutOfMemoryError: " + message(
+        "13.91 GiB", "8.85 GiB", "70.25 GiB", "60.49 GiB", "6.77 GiB", "79.11 GiB"))
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "verl.log")]).requests
+    want = decided(frames, int(13.91 * (1 << 30)))
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    knobs = [k for k, _ in finding.knobs]
+    assert any("entropy_checkpointing" in k for k in knobs) == kept
+    if not kept:
+        assert "log_prob_micro_batch_size_per_gpu" in knobs[0]
