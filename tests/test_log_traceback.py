@@ -520,3 +520,49 @@ def test_verl_entropy_checkpointing_needs_a_pass_that_keeps_for_backward(frames,
     assert any("entropy_checkpointing" in k for k in knobs) == kept
     if not kept:
         assert "log_prob_micro_batch_size_per_gpu" in knobs[0]
+
+
+def slime_ref_log_prob(inner: tuple[str, int, str, str]) -> list[tuple[str, int, str, str]]:
+    """slime's reference-model log-prob pass (actor.py compute_log_prob -> model.py
+    forward_only -> Megatron's forward_step -> loss.py), ending in `inner`."""
+    return [
+        ("/root/slime/slime/backends/megatron_utils/actor.py", 187, "compute_log_prob",
+         "return forward_only("),
+        ("/root/slime/slime/backends/megatron_utils/model.py", 221, "forward_only",
+         "forward_data_store += forward_backward_func("),
+        ("/root/Megatron-LM/megatron/core/pipeline_parallel/schedules.py", 289,
+         "forward_step", "output_tensor, loss_func = forward_step_func(data_iterator, model)"),
+        inner,
+    ]
+
+
+#: what slime's log-prob step allocates in its own frame: the temperature-scaled copy
+#: (loss.py get_log_probs_and_entropy, slime main) and the clone handed to compute_log_probs
+#: (loss.py calculate_log_probs_and_entropy, slime 2025-09)
+SLIME_OWN_COPIES = [
+    ("/root/slime/slime/backends/megatron_utils/loss.py", 543, "get_log_probs_and_entropy",
+     "logits = logits / rollout_temperature"),
+    ("/root/slime/slime/backends/megatron_utils/loss.py", 27, "calculate_log_probs_and_entropy",
+     "log_prob = compute_log_probs(logits.clone(), tokens, mpu.get_tensor_model_parallel_group())"),
+]
+
+
+@pytest.mark.parametrize("inner", SLIME_OWN_COPIES)
+def test_slime_log_prob_steps_own_logits_copy_is_logits(inner) -> None:
+    """A request made in slime's log-prob step's own frame, as large as a [T, V/TP] logits
+    copy, is `logits`; in the reference model's forward-only pass its first knob is that
+    pass's own token budget (--log-probs-max-tokens-per-gpu), and the loss recompute knob is
+    not offered (nothing is kept for backward)."""
+    frames = slime_ref_log_prob(inner)
+    request = int(58.15 * (1 << 30))
+    lines = traceback_lines(frames, "torch.OutOfMemoryError: " + message(
+        "58.15 GiB", "17.32 GiB", "61.85 GiB", "58.99 GiB", "1.37 GiB", "79.19 GiB"))
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "slime.log")]).requests
+    want = decided(frames, request)
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert want.family == "logits" and finding.phase == "logprobs"
+    knobs = [k for k, _ in finding.knobs]
+    assert knobs[0] == "--log-probs-max-tokens-per-gpu"
+    assert "--recompute-loss-function" not in knobs
+    # a per-token tensor of that frame (the tokens' cat: T x 8 bytes) is no logits copy
+    assert decided(frames, 205_000 * 8).family != "logits"
