@@ -566,3 +566,34 @@ def test_slime_log_prob_steps_own_logits_copy_is_logits(inner) -> None:
     assert "--recompute-loss-function" not in knobs
     # a per-token tensor of that frame (the tokens' cat: T x 8 bytes) is no logits copy
     assert decided(frames, 205_000 * 8).family != "logits"
+
+
+#: transformers' OPTAttention.forward upcasting its scores' softmax (modeling_opt.py, after
+#: huggingface/transformers#17437), entered through nn.Module's call: nothing in these
+#: frames says whether the job trains.
+OPT_SOFTMAX = [
+    (f"{SITE}/torch/nn/modules/module.py", 1518, "_call_impl",
+     "return forward_call(*args, **kwargs)"),
+    (f"{SITE}/transformers/models/opt/modeling_opt.py", 232, "forward",
+     "attn_weights = nn.functional.softmax(attn_weights, dim=-1, "
+     "dtype=torch.float32).to(torch.float16)"),
+    (f"{SITE}/torch/nn/functional.py", 1843, "softmax", "ret = input.softmax(dim, dtype=dtype)"),
+]
+
+
+def test_a_forward_only_knob_on_an_undetermined_workload_says_its_condition(tmp_path) -> None:
+    """Where the stack does not show whether the job trains, a knob made for one workload
+    (inference_mode would break a trained forward) carries its condition before its effect,
+    so the one-screen summary, which prints the effect alone, says it too."""
+    lines = traceback_lines(OPT_SOFTMAX, "torch.cuda.OutOfMemoryError: " + message(
+        "896.00 MiB", "381.31 MiB", "78.80 GiB", "76.68 GiB", "573.44 MiB", "79.17 GiB"))
+    text = "\n".join(lines) + "\n"
+    (finding,) = weigh([read_text(text, "opt.log")]).requests
+    assert finding.workload.startswith("Whether this job trains is not recorded")
+    whys = dict(finding.knobs)
+    mode = next(k for k in whys if k.startswith("torch.inference_mode()"))
+    assert whys[mode].startswith("only if this job is not trained: ")
+    path = tmp_path / "opt.log"
+    path.write_text(text)
+    screen = " ".join(invoke("summary", str(path)).stdout.split())
+    assert f"{mode} — only if this job is not trained: " in screen
