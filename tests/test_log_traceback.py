@@ -518,7 +518,10 @@ def test_verl_entropy_checkpointing_needs_a_pass_that_keeps_for_backward(frames,
     assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
     knobs = [k for k, _ in finding.knobs]
     assert any("entropy_checkpointing" in k for k in knobs) == kept
+    # under no_grad the entropy's intermediates are temporaries, not kept for backward
+    assert (want.family == "saved_logprob_softmax") == kept
     if not kept:
+        assert want.family == "activation_temporaries"
         assert "log_prob_micro_batch_size_per_gpu" in knobs[0]
 
 
