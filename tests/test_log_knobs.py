@@ -87,8 +87,46 @@ def test_sglang_refusal_gets_the_least_fraction_that_leaves_a_pool() -> None:
 
 def test_sglang_refusal_without_its_figures_names_the_knob() -> None:
     text = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n"
-    (first, _), *_ = _knobs(text)
+    (first, why), *_ = _knobs(text)
     assert first == "--mem-fraction-static <higher than the one set>"
+    # its words say the way the value goes: the pool gets room from a larger share
+    effect = why.split(" — ", 1)[0]
+    assert "raising" in effect and "lowering" not in effect
+
+
+def test_sglang_runtime_oom_lowers_the_fraction_in_words_and_value() -> None:
+    """An OOM after start-up whose KV pool alone covers the shortfall: the value lowers the
+    share, and so do the words (sglang model_runner 'KV Cache is allocated. #tokens: {},
+    K size: {:.2f} GB, V size: {:.2f} GB' and server_args' mem_fraction_static)."""
+    p = "[2026-05-02 10:11:12 TP0] "
+    text = (f"{p}server_args=ServerArgs(model_path='m', mem_fraction_static=0.88)\n"
+            f"{p}KV Cache is allocated. #tokens: 1000000, K size: 10.00 GB, V size: 10.00 GB\n"
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+            "has a total capacity of 79.19 GiB of which 1.00 GiB is free. Including "
+            "non-PyTorch memory, this process has 78.18 GiB memory in use. Of the allocated "
+            "memory 70.00 GiB is allocated by PyTorch, and 1.00 GiB is reserved by PyTorch "
+            "but unallocated.\n")
+    knobs = [(k, w) for k, w in _knobs(text) if k.startswith("--mem-fraction-static")]
+    assert knobs
+    for knob, why in knobs:
+        value = float(knob.split()[1])
+        assert value < 0.88
+        effect = why.split(" — ", 1)[0]
+        assert "lowering" in effect and "raising" not in effect
+
+
+def test_a_knob_a_framework_message_names_is_worded_its_way() -> None:
+    """Each [hint] of framework_knobs.toml whose value goes up has words that do not
+    describe lowering (the words and the value of one knob agree)."""
+    import snapana.analysis as analysis
+    import tomllib
+
+    table = tomllib.loads((Path(analysis.__file__).parent / "framework_knobs.toml")
+                          .read_text(encoding="utf-8"))
+    for hid, hint in table["hint"].items():
+        words = table["knob"][hint["knob"]]
+        if "higher" in hint["value"] or "more" in hint["value"]:
+            assert "lowering" not in words["effect"], hid
 
 
 @pytest.mark.skipif(not (CORPUS / "messages.jsonl").exists(), reason="corpus absent")

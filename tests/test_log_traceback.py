@@ -408,3 +408,195 @@ def test_deepspeed_initialize_moving_the_model_is_named_with_zero_init() -> None
     assert want.rule_id == "deepspeed.engine_module_to_device"
     assert finding.family == "parameters"
     assert "deepspeed.zero.Init()" in finding.knobs[0][0]
+
+
+#: vLLM v1's prompt log-probs (vllm/v1/executor/multiproc_executor.py worker_busy_loop ->
+#: vllm/v1/worker/gpu_model_runner.py _get_prompt_logprobs_dict -> vllm/v1/sample/
+#: sampler.py Sampler.compute_logprobs: `logits.log_softmax(dim=-1, dtype=torch.float32)`).
+VLLM_PROMPT_LOGPROBS = [
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 847, "worker_busy_loop",
+     "output = func(*args, **kwargs)"),
+    (f"{SITE}/vllm/v1/worker/gpu_model_runner.py", 4308, "_get_prompt_logprobs_dict",
+     "logprobs = self.sampler.compute_logprobs(logits)"),
+    (f"{SITE}/vllm/v1/sample/sampler.py", 207, "compute_logprobs",
+     "return logits.log_softmax(dim=-1, dtype=torch.float32)"),
+]
+
+
+def test_a_traceback_flattened_onto_one_line_is_read() -> None:
+    """A paste that lost its newlines holds the header, every frame with its source line
+    and carets, and the OOM message on one line: its frames are read as the failing
+    request's stack, in order, with their source lines (no carets)."""
+    exc = "torch.OutOfMemoryError: " + message(
+        "18.55 GiB", "6.01 GiB", "73.17 GiB", "70.22 GiB", "1.12 GiB", "79.19 GiB")
+    flat = " ".join(traceback_lines(VLLM_PROMPT_LOGPROBS, exc))
+    log = read_text(flat + "\n", "flat.log")
+    (finding,) = weigh([log]).requests
+    assert finding is not None
+    assert finding.traceback.stack == stack_of(VLLM_PROMPT_LOGPROBS)
+    assert [f.code for f in finding.traceback.frames] == [c for *_, c in VLLM_PROMPT_LOGPROBS]
+    want = decided(VLLM_PROMPT_LOGPROBS, int(18.55 * (1 << 30)))
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+
+
+def test_a_flattened_traceback_of_another_exception_is_listed_as_not_read() -> None:
+    """A flattened traceback that ends in another exception than the OOM message is read,
+    and said as read and not used."""
+    other = " ".join(traceback_lines(VLLM_PROMPT_LOGPROBS, "RuntimeError: worker died"))
+    oom = "torch.OutOfMemoryError: " + message(
+        "18.55 GiB", "6.01 GiB", "73.17 GiB", "70.22 GiB", "1.12 GiB", "79.19 GiB")
+    between = "".join(f"INFO step {i}\n" for i in range(5))  # not the OOM's own traceback
+    evidence = weigh([read_text(f"{other}\n{between}{oom}\n", "flat.log")])
+    (note,) = evidence.not_read
+    assert "flat.log line 1" in note and "3 frame(s)" in note and "RuntimeError" in note
+
+
+#: vLLM's LogitsProcessor (vllm/model_executor/layers/logits_processor.py forward ->
+#: _get_logits), reached from the v1 worker's execute_model (compute_logits).
+VLLM_LOGITS = [
+    (f"{SITE}/vllm/v1/executor/multiproc_executor.py", 430, "worker_busy_loop",
+     "output = func(*args, **kwargs)"),
+    (f"{SITE}/vllm/v1/worker/gpu_model_runner.py", 1201, "execute_model",
+     "logits = self.model.compute_logits(sample_hidden_states, None)"),
+    (f"{SITE}/vllm/model_executor/layers/logits_processor.py", 70, "forward",
+     "logits = self._get_logits(hidden_states, lm_head, embedding_bias)"),
+]
+
+
+@pytest.mark.parametrize("frames", [VLLM_LOGITS, VLLM_PROMPT_LOGPROBS])
+def test_vllm_logits_are_named_without_a_training_loss_knob(frames) -> None:
+    """What vLLM's LogitsProcessor and its sampler's log-softmax make is the [tokens, vocab]
+    logits: named `logits` by the vLLM pack, with the engine's own batch bound as its knob
+    and no loss knob (a serving engine's logits feed a sampler, not a cross-entropy)."""
+    lines = traceback_lines(frames, "torch.OutOfMemoryError: " + message(
+        "270.00 MiB", "156.94 MiB", "21.82 GiB", "21.42 GiB", "104.00 MiB", "21.98 GiB"))
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "vllm.log")]).requests
+    want = decided(frames, 270 << 20)
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert (want.family, want.rule_id) == ("logits", "vllm.logits")
+    knobs = [k for k, _ in finding.knobs]
+    assert knobs and "max_num_seqs" in knobs[0]
+    assert not any("cross-entropy" in k or "cross_entropy" in k.lower() for k in knobs)
+
+
+def verl_entropy(outer: list[tuple[str, int, str, str]]) -> list[tuple[str, int, str, str]]:
+    """verl's entropy over the logits (verl/workers/actor/dp_actor.py _forward_micro_batch ->
+    verl/utils/torch_functional.py entropy_from_logits), under `outer`."""
+    return [*outer,
+            ("/verl/verl/workers/actor/dp_actor.py", 266, "_forward_micro_batch",
+             "entropy = verl_F.entropy_from_logits(logits)  # (bsz, response_length)"),
+            ("/verl/verl/utils/torch_functional.py", 148, "entropy_from_logits",
+             "entropy = torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)")]
+
+
+#: the old-policy log-prob pass (fsdp_workers.py compute_log_prob -> dp_actor.py
+#: compute_log_prob, whose micro-batches run under `with torch.no_grad()`)
+VERL_LOG_PROB = verl_entropy([
+    ("/verl/verl/workers/fsdp_workers.py", 782, "compute_log_prob",
+     "output, entropys = self.actor.compute_log_prob(data=data, calculate_entropy=True)"),
+    ("/verl/verl/workers/actor/dp_actor.py", 332, "compute_log_prob",
+     "entropy, log_probs = self._forward_micro_batch("),
+])
+#: the training step (fsdp_workers.py update_actor -> dp_actor.py update_policy)
+VERL_UPDATE = verl_entropy([
+    ("/verl/verl/workers/fsdp_workers.py", 700, "update_actor",
+     "metrics = self.actor.update_policy(data=data)"),
+    ("/verl/verl/workers/actor/dp_actor.py", 420, "update_policy",
+     "entropy, log_prob = self._forward_micro_batch("),
+])
+
+
+@pytest.mark.parametrize(("frames", "kept"), [(VERL_LOG_PROB, False), (VERL_UPDATE, True)])
+def test_verl_entropy_checkpointing_needs_a_pass_that_keeps_for_backward(frames, kept) -> None:
+    """entropy_checkpointing recomputes in backward what a trained forward keeps for it: a
+    no-grad log-prob pass (compute_log_prob) keeps nothing, so it is offered on the training
+    step's entropy and not on the log-prob pass's, whose first knob is its own budget."""
+    lines = traceback_lines(frames, "torch.OutOfMemoryError: " + message(
+        "13.91 GiB", "8.85 GiB", "70.25 GiB", "60.49 GiB", "6.77 GiB", "79.11 GiB"))
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "verl.log")]).requests
+    want = decided(frames, int(13.91 * (1 << 30)))
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    knobs = [k for k, _ in finding.knobs]
+    assert any("entropy_checkpointing" in k for k in knobs) == kept
+    # under no_grad the entropy's intermediates are temporaries, not kept for backward
+    assert (want.family == "saved_logprob_softmax") == kept
+    if not kept:
+        assert want.family == "activation_temporaries"
+        assert "log_prob_micro_batch_size_per_gpu" in knobs[0]
+
+
+def slime_ref_log_prob(inner: tuple[str, int, str, str]) -> list[tuple[str, int, str, str]]:
+    """slime's reference-model log-prob pass (actor.py compute_log_prob -> model.py
+    forward_only -> Megatron's forward_step -> loss.py), ending in `inner`."""
+    return [
+        ("/root/slime/slime/backends/megatron_utils/actor.py", 187, "compute_log_prob",
+         "return forward_only("),
+        ("/root/slime/slime/backends/megatron_utils/model.py", 221, "forward_only",
+         "forward_data_store += forward_backward_func("),
+        ("/root/Megatron-LM/megatron/core/pipeline_parallel/schedules.py", 289,
+         "forward_step", "output_tensor, loss_func = forward_step_func(data_iterator, model)"),
+        inner,
+    ]
+
+
+#: what slime's log-prob step allocates in its own frame: the temperature-scaled copy
+#: (loss.py get_log_probs_and_entropy, slime main) and the clone handed to compute_log_probs
+#: (loss.py calculate_log_probs_and_entropy, slime 2025-09)
+SLIME_OWN_COPIES = [
+    ("/root/slime/slime/backends/megatron_utils/loss.py", 543, "get_log_probs_and_entropy",
+     "logits = logits / rollout_temperature"),
+    ("/root/slime/slime/backends/megatron_utils/loss.py", 27, "calculate_log_probs_and_entropy",
+     "log_prob = compute_log_probs(logits.clone(), tokens, mpu.get_tensor_model_parallel_group())"),
+]
+
+
+@pytest.mark.parametrize("inner", SLIME_OWN_COPIES)
+def test_slime_log_prob_steps_own_logits_copy_is_logits(inner) -> None:
+    """A request made in slime's log-prob step's own frame, as large as a [T, V/TP] logits
+    copy, is `logits`; in the reference model's forward-only pass its first knob is that
+    pass's own token budget (--log-probs-max-tokens-per-gpu), and the loss recompute knob is
+    not offered (nothing is kept for backward)."""
+    frames = slime_ref_log_prob(inner)
+    request = int(58.15 * (1 << 30))
+    lines = traceback_lines(frames, "torch.OutOfMemoryError: " + message(
+        "58.15 GiB", "17.32 GiB", "61.85 GiB", "58.99 GiB", "1.37 GiB", "79.19 GiB"))
+    (finding,) = weigh([read_text("\n".join(lines) + "\n", "slime.log")]).requests
+    want = decided(frames, request)
+    assert (finding.family, finding.rule_id) == (want.family, want.rule_id)
+    assert want.family == "logits" and finding.phase == "logprobs"
+    knobs = [k for k, _ in finding.knobs]
+    assert knobs[0] == "--log-probs-max-tokens-per-gpu"
+    assert "--recompute-loss-function" not in knobs
+    # a per-token tensor of that frame (the tokens' cat: T x 8 bytes) is no logits copy
+    assert decided(frames, 205_000 * 8).family != "logits"
+
+
+#: transformers' OPTAttention.forward upcasting its scores' softmax (modeling_opt.py, after
+#: huggingface/transformers#17437), entered through nn.Module's call: nothing in these
+#: frames says whether the job trains.
+OPT_SOFTMAX = [
+    (f"{SITE}/torch/nn/modules/module.py", 1518, "_call_impl",
+     "return forward_call(*args, **kwargs)"),
+    (f"{SITE}/transformers/models/opt/modeling_opt.py", 232, "forward",
+     "attn_weights = nn.functional.softmax(attn_weights, dim=-1, "
+     "dtype=torch.float32).to(torch.float16)"),
+    (f"{SITE}/torch/nn/functional.py", 1843, "softmax", "ret = input.softmax(dim, dtype=dtype)"),
+]
+
+
+def test_a_forward_only_knob_on_an_undetermined_workload_says_its_condition(tmp_path) -> None:
+    """Where the stack does not show whether the job trains, a knob made for one workload
+    (inference_mode would break a trained forward) carries its condition before its effect,
+    so the one-screen summary, which prints the effect alone, says it too."""
+    lines = traceback_lines(OPT_SOFTMAX, "torch.cuda.OutOfMemoryError: " + message(
+        "896.00 MiB", "381.31 MiB", "78.80 GiB", "76.68 GiB", "573.44 MiB", "79.17 GiB"))
+    text = "\n".join(lines) + "\n"
+    (finding,) = weigh([read_text(text, "opt.log")]).requests
+    assert finding.workload.startswith("Whether this job trains is not recorded")
+    whys = dict(finding.knobs)
+    mode = next(k for k in whys if k.startswith("torch.inference_mode()"))
+    assert whys[mode].startswith("only if this job is not trained: ")
+    path = tmp_path / "opt.log"
+    path.write_text(text)
+    screen = " ".join(invoke("summary", str(path)).stdout.split())
+    assert f"{mode} — only if this job is not trained: " in screen

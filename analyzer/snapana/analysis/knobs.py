@@ -41,6 +41,7 @@ __all__ = [
     "working_set_families",
     "undetermined_families",
     "why_applies",
+    "workload_condition",
 ]
 
 _ALWAYS = ("pytorch", "any")
@@ -128,6 +129,15 @@ def _applies(knob: Knob, allowed: set[str], phase: str | None, offload: bool,
             and (ev is None or why_applies(knob, ev, families or []) is not None))
 
 
+def workload_condition(knob: Knob, answer: str | None) -> str:
+    """The condition a knob made for one workload is offered on where the workload is not
+    known ("only if this job is not trained": inference_mode would break a trained forward),
+    else ""."""
+    if not knob.workload or answer not in (None, "undetermined"):
+        return ""
+    return "only if this job " + ("trains" if knob.workload == "training" else "is not trained")
+
+
 def why_applies(knob: Knob, ev: JobEvidence, families: list[str]) -> str | None:
     """Why `knob` acts on this job, from the evidence (None: a precondition fails). A
     framework's knob needs that framework in the frames of the blocks it targets (the
@@ -155,8 +165,7 @@ def why_applies(knob: Knob, ev: JobEvidence, families: list[str]) -> str | None:
     answer = ev.workload.answer
     if knob.workload:
         if answer in (None, "undetermined"):
-            trained = "trains" if knob.workload == "training" else "is not trained"
-            reasons.append(f"only if this job {trained}")
+            reasons.append(workload_condition(knob, answer))
         elif ev.workload.evidence:
             reasons.append(f"{answer}: {ev.workload.evidence[0]}")
     if not reasons:

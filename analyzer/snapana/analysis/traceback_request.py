@@ -15,8 +15,15 @@ from dataclasses import dataclass, replace
 from snapana.analysis.attribution.engine import RuleSet
 from snapana.analysis.attribution.facts import fact_specs
 from snapana.analysis.attribution.stack import BlockContext
-from snapana.analysis.evidence import stack_evidence
-from snapana.analysis.knobs import frameworks_in, knobs_for, reloads_offloaded, why_applies
+from snapana.analysis.evidence import JobEvidence, stack_evidence
+from snapana.analysis.knobs import (
+    Knob,
+    frameworks_in,
+    knobs_for,
+    reloads_offloaded,
+    why_applies,
+    workload_condition,
+)
 from snapana.analysis.sites import format_frame
 from snapana.sources.traceback_text import Traceback
 
@@ -79,8 +86,7 @@ def _name(tb: Traceback, ctx: BlockContext, rules: RuleSet,
     chosen = knobs_for([family], [], frameworks, decision.phase, rules,
                        workload=ev.workload.answer, ev=ev,
                        offload=not reloads_offloaded(explained.phase_rule_id))
-    knobs = tuple((k.knob, f"{k.effect} — {why_applies(k, ev, [family])}")
-                  for k in chosen)
+    knobs = tuple(_knob_words(k, ev, family) for k in chosen)
     owners = tuple(ev.owners.get(family, {}).items())
     matched = decision.matched_frames
     return _with_traceback(RequestFinding(
@@ -89,6 +95,22 @@ def _name(tb: Traceback, ctx: BlockContext, rules: RuleSet,
         format_frame(stack[matched[-1]]) if len(matched) > 1 and matched[-1] != matched[0]
         else "", "", owners, ev.workload.sentence, knobs, matched,
         _fact_words(FORWARD_ONLY_FACT, ev.facts)), tb)
+
+
+def _knob_words(k: Knob, ev: JobEvidence, family: str) -> tuple[str, str]:
+    """The knob and "effect — why it applies". A knob made for one workload, where this
+    stack does not show which, says so before its effect ("only if this job is not trained:
+    …"), so that no shorter listing that keeps the effect alone drops it: a forward-only knob
+    (inference_mode) would break a trained one."""
+    why = why_applies(k, ev, [family]) or ""
+    cond = workload_condition(k, ev.workload.answer)
+    if not cond:
+        return k.knob, f"{k.effect} — {why}"
+    rest = [r for r in why.split("; ") if r != cond]
+    if not rest:
+        rest = ["whether it trains is not recorded" + (
+            f" ({ev.workload.evidence[0]})" if ev.workload.evidence else "")]
+    return k.knob, f"{cond}: {k.effect} — {'; '.join(rest)}"
 
 
 def _fact_words(fact: str, facts: Mapping[str, str]) -> str:

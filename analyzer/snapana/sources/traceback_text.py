@@ -19,6 +19,11 @@ Ray actor (its pid) or its torchrun rank tag, so several processes' interleaved 
 read apart, and lines of another group between the frames are passed over. A line that
 says "out of memory" ends a traceback as its exception line does.
 
+A traceback flattened onto one line (a paste whose newlines were lost: the header, every
+`File "…", line N, in f` with its source line and carets, and the exception one after
+another) is cut back into its lines at each frame and at the exception before it is read;
+its pieces keep the line's number.
+
 Every line is matched in linear time: lines longer than MAX_TRACE_LINE are not frame
 lines, a frame line is found by its literal `File "` and matched from there, every
 repetition is bounded.
@@ -56,6 +61,17 @@ RANK_SPAN = 200
 RAY_PREFIX = re.compile(r"\((?:[\w.<>:-]{1,200} )?pid=(\d{1,9})(?:, ip=[\w.:-]{1,64})?\)")
 #: The colour codes Ray (colorama) puts around its prefix: SGR sequences.
 _ANSI = re.compile(r"\x1b\[[0-9;]{0,32}m")
+#: An exception standing inside a flattened line: a dotted class name that ends as Python's
+#: exceptions' do, a colon and a space (`torch.OutOfMemoryError: CUDA out of memory`).
+_INLINE_EXCEPTION = re.compile(
+    r"(?<![\w.])[A-Za-z_][\w.]{0,200}(?:Error|Exception)(?:\([\w.]{1,200}\))?: ")
+#: Carets under a source line, at the end of a flattened piece.
+_TRAILING_CARETS = re.compile(r"(?:\s+[\^~]+)+\s*$")
+#: Frames one flattened line may hold before the rest of it is left unread.
+MAX_FLAT_FRAMES = MAX_FRAMES
+#: A longer line is not cut back into a traceback (each piece is bounded by MAX_TRACE_LINE).
+MAX_FLAT_LINE = MAX_TRACE_LINE * MAX_SOURCE_LINES
+
 #: Words of an OOM message's line: it ends the traceback whose exception it is, even where
 #: a paste lost the exception's class name.
 _OOM_WORDS = "out of memory"
@@ -146,7 +162,7 @@ def read_tracebacks(lines: list[str]) -> list[Traceback]:
     at once are read apart and no line is read twice."""
     reading: dict[tuple[str, int] | None, _Reading] = {}
     out: list[Traceback] = []
-    for i, line in enumerate(lines):
+    for i, line in ((i, piece) for i, whole in enumerate(lines) for piece in _unflatten(whole)):
         if len(line) > MAX_TRACE_LINE:
             continue
         if "\x1b" in line:
@@ -170,6 +186,40 @@ def read_tracebacks(lines: list[str]) -> list[Traceback]:
             r.feed(line, i + 1)
     out += [r.finish(0, "") for r in reading.values()]
     return sorted(out, key=lambda t: t.first_line)
+
+
+def _unflatten(line: str) -> list[str]:
+    """A traceback flattened onto one line, back in the lines CPython printed: the header,
+    each frame line, its source line (carets dropped), the exception line, each behind the
+    line's own prefix. A line with fewer than two of header and frames is itself."""
+    if len(line) > MAX_FLAT_LINE or line.count(_FRAME_AT) < 1:
+        return [line]
+    starts = []
+    at = line.find(_HEADER)
+    if at >= 0:
+        starts.append((at, len(_HEADER)))
+    at = line.find(_FRAME_AT)
+    while at >= 0 and len(starts) <= MAX_FLAT_FRAMES:
+        m = _FRAME.match(line, at)
+        if m is not None and m.group(3) is not None:
+            starts.append((at, m.end() - at))
+        at = line.find(_FRAME_AT, at + len(_FRAME_AT))
+    if len(starts) < 2:
+        return [line]
+    starts.sort()
+    prefix = line[:starts[0][0]]
+    out = [prefix + line[starts[0][0]:starts[0][0] + starts[0][1]]]
+    for k, (begin, width) in enumerate(starts):
+        if k:
+            out.append(f'{prefix}  {line[begin:begin + width]}')
+        rest = line[begin + width:starts[k + 1][0] if k + 1 < len(starts) else len(line)]
+        exc = _INLINE_EXCEPTION.search(rest) if k + 1 == len(starts) else None
+        code = _TRAILING_CARETS.sub("", rest[:exc.start()] if exc else rest).strip()
+        if code:
+            out.append(f"{prefix}    {code}")
+        if exc is not None:
+            out.append(prefix + rest[exc.start():].strip())
+    return out
 
 
 def _prefix_of(line: str, exception: str) -> str:
