@@ -263,7 +263,8 @@ class Attributor:
                             tuple[dict[int, int], list[tuple[int, str]], int]] = {}
         self._roots: dict[frozenset[int], tuple[dict[int, int], frozenset[int]]] = {}
         self._cast_frames: dict[int, tuple[bool, bool]] = {}  # `_weight_copies`
-        self._code_sites: dict[int, str] = {}  # `_kv_pairs`
+        self._code_sites: dict[int, tuple[str, int]] = {}  # `_kv_pairs`: site, path id
+        self._code_paths: dict[tuple[Any, ...], int] = {}  # code frames -> path id
 
     def decide_sets_at(self, moments: Callable[[], Sequence[pl.DataFrame]]) -> None:
         """Decide the families named among blocks held together (`carry.set_methods`) once
@@ -639,11 +640,13 @@ class Attributor:
             # (`<op>`, `<python>`) name the op or the layer, not the line that made it
             code = tuple(f for f in self.stacks.stack(int(sid))
                          if f[0].endswith(".py"))
-            sites[int(sid)] = site_of(code) if code else ""
+            sites[int(sid)] = (site_of(code) if code else "",
+                               self._code_paths.setdefault(code, len(self._code_paths)))
         n = self.capture.device_events(self.device).height
-        rows = [kv_pairs.Row(int(req or size), fam, phase, sites[int(sid)],
+        rows = [kv_pairs.Row(int(req or size), fam, phase, sites[int(sid)][0],
                              -1 if idx is None else int(idx),
-                             int(f) if f is not None and 0 <= f < n else -1)
+                             int(f) if f is not None and 0 <= f < n else -1,
+                             sites[int(sid)][1])
                 for req, size, fam, phase, sid, idx, f in zip(
                     blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
                     blocks["stack_id"], blocks["alloc_idx"], freed, strict=True)]
