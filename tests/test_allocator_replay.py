@@ -344,6 +344,46 @@ def test_equal_free_blocks_go_by_the_addresses_the_driver_gave() -> None:
     assert r.exact and r.simulated == [("segment_alloc", 40 * MIB), ("segment_alloc", 20 * MIB)]
 
 
+def test_equal_free_blocks_go_by_addresses_anywhere_the_device_gave_them() -> None:
+    """The same trace where the driver handed the ranges out upwards, low in the address
+    space (as torch_npu's Ascend ranges lie, near 0x12c0_0000_0000, far under CUDA's usual
+    0x7f..): S2 lies above S1, so the 20 MiB request splits S1 (its first half, the lower
+    address) and the 40 MiB one finds no 40 MiB block: a third cudaMalloc. The model must
+    put each segment where the job's own was to break the tie as the allocator did."""
+    s1 = 0x12C0_4120_0000
+    s2, s3 = s1 + 40 * MIB, s1 + 60 * MIB
+    steps = [("segment_alloc", s1, 40 * MIB), *_alloc(s1, 40 * MIB), *_free(s1, 40 * MIB),
+             *_alloc(s1, 20 * MIB), *_alloc(s1 + 20 * MIB, 20 * MIB),
+             ("segment_alloc", s2, 20 * MIB), *_alloc(s2, 20 * MIB),
+             *_free(s1, 20 * MIB), *_free(s2, 20 * MIB), *_alloc(s1, 20 * MIB),
+             *_free(s1 + 20 * MIB, 20 * MIB),
+             ("segment_alloc", s3, 40 * MIB), *_alloc(s3, 40 * MIB)]
+    r = rerun(_trace(*steps), 0, Setting(False))
+    assert r.exact, (r.divergence, r.simulated)
+    assert r.simulated == [("segment_alloc", n) for n in (40 * MIB, 20 * MIB, 40 * MIB)]
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("path", corpus_params(
+    "torch_snapshots", "codeasier+MemSnapDump__tests_test_data_snapshot_1768*"))
+def test_the_npu_capture_is_reproduced_where_its_ranges_lie(path) -> None:
+    """torch_npu's capture (Ascend: ranges from 0x12c0_0000_0000 upwards, 32 B pad): every
+    segment event its raw trace records comes out of the what-if's proof run, size for size,
+    in order. It parted at the 52nd (a 2 MiB segment for a 984,064 B request the job fitted
+    into a free block), since two equal free small blocks tied the other way round in a
+    model that placed the segments in its own downward range."""
+    from snapana.session import Session
+
+    from .conftest import raw_load
+
+    raw = raw_load(path)
+    (trace,) = [t for t in raw["device_traces"] if t]
+    recorded = [(e["action"], e["size"]) for e in trace if e["action"].startswith("segment_")]
+    assert len(recorded) >= 52
+    r = Session.open(path).whatif("expandable_segments:True").recorded
+    assert r.divergence is None and r.simulated == recorded
+
+
 def test_expandable_best_fit_counts_the_unmapped_room_after_a_block() -> None:
     """get_free_block with expandable segments: a free block followed by unmapped pages
     counts as the size it can grow to. Worked by that rule (20 MiB pages): 10 MiB maps one

@@ -194,3 +194,56 @@ def test_a_training_step_names_no_cache() -> None:
     assert len(find(pairs, never)) == 8
     assert find([*pairs, Row(4096, "optimizer_state", "unknown", "", -1, -1)], never) == {}
     assert find([*pairs, Row(4096, "recompute", "backward", "r", 99, -1)], never) == {}
+
+
+def test_a_module_called_twice_per_layer_is_no_cache() -> None:
+    """K and V are made once per layer, by the layer loop's one line: each site's blocks
+    share one call path. Two sites reached alternately from two lines of each layer (a norm
+    applied before the attention and again before the MLP) make two blocks per layer: the
+    same sizes and alternation, but not one K and one V per layer, so nothing is named."""
+    never = lambda lo, hi: 0  # noqa: E731
+    one = [Row(64, "saved_activations", "forward", s, 10 * i + k, -1, 0)
+           for i in range(4) for k, s in enumerate(("a", "b"))]
+    assert len(find(one, never)) == 8
+    # layers 0-1, each calling the module from line 200 (path 0) and line 201 (path 1)
+    two = [Row(64, "saved_activations", "forward", s, 10 * i + k, -1, i % 2)
+           for i in range(4) for k, s in enumerate(("a", "b"))]
+    assert find(two, never) == {}
+
+
+CS336_FORWARD = ["kkaitlyn111+cs336-a2-systems__memory_files_memory_ctx512_forward_.pickle",
+                 "kkaitlyn111+cs336-a2-systems__memory_files_memory_ctx512_forward_mixed.pickle"]
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("name", CS336_FORWARD)
+def test_cs336_forward_keeps_no_cache(name: str) -> None:
+    """CS336's own Transformer (cs336_basics, a model the rule was not written from) returns
+    logits only. Its forward keeps, from two lines of one module, blocks of one size that
+    alternate, layer after layer, like K and V; the raw trace shows each of those lines
+    reached from two lines of the calling block (the module called twice per layer), so
+    they are no returned cache, and no moment of the window names one."""
+    from snapana.session import Session
+
+    from .conftest import raw_load
+
+    path = CORPUS / "torch_snapshots" / name
+    if not path.exists():
+        pytest.skip("corpus capture absent")
+    trace = next(t for t in raw_load(path)["device_traces"] if t)
+    callers: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    sizes: dict[tuple[str, int], set[int]] = {}
+    for e in trace:
+        code = [(f["filename"], f["line"]) for f in e.get("frames", ())
+                if f["filename"].endswith(".py") and "/torch/" not in f["filename"]]
+        if e["action"] == "alloc" and len(code) >= 2 and "cs336_basics" in code[0][0]:
+            callers.setdefault(code[0], set()).add(code[1])
+            sizes.setdefault(code[0], set()).add(e["size"])
+    twice = {site for site, c in callers.items() if len(c) >= 2 and len(sizes[site]) == 1}
+    assert len(twice) >= 2  # the module's two lines, each from two lines of the block
+    session = Session.open(path)
+    decided = session.attributor.set_decisions()
+    named = [] if decided is None else decided.by_key.filter(
+        decided.by_key["_c_family"] == FAMILY)["alloc_idx"].to_list()
+    assert named == []
+    assert FAMILY not in session.report.timeline.families.lifetimes["family"].to_list()

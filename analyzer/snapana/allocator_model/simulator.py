@@ -30,6 +30,10 @@ DEFAULT_POOL = (0, 0)
 TIME_ORIGIN_US = 1_767_225_600_000_000  # fixed clock start: samples must be byte-stable
 ADDRESS_ORIGIN = 0x7F2A_0000_0000  # where a Linux process's cudaMalloc ranges usually sit
 ADDRESS_SPAN = 1 << 44
+#: The addresses a recorded range may lie at: all of a 64-bit space above the null page, not
+#: only CUDA's usual span (torch_npu's ranges sit near 0x12c0_0000_0000, far under it), so a
+#: replay puts each segment where the job's own was and equal free blocks tie as they did.
+ADDRESS_LOW, ADDRESS_HIGH = 1 << 12, 1 << 64
 
 Stack = Sequence[Frame] | None
 #: Where the driver put a new range, when it is known (a replay of a recorded trace): asked
@@ -101,7 +105,7 @@ class _AddressSpace:
     """First-fit virtual addresses: a freed segment's range is handed out again."""
 
     def __init__(self) -> None:
-        self._free: list[tuple[int, int]] = [(ADDRESS_ORIGIN, ADDRESS_SPAN)]
+        self._free: list[tuple[int, int]] = [(ADDRESS_LOW, ADDRESS_HIGH - ADDRESS_LOW)]
 
     def free_at(self, start: int, size: int) -> bool:
         """Whether [start, start + size) is wholly unused."""
@@ -119,13 +123,13 @@ class _AddressSpace:
         return self.reserve(size)
 
     def reserve(self, size: int) -> int:
-        for i, (start, span) in enumerate(self._free):
-            if span >= size:
-                if span == size:
-                    del self._free[i]
-                else:
-                    self._free[i] = (start + size, span - size)
-                return start
+        """The lowest free range of `size` at or above ADDRESS_ORIGIN (a range nothing
+        recorded names)."""
+        for start, span in self._free:
+            lo = max(start, ADDRESS_ORIGIN)
+            if start + span - lo >= size:
+                self.take(lo, size)
+                return lo
         raise MemoryError("simulated address space exhausted")
 
     def take(self, start: int, size: int) -> None:

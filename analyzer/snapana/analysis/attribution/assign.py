@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import cached_property
 from typing import Any
@@ -168,11 +168,18 @@ class TracePhases:
         self._pos = all_pos[order]
         self._code = all_code[order]
         self._memo: dict[int, str | None] = {}
+        self._marks: dict[tuple[str, ...], np.ndarray] = {}
+        self._others: dict[str, np.ndarray] = {}  # phase -> the marks of other phases
 
     def _marks_of(self, *phases: str) -> np.ndarray:
-        """Which marks are of one of `phases`."""
-        wanted = [k for k, p in enumerate(self._kinds) if p in phases]
-        return np.isin(self._code, wanted)
+        """Which marks are of one of `phases` (memoised: every decision moment's working
+        sets ask again; read-only)."""
+        hit = self._marks.get(phases)
+        if hit is None:
+            wanted = [k for k, p in enumerate(self._kinds) if p in phases]
+            hit = self._marks[phases] = np.isin(self._code, wanted)
+            hit.flags.writeable = False
+        return hit
 
     @staticmethod
     def _infer(rules: RuleSet, stack: Stack, annotations: tuple[str, ...]) -> str:
@@ -203,7 +210,9 @@ class TracePhases:
     def within(self, phase: str, alloc_idx: np.ndarray, free_idx: np.ndarray) -> np.ndarray:
         """True where no allocation or annotation mark of another phase lies between each
         allocation and its free: both happened in the same run of `phase`."""
-        other = self._pos[~self._marks_of(phase)]
+        other = self._others.get(phase)
+        if other is None:
+            other = self._others[phase] = self._pos[~self._marks_of(phase)]
         lo = np.searchsorted(other, np.asarray(alloc_idx, dtype=np.float64), side="right")
         hi = np.searchsorted(other, np.asarray(free_idx, dtype=np.float64), side="left")
         return hi <= lo
@@ -248,6 +257,14 @@ class Attributor:
         self._moments: Callable[[], Sequence[pl.DataFrame]] | None = None
         self._set_decisions: SetDecisions | None = None
         self._window = False  # the set methods are decided for the window (decide_sets_at)
+        # memoised trace reads by size (`_events_of_sizes`, `_sized_history`)
+        self._size_rows: dict[int, np.ndarray] = {}
+        self._history: dict[frozenset[int],
+                            tuple[dict[int, int], list[tuple[int, str]], int]] = {}
+        self._roots: dict[frozenset[int], tuple[dict[int, int], frozenset[int]]] = {}
+        self._cast_frames: dict[int, tuple[bool, bool]] = {}  # `_weight_copies`
+        self._code_sites: dict[int, tuple[str, int]] = {}  # `_kv_pairs`: site, path id
+        self._code_paths: dict[tuple[Any, ...], int] = {}  # code frames -> path id
 
     def decide_sets_at(self, moments: Callable[[], Sequence[pl.DataFrame]]) -> None:
         """Decide the families named among blocks held together (`carry.set_methods`) once
@@ -524,24 +541,27 @@ class Attributor:
         spec = hand_state.spec()
         mine = [i for i, (f, r) in enumerate(zip(cols["family"], cols["rule_id"], strict=True))
                 if f in spec.from_families or r in spec.rebound_rules]
-        if not mine:
+        born_at = blocks["alloc_idx"].to_list()
+        # `hand_state.find` names only blocks allocated in the window: none, nothing to ask
+        if not any(born_at[i] is not None and born_at[i] >= 0 for i in mine):
             return
         skip = set(mine)
-        live = [(int(blocks["requested_size"][i] or blocks["size"][i]), cols["family"][i],
-                 cols["phase"][i], int(blocks["stack_id"][i])) for i in range(blocks.height)
-                if i not in skip]
-        evidence = self._evidence(blocks[mine], live)
-        roots, replaced = self._rebound_roots(frozenset(evidence.gradient_sizes))
+        req, full, sids = (blocks[c].to_list() for c in ("requested_size", "size", "stack_id"))
+        live = [(int(req[i] or full[i]), cols["family"][i], cols["phase"][i], int(sids[i]))
+                for i in range(blocks.height) if i not in skip]
+        most, first = self._gradients(
+            frozenset(int(req[i]) for i in mine if req[i] is not None), live)
+        gradients = Counter(most)
+        roots, replaced = self._rebound_roots(frozenset(gradients))
         n = self.capture.device_events(self.device).height
-        rows = [hand_state.Row(int(req or size), fam, -1 if born is None else int(born),
+        rows = [hand_state.Row(int(r or size), fam, -1 if born is None else int(born),
                                freed is None or freed >= n, rule or "",
                                None if born is None else roots.get(int(born)),
                                born is not None and int(born) in replaced)
-                for req, size, fam, born, freed, rule in zip(
-                    blocks["requested_size"], blocks["size"], cols["family"],
-                    blocks["alloc_idx"], blocks["free_req_idx"], cols["rule_id"], strict=True)]
-        for i, hit in hand_state.find(rows, evidence.gradient_sizes,
-                                      evidence.first_gradient).items():
+                for r, size, fam, born, freed, rule in zip(
+                    req, full, cols["family"], born_at, blocks["free_req_idx"].to_list(),
+                    cols["rule_id"], strict=True)]
+        for i, hit in hand_state.find(rows, gradients, first).items():
             cols["family"][i] = hit.family
             cols["label"][i] = f"{family_label(hit.family)} (inferred: {hit.method})"
             cols["reason"][i] = hit.why
@@ -554,9 +574,9 @@ class Attributor:
         (the gradients'): which allocations replaced a same-size block in one step."""
         if not sizes:
             return {}, frozenset()
-        ev = self.capture.device_events(self.device).with_row_index("pos")
-        same = ev.filter(pl.col("action").is_in(["alloc", "free_requested"])
-                         & pl.col("size").is_in(list(sizes)))
+        if sizes in self._roots:  # the decision moments mostly ask the same sizes
+            return self._roots[sizes]
+        same = self._events_of_sizes(sizes)
         made = same.filter(pl.col("action") == "alloc")
         which, decisions = self.decide_rows(
             made["stack_id"].fill_null(EMPTY_STACK).to_numpy(), made["size"].to_numpy(),
@@ -576,7 +596,8 @@ class Attributor:
             events.append(hand_state.Event(int(pos), alloc, int(address), int(size),
                                            next(gradient) if alloc else False,
                                            functions[sid]))
-        return hand_state.rebound_roots(events)
+        self._roots[sizes] = hand_state.rebound_roots(events)
+        return self._roots[sizes]
 
     def _weight_copies(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Blocks of a forward sized like the parameters held with them over autocast's dtype
@@ -585,8 +606,8 @@ class Attributor:
         if "requested_size" not in blocks.columns:
             return
         cast = weight_copies.spec().cast_symbol
-        frames: dict[int, tuple[bool, bool]] = {}
-        for sid in set(blocks["stack_id"].to_list()):
+        frames = self._cast_frames  # per stack, kept: every decision moment asks again
+        for sid in set(blocks["stack_id"].to_list()) - frames.keys():
             stack = self.stacks.stack(int(sid))
             cpp = [f[1] for f in stack if not is_python_file(f[0])]
             frames[int(sid)] = (bool(cpp), any(cast in name for name in cpp))
@@ -613,17 +634,19 @@ class Attributor:
             return
         freed = blocks["free_req_idx"] if "free_req_idx" in blocks.columns \
             else pl.Series([None] * blocks.height)
-        sites: dict[int, str] = {}
-        for sid in set(blocks["stack_id"].to_list()):
+        sites = self._code_sites  # per stack, kept: every decision moment asks again
+        for sid in set(blocks["stack_id"].to_list()) - sites.keys():
             # the code's own frames: a profiler's op and module-instance pseudo-frames
             # (`<op>`, `<python>`) name the op or the layer, not the line that made it
             code = tuple(f for f in self.stacks.stack(int(sid))
                          if f[0].endswith(".py"))
-            sites[int(sid)] = site_of(code) if code else ""
+            sites[int(sid)] = (site_of(code) if code else "",
+                               self._code_paths.setdefault(code, len(self._code_paths)))
         n = self.capture.device_events(self.device).height
-        rows = [kv_pairs.Row(int(req or size), fam, phase, sites[int(sid)],
+        rows = [kv_pairs.Row(int(req or size), fam, phase, sites[int(sid)][0],
                              -1 if idx is None else int(idx),
-                             int(f) if f is not None and 0 <= f < n else -1)
+                             int(f) if f is not None and 0 <= f < n else -1,
+                             sites[int(sid)][1])
                 for req, size, fam, phase, sid, idx, f in zip(
                     blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
                     blocks["stack_id"], blocks["alloc_idx"], freed, strict=True)]
@@ -739,14 +762,51 @@ class Attributor:
         the steps of the window. `live` are the blocks at the moment that have frames
         (size, family, phase, stack): allocations of the window too, even when their
         event fell out of the trace."""
-        sizes = set(candidates["requested_size"].to_list())
-        ev, allocs, allocated, freed, alloc_stacks = self._trace_totals
-        same = ev.filter(pl.col("action").is_in(["alloc", "free_requested"])
-                         & pl.col("size").is_in(list(sizes)))
+        sizes = frozenset(int(x) for x in candidates["requested_size"].to_list()
+                          if x is not None)
+        _, allocs, allocated, freed, alloc_stacks = self._trace_totals
+        most, first_gradient = self._gradients(sizes, live)
+        others: list[tuple[int, str]] = [(s, f) for s, f, _, _ in live if s in sizes]
+        others += self._sized_history(sizes)[1]
+        backward = any(p in ("backward", "optimizer") for _, _, p, _ in live) or (
+            self.capture.has_trace and self.trace_phases().has_phase("backward", "optimizer"))
+        no_grad = "" if backward else self._no_grad_site(
+            {sid for _, _, _, sid in live} | alloc_stacks)
+        state_in_window = any(f == "optimizer_state" for _, f, _, _ in live)
+        ev_out = inference.gather(most, others, allocs.height,
+                                  freed / allocated if allocated else 0.0, backward, no_grad,
+                                  state_in_window)
+        return replace(ev_out, engine=self._engine, first_gradient=first_gradient)
+
+    def _gradients(self, sizes: frozenset[int], live: Sequence[tuple[int, str, str, int]]
+                   ) -> tuple[dict[int, int], int]:
+        """The most gradients of each of `sizes` alive at once in the window, and the event
+        of its first gradient (-1: none), as `_evidence` counts them: all that `hand_state`
+        reads of the evidence, without the trace totals the rest needs."""
+        traced, _, first_gradient = self._sized_history(sizes)
+        most = dict(traced)
+        # gradients held now whose allocations fell out of the trace (a ring buffer that
+        # wrapped) are gradients of the window all the same: as many of a size at once
+        witnesses = parameter_witnesses()
+        held_grads = Counter(s for s, f, _, _ in live if f in witnesses and s in sizes)
+        for size, n in held_grads.items():
+            most[size] = max(most.get(size, 0), n)
+        return most, first_gradient
+
+    def _sized_history(self, sizes: frozenset[int]
+                       ) -> tuple[dict[int, int], list[tuple[int, str]], int]:
+        """What the trace says of its allocations of `sizes`, for `_evidence`: the most
+        gradients of each size alive at once, the (size, family) of the other allocations,
+        and the event of the first gradient (-1: none). It depends on the sizes alone, so
+        the decision moments, which mostly ask the same sizes, scan the trace once."""
+        hit = self._history.get(sizes)
+        if hit is not None:
+            return hit
+        same = self._events_of_sizes(sizes)
         live_n: dict[int, int] = {}  # size -> gradients of that size alive now
         grad_at: dict[int, int] = {}  # address -> size, for gradients alive now
         most: dict[int, int] = {}
-        others: list[tuple[int, str]] = [(s, f) for s, f, _, _ in live if s in sizes]
+        others: list[tuple[int, str]] = []
         witnesses = parameter_witnesses()
         made = same.filter(pl.col("action") == "alloc")
         which, decisions = self.decide_rows(
@@ -772,32 +832,43 @@ class Attributor:
                 most[int(size)] = max(most.get(int(size), 0), live_n[int(size)])
             else:
                 others.append((int(size), family))
-        # gradients held now whose allocations fell out of the trace (a ring buffer that
-        # wrapped) are gradients of the window all the same: as many of a size at once
-        held_grads = Counter(s for s, f, _, _ in live
-                             if f in witnesses and s in sizes)
-        for size, n in held_grads.items():
-            most[size] = max(most.get(size, 0), n)
-        backward = any(p in ("backward", "optimizer") for _, _, p, _ in live) or (
-            self.capture.has_trace and self.trace_phases().has_phase("backward", "optimizer"))
-        no_grad = "" if backward else self._no_grad_site(
-            {sid for _, _, _, sid in live} | alloc_stacks)
-        state_in_window = any(f == "optimizer_state" for _, f, _, _ in live)
-        ev_out = inference.gather(most, others, allocs.height,
-                                  freed / allocated if allocated else 0.0, backward, no_grad,
-                                  state_in_window)
-        return replace(ev_out, engine=self._engine, first_gradient=first_gradient)
+        self._history[sizes] = (most, others, first_gradient)
+        return most, others, first_gradient
+
+    def _events_of_sizes(self, sizes: Iterable[int]) -> pl.DataFrame:
+        """This device's allocations and frees of `sizes` (its events with `pos`), in trace
+        order. Each size's rows are found once (one pass over the trace for the sizes not
+        asked before), since every decision moment's evidence (`_evidence`, `_gradients`,
+        `_rebound_roots`) asks for a few sizes, mostly the same ones."""
+        ev = self._events
+        want = {int(x) for x in sizes}
+        new = want - self._size_rows.keys()
+        if new:
+            hit = ev.filter(pl.col("size").is_in(list(new))
+                            & pl.col("action").is_in(["alloc", "free_requested"]))
+            pos, got = hit["pos"].to_numpy(), hit["size"].to_numpy()
+            for size in new:
+                self._size_rows[size] = pos[got == size]
+        picked = [self._size_rows[x] for x in want if self._size_rows[x].size]
+        if not picked:
+            return ev.clear()
+        return ev[np.sort(np.concatenate(picked))]
+
+    @cached_property
+    def _events(self) -> pl.DataFrame:
+        """This device's events with their positions."""
+        return self.capture.device_events(self.device).with_row_index("pos")
 
     @cached_property
     def _trace_totals(self) -> tuple[pl.DataFrame, pl.DataFrame, int, int, set[int]]:
         """This device's events with their positions, its allocations, the bytes allocated
         and freed, and the allocating stacks: read once, since every moment's evidence
         (`_evidence`) reads them and the window's set decisions ask at several moments."""
-        ev = self.capture.device_events(self.device).with_row_index("pos")
+        ev = self._events
         allocs = ev.filter(pl.col("action") == "alloc")
         freed = int(ev.filter(pl.col("action") == "free_requested")["size"].sum())
         return (ev, allocs, int(allocs["size"].sum()), freed,
-                set(allocs["stack_id"].drop_nulls().to_list()))
+                set(allocs["stack_id"].drop_nulls().unique().to_list()))
 
     @cached_property
     def _engine(self) -> str:

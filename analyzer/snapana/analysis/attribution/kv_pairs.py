@@ -35,6 +35,9 @@ class Row:
     site: str  # '' where the stack has no Python frame: no site to count layers by
     alloc_idx: int  # -1: made before recording
     free_idx: int  # -1: not freed in the window
+    #: its stack's code frames (the same for every layer's call of one module from the
+    #: model's layer loop), as an id; -1 where not known
+    path: int = -1
 
 
 #: (first, last) event index -> how many allocations the device made strictly between them
@@ -63,8 +66,13 @@ def find(rows: Sequence[Row], allocs_between: AllocsBetween) -> dict[int, str]:
         if (r.site and r.family in s.from_families and r.phase in s.phases
                 and r.alloc_idx >= 0 and r.size > 0):
             by_site.setdefault(r.site, []).append(i)
+    # one block per layer: every block of a site made by one call path (the layer loop's
+    # line, the same in each layer); a site reached from two lines of a layer (a module
+    # called twice per layer, as a norm before the attention and before the MLP) makes two
+    # blocks per layer, which is no K or V
     layered = {site: idx for site, idx in by_site.items()
-               if len(idx) >= s.min_layers and len({rows[i].size for i in idx}) == 1}
+               if len(idx) >= s.min_layers and len({rows[i].size for i in idx}) == 1
+               and len({rows[i].path for i in idx}) == 1}
     if not layered or len(layered) > s.max_kept_sites:
         return {}
     sites = sorted(layered)
