@@ -51,7 +51,7 @@ def test_fit_claims_a_size_the_checkpointed_job_fits(tmp_path):
     window = _window(tmp_path)
     _, at_1024 = _job(tmp_path, 1024, False)
     fit = largest_fit(window, "seq", at_1024)  # a card the plain job at 1024 just fills
-    step = next(k for k in fit.steps if k.id == CKPT)
+    step = next(k for k in fit.steps if k.step == CKPT)
     assert step.largest is not None and step.largest > fit.largest, step.note
     _, truth = _job(tmp_path, step.largest, True)
     _, plain = _job(tmp_path, step.largest, False)
@@ -63,5 +63,5 @@ def test_a_window_ending_in_the_forward_claims_no_size():
     in the backward is not in it, so checkpointing backs no largest size, and says why."""
     session = Session.open(ROOT / "sample_snapshots" / "slime-tp2-chunked-logprob-oom.pickle")
     p = session.resize(parse_sizes(["seq=8148"]), fit="seq")
-    step = next(k for k in p.fit.steps if k.id == CKPT)
+    step = next(k for k in p.fit.steps if k.step == CKPT)
     assert step.largest is None and "window ends before" in step.note

@@ -157,7 +157,8 @@ def test_first_knob_is_what_whatif_fit_names_or_the_summary_says_why(path) -> No
 
 def test_whatif_fit_names_the_batch_knob(tmp_path) -> None:
     """--scale batch=N --fit finds the largest batch that fits: that size is the setting of
-    the summary's batch knobs, named by their pack ids in every format of whatif."""
+    the summary's batch knobs, named by their pack names (and ids) in every format of
+    whatif."""
     sim = CachingAllocatorSim(capacity=80 * 1024 * MiB)
     fwd = [("/job/model.py", 100, "forward"), CALL, ("/job/infer.py", 40, "main")]
     sim.malloc(64 * MiB, [(f"{SITE}/torch/nn/modules/module.py", 1174, "to"),
@@ -169,7 +170,10 @@ def test_whatif_fit_names_the_batch_knob(tmp_path) -> None:
     out = json.loads(invoke("whatif", str(path), "--scale", "batch=4", "--fit",
                             "--capacity", "2GiB", "--format", "json").stdout)
     fit = out["devices"][0]["fit"]
-    assert fit["knobs"] == ["torch.micro_batch", "torch.inference_batch"], fit
-    assert all(k in {x.id for x in load_knobs()} for k in fit["knobs"])
+    ids = ["torch.micro_batch", "torch.inference_batch"]
+    assert [k["id"] for k in fit["knobs"]] == ids, fit
+    names = {x.id: x.knob for x in load_knobs()}
+    assert all(k["knob"] == names[k["id"]] for k in fit["knobs"])
     words = invoke("whatif", str(path), "--scale", "batch=4", "--fit", "--capacity", "2GiB")
-    assert "torch.micro_batch / torch.inference_batch" in " ".join(words.stdout.split())
+    said = " / ".join(f"{names[k]} ({k})" for k in ids)
+    assert said in " ".join(words.stdout.split())

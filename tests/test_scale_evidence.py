@@ -80,7 +80,7 @@ def test_no_largest_the_replay_does_not_back():
     the size change passes 10%, no figure either."""
     dev = _fit(8148)
     ckpt = next(k for k in dev["fit"]["next_step"]
-                if k["knob"] == "torch.activation_checkpointing")
+                if k["step"] == "torch.activation_checkpointing")
     assert ckpt["largest"] is None and "leaves out" in ckpt["largest_note"]
     held = dev["peak_shares"]["held_fixed_bytes"] / dev["peak_shares"]["peak_bytes"]
     for k in [dev["fit"], *dev["fit"]["next_step"]]:

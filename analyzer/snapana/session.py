@@ -295,7 +295,7 @@ class Session:
                layout: LayoutChange | None = None) -> SizePrediction:
         """This device's window replayed at the asked sizes (`sizes`' targets) and parallel
         `layout` on `card` (None: the card the recorded OOM implies), and the largest `fit`
-        knob that fits it."""
+        knob that fits it, its knobs named as this session's summary names them."""
         window = self.scaling(sizes, calibrate)
         if layout is not None:
             window = self._sharded(window, layout)
@@ -311,8 +311,9 @@ class Session:
         targets = {k: s.target for k, s in sizes.items() if s.target is not None}
         if layout is not None:
             targets.update(layout.target.sizes(layout.keys))
+        offered = tuple(k.id for k in self.report.diagnosis.knobs) if fit is not None else ()
         return predict_sizes(window, targets, fit, capacity, note, self._recorded_peaks(),
-                             o.idx if o is not None else None)
+                             o.idx if o is not None else None, offered)
 
     def parallel_layout(self, items: Sequence[str], zero: str | None) -> LayoutChange | None:
         """The layout change `--scale tp= / dp= / pp= / sp=` and `--zero` ask for, the

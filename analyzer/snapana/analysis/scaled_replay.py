@@ -34,6 +34,8 @@ from snapana.analysis.scaling import (
     Shares,
     load_rules,
     shares,
+    size_knobs,
+    step_knob,
 )
 from snapana.analysis.trace_edits import (
     Edit,
@@ -164,7 +166,8 @@ class Window:
 @dataclass(frozen=True)
 class StepKnob:
     """A next-step knob replayed one size past the largest that fits: whether that size then
-    fits, and the largest size with the knob."""
+    fits, and the largest size with the knob. `id` is the knob it is named by (the
+    summary's, `step_knob`), `text` that knob's pack name, `step` the next step replayed."""
 
     id: str
     text: str
@@ -172,6 +175,7 @@ class StepKnob:
     at_next: ScaledRun
     largest: int | None
     note: str = ""  # why `largest` was not sought
+    step: str = ""  # the `[[next_step]]` id replayed ("": `id`)
 
 
 @dataclass(frozen=True)
@@ -188,8 +192,9 @@ class Fit:
     note: str = ""
     steps: tuple[StepKnob, ...] = ()
     withheld: str = ""  # why a largest size found is not given (`withheld`)
-    #: the pack knobs whose setting `largest` is (scaling.toml [fit_size]: a smaller batch)
-    knobs: tuple[str, ...] = ()
+    #: the pack knobs whose setting `largest` is (scaling.toml [fit_size]: a smaller
+    #: batch), as (id, pack name)
+    knobs: tuple[tuple[str, str], ...] = ()
 
 
 def _bisect(fits: Callable[[int], bool], recorded: int) -> tuple[int | None, int | None, str]:
@@ -251,13 +256,15 @@ def mark_loop(growth: Growth, loop: Loop) -> Growth:
 
 
 def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
-                step_largest: bool = True, held: float = 0.0) -> Fit:
+                step_largest: bool = True, held: float = 0.0,
+                offered: tuple[str, ...] = ()) -> Fit:
     """The largest `knob` whose resized window runs without an OOM on `capacity` bytes, by
     bisection on the replay, with each next-step knob (`scaling.toml` `[[next_step]]`)
     replayed one size past it and, with `step_largest`, the largest size with it (a
     bisection per knob). A size where the share `held` of the peak held fixed could be
     off by too much (`withheld`) is not given, nor one for a knob whose replay leaves part
-    of it out (its caveat)."""
+    of it out (its caveat). Each knob is named as the summary's list (`offered`, pack ids)
+    names it (`step_knob`, `size_knobs`)."""
     recorded = window.growth.sizes[knob].recorded
     runs: dict[int, ScaledRun] = {}
 
@@ -292,9 +299,11 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
             if found is not None and withheld(held, found, recorded, knob):
                 why = withheld(held, found, recorded, knob)
                 found = None
-            knobs.append(StepKnob(step.id, _knob_text(step), caveat, at_next, found, why))
+            named = step_knob(step.id, offered)
+            knobs.append(StepKnob(named, knob_name(named), caveat, at_next, found, why,
+                                  step.id))
     return Fit(knob, capacity, n, proof, past_run, len(runs), note, tuple(knobs),
-               knobs=load_rules().fit_size.get(knob, ()))
+               knobs=tuple((k, knob_name(k)) for k in size_knobs(knob, offered)))
 
 
 def _changes(window: Window) -> list[tuple[NextStep, Change]]:
@@ -341,13 +350,16 @@ def _changes(window: Window) -> list[tuple[NextStep, Change]]:
     return out
 
 
-def _knob_text(step: NextStep) -> str:
-    """The pack knob's own words where the step names one."""
-    if step.text:
-        return step.text
+def knob_name(knob_id: str) -> str:
+    """A knob's name, from its pack entry (the one place it is written; a step with no pack
+    knob: its `text` in scaling.toml), so whatif says what the summary says."""
     from snapana.analysis.knobs import load_knobs
 
-    return next((k.knob for k in load_knobs() if k.id == step.id), step.id)
+    named = next((k.knob for k in load_knobs() if k.id == knob_id), None)
+    if named is not None:
+        return named
+    return next((s.text for s in load_rules().next_steps if s.id == knob_id and s.text),
+                knob_id)
 
 
 @dataclass(frozen=True)
@@ -391,9 +403,11 @@ def memory_for_pytorch(card: int | None, implied: int | None,
 def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | None,
                   capacity: int | None, capacity_note: str,
                   recorded_peaks: tuple[int, int],
-                  recorded_oom: int | None = None) -> SizePrediction:
+                  recorded_oom: int | None = None,
+                  offered: tuple[str, ...] = ()) -> SizePrediction:
     """The proof run at the recorded sizes, the run at `targets` (when any), and the largest
-    `fit_knob` on `capacity` (when asked)."""
+    `fit_knob` on `capacity` (when asked), its knobs named as the summary's `offered`
+    (pack ids) name them."""
     sizes = window.growth.sizes
     sure = shares(window.growth)
     layout = window.sharding.change if window.sharding is not None else None
@@ -402,7 +416,7 @@ def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | No
     target = window.run(targets, capacity) if targets else None
     fit = largest_fit(window, fit_knob, capacity,
                       step_largest=window.events.height <= SMALLEST_EVENTS,
-                      held=sure.share("held fixed")) \
+                      held=sure.share("held fixed"), offered=offered) \
         if fit_knob is not None and capacity else None
     return SizePrediction(window.device, window.growth, proof, *recorded_peaks, target, fit,
                           capacity, capacity_note, recorded_oom, not window.events.is_empty(),

@@ -291,6 +291,22 @@ def replay_route(knob_id: str, simulate: Sequence[str] = ()) -> ReplayRoute:
     return ReplayRoute("none")
 
 
+def step_knob(step_id: str, offered: Sequence[str]) -> str:
+    """The knob a next step is named by, so whatif --fit and the summary say one name: the
+    first of the summary's knobs (`offered`, pack ids in its order) that `[[same_step]]`
+    links to the step (a framework's own flag for its mechanism), else the step's own."""
+    same = load_rules().same_step
+    return next((k for k in offered if same.get(k) == step_id), step_id)
+
+
+def size_knobs(key: str, offered: Sequence[str]) -> tuple[str, ...]:
+    """The knobs whose setting is the largest `key` --fit finds (`[fit_size]`): those the
+    summary offers where it offers any (it names one of them for the job's workload),
+    else all."""
+    ids = load_rules().fit_size.get(key, ())
+    return tuple(k for k in ids if k in offered) or ids
+
+
 @dataclass(frozen=True)
 class Growth:
     """Each block's growth. `blocks`: one row per allocation of the window (`alloc_idx` ≥ 0,

@@ -447,9 +447,10 @@ def scale(view: ScaleView, options: Options) -> str:
             "fit": None if f is None else {
                 "knob": f.knob, "largest": f.largest, "note": f.note or None,
                 "withheld": f.withheld or None,
-                "knobs": list(f.knobs),
+                "knobs": [{"id": k, "knob": name} for k, name in f.knobs],
                 "replays": f.replays, "proof": run(f.proof), "past": run(f.past),
-                "next_step": [{"knob": k.id, "text": k.text, "caveat": k.caveat or None,
+                "next_step": [{"id": k.id, "knob": k.text, "step": k.step or k.id,
+                               "caveat": k.caveat or None,
                                "at_next": run(k.at_next), "largest": k.largest,
                                "largest_note": k.note or None}
                               for k in f.steps]},

@@ -111,17 +111,25 @@ def _fit(p: SizePrediction) -> tuple[str, ...]:
                 f"({f.replays} replays).",)
     if f.largest is None or f.proof is None:
         return (f"Largest {f.knob} on {fmt_bytes(f.capacity)}: none found — {f.note} "
-                f"({f.replays} replays).",)
+                f"({f.replays} replays).", *_steps(p, f))
     r = f.proof.replay
     out = [f"Largest {f.knob} that fits {fmt_bytes(f.capacity)}: {f.largest:,} (by bisection "
            f"on the replay from the recorded {recorded:,}, {f.replays} replays).",
            f"Proof: at {f.knob}={f.largest:,} peak allocated {fmt_bytes(r.peak_allocated)}, "
            f"peak reserved {fmt_bytes(r.peak_reserved)}, no OOM."]
     if f.knobs:
-        out.append(f"knob {' / '.join(f.knobs)}: a {f.knob} of at most {f.largest:,}.")
+        out.append(f"knob {' / '.join(f'{name} ({k})' for k, name in f.knobs)}: a "
+                   f"{f.knob} of at most {f.largest:,}.")
     if f.past is not None:
         out.append(f"At {f.knob}={f.past.sizes[f.knob]:,}: peak allocated "
                    f"{fmt_bytes(f.past.replay.peak_allocated)}; {_outcome(p, f.past)}.")
+    return (*out, *_steps(p, f))
+
+
+def _steps(p: SizePrediction, f: Fit) -> tuple[str, ...]:
+    """Each next-step knob, by the name the summary gives it, replayed one size past the
+    largest that fits (or at the smallest, where none does)."""
+    out = []
     for k in f.steps:
         n = k.at_next.sizes[f.knob]
         gain = (f"with it the largest is {k.largest:,}" if k.largest is not None else
@@ -129,7 +137,8 @@ def _fit(p: SizePrediction) -> tuple[str, ...]:
         fits = ("it fits" + (" as replayed (it leaves part out: not a proof)"
                              if k.caveat else "")) if k.at_next.fits else \
             _outcome(p, k.at_next)
-        out.append(f"knob {k.id} — {k.text}: at {f.knob}={n:,} {fits}; {gain}.")
+        named = k.id if k.step in ("", k.id) else f"{k.id}, replayed as {k.step}"
+        out.append(f"knob {k.text} ({named}): at {f.knob}={n:,} {fits}; {gain}.")
     return tuple(out)
 
 
