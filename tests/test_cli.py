@@ -218,7 +218,7 @@ def test_synth_lists_and_writes_every_scenario_the_registry_has(tmp_path: Path) 
     assert invoke("synth", next(iter(SIZED)), "--batch", "3", "--seq", "64", "-o",
                   str(sized)).returncode == 0
     assert json.loads(sized.with_suffix(".truth.json").read_text())["facts"] == {
-        "batch": 3, "seq": 64}
+        "batch": 3, "seq": 64, "checkpointed": False}
     assert invoke("synth", next(iter(SCENARIOS)), "--seq", "64").returncode == 2
     name = next(iter(MULTI_DEVICE))
     out = tmp_path / "dp.pickle"

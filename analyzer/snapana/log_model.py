@@ -113,3 +113,22 @@ class KvRefusal:
     tokens: int | None  # tokens the cache holds (V0)
     #: "Available KV cache memory" lines logged before it (V1), in order
     available_lines: tuple[Size, ...] = ()
+
+
+#: a setting's value as read from a log (None: printed as None, unset)
+SettingValue = int | float | bool | str | None
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as the log printed it: its value read (None: printed as None, unset),
+    where, and from which format."""
+
+    id: str  # "slime.max_tokens_per_gpu"
+    framework: str
+    name: str  # the name the framework printed it under ("max_seq_len")
+    value: SettingValue
+    printed: str
+    line: int  # 1-based
+    format: str
+    source: str = ""  # the log it was read from

@@ -26,9 +26,8 @@ from snapana.analysis.log_evidence import (
     summary_evidence,
 )
 from snapana.analysis.text_diagnosis import TextDiagnosis, diagnose
-from snapana.log_model import OomMessage
+from snapana.log_model import OomMessage, Setting
 from snapana.sources import log_text
-from snapana.sources.settings_text import Setting
 from snapana.sources.traceback_text import ending_at, traceback_of
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Literal
 
 from snapana import data_file
-from snapana.sources.settings_text import Setting
+from snapana.log_model import Setting
 from snapana.units import fmt_bytes
 
 

@@ -110,8 +110,10 @@ def _fit(p: SizePrediction) -> tuple[str, ...]:
         return (f"Largest {f.knob} that fits {fmt_bytes(f.capacity)}: {f.withheld} "
                 f"({f.replays} replays).",)
     if f.largest is None or f.proof is None:
+        sized = ([f"knob {' / '.join(f'{name} ({k})' for k, name in f.knobs)}: no {f.knob} "
+                  "fits, so a smaller one alone cannot make it fit."] if f.knobs else [])
         return (f"Largest {f.knob} on {fmt_bytes(f.capacity)}: none found — {f.note} "
-                f"({f.replays} replays).", *_steps(p, f))
+                f"({f.replays} replays).", *sized, *_steps(p, f))
     r = f.proof.replay
     out = [f"Largest {f.knob} that fits {fmt_bytes(f.capacity)}: {f.largest:,} (by bisection "
            f"on the replay from the recorded {recorded:,}, {f.replays} replays).",

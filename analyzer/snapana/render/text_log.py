@@ -21,8 +21,8 @@ from snapana.units import fmt_bytes
 
 if TYPE_CHECKING:
     from snapana.analysis.traceback_request import RequestFinding
+    from snapana.log_model import Setting
     from snapana.log_session import LogEvidence
-    from snapana.sources.settings_text import Setting
 
 #: A finding's terms, by what they are.
 Terms = dict[str, int]

@@ -14,11 +14,11 @@ once for its depth."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
 from snapana import data_file
+from snapana.log_model import Setting, SettingValue
 
 #: Lines of one block read at most (Megatron prints a few hundred arguments).
 MAX_BLOCK_LINES = 4_000
@@ -32,7 +32,6 @@ MAX_DUMPS = 16
 #: Characters of a value kept as printed.
 MAX_PRINTED = 200
 
-Value = int | float | bool | str | None
 
 
 class _Format(data_file.Table, frozen=True, kw_only=True):
@@ -59,21 +58,6 @@ class _Setting(data_file.Table, frozen=True, kw_only=True):
 class _File(data_file.Table, frozen=True, kw_only=True):
     format: list[_Format]
     setting: list[_Setting]
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One setting as the log printed it: its value read (None: printed as None, unset),
-    where, and from which format."""
-
-    id: str  # "slime.max_tokens_per_gpu"
-    framework: str
-    name: str  # the name the framework printed it under ("max_seq_len")
-    value: Value
-    printed: str
-    line: int  # 1-based
-    format: str
-    source: str = ""  # the log it was read from
 
 
 @lru_cache(maxsize=1)
@@ -148,7 +132,7 @@ def _lookup(text: str, style: str, path: str) -> str | None:
     return _lookup(body[0], body[1], rest) if body is not None else None
 
 
-def _value(raw: str, kind: str) -> tuple[bool, Value]:
+def _value(raw: str, kind: str) -> tuple[bool, SettingValue]:
     """A printed value read as `kind`: (read?, value); None where it printed None."""
     raw = raw.strip()
     if raw == "None":

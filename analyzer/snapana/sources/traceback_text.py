@@ -66,7 +66,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]{0,32}m")
 _INLINE_EXCEPTION = re.compile(
     r"(?<![\w.])[A-Za-z_][\w.]{0,200}(?:Error|Exception)(?:\([\w.]{1,200}\))?: ")
 #: Carets under a source line, at the end of a flattened piece.
-_TRAILING_CARETS = re.compile(r"(?:\s+[\^~]+)+\s*$")
+_TRAILING_CARETS = re.compile(r"(?<!\s)\s++[\^~][\^~\s]*+$")
 #: Frames one flattened line may hold before the rest of it is left unread.
 MAX_FLAT_FRAMES = MAX_FRAMES
 #: A longer line is not cut back into a traceback (each piece is bounded by MAX_TRACE_LINE).
