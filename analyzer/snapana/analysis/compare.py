@@ -26,6 +26,8 @@ GROWTH_CHANGES = 5  # families whose growth the diff names, at most
 
 #: How one family or site changed from before to after.
 ChangeStatus = Literal["new", "vanished", "changed", "same"]
+#: a family or site whose bytes did not change between the two captures
+SAME: ChangeStatus = "same"
 
 
 class _Change:

@@ -12,6 +12,10 @@ from snapana.errors import InputError
 from snapana.model import Capture, Frame
 from snapana.units import fmt_bytes
 
+#: how a block's family was decided: the recording's tensor inventory named it, or the
+#: inference stage did (no stack rule)
+INVENTORY, INFERRED = "inventory", "inferred"
+
 
 @dataclass
 class ExplainedSite:
@@ -24,7 +28,7 @@ class ExplainedSite:
     stack: tuple[Frame, ...]
     explanation: Explanation
     family: str = "unknown"  # the family the blocks got, after the inference stage
-    evidence: str = "unknown"  # "frames" | "inferred" | "unknown"
+    evidence: str = "unknown"  # INVENTORY | "frames" | INFERRED | "unknown"
     method: str = ""  # with "inferred": how (e.g. size-mirror:gradients)
     why: str = ""  # the evidence in words
 

@@ -15,9 +15,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
-from snapana.analysis.attribution.families import families_with_lifetime
+from snapana.analysis.attribution.families import WORKLOADS, families_with_lifetime
 from snapana.analysis.attribution.pack_parser import KNOB_COSTS, Knob
 from snapana.analysis.attribution.stack import import_path
+
+#: the workloads a knob may be limited to (the vocabulary's)
+TRAINING, INFERENCE = WORKLOADS
 
 if TYPE_CHECKING:
     from snapana.analysis.evidence import JobEvidence

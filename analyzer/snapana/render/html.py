@@ -7,6 +7,7 @@ import base64
 import json
 import math
 import re
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,14 +125,24 @@ def _finite(o: Any) -> Any:
     return o
 
 
+def _always(d: DeviceView) -> bool:
+    return True
+
+
+#: What a figure draws from: one with nothing to draw is left off the page.
+_HAS_DATA: dict[str, Callable[[DeviceView], bool]] = {
+    "segments": lambda d: bool(d.segments),
+    "timeline": lambda d: bool(d.timeline.x),
+    "families": lambda d: bool(d.report.groups),
+    "families_over_time": lambda d: bool(d.timeline.families),
+    "allocations": lambda d: d.allocations is not None,
+}
+
+
 def _device(d: DeviceView) -> tuple[DeviceView, dict[str, str]]:
     """The device's figures; none drawn empty (no segment map for a source without
     segments, no timeline without history)."""
-    drawn = [name for name in PAGE_FIGURES
-             if (name != "segments" or d.segments) and (name != "timeline" or d.timeline.x)
-             and (name != "families" or d.report.groups)
-             and (name != "families_over_time" or d.timeline.families)
-             and (name != "allocations" or d.allocations is not None)]
+    drawn = [name for name in PAGE_FIGURES if _HAS_DATA.get(name, _always)(d)]
     out: dict[str, str] = {name: _figure_json(figures.FIGURES[name](d)) for name in drawn}
     # the explorer's data: moments picked on the family timeline, or the snapshot's one
     if d.explorer is not None and ("families_over_time" in out or d.explorer.get("no_history")):

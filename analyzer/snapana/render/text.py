@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.text import Text
 
+from snapana.analysis.explain import INFERRED, INVENTORY
 from snapana.render import Options
 from snapana.render.check import COLUMNS as CHECK_COLUMNS
 from snapana.render.check import CheckView
@@ -393,10 +394,10 @@ def explain(view: ExplainView, options: Options) -> str:
         console.print(f"[bold]{it.site}[/bold]: {it.blocks} block(s), {fmt_bytes(it.bytes)}"
                       f" — e.g. {', '.join(map(address_text, it.addresses))}", highlight=False)
         # the family the blocks ended with comes first; the rules' decision follows it
-        if it.evidence == "inventory":
+        if it.evidence == INVENTORY:
             console.print(f"family: {it.family}, named by the recording's tensor inventory "
                           f"— {it.why}", markup=False, highlight=False)
-        elif it.evidence == "inferred" and it.method and it.family != d.family:
+        elif it.evidence == INFERRED and it.method and it.family != d.family:
             console.print(f"family: {it.family}, inferred by the inference stage "
                           f"({it.method}) — {it.why}", markup=False, highlight=False)
             console.print("the rules, which left it unknown for lack of frames:",

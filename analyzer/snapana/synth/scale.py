@@ -388,6 +388,47 @@ _BACKWARD_OPS = ["mm", "mm", "silu", "mm", "softmax", "scaled_dot_product_attent
 _SMALL_OPS = ["sum", "mean", "bias_grad", "amax", "clamp"]
 
 
+def _layer_forward(alloc: _ScaleAllocator, act: int, hidden: int, fwd_stacks: list,
+                   small_fwd: list, fwd_free: list[FrameDict], rng: random.Random
+                   ) -> list[_Block]:
+    """One layer's forward ops (a small temporary beside half of them): what it keeps for
+    backward."""
+    keep: list[_Block] = []
+    for i, ((_op, _tail, mult, is_saved), stack) in enumerate(
+            zip(_LAYER_OPS, fwd_stacks, strict=True)):
+        b = alloc.malloc(act * mult, stack)
+        if rng.random() < 0.5:
+            s = alloc.malloc(rng.choice((512, 2048, 4 * hidden, 8192)),
+                             small_fwd[i][rng.randrange(len(_SMALL_OPS))])
+            alloc.free(s, fwd_free)
+        if is_saved:
+            keep.append(b)
+        else:
+            alloc.free(b, fwd_free)
+    return keep
+
+
+def _layer_backward(alloc: _ScaleAllocator, act: int, hidden: int, keep: list[_Block],
+                    loss: _Block | None, bwd_stacks: list, small_bwd: list,
+                    bwd_free: list, rng: random.Random) -> None:
+    """One layer's backward: its gradients made, the loss (first layer back) and what the
+    forward kept freed, then the gradients."""
+    grads = []
+    for j, stack in enumerate(bwd_stacks):
+        g = alloc.malloc(act * (1 + j % 4), stack)
+        grads.append(g)
+        if j % 2:
+            s = alloc.malloc(rng.choice((512, 1024, 2 * hidden)),
+                             small_bwd[j][rng.randrange(len(_SMALL_OPS))])
+            alloc.free(s, bwd_free[j])
+    if loss is not None:
+        alloc.free(loss, bwd_free[-1])
+    for k, b in enumerate(reversed(keep)):
+        alloc.free(b, bwd_free[k % len(bwd_free)])
+    for j, g in enumerate(grads):
+        alloc.free(g, bwd_free[j])
+
+
 def _workload(alloc: _ScaleAllocator, st: _Stacks, rng: random.Random) -> None:
     """Run training steps until the allocator's trace is full (raises _Full)."""
     layers = rng.choice([24, 28, 32])
@@ -457,40 +498,15 @@ def _workload(alloc: _ScaleAllocator, st: _Stacks, rng: random.Random) -> None:
         if step % 150 == 0:
             alloc.empty_cache(cache_stack)
         act = tokens * hidden * 2
-        saved: list[list[_Block]] = []
-        for _ in range(layers):
-            keep: list[_Block] = []
-            for i, ((_op, _tail, mult, is_saved), stack) in enumerate(
-                    zip(_LAYER_OPS, fwd_stacks, strict=True)):
-                b = alloc.malloc(act * mult, stack)
-                if rng.random() < 0.5:
-                    s = alloc.malloc(rng.choice((512, 2048, 4 * hidden, 8192)),
-                                     small_fwd[i][rng.randrange(len(_SMALL_OPS))])
-                    alloc.free(s, fwd_free)
-                if is_saved:
-                    keep.append(b)
-                else:
-                    alloc.free(b, fwd_free)
-            saved.append(keep)
+        saved = [_layer_forward(alloc, act, hidden, fwd_stacks, small_fwd, fwd_free, rng)
+                 for _ in range(layers)]
         logits = alloc.malloc(tokens * vocab * 2, logits_stack)
         loss: _Block | None = alloc.malloc(tokens * vocab * 4, loss_stack)
         alloc.free(logits, backward_call)
         for keep in reversed(saved):
-            grads = []
-            for j, stack in enumerate(bwd_stacks):
-                g = alloc.malloc(act * (1 + j % 4), stack)
-                grads.append(g)
-                if j % 2:
-                    s = alloc.malloc(rng.choice((512, 1024, 2 * hidden)),
-                                     small_bwd[j][rng.randrange(len(_SMALL_OPS))])
-                    alloc.free(s, bwd_free[j])
-            if loss is not None:
-                alloc.free(loss, bwd_free[-1])
-                loss = None
-            for k, b in enumerate(reversed(keep)):
-                alloc.free(b, bwd_free[k % len(bwd_free)])
-            for j, g in enumerate(grads):
-                alloc.free(g, bwd_free[j])
+            _layer_backward(alloc, act, hidden, keep, loss, bwd_stacks, small_bwd, bwd_free,
+                            rng)
+            loss = None
         for b in pending:
             alloc.complete(b, bwd_free[0])
         pending = [alloc.malloc(per_layer * 2, allreduce_stack) for _ in range(2)]

@@ -19,6 +19,8 @@ from snapana import data_file
 VOCABULARY_FILE = "vocabulary.toml"
 
 UNKNOWN = "unknown"
+#: the phase of an allocation no rule or annotation placed (the vocabulary's phase id)
+UNKNOWN_PHASE = "unknown"
 
 WORKLOADS = ("training", "inference")
 """What a capture does: a ``training`` one updates weights (a family or phase marked

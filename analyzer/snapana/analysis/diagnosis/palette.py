@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import zlib
 
-from snapana.analysis.attribution.families import UNKNOWN, get_family, vocabulary
+from snapana.analysis.attribution.families import UNKNOWN, UNKNOWN_PHASE, get_family, vocabulary
 
-__all__ = ["UNKNOWN", "UNKNOWN_COLOUR", "family_colour"]
+__all__ = ["UNKNOWN", "UNKNOWN_COLOUR", "UNKNOWN_PHASE", "family_colour"]
 
 UNKNOWN_COLOUR = get_family(UNKNOWN).colour
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from snapana.analysis.compare import CaptureDiff, GrowthChange, Side, SiteChange
+from snapana.analysis.compare import SAME, CaptureDiff, GrowthChange, Side, SiteChange
 from snapana.analysis.family_timeline import FamilyGrowth
 from snapana.units import fmt_bytes
 
@@ -127,11 +127,11 @@ def total_rows(d: CaptureDiff) -> list[tuple[str, str, str, str]]:
 def family_rows(d: CaptureDiff, all_rows: bool = False) -> list[tuple[str, str, str, str, str]]:
     return [(f.family, fmt_bytes(f.before_bytes), fmt_bytes(f.after_bytes),
              signed(f.change_bytes), f.status)
-            for f in d.families if all_rows or f.status != "same"]
+            for f in d.families if all_rows or f.status != SAME]
 
 
 def site_rows(d: CaptureDiff, limit: int = 20) -> list[tuple[str, str, str, str, str, str]]:
-    moved = [s for s in d.sites if s.status != "same"][:limit]
+    moved = [s for s in d.sites if s.status != SAME][:limit]
     return [(s.family, s.site, fmt_bytes(s.before_bytes), fmt_bytes(s.after_bytes),
              signed(s.change_bytes), _chunk_note(s) or s.status) for s in moved]
 

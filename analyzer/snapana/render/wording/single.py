@@ -19,8 +19,9 @@ from snapana.analysis.diagnosis.findings import (
     Group,
     WhatIf,
 )
+from snapana.analysis.diagnosis.palette import UNKNOWN, UNKNOWN_PHASE
 from snapana.analysis.family_timeline import FamilyGrowth
-from snapana.analysis.knobs import COST_WORDS, Knob
+from snapana.analysis.knobs import COST_WORDS, INFERENCE, TRAINING, Knob
 from snapana.analysis.scaling import ReplayRoute, replay_route
 from snapana.render.allocation_bands import AllocationsView
 from snapana.units import fmt_bytes, parse_bytes, plural
@@ -152,7 +153,7 @@ def growth_text(r: DeviceReport, g: FamilyGrowth) -> str:
     made = repeat_text(loop) if g.uniform_size else \
         f"{g.allocations} block{'s' if g.allocations > 1 else ''}, " \
         f"{fmt_bytes(g.allocation_bytes)}"
-    phase = f", in the {_phase_words(g.phase)}" if g.phase != "unknown" else ""
+    phase = f", in the {_phase_words(g.phase)}" if g.phase != UNKNOWN_PHASE else ""
     return f"{text}; {made} allocated in the window and still live{phase}"
 
 
@@ -198,7 +199,7 @@ def group_note(g: Group) -> str:
 
 
 def _phase_words(phase: str) -> str:
-    if phase == "unknown":
+    if phase == UNKNOWN_PHASE:
         return "phase not identified"
     return f"{PHASE_NAMES.get(phase, phase)} phase"
 
@@ -493,7 +494,7 @@ def verdict(r: DeviceReport) -> str:
             if words:
                 parts.append(words)
         if r.groups:
-            framed = any(g.name != "unknown" for g in r.groups)
+            framed = any(g.name != UNKNOWN for g in r.groups)
             parts.append(f"Largest: {_top(r)}" + (
                 " (families from the blocks' own frames)." if framed else
                 " (no frames: sites cannot be named)."))
@@ -561,8 +562,8 @@ def _workload_words(d: Diagnosis) -> str:
     text = d.evidence.workload.sentence
     if d.workload not in (None, "undetermined"):
         return text
-    trained = next((k for k in d.knobs if k.workload == "training"), None)
-    frozen = next((k for k in d.knobs if k.workload == "inference"), None)
+    trained = next((k for k in d.knobs if k.workload == TRAINING), None)
+    frozen = next((k for k in d.knobs if k.workload == INFERENCE), None)
     if trained and frozen:
         text += (f" If this forward is trained: {trained.knob}; if it is not: {frozen.knob} "
                  "(which would break a trained one).")
