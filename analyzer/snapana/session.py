@@ -269,17 +269,23 @@ class Session:
         shown = dr.peak_allocated_bytes if dr.has_history else dr.allocated_at(dr.final)
         return replace(prediction, recorded=replace(prediction.recorded, peak_allocated=shown))
 
+    @cached_property
+    def window_blocks(self) -> pl.DataFrame:
+        """The blocks a resized replay resizes, attributed once per session: `--scale`
+        with a layout reads their frames, and each size asked resizes them."""
+        return window_blocks(self.attributor, self.replay, self.moment)
+
     def scaling(self, sizes: Mapping[str, Size],
                 calibrate: tuple[Session, str, int] | None = None) -> Window:
         """This device's window ready to be replayed at other sizes (`--scale`): each block's
         growth decided from its family, site and size, and, given `calibrate` (a session of
         the same job, the knob in which it differs and its size there), measured against
         that capture."""
-        blocks = window_blocks(self.attributor, self.replay, self.moment)
+        blocks = self.window_blocks
         growth = decide(blocks, self.capture.stacks, sizes)
         if calibrate is not None:
             other, knob, size = calibrate
-            theirs = window_blocks(other.attributor, other.replay, other.moment)
+            theirs = other.window_blocks
             try:
                 growth = measure(growth, call_paths(blocks, self.capture.stacks),
                                  call_paths(theirs, other.capture.stacks), knob, size)
@@ -318,7 +324,7 @@ class Session:
     def parallel_layout(self, items: Sequence[str], zero: str | None) -> LayoutChange | None:
         """The layout change `--scale tp= / dp= / pp= / sp=` and `--zero` ask for, the
         recorded ZeRO stage read from the window's frames where --zero does not state it."""
-        stack_ids = window_blocks(self.attributor, self.replay, self.moment)["stack_id"]
+        stack_ids = self.window_blocks["stack_id"]
         read = zero_from_frames(self.capture.stacks, stack_ids.unique().to_list())
         try:
             return parse_layout(items, zero, read)
