@@ -15,7 +15,7 @@ import pytest
 import snapana
 from snapana.analysis.attribution.weight_copies import Row, find
 from snapana.analysis.knobs import load_knobs
-from snapana.synth.scenarios import write_snapshot
+from snapana.synth.scenarios import sized, write_snapshot
 from snapana.synth.scenarios.autocast import BF16, LAYERS, MATMULS, autocast_forward
 
 from .conftest import SNAPSHOTS, raw_load
@@ -39,7 +39,8 @@ def test_simulated_copies_are_named_exactly(tmp_path: Path, cpp: bool) -> None:
     assert int(got["requested_size"].sum()) == truth["facts"]["copy_bytes"]
     assert truth["facts"]["copy_bytes"] == LAYERS * sum(MATMULS) * BF16
     assert set(got["evidence"].to_list()) == {"inferred"}
-    assert all("inferred: sizes match 1/2 of" in r for r in got["reason"].to_list())
+    assert all("inferred: sizes match 1/2 of" in r and "same Python call site" in r
+               for r in got["reason"].to_list())
     assert all(("cached_cast" in r) == cpp for r in got["reason"].to_list())
 
 
@@ -66,8 +67,9 @@ def test_knob_acts_on_copies_and_batch_does_not(tmp_path: Path) -> None:
         int(b) for b in a.blocks.filter(a.blocks["family"] == FAMILY)["size"])
 
 
-def _row(size: int, family: str = "saved_activations", cast: bool = False) -> Row:
-    return Row(size, family, "forward", True, cpp=cast, cast=cast)
+def _row(size: int, family: str = "saved_activations", cast: bool = False,
+         follows: bool = True) -> Row:
+    return Row(size, family, "forward", True, cpp=cast, cast=cast, follows=follows)
 
 
 def test_coincidental_sizes_are_not_copies() -> None:
@@ -82,11 +84,35 @@ def test_coincidental_sizes_are_not_copies() -> None:
     rows = [*big, *(_row(1 << 21) for _ in range(8))]
     assert sorted(find(rows)) == list(range(8, 16))
     # with C++ frames recorded, a block not made through the cast is not a copy
-    rows = [*big, *(Row(1 << 21, "saved_activations", "forward", True, cpp=True, cast=i < 6)
-                   for i in range(8))]
+    rows = [*big, *(Row(1 << 21, "saved_activations", "forward", True, cpp=True, cast=i < 6,
+                        follows=True) for i in range(8))]
     assert len(find(rows)) == 6
-    rows[8:] = [Row(1 << 21, "saved_activations", "forward", True, cpp=True, cast=False)] * 8
+    rows[8:] = [Row(1 << 21, "saved_activations", "forward", True, cpp=True, cast=False,
+                    follows=True)] * 8
     assert find(rows) == {}
+
+
+def test_a_copy_is_followed_by_its_op() -> None:
+    """Blocks of exactly the copies' sizes whose next allocation was not made at their call
+    site are not copies: autocast casts an op's arguments and runs it in one call, so its
+    output follows each copy there; an fp32 op makes only its output."""
+    big = [_row(1 << 22, "parameters") for _ in range(8)]
+    assert find([*big, *(_row(1 << 21, follows=False) for _ in range(8))]) == {}
+    rows = [*big, *(_row(1 << 21, follows=i < 6) for i in range(8))]
+    assert sorted(find(rows)) == list(range(8, 14))
+
+
+def test_sized_fp32_job_with_copy_sized_activations_names_none(tmp_path: Path) -> None:
+    """The fp32 training step at batch × seq = hidden / 2: each fp32 activation [b, s, n] has
+    the bytes of a bf16 copy of an [h, n] weight (checked here from the simulator's shapes),
+    yet no allocation anywhere in the window is named a copy: none is followed by an
+    allocation at its own call site."""
+    batch, seq = 2, 256
+    assert batch * seq * sized.FP32 == sized.HIDDEN * BF16
+    path, _ = write_snapshot(*sized.sized_job(batch, seq), tmp_path / "sized.pickle")
+    a = snapana.load(path)
+    assert FAMILY not in a.timeline["family"].unique().to_list()
+    assert FAMILY not in a.blocks["family"].to_list()
 
 
 # --- real captures -----------------------------------------------------------------------
@@ -143,6 +169,25 @@ def test_corpus_copies_match_raw(name: str) -> None:
     got = set(a.blocks.filter(a.blocks["family"] == FAMILY)["address"].to_list())
     assert len(expected) > 50
     assert got == expected
+
+
+def _python_frames(event: dict) -> tuple:
+    return tuple((f["filename"], f["line"], f["name"]) for f in event.get("frames") or ()
+                 if f["filename"].endswith(".py"))
+
+
+@pytest.mark.parametrize("name", MIXED)
+def test_corpus_casts_are_followed_by_their_op(name: str) -> None:
+    """What the rule keys on, read from the raw trace: every allocation made through
+    at::autocast::cached_cast is followed, as the device's very next allocation, by one made
+    at the same Python frames (its op's output, or another argument's cast)."""
+    trace = raw_load(_corpus(name))["device_traces"][0]
+    allocs = [e for e in trace if e["action"] == "alloc"]
+    casts = [i for i, e in enumerate(allocs[:-1])
+             if any("autocast::cached_cast" in f["name"] for f in e.get("frames") or ())]
+    assert len(casts) > 50
+    assert all(_python_frames(allocs[i]) and _python_frames(allocs[i]) ==
+               _python_frames(allocs[i + 1]) for i in casts)
 
 
 def test_corpus_copies_do_not_grow_with_sequence() -> None:

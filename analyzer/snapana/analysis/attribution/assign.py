@@ -263,8 +263,9 @@ class Attributor:
                             tuple[dict[int, int], list[tuple[int, str]], int]] = {}
         self._roots: dict[frozenset[int], tuple[dict[int, int], frozenset[int]]] = {}
         self._cast_frames: dict[int, tuple[bool, bool]] = {}  # `_weight_copies`
-        self._code_sites: dict[int, tuple[str, int]] = {}  # `_kv_pairs`: site, path id
+        self._code_sites: dict[int, tuple[str, int]] = {}  # `_code_site`: site, path id
         self._code_paths: dict[tuple[Any, ...], int] = {}  # code frames -> path id
+        self._next_allocs: tuple[np.ndarray, np.ndarray] | None = None  # `_op_follows`
 
     def decide_sets_at(self, moments: Callable[[], Sequence[pl.DataFrame]]) -> None:
         """Decide the families named among blocks held together (`carry.set_methods`) once
@@ -611,11 +612,12 @@ class Attributor:
             stack = self.stacks.stack(int(sid))
             cpp = [f[1] for f in stack if not is_python_file(f[0])]
             frames[int(sid)] = (bool(cpp), any(cast in name for name in cpp))
+        follows = self._op_follows(blocks["stack_id"], blocks["alloc_idx"])
         rows = [weight_copies.Row(int(req or size), fam, phase, idx is not None and idx >= 0,
-                                  *frames[int(sid)])
-                for req, size, fam, phase, idx, sid in zip(
+                                  *frames[int(sid)], after)
+                for req, size, fam, phase, idx, sid, after in zip(
                     blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
-                    blocks["alloc_idx"], blocks["stack_id"], strict=True)]
+                    blocks["alloc_idx"], blocks["stack_id"], follows, strict=True)]
         found = weight_copies.find(rows)
         spec = weight_copies.spec()
         for i, why in found.items():
@@ -634,14 +636,7 @@ class Attributor:
             return
         freed = blocks["free_req_idx"] if "free_req_idx" in blocks.columns \
             else pl.Series([None] * blocks.height)
-        sites = self._code_sites  # per stack, kept: every decision moment asks again
-        for sid in set(blocks["stack_id"].to_list()) - sites.keys():
-            # the code's own frames: a profiler's op and module-instance pseudo-frames
-            # (`<op>`, `<python>`) name the op or the layer, not the line that made it
-            code = tuple(f for f in self.stacks.stack(int(sid))
-                         if f[0].endswith(".py"))
-            sites[int(sid)] = (site_of(code) if code else "",
-                               self._code_paths.setdefault(code, len(self._code_paths)))
+        sites = {int(sid): self._code_site(int(sid)) for sid in set(blocks["stack_id"])}
         n = self.capture.device_events(self.device).height
         rows = [kv_pairs.Row(int(req or size), fam, phase, sites[int(sid)][0],
                              -1 if idx is None else int(idx),
@@ -660,6 +655,36 @@ class Attributor:
             cols["rule_id"][i] = ""
             cols["evidence"][i] = "inferred"
             cols["method"][i] = spec.method
+
+    def _code_site(self, sid: int) -> tuple[str, int]:
+        """A stack's code site ('' when it records no code frame) and the id of its code
+        frames, kept per stack: every decision moment asks again. The code's own frames only:
+        a profiler's op and module-instance pseudo-frames (`<op>`, `<python>`) name the op or
+        the layer, not the line that made it."""
+        if sid not in self._code_sites:
+            code = tuple(f for f in self.stacks.stack(sid) if f[0].endswith(".py"))
+            self._code_sites[sid] = (site_of(code) if code else "",
+                                     self._code_paths.setdefault(code, len(self._code_paths)))
+        return self._code_sites[sid]
+
+    def _op_follows(self, stack_ids: pl.Series, alloc_idx: pl.Series) -> list[bool]:
+        """Per block: whether the device's next allocation after the block's own (its event
+        `alloc_idx`, stack `stack_ids`) was made at the same code frames, some recorded: where
+        autocast's cast of an op's argument is followed by the op's output (`weight_copies`).
+        False for a block not made in the window."""
+        if self._next_allocs is None:
+            ev = self.capture.device_events(self.device)
+            at = np.flatnonzero((ev["action"] == "alloc").to_numpy())
+            self._next_allocs = (at, ev["stack_id"].fill_null(EMPTY_STACK).to_numpy()[at])
+        at, stacks = self._next_allocs
+        idx = alloc_idx.fill_null(-1).to_numpy()
+        nxt = np.searchsorted(at, idx, side="right")
+        out = []
+        for sid, i, j in zip(stack_ids.to_list(), idx.tolist(), nxt.tolist(), strict=True):
+            site, path = self._code_site(int(sid))
+            out.append(i >= 0 and j < len(at) and bool(site)
+                       and self._code_site(int(stacks[j]))[1] == path)
+        return out
 
     def _allocs_between(self, lo: int, hi: int) -> int:
         """How many allocations this device's trace records strictly between two of its

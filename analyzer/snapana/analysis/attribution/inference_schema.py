@@ -101,10 +101,12 @@ class CopySpec(data_file.Table, frozen=True, kw_only=True):
     from_families: frozenset[str]
     phases: frozenset[str]
     cast_symbol: str
+    op_follows: bool
     min_param_share: float
     min_copies: int
     why: str
     cast_words: str
+    follows_words: str
     weight_families: frozenset[str]
     held_unknown: bool
 

@@ -5,8 +5,13 @@ through ``at::autocast::cached_cast`` (aten/src/ATen/autocast_mode.cpp), which k
 of a leaf tensor that requires grad (a parameter) until the outermost context exits
 (torch/amp/autocast_mode.py ``__exit__``). A forward's stack cannot tell such a copy from an
 activation (the module's forward calls the op either way), but its size can: one block per
-weight, the weight's bytes over the dtype ratio. The conclusion and its words are data
-(``inference.toml`` ``[weight_copies]``); this module only matches sizes.
+weight, the weight's bytes over the dtype ratio. Sizes alone can coincide (batch × seq =
+hidden / 2 gives every fp32 activation [b, s, n] the bytes of a bf16 copy of an [h, n]
+weight), so the cast's place in the op is asked too: autocast casts an op's arguments and then
+runs it in one call (autocast_mode.h ``WrapFunction_::call``), so the allocation right after a
+copy is made at the same call site (the op's output, or another argument's cast). The
+conclusion and its words are data (``inference.toml`` ``[weight_copies]``); this module only
+matches sizes and that pairing.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Row:
     made_in_window: bool  # an alloc event exists: the recorded forward made it
     cpp: bool  # its stack records C++ frames
     cast: bool  # ... and the cast's own frame is among them
+    follows: bool  # the device's next allocation was made at its (recorded) Python call site
 
 
 def _weighs(r: Row, s: CopySpec) -> bool:
@@ -54,7 +60,7 @@ def find(rows: Sequence[Row]) -> dict[int, str]:
     by_size: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
         if (r.family in s.from_families and r.phase in s.phases and r.made_in_window
-                and r.size > 0 and (r.cast or not r.cpp)):
+                and r.size > 0 and (r.cast or not r.cpp) and (r.follows or not s.op_follows)):
             by_size.setdefault(r.size, []).append(i)
     for ratio in s.ratios:
         copies: list[int] = []
@@ -70,6 +76,7 @@ def find(rows: Sequence[Row]) -> dict[int, str]:
         for i in copies:
             out[i] = s.why.format(ratio=ratio, matched=len(copies), covered=covered,
                                   params=sum(params.values()),
-                                  cast=s.cast_words if rows[i].cast else "")
+                                  cast=s.cast_words if rows[i].cast else "",
+                                  follows=s.follows_words if s.op_follows else "")
         return out
     return {}
