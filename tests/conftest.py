@@ -37,6 +37,8 @@ JUDGES: dict[str, str] = {
     "memray": "memray (in the dev extra)",
     "ray": "Ray (pip install -e '.[ray]')",
     "dask": "Dask (in the dev extra)",
+    # real Hugging Face models built from a small config (no download), profiled on the CPU
+    "transformers": "Hugging Face transformers (pip install transformers==5.25.0)",
     # older memray releases, each pip-installed into a venv of its own by the test (minutes
     # the first time): built only where a run demands them (.ci/run's second phase)
     "memray_releases": "memray 1.10.0, 1.18.0 and 1.19.3 in venvs of their own",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import snapana
-from snapana.analysis.attribution.kv_pairs import Row, find
+from snapana.analysis.attribution.kv_pairs import Held, Row, find, returned_by_update
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.hf_forward import HEAD_DIM, KV_HEADS, LAYERS, hf_forward
 
@@ -247,3 +247,26 @@ def test_cs336_forward_keeps_no_cache(name: str) -> None:
         decided.by_key["_c_family"] == FAMILY)["alloc_idx"].to_list()
     assert named == []
     assert FAMILY not in session.report.timeline.families.lifetimes["family"].to_list()
+
+
+UPDATE = ("/site-packages/transformers/cache_utils.py", "update")
+
+
+def test_pairs_a_cache_layer_made() -> None:
+    """transformers >= 4.56 makes the pairs in cache_utils.py DynamicLayer.update (its frame
+    names them kv_cache): a forward returned them where they are an even number of one size,
+    a K and a V for each of at least 4 layers, made by that function, none replaced by a
+    later update (a decoding step frees a layer's previous block) before the last was made."""
+    pairs = [Held(64, i, UPDATE) for i in range(8)]
+    assert returned_by_update(pairs, -1) == list(range(8))
+    assert returned_by_update(pairs, 20) == list(range(8))  # the output dropped after
+    assert returned_by_update(pairs, 5) == []  # a cache block freed before the last made
+    assert returned_by_update(pairs[:7], -1) == []  # odd: not one K and one V per layer
+    assert returned_by_update(pairs[:6], -1) == []  # fewer than min_layers pairs
+    assert returned_by_update([*pairs[:6], Held(32, 6, UPDATE), Held(32, 7, UPDATE)],
+                              -1) == []  # two sizes
+    other = ("/site-packages/transformers/cache_utils.py", "lazy_initialization")
+    assert returned_by_update([Held(64, i, other) for i in range(8)], -1) == []
+    fork = ("/work/kivi/my_cache_utils.py", "update")  # not transformers' own file
+    assert returned_by_update([Held(64, i, fork) for i in range(8)], -1) == []
+    assert returned_by_update([Held(64, -1, UPDATE) for _ in range(8)], -1) == []

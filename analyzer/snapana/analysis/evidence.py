@@ -403,6 +403,29 @@ def free_segments(segments: pl.DataFrame, live: pl.DataFrame) -> dict[str, int]:
     return out
 
 
+def _returned_by_update(capture: Capture, held: pl.DataFrame,
+                        lifetimes: pl.DataFrame | None) -> pl.DataFrame:
+    """The held kv_cache blocks a cache layer's own update made that a forward returns
+    (`kv_pairs.returned_by_update`); none without the window's lifetimes."""
+    family = kv_pairs.spec().family
+    if lifetimes is None or not held.height or "stack_id" not in held.columns:
+        return held.clear()
+    kv = held.filter(pl.col("family") == family)
+    if not kv.height:
+        return kv
+    rows = []
+    for size, req, alloc, sid in kv.select("size", "requested_size", "alloc_idx",
+                                           "stack_id").iter_rows():
+        # the innermost frame of a source file (not a profiler's `<op>` / `<python>` entry)
+        frame = next(((f[0], f[1]) for f in capture.stacks.stack(int(sid))
+                      if f[0].endswith(".py")), None) if sid is not None else None
+        rows.append(kv_pairs.Held(int(req or size), -1 if alloc is None else int(alloc), frame))
+    freed = lifetimes.filter((pl.col("family") == family) & (pl.col("alloc_idx") >= 0)
+                             & (pl.col("free_req_idx") >= 0))["free_req_idx"]
+    first = int(freed.min()) if freed.len() else -1  # type: ignore[arg-type]
+    return kv[kv_pairs.returned_by_update(rows, first)]
+
+
 def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame | None,
                  segments: pl.DataFrame, live: pl.DataFrame, rules: RuleSet | None = None,
                  extra_stacks: Mapping[str, Iterable[int]] | None = None,
@@ -429,6 +452,8 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
                                         "sites"
     returned = held.filter(pl.col("method") == kv_pairs.spec().method) \
         if held.height and "method" in held.columns else held
+    if not returned.height:
+        returned = _returned_by_update(capture, held, lifetimes)
     if returned.height and not facts.keys() & kv_pairs.spec().decoding_facts:
         facts[RETURNED_KV_CACHE.id] = (
             f"{returned.height} key / value blocks ({fmt_bytes(int(returned['size'].sum()))}) "

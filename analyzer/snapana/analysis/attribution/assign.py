@@ -259,8 +259,8 @@ class Attributor:
         self._window = False  # the set methods are decided for the window (decide_sets_at)
         # memoised trace reads by size (`_events_of_sizes`, `_sized_history`)
         self._size_rows: dict[int, np.ndarray] = {}
-        self._history: dict[frozenset[int],
-                            tuple[dict[int, int], list[tuple[int, str]], int]] = {}
+        self._history: dict[frozenset[int], tuple[dict[int, int], list[tuple[int, str]], int,
+                                                  list[tuple[int, int, int]]]] = {}
         self._roots: dict[frozenset[int], tuple[dict[int, int], frozenset[int]]] = {}
         self._cast_frames: dict[int, tuple[bool, bool]] = {}  # `_weight_copies`
         self._code_sites: dict[int, tuple[str, int]] = {}  # `_code_site`: site, path id
@@ -551,7 +551,8 @@ class Attributor:
         live = [(int(req[i] or full[i]), cols["family"][i], cols["phase"][i], int(sids[i]))
                 for i in range(blocks.height) if i not in skip]
         most, first = self._gradients(
-            frozenset(int(req[i]) for i in mine if req[i] is not None), live)
+            frozenset(int(req[i]) for i in mine if req[i] is not None), live,
+            kept_past_backward=True)
         gradients = Counter(most)
         roots, replaced = self._rebound_roots(frozenset(gradients))
         n = self.capture.device_events(self.device).height
@@ -803,13 +804,17 @@ class Attributor:
                                   state_in_window)
         return replace(ev_out, engine=self._engine, first_gradient=first_gradient)
 
-    def _gradients(self, sizes: frozenset[int], live: Sequence[tuple[int, str, str, int]]
-                   ) -> tuple[dict[int, int], int]:
+    def _gradients(self, sizes: frozenset[int], live: Sequence[tuple[int, str, str, int]],
+                   kept_past_backward: bool = False) -> tuple[dict[int, int], int]:
         """The most gradients of each of `sizes` alive at once in the window, and the event
         of its first gradient (-1: none), as `_evidence` counts them: all that `hand_state`
-        reads of the evidence, without the trace totals the rest needs."""
-        traced, _, first_gradient = self._sized_history(sizes)
-        most = dict(traced)
+        reads of the evidence, without the trace totals the rest needs.
+        `kept_past_backward` (`hand_state`): only the gradients a backward keeps past its end,
+        as AccumulateGrad keeps a parameter's `.grad` until the step or `zero_grad`; what the
+        autograd engine allocates and frees inside one run of the backward (the gradient of
+        an activation, a grad_output) mirrors no parameter."""
+        traced, _, first_gradient, lifetimes = self._sized_history(sizes)
+        most = self._kept_gradients(lifetimes) if kept_past_backward else dict(traced)
         # gradients held now whose allocations fell out of the trace (a ring buffer that
         # wrapped) are gradients of the window all the same: as many of a size at once
         witnesses = parameter_witnesses()
@@ -818,18 +823,42 @@ class Attributor:
             most[size] = max(most.get(size, 0), n)
         return most, first_gradient
 
-    def _sized_history(self, sizes: frozenset[int]
-                       ) -> tuple[dict[int, int], list[tuple[int, str]], int]:
+    def _kept_gradients(self, lifetimes: Sequence[tuple[int, int, int]]) -> dict[int, int]:
+        """The most gradients of each size alive at once among `lifetimes` ((size,
+        allocation event, free event or -1)), leaving out those freed in the same run of the
+        backward that made them (`TracePhases.within`)."""
+        freed = [(a, f) for _, a, f in lifetimes if f >= 0]
+        inside = iter(self.trace_phases().within(
+            "backward", np.asarray([a for a, _ in freed], dtype=np.int64),
+            np.asarray([f for _, f in freed], dtype=np.int64)).tolist() if freed else [])
+        steps: list[tuple[int, int, int]] = []  # (event, +1 / -1, size)
+        for size, alloc, free in lifetimes:
+            if free >= 0 and next(inside):
+                continue
+            steps.append((alloc, 1, size))
+            if free >= 0:
+                steps.append((free, -1, size))
+        alive: Counter[int] = Counter()
+        most: dict[int, int] = {}
+        for _, step, size in sorted(steps):
+            alive[size] += step
+            most[size] = max(most.get(size, 0), alive[size])
+        return most
+
+    def _sized_history(self, sizes: frozenset[int]) -> tuple[
+            dict[int, int], list[tuple[int, str]], int, list[tuple[int, int, int]]]:
         """What the trace says of its allocations of `sizes`, for `_evidence`: the most
         gradients of each size alive at once, the (size, family) of the other allocations,
-        and the event of the first gradient (-1: none). It depends on the sizes alone, so
-        the decision moments, which mostly ask the same sizes, scan the trace once."""
+        the event of the first gradient (-1: none) and each gradient's (size, allocation
+        event, free event or -1). It depends on the sizes alone, so the decision moments,
+        which mostly ask the same sizes, scan the trace once."""
         hit = self._history.get(sizes)
         if hit is not None:
             return hit
         same = self._events_of_sizes(sizes)
         live_n: dict[int, int] = {}  # size -> gradients of that size alive now
-        grad_at: dict[int, int] = {}  # address -> size, for gradients alive now
+        grad_at: dict[int, int] = {}  # address -> its lifetime's index, for gradients alive now
+        lifetimes: list[tuple[int, int, int]] = []  # (size, allocation event, free event)
         most: dict[int, int] = {}
         others: list[tuple[int, str]] = []
         witnesses = parameter_witnesses()
@@ -846,19 +875,22 @@ class Attributor:
                 # trace at odds with itself, warned by the replay) frees that one
                 held = grad_at.pop(int(address), None)
                 if held is not None:
-                    live_n[held] -= 1
+                    size_of, born, _ = lifetimes[held]
+                    lifetimes[held] = (size_of, born, int(pos))
+                    live_n[size_of] -= 1
                 continue
             family = next(families)
             if family in witnesses:
                 if first_gradient < 0:
                     first_gradient = int(pos)
-                grad_at[int(address)] = int(size)
+                grad_at[int(address)] = len(lifetimes)
+                lifetimes.append((int(size), int(pos), -1))
                 live_n[int(size)] = live_n.get(int(size), 0) + 1
                 most[int(size)] = max(most.get(int(size), 0), live_n[int(size)])
             else:
                 others.append((int(size), family))
-        self._history[sizes] = (most, others, first_gradient)
-        return most, others, first_gradient
+        self._history[sizes] = (most, others, first_gradient, lifetimes)
+        return most, others, first_gradient, lifetimes
 
     def _events_of_sizes(self, sizes: Iterable[int]) -> pl.DataFrame:
         """This device's allocations and frees of `sizes` (its events with `pos`), in trace

@@ -90,6 +90,10 @@ class PairSpec(data_file.Table, frozen=True, kw_only=True):
     why: str
     freed_words: str
     decoding_facts: frozenset[str]
+    #: where a cache class makes the pairs itself (transformers >= 4.56): the file and
+    #: functions of the innermost Python frame of a returned cache's blocks
+    update_file: str
+    update_functions: frozenset[str]
 
 
 class CopySpec(data_file.Table, frozen=True, kw_only=True):

@@ -7,8 +7,10 @@ given on a layer's first call; older modeling files return ``present = (key, val
 blocks are made by the attention's own projections and rotary embedding, so their frames
 say "an activation of the forward". What tells them apart is the pattern: two sites each keep
 one block per layer, of one size, made alternately, held together and freed together when
-the output is dropped. The conclusion and its words are data (``inference.toml``
-``[kv_pairs]``); this module only matches the pattern.
+the output is dropped. From 4.56 the cache layer makes them itself (``DynamicLayer.update``:
+``torch.cat``), its frame names them kv_cache, and `returned_by_update` says whether a forward
+that does not generate returns them. The conclusion and its words are data
+(``inference.toml`` ``[kv_pairs]``); this module only matches the pattern.
 """
 
 from __future__ import annotations
@@ -99,3 +101,34 @@ def find(rows: Sequence[Row], allocs_between: AllocsBetween) -> dict[int, str]:
     why = s.why.format(pairs=min(len(layered[a]), len(layered[b])), size=rows[found[0]].size,
                        first=first, second=second, freed=words, sites=len(layered))
     return dict.fromkeys(found, why)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What `returned_by_update` reads of one held kv_cache block."""
+
+    size: int  # the requested size
+    alloc_idx: int  # -1: made before recording
+    frame: tuple[str, str] | None  # its stack's innermost source file's (file, function)
+
+
+def _is_update(frame: tuple[str, str] | None) -> bool:
+    s = spec()
+    return frame is not None and frame[1] in s.update_functions and (
+        frame[0] == s.update_file or frame[0].endswith("/" + s.update_file))
+
+
+def returned_by_update(held: Sequence[Held], first_free: int) -> list[int]:
+    """Indices of the held blocks that a cache layer's own update made and a forward returns
+    (transformers >= 4.56): an even number of one size, at least a K and a V for each of
+    `min_layers` layers, none replaced yet. `first_free`: the first free of a kv_cache
+    allocation of the window (-1: none); one before the last block was made is a decoding
+    step's cat replacing a layer's cache, a loop that grows it."""
+    s = spec()
+    mine = [i for i, h in enumerate(held) if h.alloc_idx >= 0 and _is_update(h.frame)]
+    if (len(mine) < 2 * s.min_layers or len(mine) % 2
+            or len({held[i].size for i in mine}) != 1):
+        return []
+    if 0 <= first_free < max(held[i].alloc_idx for i in mine):
+        return []
+    return mine
