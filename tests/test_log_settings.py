@@ -583,3 +583,62 @@ def test_the_share_is_not_offered_beside_a_named_request() -> None:
     lines = [*vllm_api_server(API_ARGS, "0.6.3"), *frames_only(REF_LOGPROB), OOM]
     knobs = text_log_view("r.log", weigh([read_text("\n".join(lines), "r.log")])).best_knobs
     assert knobs and not any(k.startswith("--gpu-memory-utilization") for k, _ in knobs)
+
+
+# ----- transformers' TrainingArguments, as the scripts that parse it log it -----------------
+
+@dataclasses.dataclass
+class AcceleratorConfig:
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+
+
+@dataclasses.dataclass
+class TrainingArguments:
+    """A few of TrainingArguments' fields; its str by __str__'s rules
+    (transformers/training_args.py): every field sorted by name, one a line as
+    f"{name}={value},", under the class's name, a *_token field as <NAME_TOKEN>."""
+
+    output_dir: str
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    gradient_checkpointing: bool = False
+    use_liger_kernel: bool = False
+    accelerator_config: AcceleratorConfig = dataclasses.field(default_factory=AcceleratorConfig)
+    hub_token: str | None = None
+    fsdp_config: dict[str, object] = dataclasses.field(default_factory=dict)
+
+    def __str__(self) -> str:
+        fields = {k: f"<{k.upper()}>" if k.endswith("_token") else v
+                  for k, v in dataclasses.asdict(self).items()}
+        body = "".join(f"{k}={fields[k]},\n" for k in sorted(fields))
+        return f"{type(self).__name__}(\n{body})"
+
+
+@pytest.mark.parametrize("prefix", ["", "[rank0]:"])
+def test_training_arguments_give_the_micro_batch_its_value(prefix: str) -> None:
+    """transformers' examples: logger.info(f"Training/evaluation parameters {training_args}")
+    under their logging format. The micro-batch knob gets per_device_train_batch_size ×
+    free / request; gradient checkpointing, already on, goes last; the output dir's text
+    and fsdp_config's nested names are not settings."""
+    args = TrainingArguments(output_dir="/runs/a, per_device_train_batch_size=99",
+                             per_device_train_batch_size=16, gradient_accumulation_steps=4,
+                             gradient_checkpointing=True, hub_token="hf_secret",
+                             fsdp_config={"per_device_train_batch_size": 1, "min_num_params": 0})
+    record = ("05/02/2025 10:11:12 - INFO - __main__ - Training/evaluation parameters "
+              f"{args}")
+    lines = [prefix + ln for ln in record.splitlines()]
+    settings = read_settings([*lines, prefix + "05/02/2025 10:11:13 - INFO - x=3,"])
+    assert {s.id: s.value for s in settings} == {
+        "transformers.per_device_train_batch_size": args.per_device_train_batch_size,
+        "transformers.gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "transformers.gradient_checkpointing": args.gradient_checkpointing,
+        "transformers.use_liger_kernel": args.use_liger_kernel}
+    micro = _pack_knob("pytorch.toml", "torch.micro_batch")
+    checkpointing = _pack_knob("transformers.toml", "transformers.gradient_checkpointing")
+    request, free = 6 * GIB, 2 * GIB
+    knobs, _ = with_settings([(checkpointing, "why"), (micro, "why")], settings, request, free)
+    to = args.per_device_train_batch_size * free // request
+    assert [k for k, _ in knobs] == [
+        f"{micro} (per_device_train_batch_size {to}, now {args.per_device_train_batch_size})",
+        f"{checkpointing} (already set: gradient_checkpointing=True)"]

@@ -1,8 +1,9 @@
 """The settings a framework prints about itself at start-up, read from a log (issue 69):
 vLLM's non-default args, its older API server's `args: Namespace(...)` and version line, and
 its engine config, SGLang's ServerArgs repr, Megatron's (and so slime's) `_print_args` block,
-DeepSpeed's configuration print and the user's JSON config after it. A knob can then say what
-it was set to when the job failed, and what to try.
+DeepSpeed's configuration print and the user's JSON config after it, transformers'
+TrainingArguments str. A knob can then say what it was set to when the job failed, and what
+to try.
 
 The formats and the settings read from each are data (`settings_lines.toml`, each format
 with the source and format string it was written from); this module only finds and reads
@@ -39,7 +40,7 @@ MAX_PRINTED = 200
 class _Format(data_file.Table, frozen=True, kw_only=True):
     id: str
     framework: str
-    kind: Literal["pairs", "block", "json", "value"]
+    kind: Literal["pairs", "block", "json", "value", "lines"]
     source: str
     style: Literal["assign", "dict"] = "assign"
     anchor: str = ""
@@ -82,6 +83,8 @@ _FLOAT = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{0,20})?(?:[eE][-+]?[0-9]{1,3})?")
 _ENUM = re.compile(r"<[\w.]{1,100}: '([^']{0,100})'>")
 #: A JSON member line of an indented dump: '"name": value' (value read to the line's end).
 _JSON_KEY = re.compile(r'"([A-Za-z_]\w{0,99})": ?')
+#: A setting's name at the start of a "lines" line ('name=value,').
+_LINE_KEY = re.compile(r"([A-Za-z_]\w{0,99})=")
 #: A line that closes a JSON object or array ('}', '},', ']'), behind any prefix.
 _JSON_CLOSE = re.compile(r"[}\]],? {0,4}$")
 
@@ -266,12 +269,51 @@ def _json_blocks(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]
     return out
 
 
+def _line_item(line: str) -> tuple[str, str] | None:
+    """A "lines" format's 'name=value,' (behind a launcher's '[rank0]:' prefix or none)."""
+    if not line.endswith(","):
+        return None
+    m = _LINE_KEY.match(line)
+    if m is None and line.startswith("["):
+        close = line.find("]:")
+        m = _LINE_KEY.match(line, close + 2 + (line[close + 2:close + 3] == " ")) \
+            if close > 0 else None
+    return None if m is None else (m.group(1), line[m.end():-1])
+
+
+def _assign_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
+    """Each dump of a "lines" format: a line ending in `begin`, one 'name=value,' a line (a
+    value printed with str(), over one line), until a line that is `end` alone."""
+    out: list[tuple[int, dict[str, str]]] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].rstrip().endswith(f.begin):
+            i += 1
+            continue
+        stray, j = 0, i + 1
+        while j < len(lines) and j - i <= MAX_BLOCK_LINES and stray <= MAX_STRAY_LINES:
+            line = lines[j].rstrip()
+            if line.lstrip() == f.end or line.endswith("]:" + f.end):  # the repr's close
+                break
+            item = _line_item(line)
+            if item is None:
+                stray += 1
+            else:
+                stray = 0
+                out.append((j, {item[0]: item[1]}))
+            j += 1
+        i = j + 1
+    return out
+
+
 def _printed(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
     """The dumps of format `f` in `lines`, each a line number and its raw values by name."""
     if f.kind == "block":
         return _blocks(lines, f)
     if f.kind == "json":
         return _json_blocks(lines, f)
+    if f.kind == "lines":
+        return _assign_lines(lines, f)
     return _pairs_lines(lines, f)
 
 
@@ -288,7 +330,7 @@ def read_settings(lines: list[str]) -> tuple[Setting, ...]:
                     head, rest = path, ""
                 raw = pairs.get(head)
                 if raw is not None and rest:
-                    body = _inside(raw) if f.kind == "pairs" else (raw, "assign")
+                    body = _inside(raw) if f.kind in ("pairs", "lines") else (raw, "assign")
                     raw = _lookup(body[0], body[1], rest) if body is not None else None
                 if raw is None:
                     continue
