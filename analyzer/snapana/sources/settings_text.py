@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Literal
 
@@ -206,28 +207,37 @@ def _pairs_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]
     return out[::-1]
 
 
-def _blocks(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
-    """Each block's settings, with the line each was printed on (the dict's key's line is
-    the block's begin line + its offset: kept per item below)."""
+def _item_blocks(lines: list[str], begins: Callable[[str], bool], ends: Callable[[str], bool],
+                 item: Callable[[str], tuple[str, str] | None]
+                 ) -> list[tuple[int, dict[str, str]]]:
+    """Each one-setting-a-line block's settings, with the line each was printed on: from a
+    line `begins` accepts to one `ends` accepts (or MAX_BLOCK_LINES lines, or MAX_STRAY_LINES
+    lines in a row that `item` does not read: the block ended unmarked)."""
     out: list[tuple[int, dict[str, str]]] = []
     i = 0
     while i < len(lines):
-        if f.begin not in lines[i]:
+        if not begins(lines[i]):
             i += 1
             continue
         stray, j = 0, i + 1
         while j < len(lines) and j - i <= MAX_BLOCK_LINES and stray <= MAX_STRAY_LINES:
-            if f.end in lines[j]:
+            if ends(lines[j]):
                 break
-            item = _block_item(lines[j], f.dots)
-            if item is None:
+            got = item(lines[j])
+            if got is None:
                 stray += 1
             else:
                 stray = 0
-                out.append((j, {item[0]: item[1]}))
+                out.append((j, {got[0]: got[1]}))
             j += 1
         i = j + 1
     return out
+
+
+def _blocks(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
+    """Each "block" dump's settings ('  {name} {dots} {value}' lines)."""
+    return _item_blocks(lines, lambda ln: f.begin in ln, lambda ln: f.end in ln,
+                        lambda ln: _block_item(ln, f.dots))
 
 
 def _json_blocks(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
@@ -284,26 +294,12 @@ def _line_item(line: str) -> tuple[str, str] | None:
 def _assign_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
     """Each dump of a "lines" format: a line ending in `begin`, one 'name=value,' a line (a
     value printed with str(), over one line), until a line that is `end` alone."""
-    out: list[tuple[int, dict[str, str]]] = []
-    i = 0
-    while i < len(lines):
-        if not lines[i].rstrip().endswith(f.begin):
-            i += 1
-            continue
-        stray, j = 0, i + 1
-        while j < len(lines) and j - i <= MAX_BLOCK_LINES and stray <= MAX_STRAY_LINES:
-            line = lines[j].rstrip()
-            if line.lstrip() == f.end or line.endswith("]:" + f.end):  # the repr's close
-                break
-            item = _line_item(line)
-            if item is None:
-                stray += 1
-            else:
-                stray = 0
-                out.append((j, {item[0]: item[1]}))
-            j += 1
-        i = j + 1
-    return out
+    def ends(line: str) -> bool:
+        line = line.rstrip()
+        return line.lstrip() == f.end or line.endswith("]:" + f.end)  # the repr's close
+
+    return _item_blocks(lines, lambda ln: ln.rstrip().endswith(f.begin), ends,
+                        lambda ln: _line_item(ln.rstrip()))
 
 
 def _printed(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
