@@ -22,6 +22,7 @@ from snapana.sources import (
     log_text,
     memory_lines,
     oom_text,
+    settings_text,
     traceback_text,
     vllm_text,
 )
@@ -31,7 +32,7 @@ from .regex_steps import Budget, search_steps
 
 SAMPLE = ROOT / "sample_snapshots" / "fsdp-train-step.pickle"
 
-READERS = (oom_text, log_tables, vllm_text, traceback_text, memory_lines)
+READERS = (oom_text, log_tables, vllm_text, traceback_text, memory_lines, settings_text)
 
 
 def _patterns() -> dict[str, re.Pattern[str]]:

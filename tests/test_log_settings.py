@@ -1,9 +1,12 @@
 """Settings read from the args dumps a log carries (issue 69), and the knobs they give a value:
-vLLM's non-default args and engine config, SGLang's ServerArgs repr, Megatron's (and slime's)
-`_print_args` block, DeepSpeed's configuration print. Each dump is written here the way the
-framework writes it — its format string run on Python's own repr / str of the values (a
-dataclass, a dict, an argparse Namespace, a pydantic model), cited above each writer — and
-every expected value is recomputed here from what the test printed."""
+vLLM's non-default args, its older API server's Namespace and version lines and its engine
+config, SGLang's ServerArgs repr, Megatron's (and slime's) `_print_args` block, DeepSpeed's
+configuration print and the user's JSON config after it; and the budget knob an engine's
+share of the card offers by itself where nothing else in the log names one. Each dump is
+written here the way the framework writes it — its format string run on Python's own repr /
+str of the values (a dataclass, a dict, an argparse Namespace, a pydantic model, a JSON
+encoder), cited above each writer — and every expected value is recomputed here from what
+the test printed."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from snapana.sources.log_text import read_text
 from snapana.sources.settings_text import read_settings
 
 from .conftest import invoke
-from .test_framework_lines import GIB, MIB, oom, printed, sglang_startup
+from .test_framework_lines import GIB, MIB, gb, oom, printed, sglang_startup
 from .test_log_knobs import NO_BLOCKS
 from .test_log_pasted import OOM, REF_LOGPROB, frames_only, ray
 
@@ -293,7 +296,8 @@ def test_deepspeed_config_says_offload_and_zero_are_already_on() -> None:
     settings = read_settings(deepspeed_print(config))
     got = {s.id: s.value for s in settings}
     assert got == {"deepspeed.zero_optimization_stage": 3, "deepspeed.offload_optimizer": "cpu",
-                   "deepspeed.train_micro_batch_size_per_gpu": 4}
+                   "deepspeed.train_micro_batch_size_per_gpu": 4,
+                   "deepspeed.gradient_accumulation_steps": config.gradient_accumulation_steps}
     offload = _pack_knob("pytorch.toml", "torch.optimizer_cpu_offload")
     shard = _pack_knob("pytorch.toml", "torch.optimizer_sharding")
     knobs, changed = with_settings([(offload, "why"), (shard, "why"), ("other", "why")], settings)
@@ -393,3 +397,248 @@ def test_sglang_refusal_with_its_server_args(figures: bool) -> None:
         assert first == f"--mem-fraction-static {lower:.2f} or more (now {mfs})"
     else:
         assert first == f"--mem-fraction-static > {mfs}"
+
+
+# ----- vLLM's older API server: its version, then the whole Namespace ---------------------
+
+def vllm_api_server(args: Namespace, version: str) -> list[str]:
+    """vllm/entrypoints/openai/api_server.py run_server (v0.4 – v0.8): logger.info("vLLM API
+    server version %s", VLLM_VERSION); logger.info("args: %s", args), behind vLLM's logger
+    format of that time ("%(levelname)s %(asctime)s %(filename)s:%(lineno)d] %(message)s")."""
+    p = "INFO 09-10 10:11:1{} api_server.py:{}] "
+    return [p.format(1, 494) + "vLLM API server version %s" % version,  # noqa: UP031
+            p.format(2, 495) + "args: %s" % (args,)]  # noqa: UP031
+
+
+API_ARGS = Namespace(host=None, port=8000, uvicorn_log_level="info", allow_credentials=False,
+                     model="/models/m, gpu_memory_utilization=0.1", tokenizer=None,
+                     max_model_len=None, tensor_parallel_size=2, max_num_seqs=64,
+                     gpu_memory_utilization=0.5, enforce_eager=True, lora_modules=None,
+                     override_neuron_config={"max_num_seqs": 1})
+
+
+def test_vllm_api_server_namespace_gives_its_settings_and_version() -> None:
+    """The Namespace repr: the top level's values (not the ones inside the model's quotes or a
+    nested dict), its None read as unset; the version line's value. The refusal's knob asks
+    for more than the utilisation the Namespace printed."""
+    version = "0.6.3.post1"
+    text = "\n".join([*vllm_api_server(API_ARGS, version),
+                      '    raise ValueError("No available memory for the cache blocks. "',
+                      f"ValueError: {NO_BLOCKS}"]) + "\n"
+    got = _settings(text)
+    assert got == {"vllm.version": version,
+                   "vllm.gpu_memory_utilization": API_ARGS.gpu_memory_utilization,
+                   "vllm.max_model_len": API_ARGS.max_model_len,
+                   "vllm.tensor_parallel_size": API_ARGS.tensor_parallel_size,
+                   "vllm.max_num_seqs": API_ARGS.max_num_seqs,
+                   "vllm.enforce_eager": API_ARGS.enforce_eager}
+    first, why = text_log_view("v.log", weigh([read_text(text, "v.log")])).best_knobs[0]
+    assert first == f"--gpu-memory-utilization > {API_ARGS.gpu_memory_utilization}"
+    assert "line 2, vllm.api_server_args" in why
+
+
+def test_a_namespace_some_other_script_prints_is_not_vllms() -> None:
+    """"args: %s" is a common line: without vLLM's logger naming api_server.py it is another
+    program's Namespace, whatever its names."""
+    assert _settings(f"args: {API_ARGS}\nINFO 09-10 train.py:12] args: {API_ARGS}\n") == {}
+
+
+# ----- DeepSpeed's user config, printed as JSON after the block ----------------------------
+
+def scientific_json(value: object, level: int = 0) -> str:
+    """What DeepSpeed's ScientificNotationEncoder (deepspeed/runtime/config_utils.py, its
+    iterencode) writes, by its rules: each member of an object on a new line indented 4 per
+    level ('"key": value'), the members joined by ", " and the closing brace on a line at the
+    parent's indent; a list on one line joined by ", " (its items at level 0); a number over
+    1e3 as f"{n:e}", a bool as true / false, anything else as json writes it. It takes no
+    notice of json.dumps' sort_keys or separators."""
+    pad = " " * 4
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"{value:e}" if value > 1e3 else f"{value}"
+    if isinstance(value, dict):
+        members = [f'\n{pad * (level + 1)}"{k}": {scientific_json(v, level + 1)}'
+                   for k, v in value.items()]
+        return "{" + ", ".join(members) + f"\n{pad * level}" + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(scientific_json(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def deepspeed_user_config(param_dict: dict[str, object], encoder: str, prefix: str = ""
+                          ) -> list[str]:
+    """deepspeed/runtime/config.py DeepSpeedConfig.print_user_config: logger.info("  json =
+    {}".format(json.dumps(self._param_dict, sort_keys=True, indent=4,
+    cls=ScientificNotationEncoder, separators=(",", ":")))) — one record over many lines,
+    the log's prefix on the first only (`prefix`: a launcher's, on every line). `encoder`
+    "scientific" (v0.5 on) or "plain" (before: json.dumps(..., separators=(",", ":")))."""
+    dump = (scientific_json(param_dict) if encoder == "scientific" else
+            json.dumps(param_dict, sort_keys=True, indent=4, separators=(",", ":")))
+    record = "[2025-03-01 10:00:00,124] [INFO] [config.py:1002:print_user_config]   json = "
+    lines = (record + dump).splitlines()
+    return [prefix + ln for ln in lines]
+
+
+DS_CONFIG = {"train_micro_batch_size_per_gpu": 2048, "gradient_accumulation_steps": 4,
+             "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "betas": [0.9, 0.95]}},
+             "zero_optimization": {"stage": 3, "overlap_comm": True,
+                                   "reduce_bucket_size": 500000000,
+                                   "offload_param": {"device": "none"},
+                                   "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+             "bf16": {"enabled": True},
+             "wall_clock_breakdown": False}
+
+
+@pytest.mark.parametrize(("encoder", "prefix"), [("scientific", ""), ("plain", ""),
+                                                  ("scientific", "[rank0]: ")])
+def test_deepspeed_user_config_json(encoder: str, prefix: str) -> None:
+    """The JSON dump after the block, as each encoder writes it (a number over 1e3 as
+    '2.048000e+03' in the scientific one), its nested members by their path; what follows
+    the dump is not read into it."""
+    lines = deepspeed_user_config(DS_CONFIG, encoder, prefix)
+    if encoder == "scientific":
+        assert f'"train_micro_batch_size_per_gpu": {2048:e}' in "\n".join(lines)
+    lines.append(prefix + '[2025-03-01 10:00:01] [INFO] {"stage": 1}')
+    zero = DS_CONFIG["zero_optimization"]
+    assert isinstance(zero, dict)
+    assert _settings("\n".join(lines)) == {
+        "deepspeed.train_micro_batch_size_per_gpu": DS_CONFIG["train_micro_batch_size_per_gpu"],
+        "deepspeed.gradient_accumulation_steps": DS_CONFIG["gradient_accumulation_steps"],
+        "deepspeed.zero_optimization_stage": zero["stage"],
+        "deepspeed.offload_optimizer": zero["offload_optimizer"]["device"],
+        "deepspeed.offload_param": zero["offload_param"]["device"]}
+
+
+def test_deepspeed_json_gives_what_an_old_block_printed_over_many_lines() -> None:
+    """Before the pydantic config, zero_config printed as DeepSpeedConfigObject's repr
+    (json.dumps(self.__dict__, sort_keys=True, indent=4, cls=ScientificNotationEncoder)):
+    many lines the block cannot read. The JSON after it says the optimizer state is on the
+    CPU, so that knob goes last."""
+    old_zero = scientific_json({"stage": 2, "cpu_offload": True})
+    config = Namespace(train_micro_batch_size_per_gpu=8, zero_config=old_zero,
+                       zero_optimization_stage=2, zero_enabled=True)
+    config_dict = {"train_micro_batch_size_per_gpu": 8,
+                   "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    lines = deepspeed_print(config)[:-1] + deepspeed_user_config(config_dict, "scientific")
+    settings = read_settings(lines)
+    assert {s.id: s.value for s in settings} == {
+        "deepspeed.zero_optimization_stage": 2, "deepspeed.offload_optimizer": "cpu",
+        "deepspeed.train_micro_batch_size_per_gpu": 8}
+    by = {s.id: s for s in settings}
+    assert by["deepspeed.offload_optimizer"].format == "deepspeed.json"
+    offload = _pack_knob("pytorch.toml", "torch.optimizer_cpu_offload")
+    knobs, _ = with_settings([(offload, "why"), ("other", "why")], settings)
+    path = "zero_optimization.offload_optimizer.device"  # config_dict's, as the JSON names it
+    assert [k for k, _ in knobs] == ["other", f"{offload} (already set: {path}=cpu)"]
+
+
+# ----- an engine's share of the card, offered by the settings alone ------------------------
+
+CARD = int(79.15 * GIB)
+
+
+def _share_step(request: int, free: int) -> float:
+    """The share of the card the request lacked, from the message's printed figures,
+    rounded up to the hundredth."""
+    lacked = printed(request) - printed(free)
+    return math.ceil(lacked * 100 / printed(CARD)) / 100
+
+
+def test_vllm_utilization_alone_offers_the_share_the_request_lacked() -> None:
+    """An OOM with no traceback, under a vLLM server whose Namespace printed a
+    gpu_memory_utilization near 1 and another process on the card: the utilisation is the
+    knob, lowered by the shortfall's share of the card."""
+    util = 0.95
+    args = Namespace(**{**vars(API_ARGS), "gpu_memory_utilization": util})
+    request, free, other = 2 * GIB, int(1.5 * GIB), 20 * GIB
+    message = oom(request, free, CARD, 55 * GIB, GIB, CARD - free - other).replace(
+        "free. Including", f"free. Process 4321 has {gb(other)} GiB memory in use. Including")
+    text = "\n".join([*vllm_api_server(args, "0.6.3"), message]) + "\n"
+    view = text_log_view("v.log", weigh([read_text(text, "v.log")]))
+    first, why = view.best_knobs[0]
+    to = util - _share_step(request, free)
+    assert first == f"--gpu-memory-utilization {to:.2f} (now {util})"
+    assert "nothing else in the log names a knob" in why and "line 2" in why
+
+
+def test_sglang_share_alone_and_a_bound_without_figures() -> None:
+    """SGLang's ServerArgs alone: mem_fraction_static lowered by the share the request
+    lacked; a message cut before its figures gets a bound below the share set."""
+    mfs = 0.88
+    line = f"[2026-02-01 00:05:04 TP0] {ServerArgs(model_path='m', mem_fraction_static=mfs)=}"
+    line = line.replace("ServerArgs(model_path='m', mem_fraction_static=mfs)=", "server_args=")
+    request, free = 3 * GIB, 200 * MIB
+    text = line + "\n" + oom(request, free, CARD, 70 * GIB, GIB, CARD - free) + "\n"
+    (first, _), *_ = text_log_view("s.log", weigh([read_text(text, "s.log")])).best_knobs
+    assert first == f"--mem-fraction-static {mfs - _share_step(request, free):.2f} (now {mfs})"
+    cut = line + "\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB\n"
+    (first, _), *_ = text_log_view("s.log", weigh([read_text(cut, "s.log")])).best_knobs
+    assert first == f"--mem-fraction-static < {mfs}"
+
+
+def test_the_share_is_not_offered_beside_a_named_request() -> None:
+    """A traceback that names the failing request gives its own knobs: the share is not
+    added to them."""
+    lines = [*vllm_api_server(API_ARGS, "0.6.3"), *frames_only(REF_LOGPROB), OOM]
+    knobs = text_log_view("r.log", weigh([read_text("\n".join(lines), "r.log")])).best_knobs
+    assert knobs and not any(k.startswith("--gpu-memory-utilization") for k, _ in knobs)
+
+
+# ----- transformers' TrainingArguments, as the scripts that parse it log it -----------------
+
+@dataclasses.dataclass
+class AcceleratorConfig:
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+
+
+@dataclasses.dataclass
+class TrainingArguments:
+    """A few of TrainingArguments' fields; its str by __str__'s rules
+    (transformers/training_args.py): every field sorted by name, one a line as
+    f"{name}={value},", under the class's name, a *_token field as <NAME_TOKEN>."""
+
+    output_dir: str
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    gradient_checkpointing: bool = False
+    use_liger_kernel: bool = False
+    accelerator_config: AcceleratorConfig = dataclasses.field(default_factory=AcceleratorConfig)
+    hub_token: str | None = None
+    fsdp_config: dict[str, object] = dataclasses.field(default_factory=dict)
+
+    def __str__(self) -> str:
+        fields = {k: f"<{k.upper()}>" if k.endswith("_token") else v
+                  for k, v in dataclasses.asdict(self).items()}
+        body = "".join(f"{k}={fields[k]},\n" for k in sorted(fields))
+        return f"{type(self).__name__}(\n{body})"
+
+
+@pytest.mark.parametrize("prefix", ["", "[rank0]:"])
+def test_training_arguments_give_the_micro_batch_its_value(prefix: str) -> None:
+    """transformers' examples: logger.info(f"Training/evaluation parameters {training_args}")
+    under their logging format. The micro-batch knob gets per_device_train_batch_size ×
+    free / request; gradient checkpointing, already on, goes last; the output dir's text
+    and fsdp_config's nested names are not settings."""
+    args = TrainingArguments(output_dir="/runs/a, per_device_train_batch_size=99",
+                             per_device_train_batch_size=16, gradient_accumulation_steps=4,
+                             gradient_checkpointing=True, hub_token="hf_secret",
+                             fsdp_config={"per_device_train_batch_size": 1, "min_num_params": 0})
+    record = ("05/02/2025 10:11:12 - INFO - __main__ - Training/evaluation parameters "
+              f"{args}")
+    lines = [prefix + ln for ln in record.splitlines()]
+    settings = read_settings([*lines, prefix + "05/02/2025 10:11:13 - INFO - x=3,"])
+    assert {s.id: s.value for s in settings} == {
+        "transformers.per_device_train_batch_size": args.per_device_train_batch_size,
+        "transformers.gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "transformers.gradient_checkpointing": args.gradient_checkpointing,
+        "transformers.use_liger_kernel": args.use_liger_kernel}
+    micro = _pack_knob("pytorch.toml", "torch.micro_batch")
+    checkpointing = _pack_knob("transformers.toml", "transformers.gradient_checkpointing")
+    request, free = 6 * GIB, 2 * GIB
+    knobs, _ = with_settings([(checkpointing, "why"), (micro, "why")], settings, request, free)
+    to = args.per_device_train_batch_size * free // request
+    assert [k for k, _ in knobs] == [
+        f"{micro} (per_device_train_batch_size {to}, now {args.per_device_train_batch_size})",
+        f"{checkpointing} (already set: gradient_checkpointing=True)"]

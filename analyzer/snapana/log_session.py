@@ -14,7 +14,7 @@ from snapana.analysis.framework_memory import (
     across_ranks,
     framework_evidence,
 )
-from snapana.analysis.knob_words import with_settings
+from snapana.analysis.knob_words import share_knobs, with_settings
 from snapana.analysis.log_check import LogCheck, check, pick_message
 from snapana.analysis.log_evidence import (
     KvEvidence,
@@ -74,7 +74,7 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
     for log in logs:
         messages = list(log.messages)
         set_ = _Settings(log.settings, changed)
-        diagnoses += [replace(d, knobs=set_(d.knobs)) for d in map(diagnose, messages)]
+        own = [replace(d, knobs=set_(d.knobs)) for d in map(diagnose, messages)]
         named = _requests(log)
         requests += [None if r is None else replace(r, knobs=set_(r.knobs, m))
                      for r, m in zip(named, messages, strict=True)]
@@ -90,9 +90,16 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
         budgets = list(log.budgets)
         paired = [(r, budget_before(r, budgets)) for r in log.refusals]
         alone = [b for b in budgets if all(b is not p for _, p in paired)]
-        kv += [replace(e, knobs=set_(e.knobs)) for e in
-               [kv_evidence(r, b, others, log.name, valued) for r, b in paired]
-               + [kv_evidence(None, b, others, log.name) for b in alone]]
+        budget = [replace(e, knobs=set_(e.knobs)) for e in
+                  [kv_evidence(r, b, others, log.name, valued) for r, b in paired]
+                  + [kv_evidence(None, b, others, log.name) for b in alone]]
+        kv += budget
+        given = [*(r.knobs for r in named if r is not None), *(e.knobs for e in judged),
+                 *(e.knobs for e in budget)]
+        if not any(given):  # no traceback, framework line or refusal names a knob
+            own = [replace(d, knobs=(*d.knobs, *set_(_settings_alone(log.settings, m))))
+                   for d, m in zip(own, messages, strict=True)]
+        diagnoses += own
     return LogEvidence(tuple(logs), tuple(diagnoses), tuple(summaries), tuple(smi), tuple(kv),
                        tuple(requests), tuple(across_ranks(frameworks)), tuple(not_read),
                        tuple(s for log in logs for s in log.settings), tuple(changed))
@@ -114,6 +121,15 @@ class _Settings:
             m.free.bytes if m and m.free else None)
         self.changed += changed
         return out
+
+
+def _settings_alone(settings: tuple[Setting, ...], m: OomMessage
+                    ) -> tuple[tuple[str, str], ...]:
+    """The budget knobs the log's settings alone support for message `m` (issue 69): asked
+    only where no traceback, framework line or refusal of the log gives a knob."""
+    return share_knobs(settings, m.request.bytes if m.request else None,
+                       m.free.bytes if m.free else None,
+                       m.capacity.bytes if m.capacity else None)
 
 
 def _unused_tracebacks(log: log_text.TextLog, named: list[RequestFinding | None]) -> list[str]:

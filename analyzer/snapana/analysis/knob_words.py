@@ -4,6 +4,7 @@ each knob is called and changes, and the knobs a framework's own message names, 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import replace
@@ -75,6 +76,7 @@ class _SettingKnob(data_file.Table, frozen=True, kw_only=True):
     unset_is: str | None = None
     yields_to: str | None = None
     spent: list[str] = []
+    alone: str | None = None  # a [knob.<id>] of framework_knobs.toml
 
 
 @data_file.schema("analysis/setting_knobs.toml")
@@ -151,6 +153,37 @@ def with_settings(knobs: Sequence[tuple[str, str]], settings: Sequence[Setting],
         out.append((text, f"{why}; {where}" + (f": {how}" if how else "")))
         changed.append((text, s.id))
     return tuple(out + spent), tuple(changed)
+
+
+def share_knobs(settings: Sequence[Setting], request: int | None, free: int | None,
+          capacity: int | None) -> tuple[tuple[str, str], ...]:
+    """The budget knobs a log's settings alone support (`alone` in setting_knobs.toml), for
+    a log whose other evidence gives no knob: an engine's share of the card (vLLM's
+    gpu_memory_utilization, SGLang's mem_fraction_static) sizes the pool it keeps
+    whatever it runs, so lowering the share by the failing request's shortfall over the
+    card's capacity (rounded up to 0.01) leaves that many more bytes free. Without those
+    three figures, or where the share cannot go that low, the knob is a bound below the
+    value set. `with_settings` then adds the value set to each."""
+    table = _setting_knobs()
+    out: list[tuple[str, str]] = []
+    for s in settings:
+        words = table.get(s.id)
+        if words is None or words.alone is None or not isinstance(s.value, float):
+            continue
+        why = (f"{s.name} = {s.printed} sizes the engine's pool on the card whatever it runs, "
+               "and nothing else in the log names a knob")
+        cond = ("if this engine shares the card that ran out and the OOM came after its pool "
+                "was allocated (not in its start-up profiling run)")
+        value = "<lower>"
+        if request and free is not None and capacity and request > free:
+            step = math.ceil((request - free) * 100 / capacity) / 100
+            if s.value - step >= 0.05:
+                value = f"{s.value - step:.2f}"
+                why += (f": the request lacked {fmt_bytes(request - free)}, which is "
+                        f"{step:.2f} of the {fmt_bytes(capacity)} card rounded up, so "
+                        f"{s.value:g} − {step:.2f} = {value} leaves that much free")
+        out.append(knob(words.alone, value, f"{why} — {cond}"))
+    return tuple(out)
 
 
 def _valued(knob: str, s: Setting, words: _SettingKnob, request: int | None,

@@ -1,7 +1,9 @@
 """The settings a framework prints about itself at start-up, read from a log (issue 69):
-vLLM's non-default args and engine config, SGLang's ServerArgs repr, Megatron's (and so
-slime's) `_print_args` block, DeepSpeed's configuration print. A knob can then say what it
-was set to when the job failed, and what to try.
+vLLM's non-default args, its older API server's `args: Namespace(...)` and version line, and
+its engine config, SGLang's ServerArgs repr, Megatron's (and so slime's) `_print_args` block,
+DeepSpeed's configuration print and the user's JSON config after it, transformers'
+TrainingArguments str. A knob can then say what it was set to when the job failed, and what
+to try.
 
 The formats and the settings read from each are data (`settings_lines.toml`, each format
 with the source and format string it was written from); this module only finds and reads
@@ -13,7 +15,9 @@ once for its depth."""
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Literal
 
@@ -37,7 +41,7 @@ MAX_PRINTED = 200
 class _Format(data_file.Table, frozen=True, kw_only=True):
     id: str
     framework: str
-    kind: Literal["pairs", "block"]
+    kind: Literal["pairs", "block", "json", "value", "lines"]
     source: str
     style: Literal["assign", "dict"] = "assign"
     anchor: str = ""
@@ -45,6 +49,7 @@ class _Format(data_file.Table, frozen=True, kw_only=True):
     begin: str = ""
     end: str = ""
     dots: int = 0
+    key: str = ""  # kind "value": the name the one value after the anchor is read as
 
 
 class _Setting(data_file.Table, frozen=True, kw_only=True):
@@ -77,6 +82,12 @@ _CALL = re.compile(r"[A-Za-z_]\w{0,99}\(")
 _INT = re.compile(r"-?[0-9][0-9,_]{0,30}")
 _FLOAT = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{0,20})?(?:[eE][-+]?[0-9]{1,3})?")
 _ENUM = re.compile(r"<[\w.]{1,100}: '([^']{0,100})'>")
+#: A JSON member line of an indented dump: '"name": value' (value read to the line's end).
+_JSON_KEY = re.compile(r'"([A-Za-z_]\w{0,99})": ?')
+#: A setting's name at the start of a "lines" line ('name=value,').
+_LINE_KEY = re.compile(r"([A-Za-z_]\w{0,99})=")
+#: A line that closes a JSON object or array ('}', '},', ']'), behind any prefix.
+_JSON_CLOSE = re.compile(r"[}\]],? {0,4}$")
 
 
 def _top_level(text: str, style: str) -> dict[str, str]:
@@ -106,7 +117,7 @@ def _top_level(text: str, style: str) -> dict[str, str]:
                 break
     keys = [m for m in _KEY[style].finditer(text, 0, end) if level[m.start()] == 0]
     out: dict[str, str] = {}
-    for m, nxt in zip(keys, [*keys[1:], None], strict=True):
+    for m, nxt in zip(keys, [*keys[1:], None][:len(keys)], strict=True):  # none: '{' alone
         stop = nxt.start() if nxt is not None else end
         out.setdefault(m.group(1), text[m.end():stop].rstrip().rstrip(",").rstrip())
     return out
@@ -135,7 +146,7 @@ def _lookup(text: str, style: str, path: str) -> str | None:
 def _value(raw: str, kind: str) -> tuple[bool, SettingValue]:
     """A printed value read as `kind`: (read?, value); None where it printed None."""
     raw = raw.strip()
-    if raw == "None":
+    if raw in ("None", "null"):  # Python's repr, JSON's
         return True, None
     enum = _ENUM.fullmatch(raw)
     if enum is not None:
@@ -146,7 +157,11 @@ def _value(raw: str, kind: str) -> tuple[bool, SettingValue]:
         low = raw.lower()
         return (True, low == "true") if low in ("true", "false") else (False, None)
     if kind == "int":
-        return (True, int(raw.replace(",", "").replace("_", ""))) if _INT.fullmatch(raw) \
+        if _INT.fullmatch(raw):
+            return True, int(raw.replace(",", "").replace("_", ""))
+        # DeepSpeed's JSON encoder prints a number over 1e3 as f"{o:e}" ('5.000000e+08')
+        whole = float(raw) if _FLOAT.fullmatch(raw) else math.nan
+        return (True, int(whole)) if math.isfinite(whole) and whole.is_integer() \
             else (False, None)
     if kind == "float":
         return (True, float(raw)) if _FLOAT.fullmatch(raw) else (False, None)
@@ -168,6 +183,15 @@ def _block_item(line: str, dots: int) -> tuple[str, str] | None:
 _ITEM = re.compile(r"([A-Za-z_]\w{0,99}) (\.{0,100}) (.*)")
 
 
+def _one_line(rest: str, f: _Format) -> dict[str, str]:
+    """What a one-line format prints after its anchor: a repr's top-level pairs, or (kind
+    "value") the one word that follows, as the format's `key`."""
+    if f.kind == "value":
+        word = rest.split(maxsplit=1)
+        return {f.key: word[0]} if word else {}
+    return _top_level(rest, f.style)
+
+
 def _pairs_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
     """The last MAX_DUMPS lines of the format, read (the last print of a setting is the one
     kept; a text of thousands of dumps is not scanned character by character throughout)."""
@@ -177,34 +201,116 @@ def _pairs_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]
         at = line.find(f.anchor)
         if at < 0 or (f.after and line.find(f.after, 0, at) < 0):
             continue
-        out.append((i, _top_level(line[at + len(f.anchor):], f.style)))
+        out.append((i, _one_line(line[at + len(f.anchor):], f)))
         if len(out) >= MAX_DUMPS:
             break
     return out[::-1]
 
 
-def _blocks(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
-    """Each block's settings, with the line each was printed on (the dict's key's line is
-    the block's begin line + its offset: kept per item below)."""
+def _item_blocks(lines: list[str], begins: Callable[[str], bool], ends: Callable[[str], bool],
+                 item: Callable[[str], tuple[str, str] | None]
+                 ) -> list[tuple[int, dict[str, str]]]:
+    """Each one-setting-a-line block's settings, with the line each was printed on: from a
+    line `begins` accepts to one `ends` accepts (or MAX_BLOCK_LINES lines, or MAX_STRAY_LINES
+    lines in a row that `item` does not read: the block ended unmarked)."""
     out: list[tuple[int, dict[str, str]]] = []
     i = 0
     while i < len(lines):
-        if f.begin not in lines[i]:
+        if not begins(lines[i]):
             i += 1
             continue
         stray, j = 0, i + 1
         while j < len(lines) and j - i <= MAX_BLOCK_LINES and stray <= MAX_STRAY_LINES:
-            if f.end in lines[j]:
+            if ends(lines[j]):
                 break
-            item = _block_item(lines[j], f.dots)
-            if item is None:
+            got = item(lines[j])
+            if got is None:
                 stray += 1
             else:
                 stray = 0
-                out.append((j, {item[0]: item[1]}))
+                out.append((j, {got[0]: got[1]}))
             j += 1
         i = j + 1
     return out
+
+
+def _blocks(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
+    """Each "block" dump's settings ('  {name} {dots} {value}' lines)."""
+    return _item_blocks(lines, lambda ln: f.begin in ln, lambda ln: f.end in ln,
+                        lambda ln: _block_item(ln, f.dots))
+
+
+def _json_blocks(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
+    """Each indented JSON dump's members, keyed by their dotted path from the top
+    ('zero_optimization.offload_optimizer.device'), with the line each was printed on. The
+    dump is one log record over many lines, so only its first line has the log's prefix; a
+    line is a member ('"name": value', '"name": {' opening an object), a closing '}' / ']',
+    an array's item, or another process's output, and the dump ends where its top level
+    closes (or after MAX_STRAY_LINES lines that are none of these)."""
+    out: list[tuple[int, dict[str, str]]] = []
+    i = 0
+    while i < len(lines):
+        if f.begin not in lines[i] or not lines[i].rstrip().endswith("{"):
+            i += 1
+            continue
+        path: list[str] = []
+        stray, j = 0, i + 1
+        while j < len(lines) and j - i <= MAX_BLOCK_LINES and stray <= MAX_STRAY_LINES:
+            line = lines[j].rstrip()
+            m = _JSON_KEY.search(line)
+            if m is not None:
+                stray, raw = 0, line[m.end():].rstrip(",").rstrip()
+                if raw in ("{", "["):
+                    path.append(m.group(1))
+                else:
+                    out.append((j, {".".join([*path, m.group(1)]): raw}))
+            elif line.endswith(("{", "[")):  # an array's object or array
+                stray = 0
+                path.append("[]")
+            elif '"' not in line and _JSON_CLOSE.search(line) is not None:
+                stray = 0
+                if not path:
+                    break  # the top level closed
+                path.pop()
+            else:
+                stray += 1
+            j += 1
+        i = j + 1
+    return out
+
+
+def _line_item(line: str) -> tuple[str, str] | None:
+    """A "lines" format's 'name=value,' (behind a launcher's '[rank0]:' prefix or none)."""
+    if not line.endswith(","):
+        return None
+    m = _LINE_KEY.match(line)
+    if m is None and line.startswith("["):
+        close = line.find("]:")
+        m = _LINE_KEY.match(line, close + 2 + (line[close + 2:close + 3] == " ")) \
+            if close > 0 else None
+    return None if m is None else (m.group(1), line[m.end():-1])
+
+
+def _assign_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
+    """Each dump of a "lines" format: a line ending in `begin`, one 'name=value,' a line (a
+    value printed with str(), over one line), until a line that is `end` alone."""
+    def ends(line: str) -> bool:
+        line = line.rstrip()
+        return line.lstrip() == f.end or line.endswith("]:" + f.end)  # the repr's close
+
+    return _item_blocks(lines, lambda ln: ln.rstrip().endswith(f.begin), ends,
+                        lambda ln: _line_item(ln.rstrip()))
+
+
+def _printed(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
+    """The dumps of format `f` in `lines`, each a line number and its raw values by name."""
+    if f.kind == "block":
+        return _blocks(lines, f)
+    if f.kind == "json":
+        return _json_blocks(lines, f)
+    if f.kind == "lines":
+        return _assign_lines(lines, f)
+    return _pairs_lines(lines, f)
 
 
 def read_settings(lines: list[str]) -> tuple[Setting, ...]:
@@ -212,14 +318,15 @@ def read_settings(lines: list[str]) -> tuple[Setting, ...]:
     data = _data()
     found: dict[str, Setting] = {}
     for f in data.format:
-        printed = _blocks(lines, f) if f.kind == "block" else _pairs_lines(lines, f)
         wanted = [(s, s.keys[f.id]) for s in data.setting if f.id in s.keys]
-        for i, pairs in printed:
+        for i, pairs in _printed(lines, f):
             for s, path in wanted:
                 head, _, rest = path.partition(".")
+                if f.kind == "json":  # keyed by the whole path already
+                    head, rest = path, ""
                 raw = pairs.get(head)
                 if raw is not None and rest:
-                    body = _inside(raw) if f.kind == "pairs" else (raw, "assign")
+                    body = _inside(raw) if f.kind in ("pairs", "lines") else (raw, "assign")
                     raw = _lookup(body[0], body[1], rest) if body is not None else None
                 if raw is None:
                     continue
