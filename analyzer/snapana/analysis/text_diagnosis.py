@@ -14,6 +14,11 @@ the request: fragmentation). Where no cause alone covers the shortfall, the live
 (demand) lead and the others follow as contributors with their share of it. A figure the
 text lacks (a paste cut mid-clause) leaves the causes it decides open, and says so. Nothing
 the message does not print is assumed: the largest free cached block is never in it.
+
+All of that is one table per message (`Counterfactuals`, issue 69): each holder's bytes and
+whether removing it alone covers the shortfall, computed once. The lead, the holders 'also
+enough alone', the shares and the knobs' order read it, and so do the sentences (`covers`),
+so no sentence can say a holder alone held that much while another says none did.
 """
 
 from __future__ import annotations
@@ -58,7 +63,9 @@ ELSEWHERE_SHARE = 0.5
 #: show to be the story first (half the card or more held outside this process's cache, a
 #: cache with the bytes, another process), then the live tensors, and only last this
 #: process's memory outside the cache (mostly its CUDA context, which no setting removes) and
-#: the outside memory not split by process. (Decisive causes, `Cause.weight`, come first.)
+#: the outside memory not split by process. Other processes that hold half the card or more
+#: (`ELSEWHERE_SHARE`) are weighed before all of them, as the unsplit `HeldElsewhere` is
+#: (`Holder.first`). (Decisive causes, `Cause.weight`, come first.)
 LEAD_ORDER: tuple[type[Cause], ...] = (HeldElsewhere, Fragmentation, OtherProcesses, Demand,
                                        OwnOutside, OutsidePytorch)
 
@@ -98,10 +105,17 @@ class TextDiagnosis:
     shortfall: int | None = None
     #: message clauses the causes needed and the text does not hold (a cut paste)
     missing: tuple[str, ...] = ()
+    #: the holders and what removing each alone would have done (None: a decisive cause,
+    #: or the request or free figure missing)
+    table: Counterfactuals | None = None
 
     @property
     def lead(self) -> Cause | None:
         return self.causes[0] if self.causes else None
+
+    def covers(self, kind: type[Cause]) -> bool:
+        """Removing that holder alone would have let the request fit (its table row)."""
+        return self.table is not None and self.table.covers(kind)
 
     @property
     def missing_words(self) -> tuple[str, ...]:
@@ -124,12 +138,11 @@ def diagnose(m: OomMessage) -> TextDiagnosis:
     decisive = _decisive(m, req, cap, free, reserved)
     if decisive:
         causes = decisive + _holders(m, allocated, cached, own, reserved, cap, free)
-        return TextDiagnosis(m, split, tuple(causes), _knobs(m, causes), req, shortfall)
-    candidates, missing = _counterfactuals(m, req, shortfall, allocated, cached, own,
-                                           reserved, cap, free)
-    causes = _ranked(candidates, shortfall)
-    return TextDiagnosis(m, split, tuple(causes), _knobs(m, causes), req, shortfall,
-                         missing)
+        return TextDiagnosis(m, split, tuple(causes), _knobs(m, causes, None), req, shortfall)
+    table, missing = _table(m, req, shortfall, allocated, cached, own, reserved, cap, free)
+    causes = _ranked(table)
+    return TextDiagnosis(m, split, tuple(causes), _knobs(m, causes, table), req, shortfall,
+                         missing, table)
 
 
 def _split(cap: int | None, free: int | None, reserved: int | None, own: int | None
@@ -188,109 +201,146 @@ def _holders(m: OomMessage, allocated: int | None, cached: int | None, own: int 
     return out
 
 
-def _counterfactuals(m: OomMessage, req: int | None, shortfall: int | None,
-                     allocated: int | None, cached: int | None, own: int | None,
-                     reserved: int | None, cap: int | None, free: int | None
-                     ) -> tuple[dict[type[Cause], Cause | None], tuple[str, ...]]:
-    """Each cause with the bytes it held and what would have had to change; None where a
-    figure it needs is missing. And the clauses missing that way."""
+@dataclass(frozen=True)
+class Holder:
+    """One row of a message's counterfactual table: one holder of the card, the bytes it
+    held (as its cause, role "lead"), and whether removing it alone would have let the
+    request fit. `cause` None: a figure it needs is missing (the row is open)."""
+
+    kind: type[Cause]
+    cause: Cause | None
+    #: removing it alone would have let the request fit (the idle cache: one free block of
+    #: it would have served the request, so it must be at least the request)
+    covers: bool = False
+    #: outside this process and most of the card (`ELSEWHERE_SHARE`): weighed first
+    first: bool = False
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """Its place in the order holders are weighed in (`LEAD_ORDER`, most of the card
+        outside this process first)."""
+        return (0 if self.first else 1, LEAD_ORDER.index(self.kind))
+
+
+@dataclass(frozen=True)
+class Counterfactuals:
+    """A message's counterfactual table (issue 69), computed once: every holder of the card
+    the figures show, in the message's order. The lead, the causes 'also enough alone', the
+    shares and the knobs all read it, so no two sentences made from it can disagree."""
+
+    request: int
+    shortfall: int
+    rows: tuple[Holder, ...]
+
+    @property
+    def weighed(self) -> tuple[Holder, ...]:
+        return tuple(sorted(self.rows, key=lambda h: h.rank))
+
+    @property
+    def lead(self) -> Holder | None:
+        """The first decided holder, in the order they are weighed, that alone covers the
+        shortfall (None: none does)."""
+        return next((h for h in self.weighed if h.cause is not None and h.covers), None)
+
+    @property
+    def open(self) -> tuple[Holder, ...]:
+        """Open holders weighed before the lead (all of them where none covers): a missing
+        figure may say one of them leads."""
+        lead = self.lead
+        return tuple(h for h in self.weighed if h.cause is None
+                     and (lead is None or h.rank < lead.rank))
+
+    def covers(self, kind: type[Cause]) -> bool:
+        return any(h.kind is kind and h.covers for h in self.rows)
+
+    def share(self, h: Holder) -> float | None:
+        """The share of the shortfall the holder's bytes are (capped at all of it)."""
+        if h.cause is None or h.cause.held <= 0 or self.shortfall <= 0:
+            return None
+        return min(h.cause.held, self.shortfall) / self.shortfall
+
+
+def _table(m: OomMessage, req: int | None, shortfall: int | None,
+           allocated: int | None, cached: int | None, own: int | None,
+           reserved: int | None, cap: int | None, free: int | None
+           ) -> tuple[Counterfactuals | None, tuple[str, ...]]:
+    """Each holder with the bytes it held and whether removing it alone would have covered
+    the shortfall; None where the request or the free figure is missing. And the clauses the
+    open rows need that the text lacks."""
+    if req is None or shortfall is None:
+        return None, tuple(k for k in ("request", "capacity") if getattr(m, k) is None)
     have = {"unallocated": cached is not None, "this_process": own is not None,
             "allocated": allocated is not None}
-    out: dict[type[Cause], Cause | None] = {}
-    if req is None or shortfall is None:
-        return {}, tuple(k for k in ("request", "capacity") if getattr(m, k) is None)
+    rows: list[Holder] = []
+
+    def row(kind: type[Cause], terms: tuple[tuple[str, int], ...] | None, covers: bool,
+            needed: int | None = shortfall, first: bool = False) -> None:
+        cause = _c(kind, terms, needed=needed) if terms is not None else None
+        rows.append(Holder(kind, cause, covers and cause is not None, first))
+
     if cached is None:
-        out[Fragmentation] = None
+        row(Fragmentation, None, False)
     elif cached:
-        out[Fragmentation] = _c(
-            Fragmentation, (("cached but unallocated", cached), ("request", req)),
-            needed=req if cached >= req else None)
+        row(Fragmentation, (("cached but unallocated", cached), ("request", req)),
+            cached >= req, needed=req if cached >= req else None)
     if own is not None and cap is not None and free is not None:
         listed = _other_processes(m)
         others = cap - free - own if listed is None else listed
         rounding = sum(s.slack for s in (m.capacity, m.free, m.this_process) if s is not None)
         if others > rounding:  # (less is the printed figures' rounding)
-            out[OtherProcesses] = _c(
-                OtherProcesses, ((OTHERS if listed is not None else ELSEWHERE, others),
-                                    ("shortfall", shortfall)), needed=shortfall)
+            row(OtherProcesses, ((OTHERS if listed is not None else ELSEWHERE, others),
+                                 ("shortfall", shortfall)), others >= shortfall,
+                first=others >= ELSEWHERE_SHARE * cap)
     if allocated is None:
-        out[Demand] = None
+        row(Demand, None, False)
     else:
-        out[Demand] = _c(Demand, (("allocated by PyTorch", allocated),
-                                             ("shortfall", shortfall)), needed=shortfall)
+        row(Demand, (("allocated by PyTorch", allocated), ("shortfall", shortfall)),
+            allocated >= shortfall)
     if own is not None:
         if reserved is None:
-            out[OwnOutside] = None
+            row(OwnOutside, None, False)
         elif own - reserved > 0:
-            out[OwnOutside] = _c(
-                OwnOutside, ((OWN_OUTSIDE, own - reserved), ("this process", own),
-                                ("reserved", reserved), ("shortfall", shortfall)),
-                needed=shortfall)
+            row(OwnOutside, ((OWN_OUTSIDE, own - reserved), ("this process", own),
+                             ("reserved", reserved), ("shortfall", shortfall)),
+                own - reserved >= shortfall)
     elif cap is not None and free is not None:
         outside = cap - free - reserved if reserved is not None else 0
         if reserved is None:
-            out[OutsidePytorch] = None
+            row(OutsidePytorch, None, False)
         elif outside >= ELSEWHERE_SHARE * cap:  # most of the card: something else holds it
-            out[HeldElsewhere] = _c(
-                HeldElsewhere, ((OUTSIDE, outside), ("capacity", cap),
-                                   ("reserved", reserved), ("shortfall", shortfall)),
-                needed=shortfall)
+            row(HeldElsewhere, ((OUTSIDE, outside), ("capacity", cap), ("reserved", reserved),
+                                ("shortfall", shortfall)), outside >= shortfall)
         elif outside > 0:
-            out[OutsidePytorch] = _c(
-                OutsidePytorch, ((OUTSIDE, outside), ("shortfall", shortfall)),
-                needed=shortfall)
+            row(OutsidePytorch, ((OUTSIDE, outside), ("shortfall", shortfall)),
+                outside >= shortfall)
     missing = tuple(dict.fromkeys(
-        clause for cause, c in out.items() if c is None
-        for clause in NEEDS[cause] if not have.get(clause, True)))
-    return out, missing
+        clause for h in rows if h.cause is None
+        for clause in NEEDS[h.kind] if not have.get(clause, True)))
+    return Counterfactuals(req, shortfall, tuple(rows)), missing
 
 
-def _covers(c: Cause, shortfall: int) -> bool:
-    """The cause alone would have let the request fit."""
-    if isinstance(c, Fragmentation):
-        return c.needed is not None  # one free block of the cache could have served it
-    return c.held >= shortfall
-
-
-def _ranked(candidates: dict[type[Cause], Cause | None], shortfall: int | None
-            ) -> list[Cause]:
-    """The lead (the first cause in LEAD_ORDER that alone covers the shortfall, unless one
-    before it is open), then the contributors with their share, then the open ones."""
-    if shortfall is None:
+def _ranked(table: Counterfactuals | None) -> list[Cause]:
+    """The causes as the table says them: the lead (the first holder weighed that alone
+    covers the shortfall, unless an open one is weighed before it; the live tensors where
+    none covers), then the others with their share, in the message's order; with open
+    holders, 'undecided' first, the open ones, the would-be lead as a candidate."""
+    if table is None:
         return []
-    lead: Cause | None = None
-    open_before: list[type[Cause]] = []
-    for cid in LEAD_ORDER:
-        if cid not in candidates:
-            continue
-        c = candidates[cid]
-        if c is None:
-            open_before.append(cid)
-        elif _covers(c, shortfall):
-            lead = c
-            break
-    if open_before:
-        undecided = _c(Undecided, ())
-        opened = [_c(cid, (), "open") for cid in open_before]
-        if lead is not None:  # it leads unless a missing figure says an open one does
-            opened.append(replace(lead, role="candidate"))
-        rest = [_contributor(c, shortfall) for c in candidates.values()
-                if c is not None and c is not lead]
-        return [undecided, *opened, *(r for r in rest if r is not None)]
-    if lead is None:
-        lead = candidates.get(Demand)
-        if lead is None:
+    lead = table.lead
+    first = lead.cause if lead is not None else None
+    rest = [replace(h.cause, role="contributor", share=share) for h in table.rows
+            if h.cause is not None and h is not lead and (share := table.share(h)) is not None]
+    if table.open:
+        opened = [_c(h.kind, (), "open") for h in table.open]
+        if first is not None:  # it leads unless a missing figure says an open one does
+            opened.append(replace(first, role="candidate"))
+        return [_c(Undecided, ()), *opened, *rest]
+    if first is None:  # no holder alone covers it: the live tensors lead
+        first = next((h.cause for h in table.rows if h.kind is Demand), None)
+        if first is None:
             return []
-    rest = [_contributor(c, shortfall) for c in candidates.values()
-            if c is not None and c is not lead]
-    return [lead, *(r for r in rest if r is not None)]
-
-
-def _contributor(c: Cause, shortfall: int) -> Cause | None:
-    """A cause beside the lead, with the share of the shortfall it would have covered."""
-    if c.held <= 0 or shortfall <= 0:
-        return None
-    return replace(c, role="contributor", share=min(c.held, shortfall) / shortfall)
+        rest = [c for c in rest if not isinstance(c, Demand)]
+    return [first, *rest]
 
 
 def _other_processes(m: OomMessage) -> int | None:
@@ -302,12 +352,17 @@ def _other_processes(m: OomMessage) -> int | None:
     return sum(s.bytes for _, s in m.processes)
 
 
-def _knobs(m: OomMessage, causes: list[Cause]) -> tuple[tuple[str, str], ...]:
-    """Knobs the message's figures support, each with the figure that supports it: only a
-    leading fragmentation (the idle cache could have served the request)."""
+def _knobs(m: OomMessage, causes: list[Cause], table: Counterfactuals | None
+           ) -> tuple[tuple[str, str], ...]:
+    """Knobs the message's figures support, each with the figure that supports it, in the
+    order the table weighs their holders: only the idle cache has one, where one free block
+    of it would have served the request (its row covers) and the lead is decided."""
+    weighed = [h.kind for h in table.weighed if h.covers] if table is not None else []
+    if not causes or isinstance(causes[0], Undecided):
+        weighed = []
     out: list[tuple[str, str]] = []
     env = f"PYTORCH_{m.backend}_ALLOC_CONF"  # CUDA, HIP, NPU: each allocator's own variable
-    if causes and isinstance(causes[0], Fragmentation) and not m.expandable_on:
+    if Fragmentation in weighed and not m.expandable_on:
         if m.wording in EXPANDABLE_WORDINGS:
             out.append((f"{env}=expandable_segments:True",
                         "the cached but unallocated bytes are at least the request: segments "

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from snapana.analysis.diagnosis.causes import Cause, Demand, Fragmentation, Role
+from snapana.analysis.diagnosis.causes import Cause, Demand, Fragmentation, Role, Undecided
 from snapana.analysis.framework_memory import FRAMEWORK_NAMES, FrameworkEvidence
 from snapana.analysis.log_evidence import Finding, KvEvidence, SmiEvidence, SummaryEvidence
 from snapana.analysis.text_diagnosis import TextDiagnosis
@@ -169,17 +169,30 @@ def _candidate(c: Cause, d: TextDiagnosis) -> str:
 
 
 def _contributor(c: Cause, d: TextDiagnosis) -> str:
+    """A holder beside the lead, as its row of the counterfactual table says: 'also enough
+    alone' only where removing it alone would have let the request fit (`covers`)."""
     what, held = c.holder, fmt_bytes(c.held)
     if c.share is None:
         return f"also held: {what}, {held}"
     gap = fmt_bytes(d.shortfall or 0)
     part = f"{c.share:.0%} of the {gap} shortfall"
+    after = ("which one leads depends on the missing figure" if isinstance(d.lead, Undecided)
+             else
+             "the lead comes first by the order causes are weighed in")
+    if isinstance(c, Fragmentation) and d.covers(Fragmentation):
+        return (f"also enough alone: {what} held {held}, at least the request "
+                f"({fmt_bytes(c.term('request'))}): one free block of it would have served "
+                f"it ({after})")
+    if isinstance(c, Fragmentation) and c.share >= 1:
+        return (f"contributor: {what} held {held}, at least the {gap} shortfall but less than "
+                "the request: no one block of it could have served it, and before failing "
+                "the allocator gives back every cached block it can (whole free segments), "
+                "so it was not free to take")
     if isinstance(c, Fragmentation):
         return (f"contributor: {what} held {held}, less than the request: no one block of it "
                 f"could have served it; given back to the device it would have covered {part}")
-    if c.share >= 1:
-        return (f"also enough alone: {what} held {held}, at least the {gap} shortfall (the "
-                "lead comes first by the order causes are weighed in)")
+    if d.covers(type(c)):
+        return f"also enough alone: {what} held {held}, at least the {gap} shortfall ({after})"
     return f"contributor: {what} held {held}: {part}"
 
 

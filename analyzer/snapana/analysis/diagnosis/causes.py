@@ -66,6 +66,7 @@ class TextDiagnosis(Protocol):
     def missing_words(self) -> tuple[str, ...]: ...
     @property
     def causes(self) -> tuple[Cause, ...]: ...
+    def covers(self, kind: type[Cause]) -> bool: ...
 
 
 #: How the expandable-segments allocator places a request (placement.py's rule), in words.
@@ -223,9 +224,26 @@ class Demand(Cause):
         return ""  # the headline says demand where no other cause holds (`headline._cause`)
 
     def says(self, d: TextDiagnosis) -> str:
-        return (f"demand: {shortfall_words(d)}, and no other holder alone held that much; "
-                f"PyTorch's live tensors held {fmt_bytes(self.held)}, and "
-                f"{fmt_bytes(d.shortfall or 0)} fewer of them would have let it fit")
+        gap = d.shortfall or 0
+        held = fmt_bytes(self.held)
+        if not d.covers(Demand):  # no holder alone covers it: the live tensors lead
+            return (f"demand: {shortfall_words(d)}, and no holder alone would have let it "
+                    f"fit; PyTorch's live tensors held {held} ({self.held / gap:.0%} of it), "
+                    "and the holders below the rest")
+        others = [c for c in d.causes if c is not self and c.counterfactual and c.terms
+                  and c.held >= gap]
+        alone = [c for c in others if d.covers(type(c))]
+        if alone:
+            said = ("and besides them " + " and ".join(
+                f"{c.holder} ({fmt_bytes(c.held)})" for c in alone) + " alone held that much "
+                "(below: weighed after the live tensors)")
+        elif others:  # the idle cache held more, but no one block of it was the request
+            said = ("and no other holder alone would have let it fit (the idle cache held "
+                    "more, but less than the request: see below)")
+        else:
+            said = "and no other holder alone held that much"
+        return (f"demand: {shortfall_words(d)}, {said}; PyTorch's live tensors held {held}, "
+                f"and {fmt_bytes(gap)} fewer of them would have let it fit")
 
 
 @kind("fragmentation", "fragmentation", "counterfactual", ("snapshot", "log"),
