@@ -583,7 +583,13 @@ class Attributor:
         sizes = [int(r or f) for r, f in zip(req, full, strict=True)]
         params = Counter(n for n, fam in zip(sizes, cols["family"], strict=True)
                          if fam == "parameters")
-        if len(params) < hand_state.spec().min_sizes:
+        spec = hand_state.spec()
+        born_at = blocks["alloc_idx"].to_list()
+        # only the program's own blocks made in the window are named: none of a parameter's
+        # size, nothing to ask the trace
+        if len(params) < spec.min_sizes or not any(
+                fam in spec.from_families and born is not None and born >= 0 and n in params
+                for n, fam, born in zip(sizes, cols["family"], born_at, strict=True)):
             return
         updates = self._updates(frozenset(params))
         if not updates:
@@ -591,10 +597,8 @@ class Attributor:
         n = self.capture.device_events(self.device).height
         rows = [hand_state.Row(size, fam, -1 if born is None else int(born),
                                freed is None or freed >= n)
-                for size, fam, born, freed in zip(sizes, cols["family"],
-                                                  blocks["alloc_idx"].to_list(),
+                for size, fam, born, freed in zip(sizes, cols["family"], born_at,
                                                   blocks["free_req_idx"].to_list(), strict=True)]
-        spec = hand_state.spec()
         for i, hit in hand_state.update_roles(rows, updates, params).items():
             if hit.family != cols["family"][i]:
                 cols["family"][i] = hit.family
