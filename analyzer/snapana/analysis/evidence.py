@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution import kv_pairs
+from snapana.analysis.attribution import kv_pairs, state_copies
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
 from snapana.analysis.attribution.facts import (
     FREE_SEGMENTS,
@@ -317,6 +317,22 @@ def _sizes_by_stack(capture: Capture, blocks: pl.DataFrame,
             if sid is not None and shown_at(patterns, capture.stacks.stack(int(sid)))]
 
 
+#: the weak fact of model state held k times over per weight size (evidence.toml, computed
+#: by `state_copies`)
+STATE_COPIES = "state_copies"
+
+
+def _state_copies(held: pl.DataFrame) -> str:
+    """What the sizes held say about copies of model state (`state_copies.held_copies`): the
+    requested bytes, else the block's, of every block held at the moment."""
+    if held.is_empty():
+        return ""
+    size = (pl.when(pl.col("requested_size") > 0).then(pl.col("requested_size"))
+            .otherwise(pl.col("size")) if "requested_size" in held.columns
+            else pl.col("size"))
+    return state_copies.held_copies(held.select(size.alias("n"))["n"].to_list())
+
+
 def own_optimizer_step(capture: Capture, held: pl.DataFrame) -> str:
     """Where the program's own code (not an installed library's) made the step temporaries
     held at the moment: its optimizer's update is written out of place ("" when none)."""
@@ -473,6 +489,9 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
                                     f"unfused attention ({fmt_bytes(scores)}), {made}")
     facts.update(forward_retention(lifetimes, n_events, free_phases))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
+    copies = _state_copies(held)
+    if copies:
+        facts[STATE_COPIES] = copies
     marks = _workload_marks(held, lifetimes, n_events)
     if "optimizer_state" in marks:  # blocks of the family of that name are held
         facts[OPTIMIZER_STATE.id] = f"an optimizer keeps state: {marks['optimizer_state'][1]}"

@@ -52,3 +52,12 @@ def ring_buffer(snapshot: dict[str, Any], keep_last: int) -> dict[str, Any]:
     out = copy.copy(snapshot)
     out["device_traces"] = [trace[-keep_last:]]
     return out
+
+
+def state_only(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The snapshot as ``_dump_snapshot`` writes it when history was never recorded: the
+    segments and their blocks, no trace and no block's stack."""
+    _trace(snapshot)
+    out = start_late(snapshot, len(_trace(snapshot)))
+    out["device_traces"] = [[]]
+    return out

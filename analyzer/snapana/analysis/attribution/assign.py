@@ -27,6 +27,7 @@ from snapana.analysis.attribution import hand_state, inference, kv_pairs, weight
 from snapana.analysis.attribution.carry import CARRIED, SetDecisions, set_methods
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
+from snapana.analysis.attribution.facts import is_library
 from snapana.analysis.attribution.families import (
     family_label,
     parameter_mirrors,
@@ -262,6 +263,7 @@ class Attributor:
         self._history: dict[frozenset[int], tuple[dict[int, int], list[tuple[int, str]], int,
                                                   list[tuple[int, int, int]]]] = {}
         self._roots: dict[frozenset[int], tuple[dict[int, int], frozenset[int]]] = {}
+        self._update_cache: dict[frozenset[int], list[hand_state.Update]] = {}
         self._cast_frames: dict[int, tuple[bool, bool]] = {}  # `_weight_copies`
         self._code_sites: dict[int, tuple[str, int]] = {}  # `_code_site`: site, path id
         self._code_paths: dict[tuple[Any, ...], int] = {}  # code frames -> path id
@@ -408,6 +410,7 @@ class Attributor:
             self._kv_pairs(blocks, cols)
         else:
             self._take_sets(blocks, cols)
+        self._state_updates(blocks, cols)
         self._inventory(blocks, cols)
         return blocks.with_columns(
             [pl.Series(k, v, dtype=pl.Utf8) for k, v in cols.items()]
@@ -570,6 +573,64 @@ class Attributor:
             cols["rule_id"][i] = ""
             cols["evidence"][i] = "inferred"
             cols["method"][i] = hit.method
+
+    def _state_updates(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
+        """The program's own blocks an out-of-place state update made (`hand_state.
+        state_updates`): each decided by its own allocation in the window's trace, so every
+        moment and the timeline say the same of it."""
+        if not self.capture.has_trace or not {"requested_size", "free_req_idx"} <= set(
+                blocks.columns):
+            return
+        req, full = blocks["requested_size"].to_list(), blocks["size"].to_list()
+        sizes = [int(r or f) for r, f in zip(req, full, strict=True)]
+        params = Counter(n for n, fam in zip(sizes, cols["family"], strict=True)
+                         if fam == "parameters")
+        spec = hand_state.spec()
+        born_at = blocks["alloc_idx"].to_list()
+        # only the program's own blocks made in the window are named: none of a parameter's
+        # size, nothing to ask the trace
+        if len(params) < spec.min_sizes or not any(
+                fam in spec.from_families and born is not None and born >= 0 and n in params
+                for n, fam, born in zip(sizes, cols["family"], born_at, strict=True)):
+            return
+        updates = self._updates(frozenset(params))
+        if not updates:
+            return
+        n = self.capture.device_events(self.device).height
+        rows = [hand_state.Row(size, fam, -1 if born is None else int(born),
+                               freed is None or freed >= n)
+                for size, fam, born, freed in zip(sizes, cols["family"], born_at,
+                                                  blocks["free_req_idx"].to_list(), strict=True)]
+        for i, hit in hand_state.update_roles(rows, updates, params).items():
+            if hit.family != cols["family"][i]:
+                cols["family"][i] = hit.family
+                cols["label"][i] = f"{family_label(hit.family)} (inferred: {hit.method})"
+                cols["rule_id"][i] = ""
+                cols["evidence"][i] = "inferred"
+            cols["phase"][i] = spec.update_phase
+            cols["reason"][i] = hit.why
+            cols["method"][i] = hit.method
+
+    def _updates(self, sizes: frozenset[int]) -> list[hand_state.Update]:
+        """`hand_state.state_updates` over this device's allocations and frees of `sizes`
+        (the parameters'), once per set of sizes."""
+        if sizes in self._update_cache:
+            return self._update_cache[sizes]
+        same = self._events_of_sizes(sizes)
+        stacks: dict[int, tuple[tuple[str, str] | None, frozenset[tuple[str, str]], bool]] = {}
+        events = []
+        for action, address, size, pos, sid in same.select(
+                "action", "addr", "size", "pos", pl.col("stack_id").fill_null(EMPTY_STACK)
+        ).iter_rows():
+            if sid not in stacks:
+                py = [(f[0], f[1]) for f in self.stacks.stack(int(sid)) if is_python_file(f[0])]
+                stacks[sid] = (py[0] if py else None, frozenset(py),
+                               bool(py) and not is_library(py[0][0].replace("\\", "/")))
+            function, calls, own = stacks[sid]
+            events.append(hand_state.Made(int(pos), action == "alloc", int(address), int(size),
+                                          False, function, calls, own))
+        self._update_cache[sizes] = hand_state.state_updates(events)
+        return self._update_cache[sizes]
 
     def _rebound_roots(self, sizes: frozenset[int]) -> tuple[dict[int, int], frozenset[int]]:
         """`hand_state.rebound_roots` over this device's allocations and frees of `sizes`

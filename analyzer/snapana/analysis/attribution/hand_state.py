@@ -180,3 +180,99 @@ def find(rows: Sequence[Row], gradients: Counter[int], first: int) -> dict[int, 
                              first=first, what=per_parameter[int(k)])
     return out | {i: Found("optimizer_state", s.state_method, why)
                   for found in late.values() for i in found}
+
+
+# --- state the program's own step replaces out of place -----------------------------------
+
+@dataclass(frozen=True)
+class Made(Event):
+    """What `state_updates` reads of one allocation or free of the trace: an `Event` (its
+    `gradient` unused) with its whole stack's functions."""
+
+    calls: frozenset[tuple[str, str]]  # every Python (file, function) on its stack
+    own: bool  # that innermost Python frame is the program's own (not a library's)
+
+
+@dataclass(frozen=True)
+class Update:
+    """One block the program's step made in place of an older one of its size."""
+
+    size: int
+    start: int  # the first allocation of its size in the run under the replacing function
+    new: int  # the allocation event of the new block
+    old: int  # the allocation event of the block it replaced (-1: before recording)
+    freed: int  # the event that freed the old block
+    root: int  # the allocation event its chain of replacements began with
+
+
+def state_updates(events: Iterable[Made]) -> list[Update]:
+    """The out-of-place updates of the trace: a function of the program's own frees a block
+    of a size right after it allocated a new one of that size (no allocation of the size
+    between: the rebinding `K[i] = h * K[i] + ...` frees the old tensor once the new one is
+    made), and the freed block is older than the run of allocations of its size made under
+    that function (so not one of the update's own temporaries)."""
+    alive: dict[int, int] = {}  # address -> allocation event
+    made: dict[int, list[tuple[int, frozenset[tuple[str, str]]]]] = {}  # size -> allocations
+    last: dict[int, Made] = {}  # size -> its latest allocation
+    root: dict[int, int] = {}
+    out: list[Update] = []
+    for e in events:
+        if e.alloc:
+            alive[e.address] = e.pos
+            made.setdefault(e.size, []).append((e.pos, e.calls))
+            last[e.size] = e
+            continue
+        born = alive.pop(e.address, -1)
+        new = last.get(e.size)
+        if (new is None or e.function is None or new.function != e.function or not new.own
+                or not e.own or alive.get(new.address) != new.pos or born >= new.pos):
+            continue
+        runs = made[e.size]
+        k = len(runs) - 1
+        while k > 0 and e.function in runs[k - 1][1]:
+            k -= 1
+        start = runs[k][0]
+        if born >= start:
+            continue  # one of the update's temporaries
+        del last[e.size]
+        root[new.pos] = root.get(born, born)
+        out.append(Update(e.size, start, new.pos, born, e.pos, root[new.pos]))
+    return out
+
+
+def update_roles(rows: Sequence[Row], updates: Sequence[Update], params: Counter[int]
+                 ) -> dict[int, Found]:
+    """Row index -> the conclusion, for the program's own blocks an out-of-place state
+    update made: the new state (its family kept: the program's own) and the temporaries
+    made in the update's run and freed by the window. Only where the updates replace, over
+    at least `min_sizes` sizes of the parameters (`params`: their sizes held), at most one
+    chain per parameter of a size: state kept per parameter, the optimizer's."""
+    s = spec()
+    chains: dict[int, set[int]] = {}
+    for u in updates:
+        if u.size in params:
+            chains.setdefault(u.size, set()).add(u.root)
+    if len(chains) < s.min_sizes or any(len(c) > params[n] for n, c in chains.items()):
+        return {}
+    by_size: dict[int, list[Update]] = {}
+    for u in updates:
+        if u.size in chains:
+            by_size.setdefault(u.size, []).append(u)
+    news = {u.new: u for u in updates if u.size in chains}
+    out: dict[int, Found] = {}
+    total = sum(len(c) for c in chains.values())
+    for i, r in enumerate(rows):
+        if r.family not in s.from_families or r.born < 0:
+            continue
+        made = news.get(r.born)
+        if made is not None and made.size == r.size:
+            out[i] = Found(r.family, s.update_method, s.update_new_why.format(
+                born=r.born, old=made.old, freed=made.freed, sizes=len(chains), chains=total))
+            continue
+        hit = next((u for u in by_size.get(r.size, ()) if u.start <= r.born <= u.freed),
+                   None)
+        if hit is not None and not r.kept:
+            out[i] = Found(s.update_family, s.update_method, s.update_temp_why.format(
+                born=r.born, start=hit.start, freed=hit.freed, old=hit.old,
+                sizes=len(chains), chains=total))
+    return out

@@ -75,6 +75,11 @@ class HandStateSpec(data_file.Table, frozen=True, kw_only=True):
     rebound_method: str
     rebound_why: str
     rebound_rules: frozenset[str]
+    update_method: str
+    update_family: str
+    update_phase: str
+    update_new_why: str
+    update_temp_why: str
 
 
 class PairSpec(data_file.Table, frozen=True, kw_only=True):
@@ -115,6 +120,20 @@ class CopySpec(data_file.Table, frozen=True, kw_only=True):
     held_unknown: bool
 
 
+class StateCopiesSpec(data_file.Table, frozen=True, kw_only=True):
+    """``[state_copies]``: the signature of model state held k times over per weight size."""
+
+    min_bytes: int
+    min_sizes: int
+    min_share: float
+    workspace_sizes: frozenset[int]
+    min_workspaces: int
+    max_workspaces: int
+    why: str
+    #: copies per weight ("3", "4": TOML keys are strings) -> what they are
+    per_weight: dict[str, str]
+
+
 @data_file.schema(INFERENCE_FILE)
 class InferenceFile(data_file.Table, frozen=True, kw_only=True):
     method: tuple[MethodEntry, ...]
@@ -126,6 +145,7 @@ class InferenceFile(data_file.Table, frozen=True, kw_only=True):
     hand_state: HandStateSpec
     kv_pairs: PairSpec
     weight_copies: CopySpec
+    state_copies: StateCopiesSpec
 
 
 @lru_cache(maxsize=1)

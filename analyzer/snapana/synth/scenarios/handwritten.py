@@ -14,6 +14,12 @@ the old one, every step, so the weights the window ends with were made in its la
 inside torch.optim's ``Optimizer.step`` wrapper (a subclass of torch.optim.Optimizer:
 torch/optim/optimizer.py ``wrapper`` on every stack of the step).
 
+`workspaces` has the first forward's matmul make its thread's cuBLAS workspace (the default
+CUBLAS_WORKSPACE_CONFIG :4096:2:16:8, 8519680 B, one per handle and stream) and the first
+backward make the autograd engine thread's own (each thread takes its own cuBLAS handle).
+`no_history` drops the history afterwards, as a `_dump_snapshot` without
+`_record_memory_history` writes it: no trace, no stacks (`recording.state_only`).
+
 `zero_grad_late` is another capture (issue 67): recording begins at the second step,
 whose first act is torch.optim's ``zero_grad(set_to_none=True)`` freeing the gradients of
 the step before (alive before recording: no frames, no allocation event). Ground truth
@@ -26,7 +32,7 @@ from snapana.allocator_model.frames import Frame
 from snapana.allocator_model.simulator import CachingAllocatorSim
 
 from .. import stacks as S
-from ..recording import start_late
+from ..recording import start_late, state_only
 from .common import A800_CAPACITY, Facts, Outcome, run, truth
 
 NAME = "handwritten-train"
@@ -40,6 +46,9 @@ LAYER = (HIDDEN * 3 * HIDDEN, HIDDEN * HIDDEN, HIDDEN * FFN, FFN * HIDDEN, HIDDE
 AUTOGRAD = ("??", 0, "torch::autograd::Engine::thread_main(std::shared_ptr<"
                     "torch::autograd::GraphTask> const&)")
 ACCUMULATE = ("??", 0, "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)")
+#: cuBLAS's default workspace (CUBLAS_WORKSPACE_CONFIG :4096:2:16:8) and the frame making it
+CUBLAS_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLAS = ("??", 0, "at::cuda::getCurrentCUDABlasHandle()")
 
 
 def _at(*chain: Frame) -> tuple[Frame, ...]:
@@ -52,7 +61,8 @@ def weights() -> list[int]:
 
 
 def handwritten_train(steps: int = 2, per_parameter: int = 2, *, zero_grad_late: bool = False,
-                      out_of_place: bool = False, wrapped: bool = False
+                      out_of_place: bool = False, wrapped: bool = False,
+                      workspaces: bool = False, no_history: bool = False
                       ) -> tuple[dict[str, object], dict[str, object]]:
     """(snapshot, truth) after `steps` steps; with `zero_grad_late`, recorded from the
     second step's zero_grad on (torch.optim's, freeing last step's gradients)."""
@@ -74,6 +84,7 @@ def handwritten_train(steps: int = 2, per_parameter: int = 2, *, zero_grad_late:
         grads: list[int] = []
         moments: list[int] = []
         old: list[int] = []
+        spaces: list[int] = []
         for step in range(steps):
             if step == 1 and zero_grad_late:
                 start.append(len(sim.trace))
@@ -81,9 +92,15 @@ def handwritten_train(steps: int = 2, per_parameter: int = 2, *, zero_grad_late:
             for g in grads:  # the gradients of the step before go before its forward
                 sim.free(g, zero_grad if zero_grad_late else drop)
             old, grads = grads, []
+            if workspaces and step == 0:  # the forward's first matmul, on the main thread
+                spaces.append(sim.malloc(CUBLAS_WORKSPACE, (CUBLAS, *forward),
+                                         family="workspace"))
             acts = [(sim.malloc(TOKENS * w * FP32, forward, family="saved_activations"),
                      TOKENS * w * FP32) for _ in range(LAYERS) for w in (HIDDEN, FFN)]
             sim.advance(5000)
+            if workspaces and step == 0:  # the backward's first matmul, autograd's thread
+                spaces.append(sim.malloc(CUBLAS_WORKSPACE, (CUBLAS, AUTOGRAD),
+                                         family="workspace"))
             for a, n in reversed(acts):  # backward: each activation's gradient
                 da = sim.malloc(n, (AUTOGRAD,), family="activation_gradients")
                 sim.free(a)
@@ -107,9 +124,13 @@ def handwritten_train(steps: int = 2, per_parameter: int = 2, *, zero_grad_late:
         facts["moments"] = moments
         facts["grads"] = grads
         facts["old_grads"] = old
+        facts["workspaces"] = spaces
+        facts["workload"] = "training"
 
     out: Outcome = run(script, A800_CAPACITY, 0)
     snapshot = out.sim.snapshot()
     if zero_grad_late:
         snapshot = start_late(snapshot, start[0])
+    if no_history:
+        snapshot = state_only(snapshot)
     return snapshot, truth(NAME, out)
