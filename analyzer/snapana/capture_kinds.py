@@ -70,6 +70,9 @@ class Source:
     given_as: str
     #: a folder of one snapshot reads it beside that snapshot (as --trace / --memray would)
     read_beside: bool
+    #: what was live before recording began is known only as one total (a profiler trace's
+    #: `Total Allocated`), not tensor by tensor: no sizes to read a model's shape from
+    held_before_as_total: bool
 
     @property
     def not_a_rank(self) -> str:
@@ -152,32 +155,39 @@ SOURCES: dict[CaptureKind, Source] = {row.kind: row for row in (
     Source(CaptureKind.TORCH_SNAPSHOT, "a torch memory snapshot", _pickle,
            "snapana.sources.torch_snapshot:load", yields_capture=True, size_rounding=MIN_BLOCK_SIZE,
            allocator_segments=True, host_heap=False, rank_input=True, given_as="",
-           read_beside=False),
+           read_beside=False,
+           held_before_as_total=False),
     Source(CaptureKind.MEMRAY, "a memray capture", _memray,
            "snapana.sources.memray_capture:load", yields_capture=True, size_rounding=1,
            allocator_segments=False, host_heap=True, rank_input=False,
-           given_as="give it alone, or beside a snapshot with --memray", read_beside=True),
+           given_as="give it alone, or beside a snapshot with --memray", read_beside=True,
+           held_before_as_total=False),
     Source(CaptureKind.MEMRAY_PARQUET, "a converted memray capture", _parquet,
            "snapana.sources.memray_capture:load_parquet", yields_capture=True,
            size_rounding=None, allocator_segments=False, host_heap=True, rank_input=False,
-           given_as="give it alone, or with --memray", read_beside=True),
+           given_as="give it alone, or with --memray", read_beside=True,
+           held_before_as_total=False),
     Source(CaptureKind.MEMORY_TIMELINE, "a profiler memory timeline", looks_like_timeline,
            "snapana.sources.memory_timeline:load", yields_capture=True, size_rounding=1,
            allocator_segments=False, host_heap=False, rank_input=False,
-           given_as="give it alone, or with --trace", read_beside=True),
+           given_as="give it alone, or with --trace", read_beside=True,
+           held_before_as_total=False),
     Source(CaptureKind.KINETO_TRACE, "a torch.profiler trace", _json,
            # `Bytes` are exact (CPU) or already block sizes (CUDA): replay must not round
            "snapana.sources.kineto_trace:load", yields_capture=True, size_rounding=1,
            allocator_segments=False, host_heap=False, rank_input=False,
-           given_as="give it alone, or beside a snapshot with --trace", read_beside=True),
+           given_as="give it alone, or beside a snapshot with --trace", read_beside=True,
+           held_before_as_total=True),
     Source(CaptureKind.TEXT_LOG, "a text log", looks_like_text,
            "snapana.sources.log_text:refuse_as_capture", yields_capture=False,
            size_rounding=None, allocator_segments=False, host_heap=False, rank_input=False,
-           given_as="give it alone, or beside a snapshot with --log", read_beside=False),
+           given_as="give it alone, or beside a snapshot with --log", read_beside=False,
+           held_before_as_total=False),
     Source(CaptureKind.SNAPANA_EXPORT, "a snapana export", None,
            "snapana.sources.parquet_dir:load", yields_capture=True, size_rounding=None,
            allocator_segments=False, host_heap=False, rank_input=False,
-           given_as="give it alone", read_beside=False),
+           given_as="give it alone", read_beside=False,
+           held_before_as_total=False),
 )}
 
 

@@ -10,6 +10,7 @@ only matches them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from snapana.analysis.attribution import kv_pairs, state_copies
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
 from snapana.analysis.attribution.facts import (
     FREE_SEGMENTS,
+    HALF_PRECISION_WEIGHTS,
     LAYERED_ACTIVATIONS,
     OPTIMIZER_STATE,
     OWN_OPTIMIZER_STEP,
@@ -33,6 +35,7 @@ from snapana.analysis.attribution.facts import (
     fact_limits,
     fact_specs,
     frame_place,
+    half_weights,
     is_library,
     seen_facts,
     shown_at,
@@ -349,6 +352,37 @@ def own_optimizer_step(capture: Capture, held: pl.DataFrame) -> str:
     return ""
 
 
+def half_precision_weights(capture: Capture) -> str:
+    """Where the recorded window shows its weights are 16-bit already ("" when it does not):
+    at least `min_allocations` of its allocations made under 16-bit cuBLAS matmuls (their
+    C++ frames name the dtype), none under a 32- or 64-bit one, and no autocast frame in the
+    capture, which would have cast fp32 weights to 16 bits first (evidence.toml
+    [half_weights])."""
+    spec = half_weights()
+    frames = capture.stacks.frames
+    autocast = re.compile(spec.autocast)
+    if any(autocast.search(f[1]) or spec.autocast_file in f[0].replace("\\", "/")
+           for f in frames):
+        return ""
+    half, other = re.compile(spec.half_gemm), re.compile(spec.other_gemm)
+    if not any(half.search(f[1]) for f in frames) or capture.events.is_empty():
+        return ""
+    made = capture.events.filter(pl.col("action") == "alloc").group_by("stack_id").len()
+    count, shown = 0, ""
+    for sid, n in made.iter_rows():
+        stack = capture.stacks.stack(int(sid)) if sid is not None else ()
+        if any(other.search(f[1]) for f in stack):
+            return ""
+        symbol = next((m.group(0) for f in stack if (m := half.search(f[1]))), "")
+        if symbol:
+            count, shown = count + int(n), shown or symbol
+    if count < spec.min_allocations:
+        return ""
+    return (f"{count} allocations of the recorded window were made under 16-bit cuBLAS "
+            f"matmuls ({shown}), none under a 32-bit one, and no autocast frame shows: "
+            "without autocast a matmul runs in its weight's dtype")
+
+
 # ----- owners and the allocator state ---------------------------------------------------
 
 def family_owners(capture: Capture, held: pl.DataFrame,
@@ -476,6 +510,9 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
             "a forward made one pair per layer and kept to return as past_key_values")
     if devices_holding > 1:
         facts[SEVERAL_DEVICES.id] = f"{devices_holding} devices hold memory"
+    half = half_precision_weights(capture)
+    if half:
+        facts[HALF_PRECISION_WEIGHTS.id] = half
     own = own_optimizer_step(capture, held)
     if own:
         facts[OWN_OPTIMIZER_STEP.id] = own

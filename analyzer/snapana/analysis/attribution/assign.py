@@ -863,7 +863,8 @@ class Attributor:
         ev_out = inference.gather(most, others, allocs.height,
                                   freed / allocated if allocated else 0.0, backward, no_grad,
                                   state_in_window)
-        return replace(ev_out, engine=self._engine, first_gradient=first_gradient)
+        return replace(ev_out, engine=self._engine, first_gradient=first_gradient,
+                       held_as_total=self.capture.source.row.held_before_as_total)
 
     def _gradients(self, sizes: frozenset[int], live: Sequence[tuple[int, str, str, int]],
                    kept_past_backward: bool = False) -> tuple[dict[int, int], int]:

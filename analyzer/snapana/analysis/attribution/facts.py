@@ -62,6 +62,17 @@ class FactLimits(data_file.Table, frozen=True, kw_only=True):
     library_paths: tuple[str, ...]
 
 
+class HalfWeights(data_file.Table, frozen=True, kw_only=True):
+    """``[half_weights]``: the C++ frames that name the dtype a matmul ran in, and the
+    autocast cast that would make a 16-bit matmul of fp32 weights (comments in the file)."""
+
+    half_gemm: str  # regex on a C++ frame's function: a 16-bit cuBLAS matmul
+    other_gemm: str  # ... one in 32 or 64 bits
+    autocast: str  # ... autocast's cast of an operand
+    autocast_file: str  # a Python frame's path fragment: autocast's own module
+    min_allocations: int  # recorded allocations under 16-bit matmuls, at least
+
+
 class WorkloadWords(data_file.Table, frozen=True, kw_only=True):
     """``[workload]``: what the workload statement adds in words of its own."""
 
@@ -73,11 +84,17 @@ class EvidenceFile(data_file.Table, frozen=True, kw_only=True):
     workload: WorkloadWords
     fact: tuple[FactSpec, ...]
     limits: FactLimits
+    half_weights: HalfWeights
 
 
 @lru_cache(maxsize=1)
 def _file() -> EvidenceFile:
     return data_file.packaged("analysis/attribution/evidence.toml", EvidenceFile)
+
+
+def half_weights() -> HalfWeights:
+    """What shows a window's matmuls ran 16-bit weights (``[half_weights]``)."""
+    return _file().half_weights
 
 
 def _spec() -> tuple[tuple[FactSpec, ...], tuple[str, ...]]:
@@ -135,9 +152,15 @@ RETURNED_KV_CACHE = ComputedFact(
     "shows a decoding loop (`decoding_facts`: generate()) that would grow them: a forward "
     "that does not generate need not keep them")
 
+HALF_PRECISION_WEIGHTS = ComputedFact(
+    "half_precision_weights", "the recorded window's cuBLAS matmuls all ran in 16 bits (their "
+    "C++ frames name the dtype: evidence.toml [half_weights]) and no autocast frame shows: "
+    "without autocast a matmul runs in its weight's dtype, so the weights are 16-bit already")
+
 COMPUTED_FACTS: tuple[ComputedFact, ...] = (
     FREE_SEGMENTS, SEVERAL_DEVICES, OPTIMIZER_STATE, STRANDED_CACHE, LAYERED_ACTIVATIONS,
-    SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP, SCORE_MATRICES, RETURNED_KV_CACHE)
+    SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP, SCORE_MATRICES, RETURNED_KV_CACHE,
+    HALF_PRECISION_WEIGHTS)
 
 
 def workload_words() -> dict[str, str]:

@@ -13,7 +13,9 @@ Methods (conclusions and wording in packs/inference.toml):
   are the parameters (and their gradients, kept since before recording: a backward that
   accumulates into an existing .grad keeps no gradient of its own to mirror).
 - lifetime: in a capture with no gradients (inference), blocks alive before recording that
-  the whole recorded window never frees are the model's weights and buffers.
+  the whole recorded window never frees are the model's weights and buffers, when they
+  repeat in size like a layered model's weights (a standalone op's kept inputs and cuBLAS
+  workspace do not) or the source records them only as one total.
 Only blocks that the recorded window never frees are candidates: a window with gradients in
 it holds a backward, which frees the activations saved before recording began; what
 survives it is model state. A size with more such blocks than a parameter and two states
@@ -145,6 +147,9 @@ class Evidence:
     #: the event of the window's first gradient allocation (its first backward), -1: none;
     #: what the program's own code made before it and keeps is made at or before the model
     first_gradient: int = -1
+    #: the source records what was live before recording as one total (a profiler trace's
+    #: `Total Allocated`), not tensor by tensor: no sizes to read a model's shape from
+    held_as_total: bool = False
 
 
 def gather(gradients: dict[int, int], others: list[tuple[int, str]], recorded_allocs: int,
@@ -429,6 +434,10 @@ def _label(candidates: pl.DataFrame, named: dict[int, Inferred], ev: Evidence,
     """What is known about each candidate no method names."""
     words = _labels()
     out: dict[int, Inferred] = {}
+    # whether what the window keeps from before recording repeats in size like a layered
+    # model's weights, whatever else the window allocates in those sizes
+    before = candidates.filter((pl.col("alloc_idx") < 0) & (pl.col("free_req_idx") == NEVER))
+    layered = bool(_layered(before, replace(ev, other_sizes=frozenset()), limits)[0])
     for address, size, alloc_idx, free_idx in candidates.select(
             "address", "requested_size", "alloc_idx", "free_req_idx").iter_rows():
         if int(address) in named:
@@ -444,15 +453,17 @@ def _label(candidates: pl.DataFrame, named: dict[int, Inferred], ev: Evidence,
             why = words["freed_in_window"].format(
                 event=free_idx, site=how.site if how else "by a stack without frames")
         else:
-            why = _persistent_words(candidates, int(size), ev, words, limits)
+            why = _persistent_words(candidates, int(size), ev, words, limits, layered)
         out[int(address)] = Inferred("unknown", "", why)
     return out
 
 
 def _persistent_words(candidates: pl.DataFrame, size: int, ev: Evidence,
-                      words: dict[str, str], limits: dict[str, Any]) -> str:
+                      words: dict[str, str], limits: dict[str, Any], layered: bool) -> str:
     """The label of a block held since before recording and never freed, no method naming
-    it: what the window did around it, and why it is not named."""
+    it: what the window did around it, and why it is not named (`layered`: the blocks held
+    since before recording repeat in size like a layered model's weights; where they do
+    not, nothing says they are weights rather than inputs the program keeps)."""
     if ev.engine and not ev.backward:
         return words["persistent_engine"].format(engine=ev.engine)
     other = ev.other_family.get(size)
@@ -464,6 +475,8 @@ def _persistent_words(candidates: pl.DataFrame, size: int, ev: Evidence,
             caveat=caveat or _mirror_caveat(candidates, size, ev, words))
     if not ev.recorded_allocs and not ev.no_grad_site:
         return words["persistent_no_window"]
+    if not layered:
+        return words["persistent_kept"].format(caveat=caveat)
     if not caveat and ev.recorded_allocs and ev.freed_share < limits["min_freed_share"]:
         caveat = words["caveat_forward_keeps"].format(freed=ev.freed_share)
     return words["persistent_forward"].format(caveat=caveat or words["caveat_not_repeated"])
@@ -487,6 +500,14 @@ def _persistent(before: pl.DataFrame, ev: Evidence, methods: dict[str, Method],
     if (ev.recorded_allocs < limits["min_recorded_allocs"]
             or ev.freed_share < limits["min_freed_share"]):
         return {}
+    # never freed says "kept", not "a model": the kept blocks must repeat in size as a layered
+    # model's weights do (a standalone op's inputs and its cuBLAS workspace, kept by the
+    # program around a loop, do not), unless the source records what was live before it
+    # began only as one total, whose size no tensor has (a profiler trace's baseline)
+    sizes, words = _layered(before, ev, limits)
+    if not sizes and not ev.held_as_total:
+        return {}
+    shape = _labels()["shape_layered" if sizes else "shape_total"].format(**words)
     m = methods["lifetime:persistent"]
-    why = m.why.format(recorded=ev.recorded_allocs)
+    why = m.why.format(recorded=ev.recorded_allocs, shape=shape)
     return {int(a): Inferred(m.family, m.id, why) for a in before["address"].to_list()}
