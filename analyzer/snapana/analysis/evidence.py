@@ -18,9 +18,10 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution import kv_pairs, state_copies
+from snapana.analysis.attribution import kept_outputs, kv_pairs, state_copies
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
 from snapana.analysis.attribution.facts import (
+    AUTOGRAD_RAN,
     FREE_SEGMENTS,
     HALF_PRECISION_WEIGHTS,
     LAYERED_ACTIVATIONS,
@@ -336,6 +337,46 @@ def _state_copies(held: pl.DataFrame) -> str:
     return state_copies.held_copies(held.select(size.alias("n"))["n"].to_list())
 
 
+def autograd_ran(facts: Mapping[str, str], marks: Mapping[str, tuple[str, str]]) -> str:
+    """Where a backward ran (or torch.autograd.grad was called): the first fact, family or
+    phase that speaks for autograd by itself, not a weak one ("" when none does)."""
+    for spec in fact_specs():
+        if spec.says == "autograd" and not spec.weak and spec.id in facts:
+            return f"{spec.words}: {facts[spec.id]}"
+    return next((what for says, what in marks.values() if says == "autograd"), "")
+
+
+def kept_without_graph(capture: Capture, held: pl.DataFrame) -> dict[str, str]:
+    """The weak facts of a forward's outputs kept with no graph (inference.toml
+    [kept_outputs]): `outputs_kept_without_graph`, and `graph_beside_no_graph` where the same
+    model (its outermost module's forward) keeps saved activations from more sites than kept
+    outputs have when called from another place."""
+    if held.is_empty() or "method" not in held.columns:
+        return {}
+    spec = kept_outputs.spec()
+    kept = held.filter(pl.col("method") == spec.method)
+    if kept.is_empty():
+        return {}
+    sites = kept["site"].unique().sort().to_list()
+    out = {"outputs_kept_without_graph": (
+        f"{kept.height} blocks ({fmt_bytes(int(kept['size'].sum()))}) made at "
+        f"{', '.join(sites[:2])}")}
+    tops = {c.top for sid in kept["stack_id"].unique().to_list()
+            if (c := kept_outputs.module_call(capture.stacks.stack(int(sid)))) is not None}
+    saved = held.filter(pl.col("family") == "saved_activations")
+    graph_sites: dict[tuple[str, str], set[str]] = {}
+    for sid, site in saved.select("stack_id", "site").unique().iter_rows():
+        call = kept_outputs.module_call(capture.stacks.stack(int(sid)))
+        if call is not None and call.top in tops:
+            graph_sites.setdefault(call.top, set()).add(site)
+    graph = {top: s for top, s in graph_sites.items() if len(s) > spec.max_kept_sites}
+    if graph:
+        top, s = max(graph.items(), key=lambda kv: len(kv[1]))
+        out["graph_beside_no_graph"] = (
+            f"{frame_place((top[0], top[1], 0))} keeps saved activations from {len(s)} sites")
+    return out
+
+
 def own_optimizer_step(capture: Capture, held: pl.DataFrame) -> str:
     """Where the program's own code (not an installed library's) made the step temporaries
     held at the moment: its optimizer's update is written out of place ("" when none)."""
@@ -525,11 +566,15 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
         facts[SCORE_MATRICES.id] = (f"{count} score matri{'ces' if count != 1 else 'x'} of an "
                                     f"unfused attention ({fmt_bytes(scores)}), {made}")
     facts.update(forward_retention(lifetimes, n_events, free_phases))
+    facts.update(kept_without_graph(capture, held))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)
     copies = _state_copies(held)
     if copies:
         facts[STATE_COPIES] = copies
     marks = _workload_marks(held, lifetimes, n_events)
+    ran = autograd_ran(facts, marks)
+    if ran:
+        facts[AUTOGRAD_RAN.id] = ran
     if "optimizer_state" in marks:  # blocks of the family of that name are held
         facts[OPTIMIZER_STATE.id] = f"an optimizer keeps state: {marks['optimizer_state'][1]}"
     workload = decide_workload(facts, marks, framed)

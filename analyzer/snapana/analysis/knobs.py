@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from snapana.analysis.attribution.engine import RuleSet, builtin_packs, markers_of
+from snapana.analysis.attribution.facts import workload_rules_out
 from snapana.analysis.attribution.families import WORKLOADS, families_with_lifetime
 from snapana.analysis.attribution.pack_parser import KNOB_COSTS, Knob
 from snapana.analysis.attribution.stack import import_path
@@ -145,7 +146,9 @@ def why_applies(knob: Knob, ev: JobEvidence, families: list[str]) -> str | None:
     """Why `knob` acts on this job, from the evidence (None: a precondition fails). A
     framework's knob needs that framework in the frames of the blocks it targets (the
     `families` it is offered for, else any family it names); `requires` facts must hold,
-    `unless` facts must not, `unless_set` settings must not be on already."""
+    `unless` facts must not, `unless_set` settings must not be on already; where the
+    workload is not decided, no fact may rule out the one the knob is made for
+    (``[workload_rules_out]``: a backward with nothing that trains rules out training)."""
     reasons: list[str] = []
     if knob.framework not in _ALWAYS and knob.framework in ev.marked and knob.families:
         targets = [f for f in knob.families if f in families] or list(knob.families)
@@ -168,6 +171,8 @@ def why_applies(knob: Knob, ev: JobEvidence, families: list[str]) -> str | None:
     answer = ev.workload.answer
     if knob.workload:
         if answer in (None, "undetermined"):
+            if ev.facts.keys() & workload_rules_out().get(knob.workload, frozenset()):
+                return None  # undecided, but the evidence rules this workload out
             reasons.append(workload_condition(knob, answer))
         elif ev.workload.evidence:
             reasons.append(f"{answer}: {ev.workload.evidence[0]}")

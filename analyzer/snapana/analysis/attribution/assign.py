@@ -23,7 +23,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from snapana.analysis.attribution import hand_state, inference, kv_pairs, weight_copies
+from snapana.analysis.attribution import (
+    hand_state,
+    inference,
+    kept_outputs,
+    kv_pairs,
+    weight_copies,
+)
 from snapana.analysis.attribution.carry import CARRIED, SetDecisions, set_methods
 from snapana.analysis.attribution.distinct import distinct, distinct_rows
 from snapana.analysis.attribution.engine import Decision, RuleSet
@@ -268,6 +274,7 @@ class Attributor:
         self._code_sites: dict[int, tuple[str, int]] = {}  # `_code_site`: site, path id
         self._code_paths: dict[tuple[Any, ...], int] = {}  # code frames -> path id
         self._next_allocs: tuple[np.ndarray, np.ndarray] | None = None  # `_op_follows`
+        self._module_calls: dict[int, kept_outputs.Call | None] = {}  # `_kept_outputs`
 
     def decide_sets_at(self, moments: Callable[[], Sequence[pl.DataFrame]]) -> None:
         """Decide the families named among blocks held together (`carry.set_methods`) once
@@ -408,6 +415,7 @@ class Attributor:
             self._hand_state(blocks, cols)
             self._weight_copies(blocks, cols)
             self._kv_pairs(blocks, cols)
+            self._kept_outputs(blocks, cols)
         else:
             self._take_sets(blocks, cols)
         self._state_updates(blocks, cols)
@@ -680,15 +688,9 @@ class Attributor:
                 for req, size, fam, phase, idx, sid, after in zip(
                     blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
                     blocks["alloc_idx"], blocks["stack_id"], follows, strict=True)]
-        found = weight_copies.find(rows)
         spec = weight_copies.spec()
-        for i, why in found.items():
-            cols["family"][i] = spec.family
-            cols["label"][i] = f"{family_label(spec.family)} (inferred: {spec.method})"
-            cols["reason"][i] = why
-            cols["rule_id"][i] = ""
-            cols["evidence"][i] = "inferred"
-            cols["method"][i] = spec.method
+        _name_inferred(cols, weight_copies.find(rows), spec.family, spec.method,
+                       f"{family_label(spec.family)} (inferred: {spec.method})")
 
     def _kv_pairs(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Blocks two sites of a forward keep one per layer, alternately, of one size, held
@@ -707,16 +709,24 @@ class Attributor:
                 for req, size, fam, phase, sid, idx, f in zip(
                     blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
                     blocks["stack_id"], blocks["alloc_idx"], freed, strict=True)]
-        found = kv_pairs.find(rows, self._allocs_between)
         spec = kv_pairs.spec()
-        for i, why in found.items():
-            cols["family"][i] = spec.family
-            cols["label"][i] = (f"{family_label(spec.family)} {spec.label} "
-                                f"(inferred: {spec.method})")
-            cols["reason"][i] = why
-            cols["rule_id"][i] = ""
-            cols["evidence"][i] = "inferred"
-            cols["method"][i] = spec.method
+        _name_inferred(cols, kv_pairs.find(rows, self._allocs_between), spec.family,
+                       spec.method,
+                       f"{family_label(spec.family)} {spec.label} (inferred: {spec.method})")
+
+    def _kept_outputs(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
+        """Blocks of nested modules that the forwards of one call path keep from one or two
+        sites only (`kept_outputs`): outputs the program holds with no graph, not
+        activations saved for a backward. After `_kv_pairs`, which names a returned cache."""
+        calls = self._module_calls  # per stack, kept: every decision moment asks again
+        for sid in set(blocks["stack_id"].to_list()) - calls.keys():
+            calls[int(sid)] = kept_outputs.module_call(self.stacks.stack(int(sid)))
+        rows = [kept_outputs.Row(fam, phase, site, calls[int(sid)])
+                for fam, phase, site, sid in zip(cols["family"], cols["phase"], cols["site"],
+                                                 blocks["stack_id"], strict=True)]
+        spec = kept_outputs.spec()
+        _name_inferred(cols, kept_outputs.find(rows), spec.family, spec.method,
+                       f"{family_label(spec.family)}: {spec.label} (inferred: {spec.method})")
 
     def _code_site(self, sid: int) -> tuple[str, int]:
         """A stack's code site ('' when it records no code frame) and the id of its code
@@ -1006,3 +1016,16 @@ class Attributor:
                 if any(name == f and path.endswith(p) for p, f in markers):
                     return f"`{name}` in {self.site(int(sid))}"
         return ""
+
+
+def _name_inferred(cols: dict[str, list[Any]], found: dict[int, str], family: str,
+                   method: str, label: str) -> None:
+    """Give the rows a set method `found` (row -> its reason) that method's family: the
+    one way a block named among blocks held together is written into the columns."""
+    for i, why in found.items():
+        cols["family"][i] = family
+        cols["label"][i] = label
+        cols["reason"][i] = why
+        cols["rule_id"][i] = ""
+        cols["evidence"][i] = "inferred"
+        cols["method"][i] = method

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from snapana.analysis.attribution import hand_state, kv_pairs, weight_copies
+from snapana.analysis.attribution import hand_state, kept_outputs, kv_pairs, weight_copies
 
 #: the columns a carried decision brings (null where nothing is carried)
 CARRIED = ("family", "label", "reason", "method")
@@ -29,9 +29,11 @@ def set_methods() -> frozenset[str]:
     """The inference methods that decide a block among the blocks held together at a moment
     (their sizes beside the weights', a per-layer pattern, a count per gradient), which one
     allocation's lifetime cannot show: autocast's weight copies, a forward's returned K/V
-    pairs, hand-written parameters (re-bound ones too) and optimizer state."""
+    pairs, a forward's outputs the program keeps with no graph, hand-written parameters
+    (re-bound ones too) and optimizer state."""
     hand = hand_state.spec()
     return frozenset({weight_copies.spec().method, kv_pairs.spec().method,
+                      kept_outputs.spec().method,
                       hand.param_method, hand.state_method, hand.rebound_method})
 
 

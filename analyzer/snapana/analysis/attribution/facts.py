@@ -82,6 +82,8 @@ class WorkloadWords(data_file.Table, frozen=True, kw_only=True):
 @data_file.schema("analysis/attribution/evidence.toml")
 class EvidenceFile(data_file.Table, frozen=True, kw_only=True):
     workload: WorkloadWords
+    #: workload -> facts that, where the workload is not decided, rule out its knobs
+    workload_rules_out: dict[str, tuple[str, ...]]
     fact: tuple[FactSpec, ...]
     limits: FactLimits
     half_weights: HalfWeights
@@ -157,16 +159,27 @@ HALF_PRECISION_WEIGHTS = ComputedFact(
     "C++ frames name the dtype: evidence.toml [half_weights]) and no autocast frame shows: "
     "without autocast a matmul runs in its weight's dtype, so the weights are 16-bit already")
 
+AUTOGRAD_RAN = ComputedFact(
+    "autograd_ran", "a backward ran or torch.autograd.grad was called (a fact, a family or a "
+    "phase that speaks for autograd, not only a forward that kept its graph): the job needs "
+    "autograd, so inference_mode would break it")
+
 COMPUTED_FACTS: tuple[ComputedFact, ...] = (
     FREE_SEGMENTS, SEVERAL_DEVICES, OPTIMIZER_STATE, STRANDED_CACHE, LAYERED_ACTIVATIONS,
     SCOPED_ELSEWHERE, OWN_OPTIMIZER_STEP, SCORE_MATRICES, RETURNED_KV_CACHE,
-    HALF_PRECISION_WEIGHTS)
+    HALF_PRECISION_WEIGHTS, AUTOGRAD_RAN)
 
 
 def workload_words() -> dict[str, str]:
     """What a workload statement adds in words of its own (``[workload]`` of
     ``evidence.toml``)."""
     return msgspec.structs.asdict(_file().workload)
+
+
+def workload_rules_out() -> dict[str, frozenset[str]]:
+    """Workload -> the facts that, where the workload is not decided, rule out the knobs made
+    for it (``[workload_rules_out]`` of ``evidence.toml``)."""
+    return {k: frozenset(v) for k, v in _file().workload_rules_out.items()}
 
 
 def fact_ids() -> tuple[str, ...]:

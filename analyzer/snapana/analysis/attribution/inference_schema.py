@@ -1,7 +1,7 @@
 """The schema of ``inference.toml``: its methods, limits and words, and the signatures the
-size and lifetime matchers (`hand_state`, `kv_pairs`, `weight_copies`) read. One TOML-spec
-reader for all of them (:func:`inference_file`), so a key misspelt in any table is refused
-with its line, not read as a default (issue 68)."""
+size and lifetime matchers (`hand_state`, `kv_pairs`, `kept_outputs`,
+`weight_copies`) read. One TOML-spec reader for all of them (:func:`inference_file`), so a
+key misspelt in any table is refused with its line, not read as a default (issue 68)."""
 
 from __future__ import annotations
 
@@ -101,6 +101,23 @@ class PairSpec(data_file.Table, frozen=True, kw_only=True):
     update_functions: frozenset[str]
 
 
+class KeptSpec(data_file.Table, frozen=True, kw_only=True):
+    """``[kept_outputs]``: the signature of a forward's outputs the program keeps with no
+    graph."""
+
+    family: str
+    method: str
+    label: str
+    from_families: frozenset[str]
+    phases: frozenset[str]
+    module_file: str
+    module_calls: tuple[str, ...]
+    min_blocks: int
+    max_kept_sites: int
+    min_depth: int
+    why: str
+
+
 class CopySpec(data_file.Table, frozen=True, kw_only=True):
     """``[weight_copies]``: the signature of autocast's cached weight copies."""
 
@@ -144,6 +161,7 @@ class InferenceFile(data_file.Table, frozen=True, kw_only=True):
     transient: tuple[TransientEntry, ...] = ()
     hand_state: HandStateSpec
     kv_pairs: PairSpec
+    kept_outputs: KeptSpec
     weight_copies: CopySpec
     state_copies: StateCopiesSpec
 

@@ -69,7 +69,7 @@ from snapana.caching_allocator import (
     ACTIVE_PENDING_FREE,
     NPU_FRAME_MARK,
 )
-from snapana.model import Capture
+from snapana.model import EMPTY_STACK, Capture
 from snapana.units import fmt_bytes
 
 #: Fragmentation is the cause only when the cached-but-unallocated bytes are a real share of
@@ -203,6 +203,8 @@ def device_report(capture: Capture, dr: DeviceReplay, attributor: Attributor, mo
                                                                           {}),
             failed=dr.oom is not None,
             not_replayed=dr.unreplayable is not None),
+        stacks_recorded=bool(capture.blocks.height)
+        and bool((capture.blocks["stack_id"].fill_null(EMPTY_STACK) != EMPTY_STACK).any()),
     )
 
 

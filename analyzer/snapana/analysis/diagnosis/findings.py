@@ -453,6 +453,9 @@ class DeviceReport:
     device_name: str = ""  # e.g. "host process" (memray), "GPU 0" / "CPU" (profiler)
     at: str | None = None  # the moment the user asked for (--at); None: the default moment
     coverage: Coverage = Coverage()
+    #: some block of the capture (any device's) carries the stack that allocated it: stacks
+    #: were recorded, whatever this device holds (one that holds nothing shows none)
+    stacks_recorded: bool = False
 
     # ----- the groups' figures, read as before the grouping (#68)
 

@@ -376,7 +376,7 @@ def history_statement(r: DeviceReport) -> str:
     if r.diagnosis.history:
         return ""
     n = r.n_events
-    if n and any(s.stack for s in r.top_sites):
+    if n and (r.stacks_recorded or any(s.stack for s in r.top_sites)):
         return ("History recording was on (the blocks carry the stacks that allocated them), "
                 f"but the trace kept only {n} entr{'y' if n == 1 else 'ies'} and no "
                 "allocation")
