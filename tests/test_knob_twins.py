@@ -152,3 +152,52 @@ def test_corpus_captures_list_the_mechanism_once(name: str, framework: str,
         assert generic not in by_id and by_id[framework]["same_mechanism_as"] == [generic]
         for fact in REQUIRES[generic]:
             assert d["diagnosis"]["facts"][fact] in by_id[framework]["applies"]
+
+
+def test_the_verdict_names_a_folded_knob_by_its_framework_twin() -> None:
+    """Where the verdict's knob is a generic one folded into a framework's, the verdict names
+    the framework's (the knob the list shows), not one the list no longer holds."""
+    from snapana.analysis.diagnosis.diagnose import _named_once
+    from snapana.analysis.diagnosis.findings import Remedy
+
+    by_id = {k.id: k for k in load_knobs()}
+    listed, folded = fold_twins([by_id["torch.fused_cross_entropy"], by_id["torch.micro_batch"],
+                                 by_id["transformers.liger_kernel"]])
+    remedy = _named_once(Remedy("logits", "saved_activations", None, None,
+                                by_id["torch.fused_cross_entropy"], by_id["torch.micro_batch"]),
+                         listed, folded)
+    assert remedy.excess_knob == by_id["transformers.liger_kernel"] == listed[0]
+    assert remedy.alternative_knob == by_id["torch.micro_batch"]
+
+
+#: a Trainer step that ran out in Qwen2's lm_head (the frames as transformers 4.5x prints
+#: them; the message in PyTorch >= 2.1's words)
+HF_LOGITS_LOG = """\
+Traceback (most recent call last):
+  File "/home/u/train.py", line 40, in <module>
+    trainer.train()
+  File "/usr/lib/python3.10/site-packages/transformers/trainer.py", line 3485, in training_step
+    loss = self.compute_loss(model, inputs)
+  File "/usr/lib/python3.10/site-packages/transformers/models/qwen2/modeling_qwen2.py", \
+line 820, in forward
+    logits = self.lm_head(hidden_states[:, slice_indices, :])
+  File "/usr/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1736, in \
+_wrapped_call_impl
+    return self._call_impl(*args, **kwargs)
+  File "/usr/lib/python3.10/site-packages/torch/nn/modules/linear.py", line 125, in forward
+    return F.linear(input, self.weight, self.bias)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.64 GiB. GPU 0 has a total \
+capacity of 79.19 GiB of which 3.08 GiB is free. Including non-PyTorch memory, this process \
+has 76.10 GiB memory in use. Of the allocated memory 74.82 GiB is allocated by PyTorch, and \
+172.81 MiB is reserved by PyTorch but unallocated.
+"""
+
+
+def test_a_pasted_traceback_lists_the_mechanism_once(tmp_path: Path) -> None:
+    """A log's knobs for the request are chosen from the same packs: Liger's fused linear
+    cross-entropy through the Trainer, not also the generic fused cross-entropy."""
+    log = tmp_path / "job.log"
+    log.write_text(HF_LOGITS_LOG)
+    out = _flat(invoke("summary", str(log), "--full").stdout)
+    assert f"knob for the request: {_flat(NAMES['transformers.liger_kernel'])}" in out, out
+    assert _flat(NAMES["torch.fused_cross_entropy"]) not in out
