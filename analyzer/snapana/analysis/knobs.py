@@ -19,6 +19,7 @@ from snapana.analysis.attribution.facts import workload_rules_out
 from snapana.analysis.attribution.families import WORKLOADS, families_with_lifetime
 from snapana.analysis.attribution.pack_parser import KNOB_COSTS, Knob
 from snapana.analysis.attribution.stack import import_path
+from snapana.analysis.scaling_file import same_step
 
 #: the workloads a knob may be limited to (the vocabulary's)
 TRAINING, INFERENCE = WORKLOADS
@@ -32,6 +33,7 @@ __all__ = [
     "Knob",
     "best_knob",
     "can_release",
+    "fold_twins",
     "frees_in_phase",
     "framework_markers",
     "frameworks_in",
@@ -42,6 +44,7 @@ __all__ = [
     "replay_candidates",
     "stop_knob",
     "transient_families",
+    "twin_words",
     "working_set_families",
     "undetermined_families",
     "why_applies",
@@ -149,38 +152,94 @@ def why_applies(knob: Knob, ev: JobEvidence, families: list[str]) -> str | None:
     `unless` facts must not, `unless_set` settings must not be on already; where the
     workload is not decided, no fact may rule out the one the knob is made for
     (``[workload_rules_out]``: a backward with nothing that trains rules out training)."""
-    reasons: list[str] = []
+    reasons = _reasons(knob, ev, families)
+    return None if reasons is None else "; ".join(r for _, r in reasons)
+
+
+#: What a reason of `_reasons` says: the frames that own a targeted family, a fact, a
+#: setting not on, the workload, or (none of those) the families it acts on.
+Reason = tuple[str, str]
+
+
+def _reasons(knob: Knob, ev: JobEvidence, families: list[str]) -> list[Reason] | None:
+    """`why_applies`'s reasons, each with its kind (`Reason`); None: a precondition fails."""
+    reasons: list[Reason] = []
     if knob.framework not in _ALWAYS and knob.framework in ev.marked and knob.families:
         targets = [f for f in knob.families if f in families] or list(knob.families)
         owned = [(f, ev.owners.get(f, {}).get(knob.framework)) for f in targets]
         shown = [(f, w) for f, w in owned if w]
         if not shown:
             return None
-        reasons.append(f"{shown[0][0]} blocks at {shown[0][1]}")
+        reasons.append(("owner", f"{shown[0][0]} blocks at {shown[0][1]}"))
     for fact in knob.requires:
         if fact not in ev.facts:
             return None
-        reasons.append(ev.facts[fact])
+        reasons.append(("fact", ev.facts[fact]))
     if any(fact in ev.facts for fact in knob.unless):
         return None
     for key in knob.unless_set:
         if ev.is_set(key):
             return None
-        reasons.append(f"{key} is not set" if ev.settings is not None
-                       else f"{key} not recorded as set")
+        reasons.append(("setting", f"{key} is not set" if ev.settings is not None
+                        else f"{key} not recorded as set"))
     answer = ev.workload.answer
     if knob.workload:
         if answer in (None, "undetermined"):
             if ev.facts.keys() & workload_rules_out().get(knob.workload, frozenset()):
                 return None  # undecided, but the evidence rules this workload out
-            reasons.append(workload_condition(knob, answer))
+            reasons.append(("workload", workload_condition(knob, answer)))
         elif ev.workload.evidence:
-            reasons.append(f"{answer}: {ev.workload.evidence[0]}")
+            reasons.append(("workload", f"{answer}: {ev.workload.evidence[0]}"))
     if not reasons:
         acting = [f for f in knob.families if f in families] or list(knob.causes)
-        reasons.append(f"this job's {', '.join(acting)}" if acting else
-                       "a family it names is held")
-    return "; ".join(reasons)
+        reasons.append(("families", f"this job's {', '.join(acting)}" if acting else
+                        "a family it names is held"))
+    return reasons
+
+
+def fold_twins(knobs: list[Knob]) -> tuple[list[Knob], dict[str, tuple[Knob, ...]]]:
+    """One entry per mechanism: a generic knob whose mechanism a framework's knob of the same
+    list switches on (`scaling.toml [[same_step]]`: Megatron's --recompute-granularity for
+    activation checkpointing, the Trainer's use_liger_kernel for a fused cross-entropy) is
+    folded into that framework's knob (the first linked one listed), which keeps its name and
+    how-to and takes the better of the two places. Returns the list and, per framework knob
+    id, the generic knobs folded into it."""
+    link = same_step()
+    offered = {k.id for k in knobs}
+    into: dict[str, Knob] = {}  # generic id -> the framework's knob it is folded into
+    for k in knobs:
+        generic = link.get(k.id)
+        if generic in offered and generic not in into:
+            into[generic] = k
+    out: list[Knob] = []
+    folded: dict[str, tuple[Knob, ...]] = {}
+    for k in knobs:
+        entry = into.get(k.id, k)
+        if entry is not k:
+            folded[entry.id] = (*folded.get(entry.id, ()), k)
+        if entry not in out:
+            out.append(entry)
+    return out, folded
+
+
+def twin_words(knob: Knob, generics: tuple[Knob, ...], ev: JobEvidence,
+               families: list[str]) -> str:
+    """What a generic knob folded into `knob` (`fold_twins`) said that the framework's own
+    reasons do not: the figures of its evidence (activation checkpointing's "saved
+    activations from 8 sites") and the families of `families` it names beyond the
+    framework's knob, as "the same mechanism as ID: ..."; "" where it said nothing more
+    (the workload and a bare list of families are the summary's, or the framework's)."""
+    own = {r for _, r in _reasons(knob, ev, families) or []}
+    out = []
+    for g in generics:
+        extra = [r for kind, r in _reasons(g, ev, families) or []
+                 if kind not in ("workload", "families") and r not in own]
+        also = [f for f in g.families if f in families and f not in knob.families]
+        if also:
+            extra.append(f"it acts on {', '.join(also)} too")
+        if extra:
+            out.append(f"the same mechanism as {g.id}: {'; '.join(extra)}")
+    return "; ".join(out)
 
 
 def knobs_for(families: list[str], causes: list[str], frameworks: set[str],

@@ -25,15 +25,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
 import numpy as np
 import polars as pl
 
 from snapana import data_file
 from snapana.analysis.attribution.lifetimes import attribute_lifetimes, carry_families
 from snapana.analysis.replay import NEVER
+from snapana.analysis.scaling_file import ScalingFile, same_step
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import is_python_frame
 from snapana.units import ascii_int
@@ -151,78 +151,6 @@ class ScalingRules:
     checkpoint_without_layers: tuple[str, ...] = ()
 
 
-class _FamilyScale(data_file.Table, frozen=True, kw_only=True):
-    batch: int
-    seq: int
-    why: str = ""
-    mirror: list[str] | None = None
-    unmatched: str | None = None
-
-
-class _Score(data_file.Table, frozen=True, kw_only=True):
-    id: str
-    function: str
-    batch: int
-    seq: int
-    assumption: str
-    dtype_ratios: list[float] = []
-    shaped: str = ""
-
-
-class _NextStep(data_file.Table, frozen=True, kw_only=True):
-    id: str
-    text: str = ""
-    drop_scores: bool = False
-    drop_families: list[str] = []
-    hold_families: list[str] = []
-    setting: str = ""
-    caveat: str = ""
-    checkpoint: bool = False
-
-
-class _Checkpointing(data_file.Table, frozen=True, kw_only=True):
-    saved: list[str] = []
-    backward: list[str] = []
-    without_layers: list[str] = []
-
-
-class _SeqEvidence(data_file.Table, frozen=True, kw_only=True):
-    window: float = 0.05
-    chance: float = 0.25
-    least: float = 0.10
-
-
-class _Confidence(data_file.Table, frozen=True, kw_only=True):
-    max_held_error: float = 0.10
-    band: Annotated[tuple[float, ...], msgspec.Meta(min_length=2, max_length=2)] = (0.0, 0.0)
-    band_source: str = ""
-
-
-class _SameStep(data_file.Table, frozen=True, kw_only=True):
-    id: str
-    knobs: list[str]
-
-
-class _WhatifFlag(data_file.Table, frozen=True, kw_only=True):
-    id: str
-    flag: str
-
-
-@data_file.schema("analysis/scaling.toml")
-class ScalingFile(data_file.Table, frozen=True, kw_only=True):
-    """The schema `scaling.toml` is checked against (`load_rules` reads what it checked)."""
-
-    family: dict[str, _FamilyScale] = {}
-    scores: list[_Score] = []
-    next_step: list[_NextStep] = []
-    seq_evidence: _SeqEvidence = _SeqEvidence()
-    confidence: _Confidence = _Confidence()
-    same_step: list[_SameStep] = []
-    fit_size: dict[str, list[str]] = {}
-    whatif_flag: list[_WhatifFlag] = []
-    checkpointing: _Checkpointing = _Checkpointing()
-
-
 @lru_cache(maxsize=1)
 def load_rules() -> ScalingRules:
     """The built-in `scaling.toml`."""
@@ -248,8 +176,7 @@ def load_rules() -> ScalingRules:
                         float(evidence.get("least", 0.10)),
                         float(sure.get("max_held_error", 0.10)), (low, high),
                         str(sure.get("band_source", "")),
-                        same_step={k: str(t["id"]) for t in data.get("same_step", [])
-                                   for k in t["knobs"]},
+                        same_step=same_step(),
                         fit_size={key: tuple(ids)
                                   for key, ids in data.get("fit_size", {}).items()},
                         whatif_flags={str(f["id"]): str(f["flag"])

@@ -18,9 +18,11 @@ from snapana.analysis.attribution.stack import BlockContext
 from snapana.analysis.evidence import JobEvidence, stack_evidence
 from snapana.analysis.knobs import (
     Knob,
+    fold_twins,
     frameworks_in,
     knobs_for,
     reloads_offloaded,
+    twin_words,
     why_applies,
     workload_condition,
 )
@@ -83,10 +85,12 @@ def _name(tb: Traceback, ctx: BlockContext, rules: RuleSet,
     family = decision.family
     ev = stack_evidence(stack, family, rules.markers, expandable)
     frameworks = frameworks_in([f[0] for f in stack], rules)
-    chosen = knobs_for([family], [], frameworks, decision.phase, rules,
-                       workload=ev.workload.answer, ev=ev,
-                       offload=not reloads_offloaded(explained.phase_rule_id))
-    knobs = tuple(_knob_words(k, ev, family) for k in chosen)
+    # one entry per mechanism, as a snapshot's knob list (`fold_twins`)
+    chosen, folded = fold_twins(knobs_for([family], [], frameworks, decision.phase, rules,
+                                          workload=ev.workload.answer, ev=ev,
+                                          offload=not reloads_offloaded(
+                                              explained.phase_rule_id)))
+    knobs = tuple(_knob_words(k, ev, family, folded.get(k.id, ())) for k in chosen)
     owners = tuple(ev.owners.get(family, {}).items())
     matched = decision.matched_frames
     return _with_traceback(RequestFinding(
@@ -97,12 +101,14 @@ def _name(tb: Traceback, ctx: BlockContext, rules: RuleSet,
         _fact_words(FORWARD_ONLY_FACT, ev.facts)), tb)
 
 
-def _knob_words(k: Knob, ev: JobEvidence, family: str) -> tuple[str, str]:
+def _knob_words(k: Knob, ev: JobEvidence, family: str,
+                folded: tuple[Knob, ...] = ()) -> tuple[str, str]:
     """The knob and "effect — why it applies". A knob made for one workload, where this
     stack does not show which, says so before its effect ("only if this job is not trained:
     …"), so that no shorter listing that keeps the effect alone drops it: a forward-only knob
     (inference_mode) would break a trained one."""
-    why = why_applies(k, ev, [family]) or ""
+    why = "; ".join(w for w in (why_applies(k, ev, [family]) or "",
+                                twin_words(k, folded, ev, [family])) if w)
     cond = workload_condition(k, ev.workload.answer)
     if not cond:
         return k.knob, f"{k.effect} — {why}"

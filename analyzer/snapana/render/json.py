@@ -205,6 +205,8 @@ def _diagnosis(d: Diagnosis, view: DeviceView) -> dict[str, Any]:
                    "direction": k.direction, "cost": k.cost, "effect": k.effect,
                    "caveat": k.caveat, "workload": k.workload,
                    "applies": d.applies.get(k.id, ""),
+                   # the generic knobs of the same mechanism listed as this one
+                   "same_mechanism_as": list(d.same_as.get(k.id, ())),
                    "replay": _knob_replay(d.replays.get(k.id)),
                    "replayed_by": _replayed_by(k, row[6])}
                   for k, row in zip(d.knobs, view.knobs, strict=True)],

@@ -9,6 +9,7 @@ the vocabulary renderers read; this module is the algorithm.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import PurePath
 
@@ -49,6 +50,7 @@ from snapana.analysis.knobs import (
     Knob,
     best_knob,
     can_release,
+    fold_twins,
     frameworks_in,
     frees_in_phase,
     knobs_for,
@@ -57,6 +59,7 @@ from snapana.analysis.knobs import (
     replay_candidates,
     stop_knob,
     transient_families,
+    twin_words,
     undetermined_families,
     why_applies,
     working_set_families,
@@ -364,12 +367,15 @@ def diagnose(capture: Capture, dr: DeviceReplay, attributor: Attributor, state: 
     standing = _standing(capture, dr, state, oom is not None, capacity, host, shortfall)
     order = _knob_order(state, what_ifs, remedy.excess_family,
                         at.request.family if at is not None else None, shortfall, host)
-    knobs = _offered(job, state, at, remedy, order, phase, standing.large_cache)
+    knobs, folded = _offered(job, state, at, remedy, order, phase, standing.large_cache)
+    remedy = _named_once(remedy, knobs, folded)
     prescribe = standing.prescribe
     advice = Advice(knobs=tuple(knobs[:MAX_KNOBS]) if prescribe else (),
-                    applies={k.id: why_applies(k, ev, list(order)) or ""
+                    applies={k.id: _applies(k, folded.get(k.id, ()), ev, list(order))
                              for k in knobs[:MAX_KNOBS]},
-                    knob_families=tuple(order))
+                    knob_families=tuple(order),
+                    same_as={k.id: tuple(g.id for g in folded[k.id])
+                             for k in knobs[:MAX_KNOBS] if k.id in folded})
     diagnosis = Diagnosis(
         kind=state.moment.kind, phase=phase, request=at.request if at is not None else None,
         capacity_bytes=capacity, outside_pytorch_bytes=at.outside if at is not None else None,
@@ -524,18 +530,20 @@ def _knob_order(state: _AtMoment, what_ifs: list[WhatIf], excess: str | None,
 
 
 def _offered(job: _Job, state: _AtMoment, at: _AtOom | None, remedy: Remedy,
-             order: list[str], phase: str, cached: bool) -> list[Knob]:
+             order: list[str], phase: str,
+             cached: bool) -> tuple[list[Knob], dict[str, tuple[Knob, ...]]]:
     """The knobs for the families in `order` and the causes that hold, those the verdict
     names first; a large cache's after them; an inference-only knob never before another
-    where the workload is undetermined."""
+    where the workload is undetermined. One entry per mechanism (`fold_twins`), before the
+    list is cut to `MAX_KNOBS`: with the generic knobs folded into each framework knob."""
     lead = [k for k in (remedy.excess_knob, remedy.alternative_knob) if k is not None]
     held_causes = [c.id for c in at.causes if c.holds] if at is not None else []
     reloading = at.reloading if at is not None else False
-    knobs = list(dict.fromkeys(
+    knobs, folded = fold_twins(list(dict.fromkeys(
         lead + knobs_for(order, held_causes, job.fw, phase, job.rules, offload=not reloading,
                          workload=job.workload, ev=job.ev,
                          bytes_of=None if at is not None else
-                         {g.name: g.bytes for g in state.groups})))
+                         {g.name: g.bytes for g in state.groups}))))
     if cached:
         cache = [k for k in knobs_for([], [LargeCache.vocab_id], job.fw, phase, job.rules,
                                       workload=job.workload, ev=job.ev) if k not in knobs]
@@ -543,7 +551,27 @@ def _offered(job: _Job, state: _AtMoment, at: _AtOom | None, remedy: Remedy,
     if job.workload in (None, "undetermined"):
         # a forward that may be trained: an inference-only knob never comes before another
         knobs = sorted(knobs, key=lambda k: k.workload == "inference")
-    return knobs
+    return knobs, folded
+
+
+def _named_once(remedy: Remedy, knobs: list[Knob],
+                folded: Mapping[str, tuple[Knob, ...]]) -> Remedy:
+    """The verdict's knobs named as the list names them: a generic knob folded into a
+    framework's (`fold_twins`) by that framework's knob."""
+    into = {g.id: k for k in knobs for g in folded.get(k.id, ())}
+
+    def once(k: Knob | None) -> Knob | None:
+        return into.get(k.id, k) if k is not None else None
+
+    return replace(remedy, excess_knob=once(remedy.excess_knob),
+                   alternative_knob=once(remedy.alternative_knob))
+
+
+def _applies(k: Knob, generics: tuple[Knob, ...], ev: JobEvidence, order: list[str]) -> str:
+    """Why knob `k` applies, with what the generic knobs folded into it said beyond that
+    (`twin_words`): the one entry for their mechanism keeps the figures either gave."""
+    parts = (why_applies(k, ev, order) or "", twin_words(k, generics, ev, order))
+    return "; ".join(p for p in parts if p)
 
 
 #: A file name that says it was written at an OOM: "oom" as a word of its own

@@ -222,6 +222,9 @@ class Advice:
     #: Knob id -> its allocator settings replayed over the recorded window (knobs with
     #: `simulate`, in a capture with history): what the model predicts, or why it does not
     replays: Mapping[str, KnobReplay] = field(default_factory=dict)
+    #: Knob id -> the generic knobs folded into it (`knobs.fold_twins`): a framework's own
+    #: knob for the mechanism they name, listed once under the framework's name
+    same_as: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -366,6 +369,10 @@ class Diagnosis:
     @property
     def replays(self) -> Mapping[str, KnobReplay]:
         return self.advice.replays
+
+    @property
+    def same_as(self) -> Mapping[str, tuple[str, ...]]:
+        return self.advice.same_as
 
     @property
     def headroom_bytes(self) -> int | None:

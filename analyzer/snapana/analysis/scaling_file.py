@@ -1,0 +1,93 @@
+"""The schema of `scaling.toml` (issue 68), apart from the scaling itself (issue 70): the knob
+list reads its `[[same_step]]` links (a framework's own knob for a mechanism a generic knob
+names) without importing the replay that grows blocks."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated
+
+import msgspec
+
+from snapana import data_file
+
+
+class _FamilyScale(data_file.Table, frozen=True, kw_only=True):
+    batch: int
+    seq: int
+    why: str = ""
+    mirror: list[str] | None = None
+    unmatched: str | None = None
+
+
+class _Score(data_file.Table, frozen=True, kw_only=True):
+    id: str
+    function: str
+    batch: int
+    seq: int
+    assumption: str
+    dtype_ratios: list[float] = []
+    shaped: str = ""
+
+
+class _NextStep(data_file.Table, frozen=True, kw_only=True):
+    id: str
+    text: str = ""
+    drop_scores: bool = False
+    drop_families: list[str] = []
+    hold_families: list[str] = []
+    setting: str = ""
+    caveat: str = ""
+    checkpoint: bool = False
+
+
+class _Checkpointing(data_file.Table, frozen=True, kw_only=True):
+    saved: list[str] = []
+    backward: list[str] = []
+    without_layers: list[str] = []
+
+
+class _SeqEvidence(data_file.Table, frozen=True, kw_only=True):
+    window: float = 0.05
+    chance: float = 0.25
+    least: float = 0.10
+
+
+class _Confidence(data_file.Table, frozen=True, kw_only=True):
+    max_held_error: float = 0.10
+    band: Annotated[tuple[float, ...], msgspec.Meta(min_length=2, max_length=2)] = (0.0, 0.0)
+    band_source: str = ""
+
+
+class _SameStep(data_file.Table, frozen=True, kw_only=True):
+    id: str
+    knobs: list[str]
+
+
+class _WhatifFlag(data_file.Table, frozen=True, kw_only=True):
+    id: str
+    flag: str
+
+
+@data_file.schema("analysis/scaling.toml")
+class ScalingFile(data_file.Table, frozen=True, kw_only=True):
+    """The schema `scaling.toml` is checked against (`load_rules` reads what it checked)."""
+
+    family: dict[str, _FamilyScale] = {}
+    scores: list[_Score] = []
+    next_step: list[_NextStep] = []
+    seq_evidence: _SeqEvidence = _SeqEvidence()
+    confidence: _Confidence = _Confidence()
+    same_step: list[_SameStep] = []
+    fit_size: dict[str, list[str]] = {}
+    whatif_flag: list[_WhatifFlag] = []
+    checkpointing: _Checkpointing = _Checkpointing()
+
+
+@lru_cache(maxsize=1)
+def same_step() -> dict[str, str]:
+    """`[[same_step]]`: a framework's knob id -> the generic knob id (a next step's) whose
+    mechanism it switches on (Megatron's --recompute-granularity -> activation
+    checkpointing)."""
+    data = data_file.packaged("analysis/scaling.toml", ScalingFile)
+    return {k: t.id for t in data.same_step for k in t.knobs}
