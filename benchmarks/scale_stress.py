@@ -39,8 +39,8 @@ class Case:
     large: tuple[int, int]
 
     def scale(self) -> list[str]:
-        return [f"{k}={a}:{b}" for k, a, b in zip(("batch", "seq"), self.small, self.large)
-                if a != b]
+        return [f"{k}={a}:{b}" for k, a, b in zip(("batch", "seq"), self.small, self.large,
+                                                  strict=True) if a != b]
 
     def name(self) -> str:
         (b0, s0), (b1, s1) = self.small, self.large
@@ -66,22 +66,24 @@ def _axes() -> list[Case]:
 def _kinds() -> list[Case]:
     """Precision × mode × frames × attention × loss, at two shapes."""
     out = []
-    for shape, small, large in ((B, (2, 256), (2, 1024)),
-                                (replace(B, hidden=512, heads=8, vocab=50_000), (1, 512),
-                                 (4, 2048))):
+    for shape, small, large, chunked_at in (
+            (B, (2, 256), (2, 1024), ((2, 1400), (2, 4200))),
+            (replace(B, hidden=512, heads=8, vocab=50_000), (1, 512), (4, 2048),
+             ((1, 2800), (3, 2800)))):
         for autocast in (False, True):
             for mode in ("train", "forward", "inference"):
                 for frames in ("module", "linear", "handwritten"):
                     out.append(Case(replace(shape, autocast=autocast, mode=mode,
                                             frames=frames), small, large))
-        for fused in (False, True):
-            for chunked in (False, True):
-                if fused or chunked:
-                    out.append(Case(replace(shape, fused=fused, chunked_loss=chunked),
-                                    small, large))
-                    out.append(Case(replace(shape, fused=fused, chunked_loss=chunked,
-                                            autocast=True, frames="handwritten"),
-                                    small, large))
+        # a chunked loss recorded over more tokens than a chunk, the last chunk the rest:
+        # equal chunks alone are no evidence of a loop (L layers make L equal blocks at one
+        # site too)
+        for fused, chunked in ((True, False), (False, True), (True, True)):
+            at = chunked_at if chunked else (small, large)
+            for more in ({}, {"autocast": True, "frames": "handwritten"}):
+                out.append(Case(replace(shape, fused=fused, chunked_loss=chunked, **more), *at))
+    # one chunk at the recorded size: nothing says it is a loop (see the report)
+    out.append(Case(replace(B, chunked_loss=True), (2, 256), (2, 1024)))
     return out
 
 
@@ -89,15 +91,25 @@ def grid() -> list[Case]:
     return _axes() + _kinds()
 
 
-#: A small, fixed, fast subset (tests/test_scale_stress.py): one of each kind the grid
-#: found failing before its fix, and a few that passed.
+#: A small, fixed, fast subset (tests/test_scale_stress.py): each kind the grid found failing
+#: before its fix, and the default step. Errors before the fixes: autocast's copies in a
+#: training step +14.10% (decided only where the backward had freed them) and +12.66% (the
+#: optimizer's unnamed moments counted as weights), a fused attention's output grown as
+#: scores +5.44% and +22.97%, a chunked loss over batch × seq tokens +40% and more.
+S2 = replace(B, hidden=512, heads=8, vocab=50_000)
 QUICK = [
     Case(B, (2, 256), (2, 1024)),
-    Case(replace(B, autocast=True, mode="forward"), (2, 256), (2, 1024)),
-    Case(replace(B, autocast=True, mode="train", frames="linear"), (2, 256), (2, 1024)),
-    Case(replace(B, mode="inference", frames="handwritten"), (2, 256), (2, 1024)),
-    Case(replace(B, fused=True, chunked_loss=True), (2, 256), (2, 1024)),
+    Case(replace(B, autocast=True), (2, 256), (2, 1024)),
+    Case(replace(S2, autocast=True, frames="linear"), (1, 512), (4, 2048)),
+    Case(replace(B, fused=True), (2, 256), (2, 1024)),
+    Case(replace(S2, fused=True, autocast=True, frames="handwritten"), (1, 512), (4, 2048)),
+    Case(replace(B, chunked_loss=True), (2, 1400), (2, 4200)),
+    Case(replace(B, fused=True, chunked_loss=True, autocast=True, frames="handwritten"),
+         (2, 1400), (2, 4200)),
 ]
+#: Failures left (see the report): scores whose bytes are the attention output's (seq = head
+#: dim), which --fit must refuse a largest size for.
+AMBIGUOUS = Case(B, (1, 64), (1, 1024))
 
 
 @dataclass(frozen=True)
@@ -116,7 +128,8 @@ class Row:
 def measure(case: Case, folder: Path, tag: str = "") -> Row | None:
     """The case's prediction and truth; None when the simulator ran out of memory (an
     A800's 80 GB) at the larger size."""
-    from snapana.analysis.scaling import load_rules, parse_sizes
+    from snapana.analysis.scaled_replay import withheld
+    from snapana.analysis.scaling import parse_sizes
     from snapana.session import Session
     from snapana.synth.scenarios import write_snapshot
     from snapana.synth.scenarios.sized import sized_job
@@ -129,11 +142,12 @@ def measure(case: Case, folder: Path, tag: str = "") -> Row | None:
         return None
     p = Session.open(small).resize(parse_sizes(case.scale()))
     assert p.target is not None
-    held = p.shares.share("held fixed")
-    ratio = max(b1 / b0, s1 / s0)
-    refused = held * abs(ratio - 1) > load_rules().max_held_error
+    held, ambiguous = p.shares.share("held fixed"), p.shares.share("ambiguous")
+    # as --fit would judge a largest size found at the larger one
+    knob, n, r = max((("batch", b1, b0), ("seq", s1, s0)), key=lambda k: k[1] / k[2])
+    refused = bool(withheld(held, n, r, knob, ambiguous))
     return Row(case, p.target.replay.peak_allocated, int(truth["peak_allocated_bytes"]),
-               held, refused)
+               held + ambiguous, refused)
 
 
 def rows(cases: list[Case]) -> list[Row]:
