@@ -234,7 +234,7 @@ def withheld(held: float, n: int, recorded: int, knob: str, ambiguous: float = 0
     off = held * abs(r - 1) + (ambiguous * abs(r * r - r) if knob == "seq" else 0.0)
     if off <= limit:
         return ""
-    also = (f" and {ambiguous:.0%} has the bytes of score matrices and of the attention's "
+    also = (f" and {ambiguous:.1%} has the bytes of score matrices and of the attention's "
             "output alike (grown with seq², it may grow linearly)"
             if ambiguous and knob == "seq" else "")
     return (f"not given: {held:.0%} of the peak is held at its recorded size (its growth is "

@@ -221,8 +221,9 @@ def _head(p: SizePrediction) -> tuple[str, ...]:
                    f"(derived), {s.share('assumed'):.0%} is assumed to grow because its size "
                    f"is a multiple of the stated size, and {s.share('held fixed'):.0%} is "
                    "held at its recorded size (its growth is not known)"
-                   + (f"; {s.share('ambiguous'):.0%} has a shape its size cannot tell (score "
-                      "matrices or the attention's output: grown with seq², an upper bound)"
+                   + (f"; blocks of {s.share('ambiguous'):.1%} of it (the most live at once, "
+                      "wherever) have a shape their size cannot tell (score matrices or the "
+                      "attention's output: grown with seq², an upper bound)"
                       if s.share("ambiguous") else "") + ".")
     if not p.growth.calibration:
         rules = load_rules()
