@@ -13,6 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal, TypeAlias
 
+import numpy as np
 import polars as pl
 
 from snapana.allocator_model import config as alloc_conf
@@ -39,7 +40,7 @@ from snapana.analysis.parallel import (
     zero_from_frames,
 )
 from snapana.analysis.ranks.aggregate import RankSummary
-from snapana.analysis.replay import DeviceReplay, Moment, replay_or_final
+from snapana.analysis.replay import NEVER, DeviceReplay, Moment, replay_or_final
 from snapana.analysis.scaled_replay import (
     SizePrediction,
     Window,
@@ -52,7 +53,7 @@ from snapana.capture_kinds import CaptureKind
 from snapana.errors import InputError, SnapanaError
 from snapana.inputs import Input
 from snapana.limits import MAX_DEVICES, SET_DECISION_MOMENTS
-from snapana.model import Capture, ReadProgress
+from snapana.model import Capture, ReadProgress, is_python_frame
 from snapana.units import parse_capacity
 
 #: Rules as a caller may give them: a loaded RuleSet, extra pack files, or None (built-ins).
@@ -194,14 +195,16 @@ class Session:
         """The blocks live at the moments the families named among blocks held together are
         decided at, once for the window (`Attributor.decide_sets_at`): the moment of
         interest, the peak, then `SET_DECISION_MOMENTS` events spread evenly over the trace
-        (a crowd of same-size blocks that hides a set at one moment is gone at another).
+        (a crowd of same-size blocks that hides a set at one moment is gone at another), and
+        the forward's end (`_forward_end`).
         None depends on the moment asked for, so every moment shows the same decisions."""
         dr = self.replay
         n = dr.n_events
         spread = [dr.event(int(k * (n - 1) / max(SET_DECISION_MOMENTS - 1, 1)))
                   for k in range(SET_DECISION_MOMENTS)]
         picked: dict[int, Moment] = {}
-        for m in (dr.interest, dr.peak, *spread):
+        forward = _forward_end(dr, self.replay.capture)
+        for m in (dr.interest, dr.peak, *spread, *([forward] if forward else [])):
             picked.setdefault(m.idx, m)
         return [dr.blocks_at(m) for m in picked.values()]
 
@@ -485,3 +488,25 @@ def summarize_many(paths: Sequence[str | Path], workers: int | None = None,
     ins = resolve(list(paths), texts=False, every_rank=True)
     return run_many(ins.ranks, summarize, workers, rule_files, capacity, engine,
                     findings=findings).summaries
+
+
+def _forward_end(dr: DeviceReplay, capture: Capture) -> Moment | None:
+    """The event after which the window's allocations made with Python frames hold the most
+    bytes (None: none has frames): the forward's end, where all it keeps lives together (a
+    backward's allocations, on the autograd thread, have none). A training step's peak and
+    the evenly spread moments may all fall after the backward freed autocast's weight
+    copies, whose sizes beside the weights name them only while they are held together."""
+    lt = dr.lifetimes.filter(pl.col("alloc_idx") >= 0)
+    if lt.is_empty():
+        return None
+    framed = {int(s) for s in lt["stack_id"].unique().to_list()
+              if any(is_python_frame(f) for f in capture.stacks.stack(int(s)))}
+    lt = lt.filter(pl.col("stack_id").is_in(list(framed)))
+    if lt.is_empty():
+        return None
+    size = lt["size"].to_numpy().astype(np.int64)
+    t = np.concatenate([lt["alloc_idx"].to_numpy(),
+                        lt["free_done_idx"].fill_null(NEVER).to_numpy()])
+    delta = np.concatenate([size, -size])
+    order = np.lexsort((delta, t))  # at one index, a free before an allocation
+    return dr.event(int(t[order][int(np.argmax(np.cumsum(delta[order])))]))

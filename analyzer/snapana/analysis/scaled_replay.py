@@ -224,16 +224,21 @@ def _bisect(fits: Callable[[int], bool], recorded: int) -> tuple[int | None, int
     return lo, hi, ""
 
 
-def withheld(held: float, n: int, recorded: int, knob: str) -> str:
+def withheld(held: float, n: int, recorded: int, knob: str, ambiguous: float = 0.0) -> str:
     """Why a largest size `n` is not given ("" when it is): the share `held` of the peak held
-    at its recorded size could put the peak at `n` off by held × |n / recorded − 1|, past
-    `scaling.toml` `[confidence] max_held_error`."""
+    at its recorded size could put the peak at `n` off by held × |r − 1| (r = n / recorded),
+    and (a seq) the share `ambiguous` grown with seq² that may grow linearly by
+    ambiguous × |r² − r|, together past `scaling.toml` `[confidence] max_held_error`."""
     limit = load_rules().max_held_error
-    off = held * abs(n / recorded - 1)
+    r = n / recorded
+    off = held * abs(r - 1) + (ambiguous * abs(r * r - r) if knob == "seq" else 0.0)
     if off <= limit:
         return ""
+    also = (f" and {ambiguous:.1%} has the bytes of score matrices and of the attention's "
+            "output alike (grown with seq², it may grow linearly)"
+            if ambiguous and knob == "seq" else "")
     return (f"not given: {held:.0%} of the peak is held at its recorded size (its growth is "
-            f"not known), and the replay's answer is far from the recorded {knob} "
+            f"not known){also}, and the replay's answer is far from the recorded {knob} "
             f"(×{n / recorded:.2g}), where what is held could put the peak off by up to "
             f"{off:.0%} of it (more than "
             f"{limit:.0%}); to fix: --calibrate OTHER.pickle --calibrate-size {knob}=N (a "
@@ -257,7 +262,7 @@ def mark_loop(growth: Growth, loop: Loop) -> Growth:
 
 def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
                 step_largest: bool = True, held: float = 0.0,
-                offered: tuple[str, ...] = ()) -> Fit:
+                offered: tuple[str, ...] = (), ambiguous: float = 0.0) -> Fit:
     """The largest `knob` whose resized window runs without an OOM on `capacity` bytes, by
     bisection on the replay, with each next-step knob (`scaling.toml` `[[next_step]]`)
     replayed one size past it and, with `step_largest`, the largest size with it (a
@@ -274,7 +279,7 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
         return memo[n].fits
 
     n, past, note = _bisect(fits, recorded)
-    why = withheld(held, n, recorded, knob) if n is not None else ""
+    why = withheld(held, n, recorded, knob, ambiguous) if n is not None else ""
     if why:
         return Fit(knob, capacity, None, None, None, len(runs), withheld=why)
     proof = runs.get(n) if n is not None else None
@@ -296,8 +301,8 @@ def largest_fit(window: Window, knob: str, capacity: int, steps: bool = True,
                                            "knob)")
             if caveat:
                 why = f"not given: the replay leaves out {caveat}"
-            if found is not None and withheld(held, found, recorded, knob):
-                why = withheld(held, found, recorded, knob)
+            if found is not None and withheld(held, found, recorded, knob, ambiguous):
+                why = withheld(held, found, recorded, knob, ambiguous)
                 found = None
             named = step_knob(step.id, offered)
             knobs.append(StepKnob(named, knob_name(named), caveat, at_next, found, why,
@@ -416,7 +421,8 @@ def predict_sizes(window: Window, targets: Mapping[str, int], fit_knob: str | No
     target = window.run(targets, capacity) if targets else None
     fit = largest_fit(window, fit_knob, capacity,
                       step_largest=window.events.height <= SMALLEST_EVENTS,
-                      held=sure.share("held fixed"), offered=offered) \
+                      held=sure.share("held fixed"), offered=offered,
+                      ambiguous=sure.share("ambiguous")) \
         if fit_knob is not None and capacity else None
     return SizePrediction(window.device, window.growth, proof, *recorded_peaks, target, fit,
                           capacity, capacity_note, recorded_oom, not window.events.is_empty(),

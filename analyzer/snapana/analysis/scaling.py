@@ -34,6 +34,7 @@ from snapana import data_file
 from snapana.analysis.attribution.lifetimes import attribute_lifetimes, carry_families
 from snapana.analysis.replay import NEVER
 from snapana.analysis.scaling_file import ScalingFile, same_step
+from snapana.analysis.trace_edits import hidden_size
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import is_python_frame
 from snapana.units import ascii_int
@@ -50,8 +51,9 @@ SNAP = 0.05
 #: bytes in int64 at any size a bisection tries).
 LARGEST = 1 << 50
 #: How a block's growth was decided (the `how` column).
-FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED, CHUNKS = (
-    "family", "scores", "calibrated", "unclassified", "indivisible", "factored", "chunks")
+FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED, CHUNKS, AMBIGUOUS = (
+    "family", "scores", "calibrated", "unclassified", "indivisible", "factored", "chunks",
+    "ambiguous")
 #: How-values of blocks held at their recorded size although their family might grow.
 HELD_HOWS = (UNCLASSIFIED, INDIVISIBLE)
 #: How-values whose growth was read off the block's own size (or a second capture), not
@@ -326,21 +328,57 @@ def _frames(stack: Sequence[Any]) -> tuple[tuple[str, str, int], ...]:
 
 
 def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
-                 grows: np.ndarray, stacks: Any, distinct: np.ndarray | None = None
-                 ) -> tuple[np.ndarray, dict[int, str]]:
+                 grows: np.ndarray, stacks: Any, distinct: np.ndarray | None = None,
+                 shape: tuple[int, int] | None = None
+                 ) -> tuple[np.ndarray, dict[int, str], bool]:
     """The score matrices of an unfused attention (`[[scores]]`): of the blocks that grow
     (`grows`) made under a frame whose function the rule names, those of the largest size
     ([batch, heads, seq, seq]; the row max, the output are smaller). One detection for the
-    resized replay (`decide`) and the knob list (`held_scores`). Returns the mask and the
-    matching function of each stack that has one."""
+    resized replay (`decide`) and the knob list (`held_scores`). Returns the mask, the
+    matching function of each stack that has one, and whether the scores' bytes are the
+    attention output's too.
+
+    `shape`: the recorded seq and the hidden size read off the weights. A fused attention
+    (SDPA, flash) makes no scores: its largest block is its output [batch, seq, hidden],
+    made at one line (the innermost frame; each layer reaches it through its own stack). The
+    output's bytes are an activation's [batch, seq, hidden] made elsewhere (a layer norm's,
+    the embedding's: the smallest multiple of seq × hidden bytes that a block with frames
+    makes outside the function, in its dtype or half of it). Where the largest size is the
+    output's and one line makes it, it is taken for that, not for scores; made at two or
+    more (scores, softmax), they are scores whose bytes coincide with the output's (seq =
+    head dim), which the third value says."""
     distinct = np.unique(stack_ids) if distinct is None else distinct
     hits = {int(sid): fn for sid in distinct
             for fn in [next((f for _, f, _ in _frames(stacks.stack(int(sid)))
                              if rule.function.search(f)), None)] if fn is not None}
     under = np.isin(stack_ids, list(hits)) & grows
     if not under.any():
-        return under, hits
-    return under & (requested == int(requested[under].max())), hits
+        return under, hits, False
+    largest = under & (requested == int(requested[under].max()))
+    size = int(requested[largest][0])
+    if shape is None or size not in _output_sizes(stack_ids, requested, stacks, distinct,
+                                                  hits, *shape):
+        return largest, hits, False
+    lines = {_frames(stacks.stack(int(sid)))[:1] for sid in np.unique(stack_ids[largest])}
+    if len(lines) == 1:  # one line of code: the output
+        return np.zeros(len(requested), dtype=bool), hits, False
+    return largest, hits, True
+
+
+def _output_sizes(stack_ids: np.ndarray, requested: np.ndarray, stacks: Any,
+                  distinct: np.ndarray, hits: Mapping[int, str], seq: int, hidden: int
+                  ) -> frozenset[int]:
+    """The bytes an attention's output [batch, seq, hidden] may have (`score_blocks`): the
+    smallest multiple of seq × hidden among blocks with frames made outside the attention
+    function, and half of it (an output in bf16 beside a layer norm's fp32 under
+    autocast)."""
+    framed = _framed(stack_ids, distinct, stacks) & ~np.isin(stack_ids, list(hits))
+    unit = seq * hidden
+    found = requested[framed & (requested % unit == 0) & (requested > 0)]
+    if not len(found):
+        return frozenset()
+    least = int(found.min())
+    return frozenset(x for x in (least // 2, least) if x % unit == 0)
 
 
 def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, int, str]:
@@ -366,7 +404,7 @@ def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, int, str]:
     framed = _framed(stack_ids, distinct, stacks)
     total, count, shaped_count, name = 0, 0, 0, ""
     for rule in rules.scores:
-        mask, hits = score_blocks(rule, stack_ids, size, candidates, stacks, distinct)
+        mask, hits, _ = score_blocks(rule, stack_ids, size, candidates, stacks, distinct)
         if not mask.any():
             continue
         shaped = _score_shaped(rule, size, mask, candidates & ~mask,
@@ -428,9 +466,11 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     open_ = ~known & (blocks["alloc_idx"].to_numpy() >= 0)
     assumptions: list[str] = []
     distinct = np.unique(stack_ids)
+    hidden = hidden_size(blocks.filter(pl.col("alloc_idx") < 0))
+    shape = (sizes["seq"].recorded, hidden) if hidden and "seq" in sizes else None
     for rule in rules.scores:
-        scores, hits = score_blocks(rule, stack_ids, requested, grows | open_, stacks,
-                                    distinct)
+        scores, hits, coincide = score_blocks(rule, stack_ids, requested, grows | open_,
+                                              stacks, distinct, shape)
         if not scores.any():
             continue
         e_b[scores], e_s[scores] = rule.batch, rule.seq
@@ -442,6 +482,13 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         assumptions.append(rule.assumption.format(site=", ".join(sites[:3]) + more,
                                                   function=fn)
                            + f"; the smaller blocks under {fn} follow their family")
+        if coincide:
+            how[scores] = AMBIGUOUS
+            assumptions.append(
+                f"the scores under {fn} have the bytes of its output [batch, seq, hidden] "
+                "(the hidden size read off the weights: seq is the head dimension, or a "
+                "multiple of it by the dtypes' ratio); the sizes cannot tell which blocks "
+                "are which, so all of them are grown with seq² (an upper bound)")
         under = np.isin(stack_ids, list(hits))
         framed = _framed(stack_ids, distinct, stacks)
         shaped = _score_shaped(rule, requested, scores, (grows | open_) & ~scores, under,
@@ -660,7 +707,8 @@ def calibrate(growth: Growth, mine: pl.DataFrame, other: pl.DataFrame, knob: str
 
 
 #: How-values by how sure their growth is: given by a rule, a shape or a second capture;
-#: assumed from the size alone (no rule); not known, held at the recorded size.
+#: assumed from the size alone (no rule); not known, held at the recorded size. `shares`
+#: adds "ambiguous": blocks of a shape two rules give (scores or the attention's output).
 SURE = {"derived": (FAMILY, SCORES, CALIBRATED, CHUNKS), "assumed": (FACTORED,),
         "held fixed": HELD_HOWS}
 
@@ -695,5 +743,12 @@ def shares(growth: Growth) -> Shares:
     at = int(t[order][top])
     alive = (start <= at) & (end > at)
     how = b["how"].to_numpy()
-    return Shares(int(req[alive].sum()), {
-        kind: int(req[alive & np.isin(how, list(hows))].sum()) for kind, hows in SURE.items()})
+    by = {kind: int(req[alive & np.isin(how, list(hows))].sum()) for kind, hows in SURE.items()}
+    # blocks of a shape two rules give (`AMBIGUOUS`): the most of them live at once, wherever
+    # that is (a forward's scores are freed before a training step's recorded peak, and
+    # grown with seq² they may make the peak at the size asked)
+    amb = np.concatenate([how, how]) == AMBIGUOUS
+    if amb.any():
+        o = np.lexsort((d[amb], t[amb]))
+        by["ambiguous"] = int(np.cumsum(d[amb][o]).max())
+    return Shares(int(req[alive].sum()), by)

@@ -170,7 +170,9 @@ def _assumptions(p: SizePrediction) -> tuple[str, ...]:
              "factored": "have no family rule and grow linearly because their size is a "
                          "multiple of the stated size (derived from the size, not a rule)",
              "unclassified": "have no rule and are held fixed",
-             "indivisible": "do not divide by the stated size and are held fixed"}
+             "indivisible": "do not divide by the stated size and are held fixed",
+             "ambiguous": "have the bytes of score matrices and of the attention's output "
+                          "alike (seq = head dim): grown with seq², an upper bound"}
     # with no batch or seq asked (a parallel layout alone) nothing grows: its own words say
     out = ["Model state (parameters, gradients, optimizer state, buffers) is held at its "
            "recorded size; activations, logits and the KV cache grow linearly with batch and "
@@ -218,7 +220,11 @@ def _head(p: SizePrediction) -> tuple[str, ...]:
                    f"{s.share('derived'):.0%} grows by a rule, a shape or a measurement "
                    f"(derived), {s.share('assumed'):.0%} is assumed to grow because its size "
                    f"is a multiple of the stated size, and {s.share('held fixed'):.0%} is "
-                   "held at its recorded size (its growth is not known).")
+                   "held at its recorded size (its growth is not known)"
+                   + (f"; blocks of {s.share('ambiguous'):.1%} of it (the most live at once, "
+                      "wherever) have a shape their size cannot tell (score matrices or the "
+                      "attention's output: grown with seq², an upper bound)"
+                      if s.share("ambiguous") else "") + ".")
     if not p.growth.calibration:
         rules = load_rules()
         low, high = rules.band

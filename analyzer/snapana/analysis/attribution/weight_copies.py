@@ -54,8 +54,11 @@ def find(rows: Sequence[Row]) -> dict[int, str]:
     nothing when the set does not show the signature (most weights' bytes copied)."""
     s = spec()
     params = Counter(r.size for r in rows if _weighs(r, s))
-    param_bytes = sum(size * n for size, n in params.items())
-    if not param_bytes:
+    # a block held since before recording that nothing named weighs in the share only where
+    # a copy is cast from it: optimizer moments are held unnamed too (a training step's), and
+    # counted whole they would hide the copies of every weight
+    named = Counter(r.size for r in rows if r.family in s.weight_families)
+    if not params:
         return {}
     by_size: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
@@ -69,7 +72,11 @@ def find(rows: Sequence[Row]) -> dict[int, str]:
             # activation of a coincidental size among them, and which one is not known
             if 0 < len(found) <= params.get(size * ratio, 0):
                 copies.extend(found)
-        covered = sum(rows[i].size * ratio for i in copies) / param_bytes
+        cast_from = {rows[i].size * ratio for i in copies}
+        param_bytes = sum(size * n for size, n in params.items()
+                          if size in named or size in cast_from)
+        covered = sum(rows[i].size * ratio for i in copies) / param_bytes \
+            if param_bytes else 0.0
         if len(copies) < s.min_copies or covered < s.min_param_share:
             continue
         out: dict[int, str] = {}

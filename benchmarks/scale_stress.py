@@ -1,0 +1,184 @@
+"""Where `whatif --scale` breaks on shapes nobody tuned it for (issue 70): simulated jobs over
+a grid of model dimensions (hidden, heads, layers, vocab), batch and sequence, fp32 and bf16
+autocast (with its weight copies), a training step / a forward / an inference forward, the
+program's modules / nn.Linear / hand-written functions (no torch.nn frame), unfused and fused
+attention, a whole and a chunked loss (synth/scenarios/sized.py `Job`). For each, the larger
+size's peak allocated is predicted from the smaller capture, uncalibrated
+(`Session.open(path).resize(parse_sizes([...]))`), beside the simulator's own peak (its truth
+sidecar), and the error; the band over the grid, and the confidence share each prediction
+carries.
+
+    python benchmarks/scale_stress.py          # the whole grid
+    python benchmarks/scale_stress.py --quick  # the subset tests/test_scale_stress.py runs
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "analyzer"))
+
+from snapana.synth.scenarios.sized import Job  # noqa: E402
+
+#: The bar every prediction is held to.
+BAR = 0.10
+B = Job()
+
+
+@dataclass(frozen=True)
+class Case:
+    """One job at two sizes: (batch, seq) recorded and (batch, seq) predicted."""
+
+    job: Job
+    small: tuple[int, int]
+    large: tuple[int, int]
+
+    def scale(self) -> list[str]:
+        return [f"{k}={a}:{b}" for k, a, b in zip(("batch", "seq"), self.small, self.large,
+                                                  strict=True) if a != b]
+
+    def name(self) -> str:
+        (b0, s0), (b1, s1) = self.small, self.large
+        return f"{self.job.label()} b{b0}s{s0}->b{b1}s{s1}"
+
+
+def _axes() -> list[Case]:
+    """Each axis of the grid varied from the default step, seq ×4 (and batch ×4)."""
+    seq = ((2, 256), (2, 1024))
+    out = [Case(B, *seq), Case(B, (1, 256), (4, 256)), Case(B, (1, 64), (1, 1024))]
+    for hidden, heads in ((256, 4), (512, 8), (2048, 16), (4096, 32)):
+        out.append(Case(replace(B, hidden=hidden, heads=heads), *seq))
+    for layers in (2, 24):
+        out.append(Case(replace(B, layers=layers), *seq))
+    for vocab in (1000, 128_000):
+        out.append(Case(replace(B, vocab=vocab), *seq))
+    out.append(Case(replace(B, heads=32), *seq))
+    out.append(Case(replace(B, hidden=512, heads=8), (1, 2048), (1, 8192)))
+    out.append(Case(B, (4, 128), (16, 128)))
+    return out
+
+
+def _kinds() -> list[Case]:
+    """Precision × mode × frames × attention × loss, at two shapes."""
+    out = []
+    for shape, small, large, chunked_at in (
+            (B, (2, 256), (2, 1024), ((2, 1400), (2, 4200))),
+            (replace(B, hidden=512, heads=8, vocab=50_000), (1, 512), (4, 2048),
+             ((1, 2800), (3, 2800)))):
+        for autocast in (False, True):
+            for mode in ("train", "forward", "inference"):
+                for frames in ("module", "linear", "handwritten"):
+                    out.append(Case(replace(shape, autocast=autocast, mode=mode,
+                                            frames=frames), small, large))
+        # a chunked loss recorded over more tokens than a chunk, the last chunk the rest:
+        # equal chunks alone are no evidence of a loop (L layers make L equal blocks at one
+        # site too)
+        for fused, chunked in ((True, False), (False, True), (True, True)):
+            at = chunked_at if chunked else (small, large)
+            for more in ({}, {"autocast": True, "frames": "handwritten"}):
+                out.append(Case(replace(shape, fused=fused, chunked_loss=chunked, **more), *at))
+    # one chunk at the recorded size: nothing says it is a loop (see the report)
+    out.append(Case(replace(B, chunked_loss=True), (2, 256), (2, 1024)))
+    return out
+
+
+def grid() -> list[Case]:
+    return _axes() + _kinds()
+
+
+#: A small, fixed, fast subset (tests/test_scale_stress.py): each kind the grid found failing
+#: before its fix, and the default step. Errors before the fixes: autocast's copies in a
+#: training step +14.10% (decided only where the backward had freed them) and +12.66% (the
+#: optimizer's unnamed moments counted as weights), a fused attention's output grown as
+#: scores +5.44% and +22.97%, a chunked loss over batch × seq tokens +40% and more.
+S2 = replace(B, hidden=512, heads=8, vocab=50_000)
+QUICK = [
+    Case(B, (2, 256), (2, 1024)),
+    Case(replace(B, autocast=True), (2, 256), (2, 1024)),
+    Case(replace(S2, autocast=True, frames="linear"), (1, 512), (4, 2048)),
+    Case(replace(B, fused=True), (2, 256), (2, 1024)),
+    Case(replace(S2, fused=True, autocast=True, frames="handwritten"), (1, 512), (4, 2048)),
+    Case(replace(B, chunked_loss=True), (2, 1400), (2, 4200)),
+    Case(replace(B, fused=True, chunked_loss=True, autocast=True, frames="handwritten"),
+         (2, 1400), (2, 4200)),
+]
+#: Failures left (see the report): scores whose bytes are the attention output's (seq = head
+#: dim), which --fit must refuse a largest size for.
+AMBIGUOUS = Case(B, (1, 64), (1, 1024))
+
+
+@dataclass(frozen=True)
+class Row:
+    case: Case
+    predicted: int
+    actual: int
+    held: float  # the share of the recorded peak held fixed
+    refused: bool  # --fit would give no largest size (the held share is past [confidence])
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.actual - 1
+
+
+def measure(case: Case, folder: Path, tag: str = "") -> Row | None:
+    """The case's prediction and truth; None when the simulator ran out of memory (an
+    A800's 80 GB) at the larger size."""
+    from snapana.analysis.scaled_replay import withheld
+    from snapana.analysis.scaling import parse_sizes
+    from snapana.session import Session
+    from snapana.synth.scenarios import write_snapshot
+    from snapana.synth.scenarios.sized import sized_job
+
+    (b0, s0), (b1, s1) = case.small, case.large
+    small, t0 = write_snapshot(*sized_job(b0, s0, job=case.job), folder / f"{tag}small.pickle")
+    _, t1 = write_snapshot(*sized_job(b1, s1, job=case.job), folder / f"{tag}large.pickle")
+    truth = json.loads(t1.read_text())
+    if truth.get("oom") or json.loads(t0.read_text()).get("oom"):
+        return None
+    p = Session.open(small).resize(parse_sizes(case.scale()))
+    assert p.target is not None
+    held, ambiguous = p.shares.share("held fixed"), p.shares.share("ambiguous")
+    # as --fit would judge a largest size found at the larger one
+    knob, n, r = max((("batch", b1, b0), ("seq", s1, s0)), key=lambda k: k[1] / k[2])
+    refused = bool(withheld(held, n, r, knob, ambiguous))
+    return Row(case, p.target.replay.peak_allocated, int(truth["peak_allocated_bytes"]),
+               held + ambiguous, refused)
+
+
+def rows(cases: list[Case]) -> list[Row]:
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, case in enumerate(cases):
+            r = measure(case, Path(tmp), f"{i}-")
+            if r is not None:
+                out.append(r)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    cases = QUICK if "--quick" in argv else grid()
+    found = rows(cases)
+    print(f"{'job':72} {'--scale':22} {'predicted':>15} {'actual':>15} {'error':>8} "
+          f"{'held':>6}")
+    for r in found:
+        mark = "  FAIL" if abs(r.error) > BAR else ""
+        mark += " (no fit given)" if r.refused else ""
+        print(f"{r.case.name():72} {' '.join(r.case.scale()):22} {r.predicted:15,} "
+              f"{r.actual:15,} {r.error:+8.2%} {r.held:6.1%}{mark}")
+    errors = [r.error for r in found]
+    failed = [r for r in found if abs(r.error) > BAR]
+    print(f"\n{len(found)} jobs ({len(cases) - len(found)} out of memory at the larger size, "
+          f"left out); band {min(errors):+.2%} … {max(errors):+.2%}; "
+          f"{len(failed)} past ±{BAR:.0%}"
+          + (f", of which {sum(r.refused for r in failed)} refuse a largest fit" if failed
+             else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,59 @@
+"""whatif --scale on simulated jobs of shapes nobody tuned it for (issue 70): a small, fixed
+subset of benchmarks/scale_stress.py's grid, each failure it found fixed among them (autocast's
+weight copies in a training step, a fused attention's output, a chunked loss over batch × seq
+tokens), predicted from the smaller capture uncalibrated and held within 10% of the
+simulator's own peak at the larger size (its truth sidecar). Where the sizes cannot tell
+scores from the attention's output (seq = head dim), --fit gives no largest size."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+
+import pytest
+from snapana.analysis.scaling import parse_sizes
+from snapana.session import Session
+from snapana.synth.scenarios import write_snapshot
+from snapana.synth.scenarios.sized import sized_job
+
+from .conftest import ROOT
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("scale_stress",
+                                                  ROOT / "benchmarks" / "scale_stress.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _bench()
+
+
+@pytest.mark.parametrize("case", BENCH.QUICK, ids=lambda c: c.name())
+def test_within_ten_percent_of_the_simulator(tmp_path, case):
+    row = BENCH.measure(case, tmp_path)
+    assert row is not None
+    assert abs(row.error) <= BENCH.BAR, f"{case.name()}: {row.error:+.2%}"
+
+
+def test_scores_the_size_of_the_output_refuse_a_largest_fit(tmp_path):
+    """At seq = head dim the score matrices have the bytes of the attention's output
+    [batch, seq, hidden]: grown with seq² (an upper bound), and --fit withholds a size that
+    far from the recorded one (the fp32 step at 1 × 64, 6 layers, hidden 1,024, 16 heads)."""
+    case = BENCH.AMBIGUOUS
+    row = BENCH.measure(case, tmp_path)
+    assert row is not None and row.error > 0 and row.refused
+    batch, seq = case.small
+    path, _ = write_snapshot(*sized_job(batch, seq, job=case.job), tmp_path / "fit.pickle")
+    p = Session.open(path).resize(parse_sizes([f"seq={seq}"]), card="80GiB", fit="seq")
+    assert p.shares.share("ambiguous") > 0
+    assert p.fit is not None and p.fit.largest is None
+    assert "score matrices" in p.fit.withheld
+    # the same capture asked for batch: the scores grow linearly in it either way
+    q = Session.open(path).resize(parse_sizes([f"batch={batch}", f"seq={seq}"]),
+                                  card="80GiB", fit="batch")
+    assert q.fit is not None and q.fit.largest is not None
