@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from snapana.analysis.cause_knobs import cause_knobs
 from snapana.analysis.framework_memory import (
     FrameworkEvidence,
     across_ranks,
@@ -74,7 +75,8 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
     for log in logs:
         messages = list(log.messages)
         set_ = _Settings(log.settings, changed)
-        diagnoses += [replace(d, knobs=set_(d.knobs)) for d in map(diagnose, messages)]
+        diagnoses += [replace(d, knobs=set_(d.knobs + cause_knobs(d)))
+                      for d in map(diagnose, messages)]
         named = _requests(log)
         requests += [None if r is None else replace(r, knobs=set_(r.knobs, m))
                      for r, m in zip(named, messages, strict=True)]
