@@ -273,6 +273,11 @@ def _rank_table(views: Sequence[MessageView], named: bool = False
     return columns, rows
 
 
+#: Framework lines of a backend whose allocator records no history (torch.mps has no
+#: _record_memory_history / _dump_snapshot): nothing to advise recording.
+NO_HISTORY_FRAMEWORKS = frozenset({"mps"})
+
+
 def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
     """What to record so that the next OOM comes with a snapshot: the allocator's history
     names the tensors these figures only count."""
@@ -310,7 +315,11 @@ def text_log_view(title: str, evidence: LogEvidence,
                 *(smi_section(e, named) for e in evidence.smi),
                 *(kv_section(e, named) for e in evidence.kv),
                 *(framework_section(e, named) for e in evidence.frameworks))
-    return TextLogView(title, views, rows, columns, record_advice(views),
+    # torch.mps keeps no allocator history to snapshot: a log whose only OOM is the MPS
+    # allocator's gets no advice to record one
+    mps_only = not views and bool(evidence.frameworks) and all(
+        e.framework in NO_HISTORY_FRAMEWORKS for e in evidence.frameworks)
+    return TextLogView(title, views, rows, columns, () if mps_only else record_advice(views),
                        (*unrecognised, *evidence.not_read), sections, evidence.settings,
                        evidence.set_knobs)
 
@@ -655,6 +664,15 @@ FRAMEWORK_WORDS: dict[str, Callable[[Terms, Finding, FrameworkEvidence], str]] =
         "allocator figures — no request, free or reserved to split; CUDA reports "
         "errors asynchronously, so the frame it names may not be the call that "
         "failed (CUDA_LAUNCH_BLOCKING=1 pins it down)"),
+    "mps_oom": lambda t, f, e: (
+        f"PyTorch's MPS allocator refused {b(t['request'])} at line {t['line']}"
+        f"{_times(t)}: this process held {b(t['MPS allocated'])} in its MPS heaps and "
+        f"{b(t['other allocations'])} in other Metal allocations"
+        + (f", {b(t['MPS allocated'] + t['other allocations'] + t['request'])} with the "
+           f"request, over the {b(t['max allowed'])} it allows (its high watermark: "
+           "PYTORCH_MPS_HIGH_WATERMARK_RATIO × the device's recommended working set)"
+           if "max allowed" in t else
+           ", with no watermark limit set: Metal itself could not give the memory")),
     "cublas_alloc_failed": lambda t, f, e: (
         f"cuBLAS could not allocate (CUBLAS_STATUS_ALLOC_FAILED) at line {t['line']}"
         f"{_times(t)}: its handle or workspace is device memory cuBLAS takes itself, "

@@ -27,14 +27,16 @@ MAX_ANCHORS_PER_LINE = 16
 #: How much of a line's start is searched for its rank tag.
 RANK_SPAN = 300
 
-_PIECES = {"num": r"\d{1,9}(?:\.\d{1,6})?", "int": r"\d{1,20}", "count": r"\d[\d,]{0,26}"}
+_PIECES = {"num": r"\d{1,9}(?:\.\d{1,6})?", "int": r"\d{1,20}", "count": r"\d[\d,]{0,26}",
+           # a size with the unit it was printed in (a library that picks the unit per figure)
+           "size": r"\d{1,9}(?:\.\d{1,6})? (?:bytes|KiB|MiB|GiB|KB|MB|GB)"}
 #: A rank tag: torchrun's "[rank3]", Megatron's "[Rank 3]", SGLang's "TP3" (its tensor
 #: parallel rank: one process per GPU), vLLM's "rank=3".
 RANK_TAG = re.compile(r"\[[Rr]ank ?(\d{1,6})\]|\bTP(\d{1,4})\b|\brank=(\d{1,6})\b")
 _BYTE_UNITS = {"GB", "GiB", "MB", "MiB", "KB", "KiB", "bytes", "B"}
 
 
-Unit = Literal["GB", "GiB", "MB", "MiB", "KB", "KiB", "bytes", "B", "count", "float"]
+Unit = Literal["GB", "GiB", "MB", "MiB", "KB", "KiB", "bytes", "B", "count", "float", "printed"]
 
 
 class LineEntry(data_file.Table, frozen=True, kw_only=True):
@@ -133,6 +135,9 @@ def _figure(value: str, unit: str) -> Size | int | float:
         return float(value)
     if unit == "bytes":
         return Size(int(value), 0, f"{value} bytes")
+    if unit == "printed":  # "{size}": the number and its own unit
+        number, printed_unit = value.split(" ", 1)
+        return Size.parse(number, printed_unit)
     negative = value.startswith("-")
     size = Size.parse(value.lstrip("-"), unit)
     return Size(-size.bytes, size.slack, value + " " + unit) if negative else size
