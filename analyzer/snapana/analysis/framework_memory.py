@@ -491,11 +491,35 @@ def _mps(lines: Sequence[MemoryLine], message: OomMessage | None
     return findings, [named("mps_high_watermark")]
 
 
+# ----- PyTorch's cudaMallocAsync backend ------------------------------------------------
+
+def _cuda_async(lines: Sequence[MemoryLine], message: OomMessage | None
+                ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    """The last refusal of the cudaMallocAsync backend, with the figure lines printed under
+    it: what PyTorch's live allocations held, the request, the device's total and free, and
+    the rest (total − free − allocated: memory the driver's pool keeps after frees, other
+    processes, the CUDA context). Its figure lines are read only under it (memory_lines.toml
+    `after`)."""
+    heads = [m for m in lines if m.format == "cuda_async.oom"]
+    head = heads[-1]
+    below = {m.format: m for m in lines if m.line > head.line}
+    figures = {name: b for fmt, name in (("cuda_async.allocated", "allocated"),
+                                         ("cuda_async.requested", "request"),
+                                         ("cuda_async.device_limit", "total"),
+                                         ("cuda_async.free", "free"))
+               if (b := _bytes(below.get(fmt), name)) is not None}
+    terms = [("line", head.line), ("times", len(heads)), *figures.items()]
+    if {"allocated", "total", "free"} <= figures.keys():
+        terms.append(("elsewhere", max(0, figures["total"] - figures["free"]
+                                       - figures["allocated"])))
+    return [Finding("cuda_async_oom", tuple(terms))], []
+
+
 _JUDGES: dict[str, Callable[[Sequence[MemoryLine], OomMessage | None],
                             tuple[list[Finding], list[tuple[str, str]]]]] = {
     "sglang": _sglang, "torch_memory_saver": _memory_saver, "vllm": _vllm,
     "megatron": _megatron, "deepspeed": _deepspeed, "slime": _slime, "nccl": _nccl,
-    "cuda": _cuda, "mps": _mps}
+    "cuda": _cuda, "mps": _mps, "cuda_async": _cuda_async}
 
 #: Each framework's name as its section says it (memory_lines.toml [[framework]]).
 FRAMEWORK_NAMES = framework_names()

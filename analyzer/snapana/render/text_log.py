@@ -274,8 +274,9 @@ def _rank_table(views: Sequence[MessageView], named: bool = False
 
 
 #: Framework lines of a backend whose allocator records no history (torch.mps has no
-#: _record_memory_history / _dump_snapshot): nothing to advise recording.
-NO_HISTORY_FRAMEWORKS = frozenset({"mps"})
+#: _record_memory_history; cudaMallocAsync's recordHistory raises 'does not yet support
+#: recordHistory'): nothing to advise recording.
+NO_HISTORY_FRAMEWORKS = frozenset({"mps", "cuda_async"})
 
 
 def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
@@ -315,8 +316,8 @@ def text_log_view(title: str, evidence: LogEvidence,
                 *(smi_section(e, named) for e in evidence.smi),
                 *(kv_section(e, named) for e in evidence.kv),
                 *(framework_section(e, named) for e in evidence.frameworks))
-    # torch.mps keeps no allocator history to snapshot: a log whose only OOM is the MPS
-    # allocator's gets no advice to record one
+    # a log whose only OOM is an allocator's that keeps no history gets no advice to
+    # record one
     mps_only = not views and bool(evidence.frameworks) and all(
         e.framework in NO_HISTORY_FRAMEWORKS for e in evidence.frameworks)
     return TextLogView(title, views, rows, columns, () if mps_only else record_advice(views),
@@ -556,6 +557,24 @@ def _times(t: Terms) -> str:
     return f" ({t['times']} times)" if t["times"] > 1 else ""
 
 
+def _cuda_async_oom(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
+    head = (f"PyTorch's cudaMallocAsync allocator refused an allocation at line {t['line']}"
+            f"{_times(t)}")
+    if "request" not in t or "allocated" not in t:
+        return (head + ": the paste holds none of the figures it prints under that line "
+                "(currently allocated, requested, the device's total and free)")
+    out = (f"{head}: {b(t['request'])} requested with {b(t['allocated'])} allocated by "
+           "PyTorch")
+    if "elsewhere" not in t:
+        return out
+    short = t["request"] - t["free"]
+    return (out + f"; the device's {b(t['total'])} had {b(t['free'])} free" +
+            (f", {b(short)} short" if short > 0 else "") +
+            f", and {b(t['elsewhere'])} was neither PyTorch's live allocations nor free "
+            "(memory the driver's pool keeps after frees, other processes, the CUDA "
+            "context)")
+
+
 def _saver_refused(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
     return (f"torch_memory_saver refused an allocation of {b(t['size'])}{_times(t)}: "
             f"{b(t['free'])} free less its margin {b(t['margin'])} leaves "
@@ -673,6 +692,7 @@ FRAMEWORK_WORDS: dict[str, Callable[[Terms, Finding, FrameworkEvidence], str]] =
            "PYTORCH_MPS_HIGH_WATERMARK_RATIO × the device's recommended working set)"
            if "max allowed" in t else
            ", with no watermark limit set: Metal itself could not give the memory")),
+    "cuda_async_oom": _cuda_async_oom,
     "cublas_alloc_failed": lambda t, f, e: (
         f"cuBLAS could not allocate (CUBLAS_STATUS_ALLOC_FAILED) at line {t['line']}"
         f"{_times(t)}: its handle or workspace is device memory cuBLAS takes itself, "
