@@ -329,6 +329,15 @@ def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
             knobs.append(_knob("vllm_max_model_len", f"{tokens:,}",
                                f"the KV cache holds {tokens:,} tokens, less than one request "
                                f"of {max_len:,} (concurrency {times:.2f}x)"))
+    warmup = _last(lines, "vllm.warmup_oom")
+    if warmup is not None:  # vLLM's own words name both knobs
+        reqs = _whole(warmup, "num_reqs")
+        findings.append(Finding("vllm_warmup_oom", (("line", warmup.line),
+                                                    ("dummy requests", reqs))))
+        knobs += [named("vllm_warmup_max_num_seqs", f"<fewer than {reqs:,}>",
+                        f"it ran out warming up {reqs:,} dummy requests, as many as "
+                        "max_num_seqs lets one step hold"),
+                  named("vllm_warmup_utilization")]
     cumem = _last(lines, "vllm.cumem_oom")
     if cumem is not None:
         findings.append(Finding("vllm_cumem_oom", (("line", cumem.line),

@@ -655,6 +655,10 @@ FRAMEWORK_WORDS: dict[str, Callable[[Terms, Finding, FrameworkEvidence], str]] =
         f"{b(t['allocated'])} allocated = {b(t['reserved'] - t['allocated'])} cached"),
     "report_vs_oom": _report_vs_oom,
     "sglang_not_enough": _sglang_not_enough,
+    "vllm_warmup_oom": lambda t, f, e: (
+        f"vLLM ran out warming up with {t['dummy requests']:,} dummy requests at line "
+        f"{t['line']}: after the KV cache took its share of the budget, one step over "
+        "max_num_seqs requests (the sampler's logits, a pooler's outputs) found no room"),
     "vllm_cumem_oom": lambda t, f, e: (
         f"vLLM's sleep-mode allocator (CuMemAllocator, cumem_allocator.cpp:"
         f"{t['source line']}) ran out at line {t['line']}: memory created or mapped "
