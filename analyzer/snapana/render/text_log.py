@@ -277,6 +277,8 @@ def _rank_table(views: Sequence[MessageView], named: bool = False
 #: _record_memory_history; cudaMallocAsync's recordHistory raises 'does not yet support
 #: recordHistory'): nothing to advise recording.
 NO_HISTORY_FRAMEWORKS = frozenset({"mps", "cuda_async"})
+#: Lines of a library that does not allocate through PyTorch at all (CTranslate2).
+NO_HISTORY_FORMATS = frozenset({"ctranslate2.cuda_oom"})
 
 
 def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
@@ -318,9 +320,10 @@ def text_log_view(title: str, evidence: LogEvidence,
                 *(framework_section(e, named) for e in evidence.frameworks))
     # a log whose only OOM is an allocator's that keeps no history gets no advice to
     # record one
-    mps_only = not views and bool(evidence.frameworks) and all(
-        e.framework in NO_HISTORY_FRAMEWORKS for e in evidence.frameworks)
-    return TextLogView(title, views, rows, columns, () if mps_only else record_advice(views),
+    no_history = not views and bool(evidence.frameworks) and all(
+        e.framework in NO_HISTORY_FRAMEWORKS
+        or all(ln.format in NO_HISTORY_FORMATS for ln in e.lines) for e in evidence.frameworks)
+    return TextLogView(title, views, rows, columns, () if no_history else record_advice(views),
                        (*unrecognised, *evidence.not_read), sections, evidence.settings,
                        evidence.set_knobs)
 
@@ -697,6 +700,16 @@ FRAMEWORK_WORDS: dict[str, Callable[[Terms, Finding, FrameworkEvidence], str]] =
            if "max allowed" in t else
            ", with no watermark limit set: Metal itself could not give the memory")),
     "cuda_async_oom": _cuda_async_oom,
+    "cuda_driver_oom": lambda t, f, e: (
+        f"'CUDA driver error: out of memory' at line {t['line']}{_times(t)}: a CUDA driver "
+        "call ran out (cuMemCreate / cuMemMap, loading or launching a Triton kernel) "
+        "outside the caching allocator's own OOM message, so it carries no allocator "
+        "figures — no request, free or reserved to split"),
+    "ctranslate2_cuda_oom": lambda t, f, e: (
+        f"CTranslate2 ran out of device memory at line {t['line']}{_times(t)} ('CUDA failed "
+        "with error out of memory'): its own allocator, not PyTorch's, so the error carries "
+        "no figures and PyTorch's allocator settings do not act on it — what else holds "
+        "the card, and CTranslate2's own compute_type and batch size, do"),
     "cublas_alloc_failed": lambda t, f, e: (
         f"cuBLAS could not allocate (CUBLAS_STATUS_ALLOC_FAILED) at line {t['line']}"
         f"{_times(t)}: its handle or workspace is device memory cuBLAS takes itself, "
