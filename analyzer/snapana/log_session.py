@@ -26,6 +26,7 @@ from snapana.analysis.log_evidence import (
     smi_evidence,
     summary_evidence,
 )
+from snapana.analysis.prefix_knobs import prefix_knobs
 from snapana.analysis.text_diagnosis import TextDiagnosis, diagnose
 from snapana.log_model import OomMessage, Setting
 from snapana.sources import log_text
@@ -75,7 +76,7 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
     for log in logs:
         messages = list(log.messages)
         set_ = _Settings(log.settings, changed)
-        diagnoses += [replace(d, knobs=set_(d.knobs + cause_knobs(d)))
+        diagnoses += [replace(d, knobs=set_(d.knobs + cause_knobs(d) + prefix_knobs(d)))
                       for d in map(diagnose, messages)]
         named = _requests(log)
         requests += [None if r is None else replace(r, knobs=set_(r.knobs, m))
