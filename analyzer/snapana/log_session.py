@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from snapana.analysis.cause_knobs import cause_knobs
 from snapana.analysis.framework_memory import (
     FrameworkEvidence,
     across_ranks,
@@ -25,6 +26,7 @@ from snapana.analysis.log_evidence import (
     smi_evidence,
     summary_evidence,
 )
+from snapana.analysis.prefix_knobs import prefix_knobs
 from snapana.analysis.text_diagnosis import TextDiagnosis, diagnose
 from snapana.log_model import OomMessage, Setting
 from snapana.sources import log_text
@@ -74,7 +76,10 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
     for log in logs:
         messages = list(log.messages)
         set_ = _Settings(log.settings, changed)
-        own = [replace(d, knobs=set_(d.knobs)) for d in map(diagnose, messages)]
+        diagnosed = list(map(diagnose, messages))
+        prefixed = [prefix_knobs(d) for d in diagnosed]  # a worker's prefix names a knob
+        own = [replace(d, knobs=set_(d.knobs + cause_knobs(d) + p))
+               for d, p in zip(diagnosed, prefixed, strict=True)]
         named = _requests(log)
         requests += [None if r is None else replace(r, knobs=set_(r.knobs, m))
                      for r, m in zip(named, messages, strict=True)]
@@ -95,7 +100,7 @@ def weigh(logs: list[log_text.TextLog]) -> LogEvidence:
                   + [kv_evidence(None, b, others, log.name) for b in alone]]
         kv += budget
         given = [*(r.knobs for r in named if r is not None), *(e.knobs for e in judged),
-                 *(e.knobs for e in budget)]
+                 *(e.knobs for e in budget), *prefixed]
         if not any(given):  # no traceback, framework line or refusal names a knob
             own = [replace(d, knobs=(*d.knobs, *set_(_settings_alone(log.settings, m))))
                    for d, m in zip(own, messages, strict=True)]

@@ -329,6 +329,15 @@ def _vllm(lines: Sequence[MemoryLine], message: OomMessage | None
             knobs.append(_knob("vllm_max_model_len", f"{tokens:,}",
                                f"the KV cache holds {tokens:,} tokens, less than one request "
                                f"of {max_len:,} (concurrency {times:.2f}x)"))
+    warmup = _last(lines, "vllm.warmup_oom")
+    if warmup is not None:  # vLLM's own words name both knobs
+        reqs = _whole(warmup, "num_reqs")
+        findings.append(Finding("vllm_warmup_oom", (("line", warmup.line),
+                                                    ("dummy requests", reqs))))
+        knobs += [named("vllm_warmup_max_num_seqs", f"<fewer than {reqs:,}>",
+                        f"it ran out warming up {reqs:,} dummy requests, as many as "
+                        "max_num_seqs lets one step hold"),
+                  named("vllm_warmup_utilization")]
     cumem = _last(lines, "vllm.cumem_oom")
     if cumem is not None:
         findings.append(Finding("vllm_cumem_oom", (("line", cumem.line),
@@ -457,11 +466,69 @@ def _cuda(lines: Sequence[MemoryLine], message: OomMessage | None
             for fmt, group in by_format.items()], []
 
 
+# ----- PyTorch's MPS allocator (Apple GPU) -----------------------------------------------
+
+#: PYTORCH_MPS_HIGH_WATERMARK_RATIO's default and its upper bound on unified memory
+#: (MPSAllocator.h default_high_watermark_ratio, default_high_watermark_upper_bound).
+MPS_DEFAULT_RATIO = 1.7
+MPS_MAX_RATIO = 2.0
+
+
+def _mps(lines: Sequence[MemoryLine], message: OomMessage | None
+         ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    """The last MPS refusal: this process's Metal memory (MPS allocated + other allocations)
+    and the request against max allowed. With a limit printed, the ratio that lets the
+    request through if the default 1.7 is in force (max allowed = ratio × the recommended
+    working set), else the message's own 0.0; without one the device itself ran out."""
+    last = lines[-1]
+    allocated, request = _bytes(last, "allocated") or 0, _bytes(last, "request") or 0
+    other, allowed = _bytes(last, "other") or 0, _bytes(last, "allowed")
+    terms = [("MPS allocated", allocated), ("other allocations", other),
+             ("request", request), ("line", last.line), ("times", len(lines))]
+    if allowed is None:
+        return [Finding("mps_oom", tuple(terms))], []
+    findings = [Finding("mps_oom", (*terms, ("max allowed", allowed)))]
+    needed = allocated + other + request
+    ratio = math.ceil(MPS_DEFAULT_RATIO * needed / allowed * 100) / 100 if allowed else None
+    if ratio is not None and MPS_DEFAULT_RATIO < ratio <= MPS_MAX_RATIO:
+        how = (f"allocated {fmt_bytes(allocated)} + other allocations {fmt_bytes(other)} + "
+               f"the request {fmt_bytes(request)} = {fmt_bytes(needed)} over max allowed "
+               f"{fmt_bytes(allowed)}: {MPS_DEFAULT_RATIO} × {fmt_bytes(needed)} / "
+               f"{fmt_bytes(allowed)}, rounded up, if the default ratio {MPS_DEFAULT_RATIO} "
+               "made that limit (it may be at most 2.0)")
+        return findings, [named("mps_high_watermark", f"{ratio:.2f}", how)]
+    return findings, [named("mps_high_watermark")]
+
+
+# ----- PyTorch's cudaMallocAsync backend ------------------------------------------------
+
+def _cuda_async(lines: Sequence[MemoryLine], message: OomMessage | None
+                ) -> tuple[list[Finding], list[tuple[str, str]]]:
+    """The last refusal of the cudaMallocAsync backend, with the figure lines printed under
+    it: what PyTorch's live allocations held, the request, the device's total and free, and
+    the rest (total − free − allocated: memory the driver's pool keeps after frees, other
+    processes, the CUDA context). Its figure lines are read only under it (memory_lines.toml
+    `after`)."""
+    heads = [m for m in lines if m.format == "cuda_async.oom"]
+    head = heads[-1]
+    below = {m.format: m for m in lines if m.line > head.line}
+    figures = {name: b for fmt, name in (("cuda_async.allocated", "allocated"),
+                                         ("cuda_async.requested", "request"),
+                                         ("cuda_async.device_limit", "total"),
+                                         ("cuda_async.free", "free"))
+               if (b := _bytes(below.get(fmt), name)) is not None}
+    terms = [("line", head.line), ("times", len(heads)), *figures.items()]
+    if {"allocated", "total", "free"} <= figures.keys():
+        terms.append(("elsewhere", max(0, figures["total"] - figures["free"]
+                                       - figures["allocated"])))
+    return [Finding("cuda_async_oom", tuple(terms))], []
+
+
 _JUDGES: dict[str, Callable[[Sequence[MemoryLine], OomMessage | None],
                             tuple[list[Finding], list[tuple[str, str]]]]] = {
     "sglang": _sglang, "torch_memory_saver": _memory_saver, "vllm": _vllm,
     "megatron": _megatron, "deepspeed": _deepspeed, "slime": _slime, "nccl": _nccl,
-    "cuda": _cuda}
+    "cuda": _cuda, "mps": _mps, "cuda_async": _cuda_async}
 
 #: Each framework's name as its section says it (memory_lines.toml [[framework]]).
 FRAMEWORK_NAMES = framework_names()

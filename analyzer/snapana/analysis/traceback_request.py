@@ -95,10 +95,16 @@ def _name(tb: Traceback, ctx: BlockContext, rules: RuleSet,
     matched = decision.matched_frames
     return _with_traceback(RequestFinding(
         tb, family, decision.label, decision.rule_id, decision.reason, decision.phase,
-        format_frame(stack[matched[0]]) if matched else "", "",
-        format_frame(stack[matched[-1]]) if len(matched) > 1 and matched[-1] != matched[0]
+        _site(stack[matched[0]]) if matched else "", "",
+        _site(stack[matched[-1]]) if len(matched) > 1 and matched[-1] != matched[0]
         else "", "", owners, ev.workload.sentence, knobs, matched,
         _fact_words(FORWARD_ONLY_FACT, ev.facts)), tb)
+
+
+def _site(frame: tuple[str, str, int]) -> str:
+    """'file:line function'; 'file function' for a frame read from its source line alone
+    (`traceback_text`: its line number is not in the paste, 0)."""
+    return format_frame(frame) if frame[2] else format_frame(frame).replace(":0 ", " ", 1)
 
 
 def _knob_words(k: Knob, ev: JobEvidence, family: str,

@@ -309,8 +309,9 @@ def _request(r: Any, knobs: tuple[tuple[str, str], ...]) -> dict[str, Any] | Non
             "workload": r.workload, "forward_only_pass": r.forward_only or None,
             "knobs": [{"knob": k, "why": why} for k, why in knobs],
             "traceback": {"line": t.first_line, "rank": t.rank,
-                          "frames": [{"file": f.path, "line": f.line, "function": f.function,
-                                      "code": f.code} for f in t.frames]}}
+                          "frames": [{"file": f.path, "line": f.line or None,  # 0: not known
+                                      "function": f.function, "code": f.code}
+                                     for f in t.frames]}}
 
 
 def text_log(view: TextLogView, options: Options) -> str:

@@ -241,8 +241,9 @@ def text_log(view: TextLogView, options: Options) -> str:
         _table(out, sec.columns, [[esc(c) for c in row] for row in sec.rows])
         out += [""] + [f"- knob: {code(k, cell=False)} — {esc(why)}" for k, why in sec.knobs]
     out += [""] + [f"- not read: {esc(u)}" for u in view.unrecognised]
-    fence = _fence("\n".join(view.record), 3)
-    out += ["", fence, *view.record, fence]
+    if view.record:
+        fence = _fence("\n".join(view.record), 3)
+        out += ["", fence, *view.record, fence]
     return "\n".join(out) + "\n"
 
 

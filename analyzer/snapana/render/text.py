@@ -474,7 +474,7 @@ def _text_log_brief(view: TextLogView, out: _Out) -> str:
         out.para(f"… and {len(view.sections) - len(shown)} more tables and lines (--full)")
     if view.unrecognised:
         out.para(f"not read: {len(view.unrecognised)} part(s) of the text (--full says which)")
-    for line in record_hint(view.messages):
+    for line in record_hint(view.messages) if view.record else ():
         out.para(line)
     return out.text()
 

@@ -286,6 +286,14 @@ def _rank_table(views: Sequence[MessageView], named: bool = False
     return columns, rows
 
 
+#: Framework lines of a backend whose allocator records no history (torch.mps has no
+#: _record_memory_history; cudaMallocAsync's recordHistory raises 'does not yet support
+#: recordHistory'): nothing to advise recording.
+NO_HISTORY_FRAMEWORKS = frozenset({"mps", "cuda_async"})
+#: Lines of a library that does not allocate through PyTorch at all (CTranslate2).
+NO_HISTORY_FORMATS = frozenset({"ctranslate2.cuda_oom"})
+
+
 def record_advice(views: Sequence[MessageView]) -> tuple[str, ...]:
     """What to record so that the next OOM comes with a snapshot: the allocator's history
     names the tensors these figures only count."""
@@ -323,7 +331,12 @@ def text_log_view(title: str, evidence: LogEvidence,
                 *(smi_section(e, named) for e in evidence.smi),
                 *(kv_section(e, named) for e in evidence.kv),
                 *(framework_section(e, named) for e in evidence.frameworks))
-    return TextLogView(title, views, rows, columns, record_advice(views),
+    # a log whose only OOM is an allocator's that keeps no history gets no advice to
+    # record one
+    no_history = not views and bool(evidence.frameworks) and all(
+        e.framework in NO_HISTORY_FRAMEWORKS
+        or all(ln.format in NO_HISTORY_FORMATS for ln in e.lines) for e in evidence.frameworks)
+    return TextLogView(title, views, rows, columns, () if no_history else record_advice(views),
                        (*unrecognised, *evidence.not_read), sections, evidence.settings,
                        evidence.set_knobs)
 
@@ -560,6 +573,24 @@ def _times(t: Terms) -> str:
     return f" ({t['times']} times)" if t["times"] > 1 else ""
 
 
+def _cuda_async_oom(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
+    head = (f"PyTorch's cudaMallocAsync allocator refused an allocation at line {t['line']}"
+            f"{_times(t)}")
+    if "request" not in t or "allocated" not in t:
+        return (head + ": the paste holds none of the figures it prints under that line "
+                "(currently allocated, requested, the device's total and free)")
+    out = (f"{head}: {b(t['request'])} requested with {b(t['allocated'])} allocated by "
+           "PyTorch")
+    if "elsewhere" not in t:
+        return out
+    short = t["request"] - t["free"]
+    return (out + f"; the device's {b(t['total'])} had {b(t['free'])} free" +
+            (f", {b(short)} short" if short > 0 else "") +
+            f", and {b(t['elsewhere'])} was neither PyTorch's live allocations nor free "
+            "(memory the driver's pool keeps after frees, other processes, the CUDA "
+            "context)")
+
+
 def _saver_refused(t: Terms, f: Finding, e: FrameworkEvidence) -> str:
     return (f"torch_memory_saver refused an allocation of {b(t['size'])}{_times(t)}: "
             f"{b(t['free'])} free less its margin {b(t['margin'])} leaves "
@@ -640,6 +671,10 @@ FRAMEWORK_WORDS: dict[str, Callable[[Terms, Finding, FrameworkEvidence], str]] =
         f"{b(t['allocated'])} allocated = {b(t['reserved'] - t['allocated'])} cached"),
     "report_vs_oom": _report_vs_oom,
     "sglang_not_enough": _sglang_not_enough,
+    "vllm_warmup_oom": lambda t, f, e: (
+        f"vLLM ran out warming up with {t['dummy requests']:,} dummy requests at line "
+        f"{t['line']}: after the KV cache took its share of the budget, one step over "
+        "max_num_seqs requests (the sampler's logits, a pooler's outputs) found no room"),
     "vllm_cumem_oom": lambda t, f, e: (
         f"vLLM's sleep-mode allocator (CuMemAllocator, cumem_allocator.cpp:"
         f"{t['source line']}) ran out at line {t['line']}: memory created or mapped "
@@ -668,6 +703,26 @@ FRAMEWORK_WORDS: dict[str, Callable[[Terms, Finding, FrameworkEvidence], str]] =
         "allocator figures — no request, free or reserved to split; CUDA reports "
         "errors asynchronously, so the frame it names may not be the call that "
         "failed (CUDA_LAUNCH_BLOCKING=1 pins it down)"),
+    "mps_oom": lambda t, f, e: (
+        f"PyTorch's MPS allocator refused {b(t['request'])} at line {t['line']}"
+        f"{_times(t)}: this process held {b(t['MPS allocated'])} in its MPS heaps and "
+        f"{b(t['other allocations'])} in other Metal allocations"
+        + (f", {b(t['MPS allocated'] + t['other allocations'] + t['request'])} with the "
+           f"request, over the {b(t['max allowed'])} it allows (its high watermark: "
+           "PYTORCH_MPS_HIGH_WATERMARK_RATIO × the device's recommended working set)"
+           if "max allowed" in t else
+           ", with no watermark limit set: Metal itself could not give the memory")),
+    "cuda_async_oom": _cuda_async_oom,
+    "cuda_driver_oom": lambda t, f, e: (
+        f"'CUDA driver error: out of memory' at line {t['line']}{_times(t)}: a CUDA driver "
+        "call ran out (cuMemCreate / cuMemMap, loading or launching a Triton kernel) "
+        "outside the caching allocator's own OOM message, so it carries no allocator "
+        "figures — no request, free or reserved to split"),
+    "ctranslate2_cuda_oom": lambda t, f, e: (
+        f"CTranslate2 ran out of device memory at line {t['line']}{_times(t)} ('CUDA failed "
+        "with error out of memory'): its own allocator, not PyTorch's, so the error carries "
+        "no figures and PyTorch's allocator settings do not act on it — what else holds "
+        "the card, and CTranslate2's own compute_type and batch size, do"),
     "cublas_alloc_failed": lambda t, f, e: (
         f"cuBLAS could not allocate (CUBLAS_STATUS_ALLOC_FAILED) at line {t['line']}"
         f"{_times(t)}: its handle or workspace is device memory cuBLAS takes itself, "

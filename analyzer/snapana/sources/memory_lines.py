@@ -27,14 +27,16 @@ MAX_ANCHORS_PER_LINE = 16
 #: How much of a line's start is searched for its rank tag.
 RANK_SPAN = 300
 
-_PIECES = {"num": r"\d{1,9}(?:\.\d{1,6})?", "int": r"\d{1,20}", "count": r"\d[\d,]{0,26}"}
+_PIECES = {"num": r"\d{1,9}(?:\.\d{1,6})?", "int": r"\d{1,20}", "count": r"\d[\d,]{0,26}",
+           # a size with the unit it was printed in (a library that picks the unit per figure)
+           "size": r"\d{1,9}(?:\.\d{1,6})? (?:bytes|KiB|MiB|GiB|KB|MB|GB)"}
 #: A rank tag: torchrun's "[rank3]", Megatron's "[Rank 3]", SGLang's "TP3" (its tensor
 #: parallel rank: one process per GPU), vLLM's "rank=3".
 RANK_TAG = re.compile(r"\[[Rr]ank ?(\d{1,6})\]|\bTP(\d{1,4})\b|\brank=(\d{1,6})\b")
 _BYTE_UNITS = {"GB", "GiB", "MB", "MiB", "KB", "KiB", "bytes", "B"}
 
 
-Unit = Literal["GB", "GiB", "MB", "MiB", "KB", "KiB", "bytes", "B", "count", "float"]
+Unit = Literal["GB", "GiB", "MB", "MiB", "KB", "KiB", "bytes", "B", "count", "float", "printed"]
 
 
 class LineEntry(data_file.Table, frozen=True, kw_only=True):
@@ -47,6 +49,10 @@ class LineEntry(data_file.Table, frozen=True, kw_only=True):
     pattern: str
     units: dict[str, Unit]
     label: Literal["prefix", "previous", ""] = ""
+    #: a figure line printed under another: it counts only within `within` lines after a
+    #: line of format `after` (a bare 'Requested : 5 MB' elsewhere is nobody's)
+    after: str = ""
+    within: int = 0
 
 
 class FrameworkEntry(data_file.Table, frozen=True, kw_only=True):
@@ -69,10 +75,14 @@ def _file() -> MemoryLinesFile:
     path = "sources/memory_lines.toml"
     data = data_file.packaged(path, MemoryLinesFile)
     declared = {f.id for f in data.framework}
+    ids = {entry.id for entry in data.line}
     for n, entry in enumerate(data.line):
         if entry.framework not in declared:
             raise data_file.refuse(path, f"line[{n}].framework",
                                    f"{entry.framework!r} is no [[framework]]'s id")
+        if entry.after and (entry.after not in ids or entry.within < 1):
+            raise data_file.refuse(path, f"line[{n}].after",
+                                   f"{entry.after!r} is no [[line]]'s id, or within < 1")
     return data
 
 
@@ -90,6 +100,8 @@ class LineFormat:
     units: dict[str, str]
     source: str  # the framework source and format string it was read from
     label: str = ""  # "prefix" | "previous" | ""
+    after: str = ""  # the format it is printed under ("": none)
+    within: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,7 +134,8 @@ def line_formats() -> tuple[LineFormat, ...]:
         for name, piece in _PIECES.items():
             pattern = pattern.replace("{" + name + "}", piece)
         out.append(LineFormat(entry.id, entry.framework, entry.anchor, re.compile(pattern),
-                              dict(entry.units), entry.source, entry.label))
+                              dict(entry.units), entry.source, entry.label, entry.after,
+                              entry.within))
     return tuple(out)
 
 
@@ -133,6 +146,9 @@ def _figure(value: str, unit: str) -> Size | int | float:
         return float(value)
     if unit == "bytes":
         return Size(int(value), 0, f"{value} bytes")
+    if unit == "printed":  # "{size}": the number and its own unit
+        number, printed_unit = value.split(" ", 1)
+        return Size.parse(number, printed_unit)
     negative = value.startswith("-")
     size = Size.parse(value.lstrip("-"), unit)
     return Size(-size.bytes, size.slack, value + " " + unit) if negative else size
@@ -148,6 +164,8 @@ def _rank(head: str) -> int | None:
 def read_memory_lines(lines: list[str]) -> list[MemoryLine]:
     """Every framework memory line of `lines`, in order."""
     formats = line_formats()
+    under = {f.id: f for f in formats if f.after}
+    last: dict[str, int] = {}  # format -> the 1-based line it was last read on
     out = []
     for i, line in enumerate(lines):
         if len(line) > MAX_MEMORY_LINE:
@@ -158,7 +176,11 @@ def read_memory_lines(lines: list[str]) -> list[MemoryLine]:
             while at >= 0 and tries < MAX_ANCHORS_PER_LINE:
                 m = f.pattern.match(line, at)
                 if m is not None:
-                    out.append(_read(f, m, line, lines, i, at))
+                    head = under.get(f.id)
+                    if head is None or 0 < i + 1 - last.get(head.after, -head.within) \
+                            <= head.within:
+                        out.append(_read(f, m, line, lines, i, at))
+                        last[f.id] = i + 1
                     break
                 at = line.find(f.anchor, at + 1)
                 tries += 1

@@ -98,6 +98,12 @@ EXPANDABLE_WORDINGS = frozenset({"2.1+", "torch_npu"})
 #: Where a message starts: PyTorch's "CUDA out of memory." (HIP on ROCm builds, hipified;
 #: NPU from torch_npu's allocator, its own copy of the caching allocator).
 ANCHOR = re.compile(r"(CUDA|HIP|NPU) out of memory\b")  # (a paste may glue a word before it)
+#: A message whose head ("CUDA out of memory.") the paste cut off: its request clause, then
+#: the device clause of the 1.x ("(GPU 0; ") or the 2.1+ wording (". GPU 0 has a total
+#: capac"), read only on a line with no anchor. The device is a GPU; which backend is not
+#: said (ROCm prints the same), so the message is read as CUDA's and says so.
+HEADLESS = re.compile(r"Tried to allocate " + SIZE + r"(?= \(GPU \d| ?\. GPU ?\d{0,3} has a "
+                      r"total capac)")
 #: Where its text ends: the documentation pointer every wording closes with, or the anchor
 #: of the next message.
 _END = re.compile(r"See documentation for Memory Management[^\n]*|\bCUDA out of memory\b|"
@@ -210,13 +216,23 @@ def messages_in(lines: list[str], most: int | None = None) -> tuple[list[OomMess
     out: list[OomMessage] = []
     anchors = 0
     for i, line in enumerate(lines):
-        for anchor in ANCHOR.finditer(line):
+        found = list(ANCHOR.finditer(line))
+        starts = [(a.start(), a.group(1)) for a in found]
+        if not found and (cut := HEADLESS.search(line)) is not None:
+            starts = [(cut.start(), "")]
+        for start, backend in starts:
             anchors += 1
             if most is not None and anchors > most:
                 continue
-            prefix = _prefix(line, anchor.start())
-            body = _joined(lines, i, anchor.start(), prefix)
-            out.append(_message(i + 1, anchor.group(1), body, prefix))
+            prefix = _prefix(line, start)
+            body = _joined(lines, i, start, prefix)
+            msg = _message(i + 1, backend or "CUDA", body, prefix)
+            if not backend:
+                msg = replace(msg, oddities=(
+                    "the paste starts at 'Tried to allocate': the message's head ('CUDA out "
+                    "of memory.') is cut off, so it is read as a CUDA device's (ROCm's HIP "
+                    "prints the same figures)", *msg.oddities))
+            out.append(msg)
     return out, anchors
 
 

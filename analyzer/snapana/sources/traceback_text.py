@@ -24,6 +24,12 @@ A traceback flattened onto one line (a paste whose newlines were lost: the heade
 another) is cut back into its lines at each frame and at the exception before it is read;
 its pieces keep the line's number.
 
+A paste that kept only the innermost frame's source line (its `File` line cut off) names
+that frame where the line is a library's own statement, printed verbatim from its file
+(`source_lines.toml`: Module.to's `convert`, autograd's `backward`, transformers' checkpoint
+loader): a headless traceback of that one frame starts there, its line number unknown (0).
+IPython's `--> N` marker before such a line is passed over.
+
 Every line is matched in linear time: lines longer than MAX_TRACE_LINE are not frame
 lines, a frame line is found by its literal `File "` and matched from there, every
 repetition is bounded.
@@ -34,6 +40,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
+
+from snapana import data_file
 
 #: A line longer than this is no traceback line (a frame line is a path and a name).
 MAX_TRACE_LINE = 4096
@@ -75,6 +84,31 @@ MAX_FLAT_LINE = MAX_TRACE_LINE * MAX_SOURCE_LINES
 #: Words of an OOM message's line: it ends the traceback whose exception it is, even where
 #: a paste lost the exception's class name.
 _OOM_WORDS = "out of memory"
+
+
+class SourceLine(data_file.Table, frozen=True, kw_only=True):
+    """``[[line]]``: a library's source line as CPython prints it, and the frame it is in."""
+
+    code: str
+    path: str
+    function: str
+    source: str  # the library's file and function it was read from
+
+
+@data_file.schema("sources/source_lines.toml")
+class SourceLinesFile(data_file.Table, frozen=True, kw_only=True):
+    line: list[SourceLine]
+
+
+@lru_cache(maxsize=1)
+def _source_lines() -> tuple[SourceLine, ...]:
+    return tuple(data_file.packaged("sources/source_lines.toml", SourceLinesFile).line)
+
+
+#: IPython's marker before the line a frame stopped at ("--> 781     return …").
+_IPYTHON_MARK = re.compile(r"-->\s{0,8}\d{1,9}")
+#: What a log prefix may end with before a source line's indentation.
+_PREFIX_ENDS = frozenset(":|)]>`")
 
 
 @dataclass(frozen=True)
@@ -140,6 +174,25 @@ def _frame_prefix(line: str, at: int) -> str:
     return head + " " if head and line[len(head):len(head) + 1] == " " else head
 
 
+def _library_line(line: str) -> tuple[TraceFrame, str] | None:
+    """The frame a library's own source line names (`source_lines.toml`), where `line` is
+    that source line after a log prefix, and the prefix; None otherwise."""
+    text = line.rstrip()
+    for known in _source_lines():
+        if not text.endswith(known.code):
+            continue
+        before = text[:len(text) - len(known.code)]
+        head = before.rstrip(" \t")
+        if head and head[-1] not in _PREFIX_ENDS and not _IPYTHON_MARK.fullmatch(head):
+            continue  # the statement stands inside other text, not as a line of its own
+        if before and before != head and _IPYTHON_MARK.fullmatch(head) is None:
+            prefix = _frame_prefix(text, len(head) + 1) if head else ""
+        else:
+            prefix = ""
+        return TraceFrame(known.path, 0, known.function, known.code), prefix
+    return None
+
+
 #: Digits made one, to compare a prefix's shape (a timestamp that moved on).
 _DIGITS = str.maketrans("0123456789", "0000000000")
 
@@ -184,6 +237,10 @@ def read_tracebacks(lines: list[str]) -> list[Traceback]:
         elif (frame_at := _headless_frame(line)) >= 0:  # a paste that starts mid-stack
             r = reading[group] = _Reading(i + 1, _frame_prefix(line, frame_at), rank, True)
             r.feed(line, i + 1)
+        elif (known := _library_line(line)) is not None:  # only the frame's source line
+            r = reading[group] = _Reading(i + 1, known[1], rank, True)
+            r.frames.append(known[0])
+            r.read = 1
     out += [r.finish(0, "") for r in reading.values()]
     return sorted(out, key=lambda t: t.first_line)
 
