@@ -11,7 +11,11 @@ model's config or the shapes it asked for, never from snapana's output.
   batch x kv_heads x seq x head_dim x 4 bytes. transformers >= 4.56 makes them in
   cache_utils.py `DynamicLayer.update` (`torch.cat([self.keys, key_states], dim=-2)`), which
   the pack's frame rule names; before, `DynamicCache.update` kept the attention's own
-  tensors, which the `kv_pairs` signature names. Either way: kv_cache, 2 x layers blocks.
+  tensors, which the `kv_pairs` signature names. Either way: kv_cache, 2 x layers blocks --
+  except GPT-2 before 4.56, whose keys and values are views of its fused c_attn output
+  (one [batch, seq, 3 x n_embd] block per layer, query part included), which the
+  `kv_pairs.fused` signature names: kv_cache, layers blocks. Run with transformers 4.44.2
+  (pip install --target DIR transformers==4.44.2, DIR first on PYTHONPATH) for that path.
 - A program that makes its weights with torch.randn(..., requires_grad=True) and steps its
   own Adam (moments by torch.zeros_like in its own code): the weights are parameters and the
   moments optimizer state, by structure; the program's inputs and targets (one of them the
@@ -106,59 +110,106 @@ def _kv_tensors(cache: Any) -> list[Any]:
     return [*cache.key_cache, *cache.value_cache]
 
 
-def _mechanism_column() -> tuple[str, str]:
+def _mechanism_column(fused: bool = False) -> tuple[str, str]:
     """Where the installed transformers makes the cache, as snapana should say it: its own
     frame (cache_utils.py DynamicLayer.update's torch.cat, from 4.56) or the signature of
-    the attention's kept tensors (before)."""
+    the attention's kept tensors (before): a K / V pair per layer, or, where the keys and
+    values the model returned are views of one fused projection output per layer
+    (`fused`), that block."""
     transformers = require("transformers")
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     if (major, minor) >= (4, 56):
         return "rule_id", "transformers.kv_cache"
-    return "method", "signature:kv-pairs"
+    return "method", "signature:fused-qkv" if fused else "signature:kv-pairs"
+
+
+def _expected_cache(kind: str, config: Any, tensors: list[Any]) -> tuple[bool, int, int]:
+    """(fused, blocks, bytes of one block) of the cache the model returned, from its own
+    tensors and config. GPT-2 before transformers 4.56 splits its fused c_attn output
+    (pytorch_utils.py Conv1D: one addmm of [batch, seq, 3 x n_embd]) into views, so a
+    layer's key and value share that one storage, of 3 x the K size; otherwise each is a
+    block of its own, of the K size."""
+    storages = {_storage(t) for t in tensors}
+    if kind == "gpt2" and _mechanism_column()[0] == "method":
+        assert len(storages) == LAYERS  # one storage per layer holds its key and value
+        fused = BATCH * SEQ * 3 * config.hidden_size * 4
+        assert {t.untyped_storage().nbytes() for t in tensors} == {fused}
+        return True, LAYERS, fused
+    return False, 2 * LAYERS, _kv_bytes(config, SEQ)
 
 
 @pytest.mark.torch
 @pytest.mark.transformers
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
-def test_forward_returned_cache_is_kv_cache(tmp_path: Path, kind: str,
-                                            request: pytest.FixtureRequest) -> None:
+def test_forward_returned_cache_is_kv_cache(tmp_path: Path, kind: str) -> None:
     """A plain forward with use_cache=True whose output is dropped inside the window: at the
-    peak, the blocks named kv_cache are exactly the storages of past_key_values, 2 x layers
-    of them, each of the size the config gives, and the evidence says a forward returned
-    them (what use_cache=False acts on); the summary's JSON says the same."""
+    peak, the blocks named kv_cache are exactly the storages of past_key_values, of the
+    size the config gives (2 x layers K and V blocks; for transformers <= 4.55 GPT-2, one
+    fused c_attn output per layer whose views the cache holds), and the evidence says a
+    forward returned them (what use_cache=False acts on); the summary's JSON says the
+    same."""
     torch = require("torch")
     transformers = require("transformers")
-    if kind == "gpt2" and _mechanism_column()[0] == "method":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "transformers <= 4.55 GPT2 caches views of its fused c_attn output (query, key "
-            "and value in one block per layer): no K / V pair of blocks to find")))
     torch.manual_seed(0)
     config = _config(kind)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
 
-    def forward() -> set[int]:
+    def forward() -> tuple[set[int], tuple[bool, int, int]]:
         with torch.no_grad():
             out = model(ids, use_cache=True)
-        kept = {_storage(t) for t in _kv_tensors(out.past_key_values)}
-        del out  # the returned cache dropped: its blocks freed together
+        tensors = _kv_tensors(out.past_key_values)
+        kept = ({_storage(t) for t in tensors}, _expected_cache(kind, config, tensors))
+        del out, tensors  # the returned cache dropped: its blocks freed together
         return kept
 
-    path, truth = _profiled(tmp_path, kind, forward)
-    size = _kv_bytes(config, SEQ)
-    assert len(truth) == 2 * LAYERS
+    path, (truth, (fused, blocks, size)) = _profiled(tmp_path, kind, forward)
+    assert len(truth) == blocks
     assert truth <= _live_at_peak(path)  # the moment holds the whole cache
 
     a = snapana.load(path)
     got = a.blocks.filter(pl.col("family") == "kv_cache")
     assert set(got["address"].to_list()) == truth
     assert set(got["requested_size"].to_list()) == {size}
-    column, value = _mechanism_column()
+    column, value = _mechanism_column(fused)
     assert set(got[column].to_list()) == {value}
     assert "returned_kv_cache" in a.diagnosis.evidence.facts
+    if fused:  # the words say the query part is held too
+        assert all("query part" in r for r in got["reason"].to_list())
 
     kv = _summary_groups(path)["kv_cache"]
-    assert (kv["blocks"], kv["bytes"]) == (2 * LAYERS, 2 * LAYERS * size)
+    assert (kv["blocks"], kv["bytes"]) == (blocks, blocks * size)
+
+
+@pytest.mark.torch
+@pytest.mark.transformers
+def test_returned_hidden_states_are_no_cache(tmp_path: Path) -> None:
+    """GPT-2 with use_cache=False and output_hidden_states=True (n_embd 96, so a hidden
+    state's bytes split in three): each layer keeps one block of one size until the output
+    is dropped, as a fused projection's output would, but nothing is cached: no kv_cache,
+    and the hidden states the program asked for are not named one."""
+    torch = require("torch")
+    transformers = require("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=LAYERS, n_head=4, n_embd=96, vocab_size=512,
+                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
+
+    def forward() -> set[int]:
+        with torch.no_grad():
+            out = model(ids, use_cache=False, output_hidden_states=True)
+        kept = {_storage(t) for t in out.hidden_states}
+        del out
+        return kept
+
+    path, hidden = _profiled(tmp_path, "gpt2-hidden", forward)
+    assert (BATCH * SEQ * config.hidden_size * 4) % 3 == 0
+    a = snapana.load(path)
+    assert "kv_cache" not in a.blocks["family"].to_list()
+    assert "returned_kv_cache" not in a.diagnosis.evidence.facts
+    named = a.blocks.filter(pl.col("address").is_in(list(hidden)))
+    assert named.height and "kv_cache" not in named["family"].to_list()
 
 
 def _cache_argument() -> str:

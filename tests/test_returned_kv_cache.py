@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 import snapana
-from snapana.analysis.attribution.kv_pairs import Held, Row, find, returned_by_update
+from snapana.analysis.attribution.kv_pairs import (
+    Held,
+    Row,
+    find,
+    find_fused,
+    returned_by_update,
+)
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.hf_forward import HEAD_DIM, KV_HEADS, LAYERS, hf_forward
 
@@ -270,3 +276,74 @@ def test_pairs_a_cache_layer_made() -> None:
     fork = ("/work/kivi/my_cache_utils.py", "update")  # not transformers' own file
     assert returned_by_update([Held(64, i, fork) for i in range(8)], -1) == []
     assert returned_by_update([Held(64, -1, UPDATE) for _ in range(8)], -1) == []
+
+
+# --- views of one fused query/key/value projection output per layer ----------------------
+
+#: a layer's hidden state (batch x seq x hidden x 4 bytes) and its fused projection's output
+#: (three parts of that size: query, key, value), as transformers 4.44 GPT-2's c_attn makes
+HIDDEN_BYTES = 2 * 16 * 64 * 4
+FUSED_BYTES = 3 * HIDDEN_BYTES
+
+
+def _layers(n: int = 4, *, extra: str = "", extra_size: int = HIDDEN_BYTES,
+            free: int = -1) -> tuple[list[Row], dict[int, int]]:
+    """One fused block per layer (site `qkv`, made at event 10 i + 1) with the layer's
+    hidden state allocated just before (event 10 i), optionally a second kept site; and the
+    sizes each event allocated, as a trace would record them."""
+    rows, sizes = [], {}
+    for i in range(n):
+        sizes[10 * i] = HIDDEN_BYTES
+        sizes[10 * i + 1] = FUSED_BYTES
+        rows.append(Row(FUSED_BYTES, "saved_activations", "forward", "qkv", 10 * i + 1,
+                        -1 if free < 0 else free + i))
+        if extra:
+            sizes[10 * i + 5] = extra_size
+            rows.append(Row(extra_size, "saved_activations", "forward", extra, 10 * i + 5,
+                            -1 if free < 0 else free + n + i))
+    return rows, sizes
+
+
+def _between(sizes: dict[int, int]):  # noqa: ANN202
+    return lambda lo, hi: {s for i, s in sizes.items() if lo < i < hi}
+
+
+def test_fused_projection_views_are_the_cache() -> None:
+    """Transformers <= 4.55 GPT-2 returns key and value views of its fused c_attn output:
+    one block per layer, three times the hidden state the layer allocated before it, is
+    the cache, with words that say its query part is held too."""
+    never = lambda lo, hi: 0  # noqa: E731
+    rows, sizes = _layers()
+    assert find(rows, never) == {}  # no K / V pair of blocks
+    got = find_fused(rows, never, _between(sizes))
+    assert sorted(got) == [0, 1, 2, 3]
+    why = got[0]
+    assert f"4 blocks of {FUSED_BYTES} bytes" in why and "query part" in why
+    # freed in one burst: said; freed with allocations among the frees: not one output
+    rows, sizes = _layers(free=100)
+    assert "freed together" in find_fused(rows, never, _between(sizes))[0]
+    assert find_fused(rows, lambda lo, hi: 1, _between(sizes)) == {}
+
+
+def test_fused_signature_edges() -> None:
+    """Not the cache: no block of a third's size made between the layers' blocks (a block
+    three times nothing the layer reads), a size that is no three equal parts, a second
+    kept site of a part's size (a separate key block beside a value view, or returned
+    hidden states: which is the cache is not known), fewer than min_layers, or a step's
+    blocks held beside them (autograd saved them)."""
+    never = lambda lo, hi: 0  # noqa: E731
+    rows, sizes = _layers()
+    assert find_fused(rows, never, _between({i: s for i, s in sizes.items()
+                                             if s != HIDDEN_BYTES})) == {}
+    odd = [Row(FUSED_BYTES + 4, r.family, r.phase, r.site, r.alloc_idx, r.free_idx)
+           for r in rows]
+    assert find_fused(odd, never, _between(sizes)) == {}
+    rows2, sizes2 = _layers(extra="hidden")
+    assert find_fused(rows2, never, _between(sizes2)) == {}
+    rows3, sizes3 = _layers(3)
+    assert find_fused(rows3, never, _between(sizes3)) == {}
+    step = Row(4096, "optimizer_state", "unknown", "", -1, -1)
+    assert find_fused([*rows, step], never, _between(sizes)) == {}
+    # a kept site of another size (returned attention weights) leaves the cache named
+    rows4, sizes4 = _layers(extra="attn", extra_size=2 * 2 * 16 * 16 * 4)  # 2 heads
+    assert sorted(find_fused(rows4, never, _between(sizes4))) == [0, 2, 4, 6]

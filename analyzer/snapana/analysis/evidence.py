@@ -541,14 +541,19 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     if saved.height and saved["site"].n_unique() >= 2:
         facts[LAYERED_ACTIVATIONS.id] = f"saved activations from {saved['site'].n_unique()} " \
                                         "sites"
-    returned = held.filter(pl.col("method") == kv_pairs.spec().method) \
+    pairs = kv_pairs.spec()
+    words = pairs.fact
+    returned = held.filter(pl.col("method") == pairs.method) \
         if held.height and "method" in held.columns else held
+    if not returned.height and held.height and "method" in held.columns:
+        returned = held.filter(pl.col("method") == pairs.fused.method)
+        words = pairs.fused.fact
     if not returned.height:
         returned = _returned_by_update(capture, held, lifetimes)
-    if returned.height and not facts.keys() & kv_pairs.spec().decoding_facts:
-        facts[RETURNED_KV_CACHE.id] = (
-            f"{returned.height} key / value blocks ({fmt_bytes(int(returned['size'].sum()))}) "
-            "a forward made one pair per layer and kept to return as past_key_values")
+        words = pairs.fact
+    if returned.height and not facts.keys() & pairs.decoding_facts:
+        facts[RETURNED_KV_CACHE.id] = words.format(
+            blocks=returned.height, bytes=fmt_bytes(int(returned["size"].sum())))
     if devices_holding > 1:
         facts[SEVERAL_DEVICES.id] = f"{devices_holding} devices hold memory"
     half = half_precision_weights(capture)

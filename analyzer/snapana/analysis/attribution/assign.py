@@ -695,7 +695,8 @@ class Attributor:
     def _kv_pairs(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Blocks two sites of a forward keep one per layer, alternately, of one size, held
         and freed together (`kv_pairs`): the key / value states a causal LM returns as
-        past_key_values, not saved activations."""
+        past_key_values, not saved activations; or, with no such pair, one fused
+        query/key/value projection output per layer whose views it returns."""
         if "requested_size" not in blocks.columns:
             return
         freed = blocks["free_req_idx"] if "free_req_idx" in blocks.columns \
@@ -710,9 +711,13 @@ class Attributor:
                     blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
                     blocks["stack_id"], blocks["alloc_idx"], freed, strict=True)]
         spec = kv_pairs.spec()
-        _name_inferred(cols, kv_pairs.find(rows, self._allocs_between), spec.family,
-                       spec.method,
-                       f"{family_label(spec.family)} {spec.label} (inferred: {spec.method})")
+        found = kv_pairs.find(rows, self._allocs_between)
+        method, label = spec.method, spec.label
+        if not found:  # no K / V pair: views of one fused projection output per layer?
+            found = kv_pairs.find_fused(rows, self._allocs_between, self._sizes_between)
+            method, label = spec.fused.method, spec.fused.label
+        _name_inferred(cols, found, spec.family, method,
+                       f"{family_label(spec.family)} {label} (inferred: {method})")
 
     def _kept_outputs(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Blocks of nested modules that the forwards of one call path keep from one or two
@@ -763,6 +768,11 @@ class Attributor:
         events (positions in its trace, as `alloc_idx` / `free_req_idx` count them)."""
         ev = self.capture.device_events(self.device)
         return int((ev["action"].slice(lo + 1, max(hi - lo - 1, 0)) == "alloc").sum())
+
+    def _sizes_between(self, lo: int, hi: int) -> set[int]:
+        """The sizes this device's trace allocated strictly between two of its events."""
+        ev = self.capture.device_events(self.device).slice(lo + 1, max(hi - lo - 1, 0))
+        return set(ev.filter(pl.col("action") == "alloc")["size"].to_list())
 
     def _inventory(self, blocks: pl.DataFrame, cols: dict[str, list[Any]]) -> None:
         """Named tensors from the recording's sidecar: a block holding one gets its family

@@ -33,6 +33,7 @@ def set_methods() -> frozenset[str]:
     (re-bound ones too) and optimizer state."""
     hand = hand_state.spec()
     return frozenset({weight_copies.spec().method, kv_pairs.spec().method,
+                      kv_pairs.spec().fused.method,
                       kept_outputs.spec().method,
                       hand.param_method, hand.state_method, hand.rebound_method})
 

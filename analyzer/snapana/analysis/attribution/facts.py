@@ -150,7 +150,9 @@ SCORE_MATRICES = ComputedFact(
 RETURNED_KV_CACHE = ComputedFact(
     "returned_kv_cache", "blocks held at the moment are the key / value pairs a forward made "
     "one per layer (the attention's own tensors, or a cache layer's own update) and returns "
-    "as past_key_values (inference.toml [kv_pairs]), and nothing "
+    "as past_key_values (inference.toml [kv_pairs]), or one fused query/key/value "
+    "projection output per layer whose key and value views it returns ([kv_pairs.fused]), "
+    "and nothing "
     "shows a decoding loop (`decoding_facts`: generate()) that would grow them: a forward "
     "that does not generate need not keep them")
 

@@ -82,6 +82,18 @@ class HandStateSpec(data_file.Table, frozen=True, kw_only=True):
     update_temp_why: str
 
 
+class FusedSpec(data_file.Table, frozen=True, kw_only=True):
+    """``[kv_pairs.fused]``: the signature of a fused query/key/value projection's output a
+    forward returns through its key and value views (one block per layer)."""
+
+    method: str
+    label: str
+    #: the equal parts of the block (query, key, value), one of them the hidden state's size
+    parts: int
+    why: str
+    fact: str
+
+
 class PairSpec(data_file.Table, frozen=True, kw_only=True):
     """``[kv_pairs]``: the signature of the key / value pairs a forward returns."""
 
@@ -99,6 +111,9 @@ class PairSpec(data_file.Table, frozen=True, kw_only=True):
     #: functions of the innermost Python frame of a returned cache's blocks
     update_file: str
     update_functions: frozenset[str]
+    #: the `returned_kv_cache` fact's words ({blocks}, {bytes})
+    fact: str
+    fused: FusedSpec
 
 
 class KeptSpec(data_file.Table, frozen=True, kw_only=True):

@@ -9,13 +9,17 @@ say "an activation of the forward". What tells them apart is the pattern: two si
 one block per layer, of one size, made alternately, held together and freed together when
 the output is dropped. From 4.56 the cache layer makes them itself (``DynamicLayer.update``:
 ``torch.cat``), its frame names them kv_cache, and `returned_by_update` says whether a forward
-that does not generate returns them. The conclusion and its words are data
-(``inference.toml`` ``[kv_pairs]``); this module only matches the pattern.
+that does not generate returns them. Older modeling files of models with one fused
+query/key/value projection (transformers 4.44 GPT-2's ``c_attn``, MPT's ``Wqkv``) return key
+and value *views* of its output, so the cache is one block per layer, its query part
+included: `find_fused` names those. The conclusions and their words are data
+(``inference.toml`` ``[kv_pairs]``, ``[kv_pairs.fused]``); this module only matches the
+patterns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from snapana.analysis.attribution.families import workload_marks
@@ -44,6 +48,8 @@ class Row:
 
 #: (first, last) event index -> how many allocations the device made strictly between them
 AllocsBetween = Callable[[int, int], int]
+#: (first, last) event index -> the sizes the device allocated strictly between them
+SizesBetween = Callable[[int, int], Collection[int]]
 
 
 def _alternate(a: list[int], b: list[int]) -> bool:
@@ -54,9 +60,10 @@ def _alternate(a: list[int], b: list[int]) -> bool:
     return all(s == (first + k) % 2 for k, (_, s) in enumerate(merged))
 
 
-def find(rows: Sequence[Row], allocs_between: AllocsBetween) -> dict[int, str]:
-    """Row index -> the reason, for each block of a forward's returned K/V pairs; nothing
-    when the live blocks do not show exactly one such pair of sites."""
+def _layered(rows: Sequence[Row]) -> dict[str, list[int]]:
+    """Site -> its rows, for each site of the forward that keeps one block per layer (one
+    size, one call path, at least `min_layers`); nothing when a backward's or a step's
+    blocks are held or more sites keep a block per layer than a returned cache explains."""
     s = spec()
     families, phases = workload_marks()
     if any(r.family in families or r.phase in phases for r in rows):
@@ -75,8 +82,30 @@ def find(rows: Sequence[Row], allocs_between: AllocsBetween) -> dict[int, str]:
     layered = {site: idx for site, idx in by_site.items()
                if len(idx) >= s.min_layers and len({rows[i].size for i in idx}) == 1
                and len({rows[i].path for i in idx}) == 1}
-    if not layered or len(layered) > s.max_kept_sites:
-        return {}
+    return layered if len(layered) <= s.max_kept_sites else {}
+
+
+def _freed_words(rows: Sequence[Row], found: list[int],
+                 allocs_between: AllocsBetween) -> str | None:
+    """How the found blocks went: '' when the window records no free of them, the words
+    of one burst when all were freed together (the returned output dropped), None when
+    some went and some stayed, or others were allocated among their frees."""
+    freed = [rows[i].free_idx for i in found]
+    if all(f < 0 for f in freed):
+        return ""
+    if min(freed) < 0:  # some dropped, some kept: not one returned output
+        return None
+    lo, hi = min(freed), max(freed)
+    if allocs_between(lo, hi):
+        return None
+    return spec().freed_words.format(span=hi - lo + 1)
+
+
+def find(rows: Sequence[Row], allocs_between: AllocsBetween) -> dict[int, str]:
+    """Row index -> the reason, for each block of a forward's returned K/V pairs; nothing
+    when the live blocks do not show exactly one such pair of sites."""
+    s = spec()
+    layered = _layered(rows)
     sites = sorted(layered)
     pairs = [(a, b) for n, a in enumerate(sites) for b in sites[n + 1:]
              if rows[layered[a][0]].size == rows[layered[b][0]].size
@@ -87,20 +116,46 @@ def find(rows: Sequence[Row], allocs_between: AllocsBetween) -> dict[int, str]:
         return {}
     a, b = pairs[0]
     found = layered[a] + layered[b]
-    freed = [rows[i].free_idx for i in found]
-    words = ""
-    if any(f >= 0 for f in freed):
-        if min(freed) < 0:  # some dropped, some kept: not one returned output
-            return {}
-        lo, hi = min(freed), max(freed)
-        if allocs_between(lo, hi):
-            return {}
-        words = s.freed_words.format(span=hi - lo + 1)
+    words = _freed_words(rows, found, allocs_between)
+    if words is None:
+        return {}
     first, second = sorted((a, b), key=lambda site: min(rows[i].alloc_idx
                                                          for i in layered[site]))
     why = s.why.format(pairs=min(len(layered[a]), len(layered[b])), size=rows[found[0]].size,
                        first=first, second=second, freed=words, sites=len(layered))
     return dict.fromkeys(found, why)
+
+
+def find_fused(rows: Sequence[Row], allocs_between: AllocsBetween,
+               sizes_between: SizesBetween) -> dict[int, str]:
+    """Row index -> the reason, for each block of a fused query/key/value projection's
+    output that a forward keeps one per layer through its key and value views
+    (``[kv_pairs.fused]``); nothing unless exactly one kept site shows it. Why: older
+    modeling files return `present = (key, value)` as views of that one block, so no K / V
+    pair of blocks exists for `find`."""
+    f = spec().fused
+    layered = _layered(rows)
+    size_of = {site: rows[idx[0]].size for site, idx in layered.items()}
+    fused = []
+    for site, idx in layered.items():
+        part, rest = divmod(size_of[site], f.parts)
+        if rest or part in {size_of[o] for o in layered if o != site}:
+            # not equal parts, or another kept site of a part's size (a separate key block,
+            # or returned hidden states): which blocks are the cache is not known
+            continue
+        made = sorted(rows[i].alloc_idx for i in idx)
+        if all(part in sizes_between(a, b) for a, b in zip(made, made[1:], strict=False)):
+            fused.append(site)
+    if len(fused) != 1:
+        return {}
+    site = fused[0]
+    found = layered[site]
+    words = _freed_words(rows, found, allocs_between)
+    if words is None:
+        return {}
+    return dict.fromkeys(found, f.why.format(
+        layers=len(found), size=size_of[site], site=site, parts=f.parts,
+        part=size_of[site] // f.parts, freed=words, sites=len(layered)))
 
 
 @dataclass(frozen=True)
