@@ -383,8 +383,10 @@ def own_optimizer_step(capture: Capture, held: pl.DataFrame) -> str:
     if held.is_empty():
         return ""
     temps = held.filter(pl.col("family") == "optimizer_temporaries")
+    # the largest first; a tie by stack id, so that the place named never depends on the
+    # order group_by happens to give
     by_stack = temps.group_by("stack_id").agg(pl.col("size").sum()).sort(
-        "size", descending=True)
+        ["size", "stack_id"], descending=[True, False])
     for sid in by_stack["stack_id"].to_list():
         inner = next((f for f in capture.stacks.stack(int(sid)) if is_python_file(f[0])), None)
         if inner is not None and not is_library(inner[0].replace("\\", "/")):
