@@ -102,7 +102,8 @@ def test_vllm_engine_config_gives_max_model_len_to_its_knob() -> None:
     assert got["vllm.tensor_parallel_size"] == 2
     assert got["vllm.enforce_eager"] is False
     knobs = text_log_view("v.log", weigh([read_text(text, "v.log")])).best_knobs
-    assert f"--max-model-len {tokens:,} (now {max_len})" in [k for k, _ in knobs]
+    # the value named as the engine config printed it: the knob's text does not start so
+    assert f"--max-model-len {tokens:,} (now max_seq_len={max_len})" in [k for k, _ in knobs]
 
 
 # ----- SGLang -----------------------------------------------------------------------------
@@ -646,3 +647,123 @@ def test_training_arguments_give_the_micro_batch_its_value(prefix: str) -> None:
     assert [k for k, _ in knobs] == [
         f"{micro} (per_device_train_batch_size {to}, now {args.per_device_train_batch_size})",
         f"{checkpointing} (already set: gradient_checkpointing=True)"]
+
+
+# ----- TRL's configs: TrainingArguments' str under their own class names ------------------
+
+@dataclasses.dataclass
+class GRPOConfig(TrainingArguments):
+    """As trl/trainer/grpo_config.py: a @dataclass subclass (of _BaseConfig, itself
+    TrainingArguments'), so it gets a __repr__ of its own but prints with
+    TrainingArguments.__str__ under its own name. A few of GRPO's fields, TRL's defaults."""
+
+    num_generations: int | None = 8
+    max_completion_length: int | None = 256
+    use_vllm: bool = False
+    vllm_mode: str = "server"
+    vllm_gpu_memory_utilization: float = 0.3
+
+
+@dataclasses.dataclass
+class ScriptArguments(GRPOConfig):
+    """Any other class that prints the same way: not one of TRL's names."""
+
+
+def _training_log(args: object) -> list[str]:
+    """open-r1's grpo.py / TRL's examples: logger.info(f"Training parameters {training_args}")
+    under the logging format the scripts set."""
+    record = f"2025-05-02 10:11:12 - INFO - __main__ - Training parameters {args}"
+    return record.splitlines()
+
+
+def test_grpo_config_gives_grpos_memory_knobs_their_values() -> None:
+    """A GRPOConfig dump: the Trainer's settings as from TrainingArguments, GRPO's own read
+    under TRL's class name. Its completion knob gets max_completion_length (named: the
+    knob's text names two settings), the colocated vLLM's share the value set (use_vllm and
+    colocate printed), the micro-batch per_device_train_batch_size x free / request;
+    checkpointing, TRL's default on, goes last."""
+    args = GRPOConfig(output_dir="/runs/grpo", per_device_train_batch_size=8,
+                      gradient_checkpointing=True, num_generations=16,
+                      max_completion_length=2048, use_vllm=True, vllm_mode="colocate",
+                      vllm_gpu_memory_utilization=0.45)
+    assert str(args).startswith("GRPOConfig(\n")  # TrainingArguments.__str__, its own name
+    settings = read_settings(_training_log(args))
+    assert {s.id: s.value for s in settings} == {
+        "transformers.per_device_train_batch_size": args.per_device_train_batch_size,
+        "transformers.gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "transformers.gradient_checkpointing": args.gradient_checkpointing,
+        "transformers.use_liger_kernel": args.use_liger_kernel,
+        "trl.num_generations": args.num_generations,
+        "trl.max_completion_length": args.max_completion_length,
+        "trl.use_vllm": args.use_vllm, "trl.vllm_mode": args.vllm_mode,
+        "trl.vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization}
+    assert {s.format for s in settings} == {"trl.config"}
+    completion = _pack_knob("trl.toml", "trl.completion_length")
+    colocate = _pack_knob("trl.toml", "trl.vllm_colocate")
+    micro = _pack_knob("pytorch.toml", "torch.micro_batch")
+    checkpointing = _pack_knob("transformers.toml", "transformers.gradient_checkpointing")
+    request, free = 5 * GIB, 2 * GIB
+    knobs, _ = with_settings([(checkpointing, "why"), (completion, "why"), (colocate, "why"),
+                              (micro, "why")], settings, request, free)
+    to = args.per_device_train_batch_size * free // request
+    assert [k for k, _ in knobs] == [
+        f"{completion} (now max_completion_length={args.max_completion_length})",
+        f"{colocate} (now vllm_gpu_memory_utilization={args.vllm_gpu_memory_utilization})",
+        f"{micro} (per_device_train_batch_size {to}, now {args.per_device_train_batch_size})",
+        f"{checkpointing} (already set: gradient_checkpointing=True)"]
+
+
+def test_grpo_share_is_no_value_without_a_colocated_engine() -> None:
+    """TRL prints vllm_gpu_memory_utilization whether or not it sizes an engine: without
+    use_vllm and vllm_mode "colocate" it is not the colocate knob's value."""
+    colocate = _pack_knob("trl.toml", "trl.vllm_colocate")
+    for use_vllm, mode in ((False, "colocate"), (True, "server")):
+        args = GRPOConfig(output_dir="o", use_vllm=use_vllm, vllm_mode=mode)
+        knobs, _ = with_settings([(colocate, "why")], read_settings(_training_log(args)))
+        assert [k for k, _ in knobs] == [colocate]
+
+
+def test_only_trls_class_names_are_read_as_trl() -> None:
+    """The same str under another class name ("...Arguments(", any "Config(") is not a TRL
+    config; under a TrainingArguments name the Trainer's settings are read and GRPO's names
+    are not (a script's own subclass may have such a field)."""
+    fields = {f.name: getattr(GRPOConfig(output_dir="o"), f.name)
+              for f in dataclasses.fields(GRPOConfig)}
+    other = ScriptArguments(**fields)
+    assert read_settings(_training_log(other)) == ()
+    config = str(GRPOConfig(output_dir="o"))
+    assert read_settings(_training_log(config.replace("GRPOConfig(", "ExperimentConfig(", 1))) \
+        == ()
+    assert read_settings(_training_log(config.replace("GRPOConfig(", "Config(", 1))) == ()
+    got = _settings("\n".join(_training_log(
+        config.replace("GRPOConfig(", "MyTrainingArguments(", 1))))
+    assert got and not any(k.startswith("trl.") for k in got)
+
+
+SITE = "/usr/lib/python3/site-packages"
+#: GRPO's loss pass (trl/trainer/grpo_trainer.py _compute_loss ->
+#: _get_per_token_logps_and_entropies -> trl/trainer/utils.py selective_log_softmax)
+GRPO_LOSS = [
+    (f"{SITE}/transformers/trainer.py", 3800, "training_step",
+     "loss = self.compute_loss(model, inputs)"),
+    (f"{SITE}/trl/trainer/grpo_trainer.py", 1650, "compute_loss",
+     "return self._compute_loss(model, inputs)"),
+    (f"{SITE}/trl/trainer/grpo_trainer.py", 1700, "_compute_loss",
+     "per_token_logps, entropies = self._get_per_token_logps_and_entropies("),
+    (f"{SITE}/trl/trainer/grpo_trainer.py", 830, "_get_per_token_logps_and_entropies",
+     "logps = selective_log_softmax(logits, completion_ids)"),
+    (f"{SITE}/trl/trainer/utils.py", 1600, "selective_log_softmax",
+     "logsumexp_values = torch.stack([torch.logsumexp(lg, dim=-1) for lg in logits])")]
+
+
+def test_a_grpo_log_names_its_completion_budget_as_set() -> None:
+    """A GRPO run's log: its config, then an OOM in the log-softmax over the completions'
+    logits. The traceback's family gives TRL's completion knob; the config gives it the
+    value set."""
+    args = GRPOConfig(output_dir="o", max_completion_length=4096, num_generations=16)
+    text = "\n".join([*_training_log(args), "Traceback (most recent call last):",
+                      *frames_only(GRPO_LOSS), OOM]) + "\n"
+    knobs = [k for k, _ in
+             text_log_view("g.log", weigh([read_text(text, "g.log")])).best_knobs]
+    completion = _pack_knob("trl.toml", "trl.completion_length")
+    assert f"{completion} (now max_completion_length={args.max_completion_length})" in knobs

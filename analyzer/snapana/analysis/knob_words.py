@@ -76,6 +76,7 @@ class _SettingKnob(data_file.Table, frozen=True, kw_only=True):
     unset_is: str | None = None
     yields_to: str | None = None
     spent: list[str] = []
+    when: dict[str, str] = {}  # other setting id -> the value (as shown) it must have
     alone: str | None = None  # a [knob.<id>] of framework_knobs.toml
 
 
@@ -100,6 +101,11 @@ def _shown(v: int | float | bool | str) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def _shows(s: Setting | None, value: str) -> bool:
+    """Whether the log printed setting `s` with `value` (as shown)."""
+    return s is not None and s.value is not None and _shown(s.value) == value
+
+
 def _setting_for(knob: str, settings: Sequence[Setting]) -> tuple[Setting, _SettingKnob] | None:
     """The setting `knob` is the value of, with a value (one printed None takes its
     `unset_is` setting's, named as its own)."""
@@ -108,6 +114,8 @@ def _setting_for(knob: str, settings: Sequence[Setting]) -> tuple[Setting, _Sett
     for s in settings:
         words = table.get(s.id)
         if words is None or not any(knob.startswith(k) for k in words.knobs):
+            continue
+        if not all(_shows(by_id.get(o), v) for o, v in words.when.items()):
             continue
         if s.value is None and words.unset_is is not None:
             other = by_id.get(words.unset_is)
@@ -212,4 +220,14 @@ def _valued(knob: str, s: Setting, words: _SettingKnob, request: int | None,
         at = f"{cur + float(step.group(1)):.2f} or more"
         return (knob[:step.start()] + at + knob[step.end():] + f" (now {now})",
                 f"{now} + {step.group(1)}")
-    return f"{knob} (now {now})", ""
+    return f"{knob} (now {_now(knob, s)})", ""
+
+
+def _now(knob: str, s: Setting) -> str:
+    """The value set, named where the knob's text does not start with that setting (a knob
+    over several settings, "smaller max_completion_length / num_generations", or one the log
+    printed under another name, vLLM's max_seq_len for --max-model-len)."""
+    now = _shown(s.value)  # type: ignore[arg-type]
+    name = s.name.rpartition(".")[2]
+    own = knob.startswith((name, "--" + name.replace("_", "-")))
+    return now if own else f"{s.name}={now}"

@@ -1,9 +1,9 @@
-"""The settings a framework prints about itself at start-up, read from a log (issue 69):
-vLLM's non-default args, its older API server's `args: Namespace(...)` and version line, and
-its engine config, SGLang's ServerArgs repr, Megatron's (and so slime's) `_print_args` block,
+"""The settings a framework prints about itself at start-up, read from a log (issue 69): vLLM's
+non-default args, its older API server's `args: Namespace(...)` and version line, and its
+engine config, SGLang's ServerArgs repr, Megatron's (and so slime's) `_print_args` block,
 DeepSpeed's configuration print and the user's JSON config after it, transformers'
-TrainingArguments str. A knob can then say what it was set to when the job failed, and what
-to try.
+TrainingArguments str (and TRL's configs, which print it under their own class names). A
+knob can then say what it was set to when the job failed, and what to try.
 
 The formats and the settings read from each are data (`settings_lines.toml`, each format
 with the source and format string it was written from); this module only finds and reads
@@ -47,6 +47,7 @@ class _Format(data_file.Table, frozen=True, kw_only=True):
     anchor: str = ""
     after: str = ""  # a literal the line holds before the anchor
     begin: str = ""
+    begins: list[str] = []  # kind "lines": the class names' "Name(" its first line ends in
     end: str = ""
     dots: int = 0
     key: str = ""  # kind "value": the name the one value after the anchor is read as
@@ -292,13 +293,16 @@ def _line_item(line: str) -> tuple[str, str] | None:
 
 
 def _assign_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
-    """Each dump of a "lines" format: a line ending in `begin`, one 'name=value,' a line (a
-    value printed with str(), over one line), until a line that is `end` alone."""
+    """Each dump of a "lines" format: a line ending in one of `begins` (the classes that
+    print so, by name), one 'name=value,' a line (a value printed with str(), over one
+    line), until a line that is `end` alone."""
+    begins = tuple(f.begins)
+
     def ends(line: str) -> bool:
         line = line.rstrip()
         return line.lstrip() == f.end or line.endswith("]:" + f.end)  # the repr's close
 
-    return _item_blocks(lines, lambda ln: ln.rstrip().endswith(f.begin), ends,
+    return _item_blocks(lines, lambda ln: ln.rstrip().endswith(begins), ends,
                         lambda ln: _line_item(ln.rstrip()))
 
 
