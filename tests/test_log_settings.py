@@ -582,6 +582,44 @@ def test_sglang_share_alone_and_a_bound_without_figures() -> None:
     assert first == f"--mem-fraction-static < {mfs}"
 
 
+def _slime_oom_log(server_args: bool = False, frames: bool = False) -> str:
+    """slime's arguments block behind Ray's actor prefix, then an OOM message with no
+    traceback (or, `frames`, the reference log-prob pass's); `server_args`: a rollout
+    engine's own ServerArgs line with the same share (slime hands it on)."""
+    lines = [ray("MegatronTrainRayActor", 4242, ln) for ln in megatron_print_args(SLIME_ARGS)]
+    if server_args:
+        mfs = SLIME_ARGS.sglang_mem_fraction_static
+        lines.append(ray("SGLangEngine", 777, "[2026-02-01 00:05:04 TP0] server_args="
+                         f"{ServerArgs(model_path='m', mem_fraction_static=mfs)}"))
+    tail = [*frames_only(REF_LOGPROB), OOM] if frames else [
+        oom(3 * GIB, 200 * MIB, CARD, 70 * GIB, GIB, CARD - 200 * MIB)]
+    lines += [ray("MegatronTrainRayActor", 12345, ln) for ln in tail]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("server_args", [False, True])
+def test_slimes_sglang_share_alone(server_args: bool) -> None:
+    """slime's --sglang-mem-fraction-static (its arguments block: slime registers SGLang's
+    flags with an --sglang- prefix and hands them to each rollout engine's ServerArgs) is
+    offered by itself where nothing else names a knob, lowered by the share the request
+    lacked; with the engine's own ServerArgs in the log too, the one setting is listed
+    once, by the flag slime was given."""
+    knobs = [k for k, _ in text_log_view("s.log", weigh([read_text(
+        _slime_oom_log(server_args), "s.log")])).best_knobs]
+    mfs = SLIME_ARGS.sglang_mem_fraction_static
+    lower = mfs - _share_step(3 * GIB, 200 * MIB)
+    assert knobs[0] == f"--sglang-mem-fraction-static {lower:.2f} (now {mfs})"
+    assert not any(k.startswith("--mem-fraction-static") for k in knobs)
+
+
+def test_slimes_share_is_not_offered_beside_a_named_request() -> None:
+    """A traceback that names the failing request (the reference log-prob pass) gives the
+    knobs: slime's share is not added to them."""
+    knobs = text_log_view("s.log", weigh([read_text(_slime_oom_log(frames=True), "s.log")]))
+    assert knobs.best_knobs
+    assert not any("mem-fraction-static" in k for k, _ in knobs.best_knobs)
+
+
 def test_the_share_is_not_offered_beside_a_named_request() -> None:
     """A traceback that names the failing request gives its own knobs: the share is not
     added to them."""

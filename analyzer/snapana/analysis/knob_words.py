@@ -78,6 +78,7 @@ class _SettingKnob(data_file.Table, frozen=True, kw_only=True):
     spent: list[str] = []
     when: dict[str, str] = {}  # other setting id -> the value (as shown) it must have
     alone: str | None = None  # a [knob.<id>] of framework_knobs.toml
+    alone_yields_to: str | None = None  # a setting whose `alone` knob is offered instead
 
 
 @data_file.schema("analysis/setting_knobs.toml")
@@ -167,16 +168,19 @@ def share_knobs(settings: Sequence[Setting], request: int | None, free: int | No
           capacity: int | None) -> tuple[tuple[str, str], ...]:
     """The budget knobs a log's settings alone support (`alone` in setting_knobs.toml), for
     a log whose other evidence gives no knob: an engine's share of the card (vLLM's
-    gpu_memory_utilization, SGLang's mem_fraction_static) sizes the pool it keeps
+    gpu_memory_utilization, SGLang's mem_fraction_static, slime's
+    --sglang-mem-fraction-static for its rollout engines) sizes the pool it keeps
     whatever it runs, so lowering the share by the failing request's shortfall over the
     card's capacity (rounded up to 0.01) leaves that many more bytes free. Without those
     three figures, or where the share cannot go that low, the knob is a bound below the
     value set. `with_settings` then adds the value set to each."""
     table = _setting_knobs()
+    read = {s.id for s in settings if isinstance(s.value, float)}
     out: list[tuple[str, str]] = []
     for s in settings:
         words = table.get(s.id)
-        if words is None or words.alone is None or not isinstance(s.value, float):
+        if words is None or words.alone is None or not isinstance(s.value, float) \
+                or words.alone_yields_to in read:
             continue
         why = (f"{s.name} = {s.printed} sizes the engine's pool on the card whatever it runs, "
                "and nothing else in the log names a knob")
