@@ -805,3 +805,23 @@ def test_a_grpo_log_names_its_completion_budget_as_set() -> None:
              text_log_view("g.log", weigh([read_text(text, "g.log")])).best_knobs]
     completion = _pack_knob("trl.toml", "trl.completion_length")
     assert f"{completion} (now max_completion_length={args.max_completion_length})" in knobs
+
+
+@pytest.mark.parametrize("encoder", ["scientific", "plain"])
+def test_deepspeeds_old_cpu_offload_key_is_the_optimizer_on_the_cpu(encoder: str) -> None:
+    """DeepSpeed < 0.6's ZeRO-Offload key: "cpu_offload": true in zero_optimization set
+    offload_optimizer to the CPU (deepspeed/runtime/zero/config.py, v0.5.10
+    DeepSpeedZeroConfig._initialize): read as offload_optimizer = cpu, so that knob goes last
+    and quotes the key as printed; false is not read as any device."""
+    offload = _pack_knob("pytorch.toml", "torch.optimizer_cpu_offload")
+    for on in (True, False):
+        config = {"train_micro_batch_size_per_gpu": 4,
+                  "zero_optimization": {"stage": 2, "cpu_offload": on}}
+        settings = read_settings(deepspeed_user_config(config, encoder))
+        got = {s.id: s.value for s in settings}
+        assert got.get("deepspeed.offload_optimizer") == ("cpu" if on else None)
+        assert got["deepspeed.zero_optimization_stage"] == 2
+        knobs, _ = with_settings([(offload, "why"), ("other", "why")], settings)
+        assert [k for k, _ in knobs] == (
+            ["other", f"{offload} (already set: zero_optimization.cpu_offload=true)"] if on
+            else [offload, "other"])

@@ -151,7 +151,10 @@ def with_settings(knobs: Sequence[tuple[str, str]], settings: Sequence[Setting],
         now = _shown(s.value)
         where = f"{s.name} = {s.printed} in the log's settings (line {s.line}, {s.format})"
         if now in words.spent:
-            text = f"{knob} (already set: {s.name}={now})"
+            # as the log printed it where the value read is not in it (an older key's value,
+            # read as the setting it stands for: DeepSpeed's cpu_offload true)
+            said = now if now.lower() in s.printed.lower() else s.printed
+            text = f"{knob} (already set: {s.name}={said})"
             spent.append((text, f"{why}; {where}: this change was already made when it "
                                 "failed"))
             changed.append((text, s.id))

@@ -58,6 +58,7 @@ class _Setting(data_file.Table, frozen=True, kw_only=True):
     framework: str
     keys: dict[str, str]
     type: Literal["int", "float", "bool", "str"]
+    values: dict[str, str] = {}  # a printed value -> the value it means; others not read
 
 
 @data_file.schema("sources/settings_lines.toml")
@@ -167,6 +168,14 @@ def _value(raw: str, kind: str) -> tuple[bool, SettingValue]:
     if kind == "float":
         return (True, float(raw)) if _FLOAT.fullmatch(raw) else (False, None)
     return True, raw[:MAX_PRINTED]
+
+
+def _meant(raw: str, values: dict[str, str]) -> tuple[bool, SettingValue]:
+    """A value read through a setting's `values` (an old key's value as the setting it stands
+    for: DeepSpeed's cpu_offload true is offload_optimizer's device cpu); one not listed is
+    not read."""
+    meant = values.get(raw.strip().lower())
+    return (meant is not None), meant
 
 
 def _block_item(line: str, dots: int) -> tuple[str, str] | None:
@@ -334,7 +343,7 @@ def read_settings(lines: list[str]) -> tuple[Setting, ...]:
                     raw = _lookup(body[0], body[1], rest) if body is not None else None
                 if raw is None:
                     continue
-                ok, value = _value(raw, s.type)
+                ok, value = _value(raw, s.type) if not s.values else _meant(raw, s.values)
                 if ok:
                     new = Setting(s.id, s.framework, path, value, raw.strip()[:MAX_PRINTED],
                                   i + 1, f.id)
