@@ -444,6 +444,38 @@ def test_a_namespace_some_other_script_prints_is_not_vllms() -> None:
     assert _settings(f"args: {API_ARGS}\nINFO 09-10 train.py:12] args: {API_ARGS}\n") == {}
 
 
+#: other vLLM evidence a paste may keep when it dropped the logger's prefix, each as vLLM
+#: writes it: run_server's version line; the executor's initialize_cache line behind the
+#: logger prefix; a traceback frame in vLLM's package
+VLLM_EVIDENCE = {
+    "version": "vLLM API server version 0.6.3",
+    "log line": "INFO 09-10 10:11:20 gpu_executor.py:122] "  # noqa: UP031
+                "# GPU blocks: %d, # CPU blocks: %d" % (1200, 512),
+    "frame": '  File "/usr/local/lib/python3.10/site-packages/vllm/worker/model_runner.py", '
+             "line 1450, in execute_model",
+}
+
+
+@pytest.mark.parametrize("evidence", sorted(VLLM_EVIDENCE))
+def test_an_unprefixed_namespace_is_vllms_beside_other_vllm_evidence(evidence: str) -> None:
+    """A paste that dropped vLLM's logger prefix ('args: Namespace(...)' alone on its line)
+    is read where the same text shows vLLM otherwise."""
+    text = "\n".join([f"args: {API_ARGS}", VLLM_EVIDENCE[evidence]]) + "\n"
+    got = _settings(text)
+    assert got["vllm.gpu_memory_utilization"] == API_ARGS.gpu_memory_utilization
+    assert got["vllm.max_num_seqs"] == API_ARGS.max_num_seqs
+
+
+def test_an_unprefixed_namespace_without_other_vllm_evidence_is_refused() -> None:
+    """Without it, the line is any script's Namespace: a vLLM-looking path inside the
+    Namespace itself, or a traceback through the script's own files, is no evidence."""
+    args = Namespace(**{**vars(API_ARGS), "model": "/models/vllm/v1/m"})
+    text = "\n".join([f"args: {args}", "Traceback (most recent call last):",
+                      '  File "/home/me/train/vllm_style/run.py", line 3, in <module>',
+                      "    main()", OOM]) + "\n"
+    assert _settings(text) == {}
+
+
 # ----- DeepSpeed's user config, printed as JSON after the block ----------------------------
 
 def scientific_json(value: object, level: int = 0) -> str:

@@ -46,6 +46,9 @@ class _Format(data_file.Table, frozen=True, kw_only=True):
     style: Literal["assign", "dict"] = "assign"
     anchor: str = ""
     after: str = ""  # a literal the line holds before the anchor
+    #: literals that, on another line of the text, make an anchor's line without `after`
+    #: the framework's all the same (a paste that dropped its logger's prefix)
+    unprefixed_if: list[str] = []
     begin: str = ""
     begins: list[str] = []  # kind "lines": the class names' "Name(" its first line ends in
     end: str = ""
@@ -202,15 +205,28 @@ def _one_line(rest: str, f: _Format) -> dict[str, str]:
     return _top_level(rest, f.style)
 
 
+def _vouched(lines: list[str], f: _Format) -> bool:
+    """Whether a line other than the format's own holds one of its `unprefixed_if` literals
+    (other evidence of its framework in the same text)."""
+    return bool(f.unprefixed_if) and any(
+        f.anchor not in ln and any(lit in ln for lit in f.unprefixed_if) for ln in lines)
+
+
 def _pairs_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
     """The last MAX_DUMPS lines of the format, read (the last print of a setting is the one
     kept; a text of thousands of dumps is not scanned character by character throughout)."""
     out = []
+    vouched: bool | None = None  # whether the text holds an `unprefixed_if` line (asked once)
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i]
         at = line.find(f.anchor)
-        if at < 0 or (f.after and line.find(f.after, 0, at) < 0):
+        if at < 0:
             continue
+        if f.after and line.find(f.after, 0, at) < 0:
+            if vouched is None:
+                vouched = _vouched(lines, f)
+            if not vouched:
+                continue
         out.append((i, _one_line(line[at + len(f.anchor):], f)))
         if len(out) >= MAX_DUMPS:
             break
