@@ -8,7 +8,8 @@ ticket.md, the report's knob table.
 
 The links are read here from scaling.toml itself; the samples that listed both twins before
 (expandable-segments: the Trainer's two; fsdp: transformers'; slime-tp2-recompute-loss-ok:
-Megatron's) are the cases."""
+Megatron's) are the cases; and, from `[[same_setting]]`, swift-vllm-colocate's one setting
+under two names (ms-swift's --vllm_gpu_memory_utilization is vLLM's gpu_memory_utilization)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ else:  # pragma: no cover
 
 SCALING = Path(__file__).parents[1] / "analyzer/snapana/analysis/scaling.toml"
 #: framework knob id -> the generic knob id of its mechanism, as the data file says
-LINK = {k: t["id"] for t in tomllib.loads(SCALING.read_text())["same_step"]
-        for k in t["knobs"]}
+#: (`[[same_step]]`), or the engine's knob a wrapper's knob sets (`[[same_setting]]`)
+LINK = {k: t["id"] for table in ("same_step", "same_setting")
+        for t in tomllib.loads(SCALING.read_text()).get(table, []) for k in t["knobs"]}
 #: samples whose knob list held both twins before (framework knob, generic knob)
 TWINS = [
     ("expandable-segments-oom", "transformers.liger_kernel", "torch.fused_cross_entropy"),
@@ -40,6 +42,9 @@ TWINS = [
     ("fsdp-train-step", "transformers.gradient_checkpointing", "torch.activation_checkpointing"),
     ("slime-tp2-recompute-loss-ok", "megatron.recompute_granularity",
      "torch.activation_checkpointing"),
+    # one setting: ms-swift's --vllm_gpu_memory_utilization is vLLM's gpu_memory_utilization
+    ("swift-vllm-colocate-oom", "swift.vllm_gpu_memory_utilization",
+     "vllm.gpu_memory_utilization"),
 ]
 NAMES = {k.id: k.knob for k in load_knobs()}
 REQUIRES = {k.id: k.requires for k in load_knobs()}

@@ -102,7 +102,8 @@ def test_vllm_engine_config_gives_max_model_len_to_its_knob() -> None:
     assert got["vllm.tensor_parallel_size"] == 2
     assert got["vllm.enforce_eager"] is False
     knobs = text_log_view("v.log", weigh([read_text(text, "v.log")])).best_knobs
-    assert f"--max-model-len {tokens:,} (now {max_len})" in [k for k, _ in knobs]
+    # the value named as the engine config printed it: the knob's text does not start so
+    assert f"--max-model-len {tokens:,} (now max_seq_len={max_len})" in [k for k, _ in knobs]
 
 
 # ----- SGLang -----------------------------------------------------------------------------
@@ -443,6 +444,38 @@ def test_a_namespace_some_other_script_prints_is_not_vllms() -> None:
     assert _settings(f"args: {API_ARGS}\nINFO 09-10 train.py:12] args: {API_ARGS}\n") == {}
 
 
+#: other vLLM evidence a paste may keep when it dropped the logger's prefix, each as vLLM
+#: writes it: run_server's version line; the executor's initialize_cache line behind the
+#: logger prefix; a traceback frame in vLLM's package
+VLLM_EVIDENCE = {
+    "version": "vLLM API server version 0.6.3",
+    "log line": "INFO 09-10 10:11:20 gpu_executor.py:122] "  # noqa: UP031
+                "# GPU blocks: %d, # CPU blocks: %d" % (1200, 512),
+    "frame": '  File "/usr/local/lib/python3.10/site-packages/vllm/worker/model_runner.py", '
+             "line 1450, in execute_model",
+}
+
+
+@pytest.mark.parametrize("evidence", sorted(VLLM_EVIDENCE))
+def test_an_unprefixed_namespace_is_vllms_beside_other_vllm_evidence(evidence: str) -> None:
+    """A paste that dropped vLLM's logger prefix ('args: Namespace(...)' alone on its line)
+    is read where the same text shows vLLM otherwise."""
+    text = "\n".join([f"args: {API_ARGS}", VLLM_EVIDENCE[evidence]]) + "\n"
+    got = _settings(text)
+    assert got["vllm.gpu_memory_utilization"] == API_ARGS.gpu_memory_utilization
+    assert got["vllm.max_num_seqs"] == API_ARGS.max_num_seqs
+
+
+def test_an_unprefixed_namespace_without_other_vllm_evidence_is_refused() -> None:
+    """Without it, the line is any script's Namespace: a vLLM-looking path inside the
+    Namespace itself, or a traceback through the script's own files, is no evidence."""
+    args = Namespace(**{**vars(API_ARGS), "model": "/models/vllm/v1/m"})
+    text = "\n".join([f"args: {args}", "Traceback (most recent call last):",
+                      '  File "/home/me/train/vllm_style/run.py", line 3, in <module>',
+                      "    main()", OOM]) + "\n"
+    assert _settings(text) == {}
+
+
 # ----- DeepSpeed's user config, printed as JSON after the block ----------------------------
 
 def scientific_json(value: object, level: int = 0) -> str:
@@ -581,6 +614,44 @@ def test_sglang_share_alone_and_a_bound_without_figures() -> None:
     assert first == f"--mem-fraction-static < {mfs}"
 
 
+def _slime_oom_log(server_args: bool = False, frames: bool = False) -> str:
+    """slime's arguments block behind Ray's actor prefix, then an OOM message with no
+    traceback (or, `frames`, the reference log-prob pass's); `server_args`: a rollout
+    engine's own ServerArgs line with the same share (slime hands it on)."""
+    lines = [ray("MegatronTrainRayActor", 4242, ln) for ln in megatron_print_args(SLIME_ARGS)]
+    if server_args:
+        mfs = SLIME_ARGS.sglang_mem_fraction_static
+        lines.append(ray("SGLangEngine", 777, "[2026-02-01 00:05:04 TP0] server_args="
+                         f"{ServerArgs(model_path='m', mem_fraction_static=mfs)}"))
+    tail = [*frames_only(REF_LOGPROB), OOM] if frames else [
+        oom(3 * GIB, 200 * MIB, CARD, 70 * GIB, GIB, CARD - 200 * MIB)]
+    lines += [ray("MegatronTrainRayActor", 12345, ln) for ln in tail]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("server_args", [False, True])
+def test_slimes_sglang_share_alone(server_args: bool) -> None:
+    """slime's --sglang-mem-fraction-static (its arguments block: slime registers SGLang's
+    flags with an --sglang- prefix and hands them to each rollout engine's ServerArgs) is
+    offered by itself where nothing else names a knob, lowered by the share the request
+    lacked; with the engine's own ServerArgs in the log too, the one setting is listed
+    once, by the flag slime was given."""
+    knobs = [k for k, _ in text_log_view("s.log", weigh([read_text(
+        _slime_oom_log(server_args), "s.log")])).best_knobs]
+    mfs = SLIME_ARGS.sglang_mem_fraction_static
+    lower = mfs - _share_step(3 * GIB, 200 * MIB)
+    assert knobs[0] == f"--sglang-mem-fraction-static {lower:.2f} (now {mfs})"
+    assert not any(k.startswith("--mem-fraction-static") for k in knobs)
+
+
+def test_slimes_share_is_not_offered_beside_a_named_request() -> None:
+    """A traceback that names the failing request (the reference log-prob pass) gives the
+    knobs: slime's share is not added to them."""
+    knobs = text_log_view("s.log", weigh([read_text(_slime_oom_log(frames=True), "s.log")]))
+    assert knobs.best_knobs
+    assert not any("mem-fraction-static" in k for k, _ in knobs.best_knobs)
+
+
 def test_the_share_is_not_offered_beside_a_named_request() -> None:
     """A traceback that names the failing request gives its own knobs: the share is not
     added to them."""
@@ -646,3 +717,143 @@ def test_training_arguments_give_the_micro_batch_its_value(prefix: str) -> None:
     assert [k for k, _ in knobs] == [
         f"{micro} (per_device_train_batch_size {to}, now {args.per_device_train_batch_size})",
         f"{checkpointing} (already set: gradient_checkpointing=True)"]
+
+
+# ----- TRL's configs: TrainingArguments' str under their own class names ------------------
+
+@dataclasses.dataclass
+class GRPOConfig(TrainingArguments):
+    """As trl/trainer/grpo_config.py: a @dataclass subclass (of _BaseConfig, itself
+    TrainingArguments'), so it gets a __repr__ of its own but prints with
+    TrainingArguments.__str__ under its own name. A few of GRPO's fields, TRL's defaults."""
+
+    num_generations: int | None = 8
+    max_completion_length: int | None = 256
+    use_vllm: bool = False
+    vllm_mode: str = "server"
+    vllm_gpu_memory_utilization: float = 0.3
+
+
+@dataclasses.dataclass
+class ScriptArguments(GRPOConfig):
+    """Any other class that prints the same way: not one of TRL's names."""
+
+
+def _training_log(args: object) -> list[str]:
+    """open-r1's grpo.py / TRL's examples: logger.info(f"Training parameters {training_args}")
+    under the logging format the scripts set."""
+    record = f"2025-05-02 10:11:12 - INFO - __main__ - Training parameters {args}"
+    return record.splitlines()
+
+
+def test_grpo_config_gives_grpos_memory_knobs_their_values() -> None:
+    """A GRPOConfig dump: the Trainer's settings as from TrainingArguments, GRPO's own read
+    under TRL's class name. Its completion knob gets max_completion_length (named: the
+    knob's text names two settings), the colocated vLLM's share the value set (use_vllm and
+    colocate printed), the micro-batch per_device_train_batch_size x free / request;
+    checkpointing, TRL's default on, goes last."""
+    args = GRPOConfig(output_dir="/runs/grpo", per_device_train_batch_size=8,
+                      gradient_checkpointing=True, num_generations=16,
+                      max_completion_length=2048, use_vllm=True, vllm_mode="colocate",
+                      vllm_gpu_memory_utilization=0.45)
+    assert str(args).startswith("GRPOConfig(\n")  # TrainingArguments.__str__, its own name
+    settings = read_settings(_training_log(args))
+    assert {s.id: s.value for s in settings} == {
+        "transformers.per_device_train_batch_size": args.per_device_train_batch_size,
+        "transformers.gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "transformers.gradient_checkpointing": args.gradient_checkpointing,
+        "transformers.use_liger_kernel": args.use_liger_kernel,
+        "trl.num_generations": args.num_generations,
+        "trl.max_completion_length": args.max_completion_length,
+        "trl.use_vllm": args.use_vllm, "trl.vllm_mode": args.vllm_mode,
+        "trl.vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization}
+    assert {s.format for s in settings} == {"trl.config"}
+    completion = _pack_knob("trl.toml", "trl.completion_length")
+    colocate = _pack_knob("trl.toml", "trl.vllm_colocate")
+    micro = _pack_knob("pytorch.toml", "torch.micro_batch")
+    checkpointing = _pack_knob("transformers.toml", "transformers.gradient_checkpointing")
+    request, free = 5 * GIB, 2 * GIB
+    knobs, _ = with_settings([(checkpointing, "why"), (completion, "why"), (colocate, "why"),
+                              (micro, "why")], settings, request, free)
+    to = args.per_device_train_batch_size * free // request
+    assert [k for k, _ in knobs] == [
+        f"{completion} (now max_completion_length={args.max_completion_length})",
+        f"{colocate} (now vllm_gpu_memory_utilization={args.vllm_gpu_memory_utilization})",
+        f"{micro} (per_device_train_batch_size {to}, now {args.per_device_train_batch_size})",
+        f"{checkpointing} (already set: gradient_checkpointing=True)"]
+
+
+def test_grpo_share_is_no_value_without_a_colocated_engine() -> None:
+    """TRL prints vllm_gpu_memory_utilization whether or not it sizes an engine: without
+    use_vllm and vllm_mode "colocate" it is not the colocate knob's value."""
+    colocate = _pack_knob("trl.toml", "trl.vllm_colocate")
+    for use_vllm, mode in ((False, "colocate"), (True, "server")):
+        args = GRPOConfig(output_dir="o", use_vllm=use_vllm, vllm_mode=mode)
+        knobs, _ = with_settings([(colocate, "why")], read_settings(_training_log(args)))
+        assert [k for k, _ in knobs] == [colocate]
+
+
+def test_only_trls_class_names_are_read_as_trl() -> None:
+    """The same str under another class name ("...Arguments(", any "Config(") is not a TRL
+    config; under a TrainingArguments name the Trainer's settings are read and GRPO's names
+    are not (a script's own subclass may have such a field)."""
+    fields = {f.name: getattr(GRPOConfig(output_dir="o"), f.name)
+              for f in dataclasses.fields(GRPOConfig)}
+    other = ScriptArguments(**fields)
+    assert read_settings(_training_log(other)) == ()
+    config = str(GRPOConfig(output_dir="o"))
+    assert read_settings(_training_log(config.replace("GRPOConfig(", "ExperimentConfig(", 1))) \
+        == ()
+    assert read_settings(_training_log(config.replace("GRPOConfig(", "Config(", 1))) == ()
+    got = _settings("\n".join(_training_log(
+        config.replace("GRPOConfig(", "MyTrainingArguments(", 1))))
+    assert got and not any(k.startswith("trl.") for k in got)
+
+
+SITE = "/usr/lib/python3/site-packages"
+#: GRPO's loss pass (trl/trainer/grpo_trainer.py _compute_loss ->
+#: _get_per_token_logps_and_entropies -> trl/trainer/utils.py selective_log_softmax)
+GRPO_LOSS = [
+    (f"{SITE}/transformers/trainer.py", 3800, "training_step",
+     "loss = self.compute_loss(model, inputs)"),
+    (f"{SITE}/trl/trainer/grpo_trainer.py", 1650, "compute_loss",
+     "return self._compute_loss(model, inputs)"),
+    (f"{SITE}/trl/trainer/grpo_trainer.py", 1700, "_compute_loss",
+     "per_token_logps, entropies = self._get_per_token_logps_and_entropies("),
+    (f"{SITE}/trl/trainer/grpo_trainer.py", 830, "_get_per_token_logps_and_entropies",
+     "logps = selective_log_softmax(logits, completion_ids)"),
+    (f"{SITE}/trl/trainer/utils.py", 1600, "selective_log_softmax",
+     "logsumexp_values = torch.stack([torch.logsumexp(lg, dim=-1) for lg in logits])")]
+
+
+def test_a_grpo_log_names_its_completion_budget_as_set() -> None:
+    """A GRPO run's log: its config, then an OOM in the log-softmax over the completions'
+    logits. The traceback's family gives TRL's completion knob; the config gives it the
+    value set."""
+    args = GRPOConfig(output_dir="o", max_completion_length=4096, num_generations=16)
+    text = "\n".join([*_training_log(args), "Traceback (most recent call last):",
+                      *frames_only(GRPO_LOSS), OOM]) + "\n"
+    knobs = [k for k, _ in
+             text_log_view("g.log", weigh([read_text(text, "g.log")])).best_knobs]
+    completion = _pack_knob("trl.toml", "trl.completion_length")
+    assert f"{completion} (now max_completion_length={args.max_completion_length})" in knobs
+
+
+@pytest.mark.parametrize("encoder", ["scientific", "plain"])
+def test_deepspeeds_old_cpu_offload_key_is_the_optimizer_on_the_cpu(encoder: str) -> None:
+    """DeepSpeed < 0.6's ZeRO-Offload key: "cpu_offload": true in zero_optimization set
+    offload_optimizer to the CPU (deepspeed/runtime/zero/config.py, v0.5.10
+    DeepSpeedZeroConfig._initialize): read as offload_optimizer = cpu, so that knob goes last
+    and quotes the key as printed; false is not read as any device."""
+    offload = _pack_knob("pytorch.toml", "torch.optimizer_cpu_offload")
+    for on in (True, False):
+        config = {"train_micro_batch_size_per_gpu": 4,
+                  "zero_optimization": {"stage": 2, "cpu_offload": on}}
+        settings = read_settings(deepspeed_user_config(config, encoder))
+        got = {s.id: s.value for s in settings}
+        assert got.get("deepspeed.offload_optimizer") == ("cpu" if on else None)
+        assert got["deepspeed.zero_optimization_stage"] == 2
+        knobs, _ = with_settings([(offload, "why"), ("other", "why")], settings)
+        assert [k for k, _ in knobs] == (
+            ["other", f"{offload} (already set: zero_optimization.cpu_offload=true)"] if on
+            else [offload, "other"])

@@ -76,7 +76,9 @@ class _SettingKnob(data_file.Table, frozen=True, kw_only=True):
     unset_is: str | None = None
     yields_to: str | None = None
     spent: list[str] = []
+    when: dict[str, str] = {}  # other setting id -> the value (as shown) it must have
     alone: str | None = None  # a [knob.<id>] of framework_knobs.toml
+    alone_yields_to: str | None = None  # a setting whose `alone` knob is offered instead
 
 
 @data_file.schema("analysis/setting_knobs.toml")
@@ -100,6 +102,11 @@ def _shown(v: int | float | bool | str) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def _shows(s: Setting | None, value: str) -> bool:
+    """Whether the log printed setting `s` with `value` (as shown)."""
+    return s is not None and s.value is not None and _shown(s.value) == value
+
+
 def _setting_for(knob: str, settings: Sequence[Setting]) -> tuple[Setting, _SettingKnob] | None:
     """The setting `knob` is the value of, with a value (one printed None takes its
     `unset_is` setting's, named as its own)."""
@@ -108,6 +115,8 @@ def _setting_for(knob: str, settings: Sequence[Setting]) -> tuple[Setting, _Sett
     for s in settings:
         words = table.get(s.id)
         if words is None or not any(knob.startswith(k) for k in words.knobs):
+            continue
+        if not all(_shows(by_id.get(o), v) for o, v in words.when.items()):
             continue
         if s.value is None and words.unset_is is not None:
             other = by_id.get(words.unset_is)
@@ -142,7 +151,10 @@ def with_settings(knobs: Sequence[tuple[str, str]], settings: Sequence[Setting],
         now = _shown(s.value)
         where = f"{s.name} = {s.printed} in the log's settings (line {s.line}, {s.format})"
         if now in words.spent:
-            text = f"{knob} (already set: {s.name}={now})"
+            # as the log printed it where the value read is not in it (an older key's value,
+            # read as the setting it stands for: DeepSpeed's cpu_offload true)
+            said = now if now.lower() in s.printed.lower() else s.printed
+            text = f"{knob} (already set: {s.name}={said})"
             spent.append((text, f"{why}; {where}: this change was already made when it "
                                 "failed"))
             changed.append((text, s.id))
@@ -159,16 +171,19 @@ def share_knobs(settings: Sequence[Setting], request: int | None, free: int | No
           capacity: int | None) -> tuple[tuple[str, str], ...]:
     """The budget knobs a log's settings alone support (`alone` in setting_knobs.toml), for
     a log whose other evidence gives no knob: an engine's share of the card (vLLM's
-    gpu_memory_utilization, SGLang's mem_fraction_static) sizes the pool it keeps
+    gpu_memory_utilization, SGLang's mem_fraction_static, slime's
+    --sglang-mem-fraction-static for its rollout engines) sizes the pool it keeps
     whatever it runs, so lowering the share by the failing request's shortfall over the
     card's capacity (rounded up to 0.01) leaves that many more bytes free. Without those
     three figures, or where the share cannot go that low, the knob is a bound below the
     value set. `with_settings` then adds the value set to each."""
     table = _setting_knobs()
+    read = {s.id for s in settings if isinstance(s.value, float)}
     out: list[tuple[str, str]] = []
     for s in settings:
         words = table.get(s.id)
-        if words is None or words.alone is None or not isinstance(s.value, float):
+        if words is None or words.alone is None or not isinstance(s.value, float) \
+                or words.alone_yields_to in read:
             continue
         why = (f"{s.name} = {s.printed} sizes the engine's pool on the card whatever it runs, "
                "and nothing else in the log names a knob")
@@ -212,4 +227,14 @@ def _valued(knob: str, s: Setting, words: _SettingKnob, request: int | None,
         at = f"{cur + float(step.group(1)):.2f} or more"
         return (knob[:step.start()] + at + knob[step.end():] + f" (now {now})",
                 f"{now} + {step.group(1)}")
-    return f"{knob} (now {now})", ""
+    return f"{knob} (now {_now(knob, s)})", ""
+
+
+def _now(knob: str, s: Setting) -> str:
+    """The value set, named where the knob's text does not start with that setting (a knob
+    over several settings, "smaller max_completion_length / num_generations", or one the log
+    printed under another name, vLLM's max_seq_len for --max-model-len)."""
+    now = _shown(s.value)  # type: ignore[arg-type]
+    name = s.name.rpartition(".")[2]
+    own = knob.startswith((name, "--" + name.replace("_", "-")))
+    return now if own else f"{s.name}={now}"

@@ -19,7 +19,7 @@ from snapana.analysis.attribution.facts import workload_rules_out
 from snapana.analysis.attribution.families import WORKLOADS, families_with_lifetime
 from snapana.analysis.attribution.pack_parser import KNOB_COSTS, Knob
 from snapana.analysis.attribution.stack import import_path
-from snapana.analysis.scaling_file import same_step
+from snapana.analysis.scaling_file import same_setting, same_step
 
 #: the workloads a knob may be limited to (the vocabulary's)
 TRAINING, INFERENCE = WORKLOADS
@@ -200,11 +200,13 @@ def _reasons(knob: Knob, ev: JobEvidence, families: list[str]) -> list[Reason] |
 def fold_twins(knobs: list[Knob]) -> tuple[list[Knob], dict[str, tuple[Knob, ...]]]:
     """One entry per mechanism: a generic knob whose mechanism a framework's knob of the same
     list switches on (`scaling.toml [[same_step]]`: Megatron's --recompute-granularity for
-    activation checkpointing, the Trainer's use_liger_kernel for a fused cross-entropy) is
+    activation checkpointing, the Trainer's use_liger_kernel for a fused cross-entropy), or
+    an engine's knob that a wrapper's knob of the same list sets (`[[same_setting]]`:
+    ms-swift's --vllm_gpu_memory_utilization is vLLM's gpu_memory_utilization), is
     folded into that framework's knob (the first linked one listed), which keeps its name and
     how-to and takes the better of the two places. Returns the list and, per framework knob
     id, the generic knobs folded into it."""
-    link = same_step()
+    link = {**same_step(), **same_setting()}
     offered = {k.id for k in knobs}
     into: dict[str, Knob] = {}  # generic id -> the framework's knob it is folded into
     for k in knobs:

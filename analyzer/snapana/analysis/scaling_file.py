@@ -79,6 +79,7 @@ class ScalingFile(data_file.Table, frozen=True, kw_only=True):
     seq_evidence: _SeqEvidence = _SeqEvidence()
     confidence: _Confidence = _Confidence()
     same_step: list[_SameStep] = []
+    same_setting: list[_SameStep] = []
     fit_size: dict[str, list[str]] = {}
     whatif_flag: list[_WhatifFlag] = []
     checkpointing: _Checkpointing = _Checkpointing()
@@ -91,3 +92,13 @@ def same_step() -> dict[str, str]:
     checkpointing)."""
     data = data_file.packaged("analysis/scaling.toml", ScalingFile)
     return {k: t.id for t in data.same_step for k in t.knobs}
+
+
+@lru_cache(maxsize=1)
+def same_setting() -> dict[str, str]:
+    """`[[same_setting]]`: a wrapper's knob id -> the knob id of the engine setting it passes
+    on unchanged (ms-swift's --vllm_gpu_memory_utilization is vLLM's
+    gpu_memory_utilization): one setting, listed once, by the wrapper's name. Unlike
+    `[[same_step]]`, no whatif step replays it."""
+    data = data_file.packaged("analysis/scaling.toml", ScalingFile)
+    return {k: t.id for t in data.same_setting for k in t.knobs}

@@ -1,9 +1,9 @@
-"""The settings a framework prints about itself at start-up, read from a log (issue 69):
-vLLM's non-default args, its older API server's `args: Namespace(...)` and version line, and
-its engine config, SGLang's ServerArgs repr, Megatron's (and so slime's) `_print_args` block,
+"""The settings a framework prints about itself at start-up, read from a log (issue 69): vLLM's
+non-default args, its older API server's `args: Namespace(...)` and version line, and its
+engine config, SGLang's ServerArgs repr, Megatron's (and so slime's) `_print_args` block,
 DeepSpeed's configuration print and the user's JSON config after it, transformers'
-TrainingArguments str. A knob can then say what it was set to when the job failed, and what
-to try.
+TrainingArguments str (and TRL's configs, which print it under their own class names). A
+knob can then say what it was set to when the job failed, and what to try.
 
 The formats and the settings read from each are data (`settings_lines.toml`, each format
 with the source and format string it was written from); this module only finds and reads
@@ -46,7 +46,11 @@ class _Format(data_file.Table, frozen=True, kw_only=True):
     style: Literal["assign", "dict"] = "assign"
     anchor: str = ""
     after: str = ""  # a literal the line holds before the anchor
+    #: literals that, on another line of the text, make an anchor's line without `after`
+    #: the framework's all the same (a paste that dropped its logger's prefix)
+    unprefixed_if: list[str] = []
     begin: str = ""
+    begins: list[str] = []  # kind "lines": the class names' "Name(" its first line ends in
     end: str = ""
     dots: int = 0
     key: str = ""  # kind "value": the name the one value after the anchor is read as
@@ -57,6 +61,7 @@ class _Setting(data_file.Table, frozen=True, kw_only=True):
     framework: str
     keys: dict[str, str]
     type: Literal["int", "float", "bool", "str"]
+    values: dict[str, str] = {}  # a printed value -> the value it means; others not read
 
 
 @data_file.schema("sources/settings_lines.toml")
@@ -168,6 +173,14 @@ def _value(raw: str, kind: str) -> tuple[bool, SettingValue]:
     return True, raw[:MAX_PRINTED]
 
 
+def _meant(raw: str, values: dict[str, str]) -> tuple[bool, SettingValue]:
+    """A value read through a setting's `values` (an old key's value as the setting it stands
+    for: DeepSpeed's cpu_offload true is offload_optimizer's device cpu); one not listed is
+    not read."""
+    meant = values.get(raw.strip().lower())
+    return (meant is not None), meant
+
+
 def _block_item(line: str, dots: int) -> tuple[str, str] | None:
     """A block line's '  {name} {dots} {value}': the dots must be the format's width less the
     name's length (none from that length on), which a stray line seldom is."""
@@ -192,15 +205,28 @@ def _one_line(rest: str, f: _Format) -> dict[str, str]:
     return _top_level(rest, f.style)
 
 
+def _vouched(lines: list[str], f: _Format) -> bool:
+    """Whether a line other than the format's own holds one of its `unprefixed_if` literals
+    (other evidence of its framework in the same text)."""
+    return bool(f.unprefixed_if) and any(
+        f.anchor not in ln and any(lit in ln for lit in f.unprefixed_if) for ln in lines)
+
+
 def _pairs_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
     """The last MAX_DUMPS lines of the format, read (the last print of a setting is the one
     kept; a text of thousands of dumps is not scanned character by character throughout)."""
     out = []
+    vouched: bool | None = None  # whether the text holds an `unprefixed_if` line (asked once)
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i]
         at = line.find(f.anchor)
-        if at < 0 or (f.after and line.find(f.after, 0, at) < 0):
+        if at < 0:
             continue
+        if f.after and line.find(f.after, 0, at) < 0:
+            if vouched is None:
+                vouched = _vouched(lines, f)
+            if not vouched:
+                continue
         out.append((i, _one_line(line[at + len(f.anchor):], f)))
         if len(out) >= MAX_DUMPS:
             break
@@ -292,13 +318,16 @@ def _line_item(line: str) -> tuple[str, str] | None:
 
 
 def _assign_lines(lines: list[str], f: _Format) -> list[tuple[int, dict[str, str]]]:
-    """Each dump of a "lines" format: a line ending in `begin`, one 'name=value,' a line (a
-    value printed with str(), over one line), until a line that is `end` alone."""
+    """Each dump of a "lines" format: a line ending in one of `begins` (the classes that
+    print so, by name), one 'name=value,' a line (a value printed with str(), over one
+    line), until a line that is `end` alone."""
+    begins = tuple(f.begins)
+
     def ends(line: str) -> bool:
         line = line.rstrip()
         return line.lstrip() == f.end or line.endswith("]:" + f.end)  # the repr's close
 
-    return _item_blocks(lines, lambda ln: ln.rstrip().endswith(f.begin), ends,
+    return _item_blocks(lines, lambda ln: ln.rstrip().endswith(begins), ends,
                         lambda ln: _line_item(ln.rstrip()))
 
 
@@ -330,7 +359,7 @@ def read_settings(lines: list[str]) -> tuple[Setting, ...]:
                     raw = _lookup(body[0], body[1], rest) if body is not None else None
                 if raw is None:
                     continue
-                ok, value = _value(raw, s.type)
+                ok, value = _value(raw, s.type) if not s.values else _meant(raw, s.values)
                 if ok:
                     new = Setting(s.id, s.framework, path, value, raw.strip()[:MAX_PRINTED],
                                   i + 1, f.id)
