@@ -383,8 +383,9 @@ def own_optimizer_step(capture: Capture, held: pl.DataFrame) -> str:
     if held.is_empty():
         return ""
     temps = held.filter(pl.col("family") == "optimizer_temporaries")
+    # the most bytes first; a tie goes to the lower stack id, so every run names one site
     by_stack = temps.group_by("stack_id").agg(pl.col("size").sum()).sort(
-        "size", descending=True)
+        ["size", "stack_id"], descending=[True, False])
     for sid in by_stack["stack_id"].to_list():
         inner = next((f for f in capture.stacks.stack(int(sid)) if is_python_file(f[0])), None)
         if inner is not None and not is_library(inner[0].replace("\\", "/")):
