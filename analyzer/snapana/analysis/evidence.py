@@ -564,14 +564,14 @@ def job_evidence(capture: Capture, held: pl.DataFrame, lifetimes: pl.DataFrame |
     own = own_optimizer_step(capture, held)
     if own:
         facts[OWN_OPTIMIZER_STEP.id] = own
-    scores, count, elsewhere, fn = held_scores(held, capture.stacks) \
-        if held.height and "stack_id" in held.columns else (0, 0, 0, "")
+    scores, count, elsewhere, fn, maker = held_scores(held, capture.stacks) \
+        if held.height and "stack_id" in held.columns else (0, 0, 0, "", "")
     if scores:
         made = (f"made under {fn}" if not elsewhere else
                 f"{count - elsewhere} made under {fn}, {elsewhere} of their shape made "
                 "elsewhere (their gradients, a copy)")
-        facts[SCORE_MATRICES.id] = (f"{count} score matri{'ces' if count != 1 else 'x'} of an "
-                                    f"unfused attention ({fmt_bytes(scores)}), {made}")
+        facts[SCORE_MATRICES.id] = (f"{count} score matri{'ces' if count != 1 else 'x'} of "
+                                    f"{maker} ({fmt_bytes(scores)}), {made}")
     facts.update(forward_retention(lifetimes, n_events, free_phases))
     facts.update(kept_without_graph(capture, held))
     framed = any(is_python_file(f[0]) for f in capture.stacks.frames)

@@ -106,6 +106,12 @@ class ScoreRule:
     #: element over another dtype's) is one more [batch, heads, seq, seq] matrix
     dtype_ratios: tuple[float, ...] = ()
     shaped: str = ""
+    #: the byte sizes a fused attention's output [batch, seq, hidden] may have per element
+    output_bytes: tuple[int, ...] = ()
+    #: `function` names a C++ frame (a torch kernel), not a Python function
+    native: bool = False
+    #: what made the scores, in the knob list's words (the `score_matrices` fact)
+    maker: str = "an unfused attention"
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,10 @@ def load_rules() -> ScalingRules:
     scores = tuple(ScoreRule(s["id"], re.compile(s["function"]), int(s["batch"]),
                              int(s["seq"]), s["assumption"],
                              tuple(float(r) for r in s.get("dtype_ratios", ())),
-                             s.get("shaped", "")) for s in data.get("scores", []))
+                             s.get("shaped", ""), tuple(int(b) for b in s.get("output_bytes", ())),
+                             bool(s.get("native", False)),
+                             s.get("maker", "an unfused attention"))
+                   for s in data.get("scores", []))
     steps = tuple(NextStep(n["id"], n.get("text", ""), bool(n.get("drop_scores", False)),
                            tuple(n.get("drop_families", ())), tuple(n.get("hold_families", ())),
                            n.get("setting", ""), n.get("caveat", ""),
@@ -327,37 +336,46 @@ def _frames(stack: Sequence[Any]) -> tuple[tuple[str, str, int], ...]:
     return tuple((str(f[0]), str(f[1]), int(f[2])) for f in stack if is_python_frame(f))
 
 
+def _rule_function(rule: ScoreRule, stack: Sequence[Any]) -> str | None:
+    """The function of `stack` the score rule names: a Python frame's function, or for a
+    `native` rule the kernel a C++ frame names (the rule's first group: its name without
+    the namespace and arguments)."""
+    if not rule.native:
+        return next((f for _, f, _ in _frames(stack) if rule.function.search(f)), None)
+    for f in stack:
+        m = None if is_python_frame(f) else rule.function.search(str(f[1]))
+        if m:
+            return m.group(1) if m.groups() else m.group(0)
+    return None
+
+
 def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
                  grows: np.ndarray, stacks: Any, distinct: np.ndarray | None = None,
-                 shape: tuple[int, int] | None = None
-                 ) -> tuple[np.ndarray, dict[int, str], bool]:
+                 hidden: int | None = None) -> tuple[np.ndarray, dict[int, str], bool]:
     """The score matrices of an unfused attention (`[[scores]]`): of the blocks that grow
     (`grows`) made under a frame whose function the rule names, those of the largest size
-    ([batch, heads, seq, seq]; the row max, the output are smaller). One detection for the
-    resized replay (`decide`) and the knob list (`held_scores`). Returns the mask, the
-    matching function of each stack that has one, and whether the scores' bytes are the
-    attention output's too.
+    ([batch, heads, seq, seq]; the row max, the output are smaller). The one detection for
+    the resized replay (`decide`) and the knob list (`held_scores`): it needs no seq, which
+    the knob list does not know. Returns the mask, the matching function of each stack that
+    has one, and whether the scores' bytes are the attention output's too.
 
-    `shape`: the recorded seq and the hidden size read off the weights. A fused attention
-    (SDPA, flash) makes no scores: its largest block is its output [batch, seq, hidden],
-    made at one line (the innermost frame; each layer reaches it through its own stack). The
-    output's bytes are an activation's [batch, seq, hidden] made elsewhere (a layer norm's,
-    the embedding's: the smallest multiple of seq × hidden bytes that a block with frames
-    makes outside the function, in its dtype or half of it). Where the largest size is the
-    output's and one line makes it, it is taken for that, not for scores; made at two or
-    more (scores, softmax), they are scores whose bytes coincide with the output's (seq =
-    head dim), which the third value says."""
+    `hidden`: the hidden size read off the weights. A fused attention (SDPA, flash) makes no
+    scores: its largest block is its output [batch, seq, hidden], made at one line (the
+    innermost frame; each layer reaches it through its own stack), whose bytes are those of
+    a [batch, seq, hidden] activation made elsewhere (`_is_output_size`). Where the largest
+    size is such and one line makes it, it is taken for the output, not for scores; made at
+    two or more (scores, softmax), they are scores whose bytes coincide with the output's
+    (seq = head dim), which the third value says."""
     distinct = np.unique(stack_ids) if distinct is None else distinct
     hits = {int(sid): fn for sid in distinct
-            for fn in [next((f for _, f, _ in _frames(stacks.stack(int(sid)))
-                             if rule.function.search(f)), None)] if fn is not None}
+            for fn in [_rule_function(rule, stacks.stack(int(sid)))] if fn is not None}
     under = np.isin(stack_ids, list(hits)) & grows
     if not under.any():
         return under, hits, False
     largest = under & (requested == int(requested[under].max()))
     size = int(requested[largest][0])
-    if shape is None or size not in _output_sizes(stack_ids, requested, stacks, distinct,
-                                                  hits, *shape):
+    if not hidden or not _is_output_size(rule, size, stack_ids, requested, grows, stacks,
+                                         distinct, hits, hidden):
         return largest, hits, False
     lines = {_frames(stacks.stack(int(sid)))[:1] for sid in np.unique(stack_ids[largest])}
     if len(lines) == 1:  # one line of code: the output
@@ -365,32 +383,37 @@ def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
     return largest, hits, True
 
 
-def _output_sizes(stack_ids: np.ndarray, requested: np.ndarray, stacks: Any,
-                  distinct: np.ndarray, hits: Mapping[int, str], seq: int, hidden: int
-                  ) -> frozenset[int]:
-    """The bytes an attention's output [batch, seq, hidden] may have (`score_blocks`): the
-    smallest multiple of seq × hidden among blocks with frames made outside the attention
-    function, and half of it (an output in bf16 beside a layer norm's fp32 under
-    autocast)."""
-    framed = _framed(stack_ids, distinct, stacks) & ~np.isin(stack_ids, list(hits))
-    unit = seq * hidden
-    found = requested[framed & (requested % unit == 0) & (requested > 0)]
-    if not len(found):
-        return frozenset()
-    least = int(found.min())
-    return frozenset(x for x in (least // 2, least) if x % unit == 0)
+def _is_output_size(rule: ScoreRule, size: int, stack_ids: np.ndarray, requested: np.ndarray,
+                    grows: np.ndarray, stacks: Any, distinct: np.ndarray,
+                    hits: Mapping[int, str], hidden: int) -> bool:
+    """Whether `size` bytes may be an attention's output [batch, seq, hidden] (`score_blocks`):
+    it is tokens × hidden elements of one of `rule.output_bytes`, and the smallest
+    [.., hidden]-sized activation (`grows`: not a weight-sized optimizer temporary) with
+    frames made outside the attention function whose bytes
+    divide twice `size` (a layer norm's, the embedding's [batch, seq, hidden]: fewer tokens
+    than the output's would make it smaller) is `size` or twice it (an output in bf16
+    beside a layer norm's fp32 under autocast). No seq is needed: the knob list knows
+    none."""
+    if not rule.output_bytes or not any(size % (hidden * e) == 0 for e in rule.output_bytes):
+        return False
+    framed = _framed(stack_ids, distinct, stacks) & ~np.isin(stack_ids, list(hits)) & grows
+    outside = requested[framed & (requested > 0)]
+    found = outside[(outside % (hidden * min(rule.output_bytes)) == 0)
+                    & ((2 * size) % np.maximum(outside, 1) == 0)]
+    return bool(len(found)) and int(found.min()) in (size, 2 * size)
 
 
-def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, int, str]:
+def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, int, str, str]:
     """The score matrices among `blocks` (stack_id, size, family, alloc_idx: held at a
-    moment), found as the resized replay finds them (`decide`): under an attention function,
-    of a growing family or of one with no rule made in the window (the program's own
-    attention: `user_tensors`), and the blocks of their shape made elsewhere (their
-    gradients in backward: `_score_shaped`, the sequence length unknown, so their bytes are
-    the scores' times a dtype ratio). Their bytes, their count, how many of them were made
-    elsewhere, and the attention function (0, 0, 0, "" when none)."""
+    moment), found as the resized replay finds them (`decide`, through `score_blocks`):
+    under an attention function, of a growing family or of one with no rule made in the
+    window (the program's own attention: `user_tensors`), and the blocks of their shape made
+    elsewhere (their gradients in backward: `_score_shaped`, the sequence length unknown, so
+    their bytes are the scores' times a dtype ratio). Their bytes, their count, how many of
+    them were made elsewhere, the attention function and what made them (the first rule's
+    `maker`) (0, 0, 0, "", "" when none). A block the first rule takes is not counted again."""
     if blocks.is_empty():
-        return 0, 0, 0, ""
+        return 0, 0, 0, "", ""
     rules = load_rules()
     grow = {f for f, (b, q, _) in rules.families.items() if b > 0 or q > 0}
     family = blocks["family"].fill_null("")
@@ -400,20 +423,29 @@ def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, int, str]:
     candidates = grows | (~family.is_in(list(rules.families)).to_numpy() & made)
     stack_ids = blocks["stack_id"].to_numpy()
     size = blocks["size"].to_numpy()
+    # decided on the bytes asked for, as the resized replay decides (a block may hold a
+    # segment's unsplit remainder beyond them); counted at the bytes held
+    asked = blocks.select(pl.when(pl.col("requested_size") > 0).then(pl.col("requested_size"))
+                          .otherwise(pl.col("size")).alias("requested")) \
+        if "requested_size" in blocks.columns else blocks.select(pl.col("size").alias("requested"))
+    req = asked["requested"].to_numpy()
     distinct = np.unique(stack_ids)
     framed = _framed(stack_ids, distinct, stacks)
-    total, count, shaped_count, name = 0, 0, 0, ""
+    hidden = hidden_size(asked.with_columns(family))
+    taken = np.zeros(blocks.height, dtype=bool)
+    shaped_count, name, maker = 0, "", ""
     for rule in rules.scores:
-        mask, hits, _ = score_blocks(rule, stack_ids, size, candidates, stacks, distinct)
+        mask, hits, _ = score_blocks(rule, stack_ids, req, candidates, stacks, distinct,
+                                     hidden)
+        mask &= ~taken
         if not mask.any():
             continue
-        shaped = _score_shaped(rule, size, mask, candidates & ~mask,
+        shaped = _score_shaped(rule, req, mask, candidates & ~mask & ~taken,
                                np.isin(stack_ids, list(hits)), framed, {"seq": Size("seq", 1)})
-        total += int(size[mask | shaped].sum())
-        count += int((mask | shaped).sum())
+        taken |= mask | shaped
         shaped_count += int(shaped.sum())
-        name = name or hits[int(stack_ids[mask][0])]
-    return total, count, shaped_count, name
+        name, maker = (name, maker) if name else (hits[int(stack_ids[mask][0])], rule.maker)
+    return int(size[taken].sum()), int(taken.sum()), shaped_count, name, maker
 
 
 def _framed(stack_ids: np.ndarray, distinct: np.ndarray, stacks: Any) -> np.ndarray:
@@ -466,11 +498,12 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     open_ = ~known & (blocks["alloc_idx"].to_numpy() >= 0)
     assumptions: list[str] = []
     distinct = np.unique(stack_ids)
-    hidden = hidden_size(blocks.filter(pl.col("alloc_idx") < 0))
-    shape = (sizes["seq"].recorded, hidden) if hidden and "seq" in sizes else None
+    hidden = hidden_size(blocks)
+    taken = np.zeros(n, dtype=bool)  # a block an earlier rule took is not taken again
     for rule in rules.scores:
         scores, hits, coincide = score_blocks(rule, stack_ids, requested, grows | open_,
-                                              stacks, distinct, shape)
+                                              stacks, distinct, hidden)
+        scores &= ~taken
         if not scores.any():
             continue
         e_b[scores], e_s[scores] = rule.batch, rule.seq
@@ -491,8 +524,9 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
                 "are which, so all of them are grown with seq² (an upper bound)")
         under = np.isin(stack_ids, list(hits))
         framed = _framed(stack_ids, distinct, stacks)
-        shaped = _score_shaped(rule, requested, scores, (grows | open_) & ~scores, under,
-                               framed, sizes)
+        shaped = _score_shaped(rule, requested, scores,
+                               (grows | open_) & ~scores & ~taken, under, framed, sizes)
+        taken |= scores | shaped
         if shaped.any():
             e_b[shaped], e_s[shaped] = rule.batch, rule.seq
             how[shaped] = SCORES

@@ -27,6 +27,9 @@ class _Score(data_file.Table, frozen=True, kw_only=True):
     seq: int
     assumption: str
     dtype_ratios: list[float] = []
+    output_bytes: list[int] = []
+    native: bool = False
+    maker: str = "an unfused attention"
     shaped: str = ""
 
 

@@ -266,7 +266,7 @@ class Attributor:
         self._window = False  # the set methods are decided for the window (decide_sets_at)
         # memoised trace reads by size (`_events_of_sizes`, `_sized_history`)
         self._size_rows: dict[int, np.ndarray] = {}
-        self._history: dict[frozenset[int], tuple[dict[int, int], list[tuple[int, str]], int,
+        self._history: dict[frozenset[int], tuple[list[tuple[int, str]], int,
                                                   list[tuple[int, int, int]]]] = {}
         self._roots: dict[frozenset[int], tuple[dict[int, int], frozenset[int]]] = {}
         self._update_cache: dict[frozenset[int], list[hand_state.Update]] = {}
@@ -562,8 +562,7 @@ class Attributor:
         live = [(int(req[i] or full[i]), cols["family"][i], cols["phase"][i], int(sids[i]))
                 for i in range(blocks.height) if i not in skip]
         most, first = self._gradients(
-            frozenset(int(req[i]) for i in mine if req[i] is not None), live,
-            kept_past_backward=True)
+            frozenset(int(req[i]) for i in mine if req[i] is not None), live)
         gradients = Counter(most)
         roots, replaced = self._rebound_roots(frozenset(gradients))
         n = self.capture.device_events(self.device).height
@@ -874,7 +873,9 @@ class Attributor:
         _, allocs, allocated, freed, alloc_stacks = self._trace_totals
         most, first_gradient = self._gradients(sizes, live)
         others: list[tuple[int, str]] = [(s, f) for s, f, _, _ in live if s in sizes]
-        others += self._sized_history(sizes)[1]
+        history = self._sized_history(sizes)
+        others += history[0]
+        freed_inside = frozenset(s for s, _, _ in history[2]) - most.keys()
         backward = any(p in ("backward", "optimizer") for _, _, p, _ in live) or (
             self.capture.has_trace and self.trace_phases().has_phase("backward", "optimizer"))
         no_grad = "" if backward else self._no_grad_site(
@@ -884,19 +885,22 @@ class Attributor:
                                   freed / allocated if allocated else 0.0, backward, no_grad,
                                   state_in_window)
         return replace(ev_out, engine=self._engine, first_gradient=first_gradient,
-                       held_as_total=self.capture.source.row.held_before_as_total)
+                       held_as_total=self.capture.source.row.held_before_as_total,
+                       freed_gradient_sizes=freed_inside)
 
-    def _gradients(self, sizes: frozenset[int], live: Sequence[tuple[int, str, str, int]],
-                   kept_past_backward: bool = False) -> tuple[dict[int, int], int]:
-        """The most gradients of each of `sizes` alive at once in the window, and the event
-        of its first gradient (-1: none), as `_evidence` counts them: all that `hand_state`
-        reads of the evidence, without the trace totals the rest needs.
-        `kept_past_backward` (`hand_state`): only the gradients a backward keeps past its end,
-        as AccumulateGrad keeps a parameter's `.grad` until the step or `zero_grad`; what the
-        autograd engine allocates and frees inside one run of the backward (the gradient of
-        an activation, a grad_output) mirrors no parameter."""
-        traced, _, first_gradient, lifetimes = self._sized_history(sizes)
-        most = self._kept_gradients(lifetimes) if kept_past_backward else dict(traced)
+    def _gradients(self, sizes: frozenset[int], live: Sequence[tuple[int, str, str, int]]
+                   ) -> tuple[dict[int, int], int]:
+        """The most weight gradients of each of `sizes` alive at once in the window, and the
+        event of its first gradient (-1: none): what `_evidence` (the blocks held from
+        before recording) and `hand_state` count parameters by. Only the gradients a backward
+        keeps past its end count, as AccumulateGrad (torch/csrc/autograd/functions/
+        accumulate_grad.h) keeps the incoming gradient as a parameter's `.grad` until the
+        step or `zero_grad`; what the engine allocates and frees inside one run of the
+        backward (the gradient of an activation, a grad_output: the logits' [tokens, vocab]
+        has an embedding's bytes where tokens = hidden; an incoming gradient added in place
+        to a `.grad` that exists) mirrors no parameter the window can see."""
+        _, first_gradient, lifetimes = self._sized_history(sizes)
+        most = self._kept_gradients(lifetimes)
         # gradients held now whose allocations fell out of the trace (a ring buffer that
         # wrapped) are gradients of the window all the same: as many of a size at once
         witnesses = parameter_witnesses()
@@ -928,20 +932,18 @@ class Attributor:
         return most
 
     def _sized_history(self, sizes: frozenset[int]) -> tuple[
-            dict[int, int], list[tuple[int, str]], int, list[tuple[int, int, int]]]:
-        """What the trace says of its allocations of `sizes`, for `_evidence`: the most
-        gradients of each size alive at once, the (size, family) of the other allocations,
-        the event of the first gradient (-1: none) and each gradient's (size, allocation
-        event, free event or -1). It depends on the sizes alone, so the decision moments,
+            list[tuple[int, str]], int, list[tuple[int, int, int]]]:
+        """What the trace says of its allocations of `sizes`, for `_evidence`: the (size,
+        family) of the allocations that are no gradient, the event of the first gradient
+        (-1: none) and each gradient's (size, allocation event, free event or -1), which
+        `_kept_gradients` counts. It depends on the sizes alone, so the decision moments,
         which mostly ask the same sizes, scan the trace once."""
         hit = self._history.get(sizes)
         if hit is not None:
             return hit
         same = self._events_of_sizes(sizes)
-        live_n: dict[int, int] = {}  # size -> gradients of that size alive now
         grad_at: dict[int, int] = {}  # address -> its lifetime's index, for gradients alive now
         lifetimes: list[tuple[int, int, int]] = []  # (size, allocation event, free event)
-        most: dict[int, int] = {}
         others: list[tuple[int, str]] = []
         witnesses = parameter_witnesses()
         made = same.filter(pl.col("action") == "alloc")
@@ -959,7 +961,6 @@ class Attributor:
                 if held is not None:
                     size_of, born, _ = lifetimes[held]
                     lifetimes[held] = (size_of, born, int(pos))
-                    live_n[size_of] -= 1
                 continue
             family = next(families)
             if family in witnesses:
@@ -967,12 +968,10 @@ class Attributor:
                     first_gradient = int(pos)
                 grad_at[int(address)] = len(lifetimes)
                 lifetimes.append((int(size), int(pos), -1))
-                live_n[int(size)] = live_n.get(int(size), 0) + 1
-                most[int(size)] = max(most.get(int(size), 0), live_n[int(size)])
             else:
                 others.append((int(size), family))
-        self._history[sizes] = (most, others, first_gradient, lifetimes)
-        return most, others, first_gradient, lifetimes
+        self._history[sizes] = (others, first_gradient, lifetimes)
+        return others, first_gradient, lifetimes
 
     def _events_of_sizes(self, sizes: Iterable[int]) -> pl.DataFrame:
         """This device's allocations and frees of `sizes` (its events with `pos`), in trace

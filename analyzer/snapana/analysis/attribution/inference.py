@@ -150,6 +150,11 @@ class Evidence:
     #: the source records what was live before recording as one total (a profiler trace's
     #: `Total Allocated`), not tensor by tensor: no sizes to read a model's shape from
     held_as_total: bool = False
+    #: sizes of gradients the window made and freed inside the backward run that made them,
+    #: none of that size kept past it (`gradient_sizes` counts only kept ones): an
+    #: activation's gradient, or one added in place to a .grad that exists; none is a
+    #: parameter's .grad to mirror
+    freed_gradient_sizes: frozenset[int] = frozenset()
 
 
 def gather(gradients: dict[int, int], others: list[tuple[int, str]], recorded_allocs: int,
@@ -385,7 +390,8 @@ def _layered(before: pl.DataFrame, ev: Evidence, limits: dict[str, Any],
     repeated = frozenset(s for s, n in counts.items()
                          if n >= limits["min_layer_repeats"] and s not in doubled
                          and s <= limits["max_layer_weight"]
-                         and s not in ev.gradient_sizes and s not in ev.other_sizes)
+                         and s not in ev.gradient_sizes and s not in ev.other_sizes
+                         and s not in ev.freed_gradient_sizes)
     held = sum(counts[s] for s in repeated)
     # of the blocks no gradient can mirror (those that can are the mirror's to explain)
     unmirrored = sum(n for s, n in counts.items() if s not in ev.gradient_sizes)
@@ -468,11 +474,16 @@ def _persistent_words(candidates: pl.DataFrame, size: int, ev: Evidence,
         return words["persistent_engine"].format(engine=ev.engine)
     other = ev.other_family.get(size)
     caveat = words["caveat_other_sizes"].format(family=other) if other is not None else ""
-    if ev.backward and not ev.gradient_sizes:
+    if ev.backward and not ev.gradient_sizes and not ev.freed_gradient_sizes:
         return words["persistent_model_state"]
     if ev.backward:
+        # a gradient of its size was kept: say why it does not mirror this block one for one
+        # before any other caveat, or the words would deny that gradient
+        mirrored = _mirror_caveat(candidates, size, ev, words)
         return words["persistent_training"].format(
-            caveat=caveat or _mirror_caveat(candidates, size, ev, words))
+            mirror=words["mirror_freed_inside" if size in ev.freed_gradient_sizes
+                         else "mirror_none"],
+            caveat=mirrored + caveat if size in ev.gradient_sizes else caveat or mirrored)
     if not ev.recorded_allocs and not ev.no_grad_site:
         return words["persistent_no_window"]
     if not layered:
