@@ -161,7 +161,7 @@ def _judge(item: pytest.Item, snapshot: dict[str, Any], budget: dict[str, Any],
     if not breaches:
         return ""
     table = "\n".join(f"  {name:<28} {fmt_bytes(n):>12}"
-                      for name, n in sorted(held.items(), key=lambda kv: -kv[1]))
+                      for name, n in sorted(held.items(), key=lambda kv: (-kv[1], kv[0])))
     return ("cuda_memory budget: " + "; ".join(breaches) + "\n" + a.verdict
             + "\nthe most each family held over the recording:\n" + table
             + f"\nsnapshot and report: {path} (.html beside it)")

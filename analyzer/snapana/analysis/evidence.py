@@ -316,7 +316,7 @@ def _sizes_by_stack(capture: Capture, blocks: pl.DataFrame,
     if blocks.is_empty():
         return []
     by_stack = blocks.group_by("stack_id").agg(pl.col("size").sum()).sort(
-        "size", descending=True)
+        ["size", "stack_id"], descending=[True, False])  # ties by stack id, not group order
     return [(int(sid), int(size)) for sid, size in by_stack.iter_rows()
             if sid is not None and shown_at(patterns, capture.stacks.stack(int(sid)))]
 
@@ -371,7 +371,9 @@ def kept_without_graph(capture: Capture, held: pl.DataFrame) -> dict[str, str]:
             graph_sites.setdefault(call.top, set()).add(site)
     graph = {top: s for top, s in graph_sites.items() if len(s) > spec.max_kept_sites}
     if graph:
-        top, s = max(graph.items(), key=lambda kv: len(kv[1]))
+        # the most sites; between equal counts the first module by place (dict order here
+        # is `unique`'s, which is any)
+        top, s = min(graph.items(), key=lambda kv: (-len(kv[1]), kv[0]))
         out["graph_beside_no_graph"] = (
             f"{frame_place((top[0], top[1], 0))} keeps saved activations from {len(s)} sites")
     return out
@@ -410,7 +412,9 @@ def half_precision_weights(capture: Capture) -> str:
     half, other = re.compile(spec.half_gemm), re.compile(spec.other_gemm)
     if not any(half.search(f[1]) for f in frames) or capture.events.is_empty():
         return ""
-    made = capture.events.filter(pl.col("action") == "alloc").group_by("stack_id").len()
+    # stacks in id order: the symbol named is the first stack's, not group_by's pick
+    made = capture.events.filter(pl.col("action") == "alloc").group_by("stack_id").len() \
+        .sort("stack_id")
     count, shown = 0, ""
     for sid, n in made.iter_rows():
         stack = capture.stacks.stack(int(sid)) if sid is not None else ()
@@ -433,18 +437,23 @@ def family_owners(capture: Capture, held: pl.DataFrame,
                   extra: Mapping[str, Iterable[int]] | None = None
                   ) -> dict[str, dict[str, str]]:
     """Family -> framework -> a frame showing it, from the frames of the family's own blocks
-    (`extra`: more stacks per family, e.g. the failed request's)."""
-    per_family: dict[str, set[int]] = {}
-    if not held.is_empty():
-        for fam, sids in held.group_by("family").agg(pl.col("stack_id").unique()).iter_rows():
-            per_family.setdefault(fam, set()).update(sids)
+    (`extra`: more stacks per family, e.g. the failed request's). Each framework is shown by
+    the first stack that shows it: `extra`'s in their order (the request that failed is
+    what the advice is for), then the held stacks, the most bytes first (a tie: the lower
+    stack id), so the frame named is the same on every run."""
+    per_family: dict[str, dict[int, None]] = {}  # stacks in that order
     for fam, sids in (extra or {}).items():
-        per_family.setdefault(fam, set()).update(sids)
+        per_family.setdefault(fam, {}).update(dict.fromkeys(sids))
+    if not held.is_empty():
+        by_stack = held.group_by("family", "stack_id").agg(pl.col("size").sum()).sort(
+            ["family", "size", "stack_id"], descending=[False, True, False])
+        for fam, sid in by_stack.select("family", "stack_id").iter_rows():
+            per_family.setdefault(fam, {})[sid] = None
     cache: dict[int, dict[str, str]] = {}
     out: dict[str, dict[str, str]] = {}
-    for fam, sids in per_family.items():
+    for fam, ordered in per_family.items():
         owned: dict[str, str] = {}
-        for sid in sids:
+        for sid in ordered:
             if sid not in cache:
                 cache[sid] = _stack_owners(capture.stacks.stack(sid), markers)
             for fw, where in cache[sid].items():

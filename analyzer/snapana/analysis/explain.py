@@ -67,8 +67,8 @@ def explain(capture: Capture, attributor: Attributor, live: pl.DataFrame, when: 
              pl.col("alloc_idx").min().alias("alloc_idx"),
              pl.col("segment_stream").first().alias("stream"), pl.col("site").first(),
              pl.col("reason").first())
-        .sort(["bytes", "stack_id", "pool", "family", "method"],
-              descending=[True, False, False, False, False])  # ties in a stable order
+        .sort(["bytes", "stack_id", "pool", "state", "family", "evidence", "method"],
+              descending=[True, False, False, False, False, False, False])  # a total order
         .head(limit)
     )
     for row in groups.iter_rows(named=True):

@@ -65,7 +65,7 @@ def _join_unranked(groups: dict[tuple[str, int | None], list[MemoryLine]]) -> No
     """A framework's lines that name no rank join its one ranked group, where it has just
     one: a traceback logged as one record carries the rank tag on its first line only
     (SGLang's 'Scheduler hit an exception: Traceback ...', the refusal lines below it)."""
-    for framework in {f for f, _ in groups}:
+    for framework in dict.fromkeys(f for f, _ in groups):  # in order (a set's: the hash seed's)
         ranked = [k for k in groups if k[0] == framework and k[1] is not None]
         if (framework, None) in groups and len(ranked) == 1:
             joined = groups.pop(ranked[0]) + groups.pop((framework, None))

@@ -287,7 +287,8 @@ class Growth:
         fixed = self.blocks.filter(pl.col("how").is_in(list(HELD_HOWS)))
         return (fixed.group_by("site", "family", "why")
                 .agg(pl.len().alias("blocks"), pl.col("requested").sum().alias("bytes"))
-                .sort("bytes", descending=True))
+                .sort(["bytes", "site", "family", "why"],  # ties in a stable order
+                      descending=[True, False, False, False]))
 
 
 def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> pl.DataFrame:

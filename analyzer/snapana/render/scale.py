@@ -163,7 +163,7 @@ def _assumptions(p: SizePrediction) -> tuple[str, ...]:
     by_how = (blocks.with_columns(pl.when(state).then(pl.lit("state"))
                                   .otherwise(pl.col("how")).alias("how"))
               .group_by("how").agg(pl.len().alias("n"), pl.col("requested").sum().alias("bytes"))
-              .sort("bytes", descending=True))
+              .sort(["bytes", "how"], descending=[True, False]))  # ties by name
     words = {"state": "are model state, held at their recorded size",
              "family": "grow by their family's rule", "scores": "are score matrices (seq²)",
              "calibrated": "were measured against the other capture",

@@ -27,6 +27,7 @@ def first_event_outside_segments(events: pl.DataFrame, segments: pl.DataFrame
     # each device's distinct block addresses are checked (a trace of a million events
     # reuses a few thousand), then the first event at an address found outside is looked up
     blocks = events.lazy().with_row_index("_row").filter(pl.col("action").is_in(BLOCK_ACTIONS))
+    first: int | None = None  # of every device's: the same one whatever order devices come in
     for dev in segments["device"].unique().to_list():  # devices with allocator state
         r = ranges.filter(pl.col("device") == dev).sort("address")
         starts = r["address"].to_numpy()
@@ -34,15 +35,14 @@ def first_event_outside_segments(events: pl.DataFrame, segments: pl.DataFrame
         on = blocks.filter(pl.col("device") == dev)
         addrs = on.select(pl.col("addr").unique()).collect().to_series()
         if addrs.null_count():
-            return _first(events, on.filter(pl.col("addr").is_null()))
-        v = addrs.to_numpy()
-        at = np.searchsorted(starts, v, side="right") - 1
-        outside = v[(at < 0) | (reach[np.maximum(at, 0)] <= v)]
-        if outside.size:
-            return _first(events, on.filter(pl.col("addr").is_in(outside.tolist())))
-    return None
-
-
-def _first(events: pl.DataFrame, rows: pl.LazyFrame) -> dict[str, Any]:
-    """The first of `rows` (events with their position, `_row`), as its whole event."""
-    return events.row(int(rows.select(pl.col("_row").min()).collect().item()), named=True)
+            bad = on.filter(pl.col("addr").is_null())
+        else:
+            v = addrs.to_numpy()
+            at = np.searchsorted(starts, v, side="right") - 1
+            outside = v[(at < 0) | (reach[np.maximum(at, 0)] <= v)]
+            if not outside.size:
+                continue
+            bad = on.filter(pl.col("addr").is_in(outside.tolist()))
+        row = int(bad.select(pl.col("_row").min()).collect().item())
+        first = row if first is None else min(first, row)
+    return None if first is None else events.row(first, named=True)

@@ -246,7 +246,7 @@ def _check_totals(df: pl.DataFrame, col: str, what: str, path: Path) -> None:
     if not df.height:
         return
     over = df.group_by("device").agg(pl.col(col).cast(pl.Float64).sum().alias("t")) \
-        .filter(pl.col("t") >= float(MAX_BYTES))
+        .filter(pl.col("t") >= float(MAX_BYTES)).sort("device")  # the first device named
     if over.height:
         raise InputError(f"{path}: {what}.parquet: the `{col}` of device {over['device'][0]} "
                          "add up to more than 2**62 bytes")
@@ -323,7 +323,7 @@ def _check_blocks_in_segments(blocks: pl.DataFrame, segments: pl.DataFrame,
                          "its segment (or names a segment segments.parquet lacks)")
     over = joined.group_by("device", "segment_address").agg(
         pl.col("size").sum().alias("used"), pl.col("total_size").first()) \
-        .filter(pl.col("used") > pl.col("total_size"))
+        .filter(pl.col("used") > pl.col("total_size")).sort("device", "segment_address")
     if over.height:
         raise InputError(f"{path}: blocks.parquet: the blocks of segment "
                          f"0x{over['segment_address'][0]:x} add up to more than the segment")

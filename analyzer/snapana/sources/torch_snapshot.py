@@ -396,6 +396,6 @@ def _check_event_totals(events: pl.DataFrame) -> None:
     totals = events.group_by("device").agg(pl.col("size").cast(pl.Float64).sum().alias("t"))
     over = totals.filter(pl.col("t") >= float(MAX_BYTES))
     if over.height:
-        dev = over["device"][0]
+        dev = over.sort("device")["device"][0]  # the first device, not group_by's order
         raise _Bad(f"device_traces[{dev}]", "the sizes of its entries add up to more than "
                    "2**62 bytes")

@@ -730,7 +730,10 @@ def _moment_phase(held: pl.DataFrame, idx: int) -> str:
                          & ~(pl.lit(own) & (pl.col("phase") == "init")))
     if recent.is_empty():
         return "unknown"
-    by = recent.group_by("phase").agg(pl.col("size").sum()).sort("size", descending=True)
+    # the most bytes; between equal ones the phase of the latest allocation (never the
+    # order group_by happens to give)
+    by = recent.group_by("phase").agg(pl.col("size").sum(), pl.col("alloc_idx").max()).sort(
+        ["size", "alloc_idx"], descending=True)
     return str(by["phase"][0])
 
 
