@@ -66,3 +66,57 @@ def test_a_layer_loop_is_not_a_chunk_loop():
     loop = pl.DataFrame({"site": [7] * k, "alloc_idx": list(range(k)), "requested": sizes})
     (found,) = chunk_loops(loop, seq)
     assert (found.chunk, len(found.rows)) == (chunk, k)
+
+
+def _site(sizes: list[int], frees: list[int], held: list[int]):
+    """A growth table: one site making `sizes` in turn (freed at `frees`), and blocks of
+    `held` bytes held from before the window (alloc_idx < 0)."""
+    import polars as pl
+
+    n = len(sizes)
+    return pl.DataFrame({"site": [7] * n + [1] * len(held),
+                         "alloc_idx": list(range(n)) + [-2 - i for i in range(len(held))],
+                         "free_idx": frees + [10**9] * len(held),
+                         "requested": sizes + held})
+
+
+def test_a_loop_found_by_batch_alone_grows_by_more_chunks():
+    """With batch stated alone (the tokens unknown), k blocks equal but the last are a loop
+    whose units divide each chunk and the rest: 1,024 + 1,024 + 752 tokens (a packed 2,800)
+    at 3× the batch are ceil(8,400 / 1,024) = 9 chunks, the last 8,400 − 8 × 1,024 = 208
+    tokens."""
+    import numpy as np
+    from snapana.analysis.trace_edits import chunk_loops, loop_sizes
+
+    per = 50_000 * 4  # a vocabulary of fp32 log-probs per token
+    sizes = [1024 * per, 1024 * per, 752 * per]
+    blocks = _site(sizes, [1, 3, 5], [])
+    assert chunk_loops(blocks, None, None) == []
+    (loop,) = chunk_loops(blocks, None, 1)
+    assert loop.over == "batch" and len(loop.rows) == 3
+    units = loop.units(3.0)
+    assert loop.count(units) == -(-8400 // 1024)
+    new = np.array(sizes, dtype=np.int64) * 3
+    loop_sizes(new, np.array(sizes, dtype=np.int64), [loop], [units])
+    assert new.tolist() == [1024 * per, 1024 * per, (8400 - 8 * 1024) * per]
+
+
+def test_autocast_cast_at_the_chunk_site_is_no_chunk():
+    """Under autocast the loop's first iteration casts the lm_head's fp32 weight at the
+    chunk's own call site (cached_cast, on first use) and keeps it to the loop's end: a
+    leading block of half a held weight's bytes. It is held at its size, and the chunks
+    after it are the loop; the same leading block with no such weight is no loop."""
+    import numpy as np
+    from snapana.analysis.trace_edits import chunk_loops, loop_sizes
+
+    vocab, hidden, per = 50_000, 512, 50_000 * 2
+    cast = vocab * hidden * 2
+    sizes = [cast, 1024 * per, 1024 * per, 752 * per]
+    frees = [9, 2, 4, 6]
+    (loop,) = chunk_loops(_site(sizes, frees, [vocab * hidden * 4]), None, 1)
+    assert len(loop.rows) == 3 and len(loop.casts) == 1
+    new = np.array(sizes, dtype=np.int64) * 3
+    loop_sizes(new, np.array(sizes, dtype=np.int64), [loop], [loop.units(3.0)])
+    assert new[0] == cast
+    assert chunk_loops(_site(sizes, frees, [vocab * hidden * 3]), None, 1) == []
+    assert chunk_loops(_site(sizes, [1, 2, 4, 6], [vocab * hidden * 4]), None, 1) == []

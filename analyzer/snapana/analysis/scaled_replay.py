@@ -104,8 +104,10 @@ class Window:
     loops: list[Loop] = field(init=False)
 
     def __post_init__(self) -> None:
-        seq = self.growth.sizes.get("seq")
-        self.loops = chunk_loops(self.growth.blocks, seq.recorded) if seq else []
+        seq, batch = self.growth.sizes.get("seq"), self.growth.sizes.get("batch")
+        self.loops = chunk_loops(self.growth.blocks, seq.recorded if seq else None,
+                                 batch.recorded if batch else None) \
+            if seq or batch else []
         for loop in self.loops:
             self.growth = mark_loop(self.growth, loop)
         pos = self.events.select("idx").with_row_index("_pos")
@@ -122,9 +124,10 @@ class Window:
             new = np.clip(np.round(new * self.sharding.factor(sizes)), 0, LARGEST
                           ).astype(np.int64)
         loop_drop: frozenset[int] = frozenset()
-        if self.loops and "seq" in sizes:
+        units = self.loop_units(sizes)
+        if units:
             loop_drop, _ = loop_sizes(new, self.growth.blocks["requested"].to_numpy(),
-                                      self.loops, sizes["seq"])
+                                      self.loops, units)
         if change.hold_rows:
             hold = np.fromiter(change.hold_rows, dtype=np.int64)
             new[hold] = np.minimum(new[hold], self.growth.blocks["requested"].to_numpy()[hold])
@@ -144,14 +147,24 @@ class Window:
                     "stream": pl.Int64, "device_free": pl.Int64})
         window = apply(self.events.select(*Trace.COLUMNS).with_columns(
             pl.Series("size", size)), change.edits)
-        if self.loops and "seq" in sizes:
-            window = repeat_iterations(window, self.growth.blocks, self.loops, sizes["seq"])
+        if units:
+            window = repeat_iterations(window, self.growth.blocks, self.loops, units)
         trace = Trace(pl.concat([prelude, window.cast(prelude.schema)]))
         idx = self.growth.blocks["alloc_idx"].to_numpy()
         prelude_of = dict(zip(order.tolist(), prelude_idx.tolist(), strict=True))
         drop = frozenset(int(idx[r]) if idx[r] >= 0 else prelude_of[r]
                          for r in change.drop_rows | loop_drop)
         return trace, drop
+
+    def loop_units(self, sizes: Mapping[str, int]) -> list[int]:
+        """Each chunk loop's units at `sizes` ([] when no loop or no batch / seq asked):
+        the tokens a loop runs over grow with the batch and the sequence alike (one loop
+        over the packed tokens), its chunk fixed."""
+        asked = [k for k in ("batch", "seq") if k in sizes and k in self.growth.sizes]
+        if not self.loops or not asked:
+            return []
+        ratio = float(np.prod([sizes[k] / self.growth.sizes[k].recorded for k in asked]))
+        return [loop.units(ratio) for loop in self.loops]
 
     def run(self, sizes: Mapping[str, int], capacity: int | None,
             change: Change = Change()) -> ScaledRun:
@@ -250,12 +263,23 @@ def mark_loop(growth: Growth, loop: Loop) -> Growth:
     """`growth` with the loop's blocks said to grow by more chunks, not larger ones."""
     rows = pl.Series([r for it in loop.rows for r in it], dtype=pl.UInt32)
     mask = pl.int_range(pl.len(), dtype=pl.UInt32).is_in(rows.implode())
-    why = (f"one chunk of {loop.chunk:,} tokens of a loop over the sequence ({len(loop.rows)} "
-           f"chunks at seq {loop.seq:,}): a larger seq makes more chunks of this size, the "
-           "last one the rest")
+    cast = pl.int_range(pl.len(), dtype=pl.UInt32).is_in(
+        pl.Series(loop.casts, dtype=pl.UInt32).implode())
+    if loop.over == "seq":
+        why = (f"one chunk of {loop.chunk:,} tokens of a loop over the sequence "
+               f"({len(loop.rows)} chunks at seq {loop.seq:,}): a larger batch or seq makes "
+               "more chunks of this size, the last one the rest")
+    else:
+        why = (f"one chunk of a loop over the batch's tokens ({len(loop.rows)} chunks, equal "
+               "but the last, which is smaller): a larger batch makes more chunks of this "
+               "size, the last one the rest")
+    held = ("a weight's cast made by the loop's first iteration at a chunk's call site, of "
+            "a held weight's bytes over autocast's dtype ratio and kept past the loop "
+            "(autocast's cached_cast): fixed")
     blocks = growth.blocks.with_columns(
-        pl.when(mask).then(pl.lit(CHUNKS)).otherwise(pl.col("how")).alias("how"),
-        pl.when(mask).then(pl.lit(why)).otherwise(pl.col("why")).alias("why"))
+        pl.when(mask | cast).then(pl.lit(CHUNKS)).otherwise(pl.col("how")).alias("how"),
+        pl.when(mask).then(pl.lit(why)).when(cast).then(pl.lit(held))
+        .otherwise(pl.col("why")).alias("why"))
     return replace(growth, blocks=blocks,
                    assumptions=(*growth.assumptions, "A chunk loop: " + why))
 

@@ -11,6 +11,7 @@ with them alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -189,10 +190,12 @@ def hidden_size(blocks: pl.DataFrame, weights: Sequence[str] = ("parameters",)) 
 @dataclass(frozen=True)
 class Loop:
     """A chunk loop (a chunked log-prob, a chunked loss): sites that each made `k` blocks in
-    turn, all of `chunk` tokens but the last (the rest of `seq`), every block a token count
-    × the site's bytes per token. `rows[j]`: the growth rows of iteration j; `per_token`: a
-    row's bytes per token; `span`: the trace indices [start, end) of the last full
-    iteration (the one repeated)."""
+    turn, all of `chunk` units but the last (the rest of the `seq` units), every block a unit
+    count × the site's bytes per unit. The units are sequence positions where the loop was
+    found by the stated seq (`over` "seq"), else the largest that divides every chunk and
+    the rest (`over` "batch": found by its sizes alone, the tokens unknown). `rows[j]`: the
+    growth rows of iteration j; `per_token`: a row's bytes per unit; `span`: the trace
+    indices [start, end) of the last full iteration (the one repeated)."""
 
     chunk: int
     seq: int
@@ -200,58 +203,110 @@ class Loop:
     per_token: Mapping[int, int]
     span: tuple[int, int]
     tail_start: int  # trace index where the last iteration starts
+    over: str = "seq"
+    #: growth rows of the weight casts autocast made at a site in the first iteration
+    #: (`_leading_cast`): one per loop, whatever its size, held at their recorded size
+    casts: tuple[int, ...] = ()
 
     def count(self, seq: int) -> int:
         return -(-seq // self.chunk)
 
+    def units(self, ratio: float) -> int:
+        """The units the loop covers when the tokens it runs over are `ratio` × the
+        recorded: a chunk keeps its size (slime's `calculate_log_probs_and_entropy` splits
+        a packed [tokens, vocab] logits with `logits.chunk` of a fixed `chunk_size`), so a
+        larger batch or seq makes more chunks."""
+        return max(1, round(self.seq * ratio))
 
-def chunk_loops(blocks: pl.DataFrame, seq: int) -> list[Loop]:
-    """The chunk loops among the window's allocations (`blocks`: the growth table) at the
-    recorded `seq`: per site, k ≥ 2 blocks made in turn, equal but the last, which is
-    smaller (the rest of the tokens), whose bytes sum to `seq` × a per-token size that
-    divides each (the loop covers the sequence a chunk of c < seq tokens at a time, so k =
-    ceil(seq / c)); sites of one k and chunk interleaved in one loop. k equal blocks are no
-    evidence of a chunk loop: a model's L layers make L equal blocks at one site whose sum
-    is seq × (L × the per-token bytes), and those grow with seq."""
-    made = blocks.with_row_index("_row").filter(
-        pl.col("alloc_idx") >= 0).sort("alloc_idx")  # a failed request: the last chunk
-    found: dict[tuple[int, int], list[tuple[int, list[int], list[int]]]] = {}
-    for (_,), g in made.group_by("site", maintain_order=True):
-        size = g["requested"].to_list()
-        k = len(size)
-        if k < 2 or len(set(size[:-1])) != 1 or size[-1] >= size[0]:
-            continue
-        total = sum(size)
+
+def _site_loop(size: list[int], seq: int | None, batch: int | None
+               ) -> tuple[int, int, int] | None:
+    """(units covered, chunk units, bytes per unit) of one site's blocks in turn when they
+    are a chunk loop: k ≥ 2, equal but the last, which is smaller. With `seq`, their sum is
+    seq × a per-token size dividing each and k = ceil(seq / chunk); without it (`batch`
+    alone), the sum divides by the batch (every sample the same tokens) and the units are
+    the largest that divide the chunk and the rest."""
+    k = len(size)
+    if k < 2 or len(set(size[:-1])) != 1 or size[-1] >= size[0]:
+        return None
+    total = sum(size)
+    if seq is not None:
         if total % seq:
-            continue
+            return None
         per = total // seq
         if not per or size[0] % per or size[-1] % per:
-            continue
+            return None
         c = size[0] // per
-        if not 1 < c < seq or -(-seq // c) != k:
+        return (seq, c, per) if 1 < c < seq and -(-seq // c) == k else None
+    if batch is None or total % batch:
+        return None
+    per = math.gcd(size[0], size[-1])
+    return total // per, size[0] // per, per
+
+
+def _leading_cast(size: list[int], free: list[int], weights: frozenset[int]) -> bool:
+    """Whether a site's first block is autocast's cast of a weight, made by a loop's first
+    iteration: an op under autocast casts its fp32 weight through `cached_cast`
+    (aten/src/ATen/autocast_mode.cpp) on its first use and keeps the cast in the autocast
+    cache to the context's end, so the op's site makes it once, before its first output,
+    of a held weight's bytes over the dtype ratio, and holds it past the loop's chunks."""
+    from snapana.analysis.attribution.weight_copies import spec
+
+    return (len(size) >= 3 and free[0] >= max(free[1:])
+            and any(size[0] * ratio in weights for ratio in spec().ratios))
+
+
+def chunk_loops(blocks: pl.DataFrame, seq: int | None, batch: int | None = None
+                ) -> list[Loop]:
+    """The chunk loops among the window's allocations (`blocks`: the growth table) at the
+    recorded `seq` (or, with no seq stated, the recorded `batch`): per site, k ≥ 2 blocks
+    made in turn, equal but the last, which is smaller (the rest of the tokens), whose
+    bytes sum to `seq` × a per-token size that divides each (the loop covers the sequence a
+    chunk of c < seq tokens at a time, so k = ceil(seq / c)); sites of one k and chunk
+    interleaved in one loop. k equal blocks are no evidence of a chunk loop: a model's L
+    layers make L equal blocks at one site whose sum is seq × (L × the per-token bytes),
+    and those grow with seq."""
+    made = blocks.with_row_index("_row").filter(
+        pl.col("alloc_idx") >= 0).sort("alloc_idx")  # a failed request: the last chunk
+    weights = frozenset(blocks.filter(pl.col("alloc_idx") < 0)["requested"].to_list())
+    free = "free_idx" if "free_idx" in made.columns else "alloc_idx"
+    found: dict[tuple[int, int, int], list[tuple[int, list[int], list[int]]]] = {}
+    casts: dict[tuple[int, int, int], list[int]] = {}
+    for (_,), g in made.group_by("site", maintain_order=True):
+        size, rows = g["requested"].to_list(), g["_row"].to_list()
+        idx = g["alloc_idx"].to_list()
+        cast: list[int] = []
+        site = _site_loop(size, seq, batch)
+        if site is None and _leading_cast(size, g[free].fill_null(NEVER).to_list(), weights):
+            cast, size, rows, idx = rows[:1], size[1:], rows[1:], idx[1:]
+            site = _site_loop(size, seq, batch)
+        if site is None:
             continue
-        found.setdefault((k, c), []).append((per, g["_row"].to_list(),
-                                             g["alloc_idx"].to_list()))
+        units, c, per = site
+        found.setdefault((len(size), units, c), []).append((per, rows, idx))
+        casts.setdefault((len(size), units, c), []).extend(cast)
     loops = []
-    for (k, c), sites in found.items():
+    for (k, units, c), sites in found.items():
         rows = tuple(tuple(s[1][j] for s in sites) for j in range(k))
         starts = [min(s[2][j] for s in sites) for j in range(k)]
         per = {r: p for p, rs, _ in sites for r in rs}
-        loops.append(Loop(c, seq, rows, per, (starts[-2], starts[-1]), starts[-1]))
+        loops.append(Loop(c, units, rows, per, (starts[-2], starts[-1]), starts[-1],
+                          "seq" if seq is not None else "batch",
+                          tuple(casts[(k, units, c)])))
     return loops
 
 
 def loop_sizes(new: np.ndarray, requested: np.ndarray, loops: Sequence[Loop],
-               seq: int) -> tuple[frozenset[int], int]:
-    """Resize each loop's rows in `new` at `seq` (a chunk keeps its size; the last one takes
-    the rest of the tokens); the trace indices of the iterations left out at a smaller seq
-    are returned as growth rows to drop, with how many iterations are added in total."""
+               units: Sequence[int]) -> tuple[frozenset[int], int]:
+    """Resize each loop's rows in `new` at its `units` (a chunk keeps its size; the last one
+    takes the rest); the trace indices of the iterations left out at a smaller size are
+    returned as growth rows to drop, with how many iterations are added in total."""
     drop: set[int] = set()
     added = 0
-    for loop in loops:
+    for loop, seq in zip(loops, units, strict=True):
         k, k2 = len(loop.rows), loop.count(seq)
         tail = seq - (k2 - 1) * loop.chunk
-        for rows in loop.rows[:-1]:
+        for rows in (*loop.rows[:-1], loop.casts):
             new[list(rows)] = requested[list(rows)]
         for r in loop.rows[-1]:
             new[r] = tail * loop.per_token[r]
@@ -262,9 +317,9 @@ def loop_sizes(new: np.ndarray, requested: np.ndarray, loops: Sequence[Loop],
 
 
 def repeat_iterations(events: pl.DataFrame, blocks: pl.DataFrame, loops: Sequence[Loop],
-                      seq: int) -> pl.DataFrame:
+                      units: Sequence[int]) -> pl.DataFrame:
     """`events` (resized) with each loop's last full iteration made again as many times as
-    a larger `seq` adds chunks, just before its last iteration: its allocations at fresh
+    more `units` add chunks, just before its last iteration: its allocations at fresh
     addresses, each freed where its own iteration frees it (inside the iteration) or right
     after the original's free (a chunk kept, as the saved softmax is)."""
     at = {int(i): p for p, i in enumerate(events["idx"].to_list())}
@@ -272,7 +327,7 @@ def repeat_iterations(events: pl.DataFrame, blocks: pl.DataFrame, loops: Sequenc
     extra: list[pl.DataFrame] = []
     fresh = FRESH
     alloc = blocks.filter(pl.col("alloc_idx") >= 0).select("alloc_idx", "free_idx")
-    for loop in loops:
+    for loop, seq in zip(loops, units, strict=True):
         copies = loop.count(seq) - len(loop.rows)
         lo, hi = loop.span
         if copies <= 0 or lo not in at or loop.tail_start not in at:
