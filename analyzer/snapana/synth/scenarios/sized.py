@@ -16,8 +16,9 @@ end as a forward benchmark holds it, an inference forward under no_grad); the fr
 program's own modules called through nn.Module, nn.Linear for the matmuls, or hand-written
 functions with no torch.nn frame at all); fused attention (SDPA: no score matrix, a
 [b, h, s] fp32 log-sum-exp saved); a chunked loss (the lm_head and the loss run `CHUNK`
-tokens at a time, the gradient of the hidden states accumulated, as Liger's fused linear
-cross-entropy does).
+tokens of the packed batch at a time, a fixed chunk as slime's chunked log-prob takes, the
+gradient of the hidden states accumulated as Liger's fused linear cross-entropy does; Liger
+itself sizes its chunk from the tokens).
 """
 
 from __future__ import annotations
