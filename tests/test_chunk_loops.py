@@ -120,3 +120,44 @@ def test_autocast_cast_at_the_chunk_site_is_no_chunk():
     assert new[0] == cast
     assert chunk_loops(_site(sizes, frees, [vocab * hidden * 3]), None, 1) == []
     assert chunk_loops(_site(sizes, [1, 2, 4, 6], [vocab * hidden * 4]), None, 1) == []
+
+
+def test_two_blocks_of_one_line_are_no_loop_by_batch_alone():
+    """A loss line that makes a [tokens]-sized tensor and then its scalar is k = 2 blocks,
+    equal but the last: with no seq to check the sum against, that is no evidence of a
+    loop (the corpus's cs336 cross_entropy lines: 32,768 then 4 bytes)."""
+    from snapana.analysis.trace_edits import chunk_loops
+
+    assert chunk_loops(_site([32768, 4], [1, 2], []), None, 1) == []
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "corpus").exists(), reason="no corpus")
+def test_no_loop_by_batch_alone_in_a_real_step_without_one():
+    """A real training step whose loss is whole (MAGMA27's cs336 step, read here from the raw
+    pickle: no site makes three or more blocks equal but a smaller last one) has no chunk
+    loop when only its batch is stated."""
+    import pickle
+
+    from snapana.analysis.scaling import parse_sizes
+
+    path = (ROOT.parent / "shared" / "corpus" / "torch_snapshots" /
+            "MAGMA27+assignment2-systems__memory_snapshot.pickle")
+    if not path.exists():
+        pytest.skip("capture not in this corpus")
+
+    class Plain(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise pickle.UnpicklingError(name)
+
+    with path.open("rb") as fh:
+        raw = Plain(fh).load()
+    by_line: dict[tuple, list[int]] = {}
+    for e in raw["device_traces"][0]:
+        if e["action"] == "alloc" and e.get("frames"):
+            f = e["frames"][0]
+            by_line.setdefault((f["filename"], f["line"]), []).append(e["size"])
+    looks = [s for s in by_line.values() if len(s) >= 3 and len(set(s[:-1])) == 1
+             and s[-1] < s[0]]
+    assert not looks
+    window = Session.open(path).scaling(parse_sizes(["batch=1"]))
+    assert window.loops == []

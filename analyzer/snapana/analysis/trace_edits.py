@@ -224,8 +224,8 @@ def _site_loop(size: list[int], seq: int | None, batch: int | None
     """(units covered, chunk units, bytes per unit) of one site's blocks in turn when they
     are a chunk loop: k ≥ 2, equal but the last, which is smaller. With `seq`, their sum is
     seq × a per-token size dividing each and k = ceil(seq / chunk); without it (`batch`
-    alone), the sum divides by the batch (every sample the same tokens) and the units are
-    the largest that divide the chunk and the rest."""
+    alone), k ≥ 3, the sum divides by the batch (every sample the same tokens) and the
+    units are the largest that divide the chunk and the rest."""
     k = len(size)
     if k < 2 or len(set(size[:-1])) != 1 or size[-1] >= size[0]:
         return None
@@ -238,7 +238,9 @@ def _site_loop(size: list[int], seq: int | None, batch: int | None
             return None
         c = size[0] // per
         return (seq, c, per) if 1 < c < seq and -(-seq // c) == k else None
-    if batch is None or total % batch:
+    # without a stated seq the sizes alone must show the loop: two full chunks at least
+    # (a line that makes a tensor and then a smaller one, a loss and its scalar, is two)
+    if batch is None or total % batch or k < 3:
         return None
     per = math.gcd(size[0], size[-1])
     return total // per, size[0] // per, per
