@@ -52,34 +52,31 @@ class Line:
     change: str
     predicted: int
     captured: int
+    calibrated_on: str = ""  # the third capture's size, or "—" and why there is none
     calibrated: int | None = None
-    calibrated_on: str = ""
     formula: int | None = None
     paper: str = ""  # the paper's own figure, as printed there
     unit: str = ""  # "/layer" where the figures are per layer
 
-    @property
-    def error(self) -> float:
-        return self.predicted / self.captured - 1
-
-    @property
-    def calibrated_error(self) -> float | None:
-        return None if self.calibrated is None else self.calibrated / self.captured - 1
-
-    @property
-    def formula_error(self) -> float | None:
-        return None if self.formula is None else self.predicted / self.formula - 1
+    error = property(lambda self: _off(self.predicted, self.captured))
+    calibrated_error = property(lambda self: _off(self.calibrated, self.captured))
+    formula_error = property(lambda self: _off(self.predicted, self.formula))
 
     @property
     def ok(self) -> bool:
-        ce, fe = self.calibrated_error, self.formula_error
-        return abs(self.error) <= BAR and (ce is None or abs(ce) <= BAR) and \
-            (fe is None or abs(fe) <= FORMULA_BAR)
+        """Within BAR of the capture, calibrated or not, and FORMULA_BAR of a formula."""
+        return all(e is None or abs(e) <= bar for e, bar in (
+            (self.error, BAR), (self.calibrated_error, BAR), (self.formula_error, FORMULA_BAR)))
+
+
+def _off(value: int | None, truth: int | None) -> float | None:
+    """value / truth − 1 (None where either is missing)."""
+    return None if value is None or truth is None else value / truth - 1
 
 
 def corpus_lines(found: Iterable[size_pairs.Row]) -> list[Line]:
     return [Line("corpus", r.set, f"seq {r.small:,} → {r.big:,}", r.predicted, r.captured,
-                 r.calibrated, NO_PAIR if r.calibrated_on is None else f"seq={r.calibrated_on:,}")
+                 NO_PAIR if r.calibrated_on is None else f"seq={r.calibrated_on:,}", r.calibrated)
             for r in found]
 
 
@@ -89,8 +86,9 @@ def stress_lines(found: Iterable[scale_stress.Row]) -> list[Line]:
         (b0, s0), (b1, s1) = r.case.small, r.case.large
         knob, (b2, s2) = r.case.third()
         out.append(Line("simulated", r.case.job.label(), f"b{b0} s{s0:,} → b{b1} s{s1:,}",
-                        r.predicted, r.actual, r.calibrated,
-                        f"{knob}={s2 if knob == 'seq' else b2:,}" if r.calibrated else ""))
+                        r.predicted, r.actual,
+                        f"{knob}={s2 if knob == 'seq' else b2:,}" if r.calibrated else "",
+                        r.calibrated))
     return out
 
 
@@ -101,15 +99,15 @@ def checkpoint_lines(found: Iterable[checkpointing.Row]) -> list[Line]:
         change = f"seq {checkpointing.RECORDED:,} → {r.seq:,}"
         on = f"seq={checkpointing.third(r.seq):,}" if r.calibrated is not None else ""
         out += [Line("simulated", job, change, r.plain_predicted, r.plain_captured,
-                     r.plain_calibrated, on),
+                     on, r.plain_calibrated),
                 Line("simulated", job + ", replayed with activation checkpointing",
-                     change, r.predicted, r.captured, r.calibrated, on)]
+                     change, r.predicted, r.captured, on, r.calibrated)]
     return out
 
 
 def layout_lines(found: Iterable[parallel_layouts.Row]) -> list[Line]:
     return [Line("formula" if r.formula is not None else "simulated", r.job, r.change,
-                 r.predicted, r.simulated, None, NO_LAYOUT, r.formula,
+                 r.predicted, r.simulated, NO_LAYOUT, None, r.formula,
                  f"{r.paper} GB" if r.paper else "", "/layer" if r.per > 1 else "")
             for r in found]
 

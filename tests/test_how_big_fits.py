@@ -93,9 +93,9 @@ def test_simulated_job_calibrated_on_a_third_size(tmp_path):
 def test_verdict_fails_a_row_past_the_bar(monkeypatch, capsys):
     """A row 11% over the capture, one calibrated 11% under it, one 2% off its formula:
     each fails the table (exit 1) and is named; rows within pass (exit 0)."""
-    good = HBF.Line("simulated", "good", "seq 1 → 2", 100, 100, 105, "seq=3")
+    good = HBF.Line("simulated", "good", "seq 1 → 2", 100, 100, "seq=3", 105)
     bad = [HBF.Line("corpus", "over", "seq 1 → 2", 111, 100),
-           HBF.Line("simulated", "calibrated under", "seq 1 → 2", 100, 100, 89, "seq=3"),
+           HBF.Line("simulated", "calibrated under", "seq 1 → 2", 100, 100, "seq=3", 89),
            HBF.Line("formula", "off formula", "tp 1 → 2", 102, 102, formula=100)]
     assert good.ok and not any(r.ok for r in bad)
     monkeypatch.setattr(HBF, "lines", lambda quick=False: [good])
