@@ -133,6 +133,13 @@ def _band(errors: list[float]) -> str:
     return f"{min(errors):+.2%} … {max(errors):+.2%}" if errors else "none"
 
 
+def _misses(r: Line) -> str:
+    """Which of a row's errors pass their bar, in words."""
+    return ", ".join(f"{name} {e:+.2%}" for name, e, bar in (
+        ("uncalibrated", r.error, BAR), ("calibrated", r.calibrated_error, BAR),
+        ("vs formula", r.formula_error, FORMULA_BAR)) if e is not None and abs(e) > bar)
+
+
 def table(found: list[Line]) -> str:
     """The rows as one markdown table, then the bands."""
     out = ["| source | job | change | predicted, uncalibrated | error | predicted, calibrated "
@@ -160,7 +167,8 @@ def table(found: list[Line]) -> str:
             NOTES,
             f"{len(bad)} row{'' if len(bad) == 1 else 's'} past ±{BAR:.0%} of the capture or "
             f"±{FORMULA_BAR:.0%} of a formula"
-            + (": " + "; ".join(f"{r.job} {r.change}" for r in bad) if bad else ".")]
+            + (": " + "; ".join(f"{r.job} {r.change} ({_misses(r)})" for r in bad)
+               if bad else ".")]
     return "\n".join(out)
 
 

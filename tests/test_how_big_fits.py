@@ -105,4 +105,5 @@ def test_verdict_fails_a_row_past_the_bar(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "Uncalibrated: 4 rows, band +0.00% … +11.00%" in out
     assert "Calibrated: 2 rows, band -11.00% … +5.00%" in out
-    assert "3 rows past" in out and "off formula tp 1 → 2" in out
+    assert "3 rows past" in out and "off formula tp 1 → 2 (vs formula +2.00%)" in out
+    assert "calibrated under seq 1 → 2 (calibrated -11.00%)" in out
