@@ -3,7 +3,9 @@ GPT training step written with and without torch.utils.checkpoint around each la
 (synth/scenarios/sized.py, from torch/utils/checkpoint.py's non-reentrant path); the step's
 capture without it at (batch 2, seq 256) is replayed by `whatif`'s checkpointing next step
 (analysis/trace_edits.py `checkpoint_edit`) at several sequence lengths, each beside the
-checkpointed job's own peak at that length, and the plain replay beside the plain job's.
+checkpointed job's own peak at that length, and the plain replay beside the plain job's;
+`rows(calibrate=True)` adds both calibrated (`--calibrate`) on the plain job at a third
+length, neither 256 nor the one predicted (`third`); benchmarks/how_big_fits.py prints them.
 
     python benchmarks/checkpointing.py
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 BATCH, RECORDED = 2, 256
@@ -27,6 +29,8 @@ class Row:
     plain_captured: int
     predicted: int
     captured: int
+    plain_calibrated: int | None = None  # calibrated on the plain job at seq `third(seq)`
+    calibrated: int | None = None
 
     @property
     def error(self) -> float:
@@ -49,21 +53,38 @@ def checkpoint_change(window):  # type: ignore[no-untyped-def]
     return next(c for s, c in _changes(window) if s.id == "torch.activation_checkpointing")
 
 
-def rows(seqs: tuple[int, ...] = SEQS) -> list[Row]:
+def third(seq: int) -> int:
+    """The plain job's length that calibrates the prediction at `seq`: neither the recorded
+    one nor `seq`."""
+    return next(s for s in (512, 1024) if s not in (RECORDED, seq))
+
+
+def rows(seqs: tuple[int, ...] = SEQS, calibrate: bool = False) -> list[Row]:
     from snapana.analysis.scaling import parse_sizes
     from snapana.session import Session
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         path, _ = _job(folder, RECORDED, False, "recorded-")
-        window = Session.open(path).scaling(parse_sizes([f"seq={RECORDED}"]))
+        session, sizes = Session.open(path), parse_sizes([f"seq={RECORDED}"])
+        window = session.scaling(sizes)
         change = checkpoint_change(window)
+        thirds: dict[int, Session] = {}  # each third length's capture, written once
         out = []
         for seq in seqs:
             plain = _job(folder, seq, False)[1]
             ckpt = _job(folder, seq, True)[1]
-            out.append(Row(seq, window.run({"seq": seq}, None).replay.peak_allocated, plain,
-                           window.run({"seq": seq}, None, change).replay.peak_allocated, ckpt))
+            row = Row(seq, window.run({"seq": seq}, None).replay.peak_allocated, plain,
+                      window.run({"seq": seq}, None, change).replay.peak_allocated, ckpt)
+            if calibrate:
+                n = third(seq)
+                if n not in thirds:
+                    thirds[n] = Session.open(_job(folder, n, False, "third-")[0])
+                calibrated = session.scaling(sizes, (thirds[n], "seq", n))
+                row = replace(row, plain_calibrated=calibrated.run(
+                    {"seq": seq}, None).replay.peak_allocated, calibrated=calibrated.run(
+                    {"seq": seq}, None, checkpoint_change(calibrated)).replay.peak_allocated)
+            out.append(row)
     return out
 
 

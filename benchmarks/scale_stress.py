@@ -6,7 +6,9 @@ attention, a whole and a chunked loss (synth/scenarios/sized.py `Job`). For each
 size's peak allocated is predicted from the smaller capture, uncalibrated
 (`Session.open(path).resize(parse_sizes([...]))`), beside the simulator's own peak (its truth
 sidecar), and the error; the band over the grid, and the confidence share each prediction
-carries.
+carries. `measure(..., calibrate=True)` adds the prediction calibrated (`--calibrate`) on a
+third simulated size, neither the recorded nor the predicted one (`Case.third`);
+benchmarks/how_big_fits.py prints both.
 
     python benchmarks/scale_stress.py          # the whole grid
     python benchmarks/scale_stress.py --quick  # the subset tests/test_scale_stress.py runs
@@ -45,6 +47,17 @@ class Case:
     def name(self) -> str:
         (b0, s0), (b1, s1) = self.small, self.large
         return f"{self.job.label()} b{b0}s{s0}->b{b1}s{s1}"
+
+    def third(self) -> tuple[str, tuple[int, int]]:
+        """The knob a calibrating capture differs in (--calibrate-size names one: seq where
+        both change) and that capture's (batch, seq): the recorded size with the knob at
+        the geometric middle of its two sizes (a multiple of 8), neither end."""
+        knob = "seq" if self.small[1] != self.large[1] else "batch"
+        i = ("batch", "seq").index(knob)
+        a, b = self.small[i], self.large[i]
+        mid = round((a * b) ** 0.5 / 8) * 8 if knob == "seq" else round((a * b) ** 0.5)
+        mid = mid if a < mid < b else a + 1
+        return knob, (mid, self.small[1]) if knob == "batch" else (self.small[0], mid)
 
 
 def _axes() -> list[Case]:
@@ -125,15 +138,16 @@ class Row:
     actual: int
     held: float  # the share of the recorded peak held fixed
     refused: bool  # --fit would give no largest size (the held share is past [confidence])
+    calibrated: int | None = None  # calibrated on the capture at `case.third()`
 
     @property
     def error(self) -> float:
         return self.predicted / self.actual - 1
 
 
-def measure(case: Case, folder: Path, tag: str = "") -> Row | None:
-    """The case's prediction and truth; None when the simulator ran out of memory (an
-    A800's 80 GB) at the larger size."""
+def measure(case: Case, folder: Path, tag: str = "", calibrate: bool = False) -> Row | None:
+    """The case's prediction and truth (and, if asked, the prediction calibrated on a third
+    size); None when the simulator ran out of memory (an A800's 80 GB) at the larger size."""
     from snapana.analysis.scaled_replay import withheld
     from snapana.analysis.scaling import parse_sizes
     from snapana.session import Session
@@ -152,15 +166,24 @@ def measure(case: Case, folder: Path, tag: str = "") -> Row | None:
     # as --fit would judge a largest size found at the larger one
     knob, n, r = max((("batch", b1, b0), ("seq", s1, s0)), key=lambda k: k[1] / k[2])
     refused = bool(withheld(held, n, r, knob, ambiguous))
+    calibrated = None
+    if calibrate:
+        knob, (b2, s2) = case.third()
+        other, _ = write_snapshot(*sized_job(b2, s2, job=case.job), folder / f"{tag}third.pickle")
+        c = Session.open(small).resize(parse_sizes(case.scale()),
+                                       calibrate=(Session.open(other), knob, (b2, s2)[
+                                           ("batch", "seq").index(knob)]))
+        assert c.target is not None
+        calibrated = c.target.replay.peak_allocated
     return Row(case, p.target.replay.peak_allocated, int(truth["peak_allocated_bytes"]),
-               held + ambiguous, refused)
+               held + ambiguous, refused, calibrated)
 
 
-def rows(cases: list[Case]) -> list[Row]:
+def rows(cases: list[Case], calibrate: bool = False) -> list[Row]:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, case in enumerate(cases):
-            r = measure(case, Path(tmp), f"{i}-")
+            r = measure(case, Path(tmp), f"{i}-", calibrate)
             if r is not None:
                 out.append(r)
     return out

@@ -2,7 +2,10 @@
 card at several sequence lengths (RELEASED-2026-12-06.md), each larger member's peak
 allocated predicted by `whatif --scale` from the set's smallest, uncalibrated, beside that
 capture's own peak from tests/raw_replay.py (an independent replay of the raw pickle, which
-never imports snapana), and the error.
+never imports snapana), and the error. `rows(calibrate=True)` adds each pair's prediction
+calibrated (`--calibrate`) on a third member of the set, neither the recorded nor the predicted
+one (`third`; none in a set of two: calibrating on the target itself would be no test);
+benchmarks/how_big_fits.py prints both.
 
     python benchmarks/size_pairs.py     # SNAPANA_CORPUS=... when the corpus is elsewhere
 """
@@ -53,6 +56,8 @@ class Row:
     big: int
     predicted: int
     captured: int
+    calibrated: int | None = None  # calibrated on the member at seq `calibrated_on`
+    calibrated_on: int | None = None
 
     @property
     def error(self) -> float:
@@ -87,19 +92,39 @@ def pairs(size_set: SizeSet) -> list[tuple[int, int]]:
     return [(present[0], s) for s in present[1:]]
 
 
-def rows(sets: tuple[SizeSet, ...] = SETS) -> list[Row]:
-    """A row per pair of every set whose files are present."""
+def third(size_set: SizeSet, small: int, big: int) -> int | None:
+    """The member that calibrates `small` → `big` honestly: the largest present strictly
+    between them, else the smallest present above `big`; None in a set of two."""
+    present = sorted(s for s, f in size_set.files.items() if (SNAPS / f).exists())
+    between = [s for s in present if small < s < big]
+    above = [s for s in present if s > big]
+    return between[-1] if between else above[0] if above else None
+
+
+def predicted_peak(size_set: SizeSet, small: int, big: int, other: int | None = None) -> int:
+    """`whatif --scale seq=small:big` on the set's capture at `small`, as the Session API
+    runs it, calibrated (`--calibrate ... --calibrate-size seq=other`) when `other` is given."""
     from snapana.analysis.scaling import parse_sizes
     from snapana.session import Session
 
+    calibrate = None if other is None else (
+        Session.open(SNAPS / size_set.files[other]), "seq", other)
+    session = Session.open(SNAPS / size_set.files[small])
+    p = session.resize(parse_sizes([f"seq={small}:{big}"]), calibrate=calibrate)
+    assert p.target is not None
+    return p.target.replay.peak_allocated
+
+
+def rows(sets: tuple[SizeSet, ...] = SETS, calibrate: bool = False) -> list[Row]:
+    """A row per pair of every set whose files are present, calibrated too if asked."""
     out = []
     for size_set in sets:
         for small, big in pairs(size_set):
-            session = Session.open(SNAPS / size_set.files[small])
-            p = session.resize(parse_sizes([f"seq={small}:{big}"]))
-            assert p.target is not None
-            out.append(Row(size_set.name, small, big, p.target.replay.peak_allocated,
-                           captured_peak(SNAPS / size_set.files[big])))
+            other = third(size_set, small, big) if calibrate else None
+            out.append(Row(size_set.name, small, big, predicted_peak(size_set, small, big),
+                           captured_peak(SNAPS / size_set.files[big]),
+                           None if other is None else
+                           predicted_peak(size_set, small, big, other), other))
     return out
 
 
