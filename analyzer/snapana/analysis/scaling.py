@@ -370,7 +370,8 @@ def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
     a [batch, seq, hidden] activation made elsewhere (`_is_output_size`). Where the largest
     size is such and one line makes it, it is taken for the output, not for scores; made at
     two or more (scores, softmax), they are scores whose bytes coincide with the output's
-    (seq = head dim), which the third value says."""
+    (seq = head dim), which the third value says (`decide` then tells the output apart by
+    its place in each call where it can: `_outputs_after_softmax`)."""
     distinct = np.unique(stack_ids) if distinct is None else distinct
     hits = {int(sid): fn for sid in distinct
             for fn in [_rule_function(rule, stacks.stack(int(sid)))] if fn is not None}
@@ -581,7 +582,8 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
                 "(seq is the head dimension); in each call the scores are consumed inside it "
                 "and a later block of their size is kept past it (the softmax: saved for the "
                 "backward, or returned), so the block made last, after it, is the output "
-                "(attn @ v; a copy of it freed inside the call with it): "
+                "(attn @ v, or its transposed copy with the attn @ v it was copied from, "
+                "freed inside the call): "
                 f"{int(output.sum()):,} blocks grow as their family, not with seq²")
         if unsure.any():
             how[unsure] = AMBIGUOUS
