@@ -3,7 +3,8 @@ subset of benchmarks/scale_stress.py's grid, each failure it found fixed among t
 weight copies in a training step, a fused attention's output, a chunked loss over batch × seq
 tokens), predicted from the smaller capture uncalibrated and held within 10% of the
 simulator's own peak at the larger size (its truth sidecar). Where the sizes cannot tell
-scores from the attention's output (seq = head dim), --fit gives no largest size."""
+scores from the attention's output (seq = head dim), the order within the attention's call
+does; where that says nothing either, --fit gives no largest size."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from types import ModuleType
 
 import polars as pl
 import pytest
+from snapana.analysis import scaling
 from snapana.analysis.scaling import parse_sizes
 from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
@@ -43,15 +45,26 @@ def test_within_ten_percent_of_the_simulator(tmp_path, case):
     assert abs(row.error) <= BENCH.BAR, f"{case.name()}: {row.error:+.2%}"
 
 
-def test_scores_the_size_of_the_output_refuse_a_largest_fit(tmp_path):
+def test_scores_the_size_of_the_output_told_apart_by_the_call(tmp_path, monkeypatch):
     """At seq = head dim the score matrices have the bytes of the attention's output
-    [batch, seq, hidden]: grown with seq² (an upper bound), and --fit withholds a size that
-    far from the recorded one (the fp32 step at 1 × 64, 6 layers, hidden 1,024, 16 heads)."""
-    case = BENCH.AMBIGUOUS
+    [batch, seq, hidden] (the fp32 step at 1 × 64, 6 layers, hidden 1,024, 16 heads): the
+    output is told apart by its place in the call (made after the softmax the call keeps),
+    so nothing is ambiguous and --fit gives a largest size. Where a call shows no such order
+    (here: the rule's `output_after_softmax` off, as for a call whose locals all die at its
+    return), they are grown with seq² (an upper bound) and --fit withholds a size that far
+    from the recorded one."""
+    case = BENCH.HEAD_DIM
     row = BENCH.measure(case, tmp_path)
-    assert row is not None and row.error > 0 and row.refused
+    assert row is not None and abs(row.error) <= BENCH.BAR and not row.refused
     batch, seq = case.small
     path, _ = write_snapshot(*sized_job(batch, seq, job=case.job), tmp_path / "fit.pickle")
+    p = Session.open(path).resize(parse_sizes([f"seq={seq}"]), card="80GiB", fit="seq")
+    assert p.shares.share("ambiguous") == 0
+    assert p.fit is not None and p.fit.largest is not None
+    rules = scaling.load_rules()
+    blind = replace(rules, scores=tuple(replace(r, output_after_softmax=False)
+                                        for r in rules.scores))
+    monkeypatch.setattr(scaling, "load_rules", lambda: blind)
     p = Session.open(path).resize(parse_sizes([f"seq={seq}"]), card="80GiB", fit="seq")
     assert p.shares.share("ambiguous") > 0
     assert p.fit is not None and p.fit.largest is None

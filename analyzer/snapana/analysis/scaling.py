@@ -112,6 +112,9 @@ class ScoreRule:
     native: bool = False
     #: what made the scores, in the knob list's words (the `score_matrices` fact)
     maker: str = "an unfused attention"
+    #: where the scores have the output's bytes (seq = head dim), the output is told apart
+    #: by the order and lifetimes within one call (`_outputs_after_softmax`)
+    output_after_softmax: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,8 @@ def load_rules() -> ScalingRules:
                              tuple(float(r) for r in s.get("dtype_ratios", ())),
                              s.get("shaped", ""), tuple(int(b) for b in s.get("output_bytes", ())),
                              bool(s.get("native", False)),
-                             s.get("maker", "an unfused attention"))
+                             s.get("maker", "an unfused attention"),
+                             bool(s.get("output_after_softmax", False)))
                    for s in data.get("scores", []))
     steps = tuple(NextStep(n["id"], n.get("text", ""), bool(n.get("drop_scores", False)),
                            tuple(n.get("drop_families", ())), tuple(n.get("hold_families", ())),
@@ -366,7 +370,8 @@ def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
     a [batch, seq, hidden] activation made elsewhere (`_is_output_size`). Where the largest
     size is such and one line makes it, it is taken for the output, not for scores; made at
     two or more (scores, softmax), they are scores whose bytes coincide with the output's
-    (seq = head dim), which the third value says."""
+    (seq = head dim), which the third value says (`decide` then tells the output apart by
+    its place in each call where it can: `_outputs_after_softmax`)."""
     distinct = np.unique(stack_ids) if distinct is None else distinct
     hits = {int(sid): fn for sid in distinct
             for fn in [_rule_function(rule, stacks.stack(int(sid)))] if fn is not None}
@@ -449,6 +454,53 @@ def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, int, str, 
     return int(size[taken].sum()), int(taken.sum()), shaped_count, name, maker
 
 
+def _outputs_after_softmax(blocks: pl.DataFrame, scores: np.ndarray, under: np.ndarray
+                           ) -> tuple[np.ndarray, np.ndarray]:
+    """Where the scores have the bytes of the attention's output (seq = head dim), which of
+    the blocks of that size (`scores`) the output is, from one call's order and lifetimes
+    (a call: a run of consecutive allocations under the attention function, `under`). An
+    unfused attention (torch's `_scaled_dot_product_attention_math`, transformers'
+    `eager_attention_forward`) makes q·kᵀ (scaled, masked), its softmax (dropout), then
+    attn @ v, and returns it (transformers: its transposed copy). The scores and what is made
+    from them before the softmax are consumed inside the call (no backward saves them);
+    the softmax lives past it (saved for the backward, or returned as the weights). So:
+    the first block freed inside the call is the scores; the first after it still held
+    when the call ends, the softmax; the last block, held past the call and made after the
+    softmax, the output, and a block between them freed inside the call its copy (attn @ v
+    before `.transpose(1, 2).contiguous()`). Blocks kept past the call between the softmax
+    and the output (dropout's) stay scores. Returns the outputs and the score blocks so
+    decided; a call that shows no such order (nothing freed inside it, no softmax kept
+    past it, or no block after the softmax: a function that makes the scores only, or one
+    whose locals all die at its return) decides none, and the blocks made before its scores
+    (q and k scaled: the math path) are not decided either."""
+    n = blocks.height
+    output = np.zeros(n, dtype=bool)
+    sure = np.zeros(n, dtype=bool)
+    alloc = blocks["alloc_idx"].to_numpy()
+    free = blocks["free_idx"].to_numpy()
+    made = np.flatnonzero((alloc >= 0) & (blocks["address"].to_numpy() >= 0))
+    order = made[np.argsort(alloc[made], kind="stable")]
+    inside = under[order].astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], inside, [0]])))
+    for start, stop in zip(edges[::2], edges[1::2], strict=True):
+        end = alloc[order[stop]] if stop < len(order) else NEVER  # the call's end
+        rows = order[start:stop][scores[order[start:stop]]]
+        kept = free[rows] >= end
+        if kept.all():
+            continue
+        first = int(np.argmax(~kept))  # the scores
+        later = np.flatnonzero(kept[first + 1:])
+        last = len(rows) - 1
+        if not len(later) or first + 1 + int(later[0]) >= last or not kept[last]:
+            continue
+        softmax = first + 1 + int(later[0])
+        out = [last, *(i for i in range(softmax + 1, last) if not kept[i])]
+        sure[rows[first:]] = True
+        sure[rows[out]] = False
+        output[rows[out]] = True
+    return output, sure
+
+
 def _framed(stack_ids: np.ndarray, distinct: np.ndarray, stacks: Any) -> np.ndarray:
     """Which blocks have a Python frame (a size such a block makes outside the attention
     function is an activation's too)."""
@@ -507,6 +559,14 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         scores &= ~taken
         if not scores.any():
             continue
+        under = np.isin(stack_ids, list(hits))
+        output = unsure = np.zeros(n, dtype=bool)
+        if coincide:  # the output is told apart by its place in the call, or not at all
+            output, sure = (_outputs_after_softmax(blocks, scores, under)
+                            if rule.output_after_softmax else (output, output))
+            scores &= ~output
+            unsure = scores & ~sure
+            taken |= output
         e_b[scores], e_s[scores] = rule.batch, rule.seq
         how[scores] = SCORES
         sites = blocks["site"].filter(pl.Series(scores)).unique(maintain_order=True).to_list()
@@ -516,14 +576,23 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         assumptions.append(rule.assumption.format(site=", ".join(sites[:3]) + more,
                                                   function=fn)
                            + f"; the smaller blocks under {fn} follow their family")
-        if coincide:
-            how[scores] = AMBIGUOUS
+        if output.any():
+            assumptions.append(
+                f"the scores under {fn} have the bytes of its output [batch, seq, hidden] "
+                "(seq is the head dimension); in each call the scores are consumed inside it "
+                "and a later block of their size is kept past it (the softmax: saved for the "
+                "backward, or returned), so the block made last, after it, is the output "
+                "(attn @ v, or its transposed copy with the attn @ v it was copied from, "
+                "freed inside the call): "
+                f"{int(output.sum()):,} blocks grow as their family, not with seq²")
+        if unsure.any():
+            how[unsure] = AMBIGUOUS
             assumptions.append(
                 f"the scores under {fn} have the bytes of its output [batch, seq, hidden] "
                 "(the hidden size read off the weights: seq is the head dimension, or a "
-                "multiple of it by the dtypes' ratio); the sizes cannot tell which blocks "
-                "are which, so all of them are grown with seq² (an upper bound)")
-        under = np.isin(stack_ids, list(hits))
+                "multiple of it by the dtypes' ratio); neither the sizes nor the order and "
+                f"lifetimes within a call tell which of {int(unsure.sum()):,} blocks are "
+                "which, so they are grown with seq² (an upper bound)")
         framed = _framed(stack_ids, distinct, stacks)
         shaped = _score_shaped(rule, requested, scores,
                                (grows | open_) & ~scores & ~taken, under, framed, sizes)

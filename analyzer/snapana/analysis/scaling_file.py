@@ -31,6 +31,7 @@ class _Score(data_file.Table, frozen=True, kw_only=True):
     native: bool = False
     maker: str = "an unfused attention"
     shaped: str = ""
+    output_after_softmax: bool = False
 
 
 class _NextStep(data_file.Table, frozen=True, kw_only=True):
