@@ -82,3 +82,14 @@ def test_the_sample_swiglu_blocks_grow_as_padded():
     assert p.shares.share("held fixed") < live_swiglu
     head = " ".join(session.resize(parse_sizes(["seq=8148:16384"])).growth.padded_for().split())
     assert "sized for 8,192 tokens" in head
+
+
+def test_a_second_capture_measures_the_padded_blocks(tmp_path, recorded):
+    """Calibrated on a capture at 12,000 tokens, the padded blocks are measured, not
+    assumed: nothing is said padded any more, and 16,000 is within 2% of the simulator."""
+    other, _ = _job(tmp_path, 12000)
+    _, truth = _job(tmp_path, 16000)
+    p = recorded.resize(parse_sizes([f"seq={RECORDED}:16000"]),
+                        calibrate=(Session.open(other), "seq", 12000))
+    assert not p.growth.padded_seq() and not p.growth.padded_for()
+    assert abs(p.target.replay.peak_allocated / truth - 1) <= 0.02

@@ -289,12 +289,16 @@ class Growth:
     #: `[seq_evidence]` padding)
     padded: int = 0
 
+    def padded_seq(self) -> int:
+        """The padded count where blocks are still sized for it (0: none; a chunk loop
+        marked or a second capture measured after the decision takes its own)."""
+        return self.padded if self.padded and (self.blocks["how"] == PADDED).any() else 0
+
     def padded_for(self) -> str:
-        """The blocks sized for the padded count, in words ("" when none): counted from the
-        rows still PADDED (a chunk loop marked afterwards takes its own)."""
-        rows = self.blocks.filter(pl.col("how") == PADDED) if self.padded else self.blocks[:0]
-        if rows.is_empty():
+        """The blocks sized for the padded count, in words ("" when none)."""
+        if not self.padded_seq():
             return ""
+        rows = self.blocks.filter(pl.col("how") == PADDED)
         return load_rules().padding.text.format(
             blocks=f"{rows.height:,}", bytes=fmt_bytes(int(rows["requested"].sum())),
             padded=self.padded, seq=self.sizes["seq"].recorded)

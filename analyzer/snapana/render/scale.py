@@ -173,7 +173,7 @@ def _assumptions(p: SizePrediction) -> tuple[str, ...]:
              "indivisible": "do not divide by the stated size and are held fixed",
              "ambiguous": "have the bytes of score matrices and of the attention's output "
                           "alike (seq = head dim): grown with seq², an upper bound"}
-    if p.growth.padded:
+    if p.growth.padded_seq():
         words["padded"] = "are " + load_rules().padding.block.format(
             padded=p.growth.padded, seq=p.growth.sizes["seq"].recorded)
     # with no batch or seq asked (a parallel layout alone) nothing grows: its own words say
@@ -217,7 +217,7 @@ def _head(p: SizePrediction) -> tuple[str, ...]:
     s = p.shares
     out = [t for t in (p.growth.sized_for, p.growth.padded_for()) if t]
     padded = load_rules().padding.share.format(padded=p.growth.padded) \
-        if p.growth.padded else ""
+        if p.growth.padded_seq() else ""
     if not p.growth.sizes:  # a parallel layout alone: its assumptions say how sure
         return tuple(out)
     if s.peak:
