@@ -37,7 +37,7 @@ from snapana.analysis.scaling_file import ScalingFile, same_step
 from snapana.analysis.trace_edits import hidden_size
 from snapana.caching_allocator import ACTIVE_ALLOCATED
 from snapana.model import is_python_frame
-from snapana.units import ascii_int
+from snapana.units import ascii_int, fmt_bytes
 
 if TYPE_CHECKING:
     from snapana.analysis.attribution.assign import Attributor
@@ -54,6 +54,9 @@ LARGEST = 1 << 50
 FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED, CHUNKS, AMBIGUOUS = (
     "family", "scores", "calibrated", "unclassified", "indivisible", "factored", "chunks",
     "ambiguous")
+#: How-value of blocks sized for the padded token count (`[seq_evidence]` padding): kept at
+#: a smaller seq, grown from the padded count at a larger one.
+PADDED = "padded"
 #: How-values of blocks held at their recorded size although their family might grow.
 HELD_HOWS = (UNCLASSIFIED, INDIVISIBLE)
 #: How-values whose growth was read off the block's own size (or a second capture), not
@@ -133,6 +136,18 @@ class NextStep:
 
 
 @dataclass(frozen=True)
+class Padding:
+    """`[seq_evidence]` padding: the multiple a padded count is of, the share of the
+    indivisible blocks' bytes one padded count must divide, and the texts that say it."""
+
+    multiple: int = 64
+    most: float = 0.5
+    text: str = ""
+    block: str = ""
+    share: str = ""
+
+
+@dataclass(frozen=True)
 class ScalingRules:
     families: Mapping[str, tuple[int, int, str]]  # family -> (batch, seq, why)
     scores: tuple[ScoreRule, ...]
@@ -160,6 +175,7 @@ class ScalingRules:
     checkpoint_saved: tuple[str, ...] = ()
     checkpoint_backward: tuple[str, ...] = ()
     checkpoint_without_layers: tuple[str, ...] = ()
+    padding: Padding = Padding()
 
 
 @lru_cache(maxsize=1)
@@ -200,7 +216,12 @@ def load_rules() -> ScalingRules:
                         checkpoint_backward=tuple(data.get("checkpointing", {})
                                                   .get("backward", ())),
                         checkpoint_without_layers=tuple(data.get("checkpointing", {})
-                                                        .get("without_layers", ())))
+                                                        .get("without_layers", ())),
+                        padding=Padding(int(evidence.get("pad_multiple", 64)),
+                                        float(evidence.get("pad_most", 0.5)),
+                                        str(evidence.get("padded", "")),
+                                        str(evidence.get("padded_block", "")),
+                                        str(evidence.get("padded_share", ""))))
 
 
 @dataclass(frozen=True)
@@ -254,7 +275,8 @@ class Growth:
     """Each block's growth. `blocks`: one row per allocation of the window (`alloc_idx` ≥ 0,
     the failed requests included) and per block held before it (`alloc_idx` −1, by
     `address`), with `requested` bytes, `family`, `site`, exponents `e_batch` / `e_seq`,
-    `how` (one of FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE) and `why`.
+    `how` (one of FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, PADDED, ...), `why`
+    and, where present, `pad` (the padded token count a PADDED block is sized for, else 0).
     `assumptions`: the sentences the prediction rests on."""
 
     blocks: pl.DataFrame
@@ -263,10 +285,29 @@ class Growth:
     calibration: str = ""  # what the second capture decided, in words ("" : none given)
     #: the seq the sizes were made at, in words, where it is not the one stated ("": it is)
     sized_for: str = ""
+    #: the padded token count blocks that do not divide by the seq are sized for (0: none;
+    #: `[seq_evidence]` padding)
+    padded: int = 0
+
+    def padded_seq(self) -> int:
+        """The padded count where blocks are still sized for it (0: none; a chunk loop
+        marked or a second capture measured after the decision takes its own)."""
+        return self.padded if self.padded and (self.blocks["how"] == PADDED).any() else 0
+
+    def padded_for(self) -> str:
+        """The blocks sized for the padded count, in words ("" when none)."""
+        if not self.padded_seq():
+            return ""
+        rows = self.blocks.filter(pl.col("how") == PADDED)
+        return load_rules().padding.text.format(
+            blocks=f"{rows.height:,}", bytes=fmt_bytes(int(rows["requested"].sum())),
+            padded=self.padded, seq=self.sizes["seq"].recorded)
 
     def factor(self, sizes: Mapping[str, int]) -> np.ndarray:
         """Each block's bytes at `sizes` (knob -> size; a knob not given keeps its
-        recorded size): exact integers where the block divides by its recorded sizes."""
+        recorded size): exact integers where the block divides by its recorded sizes. A
+        block sized for a padded count P (`pad`) is sized for P at any seq up to the
+        recorded one (padding only rounds up) and for P × seq / recorded above it."""
         req = self.blocks["requested"].to_numpy().astype(np.float64)
         scale = np.ones(len(req))
         exact = np.ones(len(req), dtype=bool)
@@ -279,9 +320,16 @@ class Growth:
             e = self.blocks[f"e_{knob}"].to_numpy()
             whole = np.equal(np.round(e), e)
             exact &= whole
-            denom *= np.power(float(size.recorded), e)
-            numer *= np.power(float(sizes[knob]), e)
-            scale *= np.power(sizes[knob] / size.recorded, e)
+            was = np.full(len(req), float(size.recorded))
+            now = np.full(len(req), float(sizes[knob]))
+            if knob == "seq" and "pad" in self.blocks.columns:
+                pad = self.blocks["pad"].fill_null(0).to_numpy().astype(np.float64)
+                at = pad > 0
+                was[at] = pad[at]
+                now[at] = np.maximum(pad[at], np.ceil(pad[at] * sizes[knob] / size.recorded))
+            denom *= np.power(was, e)
+            numer *= np.power(now, e)
+            scale *= np.power(now / was, e)
         out = np.where(exact, np.round(req / denom) * numer, np.round(req * scale))
         return np.clip(out, 0, LARGEST).astype(np.int64)
 
@@ -617,15 +665,55 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     bad = grows & (np.mod(requested, need) != 0)
     if bad.any():
         why[bad] = _indivisible(blocks.filter(pl.Series(bad)), e_b[bad], e_s[bad], sizes)
+    padded, pad_rows = _padded(requested, bad & (e_s == 1), e_b, sizes,
+                                          rules.padding, rules.seq_window)
+    bad &= ~pad_rows
     e_b[bad] = 0
     e_s[bad] = 0
     how[bad] = INDIVISIBLE
+    how[pad_rows] = PADDED
+    if pad_rows.any():
+        why[pad_rows] = rules.padding.block.format(padded=padded,
+                                                   seq=sizes["seq"].recorded)
     table = blocks.select("alloc_idx", "address", "requested", "stack_id", "stream",
                           "family", "site", "free_idx").with_columns(
         pl.Series("e_batch", e_b), pl.Series("e_seq", e_s),
         pl.Series("how", how.tolist(), dtype=pl.Utf8),
-        pl.Series("why", why.tolist(), dtype=pl.Utf8))
-    return Growth(table, dict(sizes), tuple(assumptions), sized_for=sized_for)
+        pl.Series("why", why.tolist(), dtype=pl.Utf8),
+        pl.Series("pad", np.where(pad_rows, padded, 0).astype(np.int64)))
+    return Growth(table, dict(sizes), tuple(assumptions), sized_for=sized_for,
+                  padded=padded)
+
+
+def _padded(requested: np.ndarray, open_: np.ndarray, e_b: np.ndarray,
+            sizes: Mapping[str, Size], padding: Padding, window: float
+            ) -> tuple[int, np.ndarray]:
+    """The padded token count P the blocks `open_` (linear in seq, not dividing by it) are
+    sized for and the blocks sized for it ((0, none) when none): a
+    count above the seq, within `window` of it and a multiple of `padding.multiple`, that
+    divides (times the batch where it grows with it) the most of their bytes, at least
+    `padding.most` of them (the nearest on a tie). A job that pads its packed tokens to a
+    multiple (slime's get_batch: tp × 128) sizes its activations for the padded count."""
+    none = np.zeros(len(requested), dtype=bool)
+    size = sizes.get("seq")
+    if size is None or not open_.any() or not padding.text:
+        return 0, none
+    seq = size.recorded
+    step = padding.multiple
+    cand = np.arange((seq // step + 1) * step, seq + seq * window + 1, step, dtype=np.int64)
+    if not len(cand):
+        return 0, none
+    per = np.ones(len(requested), dtype=np.int64)
+    if "batch" in sizes:
+        per = np.power(sizes["batch"].recorded, e_b.astype(np.int64))
+    req = requested.astype(np.int64)
+    hit = open_[None, :] & (req[None, :] % (per[None, :] * cand[:, None]) == 0)
+    covered = (hit * req[None, :]).sum(1)
+    best = int(np.argmax(covered))  # the first, the nearest, on a tie
+    total = int(req[open_].sum())
+    if not covered[best] or covered[best] < padding.most * total:
+        return 0, none
+    return int(cand[best]), hit[best]
 
 
 def identify_seq(blocks: pl.DataFrame, sizes: Mapping[str, Size], rules: ScalingRules
@@ -798,6 +886,8 @@ def calibrate(growth: Growth, mine: pl.DataFrame, other: pl.DataFrame, knob: str
     table = table.with_columns(
         pl.when(hit).then(pl.col("_e")).otherwise(pl.col(f"e_{knob}")).alias(f"e_{knob}"),
         pl.when(hit).then(pl.lit(CALIBRATED)).otherwise(pl.col("how")).alias("how"),
+        *([pl.when(hit).then(0).otherwise(pl.col("pad")).alias("pad")]
+          if "pad" in growth.blocks.columns else []),
         pl.when(hit).then(pl.format("measured against the capture at {}={}: bytes × ({}'/{})^"
                                     "{}", pl.lit(knob), pl.lit(other_size), pl.lit(knob),
                                     pl.lit(knob), pl.col("_e").round(2)))
@@ -807,13 +897,14 @@ def calibrate(growth: Growth, mine: pl.DataFrame, other: pl.DataFrame, knob: str
              f"call paths measured against the capture at {knob}={other_size}"
              + (f"; {paths - same.len():,} paths allocate a different number of times there "
                 "and keep their rule" if paths > same.len() else ""))
-    return Growth(table, growth.sizes, growth.assumptions, words, growth.sized_for)
+    return Growth(table, growth.sizes, growth.assumptions, words, growth.sized_for,
+                  growth.padded)
 
 
 #: How-values by how sure their growth is: given by a rule, a shape or a second capture;
 #: assumed from the size alone (no rule); not known, held at the recorded size. `shares`
 #: adds "ambiguous": blocks of a shape two rules give (scores or the attention's output).
-SURE = {"derived": (FAMILY, SCORES, CALIBRATED, CHUNKS), "assumed": (FACTORED,),
+SURE = {"derived": (FAMILY, SCORES, CALIBRATED, CHUNKS), "assumed": (FACTORED, PADDED),
         "held fixed": HELD_HOWS}
 
 

@@ -55,6 +55,11 @@ class _SeqEvidence(data_file.Table, frozen=True, kw_only=True):
     window: float = 0.05
     chance: float = 0.25
     least: float = 0.10
+    pad_multiple: int = 64
+    pad_most: float = 0.5
+    padded: str = ""
+    padded_block: str = ""
+    padded_share: str = ""
 
 
 class _Confidence(data_file.Table, frozen=True, kw_only=True):

@@ -440,6 +440,8 @@ def scale(view: ScaleView, options: Options) -> str:
         devices.append({
             "device": d.device, "head": list(d.head), "proof": d.proof, "verdict": d.verdict,
             "sized_for": p.growth.sized_for or None,
+            "padded_seq": p.growth.padded_seq() or None,
+            "padded_for": p.growth.padded_for() or None,
             "recorded_seq": p.growth.sizes["seq"].recorded if "seq" in p.growth.sizes else None,
             "peak_shares": {"peak_bytes": p.shares.peak, **{
                 k.replace(" ", "_") + "_bytes": v for k, v in p.shares.by.items()}},

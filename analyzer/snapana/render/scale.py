@@ -173,6 +173,9 @@ def _assumptions(p: SizePrediction) -> tuple[str, ...]:
              "indivisible": "do not divide by the stated size and are held fixed",
              "ambiguous": "have the bytes of score matrices and of the attention's output "
                           "alike (seq = head dim): grown with seq², an upper bound"}
+    if p.growth.padded_seq():
+        words["padded"] = "are " + load_rules().padding.block.format(
+            padded=p.growth.padded, seq=p.growth.sizes["seq"].recorded)
     # with no batch or seq asked (a parallel layout alone) nothing grows: its own words say
     out = ["Model state (parameters, gradients, optimizer state, buffers) is held at its "
            "recorded size; activations, logits and the KV cache grow linearly with batch and "
@@ -212,14 +215,17 @@ def _head(p: SizePrediction) -> tuple[str, ...]:
     shape, a second capture), assumed (its size alone) or held fixed, and the error band of
     an uncalibrated answer."""
     s = p.shares
-    out = [p.growth.sized_for] if p.growth.sized_for else []
+    out = [t for t in (p.growth.sized_for, p.growth.padded_for()) if t]
+    padded = load_rules().padding.share.format(padded=p.growth.padded) \
+        if p.growth.padded_seq() else ""
     if not p.growth.sizes:  # a parallel layout alone: its assumptions say how sure
         return tuple(out)
     if s.peak:
         out.append(f"How sure: of the {fmt_bytes(s.peak)} live at the recorded peak, "
                    f"{s.share('derived'):.0%} grows by a rule, a shape or a measurement "
                    f"(derived), {s.share('assumed'):.0%} is assumed to grow because its size "
-                   f"is a multiple of the stated size, and {s.share('held fixed'):.0%} is "
+                   f"is a multiple of the stated size{padded}, and "
+                   f"{s.share('held fixed'):.0%} is "
                    "held at its recorded size (its growth is not known)"
                    + (f"; blocks of {s.share('ambiguous'):.1%} of it (the most live at once, "
                       "wherever) have a shape their size cannot tell (score matrices or the "

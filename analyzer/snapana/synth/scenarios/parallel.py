@@ -131,13 +131,16 @@ def megatron_layers_job(tp: int, sp: bool = False, layers: int = 2, s: int = 204
 
 
 def megatron_step_job(tp: int, dp: int = 2, tokens: int = 8148, chunk: int = 1024,
-                      extra_tp2: int = 685 * 2**20
+                      extra_tp2: int = 685 * 2**20, pad_to: int = 1
                       ) -> tuple[dict[str, object], dict[str, object]]:
     """(snapshot, truth) of the slime / Megatron step of `slime-tp2-chunked-logprob-oom`
     (the seed's dense model, its distributed optimizer over `dp` ranks, one micro-batch's
     forward, vocab-parallel logits and the chunked log-prob's saved softmax) at any `tp`,
     on a card large enough not to run out, recorded from the start. The fp32 SwiGLU
-    intermediates (`extra_tp2` per layer at tp=2) are [T, ffn / tp] too."""
+    intermediates (`extra_tp2` per layer at tp=2) are [T, ffn / tp] too. `pad_to`: the
+    packed tokens padded up to a multiple of it before the model runs, as slime's get_batch
+    pads to tp × pad_multiplier (pad = (m − T % m) % m): the layers and the logits are
+    sized for the padded count, the log-prob runs on the `tokens` real ones."""
     from .megatron import DenseModel, forward_layers, init_training_state
 
     model = DenseModel()
@@ -146,10 +149,11 @@ def megatron_step_job(tp: int, dp: int = 2, tokens: int = 8148, chunk: int = 102
     def script(sim: CachingAllocatorSim, facts: Facts) -> None:
         init_training_state(sim, model, tp=tp, dp=dp)
         sim.advance(1_000_000)
-        forward_layers(sim, model, tp, tokens, extra_tp2 * 2 // tp)
+        padded = tokens + (pad_to - tokens % pad_to) % pad_to
+        forward_layers(sim, model, tp, padded, extra_tp2 * 2 // tp)
         top = S.SLIME_TRAIN + S.FORWARD_STEP
-        sim.malloc(tokens * vocab * FP16, S.stack(top, S.OUTPUT_LAYER), family="logits")
-        sim.malloc(tokens * vocab * FP32, S.stack(top, S.FLOAT16_TO_FP32), family="logits")
+        sim.malloc(padded * vocab * FP16, S.stack(top, S.OUTPUT_LAYER), family="logits")
+        sim.malloc(padded * vocab * FP32, S.stack(top, S.FLOAT16_TO_FP32), family="logits")
         loss = [*S.SLIME_TRAIN, *S.LOSS, S.LOGPROB_CHUNK_CALL, *S.LOGPROB_FUNCTION]
         for start in range(0, tokens, chunk):
             n = min(chunk, tokens - start)
@@ -163,7 +167,7 @@ def megatron_step_job(tp: int, dp: int = 2, tokens: int = 8148, chunk: int = 102
             sim.free(mx)
             sim.malloc(n * FP32, S.stack(loss, [S.LOG_PROB]), family="saved_activations")
             sim.advance(4000)
-        facts.update(tp=tp, dp=dp, tokens=tokens)
+        facts.update(tp=tp, dp=dp, tokens=tokens, padded_tokens=padded)
 
     out: Outcome = run(script, CAPACITY, 0)
     return out.sim.snapshot(), truth(f"megatron-step-tp{tp}", out)
