@@ -175,7 +175,8 @@ def test_scale_assumptions_list_equal_bytes_by_name():
                            "e_batch": [0, 1, 1, 1], "e_seq": [0, 1, 2, 1],
                            "requested": [64, 64, 64, 64]})
     growth = SimpleNamespace(blocks=blocks, sizes={"batch": 1}, assumptions=[],
-                             held_fixed=pl.DataFrame, calibration="")
+                             held_fixed=pl.DataFrame, calibration="",
+                             padded_seq=lambda: 0)
     p = SimpleNamespace(growth=growth, fit=None)
     got = _answers(lambda: _assumptions(p)[1])  # type: ignore[arg-type]
     assert len(got) == 1
