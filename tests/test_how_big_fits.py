@@ -76,10 +76,11 @@ def test_corpus_set_calibrated_on_its_middle_member():
 
 
 def test_simulated_job_calibrated_on_a_third_size(tmp_path):
-    """The fp32 step at 1 × 64 → 1 × 1,024 (scores the bytes of the attention output, which
-    the rules grow with seq², an upper bound: +15% uncalibrated when written), calibrated on
-    the job simulated at seq 256: within 1% of the simulator's own peak at 1,024."""
-    case = HBF.scale_stress.AMBIGUOUS
+    """The fp32 step at 1 × 64 → 1 × 1,024 (scores the bytes of the attention output: +15%
+    uncalibrated when written, before the call's order told them apart; scale_stress's
+    `HEAD_DIM`), calibrated on the job simulated at seq 256: within 1% of the simulator's own
+    peak at 1,024."""
+    case = HBF.scale_stress.HEAD_DIM
     assert case.third() == ("seq", (1, 256))
     row = HBF.scale_stress.measure(case, tmp_path, calibrate=True)
     assert row is not None and row.calibrated is not None
