@@ -118,6 +118,11 @@ def _head_dim() -> list[Case]:
         # the output was never looked for and grew with seq² with the scores
         Case(replace(small, hidden=512, heads=8, mode="forward"), (2, 64), (2, 512)),  # +20.59%
         Case(replace(small, mode="inference"), (16, 64), (16, 512)),  # tokens = hidden: +21.21%
+        # ... and a fused attention's output, with no scores beside it, grown as scores
+        Case(replace(small, hidden=512, heads=8, mode="forward", fused=True), (2, 64),
+             (2, 512)),  # +26.90%
+        Case(replace(small, autocast=True, mode="forward", fused=True), (2, 128),
+             (2, 1024)),  # +19.52%
         # seq = 2 × head dim under autocast: the fp32 softmax is 4 × the bf16 output, the
         # ratio of a bool mask, and the output grew with seq²
         Case(replace(small, hidden=256, heads=4, autocast=True, mode="forward"), (2, 128),
