@@ -100,8 +100,47 @@ def _kinds() -> list[Case]:
     return out
 
 
+def _head_dim() -> list[Case]:
+    """Seq at the head dimension and around it (head dim = hidden / heads), where the scores
+    [b, h, s, s] have the bytes of a [b, s, hidden] activation in some dtype: under autocast
+    (bf16 scores and output, an fp32 softmax: aten autocast_mode.cpp), in a forward whose
+    weights no window names (the hidden size unknown), and at tokens = hidden. Errors before
+    their fixes in the comments."""
+    small = replace(B, vocab=8192)
+    return [
+        # seq = head dim under autocast: the fp32 softmax, the one block of the largest size,
+        # made at one line, was taken for a fused attention's output
+        Case(replace(B, autocast=True), (1, 64), (1, 1024)),  # -15.84%
+        Case(replace(small, autocast=True), (2, 64), (2, 512)),  # -10.50%
+        Case(replace(small, hidden=512, heads=8, autocast=True), (2, 64), (2, 512)),  # -14.80%
+        Case(replace(small, autocast=True, mode="forward"), (2, 64), (2, 512)),  # +10.10%
+        # a forward's weights unnamed (their sizes shared by activations): no hidden size, so
+        # the output was never looked for and grew with seq² with the scores
+        Case(replace(small, hidden=512, heads=8, mode="forward"), (2, 64), (2, 512)),  # +20.59%
+        Case(replace(small, mode="inference"), (16, 64), (16, 512)),  # tokens = hidden: +21.21%
+        # ... and a fused attention's output, with no scores beside it, grown as scores
+        Case(replace(small, hidden=512, heads=8, mode="forward", fused=True), (2, 64),
+             (2, 512)),  # +26.90%
+        Case(replace(small, autocast=True, mode="forward", fused=True), (2, 128),
+             (2, 1024)),  # +19.52%
+        # seq = 2 × head dim under autocast: the fp32 softmax is 4 × the bf16 output, the
+        # ratio of a bool mask, and the output grew with seq²
+        Case(replace(small, hidden=256, heads=4, autocast=True, mode="forward"), (2, 128),
+             (2, 1024)),  # +10.41%
+        Case(replace(small, hidden=4096, heads=32, autocast=True), (2, 256),
+             (2, 2048)),  # +12.25%
+        # seq = head dim / 2 (below it, as the assumption says) under autocast: the fp32
+        # softmax has the bf16 output's bytes, the bf16 scores half of them
+        Case(replace(small, hidden=1024, heads=8, autocast=True), (16, 64),
+             (16, 512)),  # +12.38%
+        Case(replace(small, hidden=2048, heads=16, autocast=True, mode="inference"),
+             (32, 64), (32, 512)),  # +13.15%
+        Case(replace(small, hidden=1024, heads=8), (16, 64), (16, 512)),  # fp32: -13.38%
+    ]
+
+
 def grid() -> list[Case]:
-    return _axes() + _kinds()
+    return _axes() + _kinds() + _head_dim()
 
 
 #: Scores whose bytes are the attention output's (seq = head dim): told apart by their
@@ -130,6 +169,15 @@ QUICK = [
     Case(replace(S2, fused=True, chunked_loss=True, autocast=True, frames="handwritten"),
          (1, 2800), (3, 2800)),
     HEAD_DIM,
+    # seq = head dim under autocast (the fp32 softmax taken for a fused attention's output):
+    # -15.84%, -14.80%; a forward's unnamed weights (no hidden size): +20.59%, and both:
+    # +10.10%; seq = 2 × head dim under autocast (the output grown as a mask): +10.41%
+    Case(replace(B, autocast=True), (1, 64), (1, 1024)),
+    Case(replace(B, hidden=512, heads=8, vocab=8192, autocast=True), (2, 64), (2, 512)),
+    Case(replace(B, hidden=512, heads=8, vocab=8192, mode="forward"), (2, 64), (2, 512)),
+    Case(replace(B, vocab=8192, autocast=True, mode="forward"), (2, 64), (2, 512)),
+    Case(replace(B, hidden=256, heads=4, vocab=8192, autocast=True, mode="forward"), (2, 128),
+         (2, 1024)),
 ]
 
 

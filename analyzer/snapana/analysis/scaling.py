@@ -402,9 +402,17 @@ def _rule_function(rule: ScoreRule, stack: Sequence[Any]) -> str | None:
     return None
 
 
+#: What `score_blocks` says of the scores' bytes: nothing ("": they are not the output's), the
+#: output's bytes at two or more lines (seq = head dim in one dtype), or a softmax wider than
+#: both (one line makes the largest; blocks of its bytes × a dtype ratio below one, the scores
+#: and the output in half precision, are made under the function too: autocast's fp32 softmax
+#: at seq = head dim)
+COINCIDE_BYTES, COINCIDE_SOFTMAX = "bytes", "softmax"
+
+
 def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
                  grows: np.ndarray, stacks: Any, distinct: np.ndarray | None = None,
-                 hidden: int | None = None) -> tuple[np.ndarray, dict[int, str], bool]:
+                 hidden: int | None = None) -> tuple[np.ndarray, dict[int, str], str]:
     """The score matrices of an unfused attention (`[[scores]]`): of the blocks that grow
     (`grows`) made under a frame whose function the rule names, those of the largest size
     ([batch, heads, seq, seq]; the row max, the output are smaller). The one detection for
@@ -412,34 +420,48 @@ def score_blocks(rule: ScoreRule, stack_ids: np.ndarray, requested: np.ndarray,
     the knob list does not know. Returns the mask, the matching function of each stack that
     has one, and whether the scores' bytes are the attention output's too.
 
-    `hidden`: the hidden size read off the weights. A fused attention (SDPA, flash) makes no
-    scores: its largest block is its output [batch, seq, hidden], made at one line (the
-    innermost frame; each layer reaches it through its own stack), whose bytes are those of
-    a [batch, seq, hidden] activation made elsewhere (`_is_output_size`). Where the largest
-    size is such and one line makes it, it is taken for the output, not for scores; made at
-    two or more (scores, softmax), they are scores whose bytes coincide with the output's
-    (seq = head dim), which the third value says (`decide` then tells the output apart by
-    its place in each call where it can: `_outputs_after_softmax`)."""
+    `hidden`: the hidden size read off the weights (None where no weights are named: a
+    forward whose weights' sizes its activations share). A fused attention (SDPA, flash)
+    makes no scores: its largest block is its output [batch, seq, hidden], made at one line
+    (the innermost frame; each layer reaches it through its own stack), whose bytes are
+    those of a [batch, seq, hidden] activation made elsewhere (`_is_output_size`). Where the
+    largest size is such and one line makes it, it is taken for the output, not for scores,
+    unless blocks of its bytes times a dtype ratio below one are made under the function
+    too: then it may be a softmax wider than the scores and the output (torch's autocast
+    runs softmax in fp32, the matmuls in bf16: aten/src/ATen/autocast_mode.cpp), and those
+    blocks are returned with it (COINCIDE_SOFTMAX). Made at two or more lines (scores,
+    softmax), they are scores whose bytes coincide with the output's (seq = head dim:
+    COINCIDE_BYTES). Either way `decide` tells the output apart by its place in each call
+    where it can (`_outputs_after_softmax`); the third value is "" otherwise."""
     distinct = np.unique(stack_ids) if distinct is None else distinct
     hits = {int(sid): fn for sid in distinct
             for fn in [_rule_function(rule, stacks.stack(int(sid)))] if fn is not None}
     under = np.isin(stack_ids, list(hits)) & grows
     if not under.any():
-        return under, hits, False
+        return under, hits, ""
     largest = under & (requested == int(requested[under].max()))
     size = int(requested[largest][0])
-    if not hidden or not _is_output_size(rule, size, stack_ids, requested, grows, stacks,
-                                         distinct, hits, hidden):
-        return largest, hits, False
+    if not _is_output_size(rule, size, stack_ids, requested, grows, stacks, distinct, hits,
+                           hidden):
+        return largest, hits, ""
     lines = {_frames(stacks.stack(int(sid)))[:1] for sid in np.unique(stack_ids[largest])}
-    if len(lines) == 1:  # one line of code: the output
-        return np.zeros(len(requested), dtype=bool), hits, False
-    return largest, hits, True
+    if len(lines) > 1:
+        return largest, hits, COINCIDE_BYTES
+    if _narrower(rule, requested, under, size).any() and rule.output_after_softmax:
+        return largest, hits, COINCIDE_SOFTMAX
+    return np.zeros(len(requested), dtype=bool), hits, ""  # one line of code: the output
+
+
+def _narrower(rule: ScoreRule, requested: np.ndarray, under: np.ndarray, size: int
+              ) -> np.ndarray:
+    """The blocks under the attention function (`under`) whose bytes are `size` times a
+    dtype ratio below one: scores and output in half precision beside an fp32 softmax."""
+    return under & np.isin(requested, [size * r for r in rule.dtype_ratios if r < 1])
 
 
 def _is_output_size(rule: ScoreRule, size: int, stack_ids: np.ndarray, requested: np.ndarray,
                     grows: np.ndarray, stacks: Any, distinct: np.ndarray,
-                    hits: Mapping[int, str], hidden: int) -> bool:
+                    hits: Mapping[int, str], hidden: int | None) -> bool:
     """Whether `size` bytes may be an attention's output [batch, seq, hidden] (`score_blocks`):
     it is tokens × hidden elements of one of `rule.output_bytes`, and the smallest
     [.., hidden]-sized activation (`grows`: not a weight-sized optimizer temporary) with
@@ -447,13 +469,21 @@ def _is_output_size(rule: ScoreRule, size: int, stack_ids: np.ndarray, requested
     divide twice `size` (a layer norm's, the embedding's [batch, seq, hidden]: fewer tokens
     than the output's would make it smaller) is `size` or twice it (an output in bf16
     beside a layer norm's fp32 under autocast). No seq is needed: the knob list knows
-    none."""
-    if not rule.output_bytes or not any(size % (hidden * e) == 0 for e in rule.output_bytes):
-        return False
+    none. Without `hidden` (no weights named) every such activation counts: a smaller one
+    ([batch, seq] positions, a norm's statistics) then says no, as an unknown size should."""
     framed = _framed(stack_ids, distinct, stacks) & ~np.isin(stack_ids, list(hits)) & grows
-    outside = requested[framed & (requested > 0)]
-    found = outside[(outside % (hidden * min(rule.output_bytes)) == 0)
-                    & ((2 * size) % np.maximum(outside, 1) == 0)]
+    return _output_sized(rule, size, requested[framed], hidden)
+
+
+def _output_sized(rule: ScoreRule, size: int, outside: np.ndarray, hidden: int | None) -> bool:
+    """`_is_output_size` on the bytes of the activations with frames made outside the
+    attention function (`outside`)."""
+    if not rule.output_bytes or (hidden and not any(size % (hidden * e) == 0
+                                                    for e in rule.output_bytes)):
+        return False
+    outside = outside[outside > 0]
+    unit = (hidden or 1) * min(rule.output_bytes)
+    found = outside[(outside % unit == 0) & ((2 * size) % outside == 0)]
     return bool(len(found)) and int(found.min()) in (size, 2 * size)
 
 
@@ -489,13 +519,18 @@ def held_scores(blocks: pl.DataFrame, stacks: Any) -> tuple[int, int, int, str, 
     taken = np.zeros(blocks.height, dtype=bool)
     shaped_count, name, maker = 0, "", ""
     for rule in rules.scores:
-        mask, hits, _ = score_blocks(rule, stack_ids, req, candidates, stacks, distinct,
-                                     hidden)
+        mask, hits, coincide = score_blocks(rule, stack_ids, req, candidates, stacks,
+                                            distinct, hidden)
+        if coincide == COINCIDE_SOFTMAX:
+            # a softmax or a fused attention's output: only the call's order tells (the
+            # scores consumed before it, freed by the moment held here), so none is counted
+            continue
         mask &= ~taken
         if not mask.any():
             continue
         shaped = _score_shaped(rule, req, mask, candidates & ~mask & ~taken,
-                               np.isin(stack_ids, list(hits)), framed, {"seq": Size("seq", 1)})
+                               np.isin(stack_ids, list(hits)), framed, {"seq": Size("seq", 1)},
+                               hidden)
         taken |= mask | shaped
         shaped_count += int(shaped.sum())
         name, maker = (name, maker) if name else (hits[int(stack_ids[mask][0])], rule.maker)
@@ -610,9 +645,16 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         under = np.isin(stack_ids, list(hits))
         output = unsure = np.zeros(n, dtype=bool)
         if coincide:  # the output is told apart by its place in the call, or not at all
-            output, sure = (_outputs_after_softmax(blocks, scores, under)
+            # with the narrower blocks of the call (half-precision scores and output beside
+            # an fp32 softmax): those a call decides are scores or the output, the others
+            # are left to the shapes (`_score_shaped`)
+            narrower = _narrower(rule, requested, under & (grows | open_) & ~taken,
+                                 int(requested[scores].max()))
+            output, sure = (_outputs_after_softmax(blocks, scores | narrower, under)
                             if rule.output_after_softmax else (output, output))
-            scores &= ~output
+            if coincide == COINCIDE_SOFTMAX and not output.any():
+                continue  # no call shows an unfused attention's order: a fused one's output
+            scores = (scores & ~output) | (narrower & sure)
             unsure = scores & ~sure
             taken |= output
         e_b[scores], e_s[scores] = rule.batch, rule.seq
@@ -624,7 +666,19 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         assumptions.append(rule.assumption.format(site=", ".join(sites[:3]) + more,
                                                   function=fn)
                            + f"; the smaller blocks under {fn} follow their family")
-        if output.any():
+        if output.any() and coincide == COINCIDE_SOFTMAX:
+            wide = int(requested[scores].max())
+            assumptions.append(
+                f"the largest block under {fn}, made at one line, has the bytes of an output "
+                "[batch, seq, hidden], but blocks of its bytes times a dtype ratio below one "
+                "are made around it (a softmax in fp32 beside half-precision scores and "
+                "output, as autocast runs them; seq is the head dimension): in each call the "
+                "first is consumed inside it (the scores), the wide one is kept past it (the "
+                "softmax), so the block made last, after it, is the output: "
+                f"{int(output.sum()):,} blocks grow as their family, not with seq², and "
+                f"{int((scores & (requested == wide)).sum()):,} softmax blocks of {wide:,} "
+                "bytes with seq²")
+        elif output.any():
             assumptions.append(
                 f"the scores under {fn} have the bytes of its output [batch, seq, hidden] "
                 "(seq is the head dimension); in each call the scores are consumed inside it "
@@ -637,13 +691,14 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
             how[unsure] = AMBIGUOUS
             assumptions.append(
                 f"the scores under {fn} have the bytes of its output [batch, seq, hidden] "
-                "(the hidden size read off the weights: seq is the head dimension, or a "
-                "multiple of it by the dtypes' ratio); neither the sizes nor the order and "
+                "(the hidden size read off the weights, or off the activations where no "
+                "weights are named: seq is the head dimension, or a multiple of it by the "
+                "dtypes' ratio); neither the sizes nor the order and "
                 f"lifetimes within a call tell which of {int(unsure.sum()):,} blocks are "
                 "which, so they are grown with seq² (an upper bound)")
         framed = _framed(stack_ids, distinct, stacks)
         shaped = _score_shaped(rule, requested, scores,
-                               (grows | open_) & ~scores & ~taken, under, framed, sizes)
+                               (grows | open_) & ~scores & ~taken, under, framed, sizes, hidden)
         taken |= scores | shaped
         if shaped.any():
             e_b[shaped], e_s[shaped] = rule.batch, rule.seq
@@ -772,7 +827,7 @@ def identify_seq(blocks: pl.DataFrame, sizes: Mapping[str, Size], rules: Scaling
 
 def _score_shaped(rule: ScoreRule, requested: np.ndarray, scores: np.ndarray,
                   candidates: np.ndarray, under: np.ndarray, framed: np.ndarray,
-                  sizes: Mapping[str, Size]) -> np.ndarray:
+                  sizes: Mapping[str, Size], hidden: int | None = None) -> np.ndarray:
     """Among `candidates`, the blocks shaped like the score matrices found under an attention
     function (`scores`; `under`: made under that function): bytes / seq^e the scores' own
     batch × heads × dtype bytes times one of the rule's dtype ratios (the same dtype: their
@@ -780,7 +835,10 @@ def _score_shaped(rule: ScoreRule, requested: np.ndarray, scores: np.ndarray,
     that no block with Python frames (`framed`) makes outside the attention function: one
     that does says the size is an activation's too (at seq = ffn / heads an fp32
     [batch, seq, ffn] has the bytes of [batch, heads, seq, seq]), and then none of that size
-    is taken for scores."""
+    is taken for scores. Nor is a block under the function that has the bytes of its output
+    [batch, seq, hidden] (`_output_sized`): at seq = 2 × head dim under autocast the fp32
+    softmax is four times the bf16 output, the ratio of fp32 scores to a bool mask, and no
+    other block of the output's bytes need be made (hidden: as for `score_blocks`)."""
     out = np.zeros(len(requested), dtype=bool)
     if "seq" not in sizes:
         return out
@@ -789,12 +847,16 @@ def _score_shaped(rule: ScoreRule, requested: np.ndarray, scores: np.ndarray,
     quotients = {int(q) for q in found[found % square == 0] // square}
     whole = candidates & (requested % square == 0)
     per = requested.astype(np.float64) / square
-    elsewhere = set(requested[candidates & framed & ~under].tolist())
+    outside = requested[candidates & framed & ~under]
+    elsewhere = set(outside.tolist())
     for q in quotients:
         for r in rule.dtype_ratios:
             hit = whole & (per == q * r)
-            if hit.any() and int(requested[hit][0]) not in elsewhere:
-                out |= hit
+            if not hit.any() or int(requested[hit][0]) in elsewhere:
+                continue
+            if _output_sized(rule, int(requested[hit][0]), outside, hidden):
+                hit &= ~under  # the attention's output, not a copy of its scores
+            out |= hit
     return out
 
 
