@@ -35,3 +35,19 @@ def test_a_stated_seq_that_divides_every_activation_is_kept(tmp_path):
                                             ["batch=6:12", "seq=256:1024"])
     assert sized_for == ""
     assert abs(predicted / actual - 1) <= 0.10, (predicted, actual)
+
+
+def test_autocast_copies_of_weights_whose_bytes_are_no_block_size(tmp_path):
+    """AdamW's moments are `torch.zeros_like(p)`: the weight's bytes, not its block's (the
+    simulator sized them by the block: at hidden 2,800 a weight of 125,440,000 bytes has a
+    moment of 125,829,120, no weight's size, so the moments were taken for weights, the
+    weights' bytes trebled, and autocast's bf16 copies fell under half of them and grew with
+    the batch as activations: +30%, scale_fuzz seed 2 case 85)."""
+    job = Job(layers=4, hidden=2800, heads=35, vocab=11648, autocast=True, fused=True)
+    snap, _ = sized_job(4, 505, job=job)
+    blocks = [b for s in snap["segments"] for b in s["blocks"] if b["state"] != "inactive"]
+    sizes = sorted(b["requested_size"] for b in blocks if not b["frames"])
+    weights = sorted([job.vocab * job.hidden * 4] + [n * 4 for n in job.weights] * job.layers)
+    assert sizes == sorted(weights * 3)  # each weight and its two moments
+    predicted, actual, _ = _predict(tmp_path, job, (4, 505), (32, 505), ["batch=4:32"])
+    assert abs(predicted / actual - 1) <= 0.10, (predicted, actual)
