@@ -193,7 +193,8 @@ class Loop:
     turn, all of `chunk` units but the last (the rest of the `seq` units), every block a unit
     count × the site's bytes per unit. The units are sequence positions where the loop was
     found by the stated seq (`over` "seq"), else the largest that divides every chunk and
-    the rest (`over` "batch": found by its sizes alone, the tokens unknown). `rows[j]`: the
+    the rest, found by its sizes alone (`over` "batch": the tokens unknown; "seq tokens":
+    chunks of the packed batch × seq tokens, no whole number of sequences each). `rows[j]`: the
     growth rows of iteration j; `per_token`: a row's bytes per unit; `span`: the trace
     indices [start, end) of the last full iteration (the one repeated)."""
 
@@ -220,12 +221,15 @@ class Loop:
 
 
 def _site_loop(size: list[int], seq: int | None, batch: int | None
-               ) -> tuple[int, int, int] | None:
-    """(units covered, chunk units, bytes per unit) of one site's blocks in turn when they
-    are a chunk loop: k ≥ 2, equal but the last, which is smaller. With `seq`, their sum is
-    seq × a per-token size dividing each and k = ceil(seq / chunk); without it (`batch`
-    alone), k ≥ 3, the sum divides by the batch (every sample the same tokens) and the
-    units are the largest that divide the chunk and the rest."""
+               ) -> tuple[int, int, int, str] | None:
+    """(units covered, chunk units, bytes per unit, what the units are: `Loop.over`) of one
+    site's blocks in turn when they are a chunk loop: k ≥ 2, equal but the last, which is
+    smaller. With `seq`, their sum is seq × a per-token size dividing each and
+    k = ceil(seq / chunk); failing that, a chunk of the packed batch × seq tokens that is no
+    whole number of sequences (1,024 tokens of batch 18 × seq 128) has a sum dividing by seq
+    and shows itself as without a seq. Without `seq` (`batch` alone), the sum divides by the
+    batch (every sample the same tokens). Found by the sizes alone, k ≥ 3 and the units are
+    the largest that divide the chunk and the rest."""
     k = len(size)
     if k < 2 or len(set(size[:-1])) != 1 or size[-1] >= size[0]:
         return None
@@ -234,16 +238,18 @@ def _site_loop(size: list[int], seq: int | None, batch: int | None
         if total % seq:
             return None
         per = total // seq
-        if not per or size[0] % per or size[-1] % per:
-            return None
-        c = size[0] // per
-        return (seq, c, per) if 1 < c < seq and -(-seq // c) == k else None
-    # without a stated seq the sizes alone must show the loop: two full chunks at least
-    # (a line that makes a tensor and then a smaller one, a loss and its scalar, is two)
-    if batch is None or total % batch or k < 3:
+        if per and not size[0] % per and not size[-1] % per:
+            c = size[0] // per
+            if 1 < c < seq and -(-seq // c) == k:
+                return seq, c, per, "seq"
+    elif batch is None or total % batch:
+        return None
+    # the sizes alone must show the loop: two full chunks at least (a line that makes a
+    # tensor and then a smaller one, a loss and its scalar, is two)
+    if k < 3:
         return None
     per = math.gcd(size[0], size[-1])
-    return total // per, size[0] // per, per
+    return total // per, size[0] // per, per, "seq tokens" if seq is not None else "batch"
 
 
 def _leading_cast(size: list[int], free: list[int], weights: frozenset[int]) -> bool:
@@ -284,17 +290,16 @@ def chunk_loops(blocks: pl.DataFrame, seq: int | None, batch: int | None = None
             site = _site_loop(size, seq, batch)
         if site is None:
             continue
-        units, c, per = site
-        found.setdefault((len(size), units, c), []).append((per, rows, idx))
-        casts.setdefault((len(size), units, c), []).extend(cast)
+        units, c, per, over = site
+        found.setdefault((len(size), units, c, over), []).append((per, rows, idx))
+        casts.setdefault((len(size), units, c, over), []).extend(cast)
     loops = []
-    for (k, units, c), sites in found.items():
+    for (k, units, c, over), sites in found.items():
         rows = tuple(tuple(s[1][j] for s in sites) for j in range(k))
         starts = [min(s[2][j] for s in sites) for j in range(k)]
         per = {r: p for p, rs, _ in sites for r in rs}
-        loops.append(Loop(c, units, rows, per, (starts[-2], starts[-1]), starts[-1],
-                          "seq" if seq is not None else "batch",
-                          tuple(casts[(k, units, c)])))
+        loops.append(Loop(c, units, rows, per, (starts[-2], starts[-1]), starts[-1], over,
+                          tuple(casts[(k, units, c, over)])))
     return loops
 
 
