@@ -61,3 +61,15 @@ def test_chunks_of_packed_tokens_that_are_no_whole_sequences(tmp_path):
               frames="handwritten", fused=True, chunked_loss=True)
     predicted, actual, _ = _predict(tmp_path, job, (18, 128), (18, 768), ["seq=128:768"])
     assert abs(predicted / actual - 1) <= 0.10, (predicted, actual)
+
+
+def test_a_weight_cast_and_its_output_are_no_chunk_loop(tmp_path):
+    """Under autocast the lm_head's site makes the weight's bf16 copy (26,810 × 1,920 × 2
+    bytes) and then the logits ([128, 26,810] bf16): 120 and 8 tokens of 857,920 bytes, a
+    'loop' of two chunks over seq 128, so the logits were held at 8 tokens and the copy
+    grown as a chunk count (+40%, scale_fuzz seed 1 case 65)."""
+    job = Job(layers=2, hidden=1920, heads=24, vocab=26810, autocast=True, mode="inference",
+              frames="linear")
+    predicted, actual, _ = _predict(tmp_path, job, (1, 128), (3, 384),
+                                    ["batch=1:3", "seq=128:384"])
+    assert abs(predicted / actual - 1) <= 0.10, (predicted, actual)

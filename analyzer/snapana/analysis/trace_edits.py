@@ -252,16 +252,20 @@ def _site_loop(size: list[int], seq: int | None, batch: int | None
     return total // per, size[0] // per, per, "seq tokens" if seq is not None else "batch"
 
 
-def _leading_cast(size: list[int], free: list[int], weights: frozenset[int]) -> bool:
+def _leading_cast(size: list[int], free: list[int], weights: frozenset[int],
+                  family: str | None) -> bool:
     """Whether a site's first block is autocast's cast of a weight, made by a loop's first
     iteration: an op under autocast casts its fp32 weight through `cached_cast`
     (aten/src/ATen/autocast_mode.cpp) on its first use and keeps the cast in the autocast
     cache to the context's end, so the op's site makes it once, before its first output,
-    of a held weight's bytes over the dtype ratio, and holds it past the loop's chunks."""
+    of a held weight's bytes over the dtype ratio, and holds it past the loop's chunks; or
+    one the attribution named a copy (`family`: a forward's copies are dropped with its
+    output, not after it)."""
     from snapana.analysis.attribution.weight_copies import spec
 
-    return (len(size) >= 3 and free[0] >= max(free[1:])
-            and any(size[0] * ratio in weights for ratio in spec().ratios))
+    cast = spec()
+    return len(size) >= 2 and (family == cast.family or (
+        free[0] >= max(free[1:]) and any(size[0] * r in weights for r in cast.ratios)))
 
 
 def chunk_loops(blocks: pl.DataFrame, seq: int | None, batch: int | None = None
@@ -284,10 +288,13 @@ def chunk_loops(blocks: pl.DataFrame, seq: int | None, batch: int | None = None
         size, rows = g["requested"].to_list(), g["_row"].to_list()
         idx = g["alloc_idx"].to_list()
         cast: list[int] = []
-        site = _site_loop(size, seq, batch)
-        if site is None and _leading_cast(size, g[free].fill_null(NEVER).to_list(), weights):
+        # a leading cast is no chunk: taken for one, a cast and the op's output at one site
+        # pass for two chunks (the lm_head's bf16 copy of 26,810 × 1,920 and its logits
+        # [128, 26,810] are 120 and 8 tokens of 857,920 bytes)
+        if _leading_cast(size, g[free].fill_null(NEVER).to_list(), weights,
+                         g["family"][0] if "family" in g.columns else None):
             cast, size, rows, idx = rows[:1], size[1:], rows[1:], idx[1:]
-            site = _site_loop(size, seq, batch)
+        site = _site_loop(size, seq, batch)
         if site is None:
             continue
         units, c, per, over = site
