@@ -109,7 +109,7 @@ def command(seed: int, i: int) -> str:
 
 def _line(r: Row) -> str:
     return (f"{r.case.name():78} {' '.join(r.case.scale()):24} {r.error:+8.2%} "
-            f"held {r.held:6.1%}")
+            f"held {r.held:6.1%}" + (" (no fit given)" if r.refused else ""))
 
 
 def blocks(case: Case) -> None:
@@ -171,8 +171,9 @@ def main(argv: list[str]) -> int:
     failed = [r for _, r in found if abs(r.error) > BAR]
     band = f"band {min(errors):+.2%} … {max(errors):+.2%}" if errors else "no jobs"
     print(f"\nseed {args.seed}: {len(found)} jobs ({len(picked) - len(found)} out of memory, "
-          f"left out); {band}; {len(failed)} past ±{BAR:.0%} "
-          f"({time.monotonic() - began:.0f} s)")
+          f"left out); {band}; {len(failed)} past ±{BAR:.0%}"
+          + (f", of which {sum(r.refused for r in failed)} refuse a largest fit" if failed
+             else "") + f" ({time.monotonic() - began:.0f} s)")
     return 1 if failed else 0
 
 

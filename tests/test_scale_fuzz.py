@@ -4,13 +4,45 @@ simulator's own peak at the other size (its truth sidecar, recomputed here)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 from snapana.analysis.scaling import parse_sizes
 from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.sized import Job, sized_job
+
+from .conftest import ROOT
+
+
+def _fuzz() -> ModuleType:
+    """benchmarks/scale_fuzz.py (it imports scale_stress.py from its own folder)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("scale_fuzz",
+                                                  ROOT / "benchmarks" / "scale_fuzz.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+FUZZ = _fuzz()
+
+
+@pytest.mark.parametrize("i", range(6))
+def test_drawn_jobs_within_ten_percent(tmp_path, i):
+    """Seed 1's first six draws (case 6 is past 10%: a chunked loss recorded as one chunk,
+    see the report), each drawn the same way on every run, within 10% of the simulator."""
+    case = FUZZ.draw(1, i)
+    assert case == FUZZ.draw(1, i)
+    row = FUZZ.measure(case, tmp_path)
+    assert row is not None, case.name()
+    assert abs(row.error) <= FUZZ.BAR, f"{case.name()}: {row.error:+.2%}"
 
 
 def _predict(tmp: Path, job: Job, small: tuple[int, int], large: tuple[int, int],
