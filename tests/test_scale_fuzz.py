@@ -105,3 +105,23 @@ def test_a_weight_cast_and_its_output_are_no_chunk_loop(tmp_path):
     predicted, actual, _ = _predict(tmp_path, job, (1, 128), (3, 384),
                                     ["batch=1:3", "seq=128:384"])
     assert abs(predicted / actual - 1) <= 0.10, (predicted, actual)
+
+
+def test_packed_token_chunks_are_freed_in_turn():
+    """Found by sizes alone, a loop over packed tokens is only one whose blocks are each
+    freed before the site's next: 1,024 + 1,024 + 256 tokens of batch 18 × seq 128 are;
+    two kept score matrices and a smaller output at one site (sizes alike in kind) are
+    not."""
+    import polars as pl
+    from snapana.analysis.trace_edits import chunk_loops
+
+    per = 208443 * 4  # one token's fp32 logits
+    sizes = [1024 * per, 1024 * per, 256 * per]
+
+    def site(frees: list[int]) -> pl.DataFrame:
+        return pl.DataFrame({"site": [7] * 3, "alloc_idx": [0, 2, 4], "free_idx": frees,
+                             "requested": sizes})
+
+    (loop,) = chunk_loops(site([1, 3, 5]), 128)
+    assert (loop.over, len(loop.rows), loop.count(loop.seq)) == ("seq tokens", 3, 3)
+    assert chunk_loops(site([9, 10, 11]), 128) == []

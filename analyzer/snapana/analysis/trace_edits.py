@@ -220,16 +220,17 @@ class Loop:
         return max(1, round(self.seq * ratio))
 
 
-def _site_loop(size: list[int], seq: int | None, batch: int | None
+def _site_loop(size: list[int], seq: int | None, batch: int | None, in_turn: bool = False
                ) -> tuple[int, int, int, str] | None:
     """(units covered, chunk units, bytes per unit, what the units are: `Loop.over`) of one
     site's blocks in turn when they are a chunk loop: k ≥ 2, equal but the last, which is
     smaller. With `seq`, their sum is seq × a per-token size dividing each and
     k = ceil(seq / chunk); failing that, a chunk of the packed batch × seq tokens that is no
     whole number of sequences (1,024 tokens of batch 18 × seq 128) has a sum dividing by seq
-    and shows itself as without a seq. Without `seq` (`batch` alone), the sum divides by the
-    batch (every sample the same tokens). Found by the sizes alone, k ≥ 3 and the units are
-    the largest that divide the chunk and the rest."""
+    and each block freed before the next is made (`in_turn`: the loop's own chunks; layers'
+    kept scores and a smaller output at one site are not). Without `seq` (`batch` alone),
+    the sum divides by the batch (every sample the same tokens). Found by the sizes alone,
+    k ≥ 3 and the units are the largest that divide the chunk and the rest."""
     k = len(size)
     if k < 2 or len(set(size[:-1])) != 1 or size[-1] >= size[0]:
         return None
@@ -242,6 +243,8 @@ def _site_loop(size: list[int], seq: int | None, batch: int | None
             c = size[0] // per
             if 1 < c < seq and -(-seq // c) == k:
                 return seq, c, per, "seq"
+        if not in_turn:
+            return None
     elif batch is None or total % batch:
         return None
     # the sizes alone must show the loop: two full chunks at least (a line that makes a
@@ -282,8 +285,8 @@ def chunk_loops(blocks: pl.DataFrame, seq: int | None, batch: int | None = None
         pl.col("alloc_idx") >= 0).sort("alloc_idx")  # a failed request: the last chunk
     weights = frozenset(blocks.filter(pl.col("alloc_idx") < 0)["requested"].to_list())
     free = "free_idx" if "free_idx" in made.columns else "alloc_idx"
-    found: dict[tuple[int, int, int], list[tuple[int, list[int], list[int]]]] = {}
-    casts: dict[tuple[int, int, int], list[int]] = {}
+    found: dict[tuple[int, int, int, str], list[tuple[int, list[int], list[int]]]] = {}
+    casts: dict[tuple[int, int, int, str], list[int]] = {}
     for (_,), g in made.group_by("site", maintain_order=True):
         size, rows = g["requested"].to_list(), g["_row"].to_list()
         idx = g["alloc_idx"].to_list()
@@ -294,7 +297,9 @@ def chunk_loops(blocks: pl.DataFrame, seq: int | None, batch: int | None = None
         if _leading_cast(size, g[free].fill_null(NEVER).to_list(), weights,
                          g["family"][0] if "family" in g.columns else None):
             cast, size, rows, idx = rows[:1], size[1:], rows[1:], idx[1:]
-        site = _site_loop(size, seq, batch)
+        ends = g[free].fill_null(NEVER).to_list()[len(cast):]
+        site = _site_loop(size, seq, batch, free == "free_idx" and all(
+            ends[j] < idx[j + 1] for j in range(len(idx) - 1)))
         if site is None:
             continue
         units, c, per, over = site
