@@ -269,6 +269,11 @@ def mark_loop(growth: Growth, loop: Loop) -> Growth:
         why = (f"one chunk of {loop.chunk:,} tokens of a loop over the sequence "
                f"({len(loop.rows)} chunks at seq {loop.seq:,}): a larger batch or seq makes "
                "more chunks of this size, the last one the rest")
+    elif loop.over == "seq tokens":
+        why = (f"one chunk of a loop over the batch's packed tokens ({len(loop.rows)} chunks, "
+               "equal but the last, which is smaller, together of a size dividing by the "
+               "seq): a larger batch or seq makes more chunks of this size, the last one "
+               "the rest")
     else:
         why = (f"one chunk of a loop over the batch's tokens ({len(loop.rows)} chunks, equal "
                "but the last, which is smaller): a larger batch makes more chunks of this "

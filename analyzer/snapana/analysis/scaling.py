@@ -776,9 +776,10 @@ def identify_seq(blocks: pl.DataFrame, sizes: Mapping[str, Size], rules: Scaling
     """`sizes` with the recorded seq the blocks' sizes were made at, and why in words ("" when
     it is the stated one). A number that divides at least `rules.seq_chance` of the model
     state's bytes divides sizes by chance (8,192 = 2^13 divides most weights' bytes) and is
-    no evidence; then the number within `rules.seq_window` of it that divides the most bytes
-    of blocks whose family grows with seq (at least `rules.seq_least` of them), and is itself
-    evidence, is taken, and said."""
+    no evidence; where it leaves `rules.seq_least` of the bytes of blocks whose family grows
+    with seq undivided, the number within `rules.seq_window` of it that divides the most of
+    them (at least `rules.seq_least` of them among those the stated one does not divide),
+    and is itself evidence, is taken, and said."""
     out = dict(sizes)
     size = sizes.get("seq")
     if size is None or blocks.is_empty():
@@ -805,10 +806,18 @@ def identify_seq(blocks: pl.DataFrame, sizes: Mapping[str, Size], rules: Scaling
     cand = np.arange(max(1, stated - span), stated + span + 1, dtype=np.int64)
     cand = cand[cand != stated]
     sizes_g, counts = np.unique(req[grows], return_counts=True)
-    divides = (sizes_g[None, :] % cand[:, None] == 0) * (sizes_g * counts)[None, :]
-    covered = divides.sum(1)
+    weight = (sizes_g * counts)[None, :]
     total = int(req[grows].sum())
-    ok = (covered >= rules.seq_least * total) & (chance(cand) < rules.seq_chance)
+    # the stated seq's own sizes are the evidence against it: bytes it does not divide
+    # (a number near it, a product of the hidden size's and the batch's factors, divides
+    # sizes made at the stated seq too: 255 = 3 × 5 × 17 divides [6, 256, 1360])
+    undivided = sizes_g % stated != 0
+    if int((undivided * weight).sum()) < rules.seq_least * total:
+        return out, ""
+    divides = (sizes_g[None, :] % cand[:, None] == 0) * weight
+    covered = divides.sum(1)
+    beyond = (divides * undivided[None, :]).sum(1)
+    ok = (beyond >= rules.seq_least * total) & (chance(cand) < rules.seq_chance)
     note = (f"{stated:,} also divides {said:.0%} of the model state's bytes (weights, "
             "optimizer state), so a size dividing by it says nothing about seq")
     if not ok.any():

@@ -193,7 +193,8 @@ class Loop:
     turn, all of `chunk` units but the last (the rest of the `seq` units), every block a unit
     count × the site's bytes per unit. The units are sequence positions where the loop was
     found by the stated seq (`over` "seq"), else the largest that divides every chunk and
-    the rest (`over` "batch": found by its sizes alone, the tokens unknown). `rows[j]`: the
+    the rest, found by its sizes alone (`over` "batch": the tokens unknown; "seq tokens":
+    chunks of the packed batch × seq tokens, no whole number of sequences each). `rows[j]`: the
     growth rows of iteration j; `per_token`: a row's bytes per unit; `span`: the trace
     indices [start, end) of the last full iteration (the one repeated)."""
 
@@ -219,13 +220,17 @@ class Loop:
         return max(1, round(self.seq * ratio))
 
 
-def _site_loop(size: list[int], seq: int | None, batch: int | None
-               ) -> tuple[int, int, int] | None:
-    """(units covered, chunk units, bytes per unit) of one site's blocks in turn when they
-    are a chunk loop: k ≥ 2, equal but the last, which is smaller. With `seq`, their sum is
-    seq × a per-token size dividing each and k = ceil(seq / chunk); without it (`batch`
-    alone), k ≥ 3, the sum divides by the batch (every sample the same tokens) and the
-    units are the largest that divide the chunk and the rest."""
+def _site_loop(size: list[int], seq: int | None, batch: int | None, in_turn: bool = False
+               ) -> tuple[int, int, int, str] | None:
+    """(units covered, chunk units, bytes per unit, what the units are: `Loop.over`) of one
+    site's blocks in turn when they are a chunk loop: k ≥ 2, equal but the last, which is
+    smaller. With `seq`, their sum is seq × a per-token size dividing each and
+    k = ceil(seq / chunk); failing that, a chunk of the packed batch × seq tokens that is no
+    whole number of sequences (1,024 tokens of batch 18 × seq 128) has a sum dividing by seq
+    and each block freed before the next is made (`in_turn`: the loop's own chunks; layers'
+    kept scores and a smaller output at one site are not). Without `seq` (`batch` alone),
+    the sum divides by the batch (every sample the same tokens). Found by the sizes alone,
+    k ≥ 3 and the units are the largest that divide the chunk and the rest."""
     k = len(size)
     if k < 2 or len(set(size[:-1])) != 1 or size[-1] >= size[0]:
         return None
@@ -234,28 +239,36 @@ def _site_loop(size: list[int], seq: int | None, batch: int | None
         if total % seq:
             return None
         per = total // seq
-        if not per or size[0] % per or size[-1] % per:
+        if per and not size[0] % per and not size[-1] % per:
+            c = size[0] // per
+            if 1 < c < seq and -(-seq // c) == k:
+                return seq, c, per, "seq"
+        if not in_turn:
             return None
-        c = size[0] // per
-        return (seq, c, per) if 1 < c < seq and -(-seq // c) == k else None
-    # without a stated seq the sizes alone must show the loop: two full chunks at least
-    # (a line that makes a tensor and then a smaller one, a loss and its scalar, is two)
-    if batch is None or total % batch or k < 3:
+    elif batch is None or total % batch:
+        return None
+    # the sizes alone must show the loop: two full chunks at least (a line that makes a
+    # tensor and then a smaller one, a loss and its scalar, is two)
+    if k < 3:
         return None
     per = math.gcd(size[0], size[-1])
-    return total // per, size[0] // per, per
+    return total // per, size[0] // per, per, "seq tokens" if seq is not None else "batch"
 
 
-def _leading_cast(size: list[int], free: list[int], weights: frozenset[int]) -> bool:
+def _leading_cast(size: list[int], free: list[int], weights: frozenset[int],
+                  family: str | None) -> bool:
     """Whether a site's first block is autocast's cast of a weight, made by a loop's first
     iteration: an op under autocast casts its fp32 weight through `cached_cast`
     (aten/src/ATen/autocast_mode.cpp) on its first use and keeps the cast in the autocast
     cache to the context's end, so the op's site makes it once, before its first output,
-    of a held weight's bytes over the dtype ratio, and holds it past the loop's chunks."""
+    of a held weight's bytes over the dtype ratio, and holds it past the loop's chunks; or
+    one the attribution named a copy (`family`: a forward's copies are dropped with its
+    output, not after it)."""
     from snapana.analysis.attribution.weight_copies import spec
 
-    return (len(size) >= 3 and free[0] >= max(free[1:])
-            and any(size[0] * ratio in weights for ratio in spec().ratios))
+    cast = spec()
+    return len(size) >= 2 and (family == cast.family or (
+        free[0] >= max(free[1:]) and any(size[0] * r in weights for r in cast.ratios)))
 
 
 def chunk_loops(blocks: pl.DataFrame, seq: int | None, batch: int | None = None
@@ -272,29 +285,33 @@ def chunk_loops(blocks: pl.DataFrame, seq: int | None, batch: int | None = None
         pl.col("alloc_idx") >= 0).sort("alloc_idx")  # a failed request: the last chunk
     weights = frozenset(blocks.filter(pl.col("alloc_idx") < 0)["requested"].to_list())
     free = "free_idx" if "free_idx" in made.columns else "alloc_idx"
-    found: dict[tuple[int, int, int], list[tuple[int, list[int], list[int]]]] = {}
-    casts: dict[tuple[int, int, int], list[int]] = {}
+    found: dict[tuple[int, int, int, str], list[tuple[int, list[int], list[int]]]] = {}
+    casts: dict[tuple[int, int, int, str], list[int]] = {}
     for (_,), g in made.group_by("site", maintain_order=True):
         size, rows = g["requested"].to_list(), g["_row"].to_list()
         idx = g["alloc_idx"].to_list()
         cast: list[int] = []
-        site = _site_loop(size, seq, batch)
-        if site is None and _leading_cast(size, g[free].fill_null(NEVER).to_list(), weights):
+        # a leading cast is no chunk: taken for one, a cast and the op's output at one site
+        # pass for two chunks (the lm_head's bf16 copy of 26,810 × 1,920 and its logits
+        # [128, 26,810] are 120 and 8 tokens of 857,920 bytes)
+        if _leading_cast(size, g[free].fill_null(NEVER).to_list(), weights,
+                         g["family"][0] if "family" in g.columns else None):
             cast, size, rows, idx = rows[:1], size[1:], rows[1:], idx[1:]
-            site = _site_loop(size, seq, batch)
+        ends = g[free].fill_null(NEVER).to_list()[len(cast):]
+        site = _site_loop(size, seq, batch, free == "free_idx" and all(
+            ends[j] < idx[j + 1] for j in range(len(idx) - 1)))
         if site is None:
             continue
-        units, c, per = site
-        found.setdefault((len(size), units, c), []).append((per, rows, idx))
-        casts.setdefault((len(size), units, c), []).extend(cast)
+        units, c, per, over = site
+        found.setdefault((len(size), units, c, over), []).append((per, rows, idx))
+        casts.setdefault((len(size), units, c, over), []).extend(cast)
     loops = []
-    for (k, units, c), sites in found.items():
+    for (k, units, c, over), sites in found.items():
         rows = tuple(tuple(s[1][j] for s in sites) for j in range(k))
         starts = [min(s[2][j] for s in sites) for j in range(k)]
         per = {r: p for p, rs, _ in sites for r in rs}
-        loops.append(Loop(c, units, rows, per, (starts[-2], starts[-1]), starts[-1],
-                          "seq" if seq is not None else "batch",
-                          tuple(casts[(k, units, c)])))
+        loops.append(Loop(c, units, rows, per, (starts[-2], starts[-1]), starts[-1], over,
+                          tuple(casts[(k, units, c, over)])))
     return loops
 
 

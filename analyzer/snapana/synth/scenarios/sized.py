@@ -218,7 +218,7 @@ def _script(batch: int, seq: int, checkpointed: bool = False, job: Job = DEFAULT
             weights += [sim.malloc(n * FP32, None, family="parameters") for n in job.weights]
         if job.mode == "train":
             for w in list(weights):  # AdamW exp_avg, exp_avg_sq
-                size = next(b.size for b in sim.live_blocks() if b.address == w)
+                size = next(b.requested for b in sim.live_blocks() if b.address == w)
                 sim.malloc(size, None, family="optimizer_state")
                 sim.malloc(size, None, family="optimizer_state")
         start.append(len(sim.trace))
@@ -291,7 +291,7 @@ def _backward(sim: CachingAllocatorSim, job: Job, out: list[int], saved: list[in
             sim.advance(2000)
     sim.free(saved.pop())
     for w in weights:  # the update's temporaries, one parameter at a time
-        size = next(b.size for b in sim.live_blocks() if b.address == w)
+        size = next(b.requested for b in sim.live_blocks() if b.address == w)
         sim.free(sim.malloc(size, S.stack(OPTIM), family="optimizer_state"))
     for g in grads:  # zero_grad(set_to_none=True)
         sim.free(g)
