@@ -139,8 +139,27 @@ def _head_dim() -> list[Case]:
     ]
 
 
+def _small_seq() -> list[Case]:
+    """Seq below the head dim (benchmarks/scale_fuzz.py's draws): the scores [b, h, s, s]
+    are then smaller than the output [b, s, hidden], the largest block under the attention
+    function is the output, and the scores were grown linearly as their family (an
+    under-prediction, with nothing held: --fit would have over-promised). Found by their
+    order in each call (`_scores_before_softmax`). Errors before the fix in the comments."""
+    return [
+        Case(Job(layers=16, hidden=1536, heads=6, vocab=3777, frames="linear", mode="forward"),
+             (4, 116), (12, 696)),  # fuzz seed 2 case 45: -12.44%
+        Case(Job(layers=17, hidden=1760, heads=22, vocab=2048, frames="handwritten"),
+             (8, 32), (24, 256)),  # seed 3 case 35: -10.11%
+        Case(Job(layers=32, hidden=768, heads=12, vocab=53_501, frames="handwritten"),
+             (1, 27), (3, 432)),  # seed 3 case 142: -12.06%
+        # the weights held before the window have no family here: held 95%, no fit given
+        Case(Job(layers=3, hidden=768, heads=8, vocab=2048, frames="linear",
+                 mode="inference"), (3, 32), (3, 512)),  # seed 1 case 133: -12.26%
+    ]
+
+
 def grid() -> list[Case]:
-    return _axes() + _kinds() + _head_dim()
+    return _axes() + _kinds() + _head_dim() + _small_seq()
 
 
 #: Scores whose bytes are the attention output's (seq = head dim): told apart by their

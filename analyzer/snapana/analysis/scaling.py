@@ -118,6 +118,9 @@ class ScoreRule:
     #: where the scores have the output's bytes (seq = head dim), the output is told apart
     #: by the order and lifetimes within one call (`_outputs_after_softmax`)
     output_after_softmax: bool = False
+    #: the softmax's bytes over the scores' it is made from (`_scores_before_softmax`: where
+    #: seq is below the head dim, the scores are smaller than the output)
+    softmax_repeats: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,8 @@ def load_rules() -> ScalingRules:
                              s.get("shaped", ""), tuple(int(b) for b in s.get("output_bytes", ())),
                              bool(s.get("native", False)),
                              s.get("maker", "an unfused attention"),
-                             bool(s.get("output_after_softmax", False)))
+                             bool(s.get("output_after_softmax", False)),
+                             tuple(float(r) for r in s.get("softmax_repeats", ())))
                    for s in data.get("scores", []))
     steps = tuple(NextStep(n["id"], n.get("text", ""), bool(n.get("drop_scores", False)),
                            tuple(n.get("drop_families", ())), tuple(n.get("hold_families", ())),
@@ -559,15 +563,9 @@ def _outputs_after_softmax(blocks: pl.DataFrame, scores: np.ndarray, under: np.n
     n = blocks.height
     output = np.zeros(n, dtype=bool)
     sure = np.zeros(n, dtype=bool)
-    alloc = blocks["alloc_idx"].to_numpy()
     free = blocks["free_idx"].to_numpy()
-    made = np.flatnonzero((alloc >= 0) & (blocks["address"].to_numpy() >= 0))
-    order = made[np.argsort(alloc[made], kind="stable")]
-    inside = under[order].astype(np.int8)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], inside, [0]])))
-    for start, stop in zip(edges[::2], edges[1::2], strict=True):
-        end = alloc[order[stop]] if stop < len(order) else NEVER  # the call's end
-        rows = order[start:stop][scores[order[start:stop]]]
+    for call, end in _calls(blocks, under):
+        rows = call[scores[call]]
         kept = free[rows] >= end
         if kept.all():
             continue
@@ -582,6 +580,74 @@ def _outputs_after_softmax(blocks: pl.DataFrame, scores: np.ndarray, under: np.n
         sure[rows[out]] = False
         output[rows[out]] = True
     return output, sure
+
+
+def _calls(blocks: pl.DataFrame, under: np.ndarray) -> list[tuple[np.ndarray, int]]:
+    """The attention calls: each run of consecutive allocations (trace order, failed
+    requests left out) under the attention function (`under`), as its rows in order and
+    the trace index where it ends (the next allocation's; NEVER for the last)."""
+    alloc = blocks["alloc_idx"].to_numpy()
+    made = np.flatnonzero((alloc >= 0) & (blocks["address"].to_numpy() >= 0))
+    order = made[np.argsort(alloc[made], kind="stable")]
+    inside = under[order].astype(np.int8)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], inside, [0]])))
+    return [(order[start:stop], int(alloc[order[stop]]) if stop < len(order) else NEVER)
+            for start, stop in zip(edges[::2], edges[1::2], strict=True)]
+
+
+def _scores_before_softmax(rule: ScoreRule, blocks: pl.DataFrame, under: np.ndarray,
+                           candidates: np.ndarray, outside: np.ndarray,
+                           sizes: Mapping[str, Size], hidden: int | None) -> np.ndarray:
+    """The score matrices where they are not the largest blocks under the attention function
+    (seq below the head dim: [b, heads, s, s] is smaller than the output [b, s, hidden]),
+    from one call's order, as torch's `_scaled_dot_product_attention_math` and transformers'
+    `eager_attention_forward` write it: q·kᵀ (the scores), its softmax (the same elements:
+    its bytes the scores' times one of `rule.softmax_repeats`, fp32 from half under
+    autocast), then attn @ v, the output. In each call (`_calls`) of the `candidates`, the
+    scores are the first block that is shaped [batch, heads, seq, seq] (its bytes / seq² are
+    the batch × heads × a dtype's bytes of `rule.output_bytes`, the heads dividing the
+    hidden size read off the weights), is not output-sized (`_output_sized`; tokens × hidden
+    × a dtype's bytes), is freed inside the call (consumed: no backward saves them), and
+    whose size a later block of the call repeats (the softmax); the blocks of the call
+    from the scores on of their bytes times a dtype ratio, the output's size excepted, are
+    [batch, heads, seq, seq] too (a mask added, the softmax's half-precision copy, dropout).
+    Wherever a call shows no such order, none are taken (today's rule stands)."""
+    out = np.zeros(blocks.height, dtype=bool)
+    if "seq" not in sizes or not rule.softmax_repeats or not rule.output_bytes:
+        return out
+    seq = sizes["seq"].recorded
+    batch = sizes["batch"].recorded if "batch" in sizes else None
+    requested = blocks["requested"].to_numpy().astype(np.int64)
+    free = blocks["free_idx"].to_numpy()
+
+    def output_like(size: int) -> bool:
+        if hidden and batch:
+            return any(size == batch * seq * hidden * e for e in rule.output_bytes)
+        return _output_sized(rule, size, outside, hidden)
+
+    def shaped(size: int) -> bool:
+        per, rest = divmod(size, (batch or 1) * seq * seq)  # batch × heads × dtype bytes
+        if size <= 0 or rest or output_like(size):
+            return False
+        return any(per % e == 0 and (not hidden or not batch or hidden % (per // e) == 0)
+                   for e in rule.output_bytes)
+
+    for call, end in _calls(blocks, under):
+        rows = call[candidates[call]]
+        sizes_ = requested[rows]
+        for i, size in enumerate(sizes_.tolist()):
+            if free[rows[i]] >= end or not shaped(size):
+                continue
+            later = np.flatnonzero(np.isin(sizes_[i + 1:],
+                                           [size * r for r in rule.softmax_repeats]))
+            if not len(later):
+                continue
+            ratio = np.isin(sizes_[i:], [size * r for r in rule.dtype_ratios])
+            keep = np.array([bool(r) and not output_like(int(b))
+                             for r, b in zip(ratio, sizes_[i:].tolist(), strict=True)])
+            out[rows[i:][keep]] = True
+            break
+    return out
 
 
 def _framed(stack_ids: np.ndarray, distinct: np.ndarray, stacks: Any) -> np.ndarray:
@@ -640,9 +706,16 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         scores, hits, coincide = score_blocks(rule, stack_ids, requested, grows | open_,
                                               stacks, distinct, hidden)
         scores &= ~taken
+        under = np.isin(stack_ids, list(hits))
+        small = False
+        if not scores.any() and hits:  # the largest block is no score matrix: seq < head dim?
+            framed = _framed(stack_ids, distinct, stacks)
+            scores = _scores_before_softmax(rule, blocks, under, (grows | open_) & ~taken,
+                                            requested[framed & ~under & (grows | open_)],
+                                            sizes, hidden)
+            small = bool(scores.any())
         if not scores.any():
             continue
-        under = np.isin(stack_ids, list(hits))
         output = unsure = np.zeros(n, dtype=bool)
         if coincide:  # the output is told apart by its place in the call, or not at all
             # with the narrower blocks of the call (half-precision scores and output beside
@@ -666,6 +739,14 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         assumptions.append(rule.assumption.format(site=", ".join(sites[:3]) + more,
                                                   function=fn)
                            + f"; the smaller blocks under {fn} follow their family")
+        if small:
+            assumptions.append(
+                f"the largest blocks under {fn} are no score matrices (seq is below the head "
+                "dimension: [batch, heads, seq, seq] is smaller than the output [batch, seq, "
+                "hidden]); in each call the scores are the first block shaped batch × heads "
+                "× seq² that is consumed inside it and whose size a later block repeats (the "
+                f"softmax): {int(scores.sum()):,} blocks grow with seq², the output and q, k, "
+                "v as their family")
         if output.any() and coincide == COINCIDE_SOFTMAX:
             wide = int(requested[scores].max())
             assumptions.append(

@@ -32,6 +32,7 @@ class _Score(data_file.Table, frozen=True, kw_only=True):
     maker: str = "an unfused attention"
     shaped: str = ""
     output_after_softmax: bool = False
+    softmax_repeats: list[float] = []
 
 
 class _NextStep(data_file.Table, frozen=True, kw_only=True):
