@@ -755,9 +755,10 @@ def loss_chunks(blocks: pl.DataFrame, families: Sequence[str], backward: Sequenc
                 ) -> np.ndarray:
     """The rows of a loss's vocabulary-sized blocks (`families`, and blocks of their bytes)
     made in the window when every one is freed before the backward starts (the first block
-    of a `backward` family made after the last of them): a whole loss keeps its log-softmax
-    for the backward, a chunked or fused one (Liger's fused linear cross-entropy) frees each
-    chunk in the forward, so its blocks may be one chunk of a fixed size or the whole."""
+    of a `backward` family made after the last of them), the loss's own value aside: a
+    whole loss keeps its log-softmax for the backward (or, written by hand, what it saved),
+    a chunked or fused one (Liger's fused linear cross-entropy) frees each chunk in the
+    forward, so its blocks may be one chunk of a fixed size or the whole."""
     n = blocks.height
     alloc = blocks["alloc_idx"].to_numpy()
     fam = blocks["family"].fill_null("").to_numpy()
@@ -768,14 +769,21 @@ def loss_chunks(blocks: pl.DataFrame, families: Sequence[str], backward: Sequenc
     # the largest of them (within a dtype ratio of four) are the vocabulary's: a
     # [tokens, hidden] block the attribution named logits is not
     big = vocab & (req * 4 >= req[vocab].max())
+    free = blocks["free_idx"].fill_null(NEVER).to_numpy()
+    # a block of their bytes alive when the first is made is one too (the lm_head's output,
+    # named for its op, before the log-softmax named logits)
     first = int(alloc[big].min())
-    vocab = (alloc >= first) & (vocab | np.isin(req, req[big]))
+    same = (alloc >= 0) & np.isin(req, req[big])
+    first = int(alloc[same & (free >= first)].min())
+    vocab = (alloc >= first) & (vocab | same)
     after = (alloc > int(alloc[big].max())) & np.isin(fam, list(backward))
     if not after.any():
         return np.zeros(n, dtype=bool)
     start = int(alloc[after].min())
-    free = blocks["free_idx"].fill_null(NEVER).to_numpy()
-    if not bool((free[big] < start).all()):
+    # none of them, but the loss's own value (a scalar, or one per token), kept for the
+    # backward: a hand-written whole loss frees its temporaries and keeps what it saved
+    kept = vocab & (alloc < start) & (free >= start) & (req * 64 >= req[big].max())
+    if kept.any() or not bool((free[big] < start).all()):
         return np.zeros(n, dtype=bool)
     return vocab & (alloc < start) & (free < start)
 
