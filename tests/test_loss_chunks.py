@@ -17,7 +17,7 @@ from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.sized import Job, sized_job
 
-from .conftest import ROOT
+from .conftest import ROOT, SNAPSHOTS
 
 
 def _stress() -> ModuleType:
@@ -60,3 +60,18 @@ def test_a_whole_loss_still_grows(tmp_path):
     path, _ = write_snapshot(*sized_job(11, 48, job=job), tmp_path / "s.pickle")
     growth = Session.open(path).scaling(parse_sizes(["batch=11:22"])).growth
     assert not (growth.blocks["how"] == LOSS_CHUNK).any()
+
+
+@pytest.mark.parametrize("name,held", [
+    # cs336's hand-written cross_entropy_loss: frees its temporaries, keeps a [tokens,
+    # vocab]-sized block for the backward (a whole loss)
+    ("kkaitlyn111+cs336-a2-systems__memory_files_memory_ctx256_fullstep_.pickle", False),
+    ("lm-ctx128-fullstep-segment-free.pickle", False),
+])
+def test_corpus_losses(name, held):
+    """No whole loss of the corpus is taken for a chunked one."""
+    path = SNAPSHOTS / name
+    if not path.exists():
+        pytest.skip("corpus absent")
+    growth = Session.open(path).scaling(parse_sizes(["batch=1"])).growth
+    assert bool((growth.blocks["how"] == LOSS_CHUNK).any()) is held
