@@ -54,11 +54,14 @@ LARGEST = 1 << 50
 FAMILY, SCORES, CALIBRATED, UNCLASSIFIED, INDIVISIBLE, FACTORED, CHUNKS, AMBIGUOUS = (
     "family", "scores", "calibrated", "unclassified", "indivisible", "factored", "chunks",
     "ambiguous")
+#: How-value of a loss's vocabulary-sized blocks freed before the backward (`loss_chunks`):
+#: a chunk or the whole loss, not known; held at their recorded size.
+LOSS_CHUNK = "loss chunk"
 #: How-value of blocks sized for the padded token count (`[seq_evidence]` padding): kept at
 #: a smaller seq, grown from the padded count at a larger one.
 PADDED = "padded"
 #: How-values of blocks held at their recorded size although their family might grow.
-HELD_HOWS = (UNCLASSIFIED, INDIVISIBLE)
+HELD_HOWS = (UNCLASSIFIED, INDIVISIBLE, LOSS_CHUNK)
 #: How-values whose growth was read off the block's own size (or a second capture), not
 #: assumed from its family: the "derived" share of a prediction.
 DERIVED = (CALIBRATED, FACTORED)
@@ -179,6 +182,9 @@ class ScalingRules:
     checkpoint_backward: tuple[str, ...] = ()
     checkpoint_without_layers: tuple[str, ...] = ()
     padding: Padding = Padding()
+    #: `[loss_chunks]`: the families of a loss's vocabulary-sized blocks, and why they are held
+    loss_families: tuple[str, ...] = ()
+    loss_why: str = ""
 
 
 @lru_cache(maxsize=1)
@@ -225,7 +231,9 @@ def load_rules() -> ScalingRules:
                                         float(evidence.get("pad_most", 0.5)),
                                         str(evidence.get("padded", "")),
                                         str(evidence.get("padded_block", "")),
-                                        str(evidence.get("padded_share", ""))))
+                                        str(evidence.get("padded_share", ""))),
+                        loss_families=tuple(data.get("loss_chunks", {}).get("families", ())),
+                        loss_why=str(data.get("loss_chunks", {}).get("why", "")))
 
 
 @dataclass(frozen=True)
@@ -811,6 +819,9 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     if pad_rows.any():
         why[pad_rows] = rules.padding.block.format(padded=padded,
                                                    seq=sizes["seq"].recorded)
+    chunk = loss_chunks(blocks, rules.loss_families, rules.checkpoint_backward)
+    if chunk.any():
+        e_b[chunk], e_s[chunk], how[chunk], why[chunk] = 0, 0, LOSS_CHUNK, rules.loss_why
     table = blocks.select("alloc_idx", "address", "requested", "stack_id", "stream",
                           "family", "site", "free_idx").with_columns(
         pl.Series("e_batch", e_b), pl.Series("e_seq", e_s),
@@ -819,6 +830,43 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
         pl.Series("pad", np.where(pad_rows, padded, 0).astype(np.int64)))
     return Growth(table, dict(sizes), tuple(assumptions), sized_for=sized_for,
                   padded=padded)
+
+
+def loss_chunks(blocks: pl.DataFrame, families: Sequence[str], backward: Sequence[str]
+                ) -> np.ndarray:
+    """The rows of a loss's vocabulary-sized blocks (`families`, and blocks of their bytes)
+    made in the window when every one is freed before the backward starts (the first block
+    of a `backward` family made after the last of them), the loss's own value aside: a
+    whole loss keeps its log-softmax for the backward (or, written by hand, what it saved),
+    a chunked or fused one (Liger's fused linear cross-entropy) frees each chunk in the
+    forward, so its blocks may be one chunk of a fixed size or the whole."""
+    n = blocks.height
+    alloc = blocks["alloc_idx"].to_numpy()
+    fam = blocks["family"].fill_null("").to_numpy()
+    vocab = (alloc >= 0) & np.isin(fam, list(families))
+    if not vocab.any() or "free_idx" not in blocks.columns:
+        return np.zeros(n, dtype=bool)
+    req = blocks["requested"].to_numpy()
+    # the largest of them (within a dtype ratio of four) are the vocabulary's: a
+    # [tokens, hidden] block the attribution named logits is not
+    big = vocab & (req * 4 >= req[vocab].max())
+    free = blocks["free_idx"].fill_null(NEVER).to_numpy()
+    # a block of their bytes alive when the first is made is one too (the lm_head's output,
+    # named for its op, before the log-softmax named logits)
+    first = int(alloc[big].min())
+    same = (alloc >= 0) & np.isin(req, req[big])
+    first = int(alloc[same & (free >= first)].min())
+    vocab = (alloc >= first) & (vocab | same)
+    after = (alloc > int(alloc[big].max())) & np.isin(fam, list(backward))
+    if not after.any():
+        return np.zeros(n, dtype=bool)
+    start = int(alloc[after].min())
+    # none of them, but the loss's own value (a scalar, or one per token), kept for the
+    # backward: a hand-written whole loss frees its temporaries and keeps what it saved
+    kept = vocab & (alloc < start) & (free >= start) & (req * 64 >= req[big].max())
+    if kept.any() or not bool((free[big] < start).all()):
+        return np.zeros(n, dtype=bool)
+    return vocab & (alloc < start) & (free < start)
 
 
 def _padded(requested: np.ndarray, open_: np.ndarray, e_b: np.ndarray,
@@ -1098,4 +1146,12 @@ def shares(growth: Growth) -> Shares:
     if amb.any():
         o = np.lexsort((d[amb], t[amb]))
         by["ambiguous"] = int(np.cumsum(d[amb][o]).max())
+    # a loss's blocks held (`loss_chunks`) are freed before a training step's recorded peak:
+    # the most of them live at once count as held, wherever that is
+    lc = np.concatenate([how, how]) == LOSS_CHUNK
+    if lc.any():
+        o = np.lexsort((d[lc], t[lc]))
+        most = int(np.cumsum(d[lc][o]).max())
+        at_peak = int(req[alive & (how == LOSS_CHUNK)].sum())
+        by["held fixed"] = by.get("held fixed", 0) + max(0, most - at_peak)
     return Shares(int(req[alive].sum()), by)

@@ -52,6 +52,11 @@ class _Checkpointing(data_file.Table, frozen=True, kw_only=True):
     without_layers: list[str] = []
 
 
+class _LossChunks(data_file.Table, frozen=True, kw_only=True):
+    families: list[str] = []
+    why: str = ""
+
+
 class _SeqEvidence(data_file.Table, frozen=True, kw_only=True):
     window: float = 0.05
     chance: float = 0.25
@@ -93,6 +98,7 @@ class ScalingFile(data_file.Table, frozen=True, kw_only=True):
     fit_size: dict[str, list[str]] = {}
     whatif_flag: list[_WhatifFlag] = []
     checkpointing: _Checkpointing = _Checkpointing()
+    loss_chunks: _LossChunks = _LossChunks()
 
 
 @lru_cache(maxsize=1)

@@ -171,6 +171,8 @@ def _assumptions(p: SizePrediction) -> tuple[str, ...]:
                          "multiple of the stated size (derived from the size, not a rule)",
              "unclassified": "have no rule and are held fixed",
              "indivisible": "do not divide by the stated size and are held fixed",
+             "loss chunk": "are a loss's blocks freed before the backward starts (one chunk "
+                           "of a fixed size or the whole loss, not known) and are held fixed",
              "ambiguous": "have the bytes of score matrices and of the attention's output "
                           "alike (seq = head dim): grown with seq², an upper bound"}
     if p.growth.padded_seq():
