@@ -12,11 +12,17 @@ own peak allocated and, where a paper gives one, the formula:
   (benchmarks/parallel_layouts.py): layout changes, which `--calibrate` (a batch / seq
   exponent) does not measure ("—").
 
+- real (torch CPU trace), with `--real` (a few minutes: each capture is made here): the
+  profiler traces of small Hugging Face GPT-2 / Llama jobs that benchmarks/real_pairs.py makes
+  on the CPU, calibrated on the third size (truth: tests/trace_walk.py), and the
+  checkpointing replay against the checkpointed job's own trace.
+
 Then the error bands, uncalibrated and calibrated; exit 1 when any row is past 10% of the
 capture (1% of a formula).
 
     python benchmarks/how_big_fits.py          # everything (about a minute on 2 cores)
     python benchmarks/how_big_fits.py --quick  # a few rows of each kind
+    python benchmarks/how_big_fits.py --real   # and the real CPU traces' rows
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import checkpointing  # noqa: E402
 import parallel_layouts  # noqa: E402
+import real_pairs  # noqa: E402
 import scale_stress  # noqa: E402
 import size_pairs  # noqa: E402
 
@@ -112,8 +119,15 @@ def layout_lines(found: Iterable[parallel_layouts.Row]) -> list[Line]:
             for r in found]
 
 
-def lines(quick: bool = False) -> list[Line]:
-    """Every row, calibrated where a third capture exists (`quick`: a few of each kind)."""
+def real_lines(found: Iterable[real_pairs.Row]) -> list[Line]:
+    return [Line("real (torch CPU trace)", r.job.label(), real_pairs.change(r), r.predicted,
+                 r.captured, "" if r.calibrated_on is None else
+                 f"{r.job.knob}={r.calibrated_on:,}", r.calibrated) for r in found]
+
+
+def lines(quick: bool = False, real: bool = False) -> list[Line]:
+    """Every row, calibrated where a third capture exists (`quick`: a few of each kind;
+    `real`: with the real CPU traces' rows, made here)."""
     sets = tuple(s for s in size_pairs.SETS if s.name in ("kk forward fp32",
                                                           "bolongcheng xl forward fp32")) \
         if quick else size_pairs.SETS
@@ -122,7 +136,9 @@ def lines(quick: bool = False) -> list[Line]:
             *stress_lines(scale_stress.rows(cases, calibrate=True)),
             *checkpoint_lines(checkpointing.rows((256, 1024) if quick else checkpointing.SEQS,
                                                  calibrate=True)),
-            *layout_lines(parallel_layouts.rows())]
+            *layout_lines(parallel_layouts.rows()),
+            *(real_lines(real_pairs.rows(real_pairs.QUICK if quick else real_pairs.JOBS))
+              if real else [])]
 
 
 def _pct(x: float | None) -> str:
@@ -173,7 +189,7 @@ def table(found: list[Line]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    found = lines("--quick" in argv)
+    found = lines("--quick" in argv, "--real" in argv)
     print(table(found))
     return 0 if all(r.ok for r in found) else 1
 
