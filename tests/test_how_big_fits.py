@@ -98,9 +98,9 @@ def test_verdict_fails_a_row_past_the_bar(monkeypatch, capsys):
            HBF.Line("simulated", "calibrated under", "seq 1 → 2", 100, 100, "seq=3", 89),
            HBF.Line("formula", "off formula", "tp 1 → 2", 102, 102, formula=100)]
     assert good.ok and not any(r.ok for r in bad)
-    monkeypatch.setattr(HBF, "lines", lambda quick=False: [good])
+    monkeypatch.setattr(HBF, "lines", lambda quick=False, real=False: [good])
     assert HBF.main([]) == 0
-    monkeypatch.setattr(HBF, "lines", lambda quick=False: [good, *bad])
+    monkeypatch.setattr(HBF, "lines", lambda quick=False, real=False: [good, *bad])
     assert HBF.main([]) == 1
     out = capsys.readouterr().out
     assert "Uncalibrated: 4 rows, band +0.00% … +11.00%" in out
