@@ -27,7 +27,7 @@ def _trace(tmp: Path, autocast: bool) -> tuple[Path, list[int]]:
 
     torch.manual_seed(0)
     layers = []
-    for a, b in zip(WIDTHS, WIDTHS[1:]):
+    for a, b in zip(WIDTHS[:-1], WIDTHS[1:], strict=True):
         layers += [torch.nn.Linear(a, b), torch.nn.GELU()]
     model = torch.nn.Sequential(*layers).eval()
     x = torch.randn(3, 5, WIDTHS[0])
@@ -61,3 +61,29 @@ def test_trace_without_autocast_names_none(tmp_path: Path) -> None:
     path, _ = _trace(tmp_path, autocast=False)
     a = snapana.load(path)
     assert FAMILY not in a.blocks["family"].to_list()
+
+
+def test_checkpointing_frees_cached_copies_at_the_backward_start() -> None:
+    """Checkpointed, autograd no longer holds autocast's copies into the backward (the pack
+    hook keeps a handle): the replay frees them where the backward starts, as the cache's
+    exit does; without the `cached` family they stay held to their recorded free."""
+    import polars as pl
+    from snapana.analysis.replay import NEVER
+    from snapana.analysis.scaling import load_rules
+    from snapana.analysis.trace_edits import checkpoint_edit
+
+    # a forward of two layers (sites a, b each save one per layer) that casts one weight
+    # (event 0), then the backward: its first gradient at event 10, the copy freed at 20
+    rows = [("autocast_weight_copies", 0, 20, "w"), ("saved_activations", 1, 15, "a"),
+            ("saved_activations", 2, 16, "b"), ("saved_activations", 3, 17, "a"),
+            ("saved_activations", 4, 18, "b"), ("gradients", 10, NEVER, "g")]
+    blocks = pl.DataFrame({"family": [r[0] for r in rows], "alloc_idx": [r[1] for r in rows],
+                           "free_idx": [r[2] for r in rows], "site": [r[3] for r in rows],
+                           "address": list(range(len(rows))), "requested": [64] * len(rows)})
+    rules = load_rules()
+    assert "autocast_weight_copies" in rules.checkpoint_cached
+    edit = checkpoint_edit(blocks, rules.checkpoint_saved, rules.checkpoint_backward, None,
+                           rules.checkpoint_cached)
+    assert edit.moves.get(20) == 9  # freed right before the backward's first allocation
+    plain = checkpoint_edit(blocks, rules.checkpoint_saved, rules.checkpoint_backward, None)
+    assert 20 not in plain.moves
