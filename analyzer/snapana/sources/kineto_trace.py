@@ -74,12 +74,23 @@ class DeviceTypesFile(data_file.Table, frozen=True, kw_only=True):
     type: list[DeviceTypeEntry]
 
 
+class DtypeEntry(data_file.Table, frozen=True, kw_only=True):
+    """``[[dtype]]`` of op_casts.toml: an `Input type` name and its bytes per element."""
+
+    name: str
+    bytes: int
+
+
 class OpCastsFile(data_file.Table, frozen=True, kw_only=True):
     """op_casts.toml: the casts an op makes of its own arguments, as a trace shows them."""
 
     cast: str
     ops: frozenset[str]
-    itemsize: dict[str, int]
+    dtype: list[DtypeEntry]
+
+    @property
+    def itemsize(self) -> dict[str, int]:
+        return {d.name: d.bytes for d in self.dtype}
 
 
 data_file.schema("sources/op_casts.toml")(OpCastsFile)
@@ -387,6 +398,7 @@ def op_casts(shaped: list[_Shaped], events: list[_MemEvent], table: StackTable) 
     spec = op_casts_file()
     if not shaped:
         return
+    itemsize = spec.itemsize
     shaped.sort(key=lambda iv: (iv[0], -iv[1]))
     by_name: dict[str, tuple[list[float], list[_Shaped]]] = {}
     for iv in shaped:
@@ -404,11 +416,13 @@ def op_casts(shaped: list[_Shaped], events: list[_MemEvent], table: StackTable) 
             found[ev.stack_id] = parent[1] if parent and parent[0] == "<op>" \
                 and parent[1] in spec.ops else None
         op_name = found[ev.stack_id]
-        cast = op_name and _enclosing(by_name, spec.cast, ev.ts, ev.ts)
-        op = cast and _enclosing(by_name, op_name, cast[0], cast[1])
-        if not (cast and op and op_name and cast[3] and cast[4]):
+        if op_name is None:
             continue
-        size = _tensor_bytes(cast[3][0], cast[4][0], spec.itemsize)
+        cast = _enclosing(by_name, spec.cast, ev.ts, ev.ts)
+        op = cast and _enclosing(by_name, op_name, cast[0], cast[1])
+        if not (cast and op and cast[3] and cast[4]):
+            continue
+        size = _tensor_bytes(cast[3][0], cast[4][0], itemsize)
         at = tuple(i for i, d in enumerate(op[3]) if d == cast[3][0])
         if size is not None and at:
             ev.cast = (op_name, at, size)
