@@ -174,6 +174,9 @@ class CaptureMetadata(TypedDict, total=False):
     reserved_timeline: dict[int, Any]
     #: device -> {"allocated" / "reserved": per-event totals as the trace printed them}
     kineto_totals: dict[int, dict[str, Any]]
+    #: device -> {alloc event position: (op, the op's arguments the cast copied, by dims, and
+    #: their bytes)}: an op's casts of its own arguments (kineto traces with record_shapes)
+    op_casts: dict[int, dict[int, tuple[str, tuple[int, ...], int]]]
     trace: dict[str, Any]  # the trace's own metadata, bounded
     device_properties: Any  # kineto's deviceProperties, bounded
     sidecar: dict[str, Any]  # the recorder's run facts (reason, rank, versions, ...)

@@ -360,7 +360,7 @@ def _changes(window: Window) -> list[tuple[NextStep, Change]]:
         if step.checkpoint:
             rules = load_rules()
             edit = checkpoint_edit(blocks, rules.checkpoint_saved, rules.checkpoint_backward,
-                                   hidden_size(blocks))
+                                   hidden_size(blocks), rules.checkpoint_cached)
             edits = (edit,) if edit else ()
             if not edits:  # no layers told apart: the saved activations left out, said
                 rows |= set(np.flatnonzero(blocks["family"].is_in(

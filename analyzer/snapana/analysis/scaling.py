@@ -181,6 +181,7 @@ class ScalingRules:
     checkpoint_saved: tuple[str, ...] = ()
     checkpoint_backward: tuple[str, ...] = ()
     checkpoint_without_layers: tuple[str, ...] = ()
+    checkpoint_cached: tuple[str, ...] = ()
     padding: Padding = Padding()
     #: `[loss_chunks]`: the families of a loss's vocabulary-sized blocks, and why they are held
     loss_families: tuple[str, ...] = ()
@@ -227,6 +228,8 @@ def load_rules() -> ScalingRules:
                                                   .get("backward", ())),
                         checkpoint_without_layers=tuple(data.get("checkpointing", {})
                                                         .get("without_layers", ())),
+                        checkpoint_cached=tuple(data.get("checkpointing", {})
+                                                .get("cached", ())),
                         padding=Padding(int(evidence.get("pad_multiple", 64)),
                                         float(evidence.get("pad_most", 0.5)),
                                         str(evidence.get("padded", "")),

@@ -50,6 +50,7 @@ class _Checkpointing(data_file.Table, frozen=True, kw_only=True):
     saved: list[str] = []
     backward: list[str] = []
     without_layers: list[str] = []
+    cached: list[str] = []
 
 
 class _LossChunks(data_file.Table, frozen=True, kw_only=True):

@@ -95,7 +95,7 @@ def apply(events: pl.DataFrame, edits: Sequence[Edit]) -> pl.DataFrame:
 
 
 def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequence[str],
-                    hidden: int | None = None) -> Edit:
+                    hidden: int | None = None, cached: Sequence[str] = ()) -> Edit:
     """Activation checkpointing of the repeated blocks (torch.utils.checkpoint, non-reentrant:
     its pack hook keeps a handle, not the tensor, and saves the block's inputs; the first
     unpack in backward reruns the block's forward). `blocks`: the growth table. Saved for
@@ -105,7 +105,9 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
     of each site in layer j. Each layer keeps its input (its first block that divides by the
     `hidden` size × the tokens, or its first) and frees the rest at its last allocation; the
     largest layer's are made again at the backward's start and held through the backward
-    (the recompute of one block at a time)."""
+    (the recompute of one block at a time). Blocks of the `cached` families the forward made
+    and the backward freed are freed at the backward's start: what autograd saved of them the
+    pack hook no longer holds, and their cache lets them go when its context exits."""
     b = blocks.with_row_index("_row")
     start = b.filter(pl.col("family").is_in(list(backward)) & (pl.col("alloc_idx") >= 0))
     # a window that ends in the forward (its OOM): what is live at its end is saved
@@ -126,6 +128,11 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
         .alias("_layer")).sort("alloc_idx")
     moves: dict[int, int] = {}
     frees: dict[int, int] = {}
+    if start.height:
+        held = b.filter(pl.col("family").is_in(list(cached)) & (pl.col("alloc_idx") >= 0)
+                        & (pl.col("alloc_idx") < first) & (pl.col("free_idx") > first)
+                        & (pl.col("free_idx") < NEVER))
+        moves.update({int(f): first - 1 for f in held["free_idx"]})
     biggest, most = pl.DataFrame(), -1
     for (_,), layer in layered.group_by("_layer", maintain_order=True):
         inputs = layer.filter(pl.col("requested") % hidden == 0) if hidden else layer

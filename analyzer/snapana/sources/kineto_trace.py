@@ -13,6 +13,7 @@ the timeline starts at zero when profiling started.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from dataclasses import dataclass, field
@@ -73,6 +74,34 @@ class DeviceTypesFile(data_file.Table, frozen=True, kw_only=True):
     type: list[DeviceTypeEntry]
 
 
+class DtypeEntry(data_file.Table, frozen=True, kw_only=True):
+    """``[[dtype]]`` of op_casts.toml: an `Input type` name and its bytes per element."""
+
+    name: str
+    bytes: int
+
+
+class OpCastsFile(data_file.Table, frozen=True, kw_only=True):
+    """op_casts.toml: the casts an op makes of its own arguments, as a trace shows them."""
+
+    cast: str
+    ops: frozenset[str]
+    dtype: list[DtypeEntry]
+
+    @property
+    def itemsize(self) -> dict[str, int]:
+        return {d.name: d.bytes for d in self.dtype}
+
+
+data_file.schema("sources/op_casts.toml")(OpCastsFile)
+
+
+@lru_cache(maxsize=1)
+def op_casts_file() -> OpCastsFile:
+    """op_casts.toml, read once."""
+    return data_file.packaged("sources/op_casts.toml", OpCastsFile)
+
+
 @lru_cache(maxsize=1)
 def device_types() -> dict[int, DeviceType]:
     """The device types of device_types.toml by number: data, so a ROCm trace's 6 is read as
@@ -84,6 +113,7 @@ def device_types() -> dict[int, DeviceType]:
 # ----- collecting events ---------------------------------------------------------------------
 
 _Interval = tuple[float, float, int, str, str | None]
+_Shaped = tuple[float, float, str, list[Any], list[Any]]
 
 
 class _Bad(ValueError):
@@ -152,6 +182,8 @@ class _MemEvent:
     total_reserved: int | None
     device: tuple[int, int]
     stack_id: int = EMPTY_STACK
+    #: an op's cast of its own argument (`op_casts`): (op, argument positions, input bytes)
+    cast: tuple[str, tuple[int, ...], int] | None = None
 
     @classmethod
     def from_args(cls, order: int, ts: float, thread: tuple[str, str], name: str,
@@ -195,6 +227,8 @@ class _Collector:
     memory: list[_MemEvent] = field(default_factory=list)
     #: thread -> [(start, end, rank, name, "Call stack" of 2021-layout ops)]
     intervals: dict[tuple[str, str], list[_Interval]] = field(default_factory=dict)
+    #: thread -> [(start, end, name, Input Dims, Input type)] of op_casts.toml's ops
+    shaped: dict[tuple[str, str], list[_Shaped]] = field(default_factory=dict)
     n_events: int = 0
     n_bad: int = 0
     n_skipped: int = 0
@@ -224,6 +258,11 @@ class _Collector:
             call = (self._names.setdefault(raw_call, raw_call)
                     if isinstance(raw_call, str) and _text_ok(raw_call, 1 << 20) else None)
             self.intervals.setdefault(thread, []).append((ts, ts + dur, rank, name, call))
+            casts = op_casts_file()
+            if rank == 2 and (name == casts.cast or name in casts.ops) and isinstance(args, dict):
+                dims, types = args.get("Input Dims"), args.get("Input type")
+                if isinstance(dims, list) and isinstance(types, list):
+                    self.shaped.setdefault(thread, []).append((ts, ts + dur, name, dims, types))
         elif ph == "i" or ph == "I":
             marker = ev.get("name")
             if marker == _MEMORY or marker == _OOM:
@@ -331,6 +370,64 @@ def assign_stacks(intervals: list[_Interval], events: list[_MemEvent], table: St
         ev.stack_id = cached
 
 
+def _tensor_bytes(dims: Any, dtype: Any, itemsize: dict[str, int]) -> int | None:
+    """A tensor argument's bytes from its recorded dims and type; None when not one."""
+    if not isinstance(dims, list) or not dims or not isinstance(dtype, str) \
+            or dtype not in itemsize or not all(isinstance(d, int) and d > 0 for d in dims):
+        return None
+    return math.prod(dims) * itemsize[dtype]
+
+
+def _enclosing(by_name: dict[str, tuple[list[float], list[_Shaped]]], name: str, lo: float,
+               hi: float) -> _Shaped | None:
+    """The innermost interval called `name` that spans [lo, hi] (the latest to start); a
+    few steps back from the last one to start before `lo`, as same-name ops rarely nest."""
+    starts, ivs = by_name.get(name, ([], []))
+    i = bisect.bisect_right(starts, lo) - 1
+    for iv in ivs[max(i - 8, 0):i + 1][::-1]:
+        if hi <= iv[1]:
+            return iv
+    return None
+
+
+def op_casts(shaped: list[_Shaped], events: list[_MemEvent], table: StackTable) -> None:
+    """Mark each allocation made by an op's cast of its own argument (op_casts.toml): the
+    `aten::to` frame directly inside an op's frame. Why: autocast's `cached_cast` is such a
+    cast, and the argument it copied (which one, by its recorded dims) says whether it is the
+    op's weight, which a trace made after the model was built holds no block of."""
+    spec = op_casts_file()
+    if not shaped:
+        return
+    itemsize = spec.itemsize
+    shaped.sort(key=lambda iv: (iv[0], -iv[1]))
+    by_name: dict[str, tuple[list[float], list[_Shaped]]] = {}
+    for iv in shaped:
+        starts, ivs = by_name.setdefault(iv[2], ([], []))
+        starts.append(iv[0])
+        ivs.append(iv)
+    cast_frame, found = ("<op>", spec.cast, 0), {}
+    for ev in events:
+        if ev.nbytes <= 0:
+            continue
+        if ev.stack_id not in found:
+            frames = table.stack(ev.stack_id) if ev.stack_id != EMPTY_STACK else []
+            k = next((i for i, f in enumerate(frames) if tuple(f) == cast_frame), -1)
+            parent = frames[k + 1] if 0 <= k < len(frames) - 1 else None
+            found[ev.stack_id] = parent[1] if parent and parent[0] == "<op>" \
+                and parent[1] in spec.ops else None
+        op_name = found[ev.stack_id]
+        if op_name is None:
+            continue
+        cast = _enclosing(by_name, spec.cast, ev.ts, ev.ts)
+        op = cast and _enclosing(by_name, op_name, cast[0], cast[1])
+        if not (cast and op and cast[3] and cast[4]):
+            continue
+        size = _tensor_bytes(cast[3][0], cast[4][0], itemsize)
+        at = tuple(i for i, d in enumerate(op[3]) if d == cast[3][0])
+        if size is not None and at:
+            ev.cast = (op_name, at, size)
+
+
 # ----- the model -----------------------------------------------------------------------------
 
 def _int(v: Any) -> int | None:
@@ -404,6 +501,8 @@ class _DeviceBuild:
     unmatched_frees: int = 0
     reused_addrs: int = 0
     synthesized: int = 0
+    #: alloc event position -> its op cast (`op_casts`)
+    casts: dict[int, tuple[str, tuple[int, ...], int]] = field(default_factory=dict)
 
     def add(self, action: str, addr: int, size: int, ev: _MemEvent,
             device_free: int | None = None) -> None:
@@ -446,6 +545,8 @@ def build_device(dev: int, events: list[_MemEvent], counter: list[int]) -> _Devi
             elif addr in b.live:
                 b.reused_addrs += 1
             b.live[addr] = (size, ev.stack_id)
+            if ev.cast is not None:
+                b.casts[len(b.cols["idx"])] = ev.cast
             b.add("alloc", addr, size, ev)
             continue
         if addr is None:
@@ -553,7 +654,9 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
         by_thread.setdefault(ev.thread, []).append(ev)
     for thread, evs in by_thread.items():
         assign_stacks(collector.intervals.get(thread, []), evs, table)
+        op_casts(collector.shaped.get(thread, []), evs, table)
     collector.intervals.clear()
+    collector.shaped.clear()
 
     by_key: dict[tuple[int, int], list[_MemEvent]] = {}
     for ev in collector.memory:
@@ -565,6 +668,7 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
     blocks: list[pl.DataFrame] = []
     totals: dict[int, dict[str, np.ndarray | None]] = {}
     reserved_timeline: dict[int, np.ndarray] = {}
+    casts: dict[int, dict[int, tuple[str, tuple[int, ...], int]]] = {}
     no_addr = False
     for key, evs in sorted(by_key.items(), key=lambda kv: mapping[kv[0]]):
         dev = mapping[key]
@@ -584,6 +688,8 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
             addr = _next_synth(counter)
             b.live[addr] = (baseline, EMPTY_STACK)
         blocks.append(unsegmented_blocks(dev, b.live))
+        if b.casts:
+            casts[dev] = b.casts
         ev_frames.append(pl.DataFrame(b.cols, schema=EVENT_SCHEMA))
         totals[dev] = {"allocated": _totals_array(b.total_alloc),
                        "reserved": _totals_array(b.total_reserved)}
@@ -619,6 +725,9 @@ def from_events(path: Path, collector: _Collector, meta: dict[str, Any]) -> Capt
             # (modern GPU traces); replay has no segments to compute it from.
             "reserved_timeline": reserved_timeline,
             "trace": trace_meta,
+            # per device: alloc event position -> (op, which of its arguments the cast
+            # copied, by dims; that argument's bytes): an op's casts of its own arguments
+            "op_casts": casts,
             "device_properties": sanitize(meta.get("deviceProperties"), "deviceProperties"),
         },
     )

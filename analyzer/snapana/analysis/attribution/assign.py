@@ -682,8 +682,10 @@ class Attributor:
             cpp = [f[1] for f in stack if not is_python_file(f[0])]
             frames[int(sid)] = (bool(cpp), any(cast in name for name in cpp))
         follows = self._op_follows(blocks["stack_id"], blocks["alloc_idx"])
+        casts = self.capture.metadata.get("op_casts", {}).get(self.device, {})
         rows = [weight_copies.Row(int(req or size), fam, phase, idx is not None and idx >= 0,
-                                  *frames[int(sid)], after)
+                                  *frames[int(sid)], after,
+                                  casts.get(int(idx)) if idx is not None else None)
                 for req, size, fam, phase, idx, sid, after in zip(
                     blocks["requested_size"], blocks["size"], cols["family"], cols["phase"],
                     blocks["alloc_idx"], blocks["stack_id"], follows, strict=True)]

@@ -150,6 +150,9 @@ class CopySpec(data_file.Table, frozen=True, kw_only=True):
     follows_words: str
     weight_families: frozenset[str]
     held_unknown: bool
+    #: op -> the argument positions of its weight (a trace's recorded casts, op_casts.toml)
+    op_weights: dict[str, tuple[int, ...]]
+    op_why: str
 
 
 class StateCopiesSpec(data_file.Table, frozen=True, kw_only=True):

@@ -39,6 +39,9 @@ class Row:
     cpp: bool  # its stack records C++ frames
     cast: bool  # ... and the cast's own frame is among them
     follows: bool  # the device's next allocation was made at its (recorded) Python call site
+    #: a trace's record of the cast that made it (op, the op's argument positions whose dims
+    #: the cast's input has, that input's bytes); None where no op cast made it
+    op_cast: tuple[str, tuple[int, ...], int] | None = None
 
 
 def _weighs(r: Row, s: CopySpec) -> bool:
@@ -49,22 +52,53 @@ def _weighs(r: Row, s: CopySpec) -> bool:
         s.held_unknown and r.family == "unknown" and not r.made_in_window)
 
 
+def _op_weight(r: Row, s: CopySpec, ratio: int) -> int:
+    """The bytes of the weight a trace records this block was cast from (0 when not one):
+    the cast copied the op's weight argument, no other argument of the same dims, and the
+    block is the weight's bytes over `ratio`."""
+    if r.op_cast is None:
+        return 0
+    op, at, weight = r.op_cast
+    ok = len(at) == 1 and at[0] in s.op_weights.get(op, ()) and r.size * ratio == weight
+    return weight if ok else 0
+
+
+def _op_copies(rows: Sequence[Row], s: CopySpec, candidates: list[int]) -> dict[int, str]:
+    """Copies sized against the op's own record of its weight (a trace, no parameter block):
+    every candidate cast from a weight argument, at least `min_copies` of them."""
+    for ratio in s.ratios:
+        copies = [i for i in candidates if _op_weight(rows[i], s, ratio)]
+        if len(copies) < s.min_copies:
+            continue
+        out = {}
+        for i in copies:
+            op, at, weight = rows[i].op_cast or ("", (0,), 0)
+            out[i] = s.op_why.format(arg=at[0], op=op, weight=weight, ratio=ratio,
+                                     matched=len(copies),
+                                     follows=s.follows_words if s.op_follows else "")
+        return out
+    return {}
+
+
 def find(rows: Sequence[Row]) -> dict[int, str]:
     """Row index -> the reason, for each block that is one of autocast's weight copies;
-    nothing when the set does not show the signature (most weights' bytes copied)."""
+    nothing when the set does not show the signature (most weights' bytes copied). With no
+    parameter block held (a trace made after the model was built), the trace's own record
+    of each cast (`Row.op_cast`) sizes the copies instead."""
     s = spec()
     params = Counter(r.size for r in rows if _weighs(r, s))
     # a block held since before recording that nothing named weighs in the share only where
     # a copy is cast from it: optimizer moments are held unnamed too (a training step's), and
     # counted whole they would hide the copies of every weight
     named = Counter(r.size for r in rows if r.family in s.weight_families)
+    candidates = [i for i, r in enumerate(rows)
+                  if r.family in s.from_families and r.phase in s.phases and r.made_in_window
+                  and r.size > 0 and (r.cast or not r.cpp) and (r.follows or not s.op_follows)]
     if not params:
-        return {}
+        return _op_copies(rows, s, candidates)
     by_size: dict[int, list[int]] = {}
-    for i, r in enumerate(rows):
-        if (r.family in s.from_families and r.phase in s.phases and r.made_in_window
-                and r.size > 0 and (r.cast or not r.cpp) and (r.follows or not s.op_follows)):
-            by_size.setdefault(r.size, []).append(i)
+    for i in candidates:
+        by_size.setdefault(rows[i].size, []).append(i)
     for ratio in s.ratios:
         copies: list[int] = []
         for size, found in by_size.items():
