@@ -314,11 +314,11 @@ def chunk_loops(blocks: pl.DataFrame, seq: int | None, batch: int | None = None
         casts.setdefault((len(size), units, c, over), []).extend(cast)
     loops = []
     for (k, units, c, over), sites in found.items():
-        rows = tuple(tuple(s[1][j] for s in sites) for j in range(k))
+        turns = tuple(tuple(s[1][j] for s in sites) for j in range(k))
         starts = [min(s[2][j] for s in sites) for j in range(k)]
-        per = {r: p for p, rs, _ in sites for r in rs}
-        loops.append(Loop(c, units, rows, per, (starts[-2], starts[-1]), starts[-1], over,
-                          tuple(casts[(k, units, c, over)])))
+        per_row = {r: p for p, rs, _ in sites for r in rs}
+        loops.append(Loop(c, units, turns, per_row, (starts[-2], starts[-1]), starts[-1],
+                          over, tuple(casts[(k, units, c, over)])))
     return loops
 
 
