@@ -34,9 +34,10 @@ from snapana import data_file
 from snapana.analysis.attribution.lifetimes import attribute_lifetimes, carry_families
 from snapana.analysis.replay import NEVER
 from snapana.analysis.scaling_file import ScalingFile, same_step
+from snapana.analysis.sites import code_site_of
 from snapana.analysis.trace_edits import hidden_size
 from snapana.caching_allocator import ACTIVE_ALLOCATED
-from snapana.model import is_python_frame
+from snapana.model import is_kernel_frame, is_python_frame
 from snapana.units import ascii_int, fmt_bytes
 
 if TYPE_CHECKING:
@@ -375,9 +376,14 @@ def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> p
                                            o.requested_bytes, o.idx)).family, NEVER)
          for o in dr.ooms], schema=blocks.schema, orient="row")
     blocks = pl.concat([blocks, failed])
-    sites = {sid: attributor.site(sid) for sid in blocks["stack_id"].unique().to_list()}
+    ids = blocks["stack_id"].unique().to_list()
+    sites = {sid: attributor.site(sid) for sid in ids}
+    # the line of code that made each block (a trace's op frames left out): the checkpointing
+    # replay's layers are the lines that saved one tensor per layer (`checkpoint_edit`)
+    code = {sid: code_site_of(attributor.stacks.stack(sid)) for sid in ids}
     return blocks.with_columns(
-        pl.col("stack_id").replace_strict(sites, return_dtype=pl.Utf8).alias("site"))
+        pl.col("stack_id").replace_strict(sites, return_dtype=pl.Utf8).alias("site"),
+        pl.col("stack_id").replace_strict(code, return_dtype=pl.Utf8).alias("code_site"))
 
 
 def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str]) -> list[int]:
@@ -403,12 +409,12 @@ def _frames(stack: Sequence[Any]) -> tuple[tuple[str, str, int], ...]:
 
 def _rule_function(rule: ScoreRule, stack: Sequence[Any]) -> str | None:
     """The function of `stack` the score rule names: a Python frame's function, or for a
-    `native` rule the kernel a C++ frame names (the rule's first group: its name without
-    the namespace and arguments)."""
+    `native` rule the kernel a C++ frame or a profiler trace's op frame names (the rule's
+    first group: its name without the namespace and arguments)."""
     if not rule.native:
         return next((f for _, f, _ in _frames(stack) if rule.function.search(f)), None)
     for f in stack:
-        m = None if is_python_frame(f) else rule.function.search(str(f[1]))
+        m = rule.function.search(str(f[1])) if is_kernel_frame(f) else None
         if m:
             return m.group(1) if m.groups() else m.group(0)
     return None
@@ -823,7 +829,7 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     if chunk.any():
         e_b[chunk], e_s[chunk], how[chunk], why[chunk] = 0, 0, LOSS_CHUNK, rules.loss_why
     table = blocks.select("alloc_idx", "address", "requested", "stack_id", "stream",
-                          "family", "site", "free_idx").with_columns(
+                          "family", "site", "code_site", "free_idx").with_columns(
         pl.Series("e_batch", e_b), pl.Series("e_seq", e_s),
         pl.Series("how", how.tolist(), dtype=pl.Utf8),
         pl.Series("why", why.tolist(), dtype=pl.Utf8),

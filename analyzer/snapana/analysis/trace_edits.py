@@ -115,14 +115,17 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
                     & (pl.col("address") >= 0)).sort("alloc_idx")
     if kept.is_empty():
         return Edit(words="nothing made in the forward is held into the backward")
-    counts = kept.group_by("site").agg(pl.len().alias("k"), pl.col("requested").sum())
+    # a site is the line of code that made the block (`code_site`), not a trace's op frame:
+    # one `aten::mul` op frame holds every multiply of the model, one line each layer's
+    counts = kept.group_by(pl.col("code_site").alias("site")).agg(
+        pl.len().alias("k"), pl.col("requested").sum())
     k = _layer_count(counts)
     if k is None:
         return Edit(words="no site saves a tensor per layer: no repeated blocks to checkpoint")
     sites = counts.filter(pl.col("k") % k == 0)["site"]
     # a site called m times per layer: its blocks m at a time, in order, are layer j's
-    layered = kept.filter(pl.col("site").is_in(sites.implode())).with_columns(
-        (pl.int_range(pl.len()).over("site") // (pl.len().over("site") // k))
+    layered = kept.filter(pl.col("code_site").is_in(sites.implode())).with_columns(
+        (pl.int_range(pl.len()).over("code_site") // (pl.len().over("code_site") // k))
         .alias("_layer")).sort("alloc_idx")
     moves: dict[int, int] = {}
     frees: dict[int, int] = {}
