@@ -63,3 +63,50 @@ def test_checkpoint_layers_are_lines_not_op_frames() -> None:
         pl.Series("free_idx", [*frees, NEVER], dtype=pl.Int64))
     edit = checkpoint_edit(blocks, ["saved_activations"], ["gradients"])
     assert edit.words.startswith(f"{layers} repeated blocks (layers) found: 3 sites"), edit.words
+
+
+def test_a_norm_shared_by_every_layer_and_the_final_one_is_layered() -> None:
+    """A norm line every layer calls and the final norm calls once more (LlamaRMSNorm): 2
+    layers save 5 blocks there. Up to the last layer's end it saved 4, two a layer: its
+    blocks are the layers' and are freed at each layer's end, not held to the backward."""
+    rows: list[dict] = []
+
+    def save(line: str, size: int) -> None:
+        rows.append({"alloc_idx": len(rows), "address": 100 + len(rows), "requested": size,
+                     "family": "saved_activations", "site": "<op>:0 aten::mul",
+                     "code_site": f"model.py:{line}"})
+
+    for _ in range(2):
+        save("norm", 100)
+        save("proj", 300)
+        save("norm", 100)
+        save("mlp", 300)
+    save("norm", 100)  # the final norm, after the last layer
+    n = len(rows)
+    grad = {"alloc_idx": n, "address": 999, "requested": 8, "family": "gradients",
+            "site": "<op>:0 aten::mm", "code_site": "train.py:9"}
+    blocks = pl.DataFrame([*rows, grad]).with_columns(
+        pl.Series("free_idx", [2 * n + 1 - i for i in range(n)] + [NEVER], dtype=pl.Int64))
+    edit = checkpoint_edit(blocks, ["saved_activations"], ["gradients"])
+    # per layer: 4 saved, 1 kept (its first), 3 freed at the layer's end
+    assert len(edit.moves) == 2 * 3, edit.words
+    assert n - 1 not in edit.moves  # the final norm's block: saved as recorded
+    # each freed block is made again for its layer's backward, freed where it was
+    assert sorted(c.after for c in edit.copies) == sorted(edit.moves)
+
+
+def test_weight_gradients_read_by_the_optimizer_step_do_not_grow() -> None:
+    """A trace's window holds no weights (made before profiling: no mirror to count), so
+    every `gradients` block used to be taken for an activation's gradient and grown. The
+    ones alive where the optimizer step's first temporary is made are the weights' .grad
+    (the step reads them): held; the one freed in the backward grows."""
+    from snapana.analysis.scaling import _unmirrored
+
+    rules = load_rules()
+    mirrored, _, read_by = rules.mirrors["gradients"]
+    blocks = pl.DataFrame({
+        "alloc_idx": [0, 1, 2, 5], "requested": [64, 64, 64, 8],
+        "family": ["gradients", "gradients", "gradients", read_by[0]],
+        "free_idx": [9, 9, 3, 6]}, schema_overrides={"free_idx": pl.Int64})
+    assert _unmirrored(blocks, "gradients", mirrored, read_by) == [2]
+    assert sorted(_unmirrored(blocks, "gradients", mirrored)) == [0, 1, 2]

@@ -159,8 +159,10 @@ class ScalingRules:
     families: Mapping[str, tuple[int, int, str]]  # family -> (batch, seq, why)
     scores: tuple[ScoreRule, ...]
     next_steps: tuple[NextStep, ...]
-    #: family -> (families whose sizes it mirrors, the family a block of no such size is)
-    mirrors: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    #: family -> (families whose sizes it mirrors, the family a block of no such size is,
+    #: the families whose first block a block of it alive there is read by: a mirrored one)
+    mirrors: Mapping[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = field(
+        default_factory=dict)
     #: `[seq_evidence]`: how far from the stated seq to look, and the share of the model
     #: state's bytes past which dividing by a number is chance
     seq_window: float = 0.05
@@ -195,7 +197,7 @@ def load_rules() -> ScalingRules:
     data = data_file.checked(text, "analysis/scaling.toml", ScalingFile)
     families = {name: (int(f["batch"]), int(f["seq"]), str(f.get("why", "")))
                 for name, f in data.get("family", {}).items()}
-    mirrors = {name: (tuple(f["mirror"]), str(f["unmatched"]))
+    mirrors = {name: (tuple(f["mirror"]), str(f["unmatched"]), tuple(f.get("read_by") or ()))
                for name, f in data.get("family", {}).items() if "mirror" in f}
     scores = tuple(ScoreRule(s["id"], re.compile(s["function"]), int(s["batch"]),
                              int(s["seq"]), s["assumption"],
@@ -386,11 +388,14 @@ def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> p
         pl.col("stack_id").replace_strict(code, return_dtype=pl.Utf8).alias("code_site"))
 
 
-def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str]) -> list[int]:
+def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str],
+                read_by: Sequence[str] = ()) -> list[int]:
     """Rows of `family` that no block of the `mirrored` families accounts for: per size, the
     blocks beyond the count of mirrored blocks of that size, the shortest-lived first (a
     weight's .grad lives to the next zero_grad; an activation's gradient only through the
-    backward)."""
+    backward). A block alive where the first block of `read_by` is made (the optimizer
+    step reads it) is a mirrored one whatever the count: a trace's window may hold no
+    weights."""
     mirrors = (blocks.filter(pl.col("family").is_in(list(mirrored)))
                .group_by("requested").agg(pl.len().alias("_mirrors")))
     rows = (blocks.with_row_index("_row").filter(pl.col("family") == family)
@@ -400,6 +405,10 @@ def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str]) -> l
             .with_columns(pl.col("_life").rank("ordinal", descending=True)
                           .over("requested").alias("_rank"))
             .filter(pl.col("_rank") > pl.col("_mirrors")))
+    step = blocks.filter(pl.col("family").is_in(list(read_by)) & (pl.col("alloc_idx") >= 0))
+    if step.height:
+        at = int(step["alloc_idx"].min())
+        rows = rows.filter((pl.col("alloc_idx") >= at) | (pl.col("free_idx") <= at))
     return rows["_row"].to_list()
 
 
@@ -681,8 +690,8 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     n = blocks.height
     effective = blocks["family"].fill_null("")
     prefix = pl.Series([""] * n, dtype=pl.Utf8)
-    for family, (mirrored, unmatched) in rules.mirrors.items():
-        rows = _unmirrored(blocks, family, mirrored)
+    for family, (mirrored, unmatched, read_by) in rules.mirrors.items():
+        rows = _unmirrored(blocks, family, mirrored, read_by)
         effective = effective.scatter(rows, unmatched)
         prefix = prefix.scatter(rows, f"more {family} blocks of its size than "
                                       f"{' or '.join(mirrored)} blocks, and among the "

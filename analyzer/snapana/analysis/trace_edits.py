@@ -123,13 +123,21 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
     if k is None:
         return Edit(words="no site saves a tensor per layer: no repeated blocks to checkpoint")
     sites = counts.filter(pl.col("k") % k == 0)["site"]
+    # a site called in each layer and once more after the last (a norm module every layer
+    # and the final one share: LlamaRMSNorm): its blocks up to the last layer's end
+    end = _int(kept.filter(pl.col("code_site").is_in(sites.implode()))["alloc_idx"].max())
+    inside = kept.filter(~pl.col("code_site").is_in(sites.implode())
+                         & (pl.col("alloc_idx") <= end))
+    more = inside.group_by("code_site").len().filter(pl.col("len") % k == 0)["code_site"]
     # a site called m times per layer: its blocks m at a time, in order, are layer j's
-    layered = kept.filter(pl.col("code_site").is_in(sites.implode())).with_columns(
+    layered = kept.filter(pl.col("code_site").is_in(sites.implode())
+                          | (pl.col("code_site").is_in(more.implode())
+                             & (pl.col("alloc_idx") <= end))).with_columns(
         (pl.int_range(pl.len()).over("code_site") // (pl.len().over("code_site") // k))
         .alias("_layer")).sort("alloc_idx")
     moves: dict[int, int] = {}
     frees: dict[int, int] = {}
-    biggest, most = pl.DataFrame(), -1
+    again: list[Copy] = []
     for (_,), layer in layered.group_by("_layer", maintain_order=True):
         inputs = layer.filter(pl.col("requested") % hidden == 0) if hidden else layer
         keep = int((inputs if inputs.height else layer)["alloc_idx"][0])
@@ -138,21 +146,20 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
         moves.update({int(f): end for f in rest["free_idx"] if f < NEVER})
         frees.update({int(a): end for a, f in zip(rest["alloc_idx"], rest["free_idx"],
                                                     strict=True) if f >= NEVER})
-        if int(rest["requested"].sum()) > most:
-            biggest, most = rest, int(rest["requested"].sum())
-    # the last layer's backward starts where its first saved tensor is freed: its forward
-    # is rerun there; one layer's rerun is live until the last layer's backward is done
-    # (the window ends before the backward frees any: from the backward's start to its end)
-    done = layered.filter(pl.col("free_idx") < NEVER)["free_idx"]
+        # the layer's backward starts where the backward frees its first saved tensor: its
+        # forward is rerun there (the first unpack), and each tensor it saves again is
+        # freed where the backward freed the recorded one (unpacked once, then dropped)
+        done = layer.filter(pl.col("free_idx") < NEVER)["free_idx"]
+        rerun = _int(done.min()) if done.len() else first
+        again += [Copy((int(a),), rerun, int(f) if f < NEVER else None)
+                  for a, f in zip(rest["alloc_idx"], rest["free_idx"], strict=True)]
     if not start.height:
-        return Edit(moves, frees, (), _said(k, sites.len(), layered.height, 0, None),
+        return Edit(moves, frees, (), _said(k, sites.len() + more.len(), layered.height,
+                                            False),
                     caveat="the recompute of one block in the backward, which the window "
                            "ends before")
-    copy = Copy(tuple(int(i) for i in biggest["alloc_idx"]),
-                _int(done.min()) if done.len() else first,
-                _int(done.max()) if done.len() else None)
-    return Edit(moves, frees, (copy,),
-                _said(k, sites.len(), layered.height, biggest.height, copy.before))
+    return Edit(moves, frees, tuple(again),
+                _said(k, sites.len() + more.len(), layered.height, True))
 
 
 def _layer_count(counts: pl.DataFrame, share: float = 0.9) -> int | None:
@@ -168,15 +175,17 @@ def _layer_count(counts: pl.DataFrame, share: float = 0.9) -> int | None:
     return max(c for c in cand if cover[c] >= share * best)
 
 
-def _said(k: int, sites: int, blocks: int, again: int, at: int | None) -> str:
+def _said(k: int, sites: int, blocks: int, backward: bool) -> str:
     """What the checkpointing replay found and did, in words."""
     out = (f"{k} repeated blocks (layers) found: {sites} sites saved {k} tensors for the "
-           "backward, or a multiple of it (an op run more than once a layer); each layer "
+           "backward, or a multiple of it (an op run more than once a layer; a site also called "
+           "after the last layer, as a norm every layer and the final one share, counted "
+           "up to the last layer's end); each layer "
            f"keeps its input and frees the other {blocks - k:,} at its end")
-    if at is None:
+    if not backward:
         return out + "; the window ends before the backward"
-    return out + (f", and the largest layer's {again} are made again when the last "
-                  f"layer's backward starts (event {at:,}) and held through it")
+    return out + (", and makes them again when the backward reaches it (its first saved "
+                  "tensor freed), each freed where the backward freed the recorded one")
 
 
 
