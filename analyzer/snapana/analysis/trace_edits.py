@@ -100,12 +100,14 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
     its pack hook keeps a handle, not the tensor, and saves the block's inputs; the first
     unpack in backward reruns the block's forward). `blocks`: the growth table. Saved for
     backward: blocks of the `saved` families made in the window before the backward's start
-    (the first allocation of a `backward` family) and freed after it. The layers: the sites
-    that saved the same count K ≥ 2 of them (the count most of those bytes share), the j-th
-    of each site in layer j. Each layer keeps its input (its first block that divides by the
-    `hidden` size × the tokens, or its first) and frees the rest at its last allocation; the
-    largest layer's are made again at the backward's start and held through the backward
-    (the recompute of one block at a time)."""
+    (the first allocation of a `backward` family) and freed after it. The layers: the lines
+    of code (`code_site`) that saved the same count K ≥ 2 of them (the count most of those
+    bytes share), the j-th of each line in layer j; a line that saved K·m + r counts its
+    blocks up to the last layer's end where those are a multiple of K (a final norm). Each
+    layer keeps its input (its first block that divides by the `hidden` size × the tokens,
+    or its first) and frees the rest at its last allocation; they are made again where the
+    backward reaches the layer (its first saved block freed: the recompute) and each freed
+    where the recorded one was (unpacked once, then dropped)."""
     b = blocks.with_row_index("_row")
     start = b.filter(pl.col("family").is_in(list(backward)) & (pl.col("alloc_idx") >= 0))
     # a window that ends in the forward (its OOM): what is live at its end is saved
