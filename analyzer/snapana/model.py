@@ -162,6 +162,22 @@ def is_python_frame(frame: Frame) -> bool:
     return is_python_file(frame[0])
 
 
+#: the pseudo-file of a profiler trace's op frames (sources/kineto_trace.py `op_frame`): the
+#: frame's function is the operator's schema name (`aten::mm`), not a line of Python
+OP_FILE = "<op>"
+#: a profiler trace's pseudo-frames (`op_frame`): an op, a Python event with no file:line (a
+#: module instance, `nn.Module: GPT2Block_0`) and a user annotation (record_function). They
+#: name the op or the layer, not the line that made a block.
+PROFILER_FILES = frozenset({OP_FILE, "<python>", "<annotation>"})
+
+
+def is_kernel_frame(frame: Frame) -> bool:
+    """A frame that names a kernel, not a line of code: a C++ frame of a snapshot's stack
+    (`at::native::mm`) or a profiler trace's op frame (`aten::mm`). One predicate, so a rule
+    keyed on a kernel reads both captures alike."""
+    return not is_python_frame(frame) or frame[0] == OP_FILE
+
+
 class CaptureMetadata(TypedDict, total=False):
     """What a source knows of its capture beyond the tables (issue 68: it was an untyped
     dict): each key, who writes it and what it holds. A dict at run time, so an export

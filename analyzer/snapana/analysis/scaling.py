@@ -34,9 +34,10 @@ from snapana import data_file
 from snapana.analysis.attribution.lifetimes import attribute_lifetimes, carry_families
 from snapana.analysis.replay import NEVER
 from snapana.analysis.scaling_file import ScalingFile, same_step
+from snapana.analysis.sites import code_site_of
 from snapana.analysis.trace_edits import hidden_size
 from snapana.caching_allocator import ACTIVE_ALLOCATED
-from snapana.model import is_python_frame
+from snapana.model import is_kernel_frame, is_python_frame
 from snapana.units import ascii_int, fmt_bytes
 
 if TYPE_CHECKING:
@@ -158,8 +159,10 @@ class ScalingRules:
     families: Mapping[str, tuple[int, int, str]]  # family -> (batch, seq, why)
     scores: tuple[ScoreRule, ...]
     next_steps: tuple[NextStep, ...]
-    #: family -> (families whose sizes it mirrors, the family a block of no such size is)
-    mirrors: Mapping[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    #: family -> (families whose sizes it mirrors, the family a block of no such size is,
+    #: the families whose first block a block of it alive there is read by: a mirrored one)
+    mirrors: Mapping[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = field(
+        default_factory=dict)
     #: `[seq_evidence]`: how far from the stated seq to look, and the share of the model
     #: state's bytes past which dividing by a number is chance
     seq_window: float = 0.05
@@ -195,7 +198,7 @@ def load_rules() -> ScalingRules:
     data = data_file.checked(text, "analysis/scaling.toml", ScalingFile)
     families = {name: (int(f["batch"]), int(f["seq"]), str(f.get("why", "")))
                 for name, f in data.get("family", {}).items()}
-    mirrors = {name: (tuple(f["mirror"]), str(f["unmatched"]))
+    mirrors = {name: (tuple(f["mirror"]), str(f["unmatched"]), tuple(f.get("read_by") or ()))
                for name, f in data.get("family", {}).items() if "mirror" in f}
     scores = tuple(ScoreRule(s["id"], re.compile(s["function"]), int(s["batch"]),
                              int(s["seq"]), s["assumption"],
@@ -378,16 +381,24 @@ def window_blocks(attributor: Attributor, dr: DeviceReplay, moment: Moment) -> p
                                            o.requested_bytes, o.idx)).family, NEVER)
          for o in dr.ooms], schema=blocks.schema, orient="row")
     blocks = pl.concat([blocks, failed])
-    sites = {sid: attributor.site(sid) for sid in blocks["stack_id"].unique().to_list()}
+    ids = blocks["stack_id"].unique().to_list()
+    sites = {sid: attributor.site(sid) for sid in ids}
+    # the line of code that made each block (a trace's op frames left out): the checkpointing
+    # replay's layers are the lines that saved one tensor per layer (`checkpoint_edit`)
+    code = {sid: code_site_of(attributor.stacks.stack(sid)) for sid in ids}
     return blocks.with_columns(
-        pl.col("stack_id").replace_strict(sites, return_dtype=pl.Utf8).alias("site"))
+        pl.col("stack_id").replace_strict(sites, return_dtype=pl.Utf8).alias("site"),
+        pl.col("stack_id").replace_strict(code, return_dtype=pl.Utf8).alias("code_site"))
 
 
-def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str]) -> list[int]:
+def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str],
+                read_by: Sequence[str] = ()) -> list[int]:
     """Rows of `family` that no block of the `mirrored` families accounts for: per size, the
     blocks beyond the count of mirrored blocks of that size, the shortest-lived first (a
     weight's .grad lives to the next zero_grad; an activation's gradient only through the
-    backward)."""
+    backward). A block alive where the first block of `read_by` is made (the optimizer
+    step reads it) is a mirrored one whatever the count: a trace's window may hold no
+    weights."""
     mirrors = (blocks.filter(pl.col("family").is_in(list(mirrored)))
                .group_by("requested").agg(pl.len().alias("_mirrors")))
     rows = (blocks.with_row_index("_row").filter(pl.col("family") == family)
@@ -397,6 +408,10 @@ def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str]) -> l
             .with_columns(pl.col("_life").rank("ordinal", descending=True)
                           .over("requested").alias("_rank"))
             .filter(pl.col("_rank") > pl.col("_mirrors")))
+    step = blocks.filter(pl.col("family").is_in(list(read_by)) & (pl.col("alloc_idx") >= 0))
+    if step.height:
+        at = int(step["alloc_idx"].min())
+        rows = rows.filter((pl.col("alloc_idx") >= at) | (pl.col("free_idx") <= at))
     return rows["_row"].to_list()
 
 
@@ -406,12 +421,12 @@ def _frames(stack: Sequence[Any]) -> tuple[tuple[str, str, int], ...]:
 
 def _rule_function(rule: ScoreRule, stack: Sequence[Any]) -> str | None:
     """The function of `stack` the score rule names: a Python frame's function, or for a
-    `native` rule the kernel a C++ frame names (the rule's first group: its name without
-    the namespace and arguments)."""
+    `native` rule the kernel a C++ frame or a profiler trace's op frame names (the rule's
+    first group: its name without the namespace and arguments)."""
     if not rule.native:
         return next((f for _, f, _ in _frames(stack) if rule.function.search(f)), None)
     for f in stack:
-        m = None if is_python_frame(f) else rule.function.search(str(f[1]))
+        m = rule.function.search(str(f[1])) if is_kernel_frame(f) else None
         if m:
             return m.group(1) if m.groups() else m.group(0)
     return None
@@ -678,8 +693,8 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     n = blocks.height
     effective = blocks["family"].fill_null("")
     prefix = pl.Series([""] * n, dtype=pl.Utf8)
-    for family, (mirrored, unmatched) in rules.mirrors.items():
-        rows = _unmirrored(blocks, family, mirrored)
+    for family, (mirrored, unmatched, read_by) in rules.mirrors.items():
+        rows = _unmirrored(blocks, family, mirrored, read_by)
         effective = effective.scatter(rows, unmatched)
         prefix = prefix.scatter(rows, f"more {family} blocks of its size than "
                                       f"{' or '.join(mirrored)} blocks, and among the "
@@ -826,7 +841,7 @@ def decide(blocks: pl.DataFrame, stacks: Any, sizes: Mapping[str, Size],
     if chunk.any():
         e_b[chunk], e_s[chunk], how[chunk], why[chunk] = 0, 0, LOSS_CHUNK, rules.loss_why
     table = blocks.select("alloc_idx", "address", "requested", "stack_id", "stream",
-                          "family", "site", "free_idx").with_columns(
+                          "family", "site", "code_site", "free_idx").with_columns(
         pl.Series("e_batch", e_b), pl.Series("e_seq", e_s),
         pl.Series("how", how.tolist(), dtype=pl.Utf8),
         pl.Series("why", why.tolist(), dtype=pl.Utf8),

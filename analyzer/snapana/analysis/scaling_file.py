@@ -18,6 +18,7 @@ class _FamilyScale(data_file.Table, frozen=True, kw_only=True):
     why: str = ""
     mirror: list[str] | None = None
     unmatched: str | None = None
+    read_by: list[str] | None = None
 
 
 class _Score(data_file.Table, frozen=True, kw_only=True):

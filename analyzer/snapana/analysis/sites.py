@@ -7,7 +7,7 @@ fallback grouping when no rule pack names a family.
 from __future__ import annotations
 
 from snapana.limits import MAX_FRAME_TEXT
-from snapana.model import Frame, is_python_frame
+from snapana.model import PROFILER_FILES, Frame, is_python_frame
 from snapana.units import shown_name
 
 #: Path fragments of code that allocates on behalf of its caller.
@@ -51,6 +51,16 @@ def site_of(stack: tuple[Frame, ...]) -> str:
     user = [f for f in python if not is_internal(f)]
     informative = [f for f in user if f[1] not in GENERIC_HELPERS]
     return format_frame((informative or user or python)[0])
+
+
+def code_site_of(stack: tuple[Frame, ...]) -> str:
+    """`site_of` over the stack's code frames alone: a profiler trace's pseudo-frames
+    (`<op>` aten::mul, `<python>` module instances) left out, since they name the op, not
+    the line (every `aten::mul` of a model is one op frame; each layer's call of it is one
+    line of its module's forward). A snapshot's stack has none, so its site is `site_of`'s;
+    a stack of pseudo-frames only keeps `site_of`'s."""
+    code = tuple(f for f in stack if f[0] not in PROFILER_FILES)
+    return site_of(code if any(is_python_frame(f) for f in code) else stack)
 
 
 def format_frame(frame: Frame) -> str:

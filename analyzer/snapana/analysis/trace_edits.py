@@ -100,14 +100,17 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
     its pack hook keeps a handle, not the tensor, and saves the block's inputs; the first
     unpack in backward reruns the block's forward). `blocks`: the growth table. Saved for
     backward: blocks of the `saved` families made in the window before the backward's start
-    (the first allocation of a `backward` family) and freed after it. The layers: the sites
-    that saved the same count K ≥ 2 of them (the count most of those bytes share), the j-th
-    of each site in layer j. Each layer keeps its input (its first block that divides by the
-    `hidden` size × the tokens, or its first) and frees the rest at its last allocation; the
-    largest layer's are made again at the backward's start and held through the backward
-    (the recompute of one block at a time). Blocks of the `cached` families the forward made
-    and the backward freed are freed at the backward's start: what autograd saved of them the
-    pack hook no longer holds, and their cache lets them go when its context exits."""
+    (the first allocation of a `backward` family) and freed after it. The layers: the lines
+    of code (`code_site`) that saved the same count K ≥ 2 of them (the count most of those
+    bytes share), the j-th of each line in layer j; a line that saved K·m + r counts its
+    blocks up to the last layer's end where those are a multiple of K (a final norm). Each
+    layer keeps its input (its first block that divides by the `hidden` size × the tokens,
+    or its first) and frees the rest at its last allocation; they are made again where the
+    backward reaches the layer (its first saved block freed: the recompute) and each freed
+    where the recorded one was (unpacked once, then dropped). Blocks of the `cached`
+    families the forward made and the backward freed are freed at the backward's start: what
+    autograd saved of them the pack hook no longer holds, and their cache lets them go when
+    its context exits."""
     b = blocks.with_row_index("_row")
     start = b.filter(pl.col("family").is_in(list(backward)) & (pl.col("alloc_idx") >= 0))
     # a window that ends in the forward (its OOM): what is live at its end is saved
@@ -117,23 +120,34 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
                     & (pl.col("address") >= 0)).sort("alloc_idx")
     if kept.is_empty():
         return Edit(words="nothing made in the forward is held into the backward")
-    counts = kept.group_by("site").agg(pl.len().alias("k"), pl.col("requested").sum())
+    # a site is the line of code that made the block (`code_site`), not a trace's op frame:
+    # one `aten::mul` op frame holds every multiply of the model, one line each layer's
+    counts = kept.group_by(pl.col("code_site").alias("site")).agg(
+        pl.len().alias("k"), pl.col("requested").sum())
     k = _layer_count(counts)
     if k is None:
         return Edit(words="no site saves a tensor per layer: no repeated blocks to checkpoint")
     sites = counts.filter(pl.col("k") % k == 0)["site"]
+    # a site called in each layer and once more after the last (a norm module every layer
+    # and the final one share: LlamaRMSNorm): its blocks up to the last layer's end
+    end = _int(kept.filter(pl.col("code_site").is_in(sites.implode()))["alloc_idx"].max())
+    inside = kept.filter(~pl.col("code_site").is_in(sites.implode())
+                         & (pl.col("alloc_idx") <= end))
+    more = inside.group_by("code_site").len().filter(pl.col("len") % k == 0)["code_site"]
     # a site called m times per layer: its blocks m at a time, in order, are layer j's
-    layered = kept.filter(pl.col("site").is_in(sites.implode())).with_columns(
-        (pl.int_range(pl.len()).over("site") // (pl.len().over("site") // k))
+    layered = kept.filter(pl.col("code_site").is_in(sites.implode())
+                          | (pl.col("code_site").is_in(more.implode())
+                             & (pl.col("alloc_idx") <= end))).with_columns(
+        (pl.int_range(pl.len()).over("code_site") // (pl.len().over("code_site") // k))
         .alias("_layer")).sort("alloc_idx")
     moves: dict[int, int] = {}
     frees: dict[int, int] = {}
+    again: list[Copy] = []
     if start.height:
         held = b.filter(pl.col("family").is_in(list(cached)) & (pl.col("alloc_idx") >= 0)
                         & (pl.col("alloc_idx") < first) & (pl.col("free_idx") > first)
                         & (pl.col("free_idx") < NEVER))
         moves.update({int(f): first - 1 for f in held["free_idx"]})
-    biggest, most = pl.DataFrame(), -1
     for (_,), layer in layered.group_by("_layer", maintain_order=True):
         inputs = layer.filter(pl.col("requested") % hidden == 0) if hidden else layer
         keep = int((inputs if inputs.height else layer)["alloc_idx"][0])
@@ -142,21 +156,20 @@ def checkpoint_edit(blocks: pl.DataFrame, saved: Sequence[str], backward: Sequen
         moves.update({int(f): end for f in rest["free_idx"] if f < NEVER})
         frees.update({int(a): end for a, f in zip(rest["alloc_idx"], rest["free_idx"],
                                                     strict=True) if f >= NEVER})
-        if int(rest["requested"].sum()) > most:
-            biggest, most = rest, int(rest["requested"].sum())
-    # the last layer's backward starts where its first saved tensor is freed: its forward
-    # is rerun there; one layer's rerun is live until the last layer's backward is done
-    # (the window ends before the backward frees any: from the backward's start to its end)
-    done = layered.filter(pl.col("free_idx") < NEVER)["free_idx"]
+        # the layer's backward starts where the backward frees its first saved tensor: its
+        # forward is rerun there (the first unpack), and each tensor it saves again is
+        # freed where the backward freed the recorded one (unpacked once, then dropped)
+        done = layer.filter(pl.col("free_idx") < NEVER)["free_idx"]
+        rerun = _int(done.min()) if done.len() else first
+        again += [Copy((int(a),), rerun, int(f) if f < NEVER else None)
+                  for a, f in zip(rest["alloc_idx"], rest["free_idx"], strict=True)]
     if not start.height:
-        return Edit(moves, frees, (), _said(k, sites.len(), layered.height, 0, None),
+        return Edit(moves, frees, (), _said(k, sites.len() + more.len(), layered.height,
+                                            False),
                     caveat="the recompute of one block in the backward, which the window "
                            "ends before")
-    copy = Copy(tuple(int(i) for i in biggest["alloc_idx"]),
-                _int(done.min()) if done.len() else first,
-                _int(done.max()) if done.len() else None)
-    return Edit(moves, frees, (copy,),
-                _said(k, sites.len(), layered.height, biggest.height, copy.before))
+    return Edit(moves, frees, tuple(again),
+                _said(k, sites.len() + more.len(), layered.height, True))
 
 
 def _layer_count(counts: pl.DataFrame, share: float = 0.9) -> int | None:
@@ -172,15 +185,17 @@ def _layer_count(counts: pl.DataFrame, share: float = 0.9) -> int | None:
     return max(c for c in cand if cover[c] >= share * best)
 
 
-def _said(k: int, sites: int, blocks: int, again: int, at: int | None) -> str:
+def _said(k: int, sites: int, blocks: int, backward: bool) -> str:
     """What the checkpointing replay found and did, in words."""
     out = (f"{k} repeated blocks (layers) found: {sites} sites saved {k} tensors for the "
-           "backward, or a multiple of it (an op run more than once a layer); each layer "
+           "backward, or a multiple of it (an op run more than once a layer; a site also called "
+           "after the last layer, as a norm every layer and the final one share, counted "
+           "up to the last layer's end); each layer "
            f"keeps its input and frees the other {blocks - k:,} at its end")
-    if at is None:
+    if not backward:
         return out + "; the window ends before the backward"
-    return out + (f", and the largest layer's {again} are made again when the last "
-                  f"layer's backward starts (event {at:,}) and held through it")
+    return out + (", and makes them again when the backward reaches it (its first saved "
+                  "tensor freed), each freed where the backward freed the recorded one")
 
 
 

@@ -31,6 +31,7 @@ from snapana.limits import MAX_BYTES, MAX_DEVICE, MAX_TIME
 from snapana.model import (
     EMPTY_STACK,
     EVENT_SCHEMA,
+    OP_FILE,
     SEGMENT_SCHEMA,
     Capture,
     Frame,
@@ -301,10 +302,10 @@ def op_frame(rank: int, name: str) -> Frame:
         m = _PY_NAME.match(name)
         if m:
             return (m["file"], m["func"], int(m["line"]))
-        return ("<python>", name, 0)
+        return ("<python>", name, 0)  # in PROFILER_FILES
     if rank == 1:
         return ("<annotation>", name, 0)
-    return ("<op>", name, 0)
+    return (OP_FILE, name, 0)
 
 
 def call_stack_frames(text: str) -> list[Frame]:
