@@ -410,7 +410,7 @@ def _unmirrored(blocks: pl.DataFrame, family: str, mirrored: Sequence[str],
             .filter(pl.col("_rank") > pl.col("_mirrors")))
     step = blocks.filter(pl.col("family").is_in(list(read_by)) & (pl.col("alloc_idx") >= 0))
     if step.height:
-        at = int(step["alloc_idx"].min())
+        at = int(step["alloc_idx"].cast(pl.Int64).min() or 0)
         rows = rows.filter((pl.col("alloc_idx") >= at) | (pl.col("free_idx") <= at))
     return rows["_row"].to_list()
 
