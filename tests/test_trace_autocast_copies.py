@@ -79,6 +79,7 @@ def test_checkpointing_frees_cached_copies_at_the_backward_start() -> None:
             ("saved_activations", 4, 18, "b"), ("gradients", 10, NEVER, "g")]
     blocks = pl.DataFrame({"family": [r[0] for r in rows], "alloc_idx": [r[1] for r in rows],
                            "free_idx": [r[2] for r in rows], "site": [r[3] for r in rows],
+                           "code_site": [r[3] for r in rows],
                            "address": list(range(len(rows))), "requested": [64] * len(rows)})
     rules = load_rules()
     assert "autocast_weight_copies" in rules.checkpoint_cached
