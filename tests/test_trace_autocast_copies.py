@@ -88,3 +88,21 @@ def test_checkpointing_frees_cached_copies_at_the_backward_start() -> None:
     assert edit.moves.get(20) == 9  # freed right before the backward's first allocation
     plain = checkpoint_edit(blocks, rules.checkpoint_saved, rules.checkpoint_backward, None)
     assert 20 not in plain.moves
+
+
+@pytest.mark.torch
+def test_a_trace_that_starts_above_zero_still_names_the_copies(tmp_path: Path) -> None:
+    """A trace whose allocated total starts above zero (memory held before it: a job's own,
+    or a tensor an earlier capture in the same process kept) shows a held block that is no
+    weight; the copies are still sized against the op's own record of each cast."""
+    torch = require("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    kept = []
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        kept.append(torch.randn(1000, 1000))
+    path, weights = _trace(tmp_path, autocast=True)
+    got = snapana.load(path).blocks
+    got = got.filter(got["family"] == FAMILY)
+    assert sorted(got["requested_size"].to_list()) == sorted(weights)
+    del kept

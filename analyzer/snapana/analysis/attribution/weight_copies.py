@@ -83,8 +83,8 @@ def _op_copies(rows: Sequence[Row], s: CopySpec, candidates: list[int]) -> dict[
 def find(rows: Sequence[Row]) -> dict[int, str]:
     """Row index -> the reason, for each block that is one of autocast's weight copies;
     nothing when the set does not show the signature (most weights' bytes copied). With no
-    parameter block held (a trace made after the model was built), the trace's own record
-    of each cast (`Row.op_cast`) sizes the copies instead."""
+    parameter block held (a trace made after the model was built), or where a trace records
+    its casts, the trace's own record of each cast (`Row.op_cast`) sizes the copies."""
     s = spec()
     params = Counter(r.size for r in rows if _weighs(r, s))
     # a block held since before recording that nothing named weighs in the share only where
@@ -94,8 +94,13 @@ def find(rows: Sequence[Row]) -> dict[int, str]:
     candidates = [i for i, r in enumerate(rows)
                   if r.family in s.from_families and r.phase in s.phases and r.made_in_window
                   and r.size > 0 and (r.cast or not r.cpp) and (r.follows or not s.op_follows)]
-    if not params:
-        return _op_copies(rows, s, candidates)
+    # a trace's own record of each cast is the stronger evidence: a trace whose counter
+    # starts above zero (memory held before it, by the job or an earlier capture) shows a
+    # held block that is no weight
+    if not params or any(r.op_cast is not None for r in rows):
+        by_op = _op_copies(rows, s, candidates)
+        if by_op or not params:
+            return by_op
     by_size: dict[int, list[int]] = {}
     for i in candidates:
         by_size.setdefault(rows[i].size, []).append(i)
