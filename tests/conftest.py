@@ -11,6 +11,7 @@ import subprocess
 import sys
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -250,3 +251,18 @@ def literal_collections_naming(path: Path, names: set[str],
         if len(set(named)) >= at_least:
             found.append((node.lineno, named))
     return found
+
+
+def benchmark(name: str) -> ModuleType:
+    """benchmarks/<name>.py as a module, loaded once per process: its dataclasses look their
+    module up in sys.modules, and it imports its neighbours from its own folder."""
+    if name not in sys.modules:
+        folder = str(ROOT / "benchmarks")
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

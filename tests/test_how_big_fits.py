@@ -7,12 +7,9 @@ fails a row past 10% of the capture (calibrated or not) or 1% of a formula."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pickle
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from snapana.analysis.scaling import parse_sizes
@@ -20,22 +17,10 @@ from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.sized import sized_job
 
-from .conftest import ROOT, SNAPSHOTS
+from .conftest import SNAPSHOTS, benchmark
 from .raw_replay import raw_replay
 
-
-def _bench() -> ModuleType:
-    name = "how_big_fits"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-HBF = _bench()
+HBF = benchmark("how_big_fits")
 KK = "kkaitlyn111+cs336-a2-systems__memory_files_memory_ctx{}_forward_.pickle"
 
 

@@ -7,31 +7,15 @@ refuses a size. A whole loss's blocks still grow."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
-
 import pytest
 from snapana.analysis.scaling import LOSS_CHUNK, parse_sizes
 from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.sized import Job, sized_job
 
-from .conftest import ROOT, SNAPSHOTS
+from .conftest import SNAPSHOTS, benchmark
 
-
-def _stress() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("scale_stress",
-                                                  ROOT / "benchmarks" / "scale_stress.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-STRESS = _stress()
+STRESS = benchmark("scale_stress")
 #: scale_fuzz seed 3 case 44 (2,048 tokens: two equal chunks; batch 16 -> 8), seed 3 case
 #: 144 (528 tokens, one chunk, -> 8,448) and seed 2 case 48 (1,047 tokens: 1,024 + 23 by
 #: batch alone, k = 2: no loop claimed)

@@ -17,33 +17,19 @@ Two of its predictions missed on s10-merge, each for a named mechanism, and are 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from .conftest import ROOT, require
+from .conftest import benchmark, require
 from .trace_walk import memory_events, peak_allocated
-
-
-def _bench() -> ModuleType:
-    name = "real_pairs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
     """The quick jobs' captures and rows (about 25 s on one core)."""
     folder = tmp_path_factory.mktemp("real_pairs")
-    return folder, _bench().rows(_bench().QUICK, folder=folder)
+    return folder, benchmark("real_pairs").rows(benchmark("real_pairs").QUICK, folder=folder)
 
 
 def _rows(made: tuple[Path, list], kind: str) -> list:

@@ -4,11 +4,8 @@ simulator's own peak at the other size (its truth sidecar, recomputed here)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from snapana.analysis.scaling import parse_sizes
@@ -16,22 +13,9 @@ from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.sized import Job, sized_job
 
-from .conftest import ROOT
+from .conftest import benchmark
 
-
-def _fuzz() -> ModuleType:
-    """benchmarks/scale_fuzz.py (it imports scale_stress.py from its own folder)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("scale_fuzz",
-                                                  ROOT / "benchmarks" / "scale_fuzz.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-FUZZ = _fuzz()
+FUZZ = benchmark("scale_fuzz")
 
 
 @pytest.mark.parametrize("i", range(6))

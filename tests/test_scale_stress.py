@@ -8,11 +8,8 @@ does; where that says nothing either, --fit gives no largest size."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from dataclasses import replace
-from types import ModuleType
 
 import polars as pl
 import pytest
@@ -22,20 +19,9 @@ from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.sized import sized_job
 
-from .conftest import ROOT
+from .conftest import benchmark
 
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scale_stress",
-                                                  ROOT / "benchmarks" / "scale_stress.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH = _bench()
+BENCH = benchmark("scale_stress")
 
 
 @pytest.mark.parametrize("case", BENCH.QUICK, ids=lambda c: c.name())

@@ -11,10 +11,7 @@ simulated job writes."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from types import ModuleType
 
 import polars as pl
 import pytest
@@ -24,20 +21,9 @@ from snapana.session import Session
 from snapana.synth.scenarios import write_snapshot
 from snapana.synth.scenarios.sized import FP32, sized_job
 
-from .conftest import ROOT
+from .conftest import benchmark
 
-
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scale_stress_small_seq",
-                                                  ROOT / "benchmarks" / "scale_stress.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH = _bench()
+BENCH = benchmark("scale_stress")
 CASES = BENCH._small_seq() if hasattr(BENCH, "_small_seq") else [
     # s10-merge has no such group: the same fuzz draws, written out
     BENCH.Case(BENCH.Job(layers=16, hidden=1536, heads=6, vocab=3777, frames="linear",
